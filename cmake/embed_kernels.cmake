@@ -1,0 +1,25 @@
+# Turns the CUDA sources under kernels/ into one C file with a table
+# { file name, text } so that an installed stof needs no source tree.
+# Called as: cmake -DOUT=file.c "-DSOURCES=a.cu;b.cuh" -P embed_kernels.cmake
+set(body "/* Generated from kernels/ by cmake/embed_kernels.cmake. Do not edit. */\n")
+string(APPEND body "#include \"core/kernels.h\"\n\n")
+set(table "")
+set(i 0)
+list(SORT SOURCES)
+foreach(src IN LISTS SOURCES)
+  get_filename_component(name ${src} NAME)
+  file(READ ${src} hex HEX)
+  string(LENGTH "${hex}" hexlen)
+  math(EXPR nbytes "${hexlen} / 2")
+  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
+  # break the line every 32 bytes to keep the compiler happy
+  string(REGEX REPLACE "((0x[0-9a-f][0-9a-f],){32})" "\\1\n" bytes "${bytes}")
+  string(APPEND body "static const char kernel_src_${i}[${nbytes} + 1] = {\n${bytes}0x00};\n")
+  string(APPEND table "    {\"${name}\", kernel_src_${i}, ${nbytes}},\n")
+  math(EXPR i "${i} + 1")
+endforeach()
+string(APPEND body "\nconst kernel_source kernel_sources[] = {\n${table}    {0, 0, 0}\n};\n")
+string(APPEND body "const int kernel_source_count = ${i};\n")
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)
+file(REMOVE ${OUT}.tmp)

@@ -1,0 +1,177 @@
+/* `stof`: entry point, argument parsing, dispatch. */
+#include "core/cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "stof %s - sparse transformers, fused and tuned for NVIDIA GPUs\n"
+            "\n"
+            "usage:\n"
+            "  stof info                          the GPU stof would use, or why there is none\n"
+            "  stof graph SCRIPT [--set k=v ...]  the model's operators: index, kind, class,\n"
+            "                                     shapes, FLOPs and bytes\n"
+            "  stof run --cpu SCRIPT [--set k=v ...] [--seed N]\n"
+            "                                     run the fp32 CPU reference, print a checksum\n"
+            "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
+            "                                     mask statistics, and a heatmap as PNG\n"
+            "  stof version\n"
+            "\n"
+            "SCRIPT is a Lua model script (see scripts/ and docs/lua-api.md); --set passes\n"
+            "its parameters, e.g. stof graph scripts/bert.lua --set preset=base --set seq=1024\n",
+            STOF_VERSION_STRING);
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "stof: %s expects an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Options that take a value: returns the value or NULL (message printed). */
+static const char *option_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "stof: %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int known_option(const char *opt) {
+    static const char *names[] = {"--cpu", "--set", "--seed", "--png", "--px", "--block",
+                                  "--mask-index", "--arch"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(opt, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int parse_option(int argc, char **argv, int *i, cli_args *a) {
+    const char *opt = argv[*i];
+    if (!known_option(opt)) {
+        fprintf(stderr, "stof: unknown option '%s' (try stof help)\n", opt);
+        return 1;
+    }
+    if (strcmp(opt, "--cpu") == 0) {
+        a->cpu = 1;
+        return 0;
+    }
+    const char *v = option_value(argc, argv, i);
+    if (!v)
+        return 1;
+    long n;
+    if (strcmp(opt, "--set") == 0) {
+        if (!strchr(v, '=')) {
+            fprintf(stderr, "stof: --set expects key=value, got '%s'\n", v);
+            return 1;
+        }
+        if (a->n_params == LUA_API_MAX_PARAMS) {
+            fprintf(stderr, "stof: at most %d --set parameters\n", LUA_API_MAX_PARAMS);
+            return 1;
+        }
+        a->params[a->n_params++] = v;
+    } else if (strcmp(opt, "--seed") == 0) {
+        char *end;
+        errno = 0;
+        a->seed = strtoull(v, &end, 10);
+        if (errno || *end || end == v) {
+            fprintf(stderr, "stof: --seed expects a non-negative integer, got '%s'\n", v);
+            return 1;
+        }
+    } else if (strcmp(opt, "--png") == 0) {
+        a->png = v;
+    } else if (strcmp(opt, "--px") == 0) {
+        if (parse_int(opt, v, 16, 8192, &n))
+            return 1;
+        a->png_px = (int)n;
+    } else if (strcmp(opt, "--block") == 0) {
+        if (parse_int(opt, v, 1, 4096, &n))
+            return 1;
+        a->block = (int)n;
+    } else if (strcmp(opt, "--mask-index") == 0) {
+        if (parse_int(opt, v, 0, 1 << 20, &n))
+            return 1;
+        a->mask_index = (int)n;
+    } else {
+        a->arch = v;
+    }
+    return 0;
+}
+
+int cli_parse(int argc, char **argv, int first, cli_args *a) {
+    memset(a, 0, sizeof *a);
+    a->seed = 1;
+    a->png_px = 1024;
+    a->block = 64;
+    for (int i = first; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) == 0) {
+            if (parse_option(argc, argv, &i, a))
+                return 1;
+        } else if (!a->script) {
+            a->script = argv[i];
+        } else {
+            fprintf(stderr, "stof: unexpected argument '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info) {
+    if (!a->script) {
+        fprintf(stderr, "stof: a model script is needed (e.g. scripts/bert.lua)\n");
+        return 1;
+    }
+    stof_error err = {0};
+    graph_init(g);
+    int rc = lua_api_build(a->script, a->params, a->n_params, g, info, &err);
+    if (rc) {
+        fprintf(stderr, "stof: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct cli_command {
+    const char *name;
+    int (*run)(const cli_args *a);
+} cli_command;
+
+static const cli_command commands[] = {
+    {"info", cli_cmd_info},
+    {"graph", cli_cmd_graph},
+    {"run", cli_cmd_run},
+    {"mask", cli_cmd_mask},
+};
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+        printf("stof %s (commit %s)\n", stof_version(), stof_build_commit());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            cli_args a;
+            if (cli_parse(argc, argv, 2, &a))
+                return 2;
+            return commands[i].run(&a);
+        }
+    }
+    fprintf(stderr, "stof: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,35 @@
+/* The `stof` command: shared argument handling for the subcommands. */
+#ifndef STOF_CORE_CLI_H
+#define STOF_CORE_CLI_H
+
+#include <stdint.h>
+
+#include "core/graph.h"
+#include "core/lua_api.h"
+
+typedef struct cli_args {
+    const char *script;                        /* positional */
+    const char *params[LUA_API_MAX_PARAMS];    /* --set key=value */
+    int n_params;
+    int cpu;             /* --cpu */
+    uint64_t seed;       /* --seed */
+    const char *png;     /* --png FILE */
+    int png_px;          /* --px N */
+    int block;           /* --block N */
+    int mask_index;      /* --mask-index N */
+    const char *arch;    /* --arch sm_XX */
+} cli_args;
+
+/* Parses argv[first..]; prints the problem and returns non-zero on bad
+ * arguments. */
+int cli_parse(int argc, char **argv, int first, cli_args *a);
+
+/* Builds the graph of a->script; prints the error and returns non-zero. */
+int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info);
+
+int cli_cmd_info(const cli_args *a);
+int cli_cmd_graph(const cli_args *a);
+int cli_cmd_run(const cli_args *a);
+int cli_cmd_mask(const cli_args *a);
+
+#endif

@@ -1,0 +1,13 @@
+/* GPUs as stof sees them: properties for the selector and the plans. */
+#ifndef STOF_CORE_DEVICE_H
+#define STOF_CORE_DEVICE_H
+
+#include "stof.h"
+
+/* Number of GPUs; STOF_ERR_NO_DEVICE with the reason when there are none. */
+int device_count(int *n, stof_error *err);
+int device_query(int ordinal, stof_device_info *info, stof_error *err);
+/* "sm_90" for compute capability 9.0. */
+void device_arch_name(const stof_device_info *info, char *buf, size_t n);
+
+#endif

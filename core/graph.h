@@ -1,0 +1,148 @@
+/* The operator graph: tensors, operators in execution order, masks.
+ *
+ * A graph is built once (by the Lua API or by tests), validated as it grows
+ * (every graph_add_op infers and checks shapes through the op table in ops/),
+ * and then only read: by the CPU reference, the fusion module and the GPU
+ * executor. Tensors and ops are referred to by index. */
+#ifndef STOF_CORE_GRAPH_H
+#define STOF_CORE_GRAPH_H
+
+#include <stdint.h>
+
+#include "stof.h"
+
+#define GRAPH_MAX_DIMS 4
+#define GRAPH_MAX_INPUTS 4
+#define GRAPH_NAME_MAX 96
+
+/* Upper bounds that catch absurd sizes before anything is allocated. */
+#define GRAPH_MAX_DIM_SIZE (1LL << 24)
+#define GRAPH_MAX_TENSOR_ELEMS (1LL << 34)
+
+struct mask;
+
+typedef enum graph_role {
+    GRAPH_INPUT = 0,
+    GRAPH_WEIGHT,
+    GRAPH_ACTIVATION,
+    GRAPH_OUTPUT
+} graph_role;
+
+/* How a weight or input is filled when no file provides it. The same
+ * (seed, tensor name) gives the same values on every backend. */
+typedef enum graph_init_kind {
+    GRAPH_INIT_UNIFORM = 0, /* uniform in [-scale, scale] */
+    GRAPH_INIT_ONES,        /* 1 + uniform in [-scale, scale] (norm gains) */
+    GRAPH_INIT_ZEROS,
+    GRAPH_INIT_TOKENS       /* integers in [0, high) (token ids) */
+} graph_init_kind;
+
+typedef struct graph_tensor {
+    char name[GRAPH_NAME_MAX];
+    graph_role role;
+    stof_dtype dtype;
+    int ndim;
+    int64_t shape[GRAPH_MAX_DIMS];
+    int producer;      /* op index; -1 for inputs and weights */
+    graph_init_kind init;
+    float init_scale;
+    int64_t init_high; /* GRAPH_INIT_TOKENS: exclusive upper bound */
+    int line;          /* script line that made it, 0 when unknown */
+} graph_tensor;
+
+typedef enum op_kind {
+    OP_GEMM = 0,  /* y[..., N] = x[..., K] . W ; W is [N, K] (nn.Linear) or [K, N] */
+    OP_BIAS,      /* y = x + b[N] */
+    OP_ADD,       /* y = a + b, same shapes (residual) */
+    OP_LAYERNORM, /* over the last dim, gain and shift [N] */
+    OP_RMSNORM,   /* over the last dim, gain [N] */
+    OP_GELU,
+    OP_RELU,
+    OP_SOFTMAX,   /* over the last dim */
+    OP_EMBEDDING, /* ids[B, S] -> word[V, H] rows (+ position[P, H] rows, + type[T, H] row 0) */
+    OP_ATTENTION, /* masked multi-head attention, see op_attention */
+    OP_KIND_COUNT
+} op_kind;
+
+/* Masked multi-head attention.
+ * Self-attention: inputs {qkv [B, S, 3*H*D] laid out [B, S, 3, H, D]}.
+ * Cross-attention: inputs {q [B, Sq, H*D], kv [B, Sk, 2*H*D] laid out [B, Sk, 2, H, D]}.
+ * Optional last input: T5 relative position bias table [buckets, H]; the
+ * score bias for (i, j) is table[bucket(j - i), h].
+ * Output: [B, Sq, H*D]. */
+typedef struct op_attention {
+    int heads;
+    int head_dim;
+    int cross;
+    int causal;         /* combined (AND) with the mask */
+    int mask;           /* index into graph.masks, -1 for no mask (dense) */
+    float scale;        /* applied to q.k; 1/sqrt(head_dim) by default */
+    int relpos;         /* 1 when the bias table input is present */
+    int relpos_buckets;
+    int relpos_max_distance;
+    int relpos_bidirectional;
+} op_attention;
+
+typedef struct graph_op {
+    op_kind kind;
+    char name[GRAPH_NAME_MAX];
+    int inputs[GRAPH_MAX_INPUTS];
+    int n_inputs;
+    int output;
+    int layer; /* index of the layer (block) it belongs to, -1 outside layers */
+    int line;  /* script line that made it, 0 when unknown */
+    union {
+        struct { int weight_kn; } gemm; /* 1: W stored [K, N] (GPT-2 Conv1D) */
+        struct { float eps; } norm;
+        struct { int tanh; } gelu;      /* 1: tanh approximation (GPT-2) */
+        struct { int has_position, has_type; } embedding; /* inputs: ids, word, [pos], [type] */
+        op_attention attn;
+    } attr;
+} graph_op;
+
+typedef struct graph {
+    char name[GRAPH_NAME_MAX];
+    graph_tensor *tensors;
+    int n_tensors, cap_tensors;
+    graph_op *ops;
+    int n_ops, cap_ops;
+    struct mask **masks; /* owned */
+    int n_masks, cap_masks;
+    int output;          /* tensor index of the model output, -1 until set */
+    int current_layer;   /* stamped on ops as they are added */
+    int n_layers;
+} graph;
+
+void graph_init(graph *g);
+void graph_free(graph *g);
+
+/* Adds an input or weight tensor described by *t (name, role, dtype, shape,
+ * init). Names are unique. */
+int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err);
+
+/* Adds an operator: kind, name, inputs, attr and line are read from *op; the
+ * output tensor is created with the shape the op table infers. */
+int graph_add_op(graph *g, const graph_op *op, int *out_tensor, stof_error *err);
+
+/* Takes ownership of m (also on failure). */
+int graph_add_mask(graph *g, struct mask *m, int *id, stof_error *err);
+
+int graph_set_output(graph *g, int tensor, stof_error *err);
+
+/* Layer bookkeeping: ops added between begin and end get the same layer id. */
+void graph_begin_layer(graph *g);
+void graph_end_layer(graph *g);
+
+int graph_find_tensor(const graph *g, const char *name);
+int64_t graph_tensor_numel(const graph_tensor *t);
+size_t graph_tensor_bytes(const graph_tensor *t);
+
+/* Whole-graph checks after building: an output is set, every op input exists
+ * and is produced before use. */
+int graph_validate(const graph *g, stof_error *err);
+
+/* Writes "[8, 512, 768]" into buf. */
+const char *graph_shape_str(const graph_tensor *t, char *buf, size_t n);
+const char *graph_role_name(graph_role r);
+
+#endif

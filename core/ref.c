@@ -1,0 +1,117 @@
+#include "core/ref.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/weights.h"
+#include "ops/ops.h"
+
+int ref_values_init(const graph *g, uint64_t seed, ref_values *rv, stof_error *err) {
+    memset(rv, 0, sizeof *rv);
+    rv->data = err_calloc((size_t)g->n_tensors, sizeof *rv->data, err);
+    if (!rv->data)
+        return STOF_ERR_NOMEM;
+    rv->n = g->n_tensors;
+    size_t live = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const graph_tensor *t = &g->tensors[i];
+        if (t->role != GRAPH_INPUT && t->role != GRAPH_WEIGHT)
+            continue;
+        size_t bytes = (size_t)graph_tensor_numel(t) * sizeof(float);
+        rv->data[i] = err_malloc(bytes, err);
+        if (!rv->data[i]) {
+            ref_values_free(rv);
+            return err_prefix(err, "reference values for '%s': ", t->name);
+        }
+        weights_fill(t, seed, rv->data[i]);
+        live += bytes;
+    }
+    rv->peak_bytes = live;
+    return STOF_OK;
+}
+
+void ref_values_free(ref_values *rv) {
+    if (!rv->data)
+        return;
+    for (int i = 0; i < rv->n; i++)
+        free(rv->data[i]);
+    free(rv->data);
+    memset(rv, 0, sizeof *rv);
+}
+
+/* last_use[t] = index of the last op reading activation t (-1: never read). */
+static int *last_uses(const graph *g, stof_error *err) {
+    int *last = err_malloc((size_t)g->n_tensors * sizeof *last, err);
+    if (!last)
+        return NULL;
+    for (int t = 0; t < g->n_tensors; t++)
+        last[t] = -1;
+    for (int i = 0; i < g->n_ops; i++)
+        for (int k = 0; k < g->ops[i].n_inputs; k++)
+            last[g->ops[i].inputs[k]] = i;
+    return last;
+}
+
+static size_t live_bytes(const graph *g, const ref_values *rv) {
+    size_t s = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (rv->data[t])
+            s += (size_t)graph_tensor_numel(&g->tensors[t]) * sizeof(float);
+    return s;
+}
+
+static int run_op(const graph *g, int i, ref_values *rv, stof_error *err) {
+    const graph_op *op = &g->ops[i];
+    const graph_tensor *out = &g->tensors[op->output];
+    const float *in[GRAPH_MAX_INPUTS] = {0};
+    for (int k = 0; k < op->n_inputs; k++) {
+        in[k] = rv->data[op->inputs[k]];
+        if (!in[k])
+            return err_set(err, STOF_ERR_INTERNAL, "op #%d '%s': input '%s' is not computed", i,
+                           op->name, g->tensors[op->inputs[k]].name);
+    }
+    float *y = err_malloc((size_t)graph_tensor_numel(out) * sizeof(float), err);
+    if (!y)
+        return err_prefix(err, "op #%d '%s': ", i, op->name);
+    int rc = op_describe(op->kind)->ref(g, op, in, y, err);
+    if (rc) {
+        free(y);
+        return err_prefix(err, "op #%d '%s': ", i, op->name);
+    }
+    rv->data[op->output] = y;
+    return STOF_OK;
+}
+
+int ref_execute(const graph *g, ref_values *rv, stof_error *err) {
+    int *last = last_uses(g, err);
+    if (!last)
+        return STOF_ERR_NOMEM;
+    int rc = STOF_OK;
+    for (int i = 0; i < g->n_ops && rc == STOF_OK; i++) {
+        rc = run_op(g, i, rv, err);
+        size_t live = live_bytes(g, rv);
+        if (live > rv->peak_bytes)
+            rv->peak_bytes = live;
+        /* free activations nobody reads any more (never the output) */
+        for (int k = 0; k < g->ops[i].n_inputs; k++) {
+            int t = g->ops[i].inputs[k];
+            if (last[t] == i && g->tensors[t].role == GRAPH_ACTIVATION) {
+                free(rv->data[t]);
+                rv->data[t] = NULL;
+            }
+        }
+    }
+    free(last);
+    return rc;
+}
+
+void ref_checksum(const float *x, int64_t n, double *sum, double *sum_sq) {
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
+    *sum = s;
+    *sum_sq = s2;
+}

@@ -1,0 +1,50 @@
+/* Small shared helpers: hashing, the counter-based random generator that
+ * makes weights identical on every backend, fp16/bf16 conversion. */
+#ifndef STOF_CORE_UTIL_H
+#define STOF_CORE_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 64-bit FNV-1a, continued from h (start with UTIL_HASH_SEED). */
+#define UTIL_HASH_SEED 0xcbf29ce484222325ULL
+uint64_t util_hash(uint64_t h, const void *data, size_t n);
+uint64_t util_hash_str(uint64_t h, const char *s);
+
+/* splitmix64 finalizer: a good 64-bit mix of x. */
+static inline uint64_t util_mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Uniform float in [0, 1) from stream `key` at position `index`: a pure
+ * function, so any backend can draw the same values in any order. */
+static inline float util_uniform(uint64_t key, uint64_t index) {
+    return (float)(util_mix64(key ^ util_mix64(index)) >> 40) * (1.0f / 16777216.0f);
+}
+
+/* Sequential generator for places that draw one value after another. */
+typedef struct util_rng { uint64_t state; } util_rng;
+static inline uint64_t util_rng_next(util_rng *r) {
+    r->state += 0x9e3779b97f4a7c15ULL;
+    return util_mix64(r->state);
+}
+static inline double util_rng_double(util_rng *r) {
+    return (double)(util_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint16_t util_f32_to_f16(float f);
+float util_f16_to_f32(uint16_t h);
+uint16_t util_f32_to_bf16(float f);
+float util_bf16_to_f32(uint16_t h);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer; NULL on failure
+ * (errno set). */
+char *util_read_file(const char *path, size_t *len);
+
+/* Monotonic wall clock in seconds. */
+double util_now(void);
+
+#endif

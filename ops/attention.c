@@ -1,0 +1,385 @@
+/* Masked multi-head attention: shape rules, cost (counted over the allowed
+ * (query, key) pairs) and the fp32 reference, plus T5's relative position
+ * buckets.
+ *
+ * Q, K and V are read in place with strides: self-attention from the QKV
+ * GEMM's output [B, S, 3, H, D], cross-attention from q [B, Sq, H, D] and
+ * kv [B, Sk, 2, H, D]. The output is [B, Sq, H*D], ready for the output
+ * projection. A pair (i, j) is allowed when the mask allows it and, when
+ * causal, j <= i + (Sk - Sq) (the last query sees every key). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "ops/mask.h"
+#include "ops/ops_impl.h"
+
+/* ---- T5 relative position buckets ---------------------------------------- */
+
+/* The bucket of a distance past the exactly bucketed ones, spaced
+ * logarithmically up to max_distance. As in Hugging Face's
+ * _relative_position_bucket: log(rp / max_exact) in float32 (torch.log on a
+ * float tensor), log(max_distance / max_exact) in double (math.log), the rest
+ * in float32, truncated. */
+static int log_spaced_bucket(int64_t rp, int max_exact, int num_buckets, int max_distance) {
+    float ratio = logf((float)rp / (float)max_exact);
+    float span = (float)log((double)max_distance / (double)max_exact);
+    float scaled = ratio / span * (float)(num_buckets - max_exact);
+    int last = num_buckets - 1;
+    /* Parameters ops_attention_infer rejects (max_distance <= max_exact) would
+     * give NaN or negative values here; keep the conversion defined. */
+    if (isnan(scaled) || scaled >= (float)last)
+        return last;
+    if (scaled < 0.0f)
+        scaled = 0.0f;
+    int bucket = max_exact + (int)scaled;
+    return bucket < last ? bucket : last;
+}
+
+int op_relpos_bucket(int relative_position, int bidirectional, int num_buckets,
+                     int max_distance) {
+    int64_t rp = relative_position; /* 64 bits: negating INT_MIN stays defined */
+    int bucket = 0;
+    if (bidirectional) {
+        num_buckets /= 2;
+        if (rp > 0)
+            bucket += num_buckets;
+        rp = rp < 0 ? -rp : rp;
+    } else {
+        rp = rp < 0 ? -rp : 0; /* a decoder only looks back */
+    }
+    int max_exact = num_buckets / 2;
+    if (rp < max_exact)
+        return bucket + (int)rp;
+    return bucket + log_spaced_bucket(rp, max_exact, num_buckets, max_distance);
+}
+
+/* ---- shapes -------------------------------------------------------------- */
+
+typedef struct attn_geom {
+    int64_t batch, sq, sk, heads, dim;
+} attn_geom;
+
+static int expected_inputs(const op_attention *a) {
+    return (a->cross ? 2 : 1) + (a->relpos ? 1 : 0);
+}
+
+/* Valid once ops_attention_infer has checked the input shapes. */
+static attn_geom attn_geometry(const graph *g, const graph_op *op) {
+    const op_attention *a = &op->attr.attn;
+    const graph_tensor *q = ops_input(g, op, 0);
+    attn_geom geo = {q->shape[0], q->shape[1], q->shape[1], a->heads, a->head_dim};
+    if (a->cross)
+        geo.sk = ops_input(g, op, 1)->shape[1];
+    return geo;
+}
+
+static int check_attrs(const graph_op *op, stof_error *err) {
+    const op_attention *a = &op->attr.attn;
+    if (a->heads < 1 || a->head_dim < 1)
+        return ops_fail(op, err, STOF_ERR_INVALID,
+                        "heads and head_dim must be positive, got heads = %d, head_dim = %d",
+                        a->heads, a->head_dim);
+    /* T5 uses scale 1.0, so any positive finite scale is fine. */
+    if (!isfinite(a->scale) || a->scale <= 0.0f)
+        return ops_fail(op, err, STOF_ERR_INVALID, "scale must be positive and finite, got %g",
+                        (double)a->scale);
+    if (op->n_inputs == expected_inputs(a))
+        return STOF_OK;
+    if (a->relpos && op->n_inputs == expected_inputs(a) - 1)
+        return ops_fail(op, err, STOF_ERR_INVALID,
+                        "relpos is set but the relative position table input is missing "
+                        "(expected %d inputs, got %d)",
+                        expected_inputs(a), op->n_inputs);
+    return ops_fail(op, err, STOF_ERR_INVALID, "%s-attention%s takes %d input%s (%s%s), got %d",
+                    a->cross ? "cross" : "self", a->relpos ? " with relpos" : "",
+                    expected_inputs(a), expected_inputs(a) == 1 ? "" : "s",
+                    a->cross ? "q, kv" : "qkv",
+                    a->relpos ? ", relpos table" : "", op->n_inputs);
+}
+
+/* t is [B, S, parts * H * D]. */
+static int check_packed(const graph_op *op, const graph_tensor *t, const char *role, int parts,
+                        stof_error *err) {
+    const op_attention *a = &op->attr.attn;
+    int rc;
+    if ((rc = ops_require_float(op, t, role, err)) ||
+        (rc = ops_require_rank(op, t, role, 3, 3, err)))
+        return rc;
+    int64_t want = (int64_t)parts * a->heads * a->head_dim;
+    if (ops_last_dim(t) == want)
+        return STOF_OK;
+    char ts[OPS_TENSOR_STR_MAX];
+    return ops_fail(op, err, STOF_ERR_SHAPE,
+                    "%s %s has %lld features but %d heads of dim %d need %s%lld", role,
+                    ops_tensor_str(t, ts, sizeof ts), (long long)ops_last_dim(t), a->heads,
+                    a->head_dim, parts == 1 ? "" : parts == 2 ? "2 x H x D = " : "3 x H x D = ",
+                    (long long)want);
+}
+
+static int check_cross_pair(const graph_op *op, const graph_tensor *q, const graph_tensor *kv,
+                            stof_error *err) {
+    int rc;
+    if ((rc = check_packed(op, kv, "kv", 2, err)) ||
+        (rc = ops_require_same_dtype(op, q, "q", kv, "kv", err)))
+        return rc;
+    if (q->shape[0] == kv->shape[0])
+        return STOF_OK;
+    char qs[OPS_TENSOR_STR_MAX], ks[OPS_TENSOR_STR_MAX];
+    return ops_fail(op, err, STOF_ERR_SHAPE, "q %s has batch %lld but kv %s has batch %lld",
+                    ops_tensor_str(q, qs, sizeof qs), (long long)q->shape[0],
+                    ops_tensor_str(kv, ks, sizeof ks), (long long)kv->shape[0]);
+}
+
+/* T5 needs max_exact = (buckets, halved when bidirectional) / 2 >= 1 exact
+ * buckets, and max_distance beyond them for the log spacing. */
+static int check_relpos_attrs(const graph_op *op, stof_error *err) {
+    const op_attention *a = &op->attr.attn;
+    int per_side = a->relpos_bidirectional ? a->relpos_buckets / 2 : a->relpos_buckets;
+    int max_exact = per_side / 2;
+    if (max_exact < 1)
+        return ops_fail(op, err, STOF_ERR_INVALID,
+                        "relpos_buckets must be at least %d for %s buckets, got %d",
+                        a->relpos_bidirectional ? 4 : 2,
+                        a->relpos_bidirectional ? "bidirectional" : "unidirectional",
+                        a->relpos_buckets);
+    if (a->relpos_max_distance <= max_exact)
+        return ops_fail(op, err, STOF_ERR_INVALID,
+                        "relpos_max_distance must exceed the %d exactly bucketed distances, "
+                        "got %d",
+                        max_exact, a->relpos_max_distance);
+    return STOF_OK;
+}
+
+static int check_relpos_table(const graph_op *op, const graph_tensor *q,
+                              const graph_tensor *table, stof_error *err) {
+    const op_attention *a = &op->attr.attn;
+    int rc;
+    if ((rc = check_relpos_attrs(op, err)) ||
+        (rc = ops_require_float(op, table, "relpos table", err)) ||
+        (rc = ops_require_same_dtype(op, q, a->cross ? "q" : "qkv", table, "relpos table",
+                                     err)) ||
+        (rc = ops_require_rank(op, table, "relpos table", 2, 2, err)))
+        return rc;
+    if (table->shape[0] == a->relpos_buckets && table->shape[1] == a->heads)
+        return STOF_OK;
+    char ts[OPS_TENSOR_STR_MAX];
+    return ops_fail(op, err, STOF_ERR_SHAPE,
+                    "relpos table %s must be [%d, %d] (relpos_buckets x heads)",
+                    ops_tensor_str(table, ts, sizeof ts), a->relpos_buckets, a->heads);
+}
+
+static int check_mask(const graph *g, const graph_op *op, const attn_geom *geo,
+                      stof_error *err) {
+    int id = op->attr.attn.mask;
+    if (id < 0)
+        return STOF_OK;
+    if (id >= g->n_masks)
+        return ops_fail(op, err, STOF_ERR_INVALID, "mask %d does not exist (the graph has %d)",
+                        id, g->n_masks);
+    const mask *m = g->masks[id];
+    const char *desc = m->desc ? m->desc : "?";
+    if (m->q_len != geo->sq || m->k_len != geo->sk)
+        return ops_fail(op, err, STOF_ERR_SHAPE,
+                        "mask %d (%s) is %d x %d (queries x keys) but the attention has %lld "
+                        "queries and %lld keys",
+                        id, desc, m->q_len, m->k_len, (long long)geo->sq, (long long)geo->sk);
+    if (m->batch != 1 && m->batch != geo->batch)
+        return ops_fail(op, err, STOF_ERR_SHAPE,
+                        "mask %d (%s) has batch %d but the attention has batch %lld "
+                        "(a mask has batch 1, shared, or one per batch)",
+                        id, desc, m->batch, (long long)geo->batch);
+    if (m->words != (m->k_len + 63) / 64)
+        return ops_fail(op, err, STOF_ERR_INTERNAL,
+                        "mask %d (%s) has %d words per row for %d keys", id, desc, m->words,
+                        m->k_len);
+    return STOF_OK;
+}
+
+int ops_attention_infer(OPS_INFER_ARGS) {
+    const op_attention *a = &op->attr.attn;
+    int rc = check_attrs(op, err);
+    if (rc)
+        return rc;
+    const graph_tensor *q = ops_input(g, op, 0);
+    if (a->cross) {
+        if ((rc = check_packed(op, q, "q", 1, err)) ||
+            (rc = check_cross_pair(op, q, ops_input(g, op, 1), err)))
+            return rc;
+    } else if ((rc = check_packed(op, q, "qkv", 3, err))) {
+        return rc;
+    }
+    if (a->relpos && (rc = check_relpos_table(op, q, ops_input(g, op, op->n_inputs - 1), err)))
+        return rc;
+    attn_geom geo = attn_geometry(g, op);
+    if ((rc = check_mask(g, op, &geo, err)))
+        return rc;
+    out->dtype = q->dtype;
+    out->ndim = 3;
+    out->shape[0] = geo.batch;
+    out->shape[1] = geo.sq;
+    out->shape[2] = geo.heads * geo.dim;
+    return STOF_OK;
+}
+
+/* ---- cost ---------------------------------------------------------------- */
+
+/* Keys query row i may see under the causal rule: j < causal_end. */
+static int64_t causal_end(const attn_geom *geo, int64_t i) {
+    int64_t end = i + (geo->sk - geo->sq) + 1;
+    return end < 0 ? 0 : end > geo->sk ? geo->sk : end;
+}
+
+static int64_t key_end(const op_attention *a, const attn_geom *geo, int64_t i) {
+    return a->causal ? causal_end(geo, i) : geo->sk;
+}
+
+/* Set bits among the first n of row. */
+static int64_t count_bits(const uint64_t *row, int64_t n) {
+    int64_t count = 0, full = n / 64;
+    for (int64_t w = 0; w < full; w++)
+        count += __builtin_popcountll(row[w]);
+    if (n % 64)
+        count += __builtin_popcountll(row[full] & ((1ULL << (n % 64)) - 1));
+    return count;
+}
+
+/* Allowed (query, key) pairs of one head, summed over the batch. A shared
+ * mask is counted once and multiplied by the batch. */
+static int64_t allowed_pairs(const graph *g, const graph_op *op, const attn_geom *geo) {
+    const op_attention *a = &op->attr.attn;
+    const mask *m = a->mask >= 0 ? g->masks[a->mask] : NULL;
+    int64_t stored = m ? m->batch : 1, pairs = 0;
+    for (int64_t b = 0; b < stored; b++)
+        for (int64_t i = 0; i < geo->sq; i++)
+            pairs += m ? count_bits(mask_row(m, (int)b, (int)i), key_end(a, geo, i))
+                       : key_end(a, geo, i);
+    return stored == 1 ? pairs * geo->batch : pairs;
+}
+
+void ops_attention_cost(OPS_COST_ARGS) {
+    attn_geom geo = attn_geometry(g, op);
+    /* Per allowed pair and head: D multiply-adds for q.k and D for p.v. */
+    *flops = 4.0 * (double)geo.heads * (double)geo.dim * (double)allowed_pairs(g, op, &geo);
+    *bytes = ops_io_bytes(g, op);
+}
+
+/* ---- reference ----------------------------------------------------------- */
+
+typedef struct attn_ctx {
+    attn_geom geo;
+    const op_attention *attr;
+    const float *q, *k, *v;      /* head 0 of token 0 of batch 0 */
+    int64_t q_stride, kv_stride; /* floats from one token to the next */
+    const float *table;          /* relpos bias [buckets, H], or NULL */
+    const int *bucket;           /* bucket of j - i at bucket[j - i + sq - 1] */
+    const mask *m;               /* or NULL */
+    double *scores;              /* [sk] scratch */
+    double *acc;                 /* [dim] scratch */
+} attn_ctx;
+
+static void locate_inputs(attn_ctx *c, const float *const *in, int n_inputs) {
+    int64_t hd = c->geo.heads * c->geo.dim;
+    if (c->attr->cross) {
+        c->q = in[0];
+        c->q_stride = hd;
+        c->k = in[1];
+        c->v = in[1] + hd;
+        c->kv_stride = 2 * hd;
+    } else {
+        c->q = in[0];
+        c->k = in[0] + hd;
+        c->v = in[0] + 2 * hd;
+        c->q_stride = c->kv_stride = 3 * hd;
+    }
+    c->table = c->attr->relpos ? in[n_inputs - 1] : NULL;
+}
+
+/* Every relative position j - i in [-(sq - 1), sk - 1] once, rather than a
+ * logf per pair. */
+static void fill_buckets(const attn_ctx *c, int *bucket) {
+    const op_attention *a = c->attr;
+    for (int64_t r = -(c->geo.sq - 1); r < c->geo.sk; r++)
+        bucket[r + c->geo.sq - 1] = op_relpos_bucket((int)r, a->relpos_bidirectional,
+                                                     a->relpos_buckets, a->relpos_max_distance);
+}
+
+static int pair_allowed(const attn_ctx *c, int64_t b, int64_t i, int64_t j) {
+    return !c->m || mask_get(c->m, (int)b, (int)i, (int)j);
+}
+
+static double pair_score(const attn_ctx *c, const float *q, int64_t b, int64_t h, int64_t i,
+                         int64_t j) {
+    const float *k = c->k + (b * c->geo.sk + j) * c->kv_stride + h * c->geo.dim;
+    double dot = 0.0;
+    for (int64_t d = 0; d < c->geo.dim; d++)
+        dot += (double)q[d] * k[d];
+    double s = c->attr->scale * dot;
+    if (c->table)
+        s += c->table[(int64_t)c->bucket[j - i + c->geo.sq - 1] * c->geo.heads + h];
+    return s;
+}
+
+/* One query row of one head: exact two-pass softmax over the allowed keys,
+ * then the weighted sum of their values. No allowed key: zeros. */
+static void attend_row(const attn_ctx *c, int64_t b, int64_t h, int64_t i, float *y) {
+    const int64_t dim = c->geo.dim, end = key_end(c->attr, &c->geo, i);
+    const float *q = c->q + (b * c->geo.sq + i) * c->q_stride + h * dim;
+    double max = -INFINITY;
+    for (int64_t j = 0; j < end; j++) {
+        if (!pair_allowed(c, b, i, j))
+            continue;
+        c->scores[j] = pair_score(c, q, b, h, i, j);
+        max = c->scores[j] > max ? c->scores[j] : max;
+    }
+    for (int64_t d = 0; d < dim; d++)
+        y[d] = 0.0f;
+    if (max == -INFINITY)
+        return;
+    for (int64_t d = 0; d < dim; d++)
+        c->acc[d] = 0.0;
+    double sum = 0.0;
+    for (int64_t j = 0; j < end; j++) {
+        if (!pair_allowed(c, b, i, j))
+            continue;
+        double p = exp(c->scores[j] - max);
+        const float *v = c->v + (b * c->geo.sk + j) * c->kv_stride + h * dim;
+        for (int64_t d = 0; d < dim; d++)
+            c->acc[d] += p * v[d];
+        sum += p;
+    }
+    for (int64_t d = 0; d < dim; d++)
+        y[d] = (float)(c->acc[d] / sum);
+}
+
+static void attend_all(const attn_ctx *c, float *out) {
+    int64_t hd = c->geo.heads * c->geo.dim;
+    for (int64_t b = 0; b < c->geo.batch; b++)
+        for (int64_t i = 0; i < c->geo.sq; i++)
+            for (int64_t h = 0; h < c->geo.heads; h++)
+                attend_row(c, b, h, i, out + (b * c->geo.sq + i) * hd + h * c->geo.dim);
+}
+
+int ops_attention_ref(OPS_REF_ARGS) {
+    attn_ctx c = {.geo = attn_geometry(g, op), .attr = &op->attr.attn};
+    locate_inputs(&c, in, op->n_inputs);
+    c.m = c.attr->mask >= 0 ? g->masks[c.attr->mask] : NULL;
+    double *scores = err_malloc((size_t)c.geo.sk * sizeof *scores, err);
+    double *acc = err_malloc((size_t)c.geo.dim * sizeof *acc, err);
+    int *bucket = c.table ? err_malloc((size_t)(c.geo.sq + c.geo.sk - 1) * sizeof *bucket, err)
+                          : NULL;
+    int rc = STOF_ERR_NOMEM;
+    if (scores && acc && (bucket || !c.table)) {
+        if (bucket)
+            fill_buckets(&c, bucket);
+        c.scores = scores;
+        c.acc = acc;
+        c.bucket = bucket;
+        attend_all(&c, out);
+        rc = STOF_OK;
+    }
+    free(bucket);
+    free(acc);
+    free(scores);
+    return rc;
+}

@@ -1,0 +1,131 @@
+/* The linear family: GEMM (y = x W^T for nn.Linear weights [N, K], y = x W for
+ * GPT-2 Conv1D weights [K, N]) and the bias add that follows it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "ops/ops_impl.h"
+
+/* ---- gemm ---------------------------------------------------------------- */
+
+/* Reduction length K and output features N of W, by its storage order. */
+static void gemm_weight_dims(const graph_op *op, const graph_tensor *w, int64_t *k, int64_t *n) {
+    int kn = op->attr.gemm.weight_kn;
+    *k = kn ? w->shape[0] : w->shape[1];
+    *n = kn ? w->shape[1] : w->shape[0];
+}
+
+int ops_gemm_infer(OPS_INFER_ARGS) {
+    const graph_tensor *x = ops_input(g, op, 0), *w = ops_input(g, op, 1);
+    int rc;
+    if ((rc = ops_require_float(op, x, "x", err)) || (rc = ops_require_float(op, w, "W", err)) ||
+        (rc = ops_require_same_dtype(op, x, "x", w, "W", err)) ||
+        (rc = ops_require_rank(op, w, "W", 2, 2, err)))
+        return rc;
+    int64_t k, n;
+    gemm_weight_dims(op, w, &k, &n);
+    if (ops_last_dim(x) != k) {
+        char xs[OPS_TENSOR_STR_MAX], ws[OPS_TENSOR_STR_MAX];
+        return ops_fail(op, err, STOF_ERR_SHAPE,
+                        "x %s has %lld features but W %s expects %lld (W is stored %s)",
+                        ops_tensor_str(x, xs, sizeof xs), (long long)ops_last_dim(x),
+                        ops_tensor_str(w, ws, sizeof ws), (long long)k,
+                        op->attr.gemm.weight_kn ? "[K, N]" : "[N, K]");
+    }
+    ops_copy_shape(out, x);
+    out->shape[out->ndim - 1] = n;
+    return STOF_OK;
+}
+
+void ops_gemm_cost(OPS_COST_ARGS) {
+    const graph_tensor *x = ops_input(g, op, 0);
+    double m = (double)ops_rows(x), k = (double)ops_last_dim(x);
+    double n = (double)ops_last_dim(ops_output(g, op));
+    *flops = 2.0 * m * n * k;
+    *bytes = ops_io_bytes(g, op);
+}
+
+/* Rows of x that share one row of W (N floats) while it is in cache. */
+#define GEMM_ROW_BLOCK 8
+/* A fixed-length inner loop: at -O2 the compiler vectorizes only loops whose
+ * trip count needs no remainder handling. */
+#define AXPY_CHUNK 16
+
+/* y[0, n) += a * w[0, n) */
+static void axpy(float a, const float *restrict w, float *restrict y, int64_t n) {
+    int64_t j = 0;
+    for (; j + AXPY_CHUNK <= n; j += AXPY_CHUNK)
+        for (int t = 0; t < AXPY_CHUNK; t++)
+            y[j + t] += a * w[j + t];
+    for (; j < n; j++)
+        y[j] += a * w[j];
+}
+
+/* y[m, n] = sum_k x[m, k] w[k, n], in i-k-j order: the inner loop runs over
+ * contiguous rows of w and y. */
+static void gemm_rows_kn(const float *x, const float *w, float *y, int64_t m, int64_t n,
+                         int64_t k) {
+    memset(y, 0, (size_t)(m * n) * sizeof *y);
+    for (int64_t m0 = 0; m0 < m; m0 += GEMM_ROW_BLOCK) {
+        int64_t m1 = m0 + GEMM_ROW_BLOCK < m ? m0 + GEMM_ROW_BLOCK : m;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t i = m0; i < m1; i++)
+                axpy(x[i * k + kk], w + kk * n, y + i * n, n);
+    }
+}
+
+/* w [n, k] -> t [k, n] */
+static void transpose(const float *w, float *t, int64_t n, int64_t k) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < k; c++)
+            t[c * n + r] = w[r * k + c];
+}
+
+int ops_gemm_ref(OPS_REF_ARGS) {
+    const graph_tensor *x = ops_input(g, op, 0), *w = ops_input(g, op, 1);
+    int64_t m = ops_rows(x), k, n;
+    gemm_weight_dims(op, w, &k, &n);
+    if (op->attr.gemm.weight_kn) {
+        gemm_rows_kn(in[0], in[1], out, m, n, k);
+        return STOF_OK;
+    }
+    /* nn.Linear stores W [N, K]; one transpose up front keeps the hot loop
+     * on contiguous memory. */
+    float *w_kn = err_malloc((size_t)(n * k) * sizeof *w_kn, err);
+    if (!w_kn)
+        return STOF_ERR_NOMEM;
+    transpose(in[1], w_kn, n, k);
+    gemm_rows_kn(in[0], w_kn, out, m, n, k);
+    free(w_kn);
+    return STOF_OK;
+}
+
+/* ---- bias ---------------------------------------------------------------- */
+
+int ops_bias_infer(OPS_INFER_ARGS) {
+    const graph_tensor *x = ops_input(g, op, 0), *b = ops_input(g, op, 1);
+    int rc;
+    if ((rc = ops_require_float(op, x, "x", err)) || (rc = ops_require_float(op, b, "b", err)) ||
+        (rc = ops_require_same_dtype(op, x, "x", b, "b", err)) ||
+        (rc = ops_require_vector(op, b, "b", ops_last_dim(x), err)))
+        return rc;
+    ops_copy_shape(out, x);
+    return STOF_OK;
+}
+
+void ops_bias_cost(OPS_COST_ARGS) {
+    ops_mi_cost(g, op, 1.0, flops, bytes);
+}
+
+int ops_bias_ref(OPS_REF_ARGS) {
+    const graph_tensor *x = ops_input(g, op, 0);
+    int64_t rows = ops_rows(x), n = ops_last_dim(x);
+    const float *b = in[1];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x_row = in[0] + r * n;
+        float *y_row = out + r * n;
+        for (int64_t j = 0; j < n; j++)
+            y_row[j] = x_row[j] + b[j];
+    }
+    return STOF_OK;
+}

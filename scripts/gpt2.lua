@@ -1,0 +1,59 @@
+-- GPT-2 (Hugging Face GPT2Model, the 124M "gpt2" shape), pre-LayerNorm, causal.
+--
+-- Builds: token + position embeddings -> N blocks of
+--     x = x + c_proj(attention(c_attn(ln_1(x))))       (causal, AND the mask if any)
+--     x = x + mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))
+-- -> ln_f, and outputs the last hidden state [batch, seq, 768].
+--
+-- Parameters (--set key=value):
+--   layers  12
+--   batch   8
+--   seq     512      position table: max(1024, seq) rows
+--   mask    "none"   a pattern name or text form (stof.mask.named), combined
+--                    with causal: a pair is attended when both allow it
+--   dtype   "fp16"   fp16, bf16 or fp32
+--
+-- GPT-2's Conv1D weights are stored [in, out], so every projection is a GEMM
+-- with kn = true. Weight names follow GPT2Model (wte.weight, h.N.attn.c_attn.weight, ...).
+local p = stof.params{layers = 12, batch = 8, seq = 512, mask = "none", dtype = "fp16"}
+
+local H, heads, F = 768, 12, 3072
+local vocab = 50257
+local n_positions = math.max(1024, p.seq)
+local eps = 1e-5
+
+local m = stof.model{name = "gpt2", dtype = p.dtype}
+local mask = stof.mask.named(p.mask)
+
+local function layernorm(prefix, x)
+  local g = m:weight(prefix .. ".weight", {H}, {init = "ones"})
+  local b = m:weight(prefix .. ".bias", {H})
+  return m:layernorm(x, g, b, {eps = eps, name = prefix})
+end
+
+-- A Conv1D: weight [n_in, n_out], scaled by its fan-in (the default scale
+-- follows the last dimension, which here is the fan-out).
+local function conv1d(prefix, x, n_in, n_out)
+  local w = m:weight(prefix .. ".weight", {n_in, n_out}, {scale = 1 / math.sqrt(n_in)})
+  local b = m:weight(prefix .. ".bias", {n_out})
+  return m:linear(x, w, b, {kn = true, name = prefix})
+end
+
+local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
+local x = m:embedding(ids, m:weight("wte.weight", {vocab, H}),
+                      {position = m:weight("wpe.weight", {n_positions, H}), name = "embeddings"})
+
+for n = 0, p.layers - 1 do
+  m:layer(function()
+    local pre = "h." .. n
+    local qkv = conv1d(pre .. ".attn.c_attn", layernorm(pre .. ".ln_1", x), H, 3 * H)
+    local a = m:attention(qkv, {heads = heads, head_dim = H // heads, causal = true,
+                                mask = mask, name = pre .. ".attn"})
+    x = m:add(x, conv1d(pre .. ".attn.c_proj", a, H, H))
+    local h = conv1d(pre .. ".mlp.c_fc", layernorm(pre .. ".ln_2", x), H, F)
+    x = m:add(x, conv1d(pre .. ".mlp.c_proj", m:gelu(h, {tanh = true}), F, H))
+  end)
+end
+
+m:output(layernorm("ln_f", x))
+return m

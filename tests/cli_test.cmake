@@ -1,0 +1,81 @@
+# End-to-end checks of the `stof` command: exit codes, output and error text.
+# Run by ctest as: cmake -DSTOF=... -DSRC=... -DWORK=... -P cli_test.cmake
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(failures 0)
+set(passes 0)
+
+# expect(NAME RC_EXPECTED "regex on stdout+stderr" ARGS...)
+function(expect name want_rc pattern)
+  execute_process(COMMAND ${STOF} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err WORKING_DIRECTORY ${SRC})
+  set(all "${out}${err}")
+  if(NOT rc STREQUAL "${want_rc}")
+    message(SEND_ERROR "${name}: exit code ${rc}, expected ${want_rc}\n${all}")
+    math(EXPR f "${failures} + 1")
+    set(failures ${f} PARENT_SCOPE)
+  elseif(NOT all MATCHES "${pattern}")
+    message(SEND_ERROR "${name}: output does not match '${pattern}'\n${all}")
+    math(EXPR f "${failures} + 1")
+    set(failures ${f} PARENT_SCOPE)
+  else()
+    math(EXPR p "${passes} + 1")
+    set(passes ${p} PARENT_SCOPE)
+  endif()
+  set(last_output "${all}" PARENT_SCOPE)
+endfunction()
+
+expect(version 0 "stof [0-9]+\\.[0-9]+\\.[0-9]+" version)
+expect(help 0 "usage" help)
+expect(no_command 2 "usage")
+expect(unknown_command 2 "unknown command 'frobnicate'" frobnicate)
+expect(info 0 "GPU" info)
+
+set(small --set preset=small --set batch=1 --set seq=64)
+expect(graph_bert 0 "attention.*total: [0-9.]+ GFLOP" graph scripts/bert.lua ${small})
+expect(graph_gpt2 0 "attention" graph scripts/gpt2.lua --set batch=1 --set seq=32)
+expect(graph_t5 0 "attention" graph scripts/t5.lua --set preset=t5-small --set batch=1 --set seq=32)
+
+expect(run_cpu 0 "checksum: sum ([-+0-9.e]+)" run --cpu scripts/bert.lua ${small} --seed 3)
+string(REGEX MATCH "checksum: [^\n]*" first "${last_output}")
+expect(run_cpu_again 0 "checksum" run --cpu scripts/bert.lua ${small} --seed 3)
+string(REGEX MATCH "checksum: [^\n]*" second "${last_output}")
+if(NOT first STREQUAL second OR first STREQUAL "")
+  message(SEND_ERROR "the same seed gave different checksums: '${first}' vs '${second}'")
+  math(EXPR failures "${failures} + 1")
+endif()
+expect(run_other_seed 0 "checksum" run --cpu scripts/bert.lua ${small} --seed 4)
+string(REGEX MATCH "checksum: [^\n]*" third "${last_output}")
+if(first STREQUAL third)
+  message(SEND_ERROR "different seeds gave the same checksum: '${first}'")
+  math(EXPR failures "${failures} + 1")
+endif()
+expect(run_needs_cpu 2 "--cpu" run scripts/bert.lua ${small})
+
+expect(mask_png 0 "density.*wrote" mask scripts/bert.lua --set mask=bigbird --set seq=1024
+       --set batch=1 --png ${WORK}/mask.png --px 256)
+if(NOT EXISTS ${WORK}/mask.png)
+  message(SEND_ERROR "stof mask --png wrote no file")
+  math(EXPR failures "${failures} + 1")
+endif()
+
+# Bad input: a clear message naming the file and line, a non-zero exit, no crash.
+file(WRITE ${WORK}/syntax.lua "local m = stof.model{name = 'x'}\nlocal y = = 3\nreturn m\n")
+expect(syntax_error 1 "syntax.lua:2:" graph ${WORK}/syntax.lua)
+file(WRITE ${WORK}/shape.lua
+  "local m = stof.model{name = 'x'}\n"
+  "local x = m:input('x', {2, 8})\n"
+  "local w = m:weight('w', {4, 6})\n"
+  "local y = m:gemm(x, w)\n"
+  "m:output(y)\nreturn m\n")
+expect(shape_error 1 "shape.lua:4:.*gemm" graph ${WORK}/shape.lua)
+expect(unknown_param 1 "nosuch" graph scripts/bert.lua --set nosuch=1)
+expect(bad_param 1 "batch" graph scripts/bert.lua --set batch=abc)
+expect(missing_script 1 "does-not-exist.lua" graph ${WORK}/does-not-exist.lua)
+expect(bad_option 2 "unknown option" graph scripts/bert.lua --frob)
+expect(set_without_value 2 "key=value" graph scripts/bert.lua --set batch)
+
+message(STATUS "cli: ${passes} passed, ${failures} failed")
+if(failures GREATER 0)
+  message(FATAL_ERROR "cli: ${failures} checks failed")
+endif()

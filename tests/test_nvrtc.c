@@ -1,0 +1,128 @@
+/* NVRTC: every embedded kernel compiles for sm_80 and sm_90 (no GPU needed),
+ * the cache answers from memory and from disk, and errors carry the log. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/kernels.h"
+#include "core/nvrtc.h"
+
+static const char *archs[] = {"sm_80", "sm_90"};
+static const char *dtypes[] = {"-DSTOF_DTYPE=1", "-DSTOF_DTYPE=2"};
+
+static int is_kernel_file(const char *name) {
+    size_t n = strlen(name);
+    return n > 3 && strcmp(name + n - 3, ".cu") == 0;
+}
+
+static void test_every_kernel_compiles(nvrtc_cache *c) {
+    int compiled = 0;
+    for (int i = 0; i < kernel_source_count; i++) {
+        if (!is_kernel_file(kernel_sources[i].name))
+            continue;
+        for (int a = 0; a < 2; a++) {
+            for (int d = 0; d < 2; d++) {
+                nvrtc_request req = {.source = kernel_sources[i].name, .arch = archs[a]};
+                req.options[req.n_options++] = dtypes[d];
+                const void *bin;
+                size_t size;
+                stof_error err = {0};
+                int rc = nvrtc_get(c, &req, &bin, &size, &err);
+                CHECK_MSG(rc == STOF_OK, "%s %s %s: %s", req.source, req.arch, dtypes[d],
+                          err.msg);
+                if (rc == STOF_OK) {
+                    CHECK(size > 4 && memcmp(bin, "\x7f" "ELF", 4) == 0);
+                    compiled++;
+                }
+            }
+        }
+    }
+    CHECK(compiled >= 4);
+    printf("compiled %d kernel variants\n", compiled);
+}
+
+static void test_cache(const char *dir) {
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, dir);
+    nvrtc_request req = {.source = "util.cu", .arch = "sm_90", .n_options = 1};
+    req.options[0] = "-DSTOF_DTYPE=1";
+    const void *b1, *b2;
+    size_t s1, s2;
+    stof_error err = {0};
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b2, &s2, &err), STOF_OK);
+    CHECK(b1 == b2 && s1 == s2);
+    CHECK_EQ_INT(c.compiled, 1);
+    CHECK_EQ_INT(c.memory_hits, 1);
+    nvrtc_cache_free(&c);
+
+    /* a fresh process (fresh cache object) finds it on disk */
+    nvrtc_cache_init(&c, dir);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(c.compiled, 0);
+    CHECK_EQ_INT(c.disk_hits, 1);
+    CHECK_EQ_INT(s1, s2);
+    nvrtc_cache_free(&c);
+
+    /* a corrupted file on disk is rebuilt, not trusted */
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%016llx.cubin", dir, (unsigned long long)nvrtc_key(&req));
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("garbage", f);
+        fclose(f);
+    }
+    nvrtc_cache_init(&c, dir);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(c.compiled, 1);
+    nvrtc_cache_free(&c);
+
+    /* options and architecture are part of the key */
+    nvrtc_request other = req;
+    other.arch = "sm_80";
+    CHECK(nvrtc_key(&other) != nvrtc_key(&req));
+    other = req;
+    other.options[0] = "-DSTOF_DTYPE=2";
+    CHECK(nvrtc_key(&other) != nvrtc_key(&req));
+}
+
+static void test_errors(nvrtc_cache *c) {
+    const void *bin;
+    size_t size;
+    stof_error err = {0};
+    nvrtc_request bad = {.source = "util.cu", .arch = "sm_90", .n_options = 1};
+    bad.options[0] = "-DSTOF_DTYPE=7"; /* no such element type: must not compile */
+    CHECK_EQ_INT(nvrtc_get(c, &bad, &bin, &size, &err), STOF_ERR_COMPILE);
+    CHECK_CONTAINS(err.msg, "util.cu");
+    CHECK_CONTAINS(err.msg, "error"); /* the compiler's log comes with it */
+
+    nvrtc_request missing = {.source = "nosuch.cu", .arch = "sm_90"};
+    CHECK_EQ_INT(nvrtc_get(c, &missing, &bin, &size, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "nosuch.cu");
+}
+
+int main(void) {
+    int major = 0, minor = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(nvrtc_version(&major, &minor, &err), STOF_OK);
+    printf("NVRTC %d.%d\n", major, minor);
+    CHECK(kernel_find("util.cu") != NULL);
+    CHECK(kernel_find("common.cuh") != NULL);
+    CHECK(kernel_find("nosuch.cu") == NULL);
+
+    char dir[] = "/tmp/stof-nvrtc-test-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, "");
+    test_every_kernel_compiles(&c);
+    test_errors(&c);
+    nvrtc_cache_free(&c);
+    test_cache(dir);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    return check_summary("test_nvrtc");
+}

@@ -18,6 +18,9 @@ static void usage(FILE *f) {
             "                                     run the fp32 CPU reference, print a checksum\n"
             "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
             "                                     mask statistics, and a heatmap as PNG\n"
+            "  stof mha-select SCRIPT [--set k=v ...] [--arch sm_XX]\n"
+            "                                     the attention kernel the analytical model picks\n"
+            "                                     (paper Eq. 1, 2) and its score table\n"
             "  stof version\n"
             "\n"
             "SCRIPT is a Lua model script (see scripts/ and docs/lua-api.md); --set passes\n"
@@ -151,6 +154,7 @@ static const cli_command commands[] = {
     {"graph", cli_cmd_graph},
     {"run", cli_cmd_run},
     {"mask", cli_cmd_mask},
+    {"mha-select", cli_cmd_mha_select},
 };
 
 int main(int argc, char **argv) {

@@ -31,5 +31,6 @@ int cli_cmd_info(const cli_args *a);
 int cli_cmd_graph(const cli_args *a);
 int cli_cmd_run(const cli_args *a);
 int cli_cmd_mask(const cli_args *a);
+int cli_cmd_mha_select(const cli_args *a);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "ops/ops.h"
 
+/* The three signatures of op_desc, spelled once. */
 #define OPS_INFER_ARGS const graph *g, const graph_op *op, graph_tensor *out, stof_error *err
 #define OPS_COST_ARGS const graph *g, const graph_op *op, double *flops, double *bytes
 #define OPS_REF_ARGS \

@@ -949,6 +949,10 @@ static void test_attention_self_shapes(void) {
     REJECT(&g, &op, STOF_ERR_SHAPE, "has batch 3 but the attention has batch 2");
     op.attr.attn.mask = 99;
     REJECT(&g, &op, STOF_ERR_INVALID, "mask 99 does not exist");
+    int bad_words = add_full_mask(&g, 1, S, S);
+    g.masks[bad_words]->words = 2; /* a corrupt mask: 6 keys fit one word */
+    op.attr.attn.mask = bad_words;
+    REJECT(&g, &op, STOF_ERR_INTERNAL, "has 2 words per row for 6 keys");
 
     /* half precision flows through */
     int qkv16 = TENSOR(&g, "qkv16", STOF_F16, B, S, 3 * H * D);

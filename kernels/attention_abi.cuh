@@ -1,0 +1,91 @@
+/* The argument block of the attention kernels (attention_block.cu,
+ * attention_row.cu), shared by the host (C11: core/mha_exec.c includes it as
+ * "kernels/attention_abi.cuh") and the kernels (CUDA C++ under NVRTC).
+ *
+ * One struct, passed BY VALUE as the single kernel parameter, so host and
+ * device must agree on its layout byte for byte: fixed-width types only,
+ * 8-byte fields first, then 4-byte ones, an even count of those so that no
+ * compiler adds tail padding differently; STOF_ATTN_ARGS_BYTES is checked on
+ * both sides.
+ *
+ * Tensors. Strides are in elements. Row i of batch b, head h of Q starts at
+ *   q + b * q_batch_stride + i * q_row_stride + h * HEAD_DIM
+ * and likewise for K, V (key row j) and O. The host offsets the base
+ * pointers for the packed layouts: self-attention reads qkv [B, S, 3, H, D]
+ * (k = qkv + H*D, v = qkv + 2*H*D, row stride 3*H*D), cross-attention q
+ * [B, Sq, H*D] and kv [B, Sk, 2, H, D]. O is [B, Sq, H*D]. Base pointers are
+ * 16-byte aligned and every stride a multiple of 8 elements (16-byte vector
+ * loads and cp.async); the host checks.
+ *
+ * Masks. The host folds causal into the mask, so the kernels know no causal
+ * rule: they see the allowed pairs only.
+ *  - block-wise: the BSR "load" list of ops/mask_format.h at (BLOCK_M,
+ *    BLOCK_N): load_row_ptr / load_col_idx / load_mask_idx (-1 = full block,
+ *    else the index of its bitmap in part_masks, bitmaps of BLOCK_M rows x
+ *    ceil(BLOCK_N / 32) uint32 words);
+ *  - row-wise: the CSR of ops/mask_format.h: row_ptr (int64) / col_idx.
+ * fmt_batch is the format's stored batch count: 1 = one mask shared by every
+ * batch, else one per batch, arrays concatenated with absolute row pointers:
+ * batch b's pointers start at b * (n_block_rows + 1) (BSR, n_block_rows =
+ * ceil(q_len / BLOCK_M)) or b * (q_len + 1) (CSR), as
+ * mask_format_bsr_row_base / mask_format_csr_row_base compute them.
+ *
+ * T5 relative position bias (compiled in with -DHAS_RELPOS=1): the score of
+ * (i, j) in head h gets relpos_table[bucket(j - i) * heads + h] added
+ * (table [buckets][heads] in the model dtype). The bucket of every relative
+ * position is computed once on the host by op_relpos_bucket (the one copy of
+ * T5's formula) into relpos_bucket[j - i + q_len - 1] (q_len + k_len - 1
+ * entries): the kernel reads a table instead of evaluating a float32 logf
+ * per pair, and no device copy of the formula can round differently from
+ * the reference at a bucket boundary. The bucket parameters are kept here
+ * for describing and checking. */
+#ifndef STOF_KERNELS_ATTENTION_ABI_CUH
+#define STOF_KERNELS_ATTENTION_ABI_CUH
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+typedef int stof_i32;
+typedef unsigned int stof_u32;
+typedef long long stof_i64;
+#define STOF_ABI_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#include <stdint.h>
+typedef int32_t stof_i32;
+typedef uint32_t stof_u32;
+typedef int64_t stof_i64;
+#define STOF_ABI_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+typedef struct stof_attn_args {
+    /* tensors (device pointers) */
+    const void *q, *k, *v;
+    void *o;
+    /* strides in elements */
+    stof_i64 q_batch_stride, q_row_stride;
+    stof_i64 k_batch_stride, k_row_stride;
+    stof_i64 v_batch_stride, v_row_stride;
+    stof_i64 o_batch_stride, o_row_stride;
+    /* block-wise format (BSR load list) */
+    const stof_i32 *load_row_ptr, *load_col_idx, *load_mask_idx;
+    const stof_u32 *part_masks;
+    /* row-wise format (CSR) */
+    const stof_i64 *row_ptr;
+    const stof_i32 *col_idx;
+    /* T5 relative position bias */
+    const void *relpos_table;       /* [relpos_buckets][heads], model dtype */
+    const stof_i32 *relpos_bucket;  /* [q_len + k_len - 1]: bucket of j - i */
+    /* 4-byte fields: keep their count even */
+    stof_i32 q_len, k_len, heads, fmt_batch;
+    float scale_log2;               /* scale * log2(e): scores are exponentiated with exp2 */
+    stof_i32 relpos_buckets, relpos_max_distance, relpos_bidirectional;
+} stof_attn_args;
+
+#define STOF_ATTN_ARGS_BYTES (20 * 8 + 8 * 4)
+STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_args) == STOF_ATTN_ARGS_BYTES,
+                       "stof_attn_args layout changed: host and kernels must agree");
+STOF_ABI_STATIC_ASSERT(sizeof(void *) == 8, "stof needs 64-bit pointers");
+
+/* Kernel names, for cuModuleGetFunction. */
+#define STOF_ATTN_BLOCK_KERNEL "stof_attention_block"
+#define STOF_ATTN_ROW_KERNEL "stof_attention_row"
+
+#endif

@@ -1,0 +1,378 @@
+// Block-wise masked multi-head attention (paper §4.2, the BSR kernel).
+//
+// One thread block computes BLOCK_M query rows of one (batch, head); grid
+// (ceil(q_len / BLOCK_M), heads, batch). Its NUM_WARPS warps each own
+// BLOCK_M / NUM_WARPS rows (whole 16-row mma tiles) and never talk to each
+// other except through the shared K/V tiles. The block walks the key blocks
+// its block row must load (the BSR load list: any columns, in any order,
+// full and partial mixed) with K and V double-buffered by cp.async:
+//
+//   for each loaded key block:
+//       prefetch the next block's K, V            (cp.async, other buffer)
+//       S = Q K^T                                  (mma.sync, fp32)
+//       S = mask(S): partial blocks by bitmap, columns past k_len, scale, bias
+//       online softmax: m, l per row; O *= exp2(m_old - m_new); P = exp2(S - m)
+//       O += P V                                   (mma.sync, P in the dtype)
+//   O /= l, rows with no allowed key write zeros
+//
+// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [2][BLOCK_N][HEAD_DIM + 8]
+// (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
+// different banks); the Q tile is reused to stage O for 16-byte stores.
+// The host sizes it: (BLOCK_M + 4 BLOCK_N) (HEAD_DIM + 8) element bytes.
+#include "attention_common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 64
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64
+#endif
+#ifndef NUM_WARPS
+#define NUM_WARPS 4
+#endif
+#ifndef STOF_DTYPE
+#define STOF_DTYPE 1
+#endif
+#ifndef HAS_RELPOS
+#define HAS_RELPOS 0
+#endif
+
+using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
+using namespace stof::attn;
+
+constexpr int kThreads = NUM_WARPS * 32;
+constexpr int kWarpRows = BLOCK_M / NUM_WARPS;   // query rows per warp
+constexpr int kMT = kWarpRows / 16;              // 16-row mma tiles per warp
+constexpr int kNT = BLOCK_N / 8;                 // 8-column tiles of S
+constexpr int kKD = HEAD_DIM / 16;               // k steps of Q K^T
+constexpr int kDT = HEAD_DIM / 8;                // 8-column tiles of O (= 16-byte chunks of a row)
+constexpr int kKN = BLOCK_N / 16;                // k steps of P V
+constexpr int kPitch = HEAD_DIM + 8;             // shared row pitch, elements
+constexpr int kMaskWords = (BLOCK_N + 31) / 32;  // uint32 words per bitmap row
+
+// Q fragments stay in registers unless that would push the accumulators
+// out of them (many rows per warp with a wide head): then they are read
+// from shared memory again at every key block.
+#ifndef KEEP_Q_REGS
+#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + BLOCK_N / 2 + HEAD_DIM / 4) <= 160)
+#endif
+constexpr bool kKeepQ = KEEP_Q_REGS;
+
+static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
+static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 16 up to 256");
+static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up to 256");
+static_assert(BLOCK_M % NUM_WARPS == 0 && kWarpRows % 16 == 0,
+              "each warp owns whole 16-row tiles: BLOCK_M / NUM_WARPS must be a multiple of 16");
+
+// The per-warp view of the query tile.
+struct warp_pos {
+    int warp, lane;
+    int row0;  // the warp's first row within the block tile
+    int g, t;  // mma fragment coordinates: lane / 4, lane % 4
+};
+
+// ---- tile loads --------------------------------------------------------------------
+
+// ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a
+// padded shared tile, cooperatively by the whole block; rows >= valid_rows
+// are zero-filled. Asynchronous: the caller commits and waits.
+template <int ROWS>
+__device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem, long long stride,
+                                                int valid_rows) {
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < ROWS * kDT; idx += kThreads) {
+        const int r = idx / kDT, c = idx % kDT;
+        const bool valid = r < valid_rows;
+        const elem_t *src = valid ? gmem + r * stride + c * 8 : gmem;
+        cp_async_16(smem + r * kPitch + c * 8, src, valid);
+    }
+}
+
+// K and V of key block column bc into one stage of the double buffer.
+__device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, const elem_t *k,
+                                              const elem_t *v, const stof_attn_args &a, int bc) {
+    const int col0 = bc * BLOCK_N;
+    load_tile_async<BLOCK_N>(sK, k + col0 * a.k_row_stride, a.k_row_stride, a.k_len - col0);
+    load_tile_async<BLOCK_N>(sV, v + col0 * a.v_row_stride, a.v_row_stride, a.k_len - col0);
+}
+
+// The A fragments of the warp's Q rows for k step kd.
+__device__ __forceinline__ void load_q_frag(unsigned (&qf)[4], const elem_t *sQ,
+                                            const warp_pos &w, int mt, int kd) {
+    const int row = w.row0 + mt * 16 + (w.lane & 15);
+    const int col = kd * 16 + (w.lane >> 4) * 8;
+    ldmatrix_x4(qf, sQ + row * kPitch + col);
+}
+
+// ---- S = Q K^T -------------------------------------------------------------------
+
+__device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
+                                               const unsigned (&qf)[kMT][kKD][4],
+                                               const elem_t *sQ, const elem_t *sK,
+                                               const warp_pos &w) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < kKD; ++kd) {
+        unsigned a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            if (kKeepQ) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kd][e];
+            } else {
+                load_q_frag(a[mt], sQ, w, mt, kd);
+            }
+        }
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+            // n tiles 2np and 2np+1 (16 keys), both k halves of step kd
+            unsigned b[4];
+            const int key = np * 16 + (w.lane & 7) + (w.lane >> 4) * 8;
+            const int col = kd * 16 + ((w.lane >> 3) & 1) * 8;
+            ldmatrix_x4(b, sK + key * kPitch + col);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<elem_t>(s[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<elem_t>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// ---- mask, scale and bias ------------------------------------------------------------
+
+// Turns raw dot products into base-2 scores; disallowed pairs become -inf:
+// a partial block's bitmap (mask_idx >= 0; a full block skips the test),
+// and on the last block column the keys past k_len (zero-filled rows that
+// must not count). Rows past q_len are computed on zero queries and never
+// stored.
+__device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const stof_attn_args &a,
+                                               const warp_pos &w, int row_base, int bc,
+                                               int mask_idx, int h) {
+    const int col0 = bc * BLOCK_N;
+    const bool edge = col0 + BLOCK_N > a.k_len;
+    const stof_u32 *bitmap =
+        mask_idx >= 0 ? a.part_masks + (long long)mask_idx * (BLOCK_M * kMaskWords) : nullptr;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = w.row0 + mt * 16 + w.g + half * 8;  // row within the block tile
+            stof_u32 bits[kMaskWords];
+#pragma unroll
+            for (int k = 0; k < kMaskWords; ++k)
+                bits[k] = bitmap ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = nt * 8 + 2 * w.t + e;  // column within the key block
+                    bool ok = (bits[c >> 5] >> (c & 31)) & 1u;
+                    if (edge) ok = ok && col0 + c < a.k_len;
+                    float x = s[mt][nt][half * 2 + e] * a.scale_log2;
+#if HAS_RELPOS
+                    if (ok && row_base + r < a.q_len)
+                        x += relpos_bias_log2<elem_t>(a, row_base + r, col0 + c, h);
+#endif
+                    s[mt][nt][half * 2 + e] = ok ? x : -INFINITY;
+                }
+            }
+        }
+    }
+}
+
+// ---- online softmax -------------------------------------------------------------
+
+// Each thread holds two rows per m tile (g and g + 8), spread over the four
+// threads of a quad: the row maximum is reduced across the quad; the row sum
+// l stays a per-thread partial sum until the end. S becomes P in place.
+__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
+                                               float (&l)[kMT][2], float (&o)[kMT][kDT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+                mx = fmaxf(mx, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[mt][half], mx);
+            const float ref = softmax_ref(m_new);
+            const float alpha = exp2f(m[mt][half] - ref);  // 0 while the row was empty
+            m[mt][half] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2f(s[mt][nt][half * 2 + e] - ref);
+                    s[mt][nt][half * 2 + e] = p;
+                    sum += p;
+                }
+            }
+            l[mt][half] = l[mt][half] * alpha + sum;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+                o[mt][dt][half * 2] *= alpha;
+                o[mt][dt][half * 2 + 1] *= alpha;
+            }
+        }
+    }
+}
+
+// ---- O += P V -----------------------------------------------------------------------
+
+__device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float (&p)[kMT][kNT][4],
+                                           const elem_t *sV, const warp_pos &w) {
+#pragma unroll
+    for (int kn = 0; kn < kKN; ++kn) {
+        // P's C fragments of n tiles 2kn, 2kn+1 are the A fragment of k step kn
+        unsigned a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            a[mt][0] = pack2<elem_t>(p[mt][2 * kn][0], p[mt][2 * kn][1]);
+            a[mt][1] = pack2<elem_t>(p[mt][2 * kn][2], p[mt][2 * kn][3]);
+            a[mt][2] = pack2<elem_t>(p[mt][2 * kn + 1][0], p[mt][2 * kn + 1][1]);
+            a[mt][3] = pack2<elem_t>(p[mt][2 * kn + 1][2], p[mt][2 * kn + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDT / 2; ++dp) {
+            // V rows kn*16.. (keys) x columns dp*16.. (dims), transposed into
+            // the B fragments of O tiles 2dp and 2dp+1
+            unsigned b[4];
+            const int key = kn * 16 + (w.lane & 7) + ((w.lane >> 3) & 1) * 8;
+            const int col = dp * 16 + (w.lane >> 4) * 8;
+            ldmatrix_x4_trans(b, sV + key * kPitch + col);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<elem_t>(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_16816<elem_t>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// ---- O / l -> global -----------------------------------------------------------------
+
+// Normalizes the warp's rows, stages them in the warp's own rows of the Q
+// tile and writes them out with 16-byte stores. A row with no allowed key
+// (l == 0) writes exact zeros.
+__device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], float (&l)[kMT][2],
+                                             elem_t *sO, elem_t *out, long long out_stride,
+                                             int valid_rows, const warp_pos &w) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float sum = l[mt][half];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const bool empty = !(sum > 0.0f);
+            const float inv = empty ? 0.0f : 1.0f / sum;
+            const int r = w.row0 + mt * 16 + w.g + half * 8;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+                const float x = empty ? 0.0f : o[mt][dt][half * 2] * inv;
+                const float y = empty ? 0.0f : o[mt][dt][half * 2 + 1] * inv;
+                *reinterpret_cast<unsigned *>(sO + r * kPitch + dt * 8 + 2 * w.t) =
+                    pack2<elem_t>(x, y);
+            }
+        }
+    }
+    __syncwarp();
+#pragma unroll 2
+    for (int idx = w.lane; idx < kWarpRows * kDT; idx += 32) {
+        const int r = w.row0 + idx / kDT, c = idx % kDT;
+        if (r < valid_rows)
+            *reinterpret_cast<uint4 *>(out + r * out_stride + c * 8) =
+                *reinterpret_cast<const uint4 *>(sO + r * kPitch + c * 8);
+    }
+}
+
+// ---- the kernel ------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(kThreads)
+stof_attention_block(const stof_attn_args a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t *sQ = reinterpret_cast<elem_t *>(smem_raw);
+    elem_t *sK = sQ + BLOCK_M * kPitch;        // [2][BLOCK_N][kPitch]
+    elem_t *sV = sK + 2 * BLOCK_N * kPitch;    // [2][BLOCK_N][kPitch]
+
+    const int bm = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int row_base = bm * BLOCK_M;
+    warp_pos w;
+    w.warp = threadIdx.x / 32;
+    w.lane = threadIdx.x % 32;
+    w.row0 = w.warp * kWarpRows;
+    w.g = w.lane / 4;
+    w.t = w.lane % 4;
+
+    // This block row's key blocks, in this batch's part of the format.
+    const int n_block_rows = (a.q_len + BLOCK_M - 1) / BLOCK_M;
+    const long long ptr = (a.fmt_batch == 1 ? 0LL : (long long)b * (n_block_rows + 1)) + bm;
+    const int start = __ldg(a.load_row_ptr + ptr), end = __ldg(a.load_row_ptr + ptr + 1);
+
+    const elem_t *q = static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
+                      row_base * a.q_row_stride + h * HEAD_DIM;
+    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride + h * HEAD_DIM;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride + h * HEAD_DIM;
+    elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
+                  h * HEAD_DIM;
+
+    if (start < end) {
+        load_tile_async<BLOCK_M>(sQ, q, a.q_row_stride, a.q_len - row_base);
+        load_kv_async(sK, sV, k, v, a, __ldg(a.load_col_idx + start));
+    }
+    cp_async_commit();
+
+    float o[kMT][kDT][4], m[kMT][2], l[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    unsigned qf[kMT][kKD][4];
+
+    for (int it = start; it < end; ++it) {
+        const int stage = (it - start) & 1;
+        // This block's K, V (and Q) have landed, and every warp is done
+        // with the other buffer (the previous block): it may be refilled.
+        cp_async_wait<0>();
+        __syncthreads();
+        if (kKeepQ && it == start) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
+        }
+        if (it + 1 < end)
+            load_kv_async(sK + (stage ^ 1) * BLOCK_N * kPitch, sV + (stage ^ 1) * BLOCK_N * kPitch,
+                          k, v, a, __ldg(a.load_col_idx + it + 1));
+        cp_async_commit();
+
+        float s[kMT][kNT][4];
+        compute_scores(s, qf, sQ, sK + stage * BLOCK_N * kPitch, w);
+        mask_and_scale(s, a, w, row_base, __ldg(a.load_col_idx + it), __ldg(a.load_mask_idx + it),
+                       h);
+        online_softmax(s, m, l, o);
+        compute_pv(o, s, sV + stage * BLOCK_N * kPitch, w);
+    }
+    // Reading sQ (Q fragments) and writing it (O staging) touch the warp's
+    // own rows only, and the loop left no copy in flight.
+    __syncwarp();
+    store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, w);
+}

@@ -1,0 +1,178 @@
+// Row-wise masked multi-head attention (paper §4.2, the CSR kernel): for
+// very sparse masks, where a block-wise kernel would load mostly masked
+// keys.
+//
+// Query rows are split across warps: each warp owns ROWS_PER_WARP rows of
+// one (batch, head) and works alone (warp shuffles only, no __syncthreads).
+// For its row it walks the CSR column list 32 keys at a time:
+//
+//   each lane takes one key j: s_j = q . k_j   (K row read as 16-byte vectors)
+//   chunk max and sum by shuffles, online softmax across chunks (base 2)
+//   O += sum_j p_j v_j: every lane owns pairs of output dims and receives
+//                       p_j and j by __shfl_sync, key after key
+//   O /= l; a row with no allowed key writes zeros
+//
+// Grid (ceil(q_len / (WARPS_PER_BLOCK * ROWS_PER_WARP)), heads, batch); the
+// query row lives in shared memory as fp32 (one slice per warp).
+#include "attention_common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef ROWS_PER_WARP
+#define ROWS_PER_WARP 1
+#endif
+#ifndef WARPS_PER_BLOCK
+#define WARPS_PER_BLOCK 4
+#endif
+#ifndef STOF_DTYPE
+#define STOF_DTYPE 1
+#endif
+#ifndef HAS_RELPOS
+#define HAS_RELPOS 0
+#endif
+
+using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
+using namespace stof::attn;
+
+constexpr int kPairs = HEAD_DIM / 2;            // output dims go by pairs
+constexpr int kPairRounds = (kPairs + 31) / 32; // pairs per lane (the last round may be short)
+constexpr int kVecs = HEAD_DIM / 8;             // 16-byte vectors of a K row
+
+static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
+static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
+
+// The query row, fp32, into the warp's shared slice.
+__device__ __forceinline__ void load_query(float *sq, const elem_t *q, int lane) {
+    for (int p = lane; p < kPairs; p += 32) {
+        const float2 x = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(q + 2 * p));
+        sq[2 * p] = x.x;
+        sq[2 * p + 1] = x.y;
+    }
+    __syncwarp();
+}
+
+// q . k for one key row: 16-byte loads of K, q broadcast from shared memory.
+__device__ __forceinline__ float dot_row(const float *sq, const elem_t *krow) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int vi = 0; vi < kVecs; ++vi) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
+        const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 x = unpack2<elem_t>(words[e]);
+            acc = fmaf(sq[vi * 8 + 2 * e], x.x, acc);
+            acc = fmaf(sq[vi * 8 + 2 * e + 1], x.y, acc);
+        }
+    }
+    return acc;
+}
+
+// The lane's score for its key of the chunk (-inf when the chunk is short).
+__device__ __forceinline__ float chunk_score(const stof_attn_args &a, const float *sq,
+                                             const elem_t *k, int row, int col, bool valid,
+                                             int h) {
+    if (!valid)
+        return -INFINITY;
+    float s = dot_row(sq, k + col * a.k_row_stride) * a.scale_log2;
+#if HAS_RELPOS
+    s += relpos_bias_log2<elem_t>(a, row, col, h);
+#endif
+    return s;
+}
+
+// Online softmax over one chunk: returns p for the lane's key and rescales
+// the running sum and the output accumulators.
+__device__ __forceinline__ float chunk_softmax(float s, float &m, float &l,
+                                               float2 (&acc)[kPairRounds]) {
+    const float m_new = fmaxf(m, stof::warp_max(s));
+    const float ref = softmax_ref(m_new);
+    const float alpha = exp2f(m - ref);
+    const float p = exp2f(s - ref);
+    m = m_new;
+    l = l * alpha + stof::warp_sum(p);
+#pragma unroll
+    for (int r = 0; r < kPairRounds; ++r) {
+        acc[r].x *= alpha;
+        acc[r].y *= alpha;
+    }
+    return p;
+}
+
+// acc += sum over the chunk's n keys of p_j v_j; lane owns pairs lane + 32 r.
+__device__ __forceinline__ void chunk_pv(float2 (&acc)[kPairRounds], const elem_t *v,
+                                         long long v_stride, float p, int col, int n, int lane) {
+#pragma unroll 4
+    for (int jj = 0; jj < n; ++jj) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+        const int cj = __shfl_sync(0xffffffffu, col, jj);
+        const elem_t *vrow = v + cj * v_stride;
+#pragma unroll
+        for (int r = 0; r < kPairRounds; ++r) {
+            const int pair = lane + 32 * r;
+            if (pair < kPairs) {
+                const float2 x =
+                    unpack2<elem_t>(__ldg(reinterpret_cast<const unsigned *>(vrow + 2 * pair)));
+                acc[r].x = fmaf(pj, x.x, acc[r].x);
+                acc[r].y = fmaf(pj, x.y, acc[r].y);
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void store_row(elem_t *out, const float2 (&acc)[kPairRounds], float l,
+                                          int lane) {
+    const bool empty = !(l > 0.0f);
+    const float inv = empty ? 0.0f : 1.0f / l;
+#pragma unroll
+    for (int r = 0; r < kPairRounds; ++r) {
+        const int pair = lane + 32 * r;
+        if (pair < kPairs) {
+            const float x = empty ? 0.0f : acc[r].x * inv;
+            const float y = empty ? 0.0f : acc[r].y * inv;
+            *reinterpret_cast<unsigned *>(out + 2 * pair) = pack2<elem_t>(x, y);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
+stof_attention_row(const stof_attn_args a) {
+    __shared__ __align__(16) float s_query[WARPS_PER_BLOCK][HEAD_DIM];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.y, b = blockIdx.z;
+    float *sq = s_query[warp];
+
+    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride + h * HEAD_DIM;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride + h * HEAD_DIM;
+    const long long ptr_base = a.fmt_batch == 1 ? 0LL : (long long)b * (a.q_len + 1);
+
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int row = (blockIdx.x * WARPS_PER_BLOCK + warp) * ROWS_PER_WARP + r;
+        if (row >= a.q_len)
+            break;  // warp-uniform
+        load_query(sq, static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
+                           row * a.q_row_stride + h * HEAD_DIM,
+                   lane);
+        const long long start = __ldg(a.row_ptr + ptr_base + row);
+        const long long end = __ldg(a.row_ptr + ptr_base + row + 1);
+
+        float m = -INFINITY, l = 0.0f;
+        float2 acc[kPairRounds];
+#pragma unroll
+        for (int i = 0; i < kPairRounds; ++i) acc[i] = make_float2(0.0f, 0.0f);
+
+        for (long long c0 = start; c0 < end; c0 += 32) {
+            const int n = (int)(end - c0 < 32 ? end - c0 : 32);
+            const bool valid = lane < n;
+            const int col = valid ? __ldg(a.col_idx + c0 + lane) : 0;
+            const float s = chunk_score(a, sq, k, row, col, valid, h);
+            const float p = chunk_softmax(s, m, l, acc);
+            chunk_pv(acc, v, a.v_row_stride, p, col, n, lane);
+        }
+        store_row(static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
+                      h * HEAD_DIM,
+                  acc, l, lane);
+        __syncwarp();  // the next row's query overwrites sq
+    }
+}

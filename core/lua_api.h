@@ -100,7 +100,7 @@ int luaapi_line(struct lua_State *L);
 void luaapi_check_options(struct lua_State *L, int idx, const char *fname,
                           const char *const *allowed);
 
-/* lua_model.c: pushes stof.model. */
+/* lua_model.c: stof.model{name =, dtype =} (a lua_CFunction). */
 int luaapi_model_new(struct lua_State *L);
 /* 1 when the value at idx is a model object. */
 int luaapi_is_model(struct lua_State *L, int idx);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/api_internal.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/graph.h"
@@ -16,8 +17,7 @@
 
 static _Thread_local stof_error t_last;
 
-/* Records err as the thread's last error and returns its code. */
-static int remember(int rc, const stof_error *err) {
+int api_remember(int rc, const stof_error *err) {
     if (rc == STOF_OK) {
         err_clear(&t_last);
     } else {
@@ -50,16 +50,16 @@ int stof_model_load(const char *script, const char *const *params, int n_params,
     *out = NULL;
     stof_model *m = err_calloc(1, sizeof *m, &err);
     if (!m)
-        return remember(STOF_ERR_NOMEM, &err);
+        return api_remember(STOF_ERR_NOMEM, &err);
     graph_init(&m->g);
     int rc = lua_api_build(script, params, n_params, &m->g, &m->script, &err);
     if (rc) {
         graph_free(&m->g);
         free(m);
-        return remember(rc, &err);
+        return api_remember(rc, &err);
     }
     *out = m;
-    return remember(STOF_OK, &err);
+    return api_remember(STOF_OK, &err);
 }
 
 void stof_model_free(stof_model *m) {
@@ -90,23 +90,19 @@ int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum, double *
         ref_checksum(rv.data[m->g.output], *n_elements, sum, sum_sq);
     }
     ref_values_free(&rv);
-    return remember(rc, &err);
+    return api_remember(rc, &err);
 }
-
-struct stof_mask {
-    mask *m;
-};
 
 static int wrap_mask(int rc, mask *built, stof_mask **out, stof_error *err) {
     if (rc)
-        return remember(rc, err);
+        return api_remember(rc, err);
     *out = err_calloc(1, sizeof **out, err);
     if (!*out) {
         mask_free(built);
-        return remember(STOF_ERR_NOMEM, err);
+        return api_remember(STOF_ERR_NOMEM, err);
     }
     (*out)->m = built;
-    return remember(STOF_OK, err);
+    return api_remember(STOF_OK, err);
 }
 
 int stof_mask_from_pattern(const char *pattern, int batch, int q_len, int k_len,
@@ -146,5 +142,24 @@ double stof_mask_density(const stof_mask *m) {
 
 int stof_device_query(int ordinal, stof_device_info *info) {
     stof_error err = {0};
-    return remember(device_query(ordinal, info, &err), &err);
+    return api_remember(device_query(ordinal, info, &err), &err);
+}
+
+int stof_mask_to_dense(const stof_mask *m, int b, uint8_t *dense) {
+    stof_error err = {0};
+    const mask *mk = m->m;
+    if (b < 0 || b >= mk->batch)
+        return api_remember(err_set(&err, STOF_ERR_INVALID,
+                                "batch %d: the mask stores %d batch(es)", b, mk->batch),
+                        &err);
+    for (int i = 0; i < mk->q_len; i++)
+        for (int j = 0; j < mk->k_len; j++)
+            dense[(size_t)i * mk->k_len + j] = (uint8_t)mask_get(mk, b, i, j);
+    return api_remember(STOF_OK, &err);
+}
+
+void stof_mask_shape(const stof_mask *m, int *batch, int *q_len, int *k_len) {
+    *batch = m->m->batch;
+    *q_len = m->m->q_len;
+    *k_len = m->m->k_len;
 }

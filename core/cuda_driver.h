@@ -14,7 +14,10 @@
 #include "stof.h"
 
 /* field name, symbol's base name (a string), the cuda.h declaration to take
- * the type from */
+ * the type from. The declaration must be the one the driver hands out for
+ * CUDA_VERSION: cuda.h keeps cuCtxSynchronize(void) for source compatibility,
+ * but asking for "cuCtxSynchronize" at version 13000 returns
+ * cuCtxSynchronize_v2(CUcontext) (NULL = the current context). */
 #define CUDA_DRIVER_FUNCS(X)                                              \
     X(Init, "cuInit", cuInit)                                             \
     X(DriverGetVersion, "cuDriverGetVersion", cuDriverGetVersion)         \
@@ -28,7 +31,7 @@
     X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \
     X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease) \
     X(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                  \
-    X(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize)               \
+    X(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize_v2)            \
     X(MemGetInfo, "cuMemGetInfo", cuMemGetInfo)                           \
     X(MemAlloc, "cuMemAlloc", cuMemAlloc)                                 \
     X(MemFree, "cuMemFree", cuMemFree)                                    \

@@ -91,6 +91,11 @@ void stof_mask_free(stof_mask *m);
 /* Fraction of allowed (query, key) pairs over all batches. */
 double stof_mask_density(const stof_mask *m);
 
+/* Copies batch b of the mask (b < the mask's stored batch count, 1 for a
+ * shared mask) into dense[q_len][k_len] as 0/1 bytes. */
+int stof_mask_to_dense(const stof_mask *m, int b, uint8_t *dense);
+void stof_mask_shape(const stof_mask *m, int *batch, int *q_len, int *k_len);
+
 /* ---- device --------------------------------------------------------------- */
 
 typedef struct stof_device_info {
@@ -109,6 +114,59 @@ typedef struct stof_device_info {
 /* STOF_ERR_NO_DEVICE (with the driver's reason in stof_last_error()) when
  * there is no GPU or no driver. */
 int stof_device_query(int ordinal, stof_device_info *info);
+
+/* ---- GPU context and masked multi-head attention --------------------------- */
+
+typedef struct stof_ctx stof_ctx;
+
+/* Makes the device's primary context current on the calling thread. */
+int stof_ctx_create(int device, stof_ctx **out);
+void stof_ctx_free(stof_ctx *ctx);
+int stof_ctx_device(const stof_ctx *ctx, stof_device_info *info);
+
+typedef enum stof_attention_kernel {
+    STOF_ATTENTION_AUTO = -1,    /* the analytical selector decides */
+    STOF_ATTENTION_ROW_WISE = 0,
+    STOF_ATTENTION_BLOCK_WISE = 1
+} stof_attention_kernel;
+
+typedef struct stof_attention_desc {
+    int batch, heads, head_dim;
+    int q_len, k_len;
+    stof_dtype dtype;           /* STOF_F16 or STOF_BF16 */
+    int causal;                 /* combined with the mask */
+    float scale;                /* 0: 1 / sqrt(head_dim) */
+    const stof_mask *mask;      /* NULL: no mask; its batch is 1 or `batch` */
+    int relpos_buckets;         /* > 0: T5 relative position bias table [buckets][heads] */
+    int relpos_max_distance;
+    int relpos_bidirectional;
+    stof_attention_kernel kernel; /* AUTO, or force one */
+    int block_m, block_n, num_warps; /* block-wise parameters when forced (0: selector's) */
+} stof_attention_desc;
+
+typedef struct stof_attention stof_attention;
+
+/* Plans attention for one shape: selects the kernel (paper Eq. 1, 2) unless
+ * forced, builds the mask's storage format, uploads it, compiles the kernel
+ * (through the NVRTC cache). */
+int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_attention **out);
+void stof_attention_free(stof_attention *a);
+/* "block-wise BLOCK_M=64 BLOCK_N=64 num_warps=4" and the like. */
+int stof_attention_describe(const stof_attention *a, char *buf, size_t n);
+
+/* Device pointers and strides in elements: [batch stride, row (token)
+ * stride]; head h of q, k, v and o starts at column h * head_dim. For the
+ * packed QKV output [B, S, 3, H, D]: q = qkv, k = qkv + H*D, v = qkv + 2*H*D,
+ * all with strides {S*3*H*D, 3*H*D}. relpos_table: [buckets][heads] in the
+ * model dtype, or NULL. stream: a CUstream (NULL: the default stream). */
+typedef struct stof_attention_io {
+    const void *q, *k, *v;
+    void *o;
+    int64_t q_stride[2], k_stride[2], v_stride[2], o_stride[2];
+    const void *relpos_table;
+} stof_attention_io;
+
+int stof_attention_run(stof_attention *a, const stof_attention_io *io, void *stream);
 
 #ifdef __cplusplus
 }

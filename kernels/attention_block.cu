@@ -55,9 +55,11 @@ constexpr int kMaskWords = (BLOCK_N + 31) / 32;  // uint32 words per bitmap row
 
 // Q fragments stay in registers unless that would push the accumulators
 // out of them (many rows per warp with a wide head): then they are read
-// from shared memory again at every key block.
+// from shared memory again at every key block. Per thread, O takes
+// kMT * HEAD_DIM / 2 registers, S kMT * BLOCK_N / 2 and Q kMT * HEAD_DIM / 4;
+// ptxas (sm_90) keeps everything in registers up to about 128 of those.
 #ifndef KEEP_Q_REGS
-#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + BLOCK_N / 2 + HEAD_DIM / 4) <= 160)
+#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + BLOCK_N / 2 + HEAD_DIM / 4) <= 128)
 #endif
 constexpr bool kKeepQ = KEEP_Q_REGS;
 
@@ -182,7 +184,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
                     if (ok && row_base + r < a.q_len)
                         x += relpos_bias_log2<elem_t>(a, row_base + r, col0 + c, h);
 #endif
-                    s[mt][nt][half * 2 + e] = ok ? x : -INFINITY;
+                    s[mt][nt][half * 2 + e] = ok ? x : STOF_NEG_INF;
                 }
             }
         }
@@ -200,7 +202,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float mx = -INFINITY;
+            float mx = STOF_NEG_INF;
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
                 mx = fmaxf(mx, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
@@ -342,7 +344,7 @@ stof_attention_block(const stof_attn_args a) {
         for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
-        m[mt][0] = m[mt][1] = -INFINITY;
+        m[mt][0] = m[mt][1] = STOF_NEG_INF;
         l[mt][0] = l[mt][1] = 0.0f;
     }
     unsigned qf[kMT][kKD][4];

@@ -12,6 +12,8 @@ namespace attn {
 
 // log2(e): softmax runs in base 2 (exp2f is one MUFU instruction).
 constexpr float kLog2e = 1.4426950408889634f;
+// -inf, the score of a masked pair (NVRTC has no <math.h> INFINITY).
+#define STOF_NEG_INF __int_as_float(0xff800000u)
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -134,7 +136,7 @@ __device__ __forceinline__ float relpos_bias_log2(const stof_attn_args &a, int i
 // scores keeps m = -inf, and exp2(-inf - (-inf)) would be NaN; measured from
 // 0 instead, every masked score gives exp2(-inf) = 0 and the row stays empty.
 __device__ __forceinline__ float softmax_ref(float m) {
-    return m == -INFINITY ? 0.0f : m;
+    return m == STOF_NEG_INF ? 0.0f : m;
 }
 
 }  // namespace attn

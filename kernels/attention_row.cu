@@ -74,7 +74,7 @@ __device__ __forceinline__ float chunk_score(const stof_attn_args &a, const floa
                                              const elem_t *k, int row, int col, bool valid,
                                              int h) {
     if (!valid)
-        return -INFINITY;
+        return STOF_NEG_INF;
     float s = dot_row(sq, k + col * a.k_row_stride) * a.scale_log2;
 #if HAS_RELPOS
     s += relpos_bias_log2<elem_t>(a, row, col, h);
@@ -157,7 +157,7 @@ stof_attention_row(const stof_attn_args a) {
         const long long start = __ldg(a.row_ptr + ptr_base + row);
         const long long end = __ldg(a.row_ptr + ptr_base + row + 1);
 
-        float m = -INFINITY, l = 0.0f;
+        float m = STOF_NEG_INF, l = 0.0f;
         float2 acc[kPairRounds];
 #pragma unroll
         for (int i = 0; i < kPairRounds; ++i) acc[i] = make_float2(0.0f, 0.0f);

@@ -1,0 +1,186 @@
+/* Masked multi-head attention on the GPU: plans and launches the row-wise
+ * (kernels/attention_row.cu) and block-wise (kernels/attention_block.cu)
+ * kernels of paper §4.2.
+ *
+ *   mha_exec_ctx   the GPU side of it: driver, primary context, device
+ *                  properties, NVRTC cache, loaded modules;
+ *   mha_exec_plan  one attention problem made ready: the mask folded with
+ *                  causal, the kernel chosen (mha_select, or forced), the
+ *                  mask format on the device, the kernel compiled and loaded;
+ *   mha_exec_run   one launch on given Q, K, V, O with strides.
+ *
+ * The pure-CPU pieces (validation, the causal fold, kernel configurations,
+ * their shared memory and compile options) need no GPU and are exposed for
+ * tests and for planning offline. */
+#ifndef STOF_CORE_MHA_EXEC_H
+#define STOF_CORE_MHA_EXEC_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/cuda_driver.h"
+#include "core/nvrtc.h"
+#include "kernels/attention_abi.cuh"
+#include "ops/mask.h"
+#include "ops/mask_format.h"
+#include "ops/mha_select.h"
+#include "stof.h"
+
+/* ---- problems and kernel configurations (CPU only) ------------------------ */
+
+typedef struct mha_exec_problem {
+    const mask *mask;    /* NULL: no mask (every pair allowed); else q_len x k_len,
+                            batch 1 (shared) or `batch` */
+    int causal;          /* ANDed with the mask: j <= i + (k_len - q_len) */
+    int batch, heads, head_dim;
+    int q_len, k_len;
+    stof_dtype dtype;    /* STOF_F16 or STOF_BF16 */
+    float scale;         /* applied to q.k, e.g. 1/sqrt(head_dim) */
+    /* T5 relative position bias: the score of (i, j) in head h gets
+     * table[bucket(j - i) * heads + h], table [buckets][heads] in dtype. */
+    int relpos;
+    int relpos_buckets, relpos_max_distance, relpos_bidirectional;
+} mha_exec_problem;
+
+/* Head sizes the kernels are built and tested for. */
+#define MHA_EXEC_HEAD_DIMS "32, 64, 80, 128"
+int mha_exec_head_dim_supported(int head_dim);
+
+/* Shapes, dtype, mask shape and batch, relpos parameters. */
+int mha_exec_validate(const mha_exec_problem *p, stof_error *err);
+
+/* The mask the kernels see: p->mask (or every pair, when NULL) AND the
+ * causal rule when p->causal. Always a new mask (the caller frees it), with
+ * the input's stored batch, a description and a fingerprint. The causal
+ * rule comes from mask_build(MASK_CAUSAL), its one definition. */
+int mha_exec_fold_mask(const mha_exec_problem *p, mask **out, stof_error *err);
+
+typedef struct mha_exec_config {
+    mha_kernel kernel;
+    int head_dim;
+    stof_dtype dtype;
+    int relpos;
+    int block_m, block_n, num_warps;     /* block-wise */
+    int rows_per_warp, warps_per_block;  /* row-wise */
+} mha_exec_config;
+
+/* Dynamic shared memory of the block-wise kernel: Q [block_m] and double
+ * buffered K, V [2][block_n] rows of head_dim + 8 elements. */
+size_t mha_exec_block_smem(int block_m, int block_n, int head_dim, int dtype_bytes);
+/* Whether a block-wise setting keeps its accumulators in registers (no
+ * spills in ptxas -v on sm_90): the automatic choice skips the others; a
+ * forced setting still runs, only slower. */
+int mha_exec_block_regs_ok(int block_m, int block_n, int num_warps, int head_dim);
+/* The configuration is well formed (sizes, divisibility, warps, head_dim,
+ * dtype) and, when smem_limit > 0, its shared memory fits. */
+int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *err);
+
+/* The NVRTC request that compiles a configuration. It points into itself:
+ * keep it in place (do not copy) while req is used. */
+typedef struct mha_exec_request {
+    nvrtc_request req;
+    char arch[16];
+    char opts[8][48];
+} mha_exec_request;
+void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
+
+/* ---- the GPU context ---------------------------------------------------------- */
+
+typedef struct mha_exec_module {
+    uint64_t key;        /* nvrtc_key of the request */
+    CUmodule module;
+    CUfunction func;
+    int smem_attr;       /* MAX_DYNAMIC_SHARED_SIZE_BYTES already set to this */
+} mha_exec_module;
+
+typedef struct mha_exec_ctx {
+    const cuda_driver *drv;
+    CUdevice dev;
+    CUcontext cu;        /* the device's primary context (retained) */
+    stof_device_info info;
+    char arch[16];       /* "sm_90" */
+    nvrtc_cache nvrtc;   /* $STOF_CACHE_DIR or ~/.cache/stof on disk */
+    mha_exec_module *modules;
+    int n_modules, cap_modules;
+} mha_exec_ctx;
+
+/* STOF_ERR_NO_DEVICE (with the driver's reason) when there is no GPU. */
+int mha_exec_ctx_create(int ordinal, mha_exec_ctx **out, stof_error *err);
+/* Unloads every module and releases the primary context. NULL is fine. */
+void mha_exec_ctx_free(mha_exec_ctx *c);
+
+/* ---- plans -------------------------------------------------------------------- */
+
+/* Forced choice (tests, the tuner). kernel -1 = automatic (the selector);
+ * for block-wise, zero sizes take the selector's stage 2 choice; for
+ * row-wise, zeros take the defaults (1 row a warp, 4 warps a block). */
+typedef struct mha_exec_force {
+    int kernel; /* -1, MHA_KERNEL_ROW_WISE or MHA_KERNEL_BLOCK_WISE */
+    int block_m, block_n, num_warps;
+    int rows_per_warp, warps_per_block;
+} mha_exec_force;
+
+/* The kernel configuration for a problem on a device with limits lim (from
+ * the GPU, or mha_limits_for_arch offline): forced, or the selector's
+ * (Eq. 1, then Eq. 2's best setting this kernel runs without spilling and
+ * within the shared memory limit; row-wise when none). folded is the mask
+ * from mha_exec_fold_mask. reason gets one line on why. */
+int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
+                    const mha_exec_force *force, mha_exec_config *cfg, char *reason,
+                    size_t reason_size, stof_error *err);
+
+typedef struct mha_exec_plan {
+    mha_exec_problem problem;  /* mask pointer not kept (set to NULL) */
+    mha_exec_config config;
+    char arch[16];
+    char reason[160];          /* why this kernel and these sizes */
+    char mask_desc[96];        /* of the folded mask, possibly cut short */
+    int64_t allowed_pairs;     /* over all batches, one head: for FLOP counts */
+    int fmt_batch;             /* stored batches of the format */
+    int n_loaded_blocks;       /* block-wise: loaded blocks, partial ones */
+    int n_partial_blocks, n_bitmaps;
+    size_t smem;               /* dynamic shared memory, bytes */
+    unsigned grid[3], block[3];
+    CUfunction func;           /* owned by the context's module cache */
+    /* device arrays (owned) */
+    CUdeviceptr d_row_ptr, d_col_idx, d_mask_idx, d_bitmaps; /* BSR load list, or CSR */
+    CUdeviceptr d_relpos_bucket;
+} mha_exec_plan;
+
+/* Validates, folds, selects (unless forced), builds and uploads the format,
+ * compiles and loads the kernel. On failure nothing is left allocated. */
+int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_exec_force *force,
+                         mha_exec_plan **out, stof_error *err);
+void mha_exec_plan_free(mha_exec_ctx *c, mha_exec_plan *plan);
+/* One line: kernel, sizes, format statistics, reason. snprintf's return. */
+size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n);
+
+/* ---- launching ---------------------------------------------------------------- */
+
+/* Device tensors with element strides; head h at column h * head_dim. */
+typedef struct mha_exec_tensors {
+    CUdeviceptr q, k, v, o;
+    int64_t q_batch_stride, q_row_stride;
+    int64_t k_batch_stride, k_row_stride;
+    int64_t v_batch_stride, v_row_stride;
+    int64_t o_batch_stride, o_row_stride;
+    CUdeviceptr relpos_table; /* [buckets][heads] in the dtype, when relpos */
+} mha_exec_tensors;
+
+/* Self-attention on the QKV GEMM's output qkv [B, S, 3, H, D], o [B, S, H*D]. */
+void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o,
+                             const mha_exec_problem *p, size_t elem_bytes);
+/* Cross-attention: q [B, Sq, H*D], kv [B, Sk, 2, H, D], o [B, Sq, H*D]. */
+void mha_exec_tensors_cross(mha_exec_tensors *t, CUdeviceptr q, CUdeviceptr kv, CUdeviceptr o,
+                            const mha_exec_problem *p, size_t elem_bytes);
+
+/* Fills the argument block and launches on stream s (asynchronous). Checks
+ * alignment (16-byte pointers, strides multiples of 8 elements). */
+int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+                 CUstream s, stof_error *err);
+/* The argument block mha_exec_run passes (exposed for tests). */
+void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
+                        stof_attn_args *a);
+
+#endif

@@ -1,0 +1,201 @@
+"""ctypes binding of libstof for PyTorch users: masks and fused masked attention.
+
+    import torch, stof
+    ctx = stof.Context()
+    mask = stof.Mask.pattern("bigbird", q_len=4096)
+    attn = ctx.attention(batch=16, heads=12, head_dim=64, q_len=4096, mask=mask)
+    out = attn(qkv)          # qkv: [B, S, 3*H*D] fp16/bf16 CUDA tensor (packed Q, K, V)
+
+The library is found through $STOF_LIB, else build/libstof.so beside this folder.
+"""
+import ctypes
+import math
+import os
+
+_F16, _BF16 = 1, 2
+
+
+class StofError(RuntimeError):
+    pass
+
+
+def _find_library():
+    env = os.environ.get("STOF_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for build in ("build", "build-gpu", "build-bench"):
+        path = os.path.join(here, "..", build, "libstof.so")
+        if os.path.exists(path):
+            return path
+    return "libstof.so"
+
+
+_lib = ctypes.CDLL(_find_library())
+_lib.stof_last_error.restype = ctypes.c_char_p
+_lib.stof_version.restype = ctypes.c_char_p
+_lib.stof_mask_density.restype = ctypes.c_double
+
+
+def _check(rc):
+    if rc != 0:
+        raise StofError(_lib.stof_last_error().decode())
+
+
+class DeviceInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 256), ("ordinal", ctypes.c_int),
+                ("cc_major", ctypes.c_int), ("cc_minor", ctypes.c_int),
+                ("sm_count", ctypes.c_int), ("smem_per_sm", ctypes.c_int),
+                ("smem_per_block_optin", ctypes.c_int), ("max_warps_per_sm", ctypes.c_int),
+                ("regs_per_sm", ctypes.c_int), ("l2_bytes", ctypes.c_int),
+                ("total_mem", ctypes.c_size_t)]
+
+
+class _AttentionDesc(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("head_dim", ctypes.c_int),
+                ("q_len", ctypes.c_int), ("k_len", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("causal", ctypes.c_int), ("scale", ctypes.c_float), ("mask", ctypes.c_void_p),
+                ("relpos_buckets", ctypes.c_int), ("relpos_max_distance", ctypes.c_int),
+                ("relpos_bidirectional", ctypes.c_int), ("kernel", ctypes.c_int),
+                ("block_m", ctypes.c_int), ("block_n", ctypes.c_int),
+                ("num_warps", ctypes.c_int)]
+
+
+class _AttentionIO(ctypes.Structure):
+    _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                ("o", ctypes.c_void_p), ("q_stride", ctypes.c_int64 * 2),
+                ("k_stride", ctypes.c_int64 * 2), ("v_stride", ctypes.c_int64 * 2),
+                ("o_stride", ctypes.c_int64 * 2), ("relpos_table", ctypes.c_void_p)]
+
+
+class Mask:
+    """A mask from its text form ("bigbird", "sliding_window{band=64}", ...) or a dense array."""
+
+    def __init__(self, handle):
+        self._h = ctypes.c_void_p(handle)
+
+    @classmethod
+    def pattern(cls, text, q_len, k_len=None, batch=1):
+        h = ctypes.c_void_p()
+        _check(_lib.stof_mask_from_pattern(text.encode(), batch, q_len, k_len or q_len,
+                                           ctypes.byref(h)))
+        return cls(h.value)
+
+    @classmethod
+    def dense(cls, array):
+        """array: [q_len, k_len] or [batch, q_len, k_len] of bool/uint8 (numpy or torch CPU)."""
+        import numpy as np
+        a = np.ascontiguousarray(np.asarray(array), dtype=np.uint8)
+        if a.ndim == 2:
+            a = a[None]
+        h = ctypes.c_void_p()
+        _check(_lib.stof_mask_from_dense(a.ctypes.data_as(ctypes.c_void_p), a.shape[0],
+                                         a.shape[1], a.shape[2], ctypes.byref(h)))
+        return cls(h.value)
+
+    def shape(self):
+        b, q, k = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        _lib.stof_mask_shape(self._h, ctypes.byref(b), ctypes.byref(q), ctypes.byref(k))
+        return b.value, q.value, k.value
+
+    def to_dense(self, b=0):
+        import numpy as np
+        _, q, k = self.shape()
+        out = np.empty((q, k), dtype=np.uint8)
+        _check(_lib.stof_mask_to_dense(self._h, b, out.ctypes.data_as(ctypes.c_void_p)))
+        return out
+
+    def density(self):
+        return _lib.stof_mask_density(self._h)
+
+    def __del__(self):
+        if getattr(self, "_h", None) and _lib:
+            _lib.stof_mask_free(self._h)
+            self._h = None
+
+
+class Context:
+    def __init__(self, device=0):
+        self._h = ctypes.c_void_p()
+        _check(_lib.stof_ctx_create(device, ctypes.byref(self._h)))
+
+    def device(self):
+        info = DeviceInfo()
+        _check(_lib.stof_ctx_device(self._h, ctypes.byref(info)))
+        return info
+
+    def attention(self, **kw):
+        return Attention(self, **kw)
+
+    def __del__(self):
+        if getattr(self, "_h", None) and _lib:
+            _lib.stof_ctx_free(self._h)
+            self._h = None
+
+
+_KERNELS = {None: -1, "auto": -1, "row": 0, "block": 1}
+
+
+class Attention:
+    """Fused masked multi-head attention planned for one shape."""
+
+    def __init__(self, ctx, batch, heads, head_dim, q_len, k_len=None, dtype="fp16",
+                 mask=None, causal=False, scale=0.0, relpos=None, kernel=None,
+                 block_m=0, block_n=0, num_warps=0):
+        d = _AttentionDesc()
+        d.batch, d.heads, d.head_dim = batch, heads, head_dim
+        d.q_len, d.k_len = q_len, k_len or q_len
+        d.dtype = {"fp16": _F16, "bf16": _BF16}[dtype]
+        d.causal, d.scale = int(causal), scale
+        d.mask = mask._h.value if mask is not None else None
+        if relpos:
+            d.relpos_buckets = relpos.get("buckets", 32)
+            d.relpos_max_distance = relpos.get("max_distance", 128)
+            d.relpos_bidirectional = int(relpos.get("bidirectional", True))
+        d.kernel = _KERNELS[kernel]
+        d.block_m, d.block_n, d.num_warps = block_m, block_n, num_warps
+        self.desc, self._ctx, self._mask = d, ctx, mask
+        self._h = ctypes.c_void_p()
+        _check(_lib.stof_attention_plan(ctx._h, ctypes.byref(d), ctypes.byref(self._h)))
+
+    def describe(self):
+        buf = ctypes.create_string_buffer(512)
+        _check(_lib.stof_attention_describe(self._h, buf, len(buf)))
+        return buf.value.decode()
+
+    def run(self, q, k, v, out, relpos_table=None, stream=None):
+        """q, k, v, out: CUDA tensors [B, S, ...] whose head h sits at columns h*D..h*D+D-1
+        of each row (views into a packed QKV tensor work: only the last dim must be dense)."""
+        io = _AttentionIO()
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+            if t.stride(-1) != 1:
+                raise StofError(f"{name}: the last dimension must be contiguous")
+            setattr(io, name, t.data_ptr())
+            getattr(io, f"{name}_stride")[0] = t.stride(0)
+            getattr(io, f"{name}_stride")[1] = t.stride(1)
+        io.relpos_table = relpos_table.data_ptr() if relpos_table is not None else None
+        s = stream.cuda_stream if stream is not None else None
+        if s is None:
+            import torch
+            s = torch.cuda.current_stream().cuda_stream
+        _check(_lib.stof_attention_run(self._h, ctypes.byref(io), ctypes.c_void_p(s)))
+        return out
+
+    def __call__(self, qkv, out=None):
+        """qkv: [B, S, 3*H*D] packed projection output -> [B, S, H*D]."""
+        import torch
+        d = self.desc
+        hd = d.heads * d.head_dim
+        if out is None:
+            out = torch.empty(qkv.shape[0], qkv.shape[1], hd, dtype=qkv.dtype,
+                              device=qkv.device)
+        return self.run(qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:], out)
+
+    def __del__(self):
+        if getattr(self, "_h", None) and _lib:
+            _lib.stof_attention_free(self._h)
+            self._h = None
+
+
+def default_scale(head_dim):
+    return 1.0 / math.sqrt(head_dim)

@@ -1,0 +1,739 @@
+/* The attention kernels on the GPU against an fp64 CPU reference.
+ *
+ * For fp16 and bf16, head_dim 64 and 128, every mask case below runs through
+ * the row-wise kernel, the planner's own choice, the block-wise kernel at
+ * Eq. 2's sizes and at fixed (BLOCK_M, BLOCK_N, NUM_WARPS) settings. Inputs
+ * are fresh seeded uniform [-1, 1] values rounded to the dtype; the output
+ * is poisoned with NaN before every launch. Checked per run: relative error
+ * ||out - ref|| / ||ref|| (< 5e-3 fp16, < 2e-2 bf16), every element finite,
+ * rows with no allowed key exactly zero. One line per run, so a remote log
+ * says what is wrong. Then the block-wise kernel is timed at one big shape
+ * (informational; its output is spot-checked on sampled rows).
+ *
+ * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/mha_exec.h"
+#include "core/util.h"
+#include "ops/mask.h"
+#include "ops/ops.h"
+
+#define TOL_F16 5e-3
+#define TOL_BF16 2e-2
+
+/* ---- one test case ------------------------------------------------------------------- */
+
+typedef enum mask_source { SRC_NONE, SRC_SPEC, SRC_EMPTY_ROWS } mask_source;
+
+typedef struct tcase {
+    const char *name;
+    mask_source src;
+    const char *spec; /* SRC_SPEC: text form */
+    int batch, heads, q_len, k_len;
+    int causal, cross;
+    int relpos, bidirectional; /* T5 bias: 32 buckets, max distance 128 */
+    float scale;               /* 0: 1/sqrt(head_dim) */
+} tcase;
+
+static const tcase cases[] = {
+    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0},
+    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0},
+    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0},
+    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0},
+    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0},
+    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0},
+    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0},
+    {"scattered", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 2, 2, 257,
+     257, 0, 0, 0, 0, 0},
+    {"scattered+causal", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 1, 2,
+     100, 100, 1, 0, 0, 0, 0},
+    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0},
+    {"key_padding [0,77]", SRC_SPEC, "key_padding{lengths=[0, 77]}", 2, 2, 100, 100, 0, 0, 0, 0,
+     0},
+    {"key_padding [100,37,1]", SRC_SPEC, "key_padding{lengths=[100, 37, 1]}", 3, 2, 100, 100, 0,
+     0, 0, 0, 0},
+    {"per_batch(sliding,bigbird)", SRC_SPEC, "per_batch(sliding_window{band=8}, bigbird{})", 2, 2,
+     257, 257, 0, 0, 0, 0, 0},
+    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0},
+    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0},
+    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0},
+    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0},
+    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f},
+    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f},
+    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f},
+};
+#define N_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* Kernel settings run on every case. */
+typedef struct setting {
+    const char *name;
+    int kernel; /* -1 auto */
+    int block_m, block_n, num_warps;
+} setting;
+
+static const setting settings[] = {
+    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0},
+    {"auto", -1, 0, 0, 0},
+    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0},
+    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4},
+    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4},
+    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4},
+    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8},
+};
+#define N_SETTINGS ((int)(sizeof settings / sizeof settings[0]))
+
+/* ---- a recap of the failures, printed again at the end ------------------------- */
+
+#define RECAP_MAX 40
+static char recap[RECAP_MAX][240];
+static int n_recap, n_failed_runs;
+
+static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void recap_add(const char *fmt, ...) {
+    n_failed_runs++;
+    if (n_recap == RECAP_MAX)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(recap[n_recap++], sizeof recap[0], fmt, ap);
+    va_end(ap);
+}
+
+static void recap_print(void) {
+    printf("\n%d failing runs%s\n", n_failed_runs, n_failed_runs ? ":" : "");
+    for (int i = 0; i < n_recap; i++)
+        printf("  %s\n", recap[i]);
+    if (n_failed_runs > n_recap)
+        printf("  ... and %d more (see above)\n", n_failed_runs - n_recap);
+}
+
+/* ---- host data --------------------------------------------------------------------------- */
+
+typedef struct gpu {
+    mha_exec_ctx *ctx;
+    const cuda_driver *drv;
+    int dead; /* a sticky CUDA error: the context is unusable */
+} gpu;
+
+/* Inputs as the dtype's values (float, exactly representable) in the
+ * reference's own layout [B][S][H][D], and the reference output. */
+typedef struct data {
+    int B, H, Sq, Sk, D;
+    stof_dtype dtype;
+    float *q, *k, *v, *table; /* table [buckets][H] */
+    double *ref;              /* [B][Sq][H][D] */
+    unsigned char *empty;     /* [B][Sq]: no allowed key */
+} data;
+
+static uint16_t to_bits(stof_dtype t, float x) {
+    return t == STOF_BF16 ? util_f32_to_bf16(x) : util_f32_to_f16(x);
+}
+
+static float from_bits(stof_dtype t, uint16_t b) {
+    return t == STOF_BF16 ? util_bf16_to_f32(b) : util_f16_to_f32(b);
+}
+
+static void fill_random(float *x, size_t n, stof_dtype t, util_rng *rng) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = from_bits(t, to_bits(t, (float)(2.0 * util_rng_double(rng) - 1.0)));
+}
+
+#define RELPOS_BUCKETS 32
+#define RELPOS_MAX_DISTANCE 128
+
+/* ---- the fp64 reference ---------------------------------------------------------------- */
+
+static int allowed(const tcase *tc, const mask *m, int b, int i, int j) {
+    if (m && !mask_get(m, b, i, j))
+        return 0;
+    return !tc->causal || j <= i + (tc->k_len - tc->q_len);
+}
+
+/* Scores, mask and causal, softmax, P V: plain loops, independent of the
+ * kernels' formats and of the planner's fold. */
+static void reference(const tcase *tc, const mask *m, float scale, data *d) {
+    double *s = malloc((size_t)d->Sk * sizeof *s);
+    for (int b = 0; b < d->B; b++)
+        for (int i = 0; i < d->Sq; i++) {
+            int any = 0;
+            for (int j = 0; j < d->Sk && !any; j++)
+                any = allowed(tc, m, b, i, j);
+            d->empty[(size_t)b * d->Sq + i] = !any;
+            for (int h = 0; h < d->H; h++) {
+                double *out = d->ref + (((size_t)b * d->Sq + i) * d->H + h) * d->D;
+                for (int x = 0; x < d->D; x++)
+                    out[x] = 0.0;
+                if (!any)
+                    continue;
+                const float *q = d->q + (((size_t)b * d->Sq + i) * d->H + h) * d->D;
+                double mx = -INFINITY;
+                for (int j = 0; j < d->Sk; j++) {
+                    if (!allowed(tc, m, b, i, j))
+                        continue;
+                    const float *k = d->k + (((size_t)b * d->Sk + j) * d->H + h) * d->D;
+                    double dot = 0.0;
+                    for (int x = 0; x < d->D; x++)
+                        dot += (double)q[x] * k[x];
+                    s[j] = scale * dot;
+                    if (tc->relpos) {
+                        int bucket = op_relpos_bucket(j - i, tc->bidirectional, RELPOS_BUCKETS,
+                                                      RELPOS_MAX_DISTANCE);
+                        s[j] += d->table[bucket * d->H + h];
+                    }
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                double sum = 0.0;
+                for (int j = 0; j < d->Sk; j++) {
+                    if (!allowed(tc, m, b, i, j))
+                        continue;
+                    double p = exp(s[j] - mx);
+                    sum += p;
+                    const float *v = d->v + (((size_t)b * d->Sk + j) * d->H + h) * d->D;
+                    for (int x = 0; x < d->D; x++)
+                        out[x] += p * v[x];
+                }
+                for (int x = 0; x < d->D; x++)
+                    out[x] /= sum;
+            }
+        }
+    free(s);
+}
+
+/* ---- masks ------------------------------------------------------------------------------- */
+
+/* Random 20 % pairs, every fifth row (and all of row 1) empty: empty rows
+ * inside otherwise partial blocks. */
+static int empty_rows_mask(const tcase *tc, mask **out, stof_error *err) {
+    size_t n = (size_t)tc->q_len * tc->k_len;
+    uint8_t *dense = malloc(n);
+    util_rng rng = {77};
+    for (int i = 0; i < tc->q_len; i++)
+        for (int j = 0; j < tc->k_len; j++)
+            dense[(size_t)i * tc->k_len + j] =
+                (i % 5 != 0 && i != 1) && util_rng_double(&rng) < 0.2;
+    int rc = mask_from_dense(dense, 1, tc->q_len, tc->k_len, "random 20% with empty rows", out,
+                             err);
+    free(dense);
+    return rc;
+}
+
+static int case_mask(const tcase *tc, mask **out, stof_error *err) {
+    *out = NULL;
+    if (tc->src == SRC_NONE)
+        return STOF_OK;
+    if (tc->src == SRC_EMPTY_ROWS)
+        return empty_rows_mask(tc, out, err);
+    mask_spec *s = NULL;
+    int rc = mask_spec_parse(tc->spec, &s, err);
+    if (!rc)
+        rc = mask_build(s, tc->batch, tc->q_len, tc->k_len, out, err);
+    mask_spec_free(s);
+    return rc;
+}
+
+/* ---- device buffers ------------------------------------------------------------------- */
+
+typedef struct dbufs {
+    CUdeviceptr q, kv, o, table; /* q == kv region for self-attention (packed qkv) */
+    size_t o_elems;
+} dbufs;
+
+static int check_cu(gpu *g, CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS)
+        return 0;
+    const char *name = NULL;
+    g->drv->GetErrorName(r, &name);
+    fprintf(stderr, "CUDA error in %s: %s\n", what, name ? name : "?");
+    CHECK_MSG(0, "%s: %s", what, name ? name : "?");
+    if (r != CUDA_ERROR_OUT_OF_MEMORY && r != CUDA_ERROR_INVALID_VALUE)
+        g->dead = 1;
+    return -1;
+}
+
+static int upload_bits(gpu *g, CUdeviceptr *d, const uint16_t *h, size_t n) {
+    if (check_cu(g, g->drv->MemAlloc(d, n * 2), "cuMemAlloc"))
+        return -1;
+    return check_cu(g, g->drv->MemcpyHtoD(*d, h, n * 2), "cuMemcpyHtoD");
+}
+
+/* Self-attention: qkv [B, S, 3, H, D]; cross: q [B, Sq, H, D], kv [B, Sk, 2, H, D]. */
+static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
+    size_t hd = (size_t)d->H * d->D;
+    int parts = tc->cross ? 2 : 3;
+    size_t nkv = (size_t)d->B * d->Sk * parts * hd;
+    uint16_t *kv = malloc(nkv * 2);
+    for (int b = 0; b < d->B; b++)
+        for (int j = 0; j < d->Sk; j++)
+            for (size_t x = 0; x < hd; x++) {
+                size_t src = ((size_t)b * d->Sk + j) * hd + x;
+                uint16_t *row = kv + ((size_t)b * d->Sk + j) * parts * hd;
+                int off = tc->cross ? 0 : 1; /* q takes part 0 when packed */
+                row[(size_t)off * hd + x] = to_bits(d->dtype, d->k[src]);
+                row[(size_t)(off + 1) * hd + x] = to_bits(d->dtype, d->v[src]);
+                if (!tc->cross)
+                    row[x] = to_bits(d->dtype, d->q[src]);
+            }
+    int rc = upload_bits(g, &db->kv, kv, nkv);
+    free(kv);
+    if (rc)
+        return rc;
+    if (tc->cross) {
+        size_t nq = (size_t)d->B * d->Sq * hd;
+        uint16_t *q = malloc(nq * 2);
+        for (size_t i = 0; i < nq; i++)
+            q[i] = to_bits(d->dtype, d->q[i]);
+        rc = upload_bits(g, &db->q, q, nq);
+        free(q);
+        if (rc)
+            return rc;
+    }
+    if (tc->relpos) {
+        uint16_t t[RELPOS_BUCKETS * 16];
+        for (int i = 0; i < RELPOS_BUCKETS * d->H; i++)
+            t[i] = to_bits(d->dtype, d->table[i]);
+        if (upload_bits(g, &db->table, t, (size_t)RELPOS_BUCKETS * d->H))
+            return -1;
+    }
+    db->o_elems = (size_t)d->B * d->Sq * hd;
+    return check_cu(g, g->drv->MemAlloc(&db->o, db->o_elems * 2), "cuMemAlloc(o)");
+}
+
+static void free_bufs(gpu *g, dbufs *db) {
+    CUdeviceptr p[] = {db->q, db->kv, db->o, db->table};
+    for (int i = 0; i < 4; i++)
+        if (p[i])
+            g->drv->MemFree(p[i]);
+    memset(db, 0, sizeof *db);
+}
+
+static void case_tensors(const tcase *tc, const mha_exec_problem *p, const dbufs *db,
+                         mha_exec_tensors *t) {
+    if (tc->cross)
+        mha_exec_tensors_cross(t, db->q, db->kv, db->o, p, 2);
+    else
+        mha_exec_tensors_packed(t, db->kv, db->o, p, 2);
+    t->relpos_table = db->table;
+}
+
+/* ---- comparing ----------------------------------------------------------------------------- */
+
+typedef struct verdict {
+    double rel, max_abs;
+    long nonfinite, nonzero_empty;
+} verdict;
+
+static verdict compare(const data *d, const uint16_t *out) {
+    verdict r = {0};
+    double num = 0, den = 0;
+    size_t hd = (size_t)d->H * d->D;
+    for (int b = 0; b < d->B; b++)
+        for (int i = 0; i < d->Sq; i++) {
+            int empty = d->empty[(size_t)b * d->Sq + i];
+            for (size_t x = 0; x < hd; x++) {
+                size_t at = ((size_t)b * d->Sq + i) * hd + x;
+                float y = from_bits(d->dtype, out[at]);
+                double ref = d->ref[at];
+                if (!isfinite(y)) {
+                    r.nonfinite++;
+                    continue;
+                }
+                if (empty && y != 0.0f)
+                    r.nonzero_empty++;
+                double e = fabs(y - ref);
+                r.max_abs = e > r.max_abs ? e : r.max_abs;
+                num += e * e;
+                den += ref * ref;
+            }
+        }
+    r.rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    return r;
+}
+
+/* Where the first bad values are, for the log of a failing run. */
+static void print_first_errors(const data *d, const uint16_t *out, double tol) {
+    size_t hd = (size_t)d->H * d->D;
+    int shown = 0;
+    for (int b = 0; b < d->B && shown < 4; b++)
+        for (int i = 0; i < d->Sq && shown < 4; i++)
+            for (int h = 0; h < d->H && shown < 4; h++) {
+                double num = 0, den = 0;
+                int nan = 0;
+                for (int x = 0; x < d->D; x++) {
+                    size_t at = ((size_t)b * d->Sq + i) * hd + (size_t)h * d->D + x;
+                    float y = from_bits(d->dtype, out[at]);
+                    nan |= !isfinite(y);
+                    num += (y - d->ref[at]) * (y - d->ref[at]);
+                    den += d->ref[at] * d->ref[at];
+                }
+                double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+                if (nan || rel > 4 * tol) {
+                    size_t at = ((size_t)b * d->Sq + i) * hd + (size_t)h * d->D;
+                    printf("    first bad rows: b=%d i=%d h=%d%s rel %.3g  out[0..1] = %g %g  "
+                           "ref[0..1] = %g %g\n",
+                           b, i, h, d->empty[(size_t)b * d->Sq + i] ? " (empty row)" : "", rel,
+                           from_bits(d->dtype, out[at]), from_bits(d->dtype, out[at + 1]),
+                           d->ref[at], d->ref[at + 1]);
+                    shown++;
+                }
+            }
+}
+
+/* ---- running one case --------------------------------------------------------------------- */
+
+static void setting_label(const setting *s, const mha_exec_plan *plan, char *buf, size_t n) {
+    const mha_exec_config *c = &plan->config;
+    if (c->kernel == MHA_KERNEL_ROW_WISE)
+        snprintf(buf, n, "%s:row(%dx%d)", s->name, c->rows_per_warp, c->warps_per_block);
+    else
+        snprintf(buf, n, "%s:blk(%d,%d,%d)", s->name, c->block_m, c->block_n, c->num_warps);
+}
+
+static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype t, int D) {
+    mha_exec_problem p = {.mask = m, .causal = tc->causal, .batch = tc->batch,
+                          .heads = tc->heads, .head_dim = D, .q_len = tc->q_len,
+                          .k_len = tc->k_len, .dtype = t,
+                          .scale = tc->scale > 0 ? tc->scale : 1.0f / sqrtf((float)D),
+                          .relpos = tc->relpos, .relpos_buckets = RELPOS_BUCKETS,
+                          .relpos_max_distance = RELPOS_MAX_DISTANCE,
+                          .relpos_bidirectional = tc->bidirectional};
+    return p;
+}
+
+static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exec_problem *p,
+                        const data *d, const dbufs *db, uint16_t *out) {
+    const char *dt = stof_dtype_name(p->dtype);
+    mha_exec_force force = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
+                            .num_warps = s->num_warps};
+    mha_exec_plan *plan = NULL;
+    stof_error err = {0};
+    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 ? NULL : &force, &plan, &err);
+    if (rc == STOF_ERR_UNSUPPORTED && s->block_m) {
+        printf("%-24s %-5s D=%-3d %-28s B=%d H=%d Sq=%-4d Sk=%-4d SKIP (%s)\n", s->name, dt,
+               p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, err.msg);
+        return;
+    }
+    CHECK_MSG(rc == STOF_OK, "plan %s %s D=%d %s: %s", s->name, dt, p->head_dim, tc->name,
+              err.msg);
+    if (rc) {
+        printf("%-24s %-5s D=%-3d %-28s FAIL (plan: %s)\n", s->name, dt, p->head_dim, tc->name,
+               err.msg);
+        recap_add("%s %s D=%d %s: plan failed: %.120s", s->name, dt, p->head_dim, tc->name,
+                  err.msg);
+        if (rc == STOF_ERR_CUDA)
+            g->dead = 1;
+        return;
+    }
+    char label[64];
+    setting_label(s, plan, label, sizeof label);
+    mha_exec_tensors t;
+    case_tensors(tc, p, db, &t);
+    uint16_t nan = p->dtype == STOF_BF16 ? 0x7fc0 : 0x7e00;
+    int bad = check_cu(g, g->drv->MemsetD16Async(db->o, nan, db->o_elems, 0), "poison o");
+    if (!bad && (rc = mha_exec_run(g->ctx, plan, &t, 0, &err))) {
+        CHECK_MSG(0, "launch %s: %s", label, err.msg);
+        printf("%-24s FAIL (launch: %s)\n", label, err.msg);
+        recap_add("%s %s D=%d %s: launch failed: %.120s", label, dt, p->head_dim, tc->name,
+                  err.msg);
+        bad = 1;
+    }
+    if (!bad)
+        bad = check_cu(g, g->drv->CtxSynchronize(NULL), "kernel execution (cuCtxSynchronize)");
+    if (!bad)
+        bad = check_cu(g, g->drv->MemcpyDtoH(out, db->o, db->o_elems * 2), "cuMemcpyDtoH(o)");
+    if (bad) {
+        char desc[600];
+        mha_exec_plan_describe(plan, desc, sizeof desc);
+        printf("%-24s %-5s D=%-3d %-28s FAIL (CUDA error) plan: %s\n", label, dt, p->head_dim,
+               tc->name, desc);
+        recap_add("%s %s D=%d %s: CUDA error (context lost)", label, dt, p->head_dim, tc->name);
+        mha_exec_plan_free(g->ctx, plan);
+        return;
+    }
+    double tol = p->dtype == STOF_BF16 ? TOL_BF16 : TOL_F16;
+    verdict v = compare(d, out);
+    int pass = v.rel < tol && v.nonfinite == 0 && v.nonzero_empty == 0;
+    printf("%-24s %-5s D=%-3d %-28s B=%d H=%d Sq=%-4d Sk=%-4d rel=%.2e max=%.2e", label, dt,
+           p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, v.rel, v.max_abs);
+    if (v.nonfinite)
+        printf(" nonfinite=%ld", v.nonfinite);
+    if (v.nonzero_empty)
+        printf(" nonzero-in-empty-rows=%ld", v.nonzero_empty);
+    printf(" %s\n", pass ? "PASS" : "FAIL");
+    CHECK_MSG(pass, "%s %s D=%d %s: rel %.3g (tol %.g), %ld non-finite, %ld non-zero in empty rows",
+              label, dt, p->head_dim, tc->name, v.rel, tol, v.nonfinite, v.nonzero_empty);
+    if (!pass) {
+        recap_add("%s %s D=%d %s B=%d H=%d Sq=%d Sk=%d: rel %.2e max %.2e nonfinite %ld "
+                  "nonzero-empty %ld",
+                  label, dt, p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, v.rel,
+                  v.max_abs, v.nonfinite, v.nonzero_empty);
+        char desc[600];
+        mha_exec_plan_describe(plan, desc, sizeof desc);
+        printf("    plan: %s\n", desc);
+        print_first_errors(d, out, tol);
+    }
+    mha_exec_plan_free(g->ctx, plan);
+}
+
+static void data_free(data *d) {
+    free(d->q);
+    free(d->k);
+    free(d->v);
+    free(d->table);
+    free(d->ref);
+    free(d->empty);
+}
+
+static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t seed) {
+    mask *m = NULL;
+    stof_error err = {0};
+    int rc = case_mask(tc, &m, &err);
+    CHECK_MSG(rc == STOF_OK, "mask %s: %s", tc->name, err.msg);
+    if (rc)
+        return;
+    data d = {.B = tc->batch, .H = tc->heads, .Sq = tc->q_len, .Sk = tc->k_len, .D = D,
+              .dtype = dtype};
+    size_t nq = (size_t)d.B * d.Sq * d.H * D, nk = (size_t)d.B * d.Sk * d.H * D;
+    d.q = malloc(nq * sizeof *d.q);
+    d.k = malloc(nk * sizeof *d.k);
+    d.v = malloc(nk * sizeof *d.v);
+    d.table = malloc((size_t)RELPOS_BUCKETS * d.H * sizeof *d.table);
+    d.ref = malloc(nq * sizeof *d.ref);
+    d.empty = malloc((size_t)d.B * d.Sq);
+    util_rng rng = {seed};
+    fill_random(d.q, nq, dtype, &rng);
+    fill_random(d.k, nk, dtype, &rng);
+    fill_random(d.v, nk, dtype, &rng);
+    fill_random(d.table, (size_t)RELPOS_BUCKETS * d.H, dtype, &rng);
+    mha_exec_problem p = case_problem(tc, m, dtype, D);
+    reference(tc, m, p.scale, &d);
+
+    dbufs db = {0};
+    uint16_t *out = malloc(nq * 2);
+    if (upload_inputs(g, tc, &d, &db) == 0)
+        for (int s = 0; s < N_SETTINGS && !g->dead; s++)
+            run_setting(g, tc, &settings[s], &p, &d, &db, out);
+    free(out);
+    free_bufs(g, &db);
+    data_free(&d);
+    mask_free(m);
+}
+
+/* ---- timing at one big shape ------------------------------------------------------------ */
+
+#define TIME_B 16
+#define TIME_H 12
+#define TIME_S 4096
+#define TIME_D 64
+#define TIME_WARMUP 5
+#define TIME_RUNS 20
+#define SPOT_ROWS 48
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The reference of one (b, h, i) row of the packed fp16 input, in fp64. */
+static double spot_row_error(const mask *m, const uint16_t *qkv, const uint16_t *o, int b, int h,
+                             int i, float scale) {
+    size_t hd = (size_t)TIME_H * TIME_D;
+    const uint16_t *q = qkv + ((size_t)b * TIME_S + i) * 3 * hd + (size_t)h * TIME_D;
+    double s[TIME_S], mx = -INFINITY, acc[TIME_D] = {0}, sum = 0;
+    for (int j = 0; j < TIME_S; j++) {
+        if (!mask_get(m, b, i, j))
+            continue;
+        const uint16_t *k = qkv + ((size_t)b * TIME_S + j) * 3 * hd + hd + (size_t)h * TIME_D;
+        double dot = 0;
+        for (int x = 0; x < TIME_D; x++)
+            dot += (double)util_f16_to_f32(q[x]) * util_f16_to_f32(k[x]);
+        s[j] = scale * dot;
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    for (int j = 0; j < TIME_S; j++) {
+        if (!mask_get(m, b, i, j))
+            continue;
+        const uint16_t *v = qkv + ((size_t)b * TIME_S + j) * 3 * hd + 2 * hd + (size_t)h * TIME_D;
+        double p = exp(s[j] - mx);
+        sum += p;
+        for (int x = 0; x < TIME_D; x++)
+            acc[x] += p * util_f16_to_f32(v[x]);
+    }
+    double num = 0, den = 0;
+    const uint16_t *y = o + ((size_t)b * TIME_S + i) * hd + (size_t)h * TIME_D;
+    for (int x = 0; x < TIME_D; x++) {
+        double ref = sum > 0 ? acc[x] / sum : 0.0;
+        double e = util_f16_to_f32(y[x]) - ref;
+        num += e * e;
+        den += ref * ref;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, const mask *m,
+                         const uint16_t *h_qkv, CUdeviceptr qkv, CUdeviceptr o, uint16_t *h_o) {
+    mha_exec_force force = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
+                            .num_warps = s->num_warps};
+    mha_exec_plan *plan = NULL;
+    stof_error err = {0};
+    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 ? NULL : &force, &plan, &err);
+    if (rc) {
+        printf("timing %-10s: no plan (%s)\n", s->name, err.msg);
+        CHECK_MSG(rc == STOF_ERR_UNSUPPORTED, "timing plan %s: %s", s->name, err.msg);
+        return;
+    }
+    char label[64], desc[600];
+    setting_label(s, plan, label, sizeof label);
+    mha_exec_plan_describe(plan, desc, sizeof desc);
+    mha_exec_tensors t;
+    mha_exec_tensors_packed(&t, qkv, o, p, 2);
+    CUevent ev[2 * TIME_RUNS];
+    int nev = 0;
+    for (int i = 0; i < 2 * TIME_RUNS; i++, nev++)
+        if (check_cu(g, g->drv->EventCreate(&ev[i], CU_EVENT_DEFAULT), "cuEventCreate"))
+            break;
+    float ms[TIME_RUNS];
+    int ok = nev == 2 * TIME_RUNS;
+    for (int i = 0; ok && i < TIME_WARMUP; i++)
+        ok = mha_exec_run(g->ctx, plan, &t, 0, &err) == STOF_OK;
+    for (int i = 0; ok && i < TIME_RUNS; i++) {
+        ok = !check_cu(g, g->drv->EventRecord(ev[2 * i], 0), "cuEventRecord") &&
+             mha_exec_run(g->ctx, plan, &t, 0, &err) == STOF_OK &&
+             !check_cu(g, g->drv->EventRecord(ev[2 * i + 1], 0), "cuEventRecord");
+    }
+    ok = ok && !check_cu(g, g->drv->CtxSynchronize(NULL), "timing runs (cuCtxSynchronize)");
+    for (int i = 0; ok && i < TIME_RUNS; i++)
+        ok = !check_cu(g, g->drv->EventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]),
+                       "cuEventElapsedTime");
+    for (int i = 0; i < nev; i++)
+        g->drv->EventDestroy(ev[i]);
+    if (!ok) {
+        printf("timing %-24s FAILED: %s\n", label, err.msg);
+        recap_add("timing %s: %.150s", label, err.msg);
+        CHECK_MSG(0, "timing %s: %s", label, err.msg);
+        mha_exec_plan_free(g->ctx, plan);
+        return;
+    }
+    qsort(ms, TIME_RUNS, sizeof ms[0], cmp_float);
+    float med = ms[TIME_RUNS / 2];
+    double flops = 4.0 * p->heads * p->head_dim * (double)plan->allowed_pairs;
+    /* spot check: sampled rows against fp64 */
+    size_t n_o = (size_t)TIME_B * TIME_S * TIME_H * TIME_D;
+    double worst = 0;
+    if (!check_cu(g, g->drv->MemcpyDtoH(h_o, o, n_o * 2), "cuMemcpyDtoH(o)")) {
+        util_rng rng = {99};
+        for (int r = 0; r < SPOT_ROWS; r++) {
+            int b = (int)(util_rng_next(&rng) % TIME_B), h = (int)(util_rng_next(&rng) % TIME_H);
+            int i = (int)(util_rng_next(&rng) % TIME_S);
+            double e = spot_row_error(m, h_qkv, h_o, b, h, i, p->scale);
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("timing %-24s median %.3f ms (min %.3f), %.1f TFLOP/s useful, spot-check worst row "
+           "rel %.2e\n        plan: %s\n",
+           label, med, ms[0], flops / (med * 1e-3) / 1e12, worst, desc);
+    CHECK_MSG(worst < 4 * TOL_F16, "timing shape %s: sampled rows wrong (rel %.3g)", label, worst);
+    if (!(worst < 4 * TOL_F16))
+        recap_add("timing shape %s: sampled rows wrong (rel %.3g)", label, worst);
+    mha_exec_plan_free(g->ctx, plan);
+}
+
+static void timing(gpu *g) {
+    stof_error err = {0};
+    mask_spec *spec = NULL;
+    mask *m = NULL;
+    if (mask_spec_parse("bigbird{}", &spec, &err) ||
+        mask_build(spec, TIME_B, TIME_S, TIME_S, &m, &err)) {
+        CHECK_MSG(0, "timing mask: %s", err.msg);
+        mask_spec_free(spec);
+        return;
+    }
+    mask_spec_free(spec);
+    size_t n_qkv = (size_t)TIME_B * TIME_S * 3 * TIME_H * TIME_D;
+    size_t n_o = (size_t)TIME_B * TIME_S * TIME_H * TIME_D;
+    uint16_t *h_qkv = malloc(n_qkv * 2), *h_o = malloc(n_o * 2);
+    util_rng rng = {2024};
+    for (size_t i = 0; i < n_qkv; i++)
+        h_qkv[i] = util_f32_to_f16((float)(2.0 * util_rng_double(&rng) - 1.0));
+    CUdeviceptr qkv = 0, o = 0;
+    if (!upload_bits(g, &qkv, h_qkv, n_qkv) &&
+        !check_cu(g, g->drv->MemAlloc(&o, n_o * 2), "cuMemAlloc(o)")) {
+        mha_exec_problem p = {.mask = m, .batch = TIME_B, .heads = TIME_H, .head_dim = TIME_D,
+                              .q_len = TIME_S, .k_len = TIME_S, .dtype = STOF_F16,
+                              .scale = 0.125f};
+        printf("\ntiming: B=%d H=%d S=%d D=%d bigbird{} fp16, median of %d after %d warm-up "
+               "(informational)\n",
+               TIME_B, TIME_H, TIME_S, TIME_D, TIME_RUNS, TIME_WARMUP);
+        static const setting timed[] = {
+            {"auto", -1, 0, 0, 0},
+            {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0},
+            {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4},
+            {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4},
+            {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8},
+            {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4},
+            {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0},
+        };
+        for (size_t i = 0; i < sizeof timed / sizeof timed[0] && !g->dead; i++)
+            time_setting(g, &timed[i], &p, m, h_qkv, qkv, o, h_o);
+    }
+    if (qkv)
+        g->drv->MemFree(qkv);
+    if (o)
+        g->drv->MemFree(o);
+    free(h_qkv);
+    free(h_o);
+    mask_free(m);
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    gpu g = {0};
+    stof_error err = {0};
+    int rc = mha_exec_ctx_create(0, &g.ctx, &err);
+    if (rc == STOF_ERR_NO_DEVICE) {
+        printf("SKIPPED: %s\n", err.msg);
+        return 77;
+    }
+    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
+    if (rc)
+        return check_summary("gpu_attention");
+    g.drv = g.ctx->drv;
+    printf("GPU: %s (%s, %d SMs, %d B smem/block opt-in)\n", g.ctx->info.name, g.ctx->arch,
+           g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
+    /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing */
+    int quick = argc > 1 && !strcmp(argv[1], "quick");
+    int notime = argc > 1 && (!strcmp(argv[1], "notime") || quick);
+    static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
+    static const int dims[] = {64, 128};
+    double t0 = util_now();
+    uint64_t seed = 1;
+    for (int di = 0; di < (quick ? 1 : 2) && !g.dead; di++)
+        for (int hi = 0; hi < (quick ? 1 : 2) && !g.dead; hi++)
+            for (int c = 0; c < N_CASES && !g.dead; c++)
+                run_case(&g, &cases[c], dtypes[di], dims[hi], seed++);
+    /* the other head sizes: the row kernel's short last round of dims
+     * (D = 80: 40 pairs), other shared-memory pitches */
+    static const char *extra_cases[] = {"scattered", "cross causal Sq>Sk"};
+    for (int e = 0; e < 2 && !quick && !g.dead; e++)
+        for (int c = 0; c < N_CASES; c++)
+            if (!strcmp(cases[c].name, extra_cases[e])) {
+                run_case(&g, &cases[c], STOF_F16, 80, seed++);
+                run_case(&g, &cases[c], STOF_BF16, 32, seed++);
+            }
+    printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache)\n", util_now() - t0,
+           g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits);
+    if (g.dead)
+        printf("STOPPED EARLY: a CUDA error left the context unusable (see above); rerun under "
+               "compute-sanitizer to locate it\n");
+    if (!notime && !g.dead)
+        timing(&g);
+    mha_exec_ctx_free(g.ctx);
+    recap_print();
+    return check_summary("gpu_attention");
+}

@@ -1,0 +1,418 @@
+/* The attention kernels without a GPU: every variant compiles through NVRTC
+ * for sm_80 and sm_90, the planner's choices for the GPU test's problems
+ * compile, and the host planner's CPU pieces (validation, the causal fold,
+ * configurations, the argument block) do what they say. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "check.h"
+#include "core/mha_exec.h"
+#include "core/nvrtc.h"
+#include "ops/mask.h"
+#include "ops/mask_format.h"
+
+static const char *archs[] = {"sm_80", "sm_90"};
+static const int head_dims[] = {32, 64, 80, 128};
+static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
+/* BLOCK_M, BLOCK_N, NUM_WARPS: the GPU test's settings and the selector's
+ * small ones */
+static const int block_settings[][3] = {{64, 64, 4},  {128, 64, 4}, {64, 32, 4},
+                                        {128, 128, 8}, {16, 16, 1}, {32, 16, 2},
+                                        {64, 128, 4}, {32, 32, 1}};
+#define N_SETTINGS ((int)(sizeof block_settings / sizeof block_settings[0]))
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Compiles one configuration; on failure writes the options and NVRTC's
+ * log into msg. Thread-safe with one cache per thread. */
+static int compile_one(nvrtc_cache *c, const mha_exec_config *cfg, const char *arch, char *msg,
+                       size_t n) {
+    mha_exec_request r;
+    mha_exec_request_init(&r, cfg, arch);
+    const void *bin = NULL;
+    size_t size = 0;
+    stof_error err = {0};
+    int rc = nvrtc_get(c, &r.req, &bin, &size, &err);
+    int len = snprintf(msg, n, "%s %s", r.req.source, arch);
+    for (int i = 0; i < r.req.n_options && len > 0 && (size_t)len < n; i++)
+        len += snprintf(msg + len, n - (size_t)len, " %s", r.req.options[i]);
+    if (rc == STOF_OK && !(size > 4 && memcmp(bin, "\x7f" "ELF", 4) == 0)) {
+        snprintf(err.msg, sizeof err.msg, "not a cubin");
+        rc = STOF_ERR_COMPILE;
+    }
+    if (rc != STOF_OK && len > 0 && (size_t)len < n)
+        snprintf(msg + len, n - (size_t)len, ": %s", err.msg);
+    return rc;
+}
+
+static int compile_config(nvrtc_cache *c, const mha_exec_config *cfg, const char *arch) {
+    char msg[1400];
+    int rc = compile_one(c, cfg, arch, msg, sizeof msg);
+    CHECK_MSG(rc == STOF_OK, "%s", msg);
+    return rc == STOF_OK;
+}
+
+typedef struct variant {
+    mha_exec_config cfg;
+    const char *arch;
+    int rc;
+    char msg[1400];
+} variant;
+
+typedef struct worker {
+    variant *v;
+    int n, stride, first;
+} worker;
+
+static void *compile_worker(void *arg) {
+    worker *w = arg;
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, "");
+    for (int i = w->first; i < w->n; i += w->stride)
+        w->v[i].rc = compile_one(&c, &w->v[i].cfg, w->v[i].arch, w->v[i].msg, sizeof w->v[i].msg);
+    nvrtc_cache_free(&c);
+    return NULL;
+}
+
+/* The variant list: on sm_90 both kernels x dtype x head_dim x relpos, the
+ * block-wise kernel at every setting of block_settings (with relpos at the
+ * first two); on sm_80 the row-wise kernel and the first block setting. */
+static int list_variants(variant *v, int cap) {
+    int n = 0;
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (int h = 0; h < 4; h++)
+                for (int rp = 0; rp < 2; rp++) {
+                    mha_exec_config cfg = {.kernel = MHA_KERNEL_ROW_WISE, .head_dim = head_dims[h],
+                                           .dtype = dtypes[d], .relpos = rp,
+                                           .rows_per_warp = 1, .warps_per_block = 4};
+                    if (n < cap)
+                        v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                    cfg.kernel = MHA_KERNEL_BLOCK_WISE;
+                    int settings = a == 0 ? 1 : rp ? 2 : N_SETTINGS;
+                    for (int s = 0; s < settings; s++) {
+                        cfg.block_m = block_settings[s][0];
+                        cfg.block_n = block_settings[s][1];
+                        cfg.num_warps = block_settings[s][2];
+                        stof_error err = {0};
+                        /* only what fits an H100's 227 KiB */
+                        if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
+                            v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                    }
+                }
+    mha_exec_config many = {.kernel = MHA_KERNEL_ROW_WISE, .head_dim = 64, .dtype = STOF_F16,
+                            .rows_per_warp = 4, .warps_per_block = 8};
+    if (n < cap)
+        v[n++] = (variant){.cfg = many, .arch = "sm_90"};
+    return n;
+}
+
+#define N_WORKERS 8
+
+static void test_variants_compile(void) {
+    enum { CAP = 256 };
+    variant *v = calloc(CAP, sizeof *v);
+    CHECK(v != NULL);
+    if (!v)
+        return;
+    int n = list_variants(v, CAP);
+    double t0 = now_s();
+    pthread_t tid[N_WORKERS];
+    worker w[N_WORKERS];
+    int started = 0;
+    for (int i = 0; i < N_WORKERS; i++) {
+        w[i] = (worker){.v = v, .n = n, .stride = N_WORKERS, .first = i};
+        if (pthread_create(&tid[i], NULL, compile_worker, &w[i]) != 0)
+            compile_worker(&w[i]); /* no thread: do its share here */
+        else
+            started |= 1 << i;
+    }
+    for (int i = 0; i < N_WORKERS; i++)
+        if (started & (1 << i))
+            pthread_join(tid[i], NULL);
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(v[i].rc == STOF_OK, "%s", v[i].msg);
+        ok += v[i].rc == STOF_OK;
+    }
+    printf("compiled %d of %d attention kernel variants in %.1f s (%d threads)\n", ok, n,
+           now_s() - t0, N_WORKERS);
+    CHECK(n >= 100);
+    free(v);
+}
+
+/* ---- problems and the causal fold ---------------------------------------------- */
+
+static mha_exec_problem base_problem(int batch, int q_len, int k_len) {
+    mha_exec_problem p = {.batch = batch, .heads = 2, .head_dim = 64, .q_len = q_len,
+                          .k_len = k_len, .dtype = STOF_F16, .scale = 0.125f};
+    return p;
+}
+
+static mask *build(const char *text, int batch, int q_len, int k_len) {
+    mask_spec *s = NULL;
+    stof_error err = {0};
+    mask *m = NULL;
+    int rc = mask_spec_parse(text, &s, &err);
+    if (!rc)
+        rc = mask_build(s, batch, q_len, k_len, &m, &err);
+    mask_spec_free(s);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", text, err.msg);
+    return m;
+}
+
+/* The folded mask is exactly mask AND (j <= i + k_len - q_len), batch by batch. */
+static void check_fold(const char *text, int batch, int q_len, int k_len, int causal) {
+    mask *m = text ? build(text, batch, q_len, k_len) : NULL;
+    if (text && !m)
+        return;
+    mha_exec_problem p = base_problem(batch, q_len, k_len);
+    p.mask = m;
+    p.causal = causal;
+    mask *f = NULL;
+    stof_error err = {0};
+    int rc = mha_exec_fold_mask(&p, &f, &err);
+    CHECK_MSG(rc == STOF_OK, "fold %s: %s", text ? text : "(none)", err.msg);
+    if (rc == STOF_OK) {
+        CHECK_EQ_INT(f->batch, m ? m->batch : 1);
+        CHECK_EQ_INT(f->q_len, q_len);
+        CHECK_EQ_INT(f->k_len, k_len);
+        CHECK(f->fingerprint == mask_compute_fingerprint(f));
+        long bad = 0;
+        for (int b = 0; b < batch; b++)
+            for (int i = 0; i < q_len; i++)
+                for (int j = 0; j < k_len; j++) {
+                    int want = (m ? mask_get(m, b, i, j) : 1) &&
+                               (!causal || j <= i + (k_len - q_len));
+                    bad += mask_get(f, b, i, j) != want;
+                }
+        CHECK_MSG(bad == 0, "fold %s causal=%d %dx%d: %ld wrong bits", text ? text : "(none)",
+                  causal, q_len, k_len, bad);
+    }
+    mask_free(f);
+    mask_free(m);
+}
+
+static void test_fold(void) {
+    check_fold(NULL, 2, 100, 100, 0);
+    check_fold(NULL, 2, 100, 100, 1);
+    check_fold(NULL, 1, 37, 100, 1);   /* cross: bottom-right aligned */
+    check_fold(NULL, 1, 100, 37, 1);   /* more queries than keys: early rows empty */
+    check_fold("sliding_window{band=5}", 2, 130, 130, 1);
+    check_fold("bigbird{}", 1, 257, 257, 1);
+    check_fold("key_padding{lengths=[3, 90, 0]}", 3, 70, 90, 1);
+    check_fold("per_batch(sliding_window{band=3}, longformer{})", 2, 65, 65, 1);
+    check_fold("union(random{rate=0.3, block=8}, sliding_window{})", 1, 100, 100, 0);
+}
+
+/* ---- validation ------------------------------------------------------------------- */
+
+static void expect(int rc, int want, const stof_error *err, const char *needle) {
+    CHECK_EQ_INT(rc, want);
+    if (needle)
+        CHECK_CONTAINS(err->msg, needle);
+}
+
+static void test_validate(void) {
+    stof_error err = {0};
+    mha_exec_problem p = base_problem(2, 64, 64);
+    CHECK_EQ_INT(mha_exec_validate(&p, &err), STOF_OK);
+
+    p.head_dim = 96;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "32, 64, 80, 128");
+    p = base_problem(2, 64, 64);
+    p.dtype = STOF_F32;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "fp32");
+    p = base_problem(0, 64, 64);
+    expect(mha_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "positive");
+    p = base_problem(2, 64, 64);
+    p.scale = NAN;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "scale");
+
+    mask *m = build("sliding_window{band=4}", 1, 64, 80);
+    p = base_problem(2, 64, 64);
+    p.mask = m;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_SHAPE, &err, "64 x 80");
+    mask_free(m);
+    m = build("key_padding{lengths=[1, 2, 3]}", 3, 64, 64);
+    p.mask = m;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_SHAPE, &err, "batch 3");
+    mask *f = NULL;
+    expect(mha_exec_fold_mask(&p, &f, &err), STOF_ERR_SHAPE, &err, "batch 3");
+    CHECK(f == NULL);
+    mask_free(m);
+
+    p = base_problem(2, 64, 64);
+    p.relpos = 1;
+    p.relpos_buckets = 32;
+    p.relpos_max_distance = 128;
+    CHECK_EQ_INT(mha_exec_validate(&p, &err), STOF_OK);
+    p.relpos_max_distance = 8;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "relpos_max_distance");
+    p.relpos_buckets = 1;
+    expect(mha_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "relpos_buckets");
+}
+
+static void test_configs(void) {
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_exec_block_smem(64, 64, 64, 2), (64 + 4 * 64) * 72 * 2);
+    mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16,
+                         .block_m = 128, .block_n = 128, .num_warps = 8};
+    CHECK_EQ_INT(mha_exec_config_check(&c, 227 * 1024, &err), STOF_OK);
+    expect(mha_exec_config_check(&c, 164 * 1024, &err), STOF_ERR_UNSUPPORTED, &err,
+           "shared memory");
+    c.num_warps = 16; /* 128 / 16 = 8 rows a warp: not a whole tile */
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "16-row tiles");
+    c.num_warps = 4;
+    c.block_n = 40;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "multiples of 16");
+    c.block_n = 64;
+    c.head_dim = 48;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_UNSUPPORTED, &err, "head_dim 48");
+    c.head_dim = 64;
+    c.kernel = MHA_KERNEL_ROW_WISE;
+    c.rows_per_warp = 0;
+    c.warps_per_block = 4;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "row-wise");
+
+    /* register budget: one 16-row tile of D=128 with BLOCK_N 128 fits, two do not */
+    CHECK(mha_exec_block_regs_ok(128, 128, 8, 128));
+    CHECK(mha_exec_block_regs_ok(128, 64, 4, 64));
+    CHECK(!mha_exec_block_regs_ok(128, 64, 4, 128));
+    CHECK(!mha_exec_block_regs_ok(128, 32, 1, 64));
+
+    mha_exec_request r;
+    c.kernel = MHA_KERNEL_BLOCK_WISE;
+    c.relpos = 1;
+    mha_exec_request_init(&r, &c, "sm_90");
+    CHECK(strcmp(r.req.source, "attention_block.cu") == 0);
+    CHECK(strcmp(r.req.arch, "sm_90") == 0);
+    int seen = 0;
+    for (int i = 0; i < r.req.n_options; i++)
+        seen += !strcmp(r.req.options[i], "-DHAS_RELPOS=1") +
+                !strcmp(r.req.options[i], "-DBLOCK_N=64") + !strcmp(r.req.options[i], "-DHEAD_DIM=64");
+    CHECK_EQ_INT(seen, 3);
+}
+
+/* The selector's choices for the GPU test's problems on an H100 compile,
+ * and a very sparse mask goes row-wise. */
+static void test_choose_offline(void) {
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, "");
+    struct { const char *mask; int batch, s, d; } cases[] = {
+        {NULL, 2, 257, 64}, {"bigbird{}", 2, 1024, 128}, {"sliding_window{}", 2, 1000, 64},
+        {"bigbird{}", 16, 4096, 64}, {"dilated{}", 2, 512, 128},
+        {"sliding_window{band=2}", 2, 4096, 64},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mask *m = cases[i].mask ? build(cases[i].mask, cases[i].batch, cases[i].s, cases[i].s)
+                                : NULL;
+        mha_exec_problem p = base_problem(cases[i].batch, cases[i].s, cases[i].s);
+        p.heads = 12;
+        p.head_dim = cases[i].d;
+        p.mask = m;
+        mask *f = NULL;
+        mha_exec_config cfg;
+        char reason[160];
+        int rc = mha_exec_fold_mask(&p, &f, &err);
+        if (!rc)
+            rc = mha_exec_choose(&p, f, &lim, NULL, &cfg, reason, sizeof reason, &err);
+        CHECK_MSG(rc == STOF_OK, "%s: %s", cases[i].mask ? cases[i].mask : "dense", err.msg);
+        if (!rc) {
+            printf("sm_90 %-24s B=%-2d S=%-4d D=%-3d -> %s", cases[i].mask ? cases[i].mask : "dense",
+                   cases[i].batch, cases[i].s, cases[i].d, mha_kernel_name(cfg.kernel));
+            if (cfg.kernel == MHA_KERNEL_BLOCK_WISE)
+                printf(" (%d, %d, %d)", cfg.block_m, cfg.block_n, cfg.num_warps);
+            printf(": %s\n", reason);
+            CHECK_EQ_INT(mha_exec_config_check(&cfg, lim.smem_per_block, &err), STOF_OK);
+            if (cfg.kernel == MHA_KERNEL_BLOCK_WISE)
+                CHECK(mha_exec_block_regs_ok(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.head_dim));
+            compile_config(&c, &cfg, "sm_90");
+            if (i == sizeof cases / sizeof cases[0] - 1)
+                CHECK_EQ_INT(cfg.kernel, MHA_KERNEL_ROW_WISE);
+        }
+        /* forced block-wise without sizes takes Eq. 2's */
+        mha_exec_force force = {.kernel = MHA_KERNEL_BLOCK_WISE};
+        if (!rc && !mha_exec_choose(&p, f, &lim, &force, &cfg, reason, sizeof reason, &err))
+            CHECK(cfg.kernel == MHA_KERNEL_BLOCK_WISE && cfg.block_m >= 16 && cfg.num_warps >= 1);
+        mask_free(f);
+        mask_free(m);
+    }
+    nvrtc_cache_free(&c);
+}
+
+/* ---- the argument block ---------------------------------------------------------------- */
+
+static void test_args(void) {
+    mha_exec_problem p = base_problem(3, 100, 100);
+    p.heads = 4;
+    mha_exec_tensors t;
+    mha_exec_tensors_packed(&t, 0x10000, 0x90000, &p, 2);
+    CHECK_EQ_INT(t.k - t.q, 4 * 64 * 2);
+    CHECK_EQ_INT(t.v - t.q, 2 * 4 * 64 * 2);
+    CHECK_EQ_INT(t.q_row_stride, 3 * 4 * 64);
+    CHECK_EQ_INT(t.k_batch_stride, 3 * 4 * 64 * 100);
+    CHECK_EQ_INT(t.o_row_stride, 4 * 64);
+    mha_exec_problem x = base_problem(3, 100, 300);
+    x.heads = 4;
+    mha_exec_tensors_cross(&t, 0x10000, 0x20000, 0x90000, &x, 2);
+    CHECK_EQ_INT(t.v - t.k, 4 * 64 * 2);
+    CHECK_EQ_INT(t.k_row_stride, 2 * 4 * 64);
+    CHECK_EQ_INT(t.k_batch_stride, 2 * 4 * 64 * 300);
+    CHECK_EQ_INT(t.q_batch_stride, 4 * 64 * 100);
+
+    mha_exec_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.problem = x;
+    plan.config.kernel = MHA_KERNEL_BLOCK_WISE;
+    plan.fmt_batch = 3;
+    plan.d_row_ptr = 0x1000;
+    plan.d_col_idx = 0x2000;
+    plan.d_mask_idx = 0x3000;
+    plan.d_bitmaps = 0x4000;
+    stof_attn_args a;
+    mha_exec_fill_args(&plan, &t, &a);
+    CHECK((uintptr_t)a.load_row_ptr == 0x1000 && (uintptr_t)a.part_masks == 0x4000);
+    CHECK(a.row_ptr == NULL && a.col_idx == NULL);
+    CHECK_EQ_INT(a.q_len, 100);
+    CHECK_EQ_INT(a.k_len, 300);
+    CHECK_EQ_INT(a.fmt_batch, 3);
+    CHECK_NEAR(a.scale_log2, 0.125 * 1.4426950408889634, 1e-6);
+    CHECK_EQ_INT(sizeof a, STOF_ATTN_ARGS_BYTES);
+}
+
+/* No GPU here: the context says so cleanly, and with a GPU it opens and closes. */
+static void test_ctx(void) {
+    mha_exec_ctx *c = NULL;
+    stof_error err = {0};
+    int rc = mha_exec_ctx_create(0, &c, &err);
+    if (rc == STOF_OK) {
+        printf("GPU present: %s (%s)\n", c->info.name, c->arch);
+        mha_exec_ctx_free(c);
+    } else {
+        printf("no GPU: %s\n", err.msg);
+        CHECK_EQ_INT(rc, STOF_ERR_NO_DEVICE);
+        CHECK(c == NULL);
+    }
+}
+
+int main(void) {
+    test_validate();
+    test_fold();
+    test_configs();
+    test_args();
+    test_ctx();
+    test_choose_offline();
+    test_variants_compile();
+    return check_summary("test_attention_compile");
+}

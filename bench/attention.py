@@ -111,6 +111,16 @@ def run_case(ctx, mask_name, batch, seq, check_only=False):
     return row
 
 
+def short_kernel(describe):
+    """'block-wise BLOCK_M=64 BLOCK_N=32 warps=4 ...' -> 'block 64x32 w4'."""
+    import re
+    m = re.search(r"block-wise BLOCK_M=(\d+) BLOCK_N=(\d+) warps=(\d+)", describe)
+    if m:
+        return f"block {m.group(1)}x{m.group(2)} w{m.group(3)}"
+    m = re.search(r"row-wise rows/warp=(\d+) warps=(\d+)", describe)
+    return f"row {m.group(1)}x{m.group(2)}" if m else describe[:40]
+
+
 def markdown(rows, device, commit):
     lines = [f"Device: {device}; date {datetime.date.today()}; commit {commit}; "
              f"{HEADS} heads x {HEAD_DIM}, fp16, median of 30 runs (ms).", "",
@@ -119,7 +129,7 @@ def markdown(rows, device, commit):
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['mask']} | {r['batch']} | {r['seq']} | {r['density']:.3f} | {r['kernel']} "
+            f"| {r['mask']} | {r['batch']} | {r['seq']} | {r['density']:.3f} | {short_kernel(r['kernel'])} "
             f"| {r['stof']:.3f} | {r['flex']:.3f} | {r['sdpa-mask']:.3f} | "
             f"{r['torch-native']:.3f} | {r['flash-dense']:.3f} | {r['flex'] / r['stof']:.2f}x "
             f"| {r['flash-dense'] / r['stof']:.2f}x | {r['tflops']:.1f} | {r['rel_err']:.1e} |")
@@ -140,11 +150,13 @@ def main():
     ctx = stof.Context()
     dev = ctx.device()
     device = f"{dev.name.decode()} (sm_{dev.cc_major}{dev.cc_minor}, {dev.sm_count} SMs)"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                                text=True).stdout.strip() or os.environ.get("STOF_COMMIT", "?")
-    except OSError:
-        commit = os.environ.get("STOF_COMMIT", "?")
+    commit = os.environ.get("STOF_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or "?"
+        except OSError:
+            commit = "?"
     shapes = SHAPES[:4] + SHAPES[-1:] if args.quick else SHAPES
     rows = []
     for mask_name in MASKS:

@@ -30,6 +30,12 @@ $stof run --cpu scripts/bert.lua --set preset=small --set batch=1 --set seq=128
 if $stof info | grep -q '^GPU 0'; then
   echo; echo "== GPU tests"
   ctest --test-dir build -L gpu --output-on-failure
+  if python3 -c "import torch" >/dev/null 2>&1; then
+    echo; echo "== attention: stof against PyTorch (bench/attention.py --quick)"
+    STOF_LIB=build/libstof.so python3 bench/attention.py --quick --out build/out/attention.md
+  else
+    echo; echo "PyTorch is not installed: skipped the comparison with PyTorch (bench/attention.py)."
+  fi
 else
   echo; echo "No GPU on this machine: skipped the GPU tests (ctest -L gpu) and all GPU timing."
 fi

@@ -163,9 +163,7 @@ class Attention:
         _check(_lib.stof_attention_describe(self._h, buf, len(buf)))
         return buf.value.decode()
 
-    def run(self, q, k, v, out, relpos_table=None, stream=None):
-        """q, k, v, out: CUDA tensors [B, S, ...] whose head h sits at columns h*D..h*D+D-1
-        of each row (views into a packed QKV tensor work: only the last dim must be dense)."""
+    def _io(self, q, k, v, out, relpos_table):
         io = _AttentionIO()
         for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
             if t.stride(-1) != 1:
@@ -174,19 +172,45 @@ class Attention:
             getattr(io, f"{name}_stride")[0] = t.stride(0)
             getattr(io, f"{name}_stride")[1] = t.stride(1)
         io.relpos_table = relpos_table.data_ptr() if relpos_table is not None else None
-        s = stream.cuda_stream if stream is not None else None
-        if s is None:
+        return io
+
+    def run(self, q, k, v, out, relpos_table=None, stream=None):
+        """q, k, v, out: CUDA tensors [B, S, ...] whose head h sits at columns h*D..h*D+D-1
+        of each row (views into a packed QKV tensor work: only the last dim must be dense)."""
+        io = self._io(q, k, v, out, relpos_table)
+        if stream is None:
             import torch
-            s = torch.cuda.current_stream().cuda_stream
-        _check(_lib.stof_attention_run(self._h, ctypes.byref(io), ctypes.c_void_p(s)))
+            stream = torch.cuda.current_stream()
+        _check(_lib.stof_attention_run(self._h, ctypes.byref(io),
+                                       ctypes.c_void_p(stream.cuda_stream)))
         return out
+
+    def bind(self, qkv, out, stream=None):
+        """A launcher with the pointers and strides of (qkv, out) fixed: each call costs one
+        C call, for loops that run the same buffers many times (benchmarks, CUDA graphs)."""
+        hd = self.desc.heads * self.desc.head_dim
+        io = self._io(qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:], out, None)
+        if stream is None:
+            import torch
+            stream = torch.cuda.current_stream()
+        handle, ref, s = self._h, ctypes.byref(io), ctypes.c_void_p(stream.cuda_stream)
+        run = _lib.stof_attention_run
+
+        def launch():
+            rc = run(handle, ref, s)
+            if rc:
+                _check(rc)
+            return out
+
+        launch.keep = (io, qkv, out)  # the struct and tensors must outlive the launcher
+        return launch
 
     def __call__(self, qkv, out=None):
         """qkv: [B, S, 3*H*D] packed projection output -> [B, S, H*D]."""
-        import torch
         d = self.desc
         hd = d.heads * d.head_dim
         if out is None:
+            import torch
             out = torch.empty(qkv.shape[0], qkv.shape[1], hd, dtype=qkv.dtype,
                               device=qkv.device)
         return self.run(qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:], out)

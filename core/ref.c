@@ -53,12 +53,8 @@ static int *last_uses(const graph *g, stof_error *err) {
     return last;
 }
 
-static size_t live_bytes(const graph *g, const ref_values *rv) {
-    size_t s = 0;
-    for (int t = 0; t < g->n_tensors; t++)
-        if (rv->data[t])
-            s += (size_t)graph_tensor_numel(&g->tensors[t]) * sizeof(float);
-    return s;
+static size_t tensor_floats_bytes(const graph *g, int t) {
+    return (size_t)graph_tensor_numel(&g->tensors[t]) * sizeof(float);
 }
 
 static int run_op(const graph *g, int i, ref_values *rv, stof_error *err) {
@@ -87,18 +83,24 @@ int ref_execute(const graph *g, ref_values *rv, stof_error *err) {
     int *last = last_uses(g, err);
     if (!last)
         return STOF_ERR_NOMEM;
+    size_t live = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (rv->data[t])
+            live += tensor_floats_bytes(g, t);
     int rc = STOF_OK;
     for (int i = 0; i < g->n_ops && rc == STOF_OK; i++) {
-        rc = run_op(g, i, rv, err);
-        size_t live = live_bytes(g, rv);
+        if ((rc = run_op(g, i, rv, err)))
+            break;
+        live += tensor_floats_bytes(g, g->ops[i].output);
         if (live > rv->peak_bytes)
             rv->peak_bytes = live;
         /* free activations nobody reads any more (never the output) */
         for (int k = 0; k < g->ops[i].n_inputs; k++) {
             int t = g->ops[i].inputs[k];
-            if (last[t] == i && g->tensors[t].role == GRAPH_ACTIVATION) {
+            if (last[t] == i && g->tensors[t].role == GRAPH_ACTIVATION && rv->data[t]) {
                 free(rv->data[t]);
                 rv->data[t] = NULL;
+                live -= tensor_floats_bytes(g, t);
             }
         }
     }

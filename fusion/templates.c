@@ -1,0 +1,287 @@
+/* The template table (one row each) and the feasibility checks of their
+ * parameter spaces.
+ *
+ * The shared-memory models below count what each kernel keeps resident:
+ * the pipelined operand tiles (STAGES copies) plus whatever a template holds
+ * for a whole row block. They are the kernels' contract: a kernel must not
+ * need more than its model says. The register check is coarse on purpose:
+ * fp32 accumulators beyond FUSION_MAX_ACC_REGS a thread leave too little of
+ * the 255 registers for operand fragments and addresses, and spill. */
+#include "fusion/templates.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "ops/mha_select.h"
+#include "ops/ops.h"
+
+#define FUSION_MAX_ACC_REGS 128
+
+/* ---- checks ------------------------------------------------------------------ */
+
+static int check_smem(const char *what, int64_t bytes, int limit, stof_error *err) {
+    if (bytes > limit)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "%s needs %lld bytes of shared memory (limit %d)", what, (long long)bytes,
+                       limit);
+    return STOF_OK;
+}
+
+/* rows x cols fp32 accumulators spread over the threads of `warps` warps. */
+static int check_acc_regs(const char *what, int64_t rows, int64_t cols, int warps,
+                          stof_error *err) {
+    int64_t per_thread = rows * cols / ((int64_t)warps * 32);
+    if (per_thread > FUSION_MAX_ACC_REGS)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "%s: %lld x %lld accumulators over %d warps are %lld registers a thread "
+                       "(at most %d)", what, (long long)rows, (long long)cols, warps,
+                       (long long)per_thread, FUSION_MAX_ACC_REGS);
+    return STOF_OK;
+}
+
+static int check_divides(const char *name, int v, int64_t n, stof_error *err) {
+    if (n % v != 0)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "%s %d does not divide the row of %lld", name,
+                       v, (long long)n);
+    return STOF_OK;
+}
+
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES */
+static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes;
+    char what[96];
+    snprintf(what, sizeof what, "%dx%dx%d tiles in %d stages", v[0], v[1], v[2], v[4]);
+    int rc = check_smem(what, smem, limit, err);
+    return rc ? rc : check_acc_regs(what, v[0], v[1], v[3], err);
+}
+
+/* ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. A block owns ROWS whole output rows
+ * and keeps them in fp32 until the norm has its statistics. */
+static int gemm_ln_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    int64_t tiles = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes;
+    int64_t rows = (int64_t)v[0] * d->n * 4;
+    char what[128];
+    snprintf(what, sizeof what, "%d rows of %lld (and %dx%dx%d tiles in %d stages)", v[0],
+             (long long)d->n, v[0], v[1], v[2], v[4]);
+    int rc = check_smem(what, tiles + rows, limit, err);
+    return rc ? rc : check_acc_regs(what, v[0], v[1], v[3], err);
+}
+
+/* BLOCK_M, BLOCK_F, BLOCK_K, WARPS, STAGES. A block computes a chunk of
+ * BLOCK_F intermediate features for its rows, activates it in shared memory
+ * and multiplies it into the [BLOCK_M, n2] output it keeps in registers;
+ * W2's chunk streams through two buffers of 64 columns. */
+static int gemm_chain_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    int64_t e = d->elem_bytes;
+    int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * e + (int64_t)v[0] * v[1] * e +
+                   2 * (int64_t)v[1] * 64 * e;
+    char what[128];
+    snprintf(what, sizeof what, "%d rows in %d-feature chunks (%d stages)", v[0], v[1], v[4]);
+    int rc = check_smem(what, smem, limit, err);
+    return rc ? rc : check_acc_regs(what, v[0], d->n2, v[3], err);
+}
+
+/* ROWS, THREADS, VEC. A row reduction (norm, softmax) keeps its rows in
+ * fp32 between the statistics and the output pass. */
+static int mi_chain_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    int rc = check_divides("VEC", v[2], d->n, err);
+    if (rc || !d->row_reduce)
+        return rc;
+    char what[96];
+    snprintf(what, sizeof what, "%d rows of %lld", v[0], (long long)d->n);
+    return check_smem(what, (int64_t)v[0] * d->n * 4, limit, err);
+}
+
+/* BLOCK_M, BLOCK_N, WARPS: the selector's own model (Eq. 2), one place. */
+static int attention_block_check(const fusion_dims *d, const int *v, int limit,
+                                 stof_error *err) {
+    mha_problem p = {d->batch, d->heads, d->head_dim, d->q_len, d->k_len, d->elem_bytes, NULL};
+    mha_device_limits lim = {1, limit, limit, 64, 1024, NULL};
+    mha_candidate c;
+    mha_score_candidate(&p, &lim, v[0], v[1], v[2], &c);
+    if (c.verdict != MHA_FEASIBLE)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "%dx%d blocks with %d warps: %s (needs %lld bytes of shared "
+                       "memory, limit %d)", v[0], v[1], v[2], mha_verdict_name(c.verdict),
+                       (long long)c.req_smem, limit);
+    return STOF_OK;
+}
+
+/* THREADS, VEC */
+static int embedding_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    return check_divides("VEC", v[1], d->n, err);
+}
+
+/* ---- the table ---------------------------------------------------------------- */
+
+#define TOK(k) FUSION_TOK(OP_##k)
+#define ACT (TOK(GELU) | FUSION_TOK_GELU_TANH | TOK(RELU))
+#define NORM (TOK(LAYERNORM) | TOK(RMSNORM))
+#define ONE(t) {(t), FUSION_ONE}
+#define OPT(t) {(t), FUSION_OPT}
+#define ANY(t) {(t), FUSION_ANY}
+#define PATTERN(...) {sizeof((fusion_slot[]){__VA_ARGS__}) / sizeof(fusion_slot), {__VA_ARGS__}}
+#define PARAM(name, ...) {name, sizeof((int[]){__VA_ARGS__}) / sizeof(int), {__VA_ARGS__}}
+
+static const fusion_template template_table[FUSION_T_COUNT] = {
+    [FUSION_T_GEMM_EPILOGUE] = {FUSION_T_GEMM_EPILOGUE, "gemm_epilogue", "gemm_epilogue.cu", 0,
+        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
+        5, {PARAM("BLOCK_M", 64, 128), PARAM("BLOCK_N", 64, 128, 256), PARAM("BLOCK_K", 32, 64),
+            PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3, 4)},
+        gemm_epilogue_check},
+    [FUSION_T_CUBLASLT] = {FUSION_T_CUBLASLT, "cublaslt", "cublaslt", 0,
+        2, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(TOK(RELU) | FUSION_TOK_GELU_TANH)),
+            PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), ONE(TOK(ADD)))},
+        /* Which of cublasLtMatmulAlgoGetHeuristic's answers to run. */
+        1, {PARAM("ALGO", 0, 1, 2, 3)},
+        NULL},
+    [FUSION_T_GEMM_LN] = {FUSION_T_GEMM_LN, "gemm_ln", "gemm_ln.cu", FUSION_TF_STORES_PRE_NORM,
+        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(TOK(ADD)), ONE(NORM))},
+        5, {PARAM("ROWS", 16, 32, 64), PARAM("BLOCK_N", 64, 128), PARAM("BLOCK_K", 32, 64),
+            PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3)},
+        gemm_ln_check},
+    [FUSION_T_GEMM_CHAIN] = {FUSION_T_GEMM_CHAIN, "gemm_chain", "gemm_chain.cu", 0,
+        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), ONE(TOK(GEMM)), OPT(TOK(BIAS)),
+                    OPT(TOK(ADD)))},
+        5, {PARAM("BLOCK_M", 16, 32, 64), PARAM("BLOCK_F", 32, 64, 128), PARAM("BLOCK_K", 32, 64),
+            PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3)},
+        gemm_chain_check},
+    [FUSION_T_MI_CHAIN] = {FUSION_T_MI_CHAIN, "mi_chain", "mi_chain.cu", FUSION_TF_STORES_PRE_NORM,
+        1, {PATTERN(ANY(TOK(BIAS) | TOK(ADD) | ACT | TOK(SOFTMAX)), OPT(NORM))},
+        3, {PARAM("ROWS", 1, 2, 4, 8), PARAM("THREADS", 64, 128, 256, 512),
+            PARAM("VEC", 1, 2, 4, 8)},
+        mi_chain_check},
+    [FUSION_T_ATTENTION_ROW] = {FUSION_T_ATTENTION_ROW, "attention_row", "attention_row.cu", 0,
+        1, {PATTERN(ONE(TOK(ATTENTION)))},
+        2, {PARAM("ROWS_PER_WARP", 1, 2, 4), PARAM("WARPS_PER_BLOCK", 2, 4, 8)},
+        NULL},
+    [FUSION_T_ATTENTION_BLOCK] = {FUSION_T_ATTENTION_BLOCK, "attention_block",
+        "attention_block.cu", 0,
+        1, {PATTERN(ONE(TOK(ATTENTION)))},
+        3, {PARAM("BLOCK_M", 16, 32, 64, 128), PARAM("BLOCK_N", 16, 32, 64, 128),
+            PARAM("WARPS", 1, 2, 4, 8)},
+        attention_block_check},
+    [FUSION_T_EMBEDDING] = {FUSION_T_EMBEDDING, "embedding", "embedding.cu", 0,
+        1, {PATTERN(ONE(TOK(EMBEDDING)))},
+        2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
+        embedding_check},
+};
+
+const fusion_template *fusion_template_get(fusion_template_id id) {
+    return (int)id >= 0 && id < FUSION_T_COUNT ? &template_table[id] : NULL;
+}
+
+const fusion_template *fusion_template_find(const char *name) {
+    for (int t = 0; t < FUSION_T_COUNT; t++)
+        if (strcmp(template_table[t].name, name) == 0)
+            return &template_table[t];
+    return NULL;
+}
+
+/* ---- patterns ------------------------------------------------------------------ */
+
+unsigned fusion_op_token(const graph_op *op) {
+    if (op->kind == OP_GELU && op->attr.gelu.tanh)
+        return FUSION_TOK_GELU_TANH;
+    return FUSION_TOK(op->kind);
+}
+
+/* Backtracking over the slots; patterns are a handful of slots long. */
+static int pattern_match(const fusion_pattern *p, int slot, const unsigned *tok, int i, int n) {
+    if (slot == p->n_slots)
+        return i == n;
+    const fusion_slot *s = &p->slots[slot];
+    int fits = i < n && (tok[i] & s->tokens);
+    switch (s->repeat) {
+    case FUSION_ONE:
+        return fits && pattern_match(p, slot + 1, tok, i + 1, n);
+    case FUSION_OPT:
+        return (fits && pattern_match(p, slot + 1, tok, i + 1, n)) ||
+               pattern_match(p, slot + 1, tok, i, n);
+    case FUSION_ANY:
+        return (fits && pattern_match(p, slot, tok, i + 1, n)) ||
+               pattern_match(p, slot + 1, tok, i, n);
+    }
+    return 0;
+}
+
+int fusion_template_accepts(const fusion_template *t, const unsigned *tokens, int n) {
+    for (int a = 0; a < t->n_alts; a++)
+        if (pattern_match(&t->alts[a], 0, tokens, 0, n))
+            return 1;
+    return 0;
+}
+
+/* Appends s at *len when it fits; *len counts the full length regardless. */
+static void str_append(char *buf, size_t cap, size_t *len, const char *s) {
+    size_t n = strlen(s);
+    if (*len < cap)
+        snprintf(buf + *len, cap - *len, "%s", s);
+    *len += n;
+}
+
+static void slot_str(const fusion_slot *s, char *buf, size_t cap, size_t *len) {
+    str_append(buf, cap, len, s->repeat == FUSION_OPT ? "[" : s->repeat == FUSION_ANY ? "(" : "");
+    int first = 1;
+    for (int k = 0; k <= OP_KIND_COUNT; k++) {
+        if (!(s->tokens & (1u << k)))
+            continue;
+        str_append(buf, cap, len, first ? "" : "|");
+        str_append(buf, cap, len, k == OP_KIND_COUNT ? "gelu_tanh" : op_describe(k)->name);
+        first = 0;
+    }
+    str_append(buf, cap, len, s->repeat == FUSION_OPT ? "]" : s->repeat == FUSION_ANY ? ")*" : "");
+}
+
+size_t fusion_template_pattern_str(const fusion_template *t, char *buf, size_t cap) {
+    size_t len = 0;
+    if (cap > 0)
+        buf[0] = '\0';
+    for (int a = 0; a < t->n_alts; a++) {
+        str_append(buf, cap, &len, a ? "; " : "");
+        for (int k = 0; k < t->alts[a].n_slots; k++) {
+            str_append(buf, cap, &len, k ? " " : "");
+            slot_str(&t->alts[a].slots[k], buf, cap, &len);
+        }
+    }
+    return len;
+}
+
+/* ---- settings -------------------------------------------------------------------- */
+
+long fusion_template_settings(const fusion_template *t) {
+    long count = 1;
+    for (int p = 0; p < t->n_params; p++)
+        count *= t->params[p].n_values;
+    return count;
+}
+
+void fusion_template_setting(const fusion_template *t, long index, int *values) {
+    for (int p = t->n_params - 1; p >= 0; p--) {
+        const fusion_param *q = &t->params[p];
+        values[p] = q->values[index % q->n_values];
+        index /= q->n_values;
+    }
+}
+
+static int param_has(const fusion_param *q, int v) {
+    for (int i = 0; i < q->n_values; i++)
+        if (q->values[i] == v)
+            return 1;
+    return 0;
+}
+
+int fusion_template_check(const fusion_template *t, const fusion_dims *d, const int *values,
+                          int smem_limit, stof_error *err) {
+    for (int p = 0; p < t->n_params; p++)
+        if (!param_has(&t->params[p], values[p]))
+            return err_set(err, STOF_ERR_INVALID, "%s: %s = %d is not in its space", t->name,
+                           t->params[p].name, values[p]);
+    if (!t->check)
+        return STOF_OK;
+    int rc = t->check(d, values, smem_limit, err);
+    if (rc)
+        err_prefix(err, "%s: ", t->name);
+    return rc;
+}

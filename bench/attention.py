@@ -28,6 +28,7 @@ import stof  # noqa: E402
 MASKS = ["sliding_window", "dilated", "longformer", "bigbird"]
 SHAPES = [(1, 128), (1, 512), (8, 512), (8, 1024), (16, 2048), (1, 4096), (16, 4096)]
 HEADS, HEAD_DIM = 12, 64
+MEASURE = 6  # plan-time timing of the selector's best candidates (0: analytical only)
 
 
 def median_ms(fn, warmup=5, reps=30):
@@ -66,7 +67,7 @@ def flex_fn():
     return _flex
 
 
-def run_case(ctx, mask_name, batch, seq, check_only=False):
+def run_case(ctx, mask_name, batch, seq, check_only=False, measure=MEASURE):
     H, D = HEADS, HEAD_DIM
     mask = stof.Mask.pattern(mask_name, q_len=seq)
     dense = torch.from_numpy(mask.to_dense(0)).bool().cuda()
@@ -75,7 +76,9 @@ def run_case(ctx, mask_name, batch, seq, check_only=False):
     q, k, v = (qkv[..., i * H * D:(i + 1) * H * D].view(batch, seq, H, D).transpose(1, 2)
                for i in range(3))
     scale = 1.0 / math.sqrt(D)
-    attn = ctx.attention(batch=batch, heads=H, head_dim=D, q_len=seq, mask=mask)
+    attn = ctx.attention(batch=batch, heads=H, head_dim=D, q_len=seq, mask=mask,
+                         measure=measure)
+    analytical = ctx.attention(batch=batch, heads=H, head_dim=D, q_len=seq, mask=mask)
     out = torch.empty(batch, seq, H * D, dtype=torch.float16, device="cuda")
 
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale)
@@ -96,6 +99,8 @@ def run_case(ctx, mask_name, batch, seq, check_only=False):
     if check_only:
         return row
     row["stof"] = median_ms(attn.bind(qkv, out))
+    row["stof-eq2"] = median_ms(analytical.bind(qkv, out))
+    row["kernel-eq2"] = analytical.describe()
     row["flash-dense"] = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale))
     row["sdpa-mask"] = median_ms(
         lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale))
@@ -124,13 +129,15 @@ def short_kernel(describe):
 def markdown(rows, device, commit):
     lines = [f"Device: {device}; date {datetime.date.today()}; commit {commit}; "
              f"{HEADS} heads x {HEAD_DIM}, fp16, median of 30 runs (ms).", "",
-             "| mask | B | S | density | stof kernel | stof | flex | sdpa-mask | torch-native "
-             "| flash-dense | vs flex | vs dense | useful TFLOP/s | rel err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "stof: plan measured among the selector's best candidates; stof-eq2: the "
+             "analytical choice alone (paper Eq. 1, 2).", "",
+             "| mask | B | S | density | stof kernel | stof | stof-eq2 | flex | sdpa-mask "
+             "| torch-native | flash-dense | vs flex | vs dense | useful TFLOP/s | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['mask']} | {r['batch']} | {r['seq']} | {r['density']:.3f} | {short_kernel(r['kernel'])} "
-            f"| {r['stof']:.3f} | {r['flex']:.3f} | {r['sdpa-mask']:.3f} | "
+            f"| {r['stof']:.3f} | {r['stof-eq2']:.3f} | {r['flex']:.3f} | {r['sdpa-mask']:.3f} | "
             f"{r['torch-native']:.3f} | {r['flash-dense']:.3f} | {r['flex'] / r['stof']:.2f}x "
             f"| {r['flash-dense'] / r['stof']:.2f}x | {r['tflops']:.1f} | {r['rel_err']:.1e} |")
     speedups = [r["flex"] / r["stof"] for r in rows]
@@ -146,6 +153,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--check-only", action="store_true", help="correctness, no timing")
     ap.add_argument("--out", default="bench/out/attention.md")
+    ap.add_argument("--measure", type=int, default=MEASURE,
+                    help="candidates stof times when planning (0: analytical choice)")
     args = ap.parse_args()
     ctx = stof.Context()
     dev = ctx.device()
@@ -161,7 +170,7 @@ def main():
     rows = []
     for mask_name in MASKS:
         for batch, seq in shapes:
-            r = run_case(ctx, mask_name, batch, seq, args.check_only)
+            r = run_case(ctx, mask_name, batch, seq, args.check_only, args.measure)
             status = "ok" if r["finite"] and r["rel_err"] < 1e-2 else "WRONG"
             timing = "" if args.check_only else (
                 f" stof {r['stof']:.3f} ms flex {r['flex']:.3f} dense {r['flash-dense']:.3f}")

@@ -3,7 +3,10 @@
  * A plan is built in this order, each step undone by mha_exec_plan_free:
  * validate -> fold causal into the mask -> choose the kernel and its sizes
  * (mha_select, or forced) -> build the mask format for those sizes -> upload
- * it -> compile (NVRTC, cached) and load the kernel (cached per context). */
+ * it -> compile (NVRTC, cached) and load the kernel (cached per context).
+ * A measured plan (force->measure) runs the last three steps for each
+ * candidate configuration (plan_finish, the one path for both), times them
+ * on scratch inputs and keeps the fastest. */
 #include "core/mha_exec.h"
 
 #include <math.h>
@@ -13,6 +16,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/util.h"
 #include "ops/ops.h"
 
 #define MHA_EXEC_STATIC_SMEM (48 * 1024) /* more needs the opt-in attribute */
@@ -20,6 +24,8 @@
 #define MHA_EXEC_MAX_GRID_YZ 65535
 #define MHA_EXEC_SMEM_PAD 8              /* elements of padding per shared row */
 #define MHA_EXEC_FRAG_REGS 160           /* see mha_exec_block_regs_ok */
+#define MHA_EXEC_SMEM_RESERVED 1024      /* shared memory the SM reserves per block (sm_80+) */
+#define MHA_EXEC_MAX_CTAS_PER_SM 32      /* resident blocks per SM (sm_80, sm_90) */
 
 /* ---- problems ----------------------------------------------------------------- */
 
@@ -182,9 +188,40 @@ int mha_exec_fold_mask(const mha_exec_problem *p, mask **out, stof_error *err) {
 
 /* ---- kernel configurations ----------------------------------------------------------- */
 
-size_t mha_exec_block_smem(int block_m, int block_n, int head_dim, int dtype_bytes) {
-    return ((size_t)block_m + 4 * (size_t)block_n) * ((size_t)head_dim + MHA_EXEC_SMEM_PAD) *
-           (size_t)dtype_bytes;
+size_t mha_exec_block_smem(int block_m, int block_n, int stages, int head_dim, int dtype_bytes) {
+    return ((size_t)block_m + 2 * (size_t)stages * (size_t)block_n) *
+           ((size_t)head_dim + MHA_EXEC_SMEM_PAD) * (size_t)dtype_bytes;
+}
+
+int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stages, int head_dim,
+                               int dtype_bytes, const mha_device_limits *lim) {
+    size_t smem = mha_exec_block_smem(block_m, block_n, stages, head_dim, dtype_bytes);
+    if (num_warps < 1 || smem > (size_t)lim->smem_per_block)
+        return 0;
+    size_t by_smem = (size_t)lim->smem_per_sm / (smem + MHA_EXEC_SMEM_RESERVED);
+    int by_warps = lim->max_warps_per_sm / num_warps;
+    int n = by_smem < (size_t)by_warps ? (int)by_smem : by_warps;
+    return n < MHA_EXEC_MAX_CTAS_PER_SM ? n : MHA_EXEC_MAX_CTAS_PER_SM;
+}
+
+/* Registers are left out: they are known only after compiling, and at the
+ * settings the selector runs (mha_exec_block_regs_ok) shared memory is
+ * what limits residency once the ring is deeper than 2. */
+int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, int dtype_bytes,
+                         const mha_device_limits *lim) {
+    int best = MHA_EXEC_MIN_STAGES, best_flight = -1;
+    for (int s = MHA_EXEC_MIN_STAGES; s <= MHA_EXEC_MAX_STAGES; s++) {
+        int ctas = mha_exec_block_ctas_per_sm(block_m, block_n, num_warps, s, head_dim,
+                                              dtype_bytes, lim);
+        if (ctas < 1 || (s > MHA_EXEC_MIN_STAGES && ctas < 2))
+            continue;
+        int flight = ctas * (s - 1);
+        if (flight > best_flight) {
+            best = s;
+            best_flight = flight;
+        }
+    }
+    return best;
 }
 
 /* Per thread, the block-wise kernel holds O (rows/16 x head_dim/2 fp32
@@ -218,13 +255,17 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: the block-wise kernel needs head_dim a multiple of 16, got %d",
                        c->head_dim);
-    size_t smem = mha_exec_block_smem(c->block_m, c->block_n, c->head_dim,
+    if (c->stages < MHA_EXEC_MIN_STAGES || c->stages > MHA_EXEC_MAX_STAGES)
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: the block-wise kernel pipelines %d to %d K/V stages, got %d",
+                       MHA_EXEC_MIN_STAGES, MHA_EXEC_MAX_STAGES, c->stages);
+    size_t smem = mha_exec_block_smem(c->block_m, c->block_n, c->stages, c->head_dim,
                                       (int)stof_dtype_size(c->dtype));
     if (smem_limit > 0 && smem > (size_t)smem_limit)
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "attention: BLOCK_M %d, BLOCK_N %d, head_dim %d need %zu B of shared "
-                       "memory, the device allows %d B per block",
-                       c->block_m, c->block_n, c->head_dim, smem, smem_limit);
+                       "attention: BLOCK_M %d, BLOCK_N %d, %d stages, head_dim %d need %zu B of "
+                       "shared memory, the device allows %d B per block",
+                       c->block_m, c->block_n, c->stages, c->head_dim, smem, smem_limit);
     return STOF_OK;
 }
 
@@ -261,6 +302,7 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
         snprintf(r->opts[n++], sizeof r->opts[0], "-DBLOCK_M=%d", c->block_m);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DBLOCK_N=%d", c->block_n);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DNUM_WARPS=%d", c->num_warps);
+        snprintf(r->opts[n++], sizeof r->opts[0], "-DSTAGES=%d", c->stages);
     } else {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DROWS_PER_WARP=%d", c->rows_per_warp);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DWARPS_PER_BLOCK=%d", c->warps_per_block);
@@ -373,17 +415,24 @@ static void device_limits(const mha_exec_ctx *c, mha_exec_plan *plan, mha_device
     lim->arch = plan->arch;
 }
 
-/* The selector's most preferred feasible setting that this kernel also runs
- * well: real shared memory within the device's limit, no register spills.
- * -1 when there is none. */
-static int best_runnable(const mha_selection *s, const mha_exec_problem *p, int smem_limit) {
+/* A feasible setting of Eq. 2 that this kernel also runs well: real shared
+ * memory (at the shallowest ring) within the device's limit, no register
+ * spills. */
+static int runnable(const mha_candidate *c, const mha_exec_problem *p, int smem_limit) {
+    return c->verdict == MHA_FEASIBLE &&
+           mha_exec_block_regs_ok(c->block_m, c->block_n, c->num_warps, p->head_dim) &&
+           mha_exec_block_smem(c->block_m, c->block_n, MHA_EXEC_MIN_STAGES, p->head_dim,
+                               (int)stof_dtype_size(p->dtype)) <= (size_t)smem_limit;
+}
+
+/* The selector's most preferred runnable setting not yet taken (taken may
+ * be NULL); -1 when there is none. */
+static int best_runnable(const mha_selection *s, const mha_exec_problem *p, int smem_limit,
+                         const unsigned char *taken) {
     int best = -1;
     for (int i = 0; i < s->n_candidates; i++) {
         const mha_candidate *c = &s->table[i];
-        if (c->verdict != MHA_FEASIBLE ||
-            !mha_exec_block_regs_ok(c->block_m, c->block_n, c->num_warps, p->head_dim) ||
-            mha_exec_block_smem(c->block_m, c->block_n, p->head_dim,
-                                (int)stof_dtype_size(p->dtype)) > (size_t)smem_limit)
+        if ((taken && taken[i]) || !runnable(c, p, smem_limit))
             continue;
         if (best < 0 || mha_candidate_compare(c, &s->table[best]) > 0)
             best = i;
@@ -405,8 +454,20 @@ static int run_selector(const mha_exec_problem *p, const mask *folded,
                       .dtype_bytes = (int)stof_dtype_size(p->dtype), .blocks16 = blocks16};
     rc = mha_select(&mp, lim, sel, err);
     mask_format_bsr_free(blocks16);
-    *best = rc ? -1 : best_runnable(sel, p, lim->smem_per_block);
+    *best = rc ? -1 : best_runnable(sel, p, lim->smem_per_block, NULL);
     return rc;
+}
+
+/* The block-wise pipeline depth: forced, or mha_exec_auto_stages. */
+static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
+                       const mha_device_limits *lim) {
+    if (cfg->kernel != MHA_KERNEL_BLOCK_WISE)
+        cfg->stages = 0;
+    else if (force && force->stages)
+        cfg->stages = force->stages;
+    else
+        cfg->stages = mha_exec_auto_stages(cfg->block_m, cfg->block_n, cfg->num_warps,
+                                           cfg->head_dim, (int)stof_dtype_size(cfg->dtype), lim);
 }
 
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
@@ -425,8 +486,10 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
         cfg->block_n = force->block_n;
         cfg->num_warps = force->num_warps;
         snprintf(reason, reason_size, "forced");
-        if (cfg->kernel != MHA_KERNEL_BLOCK_WISE || cfg->block_m)
+        if (cfg->kernel != MHA_KERNEL_BLOCK_WISE || cfg->block_m) {
+            set_stages(cfg, force, lim);
             return STOF_OK;
+        }
     }
     mha_selection *sel = err_malloc(sizeof *sel, err);
     if (!sel)
@@ -463,6 +526,83 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: no block-wise setting fits the device for head_dim %d",
                        p->head_dim);
+    set_stages(cfg, force, lim);
+    return STOF_OK;
+}
+
+static int same_config(const mha_exec_config *a, const mha_exec_config *b) {
+    if (a->kernel != b->kernel)
+        return 0;
+    if (a->kernel == MHA_KERNEL_BLOCK_WISE)
+        return a->block_m == b->block_m && a->block_n == b->block_n &&
+               a->num_warps == b->num_warps && a->stages == b->stages;
+    return a->rows_per_warp == b->rows_per_warp && a->warps_per_block == b->warps_per_block;
+}
+
+/* Appends c unless it is already there or the list is full. */
+static void add_candidate(mha_exec_config *out, int cap, int *n, const mha_exec_config *c) {
+    for (int i = 0; i < *n; i++)
+        if (same_config(&out[i], c))
+            return;
+    if (*n < cap)
+        out[(*n)++] = *c;
+}
+
+/* The block-wise setting (bm, bn, w) on top of base (head_dim, dtype,
+ * relpos), at the forced or automatic depth. */
+static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn, int w,
+                                    const mha_exec_force *force, const mha_device_limits *lim) {
+    mha_exec_config c = *base;
+    c.kernel = MHA_KERNEL_BLOCK_WISE;
+    c.block_m = bm;
+    c.block_n = bn;
+    c.num_warps = w;
+    set_stages(&c, force, lim);
+    return c;
+}
+
+int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
+                        const mha_device_limits *lim, const mha_exec_force *force,
+                        mha_exec_config *out, int cap, int *n, char *reason, size_t reason_size,
+                        stof_error *err) {
+    *n = 0;
+    mha_exec_config first;
+    int rc = mha_exec_choose(p, folded, lim, force, &first, reason, reason_size, err);
+    if (rc)
+        return rc;
+    add_candidate(out, cap, n, &first);
+    if (force && force->kernel >= 0 &&
+        (force->kernel != MHA_KERNEL_BLOCK_WISE || force->block_m))
+        return STOF_OK; /* nothing left to choose */
+    mha_selection *sel = err_malloc(sizeof *sel, err);
+    unsigned char taken[MHA_SELECT_MAX_CANDIDATES] = {0};
+    int best = -1;
+    if (!sel)
+        return STOF_ERR_NOMEM;
+    if ((rc = run_selector(p, folded, lim, sel, &best, err))) {
+        free(sel);
+        return rc;
+    }
+    int wanted = force ? force->measure : 0;
+    for (int k = 0; k < wanted; k++) {
+        int i = best_runnable(sel, p, lim->smem_per_block, taken);
+        if (i < 0)
+            break;
+        taken[i] = 1;
+        mha_exec_config c = block_config(&first, sel->table[i].block_m, sel->table[i].block_n,
+                                         sel->table[i].num_warps, force, lim);
+        add_candidate(out, cap, n, &c);
+    }
+    free(sel);
+    static const int fixed[MHA_EXEC_MEASURE_N_FIXED][3] = MHA_EXEC_MEASURE_FIXED;
+    for (int k = 0; k < MHA_EXEC_MEASURE_N_FIXED; k++) {
+        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2], force,
+                                         lim);
+        stof_error ignored = {0};
+        if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK &&
+            mha_exec_block_regs_ok(c.block_m, c.block_n, c.num_warps, c.head_dim))
+            add_candidate(out, cap, n, &c);
+    }
     return STOF_OK;
 }
 
@@ -545,7 +685,7 @@ static void set_launch_shape(mha_exec_plan *plan) {
     const mha_exec_problem *p = &plan->problem;
     const mha_exec_config *cfg = &plan->config;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE) {
-        plan->smem = mha_exec_block_smem(cfg->block_m, cfg->block_n, cfg->head_dim,
+        plan->smem = mha_exec_block_smem(cfg->block_m, cfg->block_n, cfg->stages, cfg->head_dim,
                                          (int)stof_dtype_size(cfg->dtype));
         plan->grid[0] = (unsigned)((p->q_len + cfg->block_m - 1) / cfg->block_m);
         plan->block[0] = (unsigned)cfg->num_warps * 32u;
@@ -560,23 +700,15 @@ static void set_launch_shape(mha_exec_plan *plan) {
     plan->block[1] = plan->block[2] = 1;
 }
 
-static int plan_build(mha_exec_ctx *c, mha_exec_plan *plan, const mha_exec_force *force,
-                      stof_error *err) {
-    mask *folded = NULL;
-    int rc = mha_exec_fold_mask(&plan->problem, &folded, err);
-    if (rc)
-        return rc;
-    snprintf(plan->mask_desc, sizeof plan->mask_desc, "%s", folded->desc ? folded->desc : "?");
-    plan->allowed_pairs = count_allowed(folded, plan->problem.batch);
-    mha_device_limits lim;
-    device_limits(c, plan, &lim);
-    if (!(rc = mha_exec_choose(&plan->problem, folded, &lim, force, &plan->config, plan->reason,
-                               sizeof plan->reason, err)) &&
-        !(rc = mha_exec_config_check(&plan->config, c->info.smem_per_block_optin, err))) {
+/* Everything a plan needs once its configuration is set: the format on the
+ * device, the relpos buckets, the launch shape, the loaded kernel. The one
+ * path from a configuration to a runnable plan, analytical or measured. */
+static int plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
+                       stof_error *err) {
+    int rc = mha_exec_config_check(&plan->config, c->info.smem_per_block_optin, err);
+    if (!rc)
         rc = plan->config.kernel == MHA_KERNEL_BLOCK_WISE ? upload_bsr(c, plan, folded, err)
                                                           : upload_csr(c, plan, folded, err);
-    }
-    mask_free(folded);
     if (!rc && plan->problem.relpos)
         rc = upload_buckets(c, plan, err);
     if (rc)
@@ -590,6 +722,241 @@ static int plan_build(mha_exec_ctx *c, mha_exec_plan *plan, const mha_exec_force
                         plan->smem, &plan->func, err);
 }
 
+/* A new plan: a copy of base (problem, mask statistics, arch), no
+ * configuration, no device arrays. */
+static mha_exec_plan *plan_clone(const mha_exec_plan *base, stof_error *err) {
+    mha_exec_plan *plan = err_malloc(sizeof *plan, err);
+    if (plan)
+        *plan = *base;
+    return plan;
+}
+
+/* The analytical plan: mha_exec_choose's configuration. */
+static int plan_analytic(mha_exec_ctx *c, const mha_exec_plan *base, const mask *folded,
+                         const mha_device_limits *lim, const mha_exec_force *force,
+                         mha_exec_plan **out, stof_error *err) {
+    mha_exec_plan *plan = plan_clone(base, err);
+    if (!plan)
+        return STOF_ERR_NOMEM;
+    int rc = mha_exec_choose(&plan->problem, folded, lim, force, &plan->config, plan->reason,
+                             sizeof plan->reason, err);
+    if (!rc)
+        rc = plan_finish(c, plan, folded, err);
+    if (rc) {
+        mha_exec_plan_free(c, plan);
+        return rc;
+    }
+    *out = plan;
+    return STOF_OK;
+}
+
+/* ---- measuring candidates ------------------------------------------------------------ */
+
+/* Scratch inputs of the problem's shape, batch possibly reduced: packed q,
+ * k, v rows of [B, max(Sq, Sk), 3 H D], o [B, Sq, H D]. */
+typedef struct mha_scratch {
+    CUdeviceptr qkv, o;
+    int batch;
+    mha_exec_tensors t;
+} mha_scratch;
+
+#define MHA_SCRATCH_FILL_ELEMS ((size_t)1 << 19) /* a 1 MiB random block, tiled */
+
+static void scratch_free(mha_exec_ctx *c, mha_scratch *s) {
+    if (s->qkv)
+        c->drv->MemFree(s->qkv);
+    if (s->o)
+        c->drv->MemFree(s->o);
+    s->qkv = s->o = 0;
+}
+
+/* Tiles a host block of uniform [-1, 1) values in the dtype over the
+ * buffer: not constant (no degenerate softmax), no NaN, cheap to make. */
+static int scratch_fill(mha_exec_ctx *c, CUdeviceptr d, size_t bytes, stof_dtype dtype,
+                        stof_error *err) {
+    uint16_t *h = err_malloc(MHA_SCRATCH_FILL_ELEMS * sizeof *h, err);
+    if (!h)
+        return STOF_ERR_NOMEM;
+    util_rng rng = {0x5eed};
+    for (size_t i = 0; i < MHA_SCRATCH_FILL_ELEMS; i++) {
+        float x = (float)(2.0 * util_rng_double(&rng) - 1.0);
+        h[i] = dtype == STOF_BF16 ? util_f32_to_bf16(x) : util_f32_to_f16(x);
+    }
+    int rc = STOF_OK;
+    const size_t chunk = MHA_SCRATCH_FILL_ELEMS * sizeof *h;
+    for (size_t off = 0; off < bytes && !rc; off += chunk)
+        rc = cuda_check(c->drv,
+                        c->drv->MemcpyHtoD(d + off, h, bytes - off < chunk ? bytes - off : chunk),
+                        "cuMemcpyHtoD(scratch)", err);
+    free(h);
+    return rc;
+}
+
+static int scratch_alloc(mha_exec_ctx *c, const mha_exec_problem *p, mha_scratch *s,
+                         stof_error *err) {
+    memset(s, 0, sizeof *s);
+    const size_t elem = stof_dtype_size(p->dtype);
+    const int64_t hd = (int64_t)p->heads * p->head_dim;
+    const int rows = p->q_len > p->k_len ? p->q_len : p->k_len;
+    const size_t qkv_batch = (size_t)(3 * hd * rows) * elem, o_batch = (size_t)(hd * p->q_len) * elem;
+    size_t fit = MHA_EXEC_MEASURE_BYTES / (qkv_batch + o_batch);
+    int batch = fit < 1 ? 1 : fit < (size_t)p->batch ? (int)fit : p->batch;
+    int rc;
+    for (;;) {
+        rc = cuda_check(c->drv, c->drv->MemAlloc(&s->qkv, qkv_batch * (size_t)batch),
+                        "cuMemAlloc(scratch qkv)", err);
+        if (!rc)
+            rc = cuda_check(c->drv, c->drv->MemAlloc(&s->o, o_batch * (size_t)batch),
+                            "cuMemAlloc(scratch o)", err);
+        if (!rc || batch == 1)
+            break;
+        scratch_free(c, s); /* out of memory: try half the batch */
+        batch /= 2;
+    }
+    if (!rc)
+        rc = scratch_fill(c, s->qkv, qkv_batch * (size_t)batch, p->dtype, err);
+    if (rc) {
+        scratch_free(c, s);
+        return rc;
+    }
+    s->batch = batch;
+    mha_exec_tensors *t = &s->t;
+    memset(t, 0, sizeof *t);
+    t->q = s->qkv;
+    t->k = s->qkv + (CUdeviceptr)(hd * (int64_t)elem);
+    t->v = s->qkv + (CUdeviceptr)(2 * hd * (int64_t)elem);
+    t->o = s->o;
+    t->q_row_stride = t->k_row_stride = t->v_row_stride = 3 * hd;
+    t->q_batch_stride = t->k_batch_stride = t->v_batch_stride = 3 * hd * rows;
+    t->o_row_stride = hd;
+    t->o_batch_stride = hd * p->q_len;
+    /* the relpos table ([buckets][heads]) reads the start of q: in range */
+    t->relpos_table = s->qkv;
+    return STOF_OK;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median time of plan on the scratch inputs, ms: the launches of the
+ * first s->batch batches (a shallow copy of the plan with a smaller grid;
+ * the format's batches beyond are simply not read). */
+static int time_plan(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_scratch *s,
+                     float *median, stof_error *err) {
+    mha_exec_plan tp = *plan;
+    tp.problem.batch = s->batch;
+    tp.grid[2] = (unsigned)s->batch;
+    CUevent ev[2] = {0, 0};
+    float ms[MHA_EXEC_MEASURE_RUNS];
+    int rc = cuda_check(c->drv, c->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate",
+                        err);
+    if (!rc)
+        rc = cuda_check(c->drv, c->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate",
+                        err);
+    for (int i = 0; i < MHA_EXEC_MEASURE_WARMUP && !rc; i++)
+        rc = mha_exec_run(c, &tp, &s->t, 0, err);
+    for (int i = 0; i < MHA_EXEC_MEASURE_RUNS && !rc; i++) {
+        if (!(rc = cuda_check(c->drv, c->drv->EventRecord(ev[0], 0), "cuEventRecord", err)) &&
+            !(rc = mha_exec_run(c, &tp, &s->t, 0, err)) &&
+            !(rc = cuda_check(c->drv, c->drv->EventRecord(ev[1], 0), "cuEventRecord", err)) &&
+            !(rc = cuda_check(c->drv, c->drv->EventSynchronize(ev[1]),
+                              "cuEventSynchronize(attention candidate)", err)))
+            rc = cuda_check(c->drv, c->drv->EventElapsedTime(&ms[i], ev[0], ev[1]),
+                            "cuEventElapsedTime", err);
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            c->drv->EventDestroy(ev[i]);
+    if (rc)
+        return rc;
+    qsort(ms, MHA_EXEC_MEASURE_RUNS, sizeof ms[0], cmp_float);
+    *median = ms[MHA_EXEC_MEASURE_RUNS / 2];
+    return STOF_OK;
+}
+
+/* One line naming a configuration, for reasons. */
+static void config_name(const mha_exec_config *cfg, char *buf, size_t n) {
+    if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
+        snprintf(buf, n, "block %dx%d w%d s%d", cfg->block_m, cfg->block_n, cfg->num_warps,
+                 cfg->stages);
+    else
+        snprintf(buf, n, "row-wise %dx%d", cfg->rows_per_warp, cfg->warps_per_block);
+}
+
+/* Builds and times every candidate, keeps the fastest (see mha_exec.h). */
+static int plan_measured(mha_exec_ctx *c, const mha_exec_plan *base, const mask *folded,
+                         const mha_device_limits *lim, const mha_exec_force *force,
+                         mha_exec_plan **out, stof_error *err) {
+    mha_exec_config *cands = err_malloc(MHA_EXEC_MAX_MEASURED * sizeof *cands, err);
+    if (!cands)
+        return STOF_ERR_NOMEM;
+    int n = 0;
+    char why[256];
+    mha_scratch s;
+    int rc = mha_exec_candidates(&base->problem, folded, lim, force, cands, MHA_EXEC_MAX_MEASURED,
+                                 &n, why, sizeof why, err);
+    if (!rc)
+        rc = scratch_alloc(c, &base->problem, &s, err);
+    if (rc) {
+        free(cands);
+        return rc;
+    }
+    mha_exec_plan *best = NULL;
+    int timed = 0, dead = 0;
+    float best_ms = 0;
+    stof_error cerr = {0}; /* the last failing candidate's */
+    for (int i = 0; i < n && !dead; i++) {
+        mha_exec_plan *cand = plan_clone(base, &cerr);
+        if (!cand) {
+            rc = STOF_ERR_NOMEM;
+            break;
+        }
+        cand->config = cands[i];
+        float ms = 0;
+        int crc = plan_finish(c, cand, folded, &cerr);
+        if (!crc)
+            crc = time_plan(c, cand, &s, &ms, &cerr);
+        if (crc) {
+            /* skip it, unless the context is gone (a sticky launch error) */
+            mha_exec_plan_free(c, cand);
+            rc = crc;
+            dead = crc == STOF_ERR_CUDA && c->drv->CtxSynchronize(NULL) != CUDA_SUCCESS;
+            continue;
+        }
+        timed++;
+        if (!best || ms < best_ms) {
+            mha_exec_plan_free(c, best);
+            best = cand;
+            best_ms = ms;
+        } else {
+            mha_exec_plan_free(c, cand);
+        }
+    }
+    scratch_free(c, &s);
+    if (!best || dead) {
+        free(cands);
+        mha_exec_plan_free(c, best);
+        if (!rc)
+            return err_set(err, STOF_ERR_UNSUPPORTED, "attention: no candidate to measure");
+        *err = cerr;
+        return rc;
+    }
+    best->n_measured = timed;
+    best->measured_ms = best_ms;
+    best->measured_batch = s.batch;
+    char first[48];
+    config_name(&cands[0], first, sizeof first);
+    int len = snprintf(best->reason, sizeof best->reason,
+                       "measured: fastest of %d, %.3f ms at batch %d (analytical: %s, %s)", timed,
+                       best_ms, s.batch, first, why);
+    (void)len; /* a long reason is cut short, as in mha_exec_choose */
+    free(cands);
+    *out = best;
+    return STOF_OK;
+}
+
 int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_exec_force *force,
                          mha_exec_plan **out, stof_error *err) {
     *out = NULL;
@@ -598,17 +965,26 @@ int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_e
         return rc;
     if ((rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err)))
         return rc;
-    mha_exec_plan *plan = err_calloc(1, sizeof *plan, err);
-    if (!plan)
-        return STOF_ERR_NOMEM;
-    plan->problem = *p;
-    if ((rc = plan_build(c, plan, force, err))) {
-        mha_exec_plan_free(c, plan);
+    mask *folded = NULL;
+    if ((rc = mha_exec_fold_mask(p, &folded, err)))
         return rc;
-    }
-    plan->problem.mask = NULL; /* not owned: do not keep a pointer that may dangle */
-    *out = plan;
-    return STOF_OK;
+    /* what every candidate plan shares: the problem and the mask's statistics */
+    mha_exec_plan base;
+    memset(&base, 0, sizeof base);
+    base.problem = *p;
+    base.problem.mask = NULL; /* not owned: do not keep a pointer that may dangle */
+    snprintf(base.mask_desc, sizeof base.mask_desc, "%s", folded->desc ? folded->desc : "?");
+    base.allowed_pairs = count_allowed(folded, p->batch);
+    mha_device_limits lim;
+    device_limits(c, &base, &lim);
+    if (force && force->measure > 0)
+        rc = plan_measured(c, &base, folded, &lim, force, out, err);
+    else
+        rc = plan_analytic(c, &base, folded, &lim, force, out, err);
+    mask_free(folded);
+    if (!rc)
+        (*out)->problem.mask = NULL;
+    return rc;
 }
 
 void mha_exec_plan_free(mha_exec_ctx *c, mha_exec_plan *plan) {
@@ -628,12 +1004,13 @@ size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n) {
     int k;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
         k = snprintf(buf, n,
-                     "block-wise BLOCK_M=%d BLOCK_N=%d warps=%d smem=%zuB grid=%ux%ux%u "
-                     "%s D=%d%s; %d loaded blocks (%d partial, %d bitmaps), fmt_batch %d; %s",
-                     cfg->block_m, cfg->block_n, cfg->num_warps, plan->smem, plan->grid[0],
-                     plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype), cfg->head_dim,
-                     cfg->relpos ? " relpos" : "", plan->n_loaded_blocks, plan->n_partial_blocks,
-                     plan->n_bitmaps, plan->fmt_batch, plan->reason);
+                     "block-wise BLOCK_M=%d BLOCK_N=%d warps=%d stages=%d smem=%zuB "
+                     "grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d bitmaps), "
+                     "fmt_batch %d; %s",
+                     cfg->block_m, cfg->block_n, cfg->num_warps, cfg->stages, plan->smem,
+                     plan->grid[0], plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype),
+                     cfg->head_dim, cfg->relpos ? " relpos" : "", plan->n_loaded_blocks,
+                     plan->n_partial_blocks, plan->n_bitmaps, plan->fmt_batch, plan->reason);
     else
         k = snprintf(buf, n,
                      "row-wise rows/warp=%d warps=%d grid=%ux%ux%u %s D=%d%s; %lld allowed "

@@ -62,12 +62,30 @@ typedef struct mha_exec_config {
     stof_dtype dtype;
     int relpos;
     int block_m, block_n, num_warps;     /* block-wise */
+    int stages;                          /* block-wise: K/V pipeline depth, 2..4 */
     int rows_per_warp, warps_per_block;  /* row-wise */
 } mha_exec_config;
 
-/* Dynamic shared memory of the block-wise kernel: Q [block_m] and double
- * buffered K, V [2][block_n] rows of head_dim + 8 elements. */
-size_t mha_exec_block_smem(int block_m, int block_n, int head_dim, int dtype_bytes);
+#define MHA_EXEC_MIN_STAGES 2
+#define MHA_EXEC_MAX_STAGES 4
+
+/* Dynamic shared memory of the block-wise kernel: Q [block_m] and a ring of
+ * `stages` K and V tiles [stages][block_n], rows of head_dim + 8 elements:
+ * (block_m + 2 stages block_n) (head_dim + 8) dtype_bytes. */
+size_t mha_exec_block_smem(int block_m, int block_n, int stages, int head_dim, int dtype_bytes);
+/* Thread blocks of the block-wise kernel one SM holds (shared memory, with
+ * the 1 KiB the hardware reserves per block on sm_80+, and warps), at most
+ * 32; 0 when one does not fit smem_per_block. */
+int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stages, int head_dim,
+                               int dtype_bytes, const mha_device_limits *lim);
+/* The automatic pipeline depth of a block-wise setting: the STAGES in 2..4
+ * that keeps the most key blocks in flight per SM (resident blocks x
+ * (STAGES - 1), Little's law: the kernel is latency-bound), among those
+ * that fit smem_per_block and keep at least 2 blocks per SM (so that one
+ * block's prologue and epilogue overlap another's loop); ties go to the
+ * shallower ring (more resident warps). 2 when none is better. */
+int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, int dtype_bytes,
+                         const mha_device_limits *lim);
 /* Whether a block-wise setting keeps its accumulators in registers (no
  * spills in ptxas -v on sm_90): the automatic choice skips the others; a
  * forced setting still runs, only slower. */
@@ -81,7 +99,7 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 typedef struct mha_exec_request {
     nvrtc_request req;
     char arch[16];
-    char opts[8][48];
+    char opts[10][48];
 } mha_exec_request;
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
 
@@ -114,11 +132,16 @@ void mha_exec_ctx_free(mha_exec_ctx *c);
 
 /* Forced choice (tests, the tuner). kernel -1 = automatic (the selector);
  * for block-wise, zero sizes take the selector's stage 2 choice; for
- * row-wise, zeros take the defaults (1 row a warp, 4 warps a block). */
+ * row-wise, zeros take the defaults (1 row a warp, 4 warps a block).
+ * stages 0 = mha_exec_auto_stages. measure N > 0: mha_exec_plan_create
+ * times the candidates of mha_exec_candidates on the GPU and keeps the
+ * fastest (see there). */
 typedef struct mha_exec_force {
     int kernel; /* -1, MHA_KERNEL_ROW_WISE or MHA_KERNEL_BLOCK_WISE */
     int block_m, block_n, num_warps;
     int rows_per_warp, warps_per_block;
+    int stages;  /* block-wise K/V pipeline depth 2..4; 0 = automatic */
+    int measure; /* 0 = the analytical choice; N = time N + a few candidates */
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from
@@ -130,17 +153,43 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
                     const mha_exec_force *force, mha_exec_config *cfg, char *reason,
                     size_t reason_size, stof_error *err);
 
+/* The fixed block-wise settings (BLOCK_M, BLOCK_N, num_warps) a measured
+ * plan always tries besides Eq. 2's best ones, when they fit. */
+#define MHA_EXEC_MEASURE_FIXED {{64, 32, 4}, {64, 64, 4}, {128, 64, 8}, {32, 32, 2}}
+#define MHA_EXEC_MEASURE_N_FIXED 4
+/* Most candidates a measured plan times. */
+#define MHA_EXEC_MAX_MEASURED (MHA_SELECT_MAX_CANDIDATES + MHA_EXEC_MEASURE_N_FIXED + 1)
+
+/* The configurations a plan with force->measure = N > 0 times, distinct, in
+ * this order: mha_exec_choose's (the analytical choice, so measuring never
+ * loses to it by more than noise); when that is forced with explicit sizes
+ * (or forced row-wise), nothing else. Otherwise the N best feasible
+ * block-wise settings of Eq. 2 (no register spills, shared memory within
+ * the device's limit), then the MHA_EXEC_MEASURE_FIXED settings that pass
+ * mha_exec_config_check and mha_exec_block_regs_ok; the row-wise kernel only
+ * when Eq. 1 chose it (and the choice was not forced block-wise). Every
+ * block-wise candidate at force->stages, or mha_exec_auto_stages when 0.
+ * At most cap; *n gets the count, reason the analytical choice's. */
+int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
+                        const mha_device_limits *lim, const mha_exec_force *force,
+                        mha_exec_config *out, int cap, int *n, char *reason, size_t reason_size,
+                        stof_error *err);
+
 typedef struct mha_exec_plan {
     mha_exec_problem problem;  /* mask pointer not kept (set to NULL) */
     mha_exec_config config;
     char arch[16];
-    char reason[160];          /* why this kernel and these sizes */
+    char reason[256];          /* why this kernel and these sizes */
     char mask_desc[96];        /* of the folded mask, possibly cut short */
     int64_t allowed_pairs;     /* over all batches, one head: for FLOP counts */
     int fmt_batch;             /* stored batches of the format */
     int n_loaded_blocks;       /* block-wise: loaded blocks, partial ones */
     int n_partial_blocks, n_bitmaps;
     size_t smem;               /* dynamic shared memory, bytes */
+    int n_measured;            /* measured plans: candidates timed (0: not measured) */
+    float measured_ms;         /* and the chosen one's median time, ms (at
+                                  measured_batch batches) */
+    int measured_batch;
     unsigned grid[3], block[3];
     CUfunction func;           /* owned by the context's module cache */
     /* device arrays (owned) */
@@ -149,7 +198,21 @@ typedef struct mha_exec_plan {
 } mha_exec_plan;
 
 /* Validates, folds, selects (unless forced), builds and uploads the format,
- * compiles and loads the kernel. On failure nothing is left allocated. */
+ * compiles and loads the kernel. On failure nothing is left allocated.
+ *
+ * With force->measure > 0 it builds a plan for every configuration of
+ * mha_exec_candidates and times it on scratch buffers of the problem's
+ * shape (packed q/k/v in one [B, max(Sq, Sk), 3 H D] buffer, o [B, Sq, H D],
+ * filled with random values; the batch is reduced until they fit
+ * MHA_EXEC_MEASURE_BYTES): 2 warm-up launches, then the median of 5. It
+ * keeps the fastest (n_measured, measured_ms; the reason starts with
+ * "measured: fastest of N") and frees the others and the scratch. A
+ * candidate that fails to build or launch is skipped; the plan fails only
+ * when every candidate does (with the last one's error) or a CUDA error
+ * leaves the context unusable. */
+#define MHA_EXEC_MEASURE_BYTES ((size_t)1 << 30)
+#define MHA_EXEC_MEASURE_WARMUP 2
+#define MHA_EXEC_MEASURE_RUNS 5
 int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_exec_force *force,
                          mha_exec_plan **out, stof_error *err);
 void mha_exec_plan_free(mha_exec_ctx *c, mha_exec_plan *plan);

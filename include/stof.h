@@ -142,6 +142,9 @@ typedef struct stof_attention_desc {
     int relpos_bidirectional;
     stof_attention_kernel kernel; /* AUTO, or force one */
     int block_m, block_n, num_warps; /* block-wise parameters when forced (0: selector's) */
+    int measure; /* 0: the analytical choice only; N > 0: at plan time, time Eq. 2's N best
+                    block-wise settings and a few fixed ones (and row-wise when Eq. 1 chose
+                    it) on scratch buffers and keep the fastest */
 } stof_attention_desc;
 
 typedef struct stof_attention stof_attention;

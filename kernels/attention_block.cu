@@ -5,20 +5,37 @@
 // BLOCK_M / NUM_WARPS rows (whole 16-row mma tiles) and never talk to each
 // other except through the shared K/V tiles. The block walks the key blocks
 // its block row must load (the BSR load list: any columns, in any order,
-// full and partial mixed) with K and V double-buffered by cp.async:
+// full and partial mixed) with K and V in a ring of STAGES shared-memory
+// stages filled by cp.async, STAGES - 1 blocks ahead of the math:
 //
 //   for each loaded key block:
-//       prefetch the next block's K, V            (cp.async, other buffer)
+//       prefetch K, V of the block STAGES - 1 ahead (cp.async, the stage freed last)
 //       S = Q K^T                                  (mma.sync, fp32)
 //       S = mask(S): partial blocks by bitmap, columns past k_len, scale, bias
 //       online softmax: m, l per row; O *= exp2(m_old - m_new); P = exp2(S - m)
 //       O += P V                                   (mma.sync, P in the dtype)
 //   O /= l, rows with no allowed key write zeros
 //
-// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [2][BLOCK_N][HEAD_DIM + 8]
+// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][BLOCK_N][HEAD_DIM + 8]
 // (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
 // different banks); the Q tile is reused to stage O for 16-byte stores.
-// The host sizes it: (BLOCK_M + 4 BLOCK_N) (HEAD_DIM + 8) element bytes.
+// The host sizes it (mha_exec_block_smem):
+//   (BLOCK_M + 2 STAGES BLOCK_N) (HEAD_DIM + 8) element bytes.
+//
+// The pipeline. Block i of the row (i = 0, 1, ...) lives in stage
+// i % STAGES and travels in cp.async group i: the prologue commits groups
+// 0 .. STAGES-2 (Q rides with block 0), and iteration i commits exactly one
+// group (block i + STAGES - 1, empty past the end), so before iteration i's
+// wait STAGES - 1 + i groups are committed and cp.async.wait_group
+// STAGES - 2 leaves only groups i+1 .. in flight: block i has landed (this
+// thread's copies; the __syncthreads that follows publishes everyone's).
+// The stage refilled in iteration i is (i + STAGES - 1) % STAGES =
+// (i - 1) % STAGES, the one block i - 1 was read from: every warp finished
+// iteration i - 1 before it reached iteration i's barrier, and the refill is
+// issued after that barrier, so no warp can still be reading it. Stages
+// i .. i + STAGES - 2 are never written in iteration i. That is why one
+// barrier per block suffices at any depth; STAGES = 2 is plain double
+// buffering (wait_group 0).
 #include "attention_common.cuh"
 
 #ifndef HEAD_DIM
@@ -38,6 +55,9 @@
 #endif
 #ifndef HAS_RELPOS
 #define HAS_RELPOS 0
+#endif
+#ifndef STAGES
+#define STAGES 2
 #endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
@@ -68,6 +88,9 @@ static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 16
 static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up to 256");
 static_assert(BLOCK_M % NUM_WARPS == 0 && kWarpRows % 16 == 0,
               "each warp owns whole 16-row tiles: BLOCK_M / NUM_WARPS must be a multiple of 16");
+static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
+
+constexpr int kStageElems = BLOCK_N * kPitch;    // one K (or V) stage
 
 // The per-warp view of the query tile.
 struct warp_pos {
@@ -93,12 +116,31 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
     }
 }
 
-// K and V of key block column bc into one stage of the double buffer.
-__device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, const elem_t *k,
+// K and V of key block column bc into stage `stage` of the ring.
+__device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage, const elem_t *k,
                                               const elem_t *v, const stof_attn_args &a, int bc) {
     const int col0 = bc * BLOCK_N;
-    load_tile_async<BLOCK_N>(sK, k + col0 * a.k_row_stride, a.k_row_stride, a.k_len - col0);
-    load_tile_async<BLOCK_N>(sV, v + col0 * a.v_row_stride, a.v_row_stride, a.k_len - col0);
+    load_tile_async<BLOCK_N>(sK + stage * kStageElems, k + col0 * a.k_row_stride, a.k_row_stride,
+                             a.k_len - col0);
+    load_tile_async<BLOCK_N>(sV + stage * kStageElems, v + col0 * a.v_row_stride, a.v_row_stride,
+                             a.k_len - col0);
+}
+
+// ---- the load list ------------------------------------------------------------------
+
+// One entry of the BSR load list: the key block column and its bitmap
+// (-1: a full block). Past the end: column 0, full (never used).
+struct block_ref {
+    int col, mask;
+};
+
+__device__ __forceinline__ block_ref load_block_ref(const stof_attn_args &a, int it, int end) {
+    block_ref r = {0, -1};
+    if (it < end) {
+        r.col = __ldg(a.load_col_idx + it);
+        r.mask = __ldg(a.load_mask_idx + it);
+    }
+    return r;
 }
 
 // The A fragments of the warp's Q rows for k step kd.
@@ -307,8 +349,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 stof_attention_block(const stof_attn_args a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t *sQ = reinterpret_cast<elem_t *>(smem_raw);
-    elem_t *sK = sQ + BLOCK_M * kPitch;        // [2][BLOCK_N][kPitch]
-    elem_t *sV = sK + 2 * BLOCK_N * kPitch;    // [2][BLOCK_N][kPitch]
+    elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][BLOCK_N][kPitch]
+    elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][BLOCK_N][kPitch]
 
     const int bm = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int row_base = bm * BLOCK_M;
@@ -331,11 +373,19 @@ stof_attention_block(const stof_attn_args a) {
     elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
                   h * HEAD_DIM;
 
-    if (start < end) {
-        load_tile_async<BLOCK_M>(sQ, q, a.q_row_stride, a.q_len - row_base);
-        load_kv_async(sK, sV, k, v, a, __ldg(a.load_col_idx + start));
+    // Prologue: groups 0 .. STAGES-2 hold blocks 0 .. STAGES-2 (Q with block 0).
+    if (start < end) load_tile_async<BLOCK_M>(sQ, q, a.q_row_stride, a.q_len - row_base);
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) {
+        if (start + j < end)
+            load_kv_async(sK, sV, j, k, v, a, load_block_ref(a, start + j, end).col);
+        cp_async_commit();
     }
-    cp_async_commit();
+    // The column of the next block to prefetch, read one iteration early so
+    // that no dependent global load sits between the barrier and the
+    // cp.async issue. (A ring of STAGES entries cost registers and spilled
+    // at 64x32 D=128; the current block's entry is an L1 hit anyway.)
+    int next_col = load_block_ref(a, start + STAGES - 1, end).col;
 
     float o[kMT][kDT][4], m[kMT][2], l[kMT][2];
 #pragma unroll
@@ -349,11 +399,11 @@ stof_attention_block(const stof_attn_args a) {
     }
     unsigned qf[kMT][kKD][4];
 
+    int stage = 0;  // (it - start) % STAGES: where this block's K, V are
     for (int it = start; it < end; ++it) {
-        const int stage = (it - start) & 1;
         // This block's K, V (and Q) have landed, and every warp is done
-        // with the other buffer (the previous block): it may be refilled.
-        cp_async_wait<0>();
+        // with the stage block it - 1 used: it may be refilled (see the top).
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
         if (kKeepQ && it == start) {
 #pragma unroll
@@ -361,20 +411,23 @@ stof_attention_block(const stof_attn_args a) {
 #pragma unroll
                 for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
         }
-        if (it + 1 < end)
-            load_kv_async(sK + (stage ^ 1) * BLOCK_N * kPitch, sV + (stage ^ 1) * BLOCK_N * kPitch,
-                          k, v, a, __ldg(a.load_col_idx + it + 1));
+        const int refill = stage == 0 ? STAGES - 1 : stage - 1;
+        if (it + STAGES - 1 < end) load_kv_async(sK, sV, refill, k, v, a, next_col);
         cp_async_commit();
+        next_col = load_block_ref(a, it + STAGES, end).col;
+        const block_ref cur = load_block_ref(a, it, end);
 
         float s[kMT][kNT][4];
-        compute_scores(s, qf, sQ, sK + stage * BLOCK_N * kPitch, w);
-        mask_and_scale(s, a, w, row_base, __ldg(a.load_col_idx + it), __ldg(a.load_mask_idx + it),
-                       h);
+        compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
+        mask_and_scale(s, a, w, row_base, cur.col, cur.mask, h);
         online_softmax(s, m, l, o);
-        compute_pv(o, s, sV + stage * BLOCK_N * kPitch, w);
+        compute_pv(o, s, sV + stage * kStageElems, w);
+        stage = stage == STAGES - 1 ? 0 : stage + 1;
     }
-    // Reading sQ (Q fragments) and writing it (O staging) touch the warp's
-    // own rows only, and the loop left no copy in flight.
+    // Only empty groups can still be pending (every real block was waited
+    // for); reading sQ (Q fragments) and writing it (O staging) touch the
+    // warp's own rows only.
+    cp_async_wait<0>();
     __syncwarp();
     store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, w);
 }

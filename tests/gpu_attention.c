@@ -2,13 +2,16 @@
  *
  * For fp16 and bf16, head_dim 64 and 128, every mask case below runs through
  * the row-wise kernel, the planner's own choice, the block-wise kernel at
- * Eq. 2's sizes and at fixed (BLOCK_M, BLOCK_N, NUM_WARPS) settings. Inputs
+ * Eq. 2's sizes and at fixed (BLOCK_M, BLOCK_N, NUM_WARPS) settings, with a
+ * K/V pipeline of 2 stages and of 3 and 4 (STAGES); one case also through a
+ * measured plan (mha_exec_force.measure: candidates timed on scratch). Inputs
  * are fresh seeded uniform [-1, 1] values rounded to the dtype; the output
  * is poisoned with NaN before every launch. Checked per run: relative error
  * ||out - ref|| / ||ref|| (< 5e-3 fp16, < 2e-2 bf16), every element finite,
  * rows with no allowed key exactly zero. One line per run, so a remote log
  * says what is wrong. Then the block-wise kernel is timed at one big shape
- * (informational; its output is spot-checked on sampled rows).
+ * at several settings and depths, and a measured plan is made there
+ * (informational; every output is spot-checked on sampled rows).
  *
  * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
 #include <math.h>
@@ -75,18 +78,33 @@ typedef struct setting {
     const char *name;
     int kernel; /* -1 auto */
     int block_m, block_n, num_warps;
+    int stages;  /* 0: automatic */
+    int measure; /* > 0: a measured plan */
 } setting;
 
 static const setting settings[] = {
-    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0},
-    {"auto", -1, 0, 0, 0},
-    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0},
-    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4},
-    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4},
-    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4},
-    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8},
+    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0},
+    {"auto", -1, 0, 0, 0, 0, 0},
+    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0},
+    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0},
+    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0},
+    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0},
+    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 2, 0},
+    {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0},
+    {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0},
 };
 #define N_SETTINGS ((int)(sizeof settings / sizeof settings[0]))
+
+/* A measured plan, run on one cross-attention case (Sk > Sq: the scratch
+ * buffers' rows) for fp16 D=64. */
+static const setting measured_setting = {"measure2", -1, 0, 0, 0, 0, 2};
+#define MEASURED_CASE "cross bigbird+causal"
+
+static mha_exec_force force_of(const setting *s) {
+    mha_exec_force f = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
+                        .num_warps = s->num_warps, .stages = s->stages, .measure = s->measure};
+    return f;
+}
 
 /* ---- a recap of the failures, printed again at the end ------------------------- */
 
@@ -391,7 +409,8 @@ static void setting_label(const setting *s, const mha_exec_plan *plan, char *buf
     if (c->kernel == MHA_KERNEL_ROW_WISE)
         snprintf(buf, n, "%s:row(%dx%d)", s->name, c->rows_per_warp, c->warps_per_block);
     else
-        snprintf(buf, n, "%s:blk(%d,%d,%d)", s->name, c->block_m, c->block_n, c->num_warps);
+        snprintf(buf, n, "%s:blk(%d,%d,%d,s%d)", s->name, c->block_m, c->block_n, c->num_warps,
+                 c->stages);
 }
 
 static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype t, int D) {
@@ -408,11 +427,11 @@ static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype 
 static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exec_problem *p,
                         const data *d, const dbufs *db, uint16_t *out) {
     const char *dt = stof_dtype_name(p->dtype);
-    mha_exec_force force = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
-                            .num_warps = s->num_warps};
+    mha_exec_force force = force_of(s);
     mha_exec_plan *plan = NULL;
     stof_error err = {0};
-    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 ? NULL : &force, &plan, &err);
+    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 && !s->measure ? NULL : &force, &plan,
+                                  &err);
     if (rc == STOF_ERR_UNSUPPORTED && s->block_m) {
         printf("%-24s %-5s D=%-3d %-28s B=%d H=%d Sq=%-4d Sk=%-4d SKIP (%s)\n", s->name, dt,
                p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, err.msg);
@@ -464,6 +483,8 @@ static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exe
         printf(" nonfinite=%ld", v.nonfinite);
     if (v.nonzero_empty)
         printf(" nonzero-in-empty-rows=%ld", v.nonzero_empty);
+    if (plan->n_measured)
+        printf(" (fastest of %d: %.3f ms)", plan->n_measured, plan->measured_ms);
     printf(" %s\n", pass ? "PASS" : "FAIL");
     CHECK_MSG(pass, "%s %s D=%d %s: rel %.3g (tol %.g), %ld non-finite, %ld non-zero in empty rows",
               label, dt, p->head_dim, tc->name, v.rel, tol, v.nonfinite, v.nonzero_empty);
@@ -489,7 +510,8 @@ static void data_free(data *d) {
     free(d->empty);
 }
 
-static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t seed) {
+static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t seed,
+                     const setting *list, int n_list) {
     mask *m = NULL;
     stof_error err = {0};
     int rc = case_mask(tc, &m, &err);
@@ -516,8 +538,8 @@ static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t 
     dbufs db = {0};
     uint16_t *out = malloc(nq * 2);
     if (upload_inputs(g, tc, &d, &db) == 0)
-        for (int s = 0; s < N_SETTINGS && !g->dead; s++)
-            run_setting(g, tc, &settings[s], &p, &d, &db, out);
+        for (int s = 0; s < n_list && !g->dead; s++)
+            run_setting(g, tc, &list[s], &p, &d, &db, out);
     free(out);
     free_bufs(g, &db);
     data_free(&d);
@@ -577,11 +599,13 @@ static double spot_row_error(const mask *m, const uint16_t *qkv, const uint16_t 
 
 static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, const mask *m,
                          const uint16_t *h_qkv, CUdeviceptr qkv, CUdeviceptr o, uint16_t *h_o) {
-    mha_exec_force force = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
-                            .num_warps = s->num_warps};
+    mha_exec_force force = force_of(s);
     mha_exec_plan *plan = NULL;
     stof_error err = {0};
-    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 ? NULL : &force, &plan, &err);
+    double t_plan = util_now();
+    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 && !s->measure ? NULL : &force, &plan,
+                                  &err);
+    t_plan = util_now() - t_plan;
     if (rc) {
         printf("timing %-10s: no plan (%s)\n", s->name, err.msg);
         CHECK_MSG(rc == STOF_ERR_UNSUPPORTED, "timing plan %s: %s", s->name, err.msg);
@@ -637,6 +661,10 @@ static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, co
     printf("timing %-24s median %.3f ms (min %.3f), %.1f TFLOP/s useful, spot-check worst row "
            "rel %.2e\n        plan: %s\n",
            label, med, ms[0], flops / (med * 1e-3) / 1e12, worst, desc);
+    if (plan->n_measured)
+        printf("        measured plan: %d candidates timed in %.2f s of planning, chosen "
+               "%.3f ms at batch %d\n",
+               plan->n_measured, t_plan, plan->measured_ms, plan->measured_batch);
     CHECK_MSG(worst < 4 * TOL_F16, "timing shape %s: sampled rows wrong (rel %.3g)", label, worst);
     if (!(worst < 4 * TOL_F16))
         recap_add("timing shape %s: sampled rows wrong (rel %.3g)", label, worst);
@@ -670,13 +698,21 @@ static void timing(gpu *g) {
                "(informational)\n",
                TIME_B, TIME_H, TIME_S, TIME_D, TIME_RUNS, TIME_WARMUP);
         static const setting timed[] = {
-            {"auto", -1, 0, 0, 0},
-            {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0},
-            {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4},
-            {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4},
-            {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8},
-            {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4},
-            {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0},
+            {"auto", -1, 0, 0, 0, 0, 0},
+            {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0},
+            {"16x16w1s2", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0},
+            {"16x16w1s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0},
+            {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0},
+            {"64x32w4s2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0},
+            {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0},
+            {"64x32w4s4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 4, 0},
+            {"64x64w4s2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0},
+            {"64x64w4s3", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0},
+            {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0},
+            {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0},
+            {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0},
+            {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0},
+            {"measure6", -1, 0, 0, 0, 0, 6},
         };
         for (size_t i = 0; i < sizeof timed / sizeof timed[0] && !g->dead; i++)
             time_setting(g, &timed[i], &p, m, h_qkv, qkv, o, h_o);
@@ -716,16 +752,19 @@ int main(int argc, char **argv) {
     for (int di = 0; di < (quick ? 1 : 2) && !g.dead; di++)
         for (int hi = 0; hi < (quick ? 1 : 2) && !g.dead; hi++)
             for (int c = 0; c < N_CASES && !g.dead; c++)
-                run_case(&g, &cases[c], dtypes[di], dims[hi], seed++);
+                run_case(&g, &cases[c], dtypes[di], dims[hi], seed++, settings, N_SETTINGS);
     /* the other head sizes: the row kernel's short last round of dims
      * (D = 80: 40 pairs), other shared-memory pitches */
     static const char *extra_cases[] = {"scattered", "cross causal Sq>Sk"};
     for (int e = 0; e < 2 && !quick && !g.dead; e++)
         for (int c = 0; c < N_CASES; c++)
             if (!strcmp(cases[c].name, extra_cases[e])) {
-                run_case(&g, &cases[c], STOF_F16, 80, seed++);
-                run_case(&g, &cases[c], STOF_BF16, 32, seed++);
+                run_case(&g, &cases[c], STOF_F16, 80, seed++, settings, N_SETTINGS);
+                run_case(&g, &cases[c], STOF_BF16, 32, seed++, settings, N_SETTINGS);
             }
+    for (int c = 0; c < N_CASES && !g.dead; c++)
+        if (!strcmp(cases[c].name, MEASURED_CASE))
+            run_case(&g, &cases[c], STOF_F16, 64, seed++, &measured_setting, 1);
     printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache)\n", util_now() - t0,
            g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits);
     if (g.dead)

@@ -23,6 +23,10 @@ static const int block_settings[][3] = {{64, 64, 4},  {128, 64, 4}, {64, 32, 4},
                                         {128, 128, 8}, {16, 16, 1}, {32, 16, 2},
                                         {64, 128, 4}, {32, 32, 1}};
 #define N_SETTINGS ((int)(sizeof block_settings / sizeof block_settings[0]))
+/* deeper K/V pipelines (STAGES 3, 4) at the settings the GPU test and the
+ * measured plans time */
+static const int deep_settings[][3] = {{16, 16, 1}, {64, 32, 4}, {64, 64, 4}};
+#define N_DEEP ((int)(sizeof deep_settings / sizeof deep_settings[0]))
 
 static double now_s(void) {
     struct timespec ts;
@@ -81,9 +85,35 @@ static void *compile_worker(void *arg) {
     return NULL;
 }
 
+/* Both archs x dtype x D 64, 128 x deep_settings at STAGES 3 and 4 (what
+ * fits an H100), and one relpos variant at STAGES 3. */
+static int list_deep_variants(variant *v, int cap) {
+    int n = 0;
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (int h = 1; h <= 3; h += 2) /* head_dims[1] = 64, [3] = 128 */
+                for (int s = 0; s < N_DEEP; s++)
+                    for (int st = 3; st <= MHA_EXEC_MAX_STAGES; st++) {
+                        mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE,
+                                               .head_dim = head_dims[h], .dtype = dtypes[d],
+                                               .block_m = deep_settings[s][0],
+                                               .block_n = deep_settings[s][1],
+                                               .num_warps = deep_settings[s][2], .stages = st};
+                        stof_error err = {0};
+                        if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
+                            v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                    }
+    mha_exec_config rp = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
+                          .relpos = 1, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3};
+    if (n < cap)
+        v[n++] = (variant){.cfg = rp, .arch = "sm_90"};
+    return n;
+}
+
 /* The variant list: on sm_90 both kernels x dtype x head_dim x relpos, the
  * block-wise kernel at every setting of block_settings (with relpos at the
- * first two); on sm_80 the row-wise kernel and the first block setting. */
+ * first two); on sm_80 the row-wise kernel and the first block setting; all
+ * at STAGES 2. Then list_deep_variants. */
 static int list_variants(variant *v, int cap) {
     int n = 0;
     for (int a = 0; a < 2; a++)
@@ -96,6 +126,7 @@ static int list_variants(variant *v, int cap) {
                     if (n < cap)
                         v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
                     cfg.kernel = MHA_KERNEL_BLOCK_WISE;
+                    cfg.stages = 2;
                     int settings = a == 0 ? 1 : rp ? 2 : N_SETTINGS;
                     for (int s = 0; s < settings; s++) {
                         cfg.block_m = block_settings[s][0];
@@ -111,19 +142,13 @@ static int list_variants(variant *v, int cap) {
                             .rows_per_warp = 4, .warps_per_block = 8};
     if (n < cap)
         v[n++] = (variant){.cfg = many, .arch = "sm_90"};
-    return n;
+    return n + list_deep_variants(v + n, cap - n);
 }
 
 #define N_WORKERS 8
 
-static void test_variants_compile(void) {
-    enum { CAP = 256 };
-    variant *v = calloc(CAP, sizeof *v);
-    CHECK(v != NULL);
-    if (!v)
-        return;
-    int n = list_variants(v, CAP);
-    double t0 = now_s();
+/* Compiles v[0..n) on N_WORKERS threads; the number that compiled. */
+static int compile_all(variant *v, int n) {
     pthread_t tid[N_WORKERS];
     worker w[N_WORKERS];
     int started = 0;
@@ -142,9 +167,21 @@ static void test_variants_compile(void) {
         CHECK_MSG(v[i].rc == STOF_OK, "%s", v[i].msg);
         ok += v[i].rc == STOF_OK;
     }
+    return ok;
+}
+
+static void test_variants_compile(void) {
+    enum { CAP = 320 };
+    variant *v = calloc(CAP, sizeof *v);
+    CHECK(v != NULL);
+    if (!v)
+        return;
+    int n = list_variants(v, CAP);
+    double t0 = now_s();
+    int ok = compile_all(v, n);
     printf("compiled %d of %d attention kernel variants in %.1f s (%d threads)\n", ok, n,
            now_s() - t0, N_WORKERS);
-    CHECK(n >= 100);
+    CHECK(n >= 150);
     free(v);
 }
 
@@ -262,12 +299,22 @@ static void test_validate(void) {
 
 static void test_configs(void) {
     stof_error err = {0};
-    CHECK_EQ_INT(mha_exec_block_smem(64, 64, 64, 2), (64 + 4 * 64) * 72 * 2);
+    /* (BLOCK_M + 2 STAGES BLOCK_N) (HEAD_DIM + 8) element bytes */
+    CHECK_EQ_INT(mha_exec_block_smem(64, 64, 2, 64, 2), (64 + 4 * 64) * 72 * 2);
+    CHECK_EQ_INT(mha_exec_block_smem(64, 64, 4, 64, 2), (64 + 8 * 64) * 72 * 2);
+    CHECK_EQ_INT(mha_exec_block_smem(16, 16, 3, 128, 2), (16 + 6 * 16) * 136 * 2);
     mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16,
-                         .block_m = 128, .block_n = 128, .num_warps = 8};
+                         .block_m = 128, .block_n = 128, .num_warps = 8, .stages = 2};
     CHECK_EQ_INT(mha_exec_config_check(&c, 227 * 1024, &err), STOF_OK);
     expect(mha_exec_config_check(&c, 164 * 1024, &err), STOF_ERR_UNSUPPORTED, &err,
            "shared memory");
+    c.stages = 3; /* 243712 B */
+    expect(mha_exec_config_check(&c, 227 * 1024, &err), STOF_ERR_UNSUPPORTED, &err, "3 stages");
+    c.stages = 0;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "K/V stages");
+    c.stages = 5;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "got 5");
+    c.stages = 2;
     c.num_warps = 16; /* 128 / 16 = 8 rows a warp: not a whole tile */
     expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "16-row tiles");
     c.num_warps = 4;
@@ -291,14 +338,64 @@ static void test_configs(void) {
     mha_exec_request r;
     c.kernel = MHA_KERNEL_BLOCK_WISE;
     c.relpos = 1;
+    c.stages = 3;
     mha_exec_request_init(&r, &c, "sm_90");
     CHECK(strcmp(r.req.source, "attention_block.cu") == 0);
     CHECK(strcmp(r.req.arch, "sm_90") == 0);
     int seen = 0;
     for (int i = 0; i < r.req.n_options; i++)
         seen += !strcmp(r.req.options[i], "-DHAS_RELPOS=1") +
-                !strcmp(r.req.options[i], "-DBLOCK_N=64") + !strcmp(r.req.options[i], "-DHEAD_DIM=64");
-    CHECK_EQ_INT(seen, 3);
+                !strcmp(r.req.options[i], "-DBLOCK_N=64") +
+                !strcmp(r.req.options[i], "-DHEAD_DIM=64") + !strcmp(r.req.options[i], "-DSTAGES=3");
+    CHECK_EQ_INT(seen, 4);
+    /* the depth is part of the cache key; the row-wise kernel has none */
+    mha_exec_request r2;
+    c.stages = 4;
+    mha_exec_request_init(&r2, &c, "sm_90");
+    CHECK(nvrtc_key(&r.req) != nvrtc_key(&r2.req));
+    c.kernel = MHA_KERNEL_ROW_WISE;
+    mha_exec_request_init(&r2, &c, "sm_90");
+    for (int i = 0; i < r2.req.n_options; i++)
+        CHECK_MSG(strncmp(r2.req.options[i], "-DSTAGES", 8) != 0, "row-wise got %s",
+                  r2.req.options[i]);
+}
+
+/* Blocks per SM and the automatic depth on an H100's limits (228 KiB an SM,
+ * 227 KiB a block, 64 warps; 1 KiB reserved per block). */
+static void test_stages(void) {
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    /* 16x16 w1 D=64: 11520 B + 1 KiB -> 18 blocks; STAGES 4: 21760 B -> 10 */
+    CHECK_EQ_INT(mha_exec_block_ctas_per_sm(16, 16, 1, 2, 64, 2, &lim), 18);
+    CHECK_EQ_INT(mha_exec_block_ctas_per_sm(16, 16, 1, 4, 64, 2, &lim), 10);
+    CHECK_EQ_INT(mha_exec_block_ctas_per_sm(128, 128, 8, 3, 128, 2, &lim), 0); /* too big */
+    /* 128x16 w8 D=32: 15360 B -> 14 by shared memory, 64 / 8 = 8 by warps */
+    CHECK_EQ_INT(mha_exec_block_ctas_per_sm(128, 16, 8, 2, 32, 2, &lim), 8);
+    /* blocks in flight per SM: 18 x 1, 13 x 2, 10 x 3 -> 4 */
+    CHECK_EQ_INT(mha_exec_auto_stages(16, 16, 1, 64, 2, &lim), 4);
+    /* 8 x 1, 6 x 2, 4 x 3: a tie goes to the shallower ring -> 3 */
+    CHECK_EQ_INT(mha_exec_auto_stages(64, 32, 4, 64, 2, &lim), 3);
+    CHECK_EQ_INT(mha_exec_auto_stages(64, 64, 4, 64, 2, &lim), 3);
+    /* D=128: STAGES 3 leaves one block an SM -> 2 */
+    CHECK_EQ_INT(mha_exec_auto_stages(64, 64, 4, 128, 2, &lim), 2);
+    CHECK_EQ_INT(mha_exec_auto_stages(128, 128, 8, 128, 2, &lim), 2);
+    /* whatever the setting, the choice fits and keeps 2 blocks an SM when deeper than 2 */
+    static const char *arch_names[] = {"sm_80", "sm_86", "sm_89", "sm_90"};
+    for (int a = 0; a < 4; a++) {
+        CHECK_EQ_INT(mha_limits_for_arch(arch_names[a], &lim, &err), STOF_OK);
+        for (int bm = 16; bm <= 128; bm *= 2)
+            for (int bn = 16; bn <= 128; bn *= 2)
+                for (int w = 1; w * 16 <= bm && w <= 8; w *= 2)
+                    for (int h = 0; h < 4; h++) {
+                        int st = mha_exec_auto_stages(bm, bn, w, head_dims[h], 2, &lim);
+                        int ctas = mha_exec_block_ctas_per_sm(bm, bn, w, st, head_dims[h], 2,
+                                                              &lim);
+                        CHECK_MSG(st >= 2 && st <= 4 && (st == 2 || ctas >= 2),
+                                  "%s %dx%d w%d D=%d: stages %d, %d blocks an SM",
+                                  arch_names[a], bm, bn, w, head_dims[h], st, ctas);
+                    }
+    }
 }
 
 /* The selector's choices for the GPU test's problems on an H100 compile,
@@ -332,7 +429,8 @@ static void test_choose_offline(void) {
             printf("sm_90 %-24s B=%-2d S=%-4d D=%-3d -> %s", cases[i].mask ? cases[i].mask : "dense",
                    cases[i].batch, cases[i].s, cases[i].d, mha_kernel_name(cfg.kernel));
             if (cfg.kernel == MHA_KERNEL_BLOCK_WISE)
-                printf(" (%d, %d, %d)", cfg.block_m, cfg.block_n, cfg.num_warps);
+                printf(" (%d, %d, %d) stages %d", cfg.block_m, cfg.block_n, cfg.num_warps,
+                       cfg.stages);
             printf(": %s\n", reason);
             CHECK_EQ_INT(mha_exec_config_check(&cfg, lim.smem_per_block, &err), STOF_OK);
             if (cfg.kernel == MHA_KERNEL_BLOCK_WISE)
@@ -349,6 +447,130 @@ static void test_choose_offline(void) {
         mask_free(m);
     }
     nvrtc_cache_free(&c);
+}
+
+/* ---- measured plans: the candidate list --------------------------------------------- */
+
+static int count_kind(const mha_exec_config *c, int n, mha_kernel k) {
+    int x = 0;
+    for (int i = 0; i < n; i++)
+        x += c[i].kernel == k;
+    return x;
+}
+
+/* The candidates of one problem: the analytical choice first, distinct,
+ * all valid for the device; returns the count (0 on error). */
+static int candidates_of(const char *spec, int batch, int s, int d, const mha_exec_force *force,
+                         const mha_device_limits *lim, mha_exec_config *out, int cap) {
+    mask *m = build(spec, batch, s, s);
+    if (!m)
+        return 0;
+    mha_exec_problem p = base_problem(batch, s, s);
+    p.heads = 12;
+    p.head_dim = d;
+    p.mask = m;
+    mask *f = NULL;
+    stof_error err = {0};
+    int n = 0, rc = mha_exec_fold_mask(&p, &f, &err);
+    char reason[256], why[160];
+    mha_exec_config analytic;
+    if (!rc)
+        rc = mha_exec_candidates(&p, f, lim, force, out, cap, &n, reason, sizeof reason, &err);
+    if (!rc)
+        rc = mha_exec_choose(&p, f, lim, force, &analytic, why, sizeof why, &err);
+    CHECK_MSG(rc == STOF_OK, "candidates %s: %s", spec, err.msg);
+    if (!rc) {
+        CHECK(n >= 1 && !memcmp(&out[0], &analytic, sizeof analytic));
+        CHECK(strcmp(reason, why) == 0);
+        printf("candidates %s B=%d S=%d D=%d measure=%d:", spec, batch, s, d, force->measure);
+        for (int i = 0; i < n; i++) {
+            if (out[i].kernel == MHA_KERNEL_BLOCK_WISE)
+                printf(" (%d,%d,%d,s%d)", out[i].block_m, out[i].block_n, out[i].num_warps,
+                       out[i].stages);
+            else
+                printf(" row");
+            CHECK_MSG(mha_exec_config_check(&out[i], lim->smem_per_block, &err) == STOF_OK,
+                      "candidate %d: %s", i, err.msg);
+            for (int j = 0; j < i; j++)
+                CHECK_MSG(memcmp(&out[i], &out[j], sizeof out[i]) != 0, "candidates %d and %d "
+                          "are the same", j, i);
+        }
+        printf("\n");
+    }
+    mask_free(f);
+    mask_free(m);
+    return rc ? 0 : n;
+}
+
+static void test_candidates(void) {
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    mha_exec_config c[MHA_EXEC_MAX_MEASURED];
+    /* BigBird: block-wise; Eq. 2's 6 best plus the 4 fixed ones (some may coincide) */
+    mha_exec_force force = {.kernel = -1, .measure = 6};
+    int n = candidates_of("bigbird{}", 16, 4096, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
+    CHECK(n >= 7 && n <= 10);
+    CHECK_EQ_INT(count_kind(c, n, MHA_KERNEL_ROW_WISE), 0);
+    int fixed_seen = 0;
+    for (int i = 0; i < n; i++)
+        fixed_seen += (c[i].block_m == 64 && c[i].block_n == 32 && c[i].num_warps == 4) +
+                      (c[i].block_m == 128 && c[i].block_n == 64 && c[i].num_warps == 8);
+    CHECK_EQ_INT(fixed_seen, 2);
+
+    /* measure = 1 at D=128: (64, 32, 4) and (32, 32, 2) stay, all at the automatic depth */
+    force.measure = 1;
+    n = candidates_of("bigbird{}", 2, 1024, 128, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
+    CHECK(n >= 2 && n <= 5);
+    for (int i = 0; i < n; i++)
+        CHECK_EQ_INT(c[i].stages, mha_exec_auto_stages(c[i].block_m, c[i].block_n, c[i].num_warps,
+                                                       128, 2, &lim));
+
+    /* a forced depth applies to every block-wise candidate */
+    force.stages = 3;
+    n = candidates_of("bigbird{}", 2, 1024, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
+    for (int i = 0; i < n; i++)
+        CHECK_EQ_INT(c[i].stages, 3);
+    force.stages = 0;
+
+    /* very sparse: Eq. 1 says row-wise, which comes first, once; block-wise ones follow */
+    force.measure = 2;
+    n = candidates_of("sliding_window{band=2}", 2, 4096, 64, &force, &lim, c,
+                      MHA_EXEC_MAX_MEASURED);
+    CHECK(n >= 3 && c[0].kernel == MHA_KERNEL_ROW_WISE);
+    CHECK_EQ_INT(count_kind(c, n, MHA_KERNEL_ROW_WISE), 1);
+
+    /* forced block-wise without sizes: no row-wise candidate */
+    force.kernel = MHA_KERNEL_BLOCK_WISE;
+    n = candidates_of("sliding_window{band=2}", 2, 4096, 64, &force, &lim, c,
+                      MHA_EXEC_MAX_MEASURED);
+    CHECK(n >= 3);
+    CHECK_EQ_INT(count_kind(c, n, MHA_KERNEL_ROW_WISE), 0);
+
+    /* an explicit setting leaves nothing to choose */
+    force = (mha_exec_force){.kernel = MHA_KERNEL_BLOCK_WISE, .block_m = 64, .block_n = 64,
+                             .num_warps = 4, .stages = 4, .measure = 6};
+    n = candidates_of("bigbird{}", 2, 1024, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
+    CHECK_EQ_INT(n, 1);
+    CHECK(c[0].block_m == 64 && c[0].stages == 4);
+    force = (mha_exec_force){.kernel = MHA_KERNEL_ROW_WISE, .measure = 3};
+    n = candidates_of("bigbird{}", 2, 1024, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
+    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(c[0].kernel, MHA_KERNEL_ROW_WISE);
+
+    /* a short list: cap respected */
+    force = (mha_exec_force){.kernel = -1, .measure = 6};
+    n = candidates_of("bigbird{}", 16, 4096, 64, &force, &lim, c, 3);
+    CHECK_EQ_INT(n, 3);
+
+    /* what the GPU test's measured plan at the timing shape compiles: every candidate */
+    variant *v = calloc(MHA_EXEC_MAX_MEASURED, sizeof *v);
+    n = candidates_of("bigbird{}", 16, 4096, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
+    for (int i = 0; i < n && v; i++)
+        v[i] = (variant){.cfg = c[i], .arch = "sm_90"};
+    if (v)
+        CHECK_EQ_INT(compile_all(v, n), n);
+    free(v);
 }
 
 /* ---- the argument block ---------------------------------------------------------------- */
@@ -410,9 +632,11 @@ int main(void) {
     test_validate();
     test_fold();
     test_configs();
+    test_stages();
     test_args();
     test_ctx();
     test_choose_offline();
+    test_candidates();
     test_variants_compile();
     return check_summary("test_attention_compile");
 }

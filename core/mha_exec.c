@@ -209,16 +209,19 @@ int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stag
  * what limits residency once the ring is deeper than 2. */
 int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, int dtype_bytes,
                          const mha_device_limits *lim) {
-    int best = MHA_EXEC_MIN_STAGES, best_flight = -1;
+    /* Resident blocks first, depth second: on an H200 a deeper ring that
+     * costs resident blocks was slower (16x16 w1: 1.76 ms at 2 stages, 1.84
+     * at 3, 1.97 at 4 for BigBird 16x12x4096), and one that costs none was
+     * no faster (64x32 w4: 1.59 / 1.60 / 1.61 ms) -- so a deeper ring is
+     * taken only when it keeps every resident block (and at least two, so
+     * that one block's prologue and epilogue overlap another's loop). */
+    int best = MHA_EXEC_MIN_STAGES, best_ctas = -1;
     for (int s = MHA_EXEC_MIN_STAGES; s <= MHA_EXEC_MAX_STAGES; s++) {
         int ctas = mha_exec_block_ctas_per_sm(block_m, block_n, num_warps, s, head_dim,
                                               dtype_bytes, lim);
-        if (ctas < 1 || (s > MHA_EXEC_MIN_STAGES && ctas < 2))
-            continue;
-        int flight = ctas * (s - 1);
-        if (flight > best_flight) {
+        if (ctas >= 1 && ctas >= best_ctas && (s == MHA_EXEC_MIN_STAGES || ctas >= 2)) {
             best = s;
-            best_flight = flight;
+            best_ctas = ctas;
         }
     }
     return best;

@@ -78,12 +78,10 @@ size_t mha_exec_block_smem(int block_m, int block_n, int stages, int head_dim, i
  * 32; 0 when one does not fit smem_per_block. */
 int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stages, int head_dim,
                                int dtype_bytes, const mha_device_limits *lim);
-/* The automatic pipeline depth of a block-wise setting: the STAGES in 2..4
- * that keeps the most key blocks in flight per SM (resident blocks x
- * (STAGES - 1), Little's law: the kernel is latency-bound), among those
- * that fit smem_per_block and keep at least 2 blocks per SM (so that one
- * block's prologue and epilogue overlap another's loop); ties go to the
- * shallower ring (more resident warps). 2 when none is better. */
+/* The automatic pipeline depth of a block-wise setting: the deepest STAGES
+ * in 2..4 that keeps as many resident blocks per SM as 2 stages do (and at
+ * least 2 of them); measured on an H200, a deeper ring that costs resident
+ * blocks is slower. A measured plan (force->measure) settles the rest. */
 int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, int dtype_bytes,
                          const mha_device_limits *lim);
 /* Whether a block-wise setting keeps its accumulators in registers (no

@@ -372,11 +372,13 @@ static void test_stages(void) {
     CHECK_EQ_INT(mha_exec_block_ctas_per_sm(128, 128, 8, 3, 128, 2, &lim), 0); /* too big */
     /* 128x16 w8 D=32: 15360 B -> 14 by shared memory, 64 / 8 = 8 by warps */
     CHECK_EQ_INT(mha_exec_block_ctas_per_sm(128, 16, 8, 2, 32, 2, &lim), 8);
-    /* blocks in flight per SM: 18 x 1, 13 x 2, 10 x 3 -> 4 */
-    CHECK_EQ_INT(mha_exec_auto_stages(16, 16, 1, 64, 2, &lim), 4);
-    /* 8 x 1, 6 x 2, 4 x 3: a tie goes to the shallower ring -> 3 */
-    CHECK_EQ_INT(mha_exec_auto_stages(64, 32, 4, 64, 2, &lim), 3);
-    CHECK_EQ_INT(mha_exec_auto_stages(64, 64, 4, 64, 2, &lim), 3);
+    /* resident blocks 18, 13, 10: deeper rings cost blocks -> 2 */
+    CHECK_EQ_INT(mha_exec_auto_stages(16, 16, 1, 64, 2, &lim), 2);
+    /* 8, 6, 4 -> 2 */
+    CHECK_EQ_INT(mha_exec_auto_stages(64, 32, 4, 64, 2, &lim), 2);
+    CHECK_EQ_INT(mha_exec_auto_stages(64, 64, 4, 64, 2, &lim), 2);
+    /* 128x16 w8 D=32: 8 blocks by warps at every depth -> the deepest, 4 */
+    CHECK_EQ_INT(mha_exec_auto_stages(128, 16, 8, 32, 2, &lim), 4);
     /* D=128: STAGES 3 leaves one block an SM -> 2 */
     CHECK_EQ_INT(mha_exec_auto_stages(64, 64, 4, 128, 2, &lim), 2);
     CHECK_EQ_INT(mha_exec_auto_stages(128, 128, 8, 128, 2, &lim), 2);

@@ -1,0 +1,632 @@
+/* Plans and launches of gemm_epilogue, mi_chain and embedding (see
+ * gemm_exec.h). The settings' feasibility is the template registry's
+ * (fusion/templates.c), one place; this file adds only what is particular
+ * to the kernels as written (mi_chain's register cap). */
+#include "core/gemm_exec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/device.h"
+#include "core/error.h"
+
+/* Dynamic shared memory a kernel gets without opting in. */
+#define GEMM_EXEC_STATIC_SMEM (48 * 1024)
+
+/* ---- problems --------------------------------------------------------------------- */
+
+static const char *tmpl_name(fusion_template_id t) {
+    const fusion_template *ft = fusion_template_get(t);
+    return ft ? ft->name : "?";
+}
+
+static int is_ours(fusion_template_id t) {
+    return t == FUSION_T_GEMM_EPILOGUE || t == FUSION_T_MI_CHAIN || t == FUSION_T_EMBEDDING;
+}
+
+static int validate_gemm(const gemm_exec_problem *p, stof_error *err) {
+    if (p->m < 1 || p->m > INT32_MAX || p->n < 8 || p->n > INT32_MAX || p->k < 8 ||
+        p->k > INT32_MAX || p->n % 8 || p->k % 8)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "gemm_epilogue: M = %lld, N = %lld, K = %lld: M must be in 1..2^31-1 and "
+                       "N, K positive multiples of 8 (16-byte loads)",
+                       (long long)p->m, (long long)p->n, (long long)p->k);
+    if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemm_epilogue has no norm in its epilogue (that is gemm_ln)");
+    return STOF_OK;
+}
+
+static int validate_mi(const gemm_exec_problem *p, stof_error *err) {
+    if (p->m < 1 || p->n < 1 || p->n > INT32_MAX)
+        return err_set(err, STOF_ERR_INVALID, "mi_chain: %lld rows of %lld elements",
+                       (long long)p->m, (long long)p->n);
+    if (p->epi.norm != FUSION_NORM_NONE && !(isfinite(p->eps) && p->eps > 0.0f))
+        return err_set(err, STOF_ERR_INVALID, "mi_chain: eps must be positive, got %g",
+                       (double)p->eps);
+    if (p->store_pre_norm && p->epi.norm == FUSION_NORM_NONE)
+        return err_set(err, STOF_ERR_INVALID,
+                       "mi_chain: store_pre_norm without a norm (the output is the pre-norm)");
+    return STOF_OK;
+}
+
+static int validate_embedding(const gemm_exec_problem *p, stof_error *err) {
+    /* the bad-id flag holds token + 1 in an int32 */
+    if (p->m < 1 || p->m >= INT32_MAX || p->n < 1 || p->n > INT32_MAX || p->seq_len < 1 ||
+        p->m % p->seq_len || p->vocab < 1)
+        return err_set(err, STOF_ERR_INVALID,
+                       "embedding: %lld tokens of width %lld, seq_len %d, vocab %d: tokens must "
+                       "be a multiple of seq_len, below 2^31 - 1",
+                       (long long)p->m, (long long)p->n, p->seq_len, p->vocab);
+    return STOF_OK;
+}
+
+int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err) {
+    if (!is_ours(p->tmpl))
+        return err_set(err, STOF_ERR_INVALID, "gemm_exec runs gemm_epilogue, mi_chain and "
+                       "embedding, not template %d (%s)", (int)p->tmpl, tmpl_name(p->tmpl));
+    if (p->dtype != STOF_F16 && p->dtype != STOF_BF16)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "%s: dtype %s (f16 or bf16 only)",
+                       tmpl_name(p->tmpl), stof_dtype_name(p->dtype));
+    if ((int)p->epi.act < FUSION_ACT_NONE || p->epi.act > FUSION_ACT_RELU ||
+        (int)p->epi.norm < FUSION_NORM_NONE || p->epi.norm > FUSION_NORM_RMSNORM)
+        return err_set(err, STOF_ERR_INVALID, "%s: unknown activation %d or norm %d",
+                       tmpl_name(p->tmpl), (int)p->epi.act, (int)p->epi.norm);
+    switch (p->tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+        return validate_gemm(p, err);
+    case FUSION_T_MI_CHAIN:
+        return validate_mi(p, err);
+    default:
+        return validate_embedding(p, err);
+    }
+}
+
+void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d) {
+    memset(d, 0, sizeof *d);
+    d->m = p->m;
+    d->n = p->n;
+    d->k = p->k;
+    d->elem_bytes = (int)stof_dtype_size(p->dtype);
+    d->row_reduce = p->tmpl == FUSION_T_MI_CHAIN && p->epi.norm != FUSION_NORM_NONE;
+}
+
+/* mi_chain values: ROWS, THREADS, VEC. Elements a thread holds. */
+static int64_t mi_per_thread(int64_t n, const int *v) {
+    int64_t tpr = v[1] / v[0], chunks = n / v[2];
+    return (chunks + tpr - 1) / tpr * v[2];
+}
+
+int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limit,
+                    stof_error *err) {
+    const fusion_template *t = fusion_template_get(p->tmpl);
+    if (!is_ours(p->tmpl))
+        return gemm_exec_validate(p, err);
+    fusion_dims d;
+    gemm_exec_dims(p, &d);
+    int rc = fusion_template_check(t, &d, values, smem_limit, err);
+    if (rc)
+        return rc;
+    if (p->tmpl == FUSION_T_MI_CHAIN) {
+        if (values[1] % values[0])
+            return err_set(err, STOF_ERR_UNSUPPORTED, "mi_chain: THREADS %d are not a multiple "
+                           "of ROWS %d", values[1], values[0]);
+        int64_t per = mi_per_thread(p->n, values);
+        if (per > STOF_MI_MAX_PER_THREAD)
+            return err_set(err, STOF_ERR_UNSUPPORTED,
+                           "mi_chain: %d rows on %d threads leave %lld of the %lld elements of a "
+                           "row to each thread, more than the %d it keeps in registers",
+                           values[0], values[1], (long long)per, (long long)p->n,
+                           STOF_MI_MAX_PER_THREAD);
+    }
+    return STOF_OK;
+}
+
+size_t gemm_exec_smem(const gemm_exec_problem *p, const int *v) {
+    if (p->tmpl != FUSION_T_GEMM_EPILOGUE)
+        return 0;
+    return (size_t)v[4] * (size_t)(v[0] + v[1]) * (size_t)v[2] * stof_dtype_size(p->dtype);
+}
+
+/* The largest of 8, 4, 2, 1 dividing n. */
+static int widest_vec(int64_t n) {
+    int v = 8;
+    while (n % v)
+        v /= 2;
+    return v;
+}
+
+void gemm_exec_default_values(const gemm_exec_problem *p, int *v) {
+    memset(v, 0, FUSION_MAX_PARAMS * sizeof *v);
+    switch (p->tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+        /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: 128 x 128 tiles, 8 warps of
+         * 64 x 32, 3 stages (48 KiB); small M wastes less with 64-row tiles */
+        v[0] = p->m <= 64 ? 64 : 128;
+        v[1] = 128;
+        v[2] = 32;
+        v[3] = p->m <= 64 ? 4 : 8;
+        v[4] = 3;
+        break;
+    case FUSION_T_MI_CHAIN:
+        /* ROWS, THREADS, VEC: a warp a row (4 rows a block) while a thread
+         * holds at most 32 elements, else whole blocks a row */
+        v[2] = widest_vec(p->n);
+        v[0] = 4;
+        v[1] = 128;
+        if (mi_per_thread(p->n, v) > 32) {
+            v[0] = 1;
+            v[1] = 256;
+            if (mi_per_thread(p->n, v) > 32)
+                v[1] = 512;
+        }
+        break;
+    case FUSION_T_EMBEDDING:
+        v[0] = 256;
+        v[1] = widest_vec(p->n);
+        break;
+    default:
+        break;
+    }
+}
+
+const char *gemm_exec_kernel_name(fusion_template_id t) {
+    switch (t) {
+    case FUSION_T_GEMM_EPILOGUE:
+        return STOF_GEMM_EPILOGUE_KERNEL;
+    case FUSION_T_MI_CHAIN:
+        return STOF_MI_CHAIN_KERNEL;
+    case FUSION_T_EMBEDDING:
+        return STOF_EMBEDDING_KERNEL;
+    default:
+        return NULL;
+    }
+}
+
+static void add_opt(gemm_exec_request *r, const char *name, long long value) {
+    if (r->req.n_options < GEMM_EXEC_MAX_OPTS) {
+        snprintf(r->opts[r->req.n_options], sizeof r->opts[0], "-D%s=%lld", name, value);
+        r->req.options[r->req.n_options] = r->opts[r->req.n_options];
+        r->req.n_options++;
+    }
+}
+
+void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, const int *values,
+                            const char *arch) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->arch, sizeof r->arch, "%s", arch);
+    r->req.arch = r->arch;
+    const fusion_template *t = fusion_template_get(p->tmpl);
+    r->req.source = t ? t->kernel : "?";
+    for (int i = 0; t && i < t->n_params; i++)
+        add_opt(r, t->params[i].name, values[i]);
+    add_opt(r, "STOF_DTYPE", (int)p->dtype);
+    switch (p->tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+        add_opt(r, "WEIGHT_KN", p->weight_kn != 0);
+        add_opt(r, "HAS_BIAS", p->epi.has_bias != 0);
+        add_opt(r, "ACT", (int)p->epi.act);
+        add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+        break;
+    case FUSION_T_MI_CHAIN:
+        add_opt(r, "ROW_N", p->n);
+        add_opt(r, "HAS_BIAS", p->epi.has_bias != 0);
+        add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+        add_opt(r, "ACT", (int)p->epi.act);
+        add_opt(r, "NORM", (int)p->epi.norm);
+        add_opt(r, "STORE_PRE_NORM", p->store_pre_norm != 0);
+        break;
+    case FUSION_T_EMBEDDING:
+        add_opt(r, "HAS_POS", p->has_position != 0);
+        add_opt(r, "HAS_TYPE", p->has_type != 0);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- the GPU context ----------------------------------------------------------------- */
+
+int gemm_exec_ctx_create(int ordinal, gemm_exec_ctx **out, stof_error *err) {
+    *out = NULL;
+    gemm_exec_ctx *c = err_calloc(1, sizeof *c, err);
+    if (!c)
+        return STOF_ERR_NOMEM;
+    int rc = cuda_driver_get(&c->drv, err);
+    if (!rc)
+        rc = device_query(ordinal, &c->info, err);
+    if (!rc)
+        rc = cuda_check(c->drv, c->drv->DeviceGet(&c->dev, ordinal), "cuDeviceGet", err);
+    if (!rc)
+        rc = cuda_check(c->drv, c->drv->DevicePrimaryCtxRetain(&c->cu, c->dev),
+                        "cuDevicePrimaryCtxRetain", err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    if ((rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err))) {
+        c->drv->DevicePrimaryCtxRelease(c->dev);
+        free(c);
+        return rc;
+    }
+    device_arch_name(&c->info, c->arch, sizeof c->arch);
+    nvrtc_cache_init(&c->nvrtc, NULL);
+    *out = c;
+    return STOF_OK;
+}
+
+void gemm_exec_ctx_free(gemm_exec_ctx *c) {
+    if (!c)
+        return;
+    c->drv->CtxSetCurrent(c->cu);
+    for (int i = 0; i < c->n_modules; i++)
+        c->drv->ModuleUnload(c->modules[i].module);
+    free(c->modules);
+    nvrtc_cache_free(&c->nvrtc);
+    c->drv->DevicePrimaryCtxRelease(c->dev);
+    free(c);
+}
+
+/* The loaded kernel of a request: compiled (or found in the NVRTC cache),
+ * loaded once per context, its shared memory limit raised when needed. */
+static int get_function(gemm_exec_ctx *c, const gemm_exec_request *r, const char *name,
+                        size_t smem, CUfunction *out, stof_error *err) {
+    uint64_t key = nvrtc_key(&r->req);
+    gemm_exec_module *m = NULL;
+    for (int i = 0; i < c->n_modules && !m; i++)
+        if (c->modules[i].key == key)
+            m = &c->modules[i];
+    int rc;
+    if (!m) {
+        if (c->n_modules == c->cap_modules) {
+            int cap = c->cap_modules ? 2 * c->cap_modules : 16;
+            gemm_exec_module *p = err_realloc(c->modules, (size_t)cap * sizeof *p, err);
+            if (!p)
+                return STOF_ERR_NOMEM;
+            c->modules = p;
+            c->cap_modules = cap;
+        }
+        const void *cubin;
+        size_t size;
+        if ((rc = nvrtc_get(&c->nvrtc, &r->req, &cubin, &size, err)))
+            return rc;
+        gemm_exec_module fresh = {.key = key};
+        if ((rc = cuda_check(c->drv, c->drv->ModuleLoadData(&fresh.module, cubin),
+                             "cuModuleLoadData", err)))
+            return rc;
+        if ((rc = cuda_check(c->drv, c->drv->ModuleGetFunction(&fresh.func, fresh.module, name),
+                             "cuModuleGetFunction", err))) {
+            c->drv->ModuleUnload(fresh.module);
+            return rc;
+        }
+        m = &c->modules[c->n_modules++];
+        *m = fresh;
+    }
+    if (smem > GEMM_EXEC_STATIC_SMEM && (size_t)m->smem_attr < smem) {
+        if ((rc = cuda_check(c->drv,
+                             c->drv->FuncSetAttribute(
+                                 m->func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem),
+                             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", err)))
+            return rc;
+        m->smem_attr = (int)smem;
+    }
+    *out = m->func;
+    return STOF_OK;
+}
+
+/* ---- plans ---------------------------------------------------------------------------- */
+
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
+    const gemm_exec_problem *p = &plan->problem;
+    const int *v = plan->values;
+    plan->grid[1] = plan->grid[2] = plan->block[1] = plan->block[2] = 1;
+    switch (p->tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+        plan->grid[0] = (unsigned)ceil_div(p->m, v[0]); /* row tiles: x has room for 2^31 */
+        plan->grid[1] = (unsigned)ceil_div(p->n, v[1]);
+        plan->block[0] = (unsigned)v[3] * 32;
+        break;
+    case FUSION_T_MI_CHAIN:
+        plan->grid[0] = (unsigned)ceil_div(p->m, v[0]);
+        plan->block[0] = (unsigned)v[1];
+        break;
+    default: {
+        /* a grid-stride loop: enough blocks to fill the GPU a few times over */
+        int64_t blocks = ceil_div(p->m * (p->n / v[1]), v[0]);
+        int64_t cap = (int64_t)(c->info.sm_count > 0 ? c->info.sm_count : 132) * 16;
+        plan->grid[0] = (unsigned)(blocks < cap ? blocks : cap);
+        plan->block[0] = (unsigned)v[0];
+        break;
+    }
+    }
+}
+
+int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const int *values,
+                          gemm_exec_plan **out, stof_error *err) {
+    *out = NULL;
+    int rc = gemm_exec_validate(p, err);
+    if (rc)
+        return rc;
+    gemm_exec_plan *plan = err_calloc(1, sizeof *plan, err);
+    if (!plan)
+        return STOF_ERR_NOMEM;
+    plan->problem = *p;
+    if (values)
+        memcpy(plan->values, values, (size_t)fusion_template_get(p->tmpl)->n_params *
+                                         sizeof *values);
+    else
+        gemm_exec_default_values(p, plan->values);
+    snprintf(plan->arch, sizeof plan->arch, "%s", c->arch);
+    if ((rc = gemm_exec_check(p, plan->values, c->info.smem_per_block_optin, err)) ||
+        (rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err))) {
+        free(plan);
+        return rc;
+    }
+    plan->smem = gemm_exec_smem(p, plan->values);
+    set_launch_shape(c, plan);
+    gemm_exec_request r;
+    gemm_exec_request_init(&r, p, plan->values, c->arch);
+    rc = get_function(c, &r, gemm_exec_kernel_name(p->tmpl), plan->smem, &plan->func, err);
+    if (!rc && p->tmpl == FUSION_T_EMBEDDING) {
+        rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
+                        "cuMemAlloc(embedding error flag)", err);
+        const int32_t zero = 0;
+        if (!rc)
+            rc = cuda_check(c->drv, c->drv->MemcpyHtoD(plan->d_error, &zero, sizeof zero),
+                            "cuMemcpyHtoD(embedding error flag)", err);
+    }
+    if (rc) {
+        gemm_exec_plan_free(c, plan);
+        return rc;
+    }
+    *out = plan;
+    return STOF_OK;
+}
+
+void gemm_exec_plan_free(gemm_exec_ctx *c, gemm_exec_plan *plan) {
+    if (!plan)
+        return;
+    if (plan->d_error) {
+        c->drv->CtxSetCurrent(c->cu);
+        c->drv->MemFree(plan->d_error);
+    }
+    free(plan);
+}
+
+static const char *act_name(fusion_act a) {
+    static const char *const names[] = {"", " gelu", " gelu_tanh", " relu"};
+    return (int)a >= 0 && a <= FUSION_ACT_RELU ? names[a] : " ?";
+}
+
+size_t gemm_exec_plan_describe(const gemm_exec_plan *plan, char *buf, size_t n) {
+    const gemm_exec_problem *p = &plan->problem;
+    const fusion_template *t = fusion_template_get(p->tmpl);
+    char setting[160];
+    int len = 0;
+    setting[0] = '\0';
+    for (int i = 0; i < t->n_params && len >= 0 && (size_t)len < sizeof setting; i++)
+        len += snprintf(setting + len, sizeof setting - (size_t)len, "%s%s=%d", i ? " " : "",
+                        t->params[i].name, plan->values[i]);
+    static const char *const norms[] = {"", " layernorm", " rmsnorm"};
+    int k = snprintf(buf, n,
+                     "%s %s M=%lld N=%lld K=%lld%s%s%s%s%s%s%s%s [%s] smem=%zuB grid=%ux%ux%u "
+                     "block=%u %s",
+                     t->name, stof_dtype_name(p->dtype), (long long)p->m, (long long)p->n,
+                     (long long)p->k, p->weight_kn ? " w[K,N]" : "",
+                     p->epi.has_bias ? " bias" : "",
+                     p->tmpl == FUSION_T_MI_CHAIN && p->epi.has_residual ? " add" : "",
+                     act_name(p->epi.act),
+                     p->tmpl == FUSION_T_GEMM_EPILOGUE && p->epi.has_residual ? " add" : "",
+                     norms[p->epi.norm], p->store_pre_norm ? " +pre_norm" : "",
+                     p->tmpl == FUSION_T_EMBEDDING
+                         ? (p->has_position ? (p->has_type ? " pos type" : " pos")
+                                            : (p->has_type ? " type" : ""))
+                         : "",
+                     setting, plan->smem, plan->grid[0], plan->grid[1], plan->grid[2],
+                     plan->block[0], plan->arch);
+    return k < 0 ? 0 : (size_t)k;
+}
+
+/* ---- argument blocks -------------------------------------------------------------------- */
+
+/* A tensor the kernel reads or writes: present, 16-byte aligned, with a row
+ * stride (0 = row_len) that is a multiple of 8 and at least row_len. */
+static int check_tensor(const char *what, const char *name, CUdeviceptr ptr, int64_t *stride,
+                        int64_t row_len, stof_error *err) {
+    if (*stride == 0)
+        *stride = row_len;
+    if (!ptr || ptr % 16 || *stride % 8 || *stride < row_len)
+        return err_set(err, STOF_ERR_INVALID,
+                       "%s: %s must be a 16-byte aligned device pointer with a row stride that "
+                       "is a multiple of 8 elements and at least %lld (pointer 0x%llx, stride "
+                       "%lld)",
+                       what, name, (long long)row_len, (unsigned long long)ptr,
+                       (long long)*stride);
+    return STOF_OK;
+}
+
+/* A vector or table read whole-row at a time: present and 16-byte aligned. */
+static int check_ptr(const char *what, const char *name, CUdeviceptr ptr, stof_error *err) {
+    if (!ptr || ptr % 16)
+        return err_set(err, STOF_ERR_INVALID,
+                       "%s: %s must be a 16-byte aligned device pointer (got 0x%llx)", what, name,
+                       (unsigned long long)ptr);
+    return STOF_OK;
+}
+
+static int wrong_plan(const gemm_exec_plan *plan, fusion_template_id want, stof_error *err) {
+    if (plan->problem.tmpl == want)
+        return STOF_OK;
+    return err_set(err, STOF_ERR_INVALID, "a %s plan launched as %s",
+                   tmpl_name(plan->problem.tmpl), tmpl_name(want));
+}
+
+#define PTR(d) ((void *)(uintptr_t)(d))
+
+int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
+                        stof_gemm_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const char *what = "gemm_epilogue";
+    gemm_exec_gemm_tensors s = *t;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_GEMM_EPILOGUE, err)) ||
+        (rc = check_tensor(what, "x", s.x, &s.x_row_stride, p->k, err)) ||
+        (rc = check_tensor(what, "w", s.w, &s.w_row_stride, p->weight_kn ? p->n : p->k, err)) ||
+        (rc = check_tensor(what, "y", s.y, &s.y_row_stride, p->n, err)) ||
+        (p->epi.has_bias && (rc = check_ptr(what, "bias", s.bias, err))) ||
+        (p->epi.has_residual &&
+         (rc = check_tensor(what, "residual", s.residual, &s.r_row_stride, p->n, err))))
+        return rc;
+    a->x = PTR(s.x);
+    a->w = PTR(s.w);
+    a->bias = p->epi.has_bias ? PTR(s.bias) : NULL;
+    a->residual = p->epi.has_residual ? PTR(s.residual) : NULL;
+    a->y = PTR(s.y);
+    a->x_row_stride = s.x_row_stride;
+    a->w_row_stride = s.w_row_stride;
+    a->r_row_stride = p->epi.has_residual ? s.r_row_stride : 0;
+    a->y_row_stride = s.y_row_stride;
+    a->m = (int32_t)p->m;
+    a->n = (int32_t)p->n;
+    a->k = (int32_t)p->k;
+    return STOF_OK;
+}
+
+int gemm_exec_mi_args(const gemm_exec_plan *plan, const gemm_exec_mi_tensors *t, stof_mi_args *a,
+                      stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const char *what = "mi_chain";
+    gemm_exec_mi_tensors s = *t;
+    const int norm = p->epi.norm != FUSION_NORM_NONE;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_MI_CHAIN, err)) ||
+        (rc = check_tensor(what, "x", s.x, &s.x_row_stride, p->n, err)) ||
+        (rc = check_tensor(what, "y", s.y, &s.y_row_stride, p->n, err)) ||
+        (p->epi.has_bias && (rc = check_ptr(what, "bias", s.bias, err))) ||
+        (p->epi.has_residual &&
+         (rc = check_tensor(what, "residual", s.residual, &s.r_row_stride, p->n, err))) ||
+        (norm && (rc = check_ptr(what, "gamma", s.gamma, err))) ||
+        (p->epi.norm == FUSION_NORM_LAYERNORM && (rc = check_ptr(what, "beta", s.beta, err))) ||
+        (p->store_pre_norm &&
+         (rc = check_tensor(what, "pre_norm", s.pre_norm, &s.p_row_stride, p->n, err))))
+        return rc;
+    a->x = PTR(s.x);
+    a->bias = p->epi.has_bias ? PTR(s.bias) : NULL;
+    a->residual = p->epi.has_residual ? PTR(s.residual) : NULL;
+    a->gamma = norm ? PTR(s.gamma) : NULL;
+    a->beta = p->epi.norm == FUSION_NORM_LAYERNORM ? PTR(s.beta) : NULL;
+    a->y = PTR(s.y);
+    a->pre_norm = p->store_pre_norm ? PTR(s.pre_norm) : NULL;
+    a->rows = p->m;
+    a->x_row_stride = s.x_row_stride;
+    a->r_row_stride = p->epi.has_residual ? s.r_row_stride : 0;
+    a->y_row_stride = s.y_row_stride;
+    a->p_row_stride = p->store_pre_norm ? s.p_row_stride : 0;
+    a->eps = p->eps;
+    return STOF_OK;
+}
+
+int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tensors *t,
+                         stof_embed_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const char *what = "embedding";
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_EMBEDDING, err)) ||
+        (rc = check_ptr(what, "ids", t->ids, err)) ||
+        (rc = check_ptr(what, "word", t->word, err)) ||
+        (rc = check_ptr(what, "out", t->out, err)) ||
+        (p->has_position && (rc = check_ptr(what, "pos", t->pos, err))) ||
+        (p->has_type && (rc = check_ptr(what, "type", t->type, err))))
+        return rc;
+    if (!plan->d_error)
+        return err_set(err, STOF_ERR_INVALID, "embedding: the plan has no error flag");
+    a->ids = (const int32_t *)PTR(t->ids);
+    a->word = PTR(t->word);
+    a->pos = p->has_position ? PTR(t->pos) : NULL;
+    a->type = p->has_type ? PTR(t->type) : NULL;
+    a->out = PTR(t->out);
+    a->error = (int32_t *)PTR(plan->d_error);
+    a->tokens = p->m;
+    a->seq_len = p->seq_len;
+    a->hidden = (int32_t)p->n;
+    a->vocab = p->vocab;
+    return STOF_OK;
+}
+
+/* ---- launching ------------------------------------------------------------------------- */
+
+static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUstream s,
+                  stof_error *err) {
+    void *params[] = {args};
+    char what[64];
+    snprintf(what, sizeof what, "cuLaunchKernel(%s)", tmpl_name(plan->problem.tmpl));
+    return cuda_check(c->drv,
+                      c->drv->LaunchKernel(plan->func, plan->grid[0], plan->grid[1], plan->grid[2],
+                                           plan->block[0], plan->block[1], plan->block[2],
+                                           (unsigned)plan->smem, s, params, NULL),
+                      what, err);
+}
+
+int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
+                   CUstream s, stof_error *err) {
+    stof_gemm_args a;
+    int rc = gemm_exec_gemm_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_mi_chain(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                       const gemm_exec_mi_tensors *t, CUstream s, stof_error *err) {
+    stof_mi_args a;
+    int rc = gemm_exec_mi_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_embedding(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                        const gemm_exec_embed_tensors *t, CUstream s, stof_error *err) {
+    stof_embed_args a;
+    int rc = gemm_exec_embed_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUdeviceptr ids,
+                               CUstream s, int64_t *bad_token, stof_error *err) {
+    if (bad_token)
+        *bad_token = -1;
+    int rc = wrong_plan(plan, FUSION_T_EMBEDDING, err);
+    if (rc)
+        return rc;
+    int32_t flag = 0;
+    if ((rc = cuda_check(c->drv, c->drv->StreamSynchronize(s), "cuStreamSynchronize", err)) ||
+        (rc = cuda_check(c->drv, c->drv->MemcpyDtoH(&flag, plan->d_error, sizeof flag),
+                         "cuMemcpyDtoH(embedding error flag)", err)))
+        return rc;
+    if (flag == 0)
+        return STOF_OK;
+    int64_t token = (int64_t)flag - 1;
+    int32_t id = 0;
+    if ((rc = cuda_check(c->drv, c->drv->MemsetD32Async(plan->d_error, 0, 1, s),
+                         "cuMemsetD32Async(embedding error flag)", err)) ||
+        (rc = cuda_check(c->drv, c->drv->StreamSynchronize(s), "cuStreamSynchronize", err)))
+        return rc;
+    char id_text[32] = "an id";
+    if (ids && ids % 4 == 0 &&
+        c->drv->MemcpyDtoH(&id, ids + (CUdeviceptr)token * sizeof id, sizeof id) == CUDA_SUCCESS)
+        snprintf(id_text, sizeof id_text, "id %d", (int)id);
+    if (bad_token)
+        *bad_token = token;
+    const gemm_exec_problem *p = &plan->problem;
+    return err_set(err, STOF_ERR_INVALID,
+                   "embedding: token %lld (batch %lld, position %lld) has %s, outside the "
+                   "vocabulary [0, %d); its row was written as zeros",
+                   (long long)token, (long long)(token / p->seq_len),
+                   (long long)(token % p->seq_len), id_text, p->vocab);
+}

@@ -1,0 +1,119 @@
+/* The argument blocks of the GEMM-family and memory-intensive kernels
+ * (gemm_epilogue.cu, mi_chain.cu, embedding.cu), shared by the host (C11:
+ * core/gemm_exec.c includes it as "kernels/gemm_abi.cuh") and the kernels
+ * (CUDA C++ under NVRTC).
+ *
+ * As in attention_abi.cuh: each struct is passed BY VALUE as the single
+ * kernel parameter, so host and device must agree on its layout byte for
+ * byte: fixed-width types only, 8-byte fields first, then an even count of
+ * 4-byte ones; the sizes are checked on both sides.
+ *
+ * All tensors are row-major in the model dtype (STOF_DTYPE) unless said
+ * otherwise; row strides are in elements, multiples of 8, and base pointers
+ * 16-byte aligned (16-byte vector loads and cp.async). The host checks. */
+#ifndef STOF_KERNELS_GEMM_ABI_CUH
+#define STOF_KERNELS_GEMM_ABI_CUH
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+typedef int stof_i32;
+typedef long long stof_i64;
+#define STOF_GEMM_ABI_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#include <stdint.h>
+typedef int32_t stof_i32;
+typedef int64_t stof_i64;
+#define STOF_GEMM_ABI_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+/* gemm_epilogue.cu: y[m, n] = epilogue(sum_k x[m, k] w[n, k]).
+ *   w is [N, K] (row n at w + n * w_row_stride), or with -DWEIGHT_KN=1
+ *   [K, N] (row k at w + k * w_row_stride; GPT-2's Conv1D).
+ *   The epilogue, in this order: + bias[n] (HAS_BIAS), the activation (ACT:
+ *   0 none, 1 GELU erf, 2 GELU tanh, 3 ReLU), + residual[m, n]
+ *   (HAS_RESIDUAL). residual must not overlap x or w; it may be y itself
+ *   (every element is read and then written by the same thread).
+ *   Rows m >= M are neither read nor written; N and K are multiples of 8. */
+typedef struct stof_gemm_args {
+    const void *x, *w, *bias, *residual;
+    void *y;
+    stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride;
+    stof_i32 m, n, k, pad_;
+} stof_gemm_args;
+
+#define STOF_GEMM_ARGS_BYTES (9 * 8 + 4 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES,
+                            "stof_gemm_args layout changed: host and kernels must agree");
+
+/* mi_chain.cu: for every row r < rows of ROW_N elements,
+ *   s = x[r] (+ bias) (+ residual[r]), then the activation (ACT), then
+ *   pre_norm[r] = s (STORE_PRE_NORM), y[r] = norm(s) (NORM: 0 none,
+ *   1 LayerNorm with gamma and beta, biased variance, 2 RMSNorm with gamma).
+ * y may be x or residual (each element is read before it is written, by the
+ * same thread); pre_norm must not overlap the inputs. */
+/* A thread of mi_chain.cu holds its share of a row in registers, at most
+ * this many elements (ceil(ROW_N / VEC / threads per row) * VEC); the host
+ * rejects settings above it. */
+#define STOF_MI_MAX_PER_THREAD 64
+
+typedef struct stof_mi_args {
+    const void *x, *bias, *residual, *gamma, *beta;
+    void *y, *pre_norm;
+    stof_i64 rows;
+    stof_i64 x_row_stride, r_row_stride, y_row_stride, p_row_stride;
+    float eps;
+    stof_i32 pad_;
+} stof_mi_args;
+
+#define STOF_MI_ARGS_BYTES (12 * 8 + 2 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mi_args) == STOF_MI_ARGS_BYTES,
+                            "stof_mi_args layout changed: host and kernels must agree");
+
+/* embedding.cu: out[t, :] = word[ids[t]] (+ pos[t % seq_len]) (+ type[0])
+ * for every token t < tokens (ids [B, S] flattened, int32).
+ * An id outside [0, vocab) cannot be clamped silently: its output row is
+ * written as zeros and *error (a device int32 the host zeroes beforehand)
+ * gets t + 1 for one such token (the first to claim it), so the host can
+ * name the token and its id when it reads the flag back. */
+typedef struct stof_embed_args {
+    const stof_i32 *ids;
+    const void *word, *pos, *type;
+    void *out;
+    stof_i32 *error;
+    stof_i64 tokens;
+    stof_i32 seq_len, hidden, vocab, pad_;
+} stof_embed_args;
+
+#define STOF_EMBED_ARGS_BYTES (7 * 8 + 4 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES,
+                            "stof_embed_args layout changed: host and kernels must agree");
+
+/* Kernel names, for cuModuleGetFunction. */
+#define STOF_GEMM_EPILOGUE_KERNEL "stof_gemm_epilogue"
+#define STOF_MI_CHAIN_KERNEL "stof_mi_chain"
+#define STOF_EMBEDDING_KERNEL "stof_embedding"
+
+/* Activation codes (ACT) and norm codes (NORM), the values of fusion_act and
+ * fusion_norm in fusion/match.h. */
+#define STOF_ACT_NONE 0
+#define STOF_ACT_GELU 1
+#define STOF_ACT_GELU_TANH 2
+#define STOF_ACT_RELU 3
+#define STOF_NORM_NONE 0
+#define STOF_NORM_LAYERNORM 1
+#define STOF_NORM_RMSNORM 2
+
+/* The activations in fp32, one definition for every kernel that applies
+ * them (device code only). */
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+template <int Act> __device__ __forceinline__ float stof_activate(float v) {
+    if (Act == STOF_ACT_GELU)
+        return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    if (Act == STOF_ACT_GELU_TANH)
+        return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    if (Act == STOF_ACT_RELU)
+        return v > 0.0f ? v : 0.0f;
+    return v;
+}
+#endif
+
+#endif

@@ -1,0 +1,989 @@
+/* gemm_epilogue, mi_chain and embedding on the GPU against fp64 CPU
+ * references written here, independent of the kernels.
+ *
+ * gemm_epilogue: every M in {1, 7, 64, 1000, 4096} (none a multiple of
+ * every tile), N in {768, 2304, 3072}, K in {768, 1024, 3072, 4096}, both
+ * weight layouts, fp16 and bf16, with the plain and one rotating epilogue
+ * on three tile settings; then every epilogue the template declares (bias x
+ * {none, gelu, gelu_tanh, relu} x add = 16) in both layouts on two shapes,
+ * and the residual added in place (residual == y). Inputs are fresh seeded
+ * uniform values rounded to the dtype, outputs poisoned with NaN before
+ * every launch. Checked: the relative error ||out - ref|| / ||ref|| on the
+ * reference rows (every row up to M = 16, else 16 rows: the first, the last,
+ * tile edges and random ones; an fp64 GEMM of every row would take minutes
+ * in a sanitizer build) below 1e-2 (fp16) or 2e-2 (bf16), and no NaN or
+ * infinity anywhere in the output.
+ *
+ * mi_chain: bias+add+layernorm, add+layernorm, add+rmsnorm, gelu, the
+ * pre-norm store of pre-LN models, bias+gelu_tanh, add+relu, rows of 512,
+ * 768 and 1024, 7 and 1000 rows, three thread layouts (a warp a row, a
+ * block a row, a sub-warp a row). Every element checked.
+ *
+ * embedding: with and without position and type tables, widths 768 (VEC 8)
+ * and 100 (VEC 4); bad ids give zero rows and an error naming the token.
+ *
+ * One line per case, the failures again at the end. Then gemm_epilogue is
+ * timed at M = 4096, N = 3072, K = 768, fp16, three settings (median of 20,
+ * informational). Exit 77 with "SKIPPED: <reason>" when there is no GPU.
+ * argv[1] = "notime" skips the timing. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/gemm_exec.h"
+#include "core/util.h"
+
+#define TOL_F16 1e-2
+#define TOL_BF16 2e-2
+#define NAN_BITS 0x7fff /* a NaN in fp16 and in bf16 */
+#define MAX_REF_ROWS 16
+
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES */
+static const int gemm_settings[][5] = {
+    {128, 128, 32, 8, 3}, {64, 64, 64, 4, 4}, {128, 256, 64, 8, 4}};
+#define N_GEMM_SETTINGS 3
+static const int time_settings[][5] = {
+    {128, 128, 32, 8, 4}, {128, 256, 32, 8, 3}, {128, 128, 64, 4, 3}};
+#define N_TIME_SETTINGS 3
+
+/* ---- a recap of the failures ------------------------------------------------------- */
+
+#define RECAP_MAX 40
+static char recap[RECAP_MAX][240];
+static int n_recap, n_failed_runs, n_runs;
+
+static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void recap_add(const char *fmt, ...) {
+    n_failed_runs++;
+    if (n_recap == RECAP_MAX)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(recap[n_recap++], sizeof recap[0], fmt, ap);
+    va_end(ap);
+}
+
+static void recap_print(void) {
+    printf("\n%d runs, %d failing%s\n", n_runs, n_failed_runs, n_failed_runs ? ":" : "");
+    for (int i = 0; i < n_recap; i++)
+        printf("  %s\n", recap[i]);
+    if (n_failed_runs > n_recap)
+        printf("  ... and %d more (see above)\n", n_failed_runs - n_recap);
+}
+
+/* ---- values -------------------------------------------------------------------------- */
+
+static uint16_t to_bits(stof_dtype t, float x) {
+    return t == STOF_BF16 ? util_f32_to_bf16(x) : util_f32_to_f16(x);
+}
+
+static float from_bits(stof_dtype t, uint16_t b) {
+    return t == STOF_BF16 ? util_bf16_to_f32(b) : util_f16_to_f32(b);
+}
+
+/* n uniform values in [lo, hi) rounded to the dtype, as floats and as bits. */
+static void fill(float *x, uint16_t *bits, size_t n, stof_dtype t, util_rng *rng, double lo,
+                 double hi) {
+    for (size_t i = 0; i < n; i++) {
+        bits[i] = to_bits(t, (float)(lo + (hi - lo) * util_rng_double(rng)));
+        x[i] = from_bits(t, bits[i]);
+    }
+}
+
+static double act_ref(fusion_act a, double v) {
+    switch (a) {
+    case FUSION_ACT_GELU:
+        return 0.5 * v * (1.0 + erf(v * 0.70710678118654752440));
+    case FUSION_ACT_GELU_TANH:
+        return 0.5 * v * (1.0 + tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
+    case FUSION_ACT_RELU:
+        return v > 0 ? v : 0;
+    default:
+        return v;
+    }
+}
+
+static const char *act_label(fusion_act a) {
+    static const char *const names[] = {"", "+gelu", "+gelu_tanh", "+relu"};
+    return names[a];
+}
+
+static double tol_of(stof_dtype t) {
+    return t == STOF_BF16 ? TOL_BF16 : TOL_F16;
+}
+
+/* ---- comparing ---------------------------------------------------------------------------- */
+
+typedef struct verdict {
+    double num, den, max_abs;
+    long nonfinite, checked;
+    long first_bad; /* element index of the first error above 4 x tol x scale, or -1 */
+} verdict;
+
+static void verdict_init(verdict *v) {
+    memset(v, 0, sizeof *v);
+    v->first_bad = -1;
+}
+
+static void verdict_add(verdict *v, float y, double ref, long at) {
+    v->checked++;
+    if (!isfinite(y)) {
+        v->nonfinite++;
+        if (v->first_bad < 0)
+            v->first_bad = at;
+        return;
+    }
+    double e = fabs(y - ref);
+    v->max_abs = e > v->max_abs ? e : v->max_abs;
+    v->num += e * e;
+    v->den += ref * ref;
+    if (v->first_bad < 0 && e > 0.1 + 0.1 * fabs(ref))
+        v->first_bad = at;
+}
+
+static double verdict_rel(const verdict *v) {
+    return v->den > 0 ? sqrt(v->num / v->den) : sqrt(v->num);
+}
+
+/* Non-finite values anywhere in out (the rows not in the reference too). */
+static long count_nonfinite(const uint16_t *out, size_t n, stof_dtype t) {
+    long bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += !isfinite(from_bits(t, out[i]));
+    return bad;
+}
+
+/* ---- the GPU -------------------------------------------------------------------------------- */
+
+typedef struct gpu {
+    gemm_exec_ctx *ctx;
+    const cuda_driver *drv;
+    int dead; /* a sticky CUDA error: the context is unusable */
+} gpu;
+
+static int check_cu(gpu *g, CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS)
+        return 0;
+    const char *name = NULL;
+    g->drv->GetErrorName(r, &name);
+    fprintf(stderr, "CUDA error in %s: %s\n", what, name ? name : "?");
+    CHECK_MSG(0, "%s: %s", what, name ? name : "?");
+    if (r != CUDA_ERROR_OUT_OF_MEMORY && r != CUDA_ERROR_INVALID_VALUE)
+        g->dead = 1;
+    return -1;
+}
+
+static int dalloc(gpu *g, CUdeviceptr *d, size_t bytes) {
+    *d = 0;
+    return check_cu(g, g->drv->MemAlloc(d, bytes), "cuMemAlloc");
+}
+
+static int upload(gpu *g, CUdeviceptr *d, const void *h, size_t bytes) {
+    if (dalloc(g, d, bytes))
+        return -1;
+    return check_cu(g, g->drv->MemcpyHtoD(*d, h, bytes), "cuMemcpyHtoD");
+}
+
+static void dfree(gpu *g, CUdeviceptr *d) {
+    if (*d)
+        g->drv->MemFree(*d);
+    *d = 0;
+}
+
+static int poison(gpu *g, CUdeviceptr d, size_t elems) {
+    return check_cu(g, g->drv->MemsetD16Async(d, NAN_BITS, elems, 0), "cuMemsetD16Async");
+}
+
+/* Waits for the launches and copies elems 16-bit values back. */
+static int fetch(gpu *g, uint16_t *h, CUdeviceptr d, size_t elems) {
+    if (check_cu(g, g->drv->StreamSynchronize(0), "cuStreamSynchronize (the kernel)"))
+        return -1;
+    return check_cu(g, g->drv->MemcpyDtoH(h, d, elems * 2), "cuMemcpyDtoH");
+}
+
+/* A plan, or a failed case (recorded) and NULL. */
+static gemm_exec_plan *make_plan(gpu *g, const gemm_exec_problem *p, const int *values,
+                                 const char *label) {
+    gemm_exec_plan *plan = NULL;
+    stof_error err = {0};
+    int rc = gemm_exec_plan_create(g->ctx, p, values, &plan, &err);
+    if (rc) {
+        n_runs++;
+        printf("%-72s PLAN FAILED: %s\n", label, err.msg);
+        CHECK_MSG(0, "%s: %s", label, err.msg);
+        recap_add("%s: plan: %.160s", label, err.msg);
+        if (rc == STOF_ERR_CUDA)
+            g->dead = 1;
+    }
+    return plan;
+}
+
+/* One result line; a failure also goes to the recap. */
+static void report(const char *label, const verdict *v, long nonfinite_all, double tol,
+                   const char *where) {
+    double rel = verdict_rel(v);
+    int ok = rel < tol && v->nonfinite == 0 && nonfinite_all == 0 && v->checked > 0;
+    n_runs++;
+    printf("%-72s rel %.2e max %.2e nan %ld/%ld %s\n", label, rel, v->max_abs, nonfinite_all,
+           v->checked, ok ? "OK" : "FAIL");
+    if (!ok) {
+        if (where[0])
+            printf("    %s\n", where);
+        recap_add("%s: rel %.2e, %ld non-finite", label, rel, nonfinite_all);
+    }
+    CHECK_MSG(ok, "%s: rel %.3g (tol %.g), %ld non-finite", label, rel, tol, nonfinite_all);
+}
+
+/* ---- gemm_epilogue ----------------------------------------------------------------------- */
+
+/* The weights of one (N, K, dtype): logical [N][K], uploaded in both layouts. */
+typedef struct gweights {
+    int N, K;
+    stof_dtype dt;
+    float *w, *bias;
+    CUdeviceptr dw_nk, dw_kn, db;
+} gweights;
+
+/* One input set: x and the residual for M rows, the fp64 x w^T of the
+ * reference rows. */
+typedef struct gset {
+    const gweights *wt;
+    int M;
+    float *x, *res;
+    uint16_t *res_bits;
+    int n_rows, rows[MAX_REF_ROWS];
+    double *acc; /* [n_rows][N] */
+    CUdeviceptr dx, dr, dy;
+    uint16_t *hy;
+} gset;
+
+static int make_weights(gpu *g, gweights *wt, int N, int K, stof_dtype dt, util_rng *rng) {
+    memset(wt, 0, sizeof *wt);
+    wt->N = N;
+    wt->K = K;
+    wt->dt = dt;
+    size_t nk = (size_t)N * K;
+    wt->w = malloc(nk * sizeof *wt->w);
+    wt->bias = malloc((size_t)N * sizeof *wt->bias);
+    uint16_t *bits = malloc(nk * 2), *t = malloc(nk * 2), *bb = malloc((size_t)N * 2);
+    int rc = -1;
+    if (wt->w && wt->bias && bits && t && bb) {
+        fill(wt->w, bits, nk, dt, rng, -1.0, 1.0);
+        fill(wt->bias, bb, (size_t)N, dt, rng, -1.0, 1.0);
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++)
+                t[(size_t)k * N + n] = bits[(size_t)n * K + k];
+        rc = upload(g, &wt->dw_nk, bits, nk * 2) || upload(g, &wt->dw_kn, t, nk * 2) ||
+             upload(g, &wt->db, bb, (size_t)N * 2);
+    }
+    free(bits);
+    free(t);
+    free(bb);
+    return rc;
+}
+
+static void free_weights(gpu *g, gweights *wt) {
+    free(wt->w);
+    free(wt->bias);
+    dfree(g, &wt->dw_nk);
+    dfree(g, &wt->dw_kn);
+    dfree(g, &wt->db);
+}
+
+static int has_row(const gset *s, int r) {
+    for (int i = 0; i < s->n_rows; i++)
+        if (s->rows[i] == r)
+            return 1;
+    return 0;
+}
+
+/* Every row up to MAX_REF_ROWS; else the first two, the last two, the
+ * edges of 64- and 128-row tiles, and random rows. */
+static void pick_rows(gset *s, util_rng *rng) {
+    s->n_rows = 0;
+    if (s->M <= MAX_REF_ROWS) {
+        for (int r = 0; r < s->M; r++)
+            s->rows[s->n_rows++] = r;
+        return;
+    }
+    const int fixed[] = {0, 1, s->M - 1, s->M - 2, 63, 64, 127, 128, s->M / 2};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (fixed[i] < s->M && !has_row(s, fixed[i]))
+            s->rows[s->n_rows++] = fixed[i];
+    while (s->n_rows < MAX_REF_ROWS) {
+        int r = (int)(util_rng_double(rng) * s->M);
+        if (!has_row(s, r))
+            s->rows[s->n_rows++] = r;
+    }
+}
+
+static int make_set(gpu *g, gset *s, const gweights *wt, int M, util_rng *rng) {
+    memset(s, 0, sizeof *s);
+    s->wt = wt;
+    s->M = M;
+    const int N = wt->N, K = wt->K;
+    size_t mk = (size_t)M * K, mn = (size_t)M * N;
+    s->x = malloc(mk * sizeof *s->x);
+    s->res = malloc(mn * sizeof *s->res);
+    s->res_bits = malloc(mn * 2);
+    s->hy = malloc(mn * 2);
+    s->acc = malloc((size_t)MAX_REF_ROWS * N * sizeof *s->acc);
+    uint16_t *xb = malloc(mk * 2);
+    int rc = -1;
+    if (s->x && s->res && s->res_bits && s->hy && s->acc && xb) {
+        fill(s->x, xb, mk, wt->dt, rng, -1.0, 1.0);
+        fill(s->res, s->res_bits, mn, wt->dt, rng, -1.0, 1.0);
+        pick_rows(s, rng);
+        for (int i = 0; i < s->n_rows; i++) {
+            const float *xr = s->x + (size_t)s->rows[i] * K;
+            for (int n = 0; n < N; n++) {
+                const float *wr = wt->w + (size_t)n * K;
+                double sum = 0.0;
+                for (int k = 0; k < K; k++)
+                    sum += (double)xr[k] * wr[k];
+                s->acc[(size_t)i * N + n] = sum;
+            }
+        }
+        rc = upload(g, &s->dx, xb, mk * 2) || upload(g, &s->dr, s->res_bits, mn * 2) ||
+             dalloc(g, &s->dy, mn * 2);
+    }
+    free(xb);
+    return rc;
+}
+
+static void free_set(gpu *g, gset *s) {
+    free(s->x);
+    free(s->res);
+    free(s->res_bits);
+    free(s->hy);
+    free(s->acc);
+    dfree(g, &s->dx);
+    dfree(g, &s->dr);
+    dfree(g, &s->dy);
+}
+
+/* Runs one gemm_epilogue case on a set and checks it. in_place: the
+ * residual is y itself (y starts as the residual instead of NaN). */
+static void run_gemm(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int setting,
+                     int in_place) {
+    const gweights *wt = s->wt;
+    const int N = wt->N;
+    char label[160];
+    snprintf(label, sizeof label, "gemm %s M=%d N=%d K=%d %s %s%s%s %dx%dx%d w%d s%d",
+             stof_dtype_name(wt->dt), s->M, N, wt->K, weight_kn ? "W[K,N]" : "W[N,K]",
+             epi.has_bias ? "bias" : "-", act_label(epi.act),
+             epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "",
+             gemm_settings[setting][0], gemm_settings[setting][1], gemm_settings[setting][2],
+             gemm_settings[setting][3], gemm_settings[setting][4]);
+    gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = wt->dt, .m = s->M, .n = N,
+                           .k = wt->K, .epi = epi, .weight_kn = weight_kn};
+    gemm_exec_plan *plan = make_plan(g, &p, gemm_settings[setting], label);
+    if (!plan)
+        return;
+    size_t mn = (size_t)s->M * N;
+    gemm_exec_gemm_tensors t = {.x = s->dx, .w = weight_kn ? wt->dw_kn : wt->dw_nk,
+                                .bias = wt->db, .residual = in_place ? s->dy : s->dr,
+                                .y = s->dy};
+    stof_error err = {0};
+    int rc = in_place ? check_cu(g, g->drv->MemcpyHtoD(s->dy, s->res_bits, mn * 2),
+                                 "cuMemcpyHtoD(y = residual)")
+                      : poison(g, s->dy, mn);
+    if (!rc && (rc = gemm_exec_gemm(g->ctx, plan, &t, 0, &err)) != STOF_OK) {
+        n_runs++;
+        printf("%-72s LAUNCH FAILED: %s\n", label, err.msg);
+        CHECK_MSG(0, "%s: %s", label, err.msg);
+        recap_add("%s: launch: %.160s", label, err.msg);
+    }
+    if (!rc && !fetch(g, s->hy, s->dy, mn)) {
+        verdict v;
+        verdict_init(&v);
+        for (int i = 0; i < s->n_rows; i++) {
+            int r = s->rows[i];
+            for (int n = 0; n < N; n++) {
+                double ref = s->acc[(size_t)i * N + n];
+                if (epi.has_bias)
+                    ref += wt->bias[n];
+                ref = act_ref(epi.act, ref);
+                if (epi.has_residual)
+                    ref += s->res[(size_t)r * N + n];
+                verdict_add(&v, from_bits(wt->dt, s->hy[(size_t)r * N + n]), ref,
+                            (long)r * N + n);
+            }
+        }
+        char where[160] = "";
+        if (v.first_bad >= 0) {
+            long r = v.first_bad / N, n = v.first_bad % N;
+            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", r, n,
+                     from_bits(wt->dt, s->hy[v.first_bad]));
+        }
+        report(label, &v, count_nonfinite(s->hy, mn, wt->dt), tol_of(wt->dt), where);
+    }
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+/* The 16 epilogues the template declares: [bias] [gelu|gelu_tanh|relu] [add]. */
+static fusion_epilogue epilogue_of(int i) {
+    fusion_epilogue e = {0};
+    e.has_bias = i & 1;
+    e.act = (fusion_act)((i >> 1) & 3);
+    e.has_residual = (i >> 3) & 1;
+    return e;
+}
+
+static void test_gemm_shapes(gpu *g, util_rng *rng) {
+    static const int Ms[] = {1, 7, 64, 1000, 4096};
+    static const int Ns[] = {768, 2304, 3072};
+    static const int Ks[] = {768, 1024, 3072, 4096};
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    int turn = 0;
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int ni = 0; ni < 3 && !g->dead; ni++)
+            for (int ki = 0; ki < 4 && !g->dead; ki++) {
+                gweights wt;
+                if (make_weights(g, &wt, Ns[ni], Ks[ki], dts[d], rng)) {
+                    free_weights(g, &wt);
+                    return;
+                }
+                for (int mi = 0; mi < 5 && !g->dead; mi++) {
+                    gset s;
+                    if (!make_set(g, &s, &wt, Ms[mi], rng))
+                        for (int kn = 0; kn < 2 && !g->dead; kn++) {
+                            run_gemm(g, &s, kn, epilogue_of(0), turn % N_GEMM_SETTINGS, 0);
+                            /* the rotating epilogue: 1..15, never the plain one */
+                            run_gemm(g, &s, kn, epilogue_of(1 + turn % 15),
+                                     (turn + 1) % N_GEMM_SETTINGS, 0);
+                            turn++;
+                        }
+                    free_set(g, &s);
+                }
+                free_weights(g, &wt);
+            }
+}
+
+static void test_gemm_epilogues(gpu *g, util_rng *rng) {
+    static const int shapes[][3] = {{1000, 768, 768}, {7, 2304, 1024}};
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int sh = 0; sh < 2 && !g->dead; sh++) {
+            gweights wt;
+            gset s;
+            if (make_weights(g, &wt, shapes[sh][1], shapes[sh][2], dts[d], rng)) {
+                free_weights(g, &wt);
+                return;
+            }
+            if (make_set(g, &s, &wt, shapes[sh][0], rng)) {
+                free_set(g, &s);
+                free_weights(g, &wt);
+                return;
+            }
+            for (int e = 0; e < 16 && !g->dead; e++)
+                for (int kn = 0; kn < 2 && !g->dead; kn++)
+                    run_gemm(g, &s, kn, epilogue_of(e), (e + kn) % N_GEMM_SETTINGS, 0);
+            fusion_epilogue full = {1, FUSION_ACT_GELU, 1, FUSION_NORM_NONE};
+            run_gemm(g, &s, 0, full, 0, 1);
+            run_gemm(g, &s, 1, full, 2, 1);
+            free_set(g, &s);
+            free_weights(g, &wt);
+        }
+}
+
+/* ---- mi_chain ------------------------------------------------------------------------------- */
+
+typedef struct chain {
+    const char *name;
+    int bias, res;
+    fusion_act act;
+    fusion_norm norm;
+    int pre;
+} chain;
+
+static const chain chains[] = {
+    {"bias+add+layernorm", 1, 1, FUSION_ACT_NONE, FUSION_NORM_LAYERNORM, 0},
+    {"add+layernorm", 0, 1, FUSION_ACT_NONE, FUSION_NORM_LAYERNORM, 0},
+    {"add+rmsnorm", 0, 1, FUSION_ACT_NONE, FUSION_NORM_RMSNORM, 0},
+    {"gelu", 0, 0, FUSION_ACT_GELU, FUSION_NORM_NONE, 0},
+    {"add+layernorm+pre_norm", 0, 1, FUSION_ACT_NONE, FUSION_NORM_LAYERNORM, 1},
+    {"add+rmsnorm+pre_norm", 0, 1, FUSION_ACT_NONE, FUSION_NORM_RMSNORM, 1},
+    {"bias+gelu_tanh", 1, 0, FUSION_ACT_GELU_TANH, FUSION_NORM_NONE, 0},
+    {"add+relu", 0, 1, FUSION_ACT_RELU, FUSION_NORM_NONE, 0},
+};
+#define N_CHAINS ((int)(sizeof chains / sizeof chains[0]))
+
+/* ROWS, THREADS, VEC: a warp a row, a block of 8 warps a row, 16 threads a row */
+static const int mi_settings[][3] = {{4, 128, 8}, {1, 256, 8}, {8, 128, 2}};
+#define N_MI_SETTINGS 3
+
+/* The chain's reference: pre[r][n] (s before the norm) and y. */
+static void mi_reference(const chain *c, int rows, int N, const float *x, const float *bias,
+                         const float *res, const float *gamma, const float *beta, double eps,
+                         double *pre, double *y) {
+    for (int r = 0; r < rows; r++) {
+        double *s = pre + (size_t)r * N, *out = y + (size_t)r * N;
+        for (int n = 0; n < N; n++) {
+            double v = x[(size_t)r * N + n];
+            if (c->bias)
+                v += bias[n];
+            if (c->res)
+                v += res[(size_t)r * N + n];
+            s[n] = act_ref(c->act, v);
+        }
+        double mean = 0.0, var = 0.0, ms = 0.0;
+        for (int n = 0; n < N; n++) {
+            mean += s[n];
+            ms += s[n] * s[n];
+        }
+        mean /= N;
+        ms /= N;
+        for (int n = 0; n < N; n++)
+            var += (s[n] - mean) * (s[n] - mean);
+        var /= N;
+        for (int n = 0; n < N; n++) {
+            if (c->norm == FUSION_NORM_LAYERNORM)
+                out[n] = (s[n] - mean) / sqrt(var + eps) * gamma[n] + beta[n];
+            else if (c->norm == FUSION_NORM_RMSNORM)
+                out[n] = s[n] / sqrt(ms + eps) * gamma[n];
+            else
+                out[n] = s[n];
+        }
+    }
+}
+
+static void run_mi(gpu *g, const chain *c, int setting, stof_dtype dt, int rows, int N,
+                   const CUdeviceptr *in, CUdeviceptr dy, CUdeviceptr dpre, const double *pre,
+                   const double *y, uint16_t *host) {
+    char label[160];
+    snprintf(label, sizeof label, "mi_chain %s rows=%d N=%d %s ROWS=%d THREADS=%d VEC=%d",
+             stof_dtype_name(dt), rows, N, c->name, mi_settings[setting][0],
+             mi_settings[setting][1], mi_settings[setting][2]);
+    float eps = c->norm == FUSION_NORM_RMSNORM ? 1e-6f : 1e-5f;
+    gemm_exec_problem p = {.tmpl = FUSION_T_MI_CHAIN, .dtype = dt, .m = rows, .n = N,
+                           .epi = {c->bias, c->act, c->res, c->norm}, .store_pre_norm = c->pre,
+                           .eps = eps};
+    gemm_exec_plan *plan = make_plan(g, &p, mi_settings[setting], label);
+    if (!plan)
+        return;
+    size_t mn = (size_t)rows * N;
+    gemm_exec_mi_tensors t = {.x = in[0], .bias = in[1], .residual = in[2], .gamma = in[3],
+                              .beta = in[4], .y = dy, .pre_norm = dpre};
+    stof_error err = {0};
+    int rc = poison(g, dy, mn) || poison(g, dpre, mn);
+    if (!rc && (rc = gemm_exec_mi_chain(g->ctx, plan, &t, 0, &err)) != STOF_OK) {
+        n_runs++;
+        printf("%-72s LAUNCH FAILED: %s\n", label, err.msg);
+        CHECK_MSG(0, "%s: %s", label, err.msg);
+        recap_add("%s: launch: %.160s", label, err.msg);
+    }
+    for (int pass = 0; pass < (c->pre ? 2 : 1) && !rc; pass++) {
+        if (fetch(g, host, pass ? dpre : dy, mn))
+            break;
+        const double *ref = pass ? pre : y;
+        verdict v;
+        verdict_init(&v);
+        for (size_t i = 0; i < mn; i++)
+            verdict_add(&v, from_bits(dt, host[i]), ref[i], (long)i);
+        char where[160] = "", lab[200];
+        if (v.first_bad >= 0)
+            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g, ref %g",
+                     v.first_bad / N, v.first_bad % N, from_bits(dt, host[v.first_bad]),
+                     ref[v.first_bad]);
+        snprintf(lab, sizeof lab, "%s%s", label, pass ? " [pre_norm]" : "");
+        report(lab, &v, count_nonfinite(host, mn, dt), tol_of(dt), where);
+    }
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+static void test_mi_chain(gpu *g, util_rng *rng) {
+    static const int Ns[] = {512, 768, 1024};
+    static const int Rs[] = {7, 1000};
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int ni = 0; ni < 3 && !g->dead; ni++)
+            for (int ri = 0; ri < 2 && !g->dead; ri++) {
+                const int N = Ns[ni], rows = Rs[ri];
+                const size_t mn = (size_t)rows * N;
+                const stof_dtype dt = dts[d];
+                float *x = malloc(mn * 4), *res = malloc(mn * 4), *vec = malloc((size_t)N * 12);
+                uint16_t *xb = malloc(mn * 2), *rb = malloc(mn * 2), *vb = malloc((size_t)N * 6);
+                uint16_t *host = malloc(mn * 2);
+                double *pre = malloc(mn * sizeof *pre), *y = malloc(mn * sizeof *y);
+                CUdeviceptr in[5] = {0}, dy = 0, dpre = 0;
+                if (x && res && vec && xb && rb && vb && host && pre && y) {
+                    float *bias = vec, *gamma = vec + N, *beta = vec + 2 * N;
+                    fill(x, xb, mn, dt, rng, -2.0, 2.0);
+                    fill(res, rb, mn, dt, rng, -2.0, 2.0);
+                    fill(bias, vb, (size_t)N, dt, rng, -1.0, 1.0);
+                    fill(gamma, vb + N, (size_t)N, dt, rng, 0.5, 1.5);
+                    fill(beta, vb + 2 * N, (size_t)N, dt, rng, -1.0, 1.0);
+                    if (!upload(g, &in[0], xb, mn * 2) && !upload(g, &in[1], vb, (size_t)N * 2) &&
+                        !upload(g, &in[2], rb, mn * 2) &&
+                        !upload(g, &in[3], vb + N, (size_t)N * 2) &&
+                        !upload(g, &in[4], vb + 2 * N, (size_t)N * 2) &&
+                        !dalloc(g, &dy, mn * 2) && !dalloc(g, &dpre, mn * 2))
+                        for (int c = 0; c < N_CHAINS && !g->dead; c++) {
+                            double eps = chains[c].norm == FUSION_NORM_RMSNORM ? 1e-6 : 1e-5;
+                            mi_reference(&chains[c], rows, N, x, bias, res, gamma, beta,
+                                         (double)(float)eps, pre, y);
+                            for (int s = 0; s < N_MI_SETTINGS && !g->dead; s++)
+                                run_mi(g, &chains[c], s, dt, rows, N, in, dy, dpre, pre, y,
+                                       host);
+                        }
+                }
+                for (int i = 0; i < 5; i++)
+                    dfree(g, &in[i]);
+                dfree(g, &dy);
+                dfree(g, &dpre);
+                free(x);
+                free(res);
+                free(vec);
+                free(xb);
+                free(rb);
+                free(vb);
+                free(host);
+                free(pre);
+                free(y);
+            }
+}
+
+/* ---- embedding ------------------------------------------------------------------------------ */
+
+#define EMB_BATCH 2
+#define EMB_SEQ 128
+#define EMB_VOCAB 1000
+#define EMB_MAX_POS 512
+
+/* bad: plant two out-of-range ids and expect zero rows and the error. */
+static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has_type, int bad,
+                          util_rng *rng) {
+    const int tokens = EMB_BATCH * EMB_SEQ;
+    char label[160];
+    snprintf(label, sizeof label, "embedding %s B=%d S=%d width=%d%s%s%s", stof_dtype_name(dt),
+             EMB_BATCH, EMB_SEQ, width, has_pos ? " +pos" : "", has_type ? " +type" : "",
+             bad ? " (bad ids)" : "");
+    gemm_exec_problem p = {.tmpl = FUSION_T_EMBEDDING, .dtype = dt, .m = tokens, .n = width,
+                           .seq_len = EMB_SEQ, .vocab = EMB_VOCAB, .has_position = has_pos,
+                           .has_type = has_type};
+    gemm_exec_plan *plan = make_plan(g, &p, NULL, label);
+    if (!plan)
+        return;
+    size_t nw = (size_t)EMB_VOCAB * width, np = (size_t)EMB_MAX_POS * width, nt = 2 * width;
+    size_t no = (size_t)tokens * width;
+    float *w = malloc(nw * 4), *pos = malloc(np * 4), *type = malloc(nt * 4);
+    uint16_t *wb = malloc(nw * 2), *pb = malloc(np * 2), *tb = malloc(nt * 2);
+    uint16_t *host = malloc(no * 2);
+    int32_t ids[EMB_BATCH * EMB_SEQ];
+    CUdeviceptr did = 0, dw = 0, dp = 0, dt_ = 0, dout = 0;
+    const int bad_a = 5, bad_b = 200;
+    if (w && pos && type && wb && pb && tb && host) {
+        fill(w, wb, nw, dt, rng, -1.0, 1.0);
+        fill(pos, pb, np, dt, rng, -1.0, 1.0);
+        fill(type, tb, nt, dt, rng, -1.0, 1.0);
+        for (int i = 0; i < tokens; i++)
+            ids[i] = (int32_t)(util_rng_double(rng) * EMB_VOCAB);
+        ids[tokens - 1] = EMB_VOCAB - 1; /* the last row of the table */
+        if (bad) {
+            ids[bad_a] = EMB_VOCAB + 3;
+            ids[bad_b] = -1;
+        }
+        stof_error err = {0};
+        gemm_exec_embed_tensors t;
+        int rc = upload(g, &did, ids, sizeof ids) || upload(g, &dw, wb, nw * 2) ||
+                 upload(g, &dp, pb, np * 2) || upload(g, &dt_, tb, nt * 2) ||
+                 dalloc(g, &dout, no * 2) || poison(g, dout, no);
+        t = (gemm_exec_embed_tensors){.ids = did, .word = dw, .pos = dp, .type = dt_, .out = dout};
+        if (!rc && (rc = gemm_exec_embedding(g->ctx, plan, &t, 0, &err)) != STOF_OK) {
+            n_runs++;
+            printf("%-72s LAUNCH FAILED: %s\n", label, err.msg);
+            CHECK_MSG(0, "%s: %s", label, err.msg);
+            recap_add("%s: launch: %.160s", label, err.msg);
+        }
+        if (!rc && !fetch(g, host, dout, no)) {
+            verdict v;
+            verdict_init(&v);
+            for (int i = 0; i < tokens; i++) {
+                int zero = ids[i] < 0 || ids[i] >= EMB_VOCAB;
+                for (int n = 0; n < width; n++) {
+                    double ref = 0.0;
+                    if (!zero) {
+                        ref = w[(size_t)ids[i] * width + n];
+                        if (has_type)
+                            ref += type[n];
+                        if (has_pos)
+                            ref += pos[(size_t)(i % EMB_SEQ) * width + n];
+                    }
+                    float out = from_bits(dt, host[(size_t)i * width + n]);
+                    verdict_add(&v, out, ref, (long)i * width + n);
+                    if (zero && out != 0.0f)
+                        v.nonfinite++; /* a bad id's row must be exactly zero */
+                }
+            }
+            int64_t bad_token = -1;
+            int src = gemm_exec_embedding_status(g->ctx, plan, did, 0, &bad_token, &err);
+            if (bad) {
+                CHECK_MSG(src == STOF_ERR_INVALID && (bad_token == bad_a || bad_token == bad_b),
+                          "%s: status %d, bad token %lld: %s", label, src, (long long)bad_token,
+                          err.msg);
+                if (src == STOF_ERR_INVALID)
+                    printf("    reported: %s\n", err.msg);
+                src = gemm_exec_embedding_status(g->ctx, plan, did, 0, &bad_token, &err);
+                CHECK_MSG(src == STOF_OK, "%s: the flag was not cleared: %s", label, err.msg);
+            } else {
+                CHECK_MSG(src == STOF_OK, "%s: status: %s", label, err.msg);
+            }
+            report(label, &v, count_nonfinite(host, no, dt), tol_of(dt), "");
+        }
+    }
+    dfree(g, &did);
+    dfree(g, &dw);
+    dfree(g, &dp);
+    dfree(g, &dt_);
+    dfree(g, &dout);
+    free(w);
+    free(pos);
+    free(type);
+    free(wb);
+    free(pb);
+    free(tb);
+    free(host);
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+static void test_embedding(gpu *g, util_rng *rng) {
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    static const int widths[] = {768, 100};
+    for (int d = 0; d < 2 && !g->dead; d++) {
+        for (int wi = 0; wi < 2 && !g->dead; wi++)
+            for (int pos = 0; pos < 2 && !g->dead; pos++)
+                for (int type = 0; type < 2 && !g->dead; type++)
+                    run_embedding(g, dts[d], widths[wi], pos, type, 0, rng);
+        if (!g->dead)
+            run_embedding(g, dts[d], 768, 1, 1, 1, rng);
+    }
+}
+
+/* ---- timing ----------------------------------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void timing(gpu *g, util_rng *rng) {
+    const int M = 4096, N = 3072, K = 768, RUNS = 20;
+    printf("\ntiming gemm_epilogue fp16 M=%d N=%d K=%d W[N,K], no epilogue (median of %d):\n", M,
+           N, K, RUNS);
+    gweights wt;
+    gset s;
+    if (make_weights(g, &wt, N, K, STOF_F16, rng)) {
+        free_weights(g, &wt);
+        return;
+    }
+    if (make_set(g, &s, &wt, M, rng)) {
+        free_set(g, &s);
+        free_weights(g, &wt);
+        return;
+    }
+    CUevent ev[2] = {0, 0};
+    if (check_cu(g, g->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate") ||
+        check_cu(g, g->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate"))
+        goto done;
+    for (int st = 0; st < N_TIME_SETTINGS && !g->dead; st++) {
+        gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16, .m = M, .n = N,
+                               .k = K};
+        char label[96];
+        const int *v = time_settings[st];
+        snprintf(label, sizeof label, "  %dx%dx%d w%d s%d", v[0], v[1], v[2], v[3], v[4]);
+        gemm_exec_plan *plan = make_plan(g, &p, v, label);
+        if (!plan)
+            continue;
+        gemm_exec_gemm_tensors t = {.x = s.dx, .w = wt.dw_nk, .y = s.dy};
+        stof_error err = {0};
+        float ms[20];
+        int rc = 0;
+        for (int i = 0; i < 3 && !rc; i++)
+            rc = gemm_exec_gemm(g->ctx, plan, &t, 0, &err);
+        for (int i = 0; i < RUNS && !rc; i++) {
+            rc = check_cu(g, g->drv->EventRecord(ev[0], 0), "cuEventRecord") ||
+                 gemm_exec_gemm(g->ctx, plan, &t, 0, &err) ||
+                 check_cu(g, g->drv->EventRecord(ev[1], 0), "cuEventRecord") ||
+                 check_cu(g, g->drv->EventSynchronize(ev[1]), "cuEventSynchronize") ||
+                 check_cu(g, g->drv->EventElapsedTime(&ms[i], ev[0], ev[1]),
+                          "cuEventElapsedTime");
+        }
+        if (rc) {
+            printf("%s: failed: %s\n", label, err.msg);
+        } else {
+            qsort(ms, (size_t)RUNS, sizeof ms[0], cmp_float);
+            double med = ms[RUNS / 2];
+            printf("%s: %.3f ms  %.1f TFLOP/s\n", label, med,
+                   2.0 * M * N * K / (med * 1e-3) / 1e12);
+        }
+        gemm_exec_plan_free(g->ctx, plan);
+    }
+done:
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            g->drv->EventDestroy(ev[i]);
+    free_set(g, &s);
+    free_weights(g, &wt);
+}
+
+/* ---- compiling ahead ---------------------------------------------------------------------- */
+
+/* The plans compile one kernel at a time; with a disk cache, compiling
+ * every variant the test may use on several threads first (each with its
+ * own cache on the same folder: files are written under a temporary name
+ * and renamed) turns those compiles into disk hits. A superset of the runs
+ * below; without a disk cache nothing is done. */
+typedef struct warm_item {
+    gemm_exec_problem p;
+    int values[FUSION_MAX_PARAMS];
+} warm_item;
+
+typedef struct warm_job {
+    const warm_item *items;
+    int n, first, stride, failed;
+    const char *dir, *arch;
+} warm_job;
+
+static void *warm_worker(void *arg) {
+    warm_job *j = arg;
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, j->dir);
+    for (int i = j->first; i < j->n; i += j->stride) {
+        gemm_exec_request r;
+        gemm_exec_request_init(&r, &j->items[i].p, j->items[i].values, j->arch);
+        const void *bin;
+        size_t size;
+        stof_error err = {0};
+        j->failed += nvrtc_get(&c, &r.req, &bin, &size, &err) != STOF_OK;
+    }
+    nvrtc_cache_free(&c);
+    return NULL;
+}
+
+static void warm_add(warm_item *items, int cap, int *n, const gemm_exec_problem *p,
+                     const int *values) {
+    if (*n >= cap)
+        return;
+    items[*n].p = *p;
+    if (values)
+        memcpy(items[*n].values, values, sizeof items[*n].values);
+    else
+        gemm_exec_default_values(p, items[*n].values);
+    (*n)++;
+}
+
+#define WARM_THREADS 16
+
+static void compile_ahead(gpu *g) {
+    if (!g->ctx->nvrtc.dir[0])
+        return;
+    enum { CAP = 512 };
+    warm_item *items = calloc(CAP, sizeof *items);
+    if (!items)
+        return;
+    int n = 0;
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    for (int d = 0; d < 2; d++) {
+        for (int e = 0; e < 16; e++)
+            for (int kn = 0; kn < 2; kn++)
+                for (int st = 0; st < N_GEMM_SETTINGS; st++) {
+                    gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = dts[d],
+                                           .m = 1000, .n = 768, .k = 768,
+                                           .epi = epilogue_of(e), .weight_kn = kn};
+                    int v[FUSION_MAX_PARAMS] = {0};
+                    memcpy(v, gemm_settings[st], sizeof gemm_settings[st]);
+                    warm_add(items, CAP, &n, &p, v);
+                }
+        static const int Ns[] = {512, 768, 1024};
+        for (int c = 0; c < N_CHAINS; c++)
+            for (int ni = 0; ni < 3; ni++)
+                for (int st = 0; st < N_MI_SETTINGS; st++) {
+                    gemm_exec_problem p = {.tmpl = FUSION_T_MI_CHAIN, .dtype = dts[d], .m = 7,
+                                           .n = Ns[ni],
+                                           .epi = {chains[c].bias, chains[c].act, chains[c].res,
+                                                   chains[c].norm},
+                                           .store_pre_norm = chains[c].pre, .eps = 1e-5f};
+                    int v[FUSION_MAX_PARAMS] = {0};
+                    memcpy(v, mi_settings[st], sizeof mi_settings[st]);
+                    warm_add(items, CAP, &n, &p, v);
+                }
+        for (int w = 0; w < 2; w++)
+            for (int f = 0; f < 4; f++) {
+                gemm_exec_problem p = {.tmpl = FUSION_T_EMBEDDING, .dtype = dts[d],
+                                       .m = EMB_BATCH * EMB_SEQ, .n = w ? 100 : 768,
+                                       .seq_len = EMB_SEQ, .vocab = EMB_VOCAB,
+                                       .has_position = f & 1, .has_type = f >> 1};
+                warm_add(items, CAP, &n, &p, NULL);
+            }
+    }
+    for (int st = 0; st < N_TIME_SETTINGS; st++) {
+        gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16, .m = 4096,
+                               .n = 3072, .k = 768};
+        int v[FUSION_MAX_PARAMS] = {0};
+        memcpy(v, time_settings[st], sizeof time_settings[st]);
+        warm_add(items, CAP, &n, &p, v);
+    }
+    double t0 = util_now();
+    pthread_t tid[WARM_THREADS];
+    warm_job jobs[WARM_THREADS];
+    int started = 0, failed = 0;
+    for (int i = 0; i < WARM_THREADS; i++) {
+        jobs[i] = (warm_job){.items = items, .n = n, .first = i, .stride = WARM_THREADS,
+                             .dir = g->ctx->nvrtc.dir, .arch = g->ctx->arch};
+        if (pthread_create(&tid[i], NULL, warm_worker, &jobs[i]) != 0)
+            warm_worker(&jobs[i]);
+        else
+            started |= 1 << i;
+    }
+    for (int i = 0; i < WARM_THREADS; i++) {
+        if (started & (1 << i))
+            pthread_join(tid[i], NULL);
+        failed += jobs[i].failed;
+    }
+    /* a failure shows again, with its log, when the plan compiles it */
+    printf("compiled ahead: %d variants for %s in %.1f s on %d threads (%d failed)\n", n,
+           g->ctx->arch, util_now() - t0, WARM_THREADS, failed);
+    free(items);
+}
+
+int main(int argc, char **argv) {
+    gpu g = {0};
+    stof_error err = {0};
+    int rc = gemm_exec_ctx_create(0, &g.ctx, &err);
+    if (rc == STOF_ERR_NO_DEVICE) {
+        printf("SKIPPED: %s\n", err.msg);
+        return 77;
+    }
+    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
+    if (rc)
+        return check_summary("gpu_gemm");
+    g.drv = g.ctx->drv;
+    printf("GPU: %s (%s, %d SMs, %d B smem/block opt-in)\n", g.ctx->info.name, g.ctx->arch,
+           g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
+    int notime = argc > 1 && !strcmp(argv[1], "notime");
+    util_rng rng = {20240611};
+    compile_ahead(&g);
+    double t0 = util_now();
+    test_embedding(&g, &rng);
+    if (!g.dead)
+        test_mi_chain(&g, &rng);
+    if (!g.dead)
+        test_gemm_epilogues(&g, &rng);
+    if (!g.dead)
+        test_gemm_shapes(&g, &rng);
+    printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache)\n",
+           util_now() - t0, g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits);
+    if (g.dead)
+        printf("STOPPED EARLY: a CUDA error left the context unusable (see above); rerun under "
+               "compute-sanitizer to locate it\n");
+    if (!notime && !g.dead)
+        timing(&g, &rng);
+    gemm_exec_ctx_free(g.ctx);
+    recap_print();
+    return check_summary("gpu_gemm");
+}

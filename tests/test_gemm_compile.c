@@ -1,0 +1,480 @@
+/* The GEMM-family kernels without a GPU: every template of gemm_exec
+ * compiles through NVRTC for sm_80 and sm_90 at representative settings
+ * (every epilogue of gemm_epilogue in both weight layouts at three tile
+ * settings, fp16 and bf16; mi_chain with each norm, with and without the
+ * pre-norm store; embedding with and without its optional tables), and the
+ * CPU pieces of core/gemm_exec (validation, the parameter-space checks, the
+ * shared memory model, requests, argument blocks) do what they say. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/gemm_exec.h"
+#include "core/nvrtc.h"
+#include "core/util.h"
+
+#define SMEM_H100 (227 * 1024)
+#define SMEM_A100 (163 * 1024)
+
+static const char *archs[] = {"sm_80", "sm_90"};
+static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
+
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: the default, a small deep one,
+ * the largest (192 KiB of shared memory, 128 accumulators a thread). */
+static const int gemm_settings[][5] = {
+    {128, 128, 32, 8, 3}, {64, 64, 64, 4, 4}, {128, 256, 64, 8, 4}};
+#define N_GEMM_SETTINGS 3
+
+/* ---- compiling ----------------------------------------------------------------------- */
+
+typedef struct variant {
+    gemm_exec_problem p;
+    int values[FUSION_MAX_PARAMS];
+    const char *arch;
+    int rc;
+    char msg[1400];
+} variant;
+
+static void compile_one(nvrtc_cache *c, variant *v) {
+    gemm_exec_request r;
+    gemm_exec_request_init(&r, &v->p, v->values, v->arch);
+    const void *bin = NULL;
+    size_t size = 0;
+    stof_error err = {0};
+    int rc = nvrtc_get(c, &r.req, &bin, &size, &err);
+    int len = snprintf(v->msg, sizeof v->msg, "%s %s", r.req.source, v->arch);
+    for (int i = 0; i < r.req.n_options && len > 0 && (size_t)len < sizeof v->msg; i++)
+        len += snprintf(v->msg + len, sizeof v->msg - (size_t)len, " %s", r.req.options[i]);
+    if (rc == STOF_OK && !(size > 4 && memcmp(bin, "\x7f" "ELF", 4) == 0)) {
+        snprintf(err.msg, sizeof err.msg, "not a cubin");
+        rc = STOF_ERR_COMPILE;
+    }
+    if (rc != STOF_OK && len > 0 && (size_t)len < sizeof v->msg)
+        snprintf(v->msg + len, sizeof v->msg - (size_t)len, ": %s", err.msg);
+    v->rc = rc;
+}
+
+typedef struct worker {
+    variant *v;
+    int n, stride, first;
+} worker;
+
+static void *compile_worker(void *arg) {
+    worker *w = arg;
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, "");
+    for (int i = w->first; i < w->n; i += w->stride)
+        compile_one(&c, &w->v[i]);
+    nvrtc_cache_free(&c);
+    return NULL;
+}
+
+#define N_WORKERS 8
+
+static int compile_all(variant *v, int n) {
+    pthread_t tid[N_WORKERS];
+    worker w[N_WORKERS];
+    int started = 0;
+    for (int i = 0; i < N_WORKERS; i++) {
+        w[i] = (worker){.v = v, .n = n, .stride = N_WORKERS, .first = i};
+        if (pthread_create(&tid[i], NULL, compile_worker, &w[i]) != 0)
+            compile_worker(&w[i]);
+        else
+            started |= 1 << i;
+    }
+    for (int i = 0; i < N_WORKERS; i++)
+        if (started & (1 << i))
+            pthread_join(tid[i], NULL);
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(v[i].rc == STOF_OK, "%s", v[i].msg);
+        ok += v[i].rc == STOF_OK;
+    }
+    return ok;
+}
+
+static gemm_exec_problem gemm_problem(stof_dtype dt, int weight_kn, int bias, fusion_act act,
+                                      int residual) {
+    gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = dt, .m = 1000, .n = 768,
+                           .k = 768, .weight_kn = weight_kn};
+    p.epi.has_bias = bias;
+    p.epi.act = act;
+    p.epi.has_residual = residual;
+    return p;
+}
+
+/* Adds a variant after checking that its setting is feasible on an H100. */
+static void add(variant *v, int cap, int *n, const gemm_exec_problem *p, const int *values,
+                const char *arch) {
+    stof_error err = {0};
+    int rc = gemm_exec_check(p, values, SMEM_H100, &err);
+    CHECK_MSG(rc == STOF_OK, "a listed setting is infeasible: %s", err.msg);
+    if (rc || *n >= cap)
+        return;
+    variant *x = &v[(*n)++];
+    memset(x, 0, sizeof *x);
+    x->p = *p;
+    memcpy(x->values, values, sizeof x->values);
+    x->arch = arch;
+}
+
+/* gemm_epilogue: sm_90 every epilogue (bias x 4 activations x residual) in
+ * both layouts, both dtypes, at every tile setting; sm_80 the same at the
+ * first setting, the others with the plain and the full epilogue. */
+static void list_gemm(variant *v, int cap, int *n) {
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (int s = 0; s < N_GEMM_SETTINGS; s++)
+                for (int kn = 0; kn < 2; kn++)
+                    for (int bias = 0; bias < 2; bias++)
+                        for (int act = FUSION_ACT_NONE; act <= FUSION_ACT_RELU; act++)
+                            for (int res = 0; res < 2; res++) {
+                                int full = bias && res && act == FUSION_ACT_GELU_TANH;
+                                int plain = !bias && !res && act == FUSION_ACT_NONE;
+                                if (a == 0 && s > 0 && !full && !plain)
+                                    continue;
+                                int vals[FUSION_MAX_PARAMS] = {0};
+                                memcpy(vals, gemm_settings[s], sizeof gemm_settings[s]);
+                                gemm_exec_problem p =
+                                    gemm_problem(dtypes[d], kn, bias, (fusion_act)act, res);
+                                add(v, cap, n, &p, vals, archs[a]);
+                            }
+}
+
+/* mi_chain: the GPU test's chains (bias+add+layernorm, add+layernorm,
+ * add+rmsnorm, gelu) and the pre-norm store, at three thread layouts (a
+ * warp a row, a block a row, a sub-warp a row), rows of 768 and 1000
+ * (a partial last chunk), both dtypes and archs. */
+static void list_mi(variant *v, int cap, int *n) {
+    static const struct {
+        int bias, res;
+        fusion_act act;
+        fusion_norm norm;
+        int pre;
+    } chains[] = {
+        {1, 1, FUSION_ACT_NONE, FUSION_NORM_LAYERNORM, 0},
+        {0, 1, FUSION_ACT_NONE, FUSION_NORM_LAYERNORM, 1},
+        {0, 1, FUSION_ACT_NONE, FUSION_NORM_RMSNORM, 0},
+        {0, 1, FUSION_ACT_NONE, FUSION_NORM_RMSNORM, 1},
+        {0, 0, FUSION_ACT_GELU, FUSION_NORM_NONE, 0},
+        {1, 0, FUSION_ACT_GELU_TANH, FUSION_NORM_NONE, 0},
+        {1, 1, FUSION_ACT_RELU, FUSION_NORM_NONE, 0},
+    };
+    static const int layouts[][3] = {{4, 128, 8}, {1, 256, 4}, {8, 256, 2}};
+    static const int widths[] = {768, 1000};
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (size_t c = 0; c < sizeof chains / sizeof chains[0]; c++)
+                for (int l = 0; l < 3; l++)
+                    for (int w = 0; w < 2; w++) {
+                        if (a == 0 && (l > 0 || w > 0))
+                            continue;
+                        gemm_exec_problem p = {.tmpl = FUSION_T_MI_CHAIN, .dtype = dtypes[d],
+                                               .m = 1000, .n = widths[w], .eps = 1e-5f,
+                                               .store_pre_norm = chains[c].pre};
+                        p.epi = (fusion_epilogue){chains[c].bias, chains[c].act, chains[c].res,
+                                                  chains[c].norm};
+                        int vals[FUSION_MAX_PARAMS] = {layouts[l][0], layouts[l][1],
+                                                       layouts[l][2]};
+                        add(v, cap, n, &p, vals, archs[a]);
+                    }
+}
+
+/* embedding: with and without positions and types, VEC 8 and 1. */
+static void list_embedding(variant *v, int cap, int *n) {
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (int pos = 0; pos < 2; pos++)
+                for (int type = 0; type < 2; type++)
+                    for (int vec = 1; vec <= 8; vec *= 8) {
+                        gemm_exec_problem p = {.tmpl = FUSION_T_EMBEDDING, .dtype = dtypes[d],
+                                               .m = 512, .n = 768, .seq_len = 128,
+                                               .vocab = 30522, .has_position = pos,
+                                               .has_type = type};
+                        int vals[FUSION_MAX_PARAMS] = {vec == 8 ? 256 : 128, vec};
+                        add(v, cap, n, &p, vals, archs[a]);
+                    }
+}
+
+static void test_variants_compile(void) {
+    enum { CAP = 640 };
+    variant *v = calloc(CAP, sizeof *v);
+    CHECK(v != NULL);
+    if (!v)
+        return;
+    int n = 0;
+    list_gemm(v, CAP, &n);
+    int n_gemm = n;
+    list_mi(v, CAP, &n);
+    int n_mi = n - n_gemm;
+    list_embedding(v, CAP, &n);
+    double t0 = util_now();
+    int ok = compile_all(v, n);
+    printf("compiled %d of %d variants (%d gemm_epilogue, %d mi_chain, %d embedding) in %.1f s\n",
+           ok, n, n_gemm, n_mi, n - n_gemm - n_mi, util_now() - t0);
+    CHECK(n_gemm >= 200);
+    CHECK(n < CAP);
+    free(v);
+}
+
+/* ---- validation -------------------------------------------------------------------------- */
+
+static void expect(int rc, int want, const stof_error *err, const char *needle) {
+    CHECK_EQ_INT(rc, want);
+    if (needle && rc == want)
+        CHECK_CONTAINS(err->msg, needle);
+}
+
+static void test_validate(void) {
+    stof_error err = {0};
+    gemm_exec_problem p = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_GELU, 1);
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
+    p.n = 770;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "multiples of 8");
+    p.n = 768;
+    p.k = 12;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "multiples of 8");
+    p.k = 768;
+    p.m = 0;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "M = 0");
+    p.m = 1;
+    p.epi.norm = FUSION_NORM_LAYERNORM;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "gemm_ln");
+    p.epi.norm = FUSION_NORM_NONE;
+    p.dtype = STOF_F32;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
+    p.dtype = STOF_BF16;
+    p.epi.act = (fusion_act)7;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "unknown activation");
+    p.epi.act = FUSION_ACT_NONE;
+    p.tmpl = FUSION_T_GEMM_LN;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "gemm_ln");
+
+    gemm_exec_problem mi = {.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = 4, .n = 768,
+                            .eps = 1e-5f, .store_pre_norm = 1};
+    expect(gemm_exec_validate(&mi, &err), STOF_ERR_INVALID, &err, "store_pre_norm");
+    mi.epi.norm = FUSION_NORM_RMSNORM;
+    expect(gemm_exec_validate(&mi, &err), STOF_OK, &err, NULL);
+    mi.eps = 0.0f;
+    expect(gemm_exec_validate(&mi, &err), STOF_ERR_INVALID, &err, "eps");
+
+    gemm_exec_problem e = {.tmpl = FUSION_T_EMBEDDING, .dtype = STOF_BF16, .m = 300, .n = 768,
+                           .seq_len = 128, .vocab = 100};
+    expect(gemm_exec_validate(&e, &err), STOF_ERR_INVALID, &err, "multiple of seq_len");
+    e.m = 256;
+    expect(gemm_exec_validate(&e, &err), STOF_OK, &err, NULL);
+}
+
+/* ---- parameter spaces ----------------------------------------------------------------- */
+
+static void test_check(void) {
+    stof_error err = {0};
+    gemm_exec_problem g = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_NONE, 0);
+    int big[FUSION_MAX_PARAMS] = {128, 256, 64, 8, 4};
+    /* 4 x (128 + 256) x 64 x 2 = 196608 bytes: an H100 but not an A100 */
+    CHECK_EQ_INT(gemm_exec_smem(&g, big), 196608);
+    expect(gemm_exec_check(&g, big, SMEM_H100, &err), STOF_OK, &err, NULL);
+    expect(gemm_exec_check(&g, big, SMEM_A100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "196608 bytes of shared memory");
+    /* the kernel's dynamic shared memory is the template's model exactly */
+    fusion_dims d;
+    gemm_exec_dims(&g, &d);
+    const fusion_template *t = fusion_template_get(FUSION_T_GEMM_EPILOGUE);
+    long ok_settings = 0;
+    for (long s = 0; s < fusion_template_settings(t); s++) {
+        int vals[FUSION_MAX_PARAMS] = {0};
+        fusion_template_setting(t, s, vals);
+        size_t smem = gemm_exec_smem(&g, vals);
+        int rc = gemm_exec_check(&g, vals, (int)smem, &err);
+        if (rc == STOF_OK) {
+            ok_settings++;
+            CHECK_EQ_INT(gemm_exec_check(&g, vals, (int)smem - 1, &err), STOF_ERR_UNSUPPORTED);
+        } else {
+            CHECK_CONTAINS(err.msg, "accumulators");
+        }
+    }
+    CHECK(ok_settings > 40);
+    /* 128 x 256 accumulators on 4 warps: 256 registers a thread */
+    int regs[FUSION_MAX_PARAMS] = {128, 256, 32, 4, 2};
+    expect(gemm_exec_check(&g, regs, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "registers a thread");
+    int off[FUSION_MAX_PARAMS] = {32, 64, 32, 4, 2};
+    expect(gemm_exec_check(&g, off, SMEM_H100, &err), STOF_ERR_INVALID, &err,
+           "BLOCK_M = 32 is not in its space");
+    int stages[FUSION_MAX_PARAMS] = {64, 64, 32, 4, 5};
+    expect(gemm_exec_check(&g, stages, SMEM_H100, &err), STOF_ERR_INVALID, &err, "STAGES = 5");
+
+    gemm_exec_problem mi = {.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = 4, .n = 1004,
+                            .eps = 1e-5f};
+    mi.epi.norm = FUSION_NORM_LAYERNORM;
+    int v8[FUSION_MAX_PARAMS] = {4, 128, 8};
+    expect(gemm_exec_check(&mi, v8, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "VEC 8 does not divide");
+    int v4[FUSION_MAX_PARAMS] = {4, 128, 4};
+    expect(gemm_exec_check(&mi, v4, SMEM_H100, &err), STOF_OK, &err, NULL);
+    mi.n = 1024;
+    int many[FUSION_MAX_PARAMS] = {8, 64, 1}; /* 8 threads a row: 128 elements each */
+    expect(gemm_exec_check(&mi, many, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "keeps in registers");
+    mi.n = 8192; /* the model: 8 rows of 8192 fp32 = 256 KiB */
+    int rows8[FUSION_MAX_PARAMS] = {8, 512, 8};
+    expect(gemm_exec_check(&mi, rows8, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "shared memory");
+    /* 8 rows of 4096 fp32 (128 KiB) over a 64 KiB limit; without a norm
+     * nothing is held for a row reduction and the model does not apply */
+    mi.n = 4096;
+    expect(gemm_exec_check(&mi, rows8, 64 * 1024, &err), STOF_ERR_UNSUPPORTED, &err,
+           "shared memory");
+    mi.epi.norm = FUSION_NORM_NONE;
+    expect(gemm_exec_check(&mi, rows8, 64 * 1024, &err), STOF_OK, &err, NULL);
+
+    gemm_exec_problem e = {.tmpl = FUSION_T_EMBEDDING, .dtype = STOF_F16, .m = 128, .n = 100,
+                           .seq_len = 128, .vocab = 10};
+    int ev[FUSION_MAX_PARAMS] = {256, 8};
+    expect(gemm_exec_check(&e, ev, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "VEC 8 does not divide");
+    int ev4[FUSION_MAX_PARAMS] = {256, 4};
+    expect(gemm_exec_check(&e, ev4, SMEM_H100, &err), STOF_OK, &err, NULL);
+}
+
+/* The default settings pass the checks on the GPU test's problems. */
+static void test_defaults(void) {
+    static const int64_t ms[] = {1, 7, 64, 1000, 4096};
+    static const int64_t ns[] = {512, 768, 1000, 1024, 2304, 3072, 4096, 8192};
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 8; j++)
+            for (int t = 0; t < 3; t++) {
+                fusion_template_id id = t == 0 ? FUSION_T_GEMM_EPILOGUE
+                                        : t == 1 ? FUSION_T_MI_CHAIN
+                                                 : FUSION_T_EMBEDDING;
+                gemm_exec_problem p = {.tmpl = id, .dtype = STOF_BF16, .m = ms[i], .n = ns[j],
+                                       .k = 1024, .eps = 1e-6f, .seq_len = 1, .vocab = 5};
+                p.epi.norm = t == 1 ? FUSION_NORM_LAYERNORM : FUSION_NORM_NONE;
+                int vals[FUSION_MAX_PARAMS];
+                gemm_exec_default_values(&p, vals);
+                stof_error err = {0};
+                int rc = gemm_exec_check(&p, vals, SMEM_H100, &err);
+                CHECK_MSG(rc == STOF_OK, "default for template %d M=%lld N=%lld: %s", t,
+                          (long long)ms[i], (long long)ns[j], err.msg);
+            }
+}
+
+/* ---- requests and argument blocks ---------------------------------------------------------- */
+
+static int has_option(const gemm_exec_request *r, const char *opt) {
+    for (int i = 0; i < r->req.n_options; i++)
+        if (strcmp(r->req.options[i], opt) == 0)
+            return 1;
+    return 0;
+}
+
+static void test_request(void) {
+    gemm_exec_problem g = gemm_problem(STOF_BF16, 1, 1, FUSION_ACT_GELU_TANH, 1);
+    int vals[FUSION_MAX_PARAMS] = {64, 128, 32, 4, 2};
+    gemm_exec_request r;
+    gemm_exec_request_init(&r, &g, vals, "sm_90");
+    CHECK(strcmp(r.req.source, "gemm_epilogue.cu") == 0);
+    CHECK(strcmp(r.req.arch, "sm_90") == 0);
+    const char *want[] = {"-DBLOCK_M=64", "-DBLOCK_N=128", "-DBLOCK_K=32", "-DWARPS=4",
+                          "-DSTAGES=2", "-DSTOF_DTYPE=2", "-DWEIGHT_KN=1", "-DHAS_BIAS=1",
+                          "-DACT=2", "-DHAS_RESIDUAL=1"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECK_MSG(has_option(&r, want[i]), "missing %s", want[i]);
+    /* a different epilogue is a different kernel */
+    gemm_exec_request r2;
+    g.epi.act = FUSION_ACT_GELU;
+    gemm_exec_request_init(&r2, &g, vals, "sm_90");
+    CHECK(nvrtc_key(&r.req) != nvrtc_key(&r2.req));
+
+    gemm_exec_problem mi = {.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = 4, .n = 1000,
+                            .eps = 1e-5f, .store_pre_norm = 1};
+    mi.epi.norm = FUSION_NORM_RMSNORM;
+    int mv[FUSION_MAX_PARAMS] = {2, 64, 4};
+    gemm_exec_request_init(&r, &mi, mv, "sm_80");
+    CHECK(strcmp(r.req.source, "mi_chain.cu") == 0);
+    CHECK(has_option(&r, "-DROW_N=1000") && has_option(&r, "-DNORM=2") &&
+          has_option(&r, "-DSTORE_PRE_NORM=1") && has_option(&r, "-DROWS=2") &&
+          has_option(&r, "-DTHREADS=64") && has_option(&r, "-DVEC=4"));
+    CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_EMBEDDING), "stof_embedding") == 0);
+    CHECK(gemm_exec_kernel_name(FUSION_T_GEMM_LN) == NULL);
+}
+
+static void test_args(void) {
+    stof_error err = {0};
+    gemm_exec_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.problem = gemm_problem(STOF_F16, 1, 1, FUSION_ACT_NONE, 1);
+    plan.problem.n = 2304;
+    gemm_exec_gemm_tensors t = {.x = 0x1000, .w = 0x2000, .bias = 0x3000, .residual = 0x4000,
+                                .y = 0x5000};
+    stof_gemm_args a;
+    expect(gemm_exec_gemm_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(a.x_row_stride, 768);
+    CHECK_EQ_INT(a.w_row_stride, 2304); /* [K, N] */
+    CHECK_EQ_INT(a.y_row_stride, 2304);
+    CHECK_EQ_INT(a.r_row_stride, 2304);
+    CHECK_EQ_INT(a.m, 1000);
+    CHECK(a.bias == (const void *)0x3000);
+    t.residual = 0;
+    expect(gemm_exec_gemm_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "residual");
+    t.residual = 0x4008;
+    expect(gemm_exec_gemm_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "16-byte aligned");
+    t.residual = 0x4000;
+    t.y_row_stride = 2300;
+    expect(gemm_exec_gemm_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "multiple of 8");
+    t.y_row_stride = 3072; /* a wider output: writing a slice of it */
+    expect(gemm_exec_gemm_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(a.y_row_stride, 3072);
+    gemm_exec_mi_tensors mt = {.x = 0x1000, .y = 0x2000};
+    expect(gemm_exec_mi_args(&plan, &mt, &(stof_mi_args){0}, &err), STOF_ERR_INVALID, &err,
+           "a gemm_epilogue plan launched as mi_chain");
+
+    memset(&plan, 0, sizeof plan);
+    plan.problem = (gemm_exec_problem){.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = 10,
+                                       .n = 768, .eps = 1e-5f, .store_pre_norm = 1};
+    plan.problem.epi.norm = FUSION_NORM_LAYERNORM;
+    stof_mi_args ma;
+    mt = (gemm_exec_mi_tensors){.x = 0x1000, .y = 0x2000, .gamma = 0x3000, .pre_norm = 0x5000};
+    expect(gemm_exec_mi_args(&plan, &mt, &ma, &err), STOF_ERR_INVALID, &err, "beta");
+    mt.beta = 0x4000;
+    expect(gemm_exec_mi_args(&plan, &mt, &ma, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(ma.rows, 10);
+    CHECK(ma.pre_norm == (void *)0x5000 && ma.residual == NULL);
+
+    memset(&plan, 0, sizeof plan);
+    plan.problem = (gemm_exec_problem){.tmpl = FUSION_T_EMBEDDING, .dtype = STOF_F16, .m = 256,
+                                       .n = 768, .seq_len = 128, .vocab = 100,
+                                       .has_position = 1};
+    gemm_exec_embed_tensors et = {.ids = 0x1000, .word = 0x2000, .out = 0x3000};
+    stof_embed_args ea;
+    expect(gemm_exec_embed_args(&plan, &et, &ea, &err), STOF_ERR_INVALID, &err, "pos");
+    et.pos = 0x4000;
+    expect(gemm_exec_embed_args(&plan, &et, &ea, &err), STOF_ERR_INVALID, &err, "error flag");
+    plan.d_error = 0x6000;
+    expect(gemm_exec_embed_args(&plan, &et, &ea, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(ea.tokens, 256);
+    CHECK_EQ_INT(ea.hidden, 768);
+    CHECK(ea.type == NULL);
+
+    char buf[512];
+    gemm_exec_plan_describe(&plan, buf, sizeof buf);
+    CHECK_CONTAINS(buf, "embedding");
+}
+
+int main(void) {
+    int major = 0, minor = 0;
+    stof_error err = {0};
+    test_validate();
+    test_check();
+    test_defaults();
+    test_request();
+    test_args();
+    if (nvrtc_version(&major, &minor, &err) != STOF_OK) {
+        printf("NVRTC unavailable (%s): compile checks skipped\n", err.msg);
+    } else {
+        test_variants_compile();
+    }
+    return check_summary("test_gemm_compile");
+}

@@ -14,6 +14,15 @@ static void usage(FILE *f) {
             "  stof info                          the GPU stof would use, or why there is none\n"
             "  stof graph SCRIPT [--set k=v ...]  the model's operators: index, kind, class,\n"
             "                                     shapes, FLOPs and bytes\n"
+            "  stof run SCRIPT [--set k=v ...] [--scheme S ...] [--reps N] [--seed N]\n"
+            "           [--check | --no-check]    run the model on the GPU: its segments and\n"
+            "                                     kernels, memory, latency (eager and CUDA graph),\n"
+            "                                     checksum, error against the CPU reference\n"
+            "                                     (--check: even for big models; --no-check: skip).\n"
+            "                                     --scheme: the fusion scheme of the layers, hex\n"
+            "                                     (\"14:2238\") or binary, or \"default\" or\n"
+            "                                     \"unfused\"; once for every layer class, or\n"
+            "                                     once per class in order (T5: encoder, decoder)\n"
             "  stof run --cpu SCRIPT [--set k=v ...] [--seed N]\n"
             "                                     run the fp32 CPU reference, print a checksum\n"
             "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
@@ -50,8 +59,9 @@ static const char *option_value(int argc, char **argv, int *i) {
 }
 
 static int known_option(const char *opt) {
-    static const char *names[] = {"--cpu", "--set", "--seed", "--png", "--px", "--block",
-                                  "--mask-index", "--arch"};
+    static const char *names[] = {"--cpu",  "--set",   "--seed",   "--png",
+                                  "--px",   "--block", "--mask-index", "--arch",
+                                  "--scheme", "--reps", "--check", "--no-check"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(opt, names[i]) == 0)
             return 1;
@@ -66,6 +76,10 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
     }
     if (strcmp(opt, "--cpu") == 0) {
         a->cpu = 1;
+        return 0;
+    }
+    if (strcmp(opt, "--check") == 0 || strcmp(opt, "--no-check") == 0) {
+        a->check = opt[2] == 'c' ? CLI_CHECK_ALWAYS : CLI_CHECK_NEVER;
         return 0;
     }
     const char *v = option_value(argc, argv, i);
@@ -90,6 +104,16 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
             fprintf(stderr, "stof: --seed expects a non-negative integer, got '%s'\n", v);
             return 1;
         }
+    } else if (strcmp(opt, "--scheme") == 0) {
+        if (a->n_schemes == CLI_MAX_SCHEMES) {
+            fprintf(stderr, "stof: at most %d --scheme options\n", CLI_MAX_SCHEMES);
+            return 1;
+        }
+        a->schemes[a->n_schemes++] = v;
+    } else if (strcmp(opt, "--reps") == 0) {
+        if (parse_int(opt, v, 1, 100000, &n))
+            return 1;
+        a->reps = (int)n;
     } else if (strcmp(opt, "--png") == 0) {
         a->png = v;
     } else if (strcmp(opt, "--px") == 0) {
@@ -115,6 +139,7 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
     a->seed = 1;
     a->png_px = 1024;
     a->block = 64;
+    a->reps = 20;
     for (int i = first; i < argc; i++) {
         if (strncmp(argv[i], "--", 2) == 0) {
             if (parse_option(argc, argv, &i, a))

@@ -7,6 +7,11 @@
 #include "core/graph.h"
 #include "core/lua_api.h"
 
+#define CLI_MAX_SCHEMES 16
+
+/* When `stof run` compares with the CPU reference. */
+enum { CLI_CHECK_AUTO = 0, CLI_CHECK_ALWAYS, CLI_CHECK_NEVER };
+
 typedef struct cli_args {
     const char *script;                        /* positional */
     const char *params[LUA_API_MAX_PARAMS];    /* --set key=value */
@@ -18,6 +23,10 @@ typedef struct cli_args {
     int block;           /* --block N */
     int mask_index;      /* --mask-index N */
     const char *arch;    /* --arch sm_XX */
+    const char *schemes[CLI_MAX_SCHEMES]; /* --scheme S, repeated: one per layer class */
+    int n_schemes;
+    int reps;            /* --reps N: timed runs (median) */
+    int check;           /* CLI_CHECK_AUTO, or --check / --no-check */
 } cli_args;
 
 /* Parses argv[first..]; prints the problem and returns non-zero on bad

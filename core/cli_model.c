@@ -1,11 +1,9 @@
-/* `stof info`, `stof graph`, `stof run --cpu`, `stof mask`. */
+/* `stof info`, `stof graph`, `stof mask`. */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/cli.h"
 #include "core/device.h"
-#include "core/ref.h"
-#include "core/util.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
 
@@ -94,47 +92,6 @@ int cli_cmd_graph(const cli_args *a) {
            (total_flops[0] + total_flops[1]) * 1e-9, total_flops[OP_CLASS_CI] * 1e-9,
            total_flops[OP_CLASS_MI] * 1e-9, total_bytes / 1e6, weight_bytes / 1e6);
     print_masks(&g);
-    graph_free(&g);
-    return 0;
-}
-
-int cli_cmd_run(const cli_args *a) {
-    if (!a->cpu) {
-        fprintf(stderr, "stof: this version runs models on the CPU reference only: use "
-                        "stof run --cpu SCRIPT (GPU execution comes with tuned plans)\n");
-        return 2;
-    }
-    graph g;
-    lua_api_script info;
-    if (cli_load_graph(a, &g, &info))
-        return 1;
-    stof_error err = {0};
-    ref_values rv;
-    double t0 = util_now();
-    int rc = ref_values_init(&g, a->seed, &rv, &err);
-    if (rc == STOF_OK)
-        rc = ref_execute(&g, &rv, &err);
-    if (rc) {
-        fprintf(stderr, "stof: %s\n", err.msg);
-        ref_values_free(&rv);
-        graph_free(&g);
-        return 1;
-    }
-    const graph_tensor *out = &g.tensors[g.output];
-    int64_t n = graph_tensor_numel(out);
-    double sum, sum_sq;
-    ref_checksum(rv.data[g.output], n, &sum, &sum_sq);
-    char shape[64];
-    printf("model %s (%s), CPU reference fp32, seed %llu\n", g.name, info.name,
-           (unsigned long long)a->seed);
-    printf("output %s %s: %lld values\n", out->name, graph_shape_str(out, shape, sizeof shape),
-           (long long)n);
-    printf("checksum: sum %.9e  sum of squares %.9e\n", sum, sum_sq);
-    printf("first values:");
-    for (int64_t i = 0; i < n && i < 4; i++)
-        printf(" %.6f", rv.data[g.output][i]);
-    printf("\ntime %.2f s, peak host memory %.1f MB\n", util_now() - t0, rv.peak_bytes / 1e6);
-    ref_values_free(&rv);
     graph_free(&g);
     return 0;
 }

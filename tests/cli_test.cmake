@@ -50,7 +50,26 @@ if(first STREQUAL third)
   message(SEND_ERROR "different seeds gave the same checksum: '${first}'")
   math(EXPR failures "${failures} + 1")
 endif()
-expect(run_needs_cpu 2 "--cpu" run scripts/bert.lua ${small})
+# `stof run` without --cpu runs on the GPU; where there is none it says so.
+execute_process(COMMAND ${STOF} info OUTPUT_VARIABLE info_out ERROR_QUIET WORKING_DIRECTORY ${SRC})
+if(info_out MATCHES "GPU: none")
+  expect(run_needs_gpu 1 "GPU execution needs a GPU.*stof run --cpu" run scripts/bert.lua ${small})
+endif()
+# Schemes are checked before the GPU is touched: the validator's reason on any machine.
+expect(run_scheme_length 1 "--scheme 3:0 for layers 0-3 \\(14 ops\\):.*has 3 ops but the sequence has 14"
+       run scripts/bert.lua ${small} --scheme 3:0)
+expect(run_scheme_bad_hex 1 "--scheme 14:zzzz" run scripts/bert.lua ${small} --scheme 14:zzzz)
+expect(run_scheme_invalid 1 "compute-intensive ops \\(at most 2\\)"
+       run scripts/bert.lua ${small} --scheme 00000000000000)
+expect(run_scheme_no_kernel 1 "segment #5-#8 \\(gemm bias add layernorm\\).*gemm_ln kernel not built yet"
+       run scripts/bert.lua ${small} --scheme 00100001110000)
+expect(run_scheme_count 1 "3 --scheme options, but model t5-small has 2 layer classes"
+       run scripts/t5.lua --set layers=1 --set batch=1 --set seq=32
+       --scheme default --scheme unfused --scheme default)
+expect(run_scheme_per_class 1 "--scheme 14:2238 for layers 0-1 \\(10 ops\\)"
+       run scripts/t5.lua --set layers=2 --set batch=1 --set seq=32 --scheme 14:2238)
+expect(run_fp32 1 "f16 or bf16" run scripts/gpt2.lua --set layers=1 --set dtype=fp32)
+expect(run_bad_reps 2 "--reps expects an integer" run scripts/bert.lua --reps 0)
 
 expect(mask_png 0 "density.*wrote" mask scripts/bert.lua --set mask=bigbird --set seq=1024
        --set batch=1 --png ${WORK}/mask.png --px 256)

@@ -1,0 +1,380 @@
+/* Whole models on the GPU through the executor, against the fp32 CPU
+ * reference on the same seed.
+ *
+ * Models: bert-small (batch 2, seq 128, bigbird mask), gpt2 with 2 layers
+ * (batch 2, seq 128, causal), t5-small with 2 + 2 layers (batch 2, seq 64,
+ * dec_seq 32: relative position bias, causal self-attention, cross-
+ * attention). Each runs under several fusion schemes of its layer classes:
+ * all unfused, the default (greedy) scheme, three more valid schemes that
+ * run on implemented templates (picked from the enumeration of every valid
+ * scheme), and the default scheme with per-segment choices (attention
+ * forced row-wise, forced block-wise, explicit GEMM tiles).
+ *
+ * Checked per run: the model builds and runs; the output has no NaN or
+ * infinity and its relative error ||gpu - cpu|| / ||cpu|| is below 1e-2
+ * (fp16); the CUDA graph replay gives bit-identical output to the eager
+ * run. Printed: segments, peak activation memory, eager and graph-replay
+ * latency (median of 20; argv[1] = "notime" skips the timing). Then an
+ * arena too big for any GPU: STOF_ERR_DEVICE_OOM naming its size, and the
+ * next model still runs.
+ *
+ * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/exec.h"
+#include "core/lua_api.h"
+#include "core/util.h"
+#include "fusion/templates.h"
+
+#define SCRIPTS STOF_SOURCE_DIR "/scripts/"
+#define TOL_F16 1e-2
+#define REPS 20
+#define SEED 1
+#define MAX_PICKS 4096
+
+typedef struct model_case {
+    const char *label, *script;
+    const char *params[6];
+    int n_params;
+} model_case;
+
+static const model_case cases[] = {
+    {"bert-small b2 s128 bigbird", SCRIPTS "bert.lua",
+     {"preset=small", "batch=2", "seq=128", "mask=bigbird"}, 4},
+    {"gpt2 2 layers b2 s128", SCRIPTS "gpt2.lua", {"layers=2", "batch=2", "seq=128"}, 3},
+    {"t5-small 2+2 layers b2 s64/32", SCRIPTS "t5.lua",
+     {"layers=2", "batch=2", "seq=64", "dec_seq=32"}, 4},
+};
+#define N_CASES (int)(sizeof cases / sizeof cases[0])
+
+/* ---- a recap of the failures ------------------------------------------------------------- */
+
+#define RECAP_MAX 40
+static char recap[RECAP_MAX][320];
+static int n_recap, n_failed_runs, n_runs;
+
+static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void recap_add(const char *fmt, ...) {
+    n_failed_runs++;
+    if (n_recap == RECAP_MAX)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(recap[n_recap++], sizeof recap[0], fmt, ap);
+    va_end(ap);
+}
+
+/* ---- schemes ------------------------------------------------------------------------------- */
+
+/* Per-segment choices applied after planning. */
+typedef enum choice { CHOICE_NONE, CHOICE_ATTN_ROW, CHOICE_ATTN_BLOCK, CHOICE_GEMM_TILES } choice;
+
+typedef struct config {
+    char name[64];
+    fusion_scheme *schemes; /* per sequence (class representatives read) */
+    choice choice;
+} config;
+
+typedef struct pick_state {
+    const graph *g;
+    const exec_seq *seq;
+    fusion_scheme *found;
+    int n;
+} pick_state;
+
+static int collect(const fusion_scheme *s, void *ud) {
+    pick_state *st = ud;
+    if (exec_scheme_check(st->g, st->seq, s, NULL) == STOF_OK && st->n < MAX_PICKS)
+        st->found[st->n++] = *s;
+    return st->n >= MAX_PICKS;
+}
+
+/* Every valid scheme of each layer class that runs on implemented
+ * templates: found[c] (count n_found[c]) for the c-th class. */
+static int enumerate_classes(const graph *g, const exec_seq *seqs, int n, fusion_scheme **found,
+                             int *n_found, int *reps, int *n_classes) {
+    stof_error err = {0};
+    *n_classes = 0;
+    for (int i = 0; i < n; i++) {
+        if (seqs[i].layer < 0 || seqs[i].cls != i)
+            continue;
+        int c = (*n_classes)++;
+        reps[c] = i;
+        found[c] = calloc(MAX_PICKS, sizeof **found);
+        pick_state st = {g, &seqs[i], found[c], 0};
+        int ops[FUSION_MAX_OPS];
+        for (int k = 0; k < seqs[i].n; k++)
+            ops[k] = seqs[i].first + k;
+        long long count = 0;
+        int rc = fusion_enumerate_valid(g, ops, seqs[i].n, collect, &st, &count, &err);
+        CHECK_MSG(rc == STOF_OK, "enumerating: %s", err.msg);
+        n_found[c] = st.n;
+        printf("  layer class %d (%d ops): %lld valid schemes, %d on implemented templates\n", c,
+               seqs[i].n, count, st.n);
+    }
+    return STOF_OK;
+}
+
+static fusion_scheme *new_schemes(int n) {
+    return calloc((size_t)n, sizeof(fusion_scheme));
+}
+
+/* The configurations a model runs under. */
+static int make_configs(const graph *g, const exec_seq *seqs, int n, config *out, int max) {
+    fusion_scheme *found[8] = {0};
+    int n_found[8] = {0}, reps[8], n_classes = 0, k = 0;
+    enumerate_classes(g, seqs, n, found, n_found, reps, &n_classes);
+    fusion_scheme def[8], unf[8];
+    for (int c = 0; c < n_classes; c++) {
+        exec_default_scheme(g, &seqs[reps[c]], &def[c], NULL);
+        fusion_scheme_all_unfused(&unf[c], seqs[reps[c]].n, NULL);
+    }
+    /* unfused, default, default with choices */
+    out[k] = (config){"unfused", new_schemes(n), CHOICE_NONE};
+    k++;
+    static const struct { const char *name; choice ch; } with_def[] = {
+        {"default", CHOICE_NONE},
+        {"default, attention row-wise", CHOICE_ATTN_ROW},
+        {"default, attention block-wise", CHOICE_ATTN_BLOCK},
+        {"default, GEMM tiles 64x64x64", CHOICE_GEMM_TILES},
+    };
+    for (size_t d = 0; d < sizeof with_def / sizeof with_def[0] && k < max; d++, k++) {
+        out[k] = (config){"", new_schemes(n), with_def[d].ch};
+        snprintf(out[k].name, sizeof out[k].name, "%s", with_def[d].name);
+        for (int c = 0; c < n_classes; c++)
+            out[k].schemes[reps[c]] = def[c];
+    }
+    /* three more from the enumeration, spread over it, none the default or unfused */
+    for (int q = 1; q <= 3 && k < max; q++) {
+        out[k] = (config){"", new_schemes(n), CHOICE_NONE};
+        snprintf(out[k].name, sizeof out[k].name, "enumerated %d/4", q);
+        for (int c = 0; c < n_classes; c++) {
+            int at = n_found[c] * q / 4, tries = 0;
+            while (tries++ < n_found[c] &&
+                   (fusion_scheme_same_segments(&found[c][at], &def[c]) ||
+                    fusion_scheme_same_segments(&found[c][at], &unf[c])))
+                at = (at + 1) % n_found[c];
+            if (n_found[c] > 0)
+                out[k].schemes[reps[c]] = found[c][at];
+        }
+        k++;
+    }
+    for (int c = 0; c < n_classes; c++)
+        free(found[c]);
+    return k;
+}
+
+/* ---- one run ------------------------------------------------------------------------------- */
+
+typedef struct gpu {
+    exec_ctx *ctx;
+    int notime;
+    int dead; /* a CUDA error left the context unusable */
+} gpu;
+
+static int apply_choice(exec_plan *p, choice ch, stof_error *err) {
+    static const int tiles[] = {64, 64, 64, 4, 4};
+    for (int s = 0; s < p->n_segs; s++) {
+        const exec_segment *sg = &p->segs[s];
+        int rc = STOF_OK;
+        /* a choice spreads to the segment's whole class; repeating it is harmless */
+        if ((ch == CHOICE_ATTN_ROW || ch == CHOICE_ATTN_BLOCK) && sg->auto_attention)
+            rc = exec_plan_set_choice(
+                p, s, ch == CHOICE_ATTN_ROW ? FUSION_T_ATTENTION_ROW : FUSION_T_ATTENTION_BLOCK,
+                NULL, err);
+        else if (ch == CHOICE_GEMM_TILES && sg->tmpl == FUSION_T_GEMM_EPILOGUE)
+            rc = exec_plan_set_choice(p, s, FUSION_T_GEMM_EPILOGUE, tiles, err);
+        if (rc)
+            return rc;
+    }
+    return STOF_OK;
+}
+
+static void print_schemes(const exec_plan *p) {
+    char hex[FUSION_SCHEME_HEX_MAX], bin[FUSION_SCHEME_BINARY_MAX];
+    for (int i = 0; i < p->n_seqs; i++) {
+        if (p->seqs[i].layer < 0 || p->seqs[i].cls != i)
+            continue;
+        fusion_scheme_format_hex(&p->schemes[i], hex, sizeof hex);
+        fusion_scheme_format_binary(&p->schemes[i], bin, sizeof bin);
+        printf("    layer %d class: %s %s\n", p->seqs[i].layer, hex, bin);
+    }
+}
+
+static void run_config(gpu *gp, const model_case *mc, const graph *g, const config *cf,
+                       const float *ref) {
+    n_runs++;
+    stof_error err = {0};
+    exec_plan *p = NULL;
+    exec_model *m = NULL;
+    int64_t n = graph_tensor_numel(&g->tensors[g->output]);
+    float *eager = malloc(sizeof *eager * (size_t)n), *replay = malloc(sizeof *replay * (size_t)n);
+    const char *stage = "plan";
+    int rc = exec_plan_create(g, cf->schemes, &p, &err);
+    if (!rc)
+        rc = apply_choice(p, cf->choice, &err);
+    if (!rc) {
+        printf("  %s: %d segments, arena %.2f MB (live bound %.2f MB)\n", cf->name, p->n_segs,
+               p->arena_bytes / 1e6, p->live_bound / 1e6);
+        print_schemes(p);
+        stage = "model";
+        rc = exec_model_create(gp->ctx, p, SEED, &m, &err);
+    }
+    if (!rc) {
+        stage = "eager run";
+        rc = exec_model_run(m, &err);
+    }
+    if (!rc)
+        rc = exec_model_output(m, eager, &err);
+    if (!rc) {
+        stage = "capture";
+        rc = exec_model_capture(m, &err);
+    }
+    if (!rc) {
+        stage = "replay";
+        rc = exec_model_replay(m, &err);
+    }
+    if (!rc)
+        rc = exec_model_output(m, replay, &err);
+    if (rc) {
+        CHECK_MSG(0, "%s / %s: %s: %s", mc->label, cf->name, stage, err.msg);
+        recap_add("%s / %s: %s failed: %s", mc->label, cf->name, stage, err.msg);
+        gp->dead |= rc == STOF_ERR_CUDA;
+    } else {
+        exec_diff d;
+        exec_compare(eager, ref, n, &d);
+        int same = memcmp(eager, replay, sizeof *eager * (size_t)n) == 0;
+        int ok = d.n_nonfinite == 0 && d.rel_error < TOL_F16 && same;
+        CHECK_MSG(d.n_nonfinite == 0, "%s / %s: %lld non-finite outputs", mc->label, cf->name,
+                  (long long)d.n_nonfinite);
+        CHECK_MSG(d.rel_error < TOL_F16, "%s / %s: relative error %.3e", mc->label, cf->name,
+                  d.rel_error);
+        CHECK_MSG(same, "%s / %s: graph replay differs from the eager run", mc->label,
+                  cf->name);
+        double eager_ms = 0, graph_ms = 0;
+        if (!gp->notime && (exec_model_time(m, 0, REPS, &eager_ms, &err) ||
+                            exec_model_time(m, 1, REPS, &graph_ms, &err))) {
+            CHECK_MSG(0, "%s / %s: timing: %s", mc->label, cf->name, err.msg);
+            ok = 0;
+        }
+        int attn_row = 0, attn_block = 0;
+        for (int s = 0; s < p->n_segs; s++) {
+            fusion_template_id t = exec_model_template(m, s);
+            attn_row += t == FUSION_T_ATTENTION_ROW;
+            attn_block += t == FUSION_T_ATTENTION_BLOCK;
+        }
+        if (cf->choice == CHOICE_ATTN_ROW)
+            CHECK_MSG(attn_block == 0, "%s / %s: forced row-wise", mc->label, cf->name);
+        if (cf->choice == CHOICE_ATTN_BLOCK)
+            CHECK_MSG(attn_row == 0, "%s / %s: forced block-wise", mc->label, cf->name);
+        printf("    %s rel error %.3e, max abs %.3e, replay %s; attention %d row-wise %d "
+               "block-wise; eager %.3f ms, graph %.3f ms\n", ok ? "ok  " : "FAIL", d.rel_error,
+               d.max_abs, same ? "identical" : "DIFFERS", attn_row, attn_block, eager_ms,
+               graph_ms);
+        if (!ok)
+            recap_add("%s / %s: rel error %.3e, %lld non-finite, replay %s", mc->label, cf->name,
+                      d.rel_error, (long long)d.n_nonfinite, same ? "identical" : "differs");
+    }
+    exec_model_free(m);
+    exec_plan_free(p);
+    free(eager);
+    free(replay);
+}
+
+static void run_case(gpu *gp, const model_case *mc) {
+    graph g;
+    stof_error err = {0};
+    graph_init(&g);
+    int rc = lua_api_build(mc->script, mc->params, mc->n_params, &g, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", mc->label, err.msg);
+    if (rc) {
+        graph_free(&g);
+        return;
+    }
+    printf("%s: %d ops, %d layers\n", mc->label, g.n_ops, g.n_layers);
+    double t0 = util_now();
+    float *ref = NULL;
+    rc = exec_reference(&g, SEED, &ref, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: CPU reference: %s", mc->label, err.msg);
+    printf("  CPU reference: %.1f s\n", util_now() - t0);
+    exec_seq *seqs = NULL;
+    int n = 0;
+    if (!rc)
+        rc = exec_sequences(&g, &seqs, &n, &err);
+    config cf[12];
+    int n_cf = rc ? 0 : make_configs(&g, seqs, n, cf, 12);
+    CHECK_MSG(rc || n_cf >= 8, "%s: %d configurations", mc->label, n_cf);
+    for (int c = 0; c < n_cf; c++) {
+        if (!gp->dead)
+            run_config(gp, mc, &g, &cf[c], ref);
+        free(cf[c].schemes);
+    }
+    free(seqs);
+    free(ref);
+    graph_free(&g);
+}
+
+/* Out of device memory: a clear error naming the bytes, nothing left
+ * behind, and the context still runs a model afterwards. */
+static void test_oom(gpu *gp) {
+    const model_case *mc = &cases[1];
+    graph g;
+    stof_error err = {0};
+    graph_init(&g);
+    exec_plan *p = NULL;
+    exec_model *m = NULL;
+    int rc = lua_api_build(mc->script, mc->params, mc->n_params, &g, NULL, &err);
+    if (!rc)
+        rc = exec_plan_create(&g, NULL, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "oom setup: %s", err.msg);
+    if (!rc) {
+        size_t real = p->arena_bytes;
+        p->arena_bytes = (size_t)1 << 50; /* a pebibyte */
+        rc = exec_model_create(gp->ctx, p, SEED, &m, &err);
+        CHECK_EQ_INT(rc, STOF_ERR_DEVICE_OOM);
+        CHECK(m == NULL);
+        CHECK_CONTAINS(err.msg, "the activation arena of 1125899906842624 bytes");
+        printf("out of memory: %s\n", err.msg);
+        p->arena_bytes = real;
+        rc = exec_model_create(gp->ctx, p, SEED, &m, &err);
+        CHECK_MSG(rc == STOF_OK, "after the OOM: %s", err.msg);
+        if (!rc)
+            CHECK_MSG(exec_model_run(m, &err) == STOF_OK, "after the OOM: %s", err.msg);
+        gp->dead |= rc == STOF_ERR_CUDA;
+    }
+    exec_model_free(m);
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
+int main(int argc, char **argv) {
+    gpu gp = {0};
+    stof_error err = {0};
+    int rc = exec_ctx_create(0, &gp.ctx, &err);
+    if (rc == STOF_ERR_NO_DEVICE) {
+        printf("SKIPPED: %s\n", err.msg);
+        return 77;
+    }
+    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
+    if (rc)
+        return check_summary("gpu_exec");
+    gp.notime = argc > 1 && strcmp(argv[1], "notime") == 0;
+    const stof_device_info *d = exec_ctx_device(gp.ctx);
+    printf("GPU: %s (%s, %d SMs)\n", d->name, exec_ctx_arch(gp.ctx), d->sm_count);
+    for (int c = 0; c < N_CASES && !gp.dead; c++)
+        run_case(&gp, &cases[c]);
+    if (!gp.dead)
+        test_oom(&gp);
+    if (gp.dead)
+        printf("STOPPED EARLY: a CUDA error left the context unusable (see above)\n");
+    exec_ctx_free(gp.ctx);
+    printf("\n%d runs, %d failing%s\n", n_runs, n_failed_runs, n_failed_runs ? ":" : "");
+    for (int i = 0; i < n_recap; i++)
+        printf("  %s\n", recap[i]);
+    return check_summary("gpu_exec");
+}

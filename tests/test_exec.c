@@ -1,0 +1,688 @@
+/* The executor's planning, without a GPU: sequences and classes, schemes
+ * to segments to templates for bert, gpt2 and t5 (unfused, the default
+ * scheme, fused ones), the segments whose templates have no kernel yet,
+ * the activation buffers (lifetimes, no two live ones sharing bytes, the
+ * arena against the live-set bound), per-segment choices, and the error
+ * paths that need no device. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/exec.h"
+#include "core/lua_api.h"
+#include "core/util.h"
+#include "fusion/templates.h"
+#include "ops/ops.h"
+
+#define SCRIPTS STOF_SOURCE_DIR "/scripts/"
+
+static const char *const bert_params[] = {"preset=small", "batch=2", "seq=128", "mask=bigbird"};
+static const char *const gpt2_params[] = {"layers=2", "batch=2", "seq=128"};
+static const char *const t5_params[] = {"layers=2", "batch=2", "seq=64", "dec_seq=32"};
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static int build_script(const char *script, const char *const *params, int n, graph *g) {
+    stof_error err = {0};
+    graph_init(g);
+    int rc = lua_api_build(script, params, n, g, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", script, err.msg);
+    return rc;
+}
+
+static int build_inline(const char *src, graph *g) {
+    stof_error err = {0};
+    graph_init(g);
+    int rc = lua_api_build_string(src, "model.lua", NULL, NULL, 0, g, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    return rc;
+}
+
+/* Schemes for every class representative: texts[c] for the c-th layer
+ * class (binary or hex, "default", or NULL: unfused); sequences outside
+ * layers unfused. n_texts 1 applies texts[0] to every layer class. */
+static int make_schemes(const graph *g, const char *const *texts, int n_texts,
+                        fusion_scheme **out, stof_error *err) {
+    exec_seq *seqs;
+    int n, rc = exec_sequences(g, &seqs, &n, err);
+    if (rc)
+        return rc;
+    fusion_scheme *s = calloc((size_t)n, sizeof *s);
+    int c = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (seqs[i].layer < 0 || seqs[i].cls != i)
+            continue;
+        const char *t = texts[n_texts > 1 ? c : 0];
+        c++;
+        if (!t)
+            continue;
+        rc = strcmp(t, "default") == 0 ? exec_default_scheme(g, &seqs[i], &s[i], err)
+                                       : fusion_scheme_parse(t, seqs[i].n, &s[i], err);
+    }
+    free(seqs);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return STOF_OK;
+}
+
+static int plan_with(const graph *g, const char *const *texts, int n_texts, exec_plan **p,
+                     stof_error *err) {
+    fusion_scheme *s = NULL;
+    int rc = make_schemes(g, texts, n_texts, &s, err);
+    if (!rc)
+        rc = exec_plan_create(g, s, p, err);
+    free(s);
+    return rc;
+}
+
+static int ranges_overlap(const exec_buffer *a, const exec_buffer *b) {
+    return a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes;
+}
+
+static int lives_overlap(const exec_buffer *a, const exec_buffer *b) {
+    return a->first <= b->last && b->first <= a->last;
+}
+
+/* No two buffers live at once share a byte; all lie in the arena. */
+static void check_arena(const exec_buffer *b, int n, size_t arena, size_t bound) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        bad += b[i].offset + b[i].bytes > arena;
+        for (int j = i + 1; j < n; j++)
+            bad += lives_overlap(&b[i], &b[j]) && ranges_overlap(&b[i], &b[j]);
+    }
+    CHECK_MSG(bad == 0, "%d buffer conflicts", bad);
+    CHECK_MSG(arena >= bound, "arena %zu below the live bound %zu", arena, bound);
+}
+
+/* Everything a plan promises, checked against its graph. */
+static void check_plan(const graph *g, const exec_plan *p) {
+    int next = 0, bad = 0;
+    for (int s = 0; s < p->n_segs; s++) {
+        const exec_segment *sg = &p->segs[s];
+        bad += sg->first != next;
+        next = sg->first + sg->n;
+        bad += !exec_template_implemented(sg->tmpl);
+        bad += !fusion_match_has(&sg->match, sg->tmpl);
+        /* its result has a buffer written here; what it reads from outside is live */
+        int ob = p->buf_of[sg->out];
+        bad += ob < 0 || p->bufs[ob].first != s;
+        for (int o = sg->first; o < sg->first + sg->n; o++)
+            for (int k = 0; k < g->ops[o].n_inputs; k++) {
+                int t = g->ops[o].inputs[k], prod = g->tensors[t].producer;
+                if (prod >= sg->first && prod < sg->first + sg->n)
+                    continue;
+                if (g->tensors[t].role == GRAPH_WEIGHT || g->tensors[t].role == GRAPH_INPUT) {
+                    bad += p->buf_of[t] >= 0;
+                    continue;
+                }
+                int b = p->buf_of[t];
+                bad += b < 0 || p->bufs[b].first > s || p->bufs[b].last < s;
+            }
+        /* intermediates stay inside, unless stored as the pre-norm input */
+        for (int o = sg->first; o + 1 < sg->first + sg->n; o++) {
+            int t = g->ops[o].output;
+            bad += (p->buf_of[t] >= 0) != (t == sg->pre_norm);
+        }
+    }
+    CHECK_MSG(bad == 0 && next == g->n_ops, "%d plan inconsistencies (ops covered %d of %d)",
+              bad, next, g->n_ops);
+    CHECK_EQ_INT(p->bufs[p->buf_of[g->output]].last, p->n_segs);
+    for (int b = 0; b < p->n_bufs; b++)
+        CHECK(p->bufs[b].bytes % EXEC_ALIGN == 0 && p->bufs[b].offset % EXEC_ALIGN == 0);
+    check_arena(p->bufs, p->n_bufs, p->arena_bytes, p->live_bound);
+}
+
+/* The segment holding graph op `op`. */
+static const exec_segment *segment_of(const exec_plan *p, int op) {
+    for (int s = 0; s < p->n_segs; s++)
+        if (op >= p->segs[s].first && op < p->segs[s].first + p->segs[s].n)
+            return &p->segs[s];
+    return NULL;
+}
+
+static void scheme_bits(const fusion_scheme *s, char *buf) {
+    fusion_scheme_format_binary(s, buf, FUSION_SCHEME_BINARY_MAX);
+}
+
+/* ---- the arena --------------------------------------------------------------------------- */
+
+static void test_arena(void) {
+    size_t arena, bound;
+    exec_arena_assign(NULL, 0, &arena, &bound);
+    CHECK_EQ_INT(arena, 0);
+
+    /* a chain: each buffer read by the next step only; the best fit reaches
+     * the bound (the largest neighbouring pair) */
+    util_rng rng = {7};
+    for (int trial = 0; trial < 50; trial++) {
+        exec_buffer b[40];
+        int n = 2 + (int)(util_rng_next(&rng) % 39);
+        for (int i = 0; i < n; i++)
+            b[i] = (exec_buffer){-1, i, i + 1, EXEC_ALIGN * (1 + util_rng_next(&rng) % 64), 0};
+        exec_arena_assign(b, n, &arena, &bound);
+        check_arena(b, n, arena, bound);
+        size_t pair = 0;
+        for (int i = 0; i + 1 < n; i++)
+            if (b[i].bytes + b[i + 1].bytes > pair)
+                pair = b[i].bytes + b[i + 1].bytes;
+        CHECK_EQ_INT(bound, pair);
+        CHECK_MSG(arena == bound, "chain of %d: arena %zu, bound %zu", n, arena, bound);
+    }
+
+    /* a residual stream: x lives across the block while others come and go */
+    exec_buffer r[] = {{-1, 0, 4, 1024, 0}, {-1, 1, 2, 4096, 0}, {-1, 2, 3, 1024, 0},
+                       {-1, 3, 4, 1024, 0}, {-1, 4, 5, 1024, 0}};
+    exec_arena_assign(r, 5, &arena, &bound);
+    check_arena(r, 5, arena, bound);
+    CHECK_EQ_INT(bound, 6144);
+    CHECK_EQ_INT(arena, 6144);
+
+    /* random lifetimes: never a conflict, never below the bound */
+    for (int trial = 0; trial < 200; trial++) {
+        exec_buffer b[60];
+        int n = 1 + (int)(util_rng_next(&rng) % 60);
+        for (int i = 0; i < n; i++) {
+            int first = (int)(util_rng_next(&rng) % 30);
+            b[i] = (exec_buffer){-1, first, first + (int)(util_rng_next(&rng) % 8),
+                                 EXEC_ALIGN * (1 + util_rng_next(&rng) % 100), 0};
+        }
+        exec_arena_assign(b, n, &arena, &bound);
+        check_arena(b, n, arena, bound);
+        size_t sum = 0;
+        for (int i = 0; i < n; i++)
+            sum += b[i].bytes;
+        CHECK(arena <= sum);
+    }
+}
+
+/* ---- sequences ------------------------------------------------------------------------------ */
+
+static void test_sequences(void) {
+    graph g;
+    if (build_script(SCRIPTS "t5.lua", t5_params, 4, &g))
+        return;
+    exec_seq *s;
+    int n;
+    stof_error err = {0};
+    CHECK_EQ_INT(exec_sequences(&g, &s, &n, &err), STOF_OK);
+    /* embedding | enc 0 | enc 1 | final norm, embedding | dec 0 | dec 1 | final norm */
+    CHECK_EQ_INT(n, 7);
+    if (n == 7) {
+        int layer[] = {-1, 0, 1, -1, 2, 3, -1}, cls[] = {0, 1, 1, 3, 4, 4, 6};
+        for (int i = 0; i < 7; i++) {
+            CHECK_EQ_INT(s[i].layer, layer[i]);
+            CHECK_EQ_INT(s[i].cls, cls[i]);
+        }
+        char buf[96];
+        CHECK_CONTAINS(exec_seq_name(&s[3], buf, sizeof buf), "outside layers");
+        CHECK_CONTAINS(exec_seq_name(&s[4], buf, sizeof buf), "layer 2");
+    }
+    free(s);
+    graph_free(&g);
+}
+
+/* ---- plans of the shipped models ---------------------------------------------------------- */
+
+/* Unfused: one segment per op, on the kernel of its kind. */
+static void check_unfused(const char *script, const char *const *params, int n_params) {
+    graph g;
+    if (build_script(script, params, n_params, &g))
+        return;
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    int rc = exec_plan_create(&g, NULL, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", script, err.msg);
+    if (rc) {
+        graph_free(&g);
+        return;
+    }
+    CHECK_EQ_INT(p->n_segs, g.n_ops);
+    int bad = 0;
+    for (int s = 0; s < p->n_segs; s++) {
+        const exec_segment *sg = &p->segs[s];
+        op_kind k = g.ops[sg->first].kind;
+        fusion_template_id want = k == OP_GEMM        ? FUSION_T_GEMM_EPILOGUE
+                                  : k == OP_ATTENTION ? FUSION_T_ATTENTION_ROW
+                                  : k == OP_EMBEDDING ? FUSION_T_EMBEDDING
+                                                      : FUSION_T_MI_CHAIN;
+        bad += sg->n != 1 || sg->tmpl != want || sg->auto_attention != (k == OP_ATTENTION);
+    }
+    CHECK_MSG(bad == 0, "%s: %d segments on the wrong template", script, bad);
+    /* every activation has its buffer */
+    for (int t = 0; t < g.n_tensors; t++)
+        if (g.tensors[t].role == GRAPH_ACTIVATION || g.tensors[t].role == GRAPH_OUTPUT)
+            bad += p->buf_of[t] < 0;
+    CHECK_EQ_INT(bad, 0);
+    check_plan(&g, p);
+    printf("%s unfused: %d segments, %d buffers, arena %.2f MB, live bound %.2f MB, weights "
+           "%.1f MB\n", g.name, p->n_segs, p->n_bufs, p->arena_bytes / 1e6,
+           p->live_bound / 1e6, p->weight_bytes / 1e6);
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
+static void test_unfused(void) {
+    check_unfused(SCRIPTS "bert.lua", bert_params, 4);
+    check_unfused(SCRIPTS "gpt2.lua", gpt2_params, 3);
+    check_unfused(SCRIPTS "t5.lua", t5_params, 4);
+}
+
+/* The greedy default scheme of each layer class, as bits. */
+static void check_default(const char *script, const char *const *params, int n_params,
+                          const char *const *want, int n_want) {
+    graph g;
+    if (build_script(script, params, n_params, &g))
+        return;
+    exec_seq *s;
+    int n, c = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(exec_sequences(&g, &s, &n, &err), STOF_OK);
+    for (int i = 0; i < n; i++) {
+        if (s[i].cls != i)
+            continue;
+        fusion_scheme sc;
+        char bits[FUSION_SCHEME_BINARY_MAX];
+        CHECK_EQ_INT(exec_default_scheme(&g, &s[i], &sc, &err), STOF_OK);
+        CHECK_MSG(exec_scheme_check(&g, &s[i], &sc, &err) == STOF_OK, "%s", err.msg);
+        scheme_bits(&sc, bits);
+        if (s[i].layer < 0) {
+            /* nothing outside the layers fuses in these models */
+            fusion_scheme u;
+            fusion_scheme_all_unfused(&u, s[i].n, NULL);
+            CHECK_MSG(fusion_scheme_same_segments(&sc, &u), "%s: %s outside layers", g.name,
+                      bits);
+        } else if (c < n_want) {
+            CHECK_MSG(strcmp(bits, want[c]) == 0, "%s layer class %d: %s, expected %s", g.name,
+                      c, bits, want[c]);
+            c++;
+        }
+    }
+    CHECK_EQ_INT(c, n_want);
+    free(s);
+    graph_free(&g);
+}
+
+static void test_default_scheme(void) {
+    /* gemm bias | attention | gemm bias add | layernorm | gemm bias gelu | gemm bias add |
+     * layernorm */
+    static const char *const bert[] = {"00100010001110"};
+    check_default(SCRIPTS "bert.lua", bert_params, 4, bert, 1);
+    /* layernorm | gemm bias | attention | gemm bias add | layernorm | gemm bias gelu |
+     * gemm bias add */
+    static const char *const gpt2[] = {"01101110111000"};
+    check_default(SCRIPTS "gpt2.lua", gpt2_params, 3, gpt2, 1);
+    /* encoder: rmsnorm | gemm | attention | gemm add | rmsnorm | gemm relu | gemm add;
+     * decoder: the same, then rmsnorm | gemm | gemm | attention | gemm add before the FFN */
+    static const char *const t5[] = {"0101101100", "0101101010010011"};
+    check_default(SCRIPTS "t5.lua", t5_params, 4, t5, 2);
+}
+
+/* The default scheme planned: fused segments, their epilogues, no buffer
+ * for what stays on chip. */
+static void test_fused_bert(void) {
+    graph g;
+    if (build_script(SCRIPTS "bert.lua", bert_params, 4, &g))
+        return;
+    static const char *const def[] = {"default"};
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    int rc = plan_with(&g, def, 1, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        graph_free(&g);
+        return;
+    }
+    /* embedding, layernorm, then 7 segments in each of 4 layers */
+    CHECK_EQ_INT(p->n_segs, 2 + 4 * 7);
+    check_plan(&g, p);
+    /* layer 0: #2 gemm, #3 bias, #4 attention, #5-#7 gemm bias add, #8 layernorm,
+     * #9-#11 gemm bias gelu, #12-#14 gemm bias add, #15 layernorm */
+    const exec_segment *qkv = segment_of(p, 2), *proj = segment_of(p, 5),
+                       *ffn = segment_of(p, 9), *ln = segment_of(p, 8);
+    CHECK(qkv && qkv->n == 2 && qkv->tmpl == FUSION_T_GEMM_EPILOGUE &&
+          qkv->match.epi[0].has_bias && !qkv->match.epi[0].has_residual);
+    CHECK(proj && proj->n == 3 && proj->match.epi[0].has_residual);
+    CHECK(ffn && ffn->n == 3 && ffn->match.epi[0].act == FUSION_ACT_GELU);
+    CHECK(ln && ln->n == 1 && ln->tmpl == FUSION_T_MI_CHAIN &&
+          ln->match.epi[0].norm == FUSION_NORM_LAYERNORM);
+    CHECK_EQ_INT(p->buf_of[g.ops[2].output], -1); /* the QKV GEMM before its bias */
+    CHECK(p->buf_of[g.ops[3].output] >= 0);
+    /* fusing needs less activation memory than not fusing */
+    exec_plan *u = NULL;
+    if (exec_plan_create(&g, NULL, &u, &err) == STOF_OK) {
+        CHECK_MSG(p->arena_bytes < u->arena_bytes, "fused %zu, unfused %zu", p->arena_bytes,
+                  u->arena_bytes);
+        CHECK_EQ_INT(p->weight_bytes, u->weight_bytes);
+        CHECK_EQ_INT(p->input_bytes, 2 * 128 * 4); /* int32 ids */
+    }
+    exec_plan_free(u);
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
+/* GPT-2 with the residual stream's add fused into the next LayerNorm: the
+ * chain also writes the add's result (store_pre_norm), which the block's
+ * last add reads. */
+static void test_pre_norm(void) {
+    graph g;
+    if (build_script(SCRIPTS "gpt2.lua", gpt2_params, 3, &g))
+        return;
+    /* ln_1 | gemm bias | attention | gemm | bias add ln_2 | gemm bias gelu | gemm bias add */
+    static const char *const s[] = {"01101000111000"};
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    int rc = plan_with(&g, s, 1, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        graph_free(&g);
+        return;
+    }
+    check_plan(&g, p);
+    /* layer 0 is ops #1-#14: bias #6, add #7, ln_2 #8; the block's last add is #14 */
+    const exec_segment *chain = segment_of(p, 6);
+    CHECK(chain && chain->first == 6 && chain->n == 3 && chain->tmpl == FUSION_T_MI_CHAIN);
+    if (chain) {
+        CHECK_EQ_INT(chain->pre_norm, g.ops[7].output);
+        CHECK(chain->match.store_pre_norm && chain->match.epi[0].has_bias &&
+              chain->match.epi[0].has_residual);
+        int b = p->buf_of[chain->pre_norm];
+        CHECK(b >= 0);
+        if (b >= 0) {
+            const exec_segment *last = segment_of(p, 14);
+            CHECK_EQ_INT(p->bufs[b].first, (int)(chain - p->segs));
+            CHECK_EQ_INT(p->bufs[b].last, (int)(last - p->segs));
+        }
+    }
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
+/* T5: the decoder's cross-attention K/V projection reads the encoder output
+ * from outside its layer; that buffer lives until the last decoder layer. */
+static void test_t5_plan(void) {
+    graph g;
+    if (build_script(SCRIPTS "t5.lua", t5_params, 4, &g))
+        return;
+    static const char *const s[] = {"default", "default"};
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    int rc = plan_with(&g, s, 2, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        graph_free(&g);
+        return;
+    }
+    check_plan(&g, p);
+    int enc_out = g.ops[11].output; /* encoder.final_layer_norm */
+    CHECK_EQ_INT(g.ops[11].kind, OP_RMSNORM);
+    int b = p->buf_of[enc_out], last_kv = -1;
+    for (int o = 0; o < g.n_ops; o++)
+        if (g.ops[o].kind == OP_GEMM && g.ops[o].inputs[0] == enc_out)
+            last_kv = o;
+    CHECK(b >= 0 && last_kv > 0);
+    if (b >= 0 && last_kv > 0)
+        CHECK_EQ_INT(p->bufs[b].last, (int)(segment_of(p, last_kv) - p->segs));
+    /* the cross-attention segment */
+    int cross = 0;
+    for (int s2 = 0; s2 < p->n_segs; s2++)
+        cross += g.ops[p->segs[s2].first].kind == OP_ATTENTION &&
+                 g.ops[p->segs[s2].first].attr.attn.cross;
+    CHECK_EQ_INT(cross, 2);
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
+/* ---- what cannot run yet, and other refusals ---------------------------------------------- */
+
+static void test_rejections(void) {
+    graph g;
+    if (build_script(SCRIPTS "bert.lua", bert_params, 4, &g))
+        return;
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    /* gemm bias add layernorm: gemm_ln only */
+    static const char *const ln[] = {"00100001110000"};
+    CHECK_EQ_INT(plan_with(&g, ln, 1, &p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "layer 0");
+    CHECK_CONTAINS(err.msg, "segment #5-#8 (gemm bias add layernorm)");
+    CHECK_CONTAINS(err.msg, "gemm_ln kernel not built yet");
+    /* gemm bias gelu gemm bias: gemm_chain only */
+    static const char *const chain[] = {"00100010000011"};
+    CHECK_EQ_INT(plan_with(&g, chain, 1, &p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "segment #9-#13 (gemm bias gelu gemm bias)");
+    CHECK_CONTAINS(err.msg, "gemm_chain kernel not built yet");
+    /* an invalid scheme: the validator's reason */
+    static const char *const bad[] = {"00000000000000"};
+    CHECK_EQ_INT(plan_with(&g, bad, 1, &p, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "compute-intensive");
+    /* a scheme of the wrong length given directly */
+    exec_seq *seqs;
+    int n;
+    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    fusion_scheme *s = calloc((size_t)n, sizeof *s);
+    fusion_scheme_all_unfused(&s[seqs[1].cls], 5, NULL);
+    CHECK_EQ_INT(exec_plan_create(&g, s, &p, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "5 ops but the sequence has 14");
+    CHECK(p == NULL);
+    /* the per-segment support check names the template */
+    fusion_match m;
+    int ops[] = {5, 6, 7, 8};
+    CHECK_EQ_INT(fusion_match_segment(&g, ops, 4, &m, &err), STOF_OK);
+    CHECK(!exec_template_implemented(FUSION_T_GEMM_LN));
+    CHECK(!exec_template_implemented(FUSION_T_GEMM_CHAIN));
+    CHECK(!exec_template_implemented(FUSION_T_CUBLASLT));
+    CHECK(exec_template_implemented(FUSION_T_GEMM_EPILOGUE));
+    CHECK_EQ_INT(exec_segment_supports(&g, 5, 4, &m, FUSION_T_GEMM_LN, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "on template gemm_ln: gemm_ln kernel not built yet");
+    CHECK_EQ_INT(exec_segment_supports(&g, 5, 4, &m, FUSION_T_MI_CHAIN, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "does not match template mi_chain");
+    free(s);
+    free(seqs);
+    graph_free(&g);
+}
+
+/* MI chains the kernel does not compute: an add after the activation, a
+ * softmax; fp32 models; an add of a value to itself after a GEMM. */
+static void test_kernel_limits(void) {
+    const char *src =
+        "local m = stof.model{name = 't', dtype = 'fp16'}\n"
+        "local x = m:input('x', {2, 8, 16})\n"
+        "local r = m:input('r', {2, 8, 16})\n"
+        "local a = m:gelu(x)\n"   /* #0 */
+        "local b = m:add(a, r)\n" /* #1 */
+        "local c = m:softmax(b)\n" /* #2 */
+        "m:output(c)\nreturn m\n";
+    graph g;
+    if (build_inline(src, &g))
+        return;
+    stof_error err = {0};
+    exec_seq *seqs;
+    int n;
+    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    CHECK_EQ_INT(n, 1);
+    fusion_scheme s;
+    CHECK_EQ_INT(fusion_scheme_parse("001", 3, &s, &err), STOF_OK);
+    CHECK_EQ_INT(exec_scheme_check(&g, &seqs[0], &s, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "segment #0-#1 (gelu add)");
+    CHECK_CONTAINS(err.msg, "adds bias and residual first");
+    /* the default scheme keeps them apart; the softmax still has no kernel */
+    CHECK_EQ_INT(exec_default_scheme(&g, &seqs[0], &s, &err), STOF_OK);
+    char bits[FUSION_SCHEME_BINARY_MAX];
+    scheme_bits(&s, bits);
+    CHECK_MSG(strcmp(bits, "010") == 0, "%s", bits);
+    exec_plan *p = NULL;
+    CHECK_EQ_INT(exec_plan_create(&g, &s, &p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "segment #2 (softmax)");
+    CHECK_CONTAINS(err.msg, "the mi_chain kernel has no softmax");
+    free(seqs);
+    graph_free(&g);
+
+    const char *self_add =
+        "local m = stof.model{name = 't', dtype = 'bf16'}\n"
+        "local x = m:input('x', {1, 8, 16})\n"
+        "local y = m:gemm(x, m:weight('w', {16, 16}))\n"
+        "m:output(m:add(y, y))\nreturn m\n";
+    if (build_inline(self_add, &g))
+        return;
+    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_scheme_parse("00", 2, &s, &err), STOF_OK);
+    CHECK_EQ_INT(exec_scheme_check(&g, &seqs[0], &s, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "adds the GEMM's result to itself");
+    /* unfused it runs: add(y, y) as an MI chain with y as its residual */
+    CHECK_EQ_INT(exec_plan_create(&g, NULL, &p, &err), STOF_OK);
+    if (p) {
+        CHECK_EQ_INT(p->dtype, STOF_BF16);
+        check_plan(&g, p);
+    }
+    exec_plan_free(p);
+    free(seqs);
+    graph_free(&g);
+
+    const char *fp32 =
+        "local m = stof.model{name = 't', dtype = 'fp32'}\n"
+        "local x = m:input('x', {1, 8, 16})\n"
+        "m:output(m:relu(x))\nreturn m\n";
+    if (build_inline(fp32, &g))
+        return;
+    stof_dtype dt;
+    CHECK_EQ_INT(exec_model_dtype(&g, &dt, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "f16 or bf16");
+    p = NULL;
+    CHECK_EQ_INT(exec_plan_create(&g, NULL, &p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK(p == NULL);
+    graph_free(&g);
+
+    /* a head size the attention kernels do not take */
+    const char *odd_head =
+        "local m = stof.model{name = 't', dtype = 'fp16'}\n"
+        "local x = m:input('x', {1, 16, 144})\n"
+        "m:output(m:attention(x, {heads = 3, head_dim = 16}))\nreturn m\n";
+    if (build_inline(odd_head, &g))
+        return;
+    CHECK_EQ_INT(exec_plan_create(&g, NULL, &p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "segment #0 (attention)");
+    CHECK_CONTAINS(err.msg, "head_dim 16");
+    graph_free(&g);
+}
+
+/* ---- per-segment choices ------------------------------------------------------------------ */
+
+static void test_choices(void) {
+    graph g;
+    if (build_script(SCRIPTS "bert.lua", bert_params, 4, &g))
+        return;
+    static const char *const def[] = {"default"};
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    if (plan_with(&g, def, 1, &p, &err) != STOF_OK) {
+        CHECK_MSG(0, "%s", err.msg);
+        graph_free(&g);
+        return;
+    }
+    int attn = (int)(segment_of(p, 4) - p->segs), qkv = (int)(segment_of(p, 2) - p->segs);
+    int block[] = {64, 64, 4};
+    CHECK_EQ_INT(exec_plan_set_choice(p, attn, FUSION_T_ATTENTION_BLOCK, block, &err), STOF_OK);
+    int set = 0;
+    for (int s = 0; s < p->n_segs; s++)
+        if (g.ops[p->segs[s].first].kind == OP_ATTENTION)
+            set += p->segs[s].tmpl == FUSION_T_ATTENTION_BLOCK && !p->segs[s].auto_attention &&
+                   p->segs[s].has_values && p->segs[s].values[0] == 64;
+    CHECK_EQ_INT(set, 4); /* every layer of the class */
+    int gemm[] = {64, 128, 32, 4, 3};
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, gemm, &err), STOF_OK);
+    CHECK(p->segs[qkv].has_values && p->segs[qkv].values[1] == 128);
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, NULL, &err), STOF_OK);
+    CHECK(!p->segs[qkv].has_values);
+    int off[] = {64, 100, 32, 4, 3};
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, off, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "BLOCK_N = 100 is not in its space");
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_CUBLASLT, NULL, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "cublaslt kernel not built yet");
+    CHECK_EQ_INT(exec_plan_set_choice(p, attn, FUSION_T_GEMM_EPILOGUE, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_EQ_INT(exec_plan_set_choice(p, p->n_segs, FUSION_T_MI_CHAIN, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_COUNT, NULL, &err), STOF_ERR_INVALID);
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
+/* ---- comparing, the reference, the device --------------------------------------------------- */
+
+static void test_compare(void) {
+    float ref[] = {3, 4, 0, 0}, got[] = {3, 4, 0, 0};
+    exec_diff d;
+    exec_compare(got, ref, 4, &d);
+    CHECK_NEAR(d.rel_error, 0, 0);
+    got[2] = 0.5f;
+    exec_compare(got, ref, 4, &d);
+    CHECK_NEAR(d.rel_error, 0.1, 1e-12);
+    CHECK_NEAR(d.max_abs, 0.5, 0);
+    got[3] = NAN;
+    exec_compare(got, ref, 4, &d);
+    CHECK_EQ_INT(d.n_nonfinite, 1);
+    CHECK(isinf(d.rel_error));
+
+    /* the reference's output is ref_execute's, handed over */
+    const char *src =
+        "local m = stof.model{name = 't', dtype = 'fp16'}\n"
+        "local x = m:input('x', {1, 4, 16})\n"
+        "m:output(m:relu(m:gemm(x, m:weight('w', {16, 16}))))\nreturn m\n";
+    graph g;
+    if (build_inline(src, &g))
+        return;
+    float *a = NULL, *b = NULL;
+    stof_error err = {0};
+    CHECK_EQ_INT(exec_reference(&g, 5, &a, &err), STOF_OK);
+    CHECK_EQ_INT(exec_reference(&g, 5, &b, &err), STOF_OK);
+    if (a && b) {
+        CHECK(memcmp(a, b, 64 * sizeof *a) == 0);
+        int negative = 0;
+        for (int i = 0; i < 64; i++)
+            negative += a[i] < 0;
+        CHECK_EQ_INT(negative, 0);
+    }
+    free(a);
+    free(b);
+    graph_free(&g);
+}
+
+static void test_no_device(void) {
+    exec_ctx *c = NULL;
+    stof_error err = {0};
+    int rc = exec_ctx_create(0, &c, &err);
+    /* here: no GPU, and a clear reason; on a GPU machine a context */
+    CHECK_MSG(rc == STOF_OK || rc == STOF_ERR_NO_DEVICE, "%d: %s", rc, err.msg);
+    if (rc == STOF_ERR_NO_DEVICE) {
+        CHECK(c == NULL);
+        CHECK(err.msg[0] != '\0');
+    }
+    exec_ctx_free(c);
+    exec_ctx_free(NULL);
+    exec_model_free(NULL);
+    exec_plan_free(NULL);
+}
+
+int main(void) {
+    test_arena();
+    test_sequences();
+    test_unfused();
+    test_default_scheme();
+    test_fused_bert();
+    test_pre_norm();
+    test_t5_plan();
+    test_rejections();
+    test_kernel_limits();
+    test_choices();
+    test_compare();
+    test_no_device();
+    return check_summary("test_exec");
+}

@@ -46,5 +46,8 @@ char *util_read_file(const char *path, size_t *len);
 
 /* Monotonic wall clock in seconds. */
 double util_now(void);
+/* CPU time of this process in seconds: for timing single-threaded work in
+ * tests without counting time lost to other processes on a busy machine. */
+double util_cpu_now(void);
 
 #endif

@@ -481,14 +481,14 @@ static void test_speed(void) {
     for (int t = 0; t < 3; t++) {
         mask *m = NULL;
         stof_error err = {0};
-        double t0 = util_now();
+        double t0 = util_cpu_now();
         int rc = mask_build(s, 1, 4096, 4096, &m, &err);
-        double dt = util_now() - t0;
+        double dt = util_cpu_now() - t0;
         best = dt < best ? dt : best;
         CHECK_EQ_INT(rc, STOF_OK);
         mask_free(m);
     }
-    printf("bigbird 4096 x 4096 build: %.2f ms (best of 3)\n", best * 1e3);
+    printf("bigbird 4096 x 4096 build: %.2f ms of CPU time (best of 3)\n", best * 1e3);
     CHECK_MSG(best < 0.5, "bigbird 4096 took %.1f ms", best * 1e3);
     mask_spec_free(s);
 }

@@ -622,19 +622,19 @@ static void test_bigbird_timing(void) {
     mask *m = bigbird_4096();
     stof_error err = {0};
     mask_bsr *f = NULL;
-    double t0 = util_now();
+    double t0 = util_cpu_now();
     int rc = mask_format_bsr_build(m, 64, 64, &f, &err);
-    double t_bsr = util_now() - t0;
+    double t_bsr = util_cpu_now() - t0;
     CHECK(rc == STOF_OK);
     mask_bsr *f16 = NULL;
-    t0 = util_now();
+    t0 = util_cpu_now();
     rc = mask_format_bsr_build(m, 16, 16, &f16, &err);
-    double t_bsr16 = util_now() - t0;
+    double t_bsr16 = util_cpu_now() - t0;
     CHECK(rc == STOF_OK);
     mask_csr *c = NULL;
-    t0 = util_now();
+    t0 = util_cpu_now();
     rc = mask_format_csr_build(m, &c, &err);
-    double t_csr = util_now() - t0;
+    double t_csr = util_cpu_now() - t0;
     CHECK(rc == STOF_OK);
     if (f && f16 && c) {
         mask_bsr_stats st;

@@ -1,0 +1,168 @@
+/* A search result as a plan (core/plan.h): what was tuned, for what. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "ops/mask.h"
+#include "search/search.h"
+
+static void fill_device(const stof_device_info *dev, const char *arch, plan_device *d) {
+    d->measured = dev != NULL;
+    snprintf(d->name, sizeof d->name, "%s", dev ? dev->name : PLAN_UNMEASURED);
+    if (dev) {
+        d->cc_major = dev->cc_major;
+        d->cc_minor = dev->cc_minor;
+        d->sm_count = dev->sm_count;
+        snprintf(d->arch, sizeof d->arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
+    } else {
+        snprintf(d->arch, sizeof d->arch, "%s", arch ? arch : "");
+    }
+}
+
+static void fill_script(const lua_api_script *s, plan *p) {
+    if (!s)
+        return;
+    snprintf(p->script_name, sizeof p->script_name, "%s", s->name);
+    p->script_hash = s->content_hash;
+    p->n_params = s->n_params;
+    memcpy(p->params, s->params, sizeof p->params[0] * (size_t)s->n_params);
+}
+
+/* The inputs, and batch x seq from the first input of two or more dims (the
+ * token ids). */
+static int fill_shapes(const graph *g, plan *p, stof_error *err) {
+    p->inputs = err_calloc((size_t)g->n_tensors, sizeof *p->inputs, err);
+    if (!p->inputs)
+        return STOF_ERR_NOMEM;
+    p->batch = p->seq = 1;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const graph_tensor *gt = &g->tensors[t];
+        if (gt->role != GRAPH_INPUT)
+            continue;
+        plan_input *in = &p->inputs[p->n_inputs++];
+        snprintf(in->name, sizeof in->name, "%s", gt->name);
+        in->ndim = gt->ndim;
+        memcpy(in->shape, gt->shape, sizeof in->shape);
+        if (p->n_inputs == 1 && gt->ndim >= 2) {
+            p->batch = gt->shape[0];
+            p->seq = gt->shape[1];
+        }
+    }
+    return STOF_OK;
+}
+
+static int fill_masks(const graph *g, plan *p, stof_error *err) {
+    p->masks = err_calloc((size_t)g->n_masks + 1, sizeof *p->masks, err);
+    if (!p->masks)
+        return STOF_ERR_NOMEM;
+    for (int i = 0; i < g->n_masks; i++) {
+        const mask *m = g->masks[i];
+        plan_mask *pm = &p->masks[p->n_masks++];
+        pm->description = strdup(m->desc ? m->desc : "");
+        if (!pm->description)
+            return err_set(err, STOF_ERR_NOMEM, "out of memory filling a plan");
+        pm->fingerprint = m->fingerprint;
+        pm->batch = m->batch;
+        pm->q_len = m->q_len;
+        pm->k_len = m->k_len;
+    }
+    return STOF_OK;
+}
+
+static plan_kernel seg_kernel(const search_seg_result *s) {
+    plan_kernel k = {s->tmpl, s->n_values, {0}};
+    memcpy(k.values, s->values, sizeof k.values);
+    return k;
+}
+
+/* The attention entry of the op at graph index i, run by segment s. */
+static plan_attention attention_entry(const graph *g, int i, const search_seg_result *s) {
+    const graph_op *op = &g->ops[i];
+    const graph_tensor *out = &g->tensors[op->output];
+    const graph_tensor *kv = &g->tensors[op->inputs[op->attr.attn.cross ? 1 : 0]];
+    return (plan_attention){(int)out->shape[0], op->attr.attn.heads, op->attr.attn.head_dim,
+                            (int)out->shape[1], (int)kv->shape[1], op->attr.attn.mask,
+                            op->attr.attn.causal, seg_kernel(s), s->ms};
+}
+
+static int same_attention_shape(const plan_attention *a, const plan_attention *b) {
+    return a->batch == b->batch && a->heads == b->heads && a->head_dim == b->head_dim &&
+           a->q_len == b->q_len && a->k_len == b->k_len && a->mask == b->mask &&
+           a->causal == b->causal;
+}
+
+static void add_attention(plan *p, const plan_attention *a) {
+    for (int i = 0; i < p->n_attention; i++)
+        if (same_attention_shape(&p->attention[i], a))
+            return;
+    p->attention[p->n_attention++] = *a;
+}
+
+static int fill_sequence(const graph *g, const search_sequence *sq, const search_seq_result *r,
+                         plan *p, plan_sequence *q, stof_error *err) {
+    *q = (plan_sequence){.layer = sq->layer, .n_ops = sq->n, .scheme = r->scheme, .ms = r->ms};
+    q->instances = err_malloc(sizeof *q->instances * (size_t)sq->count, err);
+    q->segments = err_calloc((size_t)r->n_segs, sizeof *q->segments, err);
+    if (!q->instances || !q->segments)
+        return STOF_ERR_NOMEM;
+    q->n_instances = sq->count;
+    memcpy(q->instances, sq->firsts, sizeof *q->instances * (size_t)sq->count);
+    q->n_segments = r->n_segs;
+    for (int k = 0; k < r->n_segs; k++) {
+        const search_seg_result *s = &r->segs[k];
+        plan_segment *ps = &q->segments[k];
+        ps->first = s->first;
+        ps->last = s->last;
+        ps->kernel = seg_kernel(s);
+        ps->ms = s->ms;
+        for (int i = s->first; i <= s->last; i++)
+            ps->kinds[i - s->first] = g->ops[sq->firsts[0] + i].kind;
+        if (s->first == s->last && g->ops[sq->firsts[0] + s->first].kind == OP_ATTENTION) {
+            plan_attention a = attention_entry(g, sq->firsts[0] + s->first, s);
+            add_attention(p, &a);
+        }
+    }
+    return STOF_OK;
+}
+
+static int fill_sequences(const search_result *r, const graph *g, const search_sequence *seqs,
+                          plan *p, stof_error *err) {
+    int n_segs = 0;
+    for (int q = 0; q < r->n_seqs; q++)
+        n_segs += r->seqs[q].n_segs;
+    p->attention = err_calloc((size_t)n_segs + 1, sizeof *p->attention, err);
+    p->sequences = err_calloc((size_t)r->n_seqs, sizeof *p->sequences, err);
+    if (!p->attention || !p->sequences)
+        return STOF_ERR_NOMEM;
+    for (int q = 0; q < r->n_seqs; q++) {
+        /* counted first: plan_free frees a half-filled one */
+        int rc = fill_sequence(g, &seqs[q], &r->seqs[q], p, &p->sequences[p->n_sequences++], err);
+        if (rc)
+            return rc;
+    }
+    return STOF_OK;
+}
+
+int search_plan_fill(const search_result *r, const graph *g, const search_sequence *seqs,
+                     const lua_api_script *script, const stof_device_info *dev,
+                     const char *arch, plan *p, stof_error *err) {
+    memset(p, 0, sizeof *p);
+    p->version = PLAN_FORMAT_VERSION;
+    snprintf(p->stof_version, sizeof p->stof_version, "%s", stof_version());
+    snprintf(p->stof_commit, sizeof p->stof_commit, "%s", stof_build_commit());
+    fill_device(dev, arch, &p->device);
+    fill_script(script, p);
+    int rc = fill_shapes(g, p, err);
+    if (!rc)
+        rc = fill_masks(g, p, err);
+    if (!rc)
+        rc = fill_sequences(r, g, seqs, p, err);
+    p->latency_ms = r->total_ms;
+    p->tuning_s = r->stats.seconds;
+    p->stats = (plan_stats){r->stats.measured, r->stats.cache_hits, r->stats.schemes_tried,
+                            r->stats.schemes_kept, r->stats.rounds};
+    if (rc)
+        plan_free(p);
+    return rc;
+}

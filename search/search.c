@@ -1,0 +1,285 @@
+/* search_run: the initial schemes, stage 1, stage 2 and the result; and the
+ * sequence classes of a graph. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/util.h"
+#include "search/search_internal.h"
+
+const char *search_stage_name(search_stage s) {
+    switch (s) {
+    case SEARCH_STAGE_INITIAL: return "initial";
+    case SEARCH_STAGE_EXPAND: return "expand";
+    case SEARCH_STAGE_SAMPLE: return "sample";
+    case SEARCH_STAGE_DONE: return "done";
+    }
+    return "?";
+}
+
+const char *search_move_name(search_move_kind k) {
+    switch (k) {
+    case SEARCH_MOVE_EXPAND: return "expand";
+    case SEARCH_MOVE_SEIZE: return "seize";
+    case SEARCH_MOVE_COMPETE: return "compete";
+    }
+    return "?";
+}
+
+/* ---- sequences ---------------------------------------------------------------------- */
+
+void search_sequences_free(search_sequence *seqs, int n) {
+    for (int i = 0; seqs && i < n; i++)
+        free(seqs[i].firsts);
+    free(seqs);
+}
+
+/* The class a run of the graph belongs to: its layer's representative, or a
+ * class of its own for a run outside layers. -1 when it starts a new one. */
+static int class_of(const search_sequence *seqs, int n, const fusion_seq *run, const int *cls) {
+    if (run->layer < 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (seqs[i].layer == cls[run->layer])
+            return i;
+    return -1;
+}
+
+static int sequences_fill(const graph *g, const fusion_seq *runs, int n_runs, const int *cls,
+                          search_sequence *seqs, int *n_out, stof_error *err) {
+    int n = 0;
+    for (int r = 0; r < n_runs; r++) {
+        int k = class_of(seqs, n, &runs[r], cls);
+        if (k < 0) {
+            k = n++;
+            seqs[k].layer = runs[r].layer;
+            seqs[k].n = runs[r].n;
+            seqs[k].firsts = err_malloc(sizeof *seqs[k].firsts * (size_t)n_runs, err);
+            if (!seqs[k].firsts) {
+                *n_out = n;
+                return STOF_ERR_NOMEM;
+            }
+        }
+        seqs[k].firsts[seqs[k].count++] = runs[r].first;
+    }
+    *n_out = n;
+    return STOF_OK;
+}
+
+int search_sequences_from_graph(const graph *g, search_sequence **out, int *n_out,
+                                stof_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    int n_runs = fusion_graph_sequences(g, NULL, 0);
+    if (n_runs == 0)
+        return err_set(err, STOF_ERR_INVALID, "the graph has no ops");
+    fusion_seq *runs = err_malloc(sizeof *runs * (size_t)n_runs, err);
+    int *cls = err_malloc(sizeof *cls * (size_t)(g->n_layers + 1), err);
+    search_sequence *seqs = err_calloc((size_t)n_runs, sizeof *seqs, err);
+    int rc = runs && cls && seqs ? STOF_OK : STOF_ERR_NOMEM, n = 0;
+    if (!rc) {
+        fusion_graph_sequences(g, runs, n_runs);
+        rc = fusion_layer_classes(g, cls, err);
+    }
+    for (int r = 0; !rc && r < n_runs; r++)
+        if (runs[r].n > FUSION_MAX_OPS)
+            rc = err_set(err, STOF_ERR_UNSUPPORTED, "a sequence of %d ops from #%d (at most %d)",
+                         runs[r].n, runs[r].first, FUSION_MAX_OPS);
+    if (!rc)
+        rc = sequences_fill(g, runs, n_runs, cls, seqs, &n, err);
+    free(runs);
+    free(cls);
+    if (rc) {
+        search_sequences_free(seqs, n);
+        return rc;
+    }
+    *out = seqs;
+    *n_out = n;
+    return STOF_OK;
+}
+
+/* ---- results ---------------------------------------------------------------------------- */
+
+void search_result_free(search_result *r) {
+    for (int q = 0; r->seqs && q < r->n_seqs; q++)
+        free(r->seqs[q].segs);
+    free(r->seqs);
+    memset(r, 0, sizeof *r);
+}
+
+static int seg_result(const search_ctx *c, int q, const search_seg *s, search_seg_result *out,
+                      stof_error *err) {
+    if (s->best < 0)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "no setting of ops #%d-#%d could run (%d of %d tried)",
+                       c->seqs[q].firsts[0] + s->first, c->seqs[q].firsts[0] + s->last,
+                       s->cursor, s->n_order);
+    const search_option *o = &s->order[s->best];
+    const fusion_template *t = fusion_template_get((fusion_template_id)o->tmpl);
+    *out = (search_seg_result){s->first, s->last, t->id, t->n_params, {0}, s->best_ms};
+    fusion_template_setting(t, o->setting, out->values);
+    return STOF_OK;
+}
+
+static int seq_result(const search_ctx *c, int q, const search_state *st, search_seq_result *out,
+                      stof_error *err) {
+    out->scheme = st->scheme;
+    fusion_scheme_canonical(&out->scheme);
+    out->segs = err_calloc((size_t)st->n_segs, sizeof *out->segs, err);
+    if (!out->segs)
+        return STOF_ERR_NOMEM;
+    out->n_segs = st->n_segs;
+    for (int k = 0; k < st->n_segs; k++) {
+        int rc = seg_result(c, q, st->segs[k], &out->segs[k], err);
+        if (rc)
+            return rc;
+        out->ms += out->segs[k].ms;
+    }
+    return STOF_OK;
+}
+
+static int build_result(search_ctx *c, search_result *out, stof_error *err) {
+    out->seqs = err_calloc((size_t)c->n_seqs, sizeof *out->seqs, err);
+    if (!out->seqs)
+        return STOF_ERR_NOMEM;
+    out->n_seqs = c->n_seqs;
+    for (int q = 0; q < c->n_seqs; q++) {
+        int rc = seq_result(c, q, &c->states[q], &out->seqs[q], err);
+        if (rc)
+            return rc;
+        out->total_ms += out->seqs[q].ms * c->seqs[q].count;
+    }
+    return STOF_OK;
+}
+
+/* ---- the stages ---------------------------------------------------------------------------- */
+
+static double default_clock(void *ud) {
+    return util_now();
+}
+
+static void fill_defaults(search_options *o) {
+    if (o->samples_per_candidate <= 0)
+        o->samples_per_candidate = SEARCH_DEFAULT_K;
+    if (o->patience <= 0)
+        o->patience = SEARCH_DEFAULT_PATIENCE;
+    if (o->smem_limit <= 0)
+        o->smem_limit = SEARCH_DEFAULT_SMEM;
+    if (!o->clock)
+        o->clock = default_clock;
+}
+
+static int check_arguments(const graph *g, const search_sequence *seqs, int n_seqs,
+                           const search_backend *b, stof_error *err) {
+    if (!g || !seqs || n_seqs < 1 || !b || !b->measure)
+        return err_set(err, STOF_ERR_INVALID, "search_run needs a graph, sequences and a backend");
+    for (int q = 0; q < n_seqs; q++) {
+        const search_sequence *s = &seqs[q];
+        if (s->n < 1 || s->n > FUSION_MAX_OPS || s->count < 1 || !s->firsts ||
+            s->firsts[0] < 0 || s->firsts[0] + s->n > g->n_ops)
+            return err_set(err, STOF_ERR_INVALID, "sequence %d (%d ops from #%d) is not in the graph",
+                           q, s->n, s->firsts ? s->firsts[0] : -1);
+    }
+    return STOF_OK;
+}
+
+/* The budget must at least give every initial segment one setting. */
+static int check_initial_measured(const search_ctx *c, stof_error *err) {
+    for (int q = 0; q < c->n_seqs; q++)
+        for (int k = 0; k < c->states[q].n_segs; k++) {
+            const search_seg *s = c->states[q].segs[k];
+            if (s->cursor == 0 && s->n_order > 0)
+                return err_set(err, STOF_ERR_INVALID,
+                               "the %s ran out before the initial scheme was measured (%ld "
+                               "settings measured)",
+                               c->stats.stopped_by_time ? "time limit" : "budget",
+                               c->stats.measured);
+        }
+    return STOF_OK;
+}
+
+/* The scheme stage 1 starts from: the caller's, or the rules'. */
+static int initial_scheme(search_ctx *c, int q, const int *ops, fusion_scheme *s,
+                          stof_error *err) {
+    if (!c->opt.initial) {
+        search_rules rules = {c->opt.chain_max_tokens, c->opt.smem_limit};
+        return search_initial_scheme(c->g, ops, c->seqs[q].n, &rules, s, err);
+    }
+    *s = c->opt.initial[q];
+    int rc = fusion_scheme_validate(c->g, ops, c->seqs[q].n, s, NULL, err);
+    if (rc)
+        err_prefix(err, "the initial scheme of sequence %d: ", q);
+    return rc;
+}
+
+/* Every initial scheme is settled before anything is measured, so that a
+ * bad one given by the caller costs no measurement. */
+static int stage_initial(search_ctx *c, stof_error *err) {
+    c->stage = SEARCH_STAGE_INITIAL;
+    fusion_scheme *schemes = err_calloc((size_t)c->n_seqs, sizeof *schemes, err);
+    if (!schemes)
+        return STOF_ERR_NOMEM;
+    int rc = STOF_OK;
+    for (int q = 0; !rc && q < c->n_seqs; q++) {
+        int ops[FUSION_MAX_OPS];
+        search_seq_ops(c, q, ops);
+        rc = initial_scheme(c, q, ops, &schemes[q], err);
+    }
+    for (int q = 0; !rc && q < c->n_seqs; q++) {
+        rc = search_state_init(c, q, &schemes[q], &c->states[q], err);
+        c->stats.schemes_tried++;
+    }
+    free(schemes);
+    if (rc)
+        return rc;
+    search_report(c);
+    return check_initial_measured(c, err);
+}
+
+static int run_stages(search_ctx *c, stof_error *err) {
+    int rc = stage_initial(c, err);
+    c->stage = SEARCH_STAGE_EXPAND;
+    for (int q = 0; !rc && !c->opt.skip_expand && q < c->n_seqs; q++)
+        rc = search_expand(c, q, &c->states[q], err);
+    if (rc)
+        return rc;
+    c->stage = SEARCH_STAGE_SAMPLE;
+    search_report(c);
+    return search_sample(c, c->states, err);
+}
+
+int search_run(const graph *g, const search_sequence *seqs, int n_seqs,
+               const search_backend *backend, const search_options *opt, search_result *out,
+               stof_error *err) {
+    memset(out, 0, sizeof *out);
+    int rc = check_arguments(g, seqs, n_seqs, backend, err);
+    if (rc)
+        return rc;
+    search_ctx c = {.g = g, .seqs = seqs, .n_seqs = n_seqs, .backend = *backend};
+    if (opt)
+        c.opt = *opt;
+    fill_defaults(&c.opt);
+    c.t0 = c.opt.clock(c.opt.clock_ud);
+    c.cache = c.opt.cache;
+    if (!c.cache && (rc = search_cache_open("memory", NULL, &c.cache, err)) != STOF_OK)
+        return rc;
+    c.states = err_calloc((size_t)n_seqs, sizeof *c.states, err);
+    rc = c.states ? run_stages(&c, err) : STOF_ERR_NOMEM;
+    c.stage = SEARCH_STAGE_DONE;
+    c.stats.seconds = c.opt.clock(c.opt.clock_ud) - c.t0;
+    if (!rc)
+        rc = build_result(&c, out, err);
+    if (!rc) {
+        out->stats = c.stats;
+        search_report(&c);
+    }
+    for (int q = 0; c.states && q < n_seqs; q++)
+        search_state_free(&c.states[q]);
+    free(c.states);
+    if (c.cache != c.opt.cache)
+        search_cache_free(c.cache);
+    if (rc)
+        search_result_free(out);
+    return rc;
+}

@@ -1,0 +1,192 @@
+/* Segments under tuning: their options (template x feasible setting) in a
+ * seeded order, and sampling them through the cache and the backend. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/util.h"
+#include "search/search_internal.h"
+
+void search_seq_ops(const search_ctx *c, int q, int *ops) {
+    for (int k = 0; k < c->seqs[q].n; k++)
+        ops[k] = c->seqs[q].firsts[0] + k;
+}
+
+static int setting_feasible(const fusion_template *t, const fusion_dims *d, long i, int smem) {
+    int values[FUSION_MAX_PARAMS];
+    fusion_template_setting(t, i, values);
+    return fusion_template_check(t, d, values, smem, NULL) == STOF_OK;
+}
+
+int search_match_feasible(const fusion_match *m, int smem_limit) {
+    for (int t = 0; t < FUSION_T_COUNT; t++) {
+        const fusion_template *tp = fusion_template_get((fusion_template_id)t);
+        if (!fusion_match_has(m, (fusion_template_id)t))
+            continue;
+        for (long i = 0; i < fusion_template_settings(tp); i++)
+            if (setting_feasible(tp, &m->dims, i, smem_limit))
+                return 1;
+    }
+    return 0;
+}
+
+/* The backend's view of option o of segment s. */
+static search_segment seg_view(const search_ctx *c, int q, const search_seg *s, int tmpl) {
+    int base = c->seqs[q].firsts[0];
+    return (search_segment){c->g, q, s->first, s->last, base + s->first, base + s->last,
+                            (fusion_template_id)tmpl, &s->match, s->match.dims};
+}
+
+/* Every feasible setting of every matching template. */
+static int seg_options(search_ctx *c, search_seg *s, stof_error *err) {
+    long total = 0;
+    for (int t = 0; t < FUSION_T_COUNT; t++)
+        if (fusion_match_has(&s->match, (fusion_template_id)t))
+            total += fusion_template_settings(fusion_template_get((fusion_template_id)t));
+    s->order = err_malloc(sizeof *s->order * (size_t)(total ? total : 1), err);
+    if (!s->order)
+        return STOF_ERR_NOMEM;
+    for (int t = 0; t < FUSION_T_COUNT; t++) {
+        const fusion_template *tp = fusion_template_get((fusion_template_id)t);
+        if (!fusion_match_has(&s->match, (fusion_template_id)t))
+            continue;
+        for (long i = 0; i < fusion_template_settings(tp); i++)
+            if (setting_feasible(tp, &s->match.dims, i, c->opt.smem_limit))
+                s->order[s->n_order++] = (search_option){t, i};
+    }
+    return STOF_OK;
+}
+
+/* Fisher-Yates with a generator seeded by the run's seed and the segment's
+ * signature (under its first template): the same segment always gets the
+ * same order within a run, whichever scheme it turns up in. */
+static void seg_shuffle(const search_ctx *c, int q, search_seg *s) {
+    if (s->n_order < 2)
+        return;
+    char sig[SEARCH_SIG_MAX];
+    search_segment view = seg_view(c, q, s, s->order[0].tmpl);
+    search_segment_signature(&view, sig, sizeof sig);
+    util_rng r = {util_mix64(c->opt.seed) ^ util_hash_str(UTIL_HASH_SEED, sig)};
+    for (int i = s->n_order - 1; i > 0; i--) {
+        int j = (int)(util_rng_next(&r) % (uint64_t)(i + 1));
+        search_option tmp = s->order[i];
+        s->order[i] = s->order[j];
+        s->order[j] = tmp;
+    }
+}
+
+int search_seg_new(search_ctx *c, int q, int first, int last, search_seg **out,
+                   stof_error *err) {
+    *out = NULL;
+    int ops[FUSION_MAX_OPS];
+    search_seq_ops(c, q, ops);
+    search_seg *s = err_calloc(1, sizeof *s, err);
+    if (!s)
+        return STOF_ERR_NOMEM;
+    *s = (search_seg){.first = first, .last = last, .best_ms = INFINITY, .best = -1};
+    int rc = fusion_match_segment(c->g, ops + first, last - first + 1, &s->match, err);
+    if (!rc)
+        rc = seg_options(c, s, err);
+    if (rc) {
+        search_seg_free(s);
+        return rc;
+    }
+    seg_shuffle(c, q, s);
+    *out = s;
+    return STOF_OK;
+}
+
+void search_seg_free(search_seg *s) {
+    if (!s)
+        return;
+    free(s->order);
+    free(s);
+}
+
+/* ---- budget and progress ------------------------------------------------------------- */
+
+int search_exhausted(search_ctx *c) {
+    if (c->out_of_budget)
+        return 1;
+    if (c->opt.budget > 0 && c->stats.measured >= c->opt.budget) {
+        c->stats.stopped_by_budget = 1;
+        c->out_of_budget = 1;
+    } else if (c->opt.time_limit_s > 0 &&
+               c->opt.clock(c->opt.clock_ud) - c->t0 >= c->opt.time_limit_s) {
+        c->stats.stopped_by_time = 1;
+        c->out_of_budget = 1;
+    }
+    return c->out_of_budget;
+}
+
+double search_total_ms(const search_ctx *c) {
+    double total = 0;
+    for (int q = 0; c->states && q < c->n_seqs; q++)
+        total += search_state_ms(&c->states[q]) * c->seqs[q].count;
+    return total;
+}
+
+void search_report(search_ctx *c) {
+    if (!c->opt.progress)
+        return;
+    search_progress p = {c->stage, c->stats.measured, c->stats.cache_hits, search_total_ms(c)};
+    c->opt.progress(c->opt.cb_ud, &p);
+}
+
+/* ---- sampling ------------------------------------------------------------------------ */
+
+/* The time of one option: from the cache, else from the backend (and then
+ * cached). *ran is 0 when the budget forbade measuring it. */
+static int option_ms(search_ctx *c, int q, const search_seg *s, const search_option *o,
+                     double *ms, int *ran, stof_error *err) {
+    const fusion_template *t = fusion_template_get((fusion_template_id)o->tmpl);
+    int values[FUSION_MAX_PARAMS];
+    fusion_template_setting(t, o->setting, values);
+    search_segment view = seg_view(c, q, s, o->tmpl);
+    char sig[SEARCH_SIG_MAX];
+    search_segment_signature(&view, sig, sizeof sig);
+    *ran = 1;
+    if (search_cache_lookup(c->cache, sig, values, t->n_params, ms)) {
+        c->stats.cache_hits++;
+        return STOF_OK;
+    }
+    if (search_exhausted(c)) {
+        *ran = 0;
+        return STOF_OK;
+    }
+    int rc = c->backend.measure(c->backend.ud, &view, values, ms, err);
+    c->stats.measured++;
+    if (c->stage == SEARCH_STAGE_SAMPLE)
+        c->stats.measured_stage2++;
+    else
+        c->stats.measured_stage1++;
+    if (rc == STOF_ERR_UNSUPPORTED) {
+        *ms = INFINITY; /* cannot run here: cached so that it is not tried again */
+    } else if (rc) {
+        if (err)
+            err->code = rc; /* a backend may return a code and leave err->code behind */
+        err_prefix(err, "measuring %s over ops #%d-#%d: ", t->name, view.op_first, view.op_last);
+        return rc;
+    } else if (!(*ms >= 0) || isinf(*ms)) {
+        return err_set(err, STOF_ERR_INTERNAL, "the backend timed %s over ops #%d-#%d at %g ms",
+                       t->name, view.op_first, view.op_last, *ms);
+    }
+    return search_cache_store(c->cache, sig, values, t->n_params, *ms, err);
+}
+
+int search_seg_sample_to(search_ctx *c, int q, search_seg *s, int until, stof_error *err) {
+    while (s->cursor < until && s->cursor < s->n_order) {
+        double ms;
+        int ran;
+        int rc = option_ms(c, q, s, &s->order[s->cursor], &ms, &ran, err);
+        if (rc || !ran)
+            return rc;
+        if (ms < s->best_ms) {
+            s->best_ms = ms;
+            s->best = s->cursor;
+        }
+        s->cursor++;
+    }
+    return STOF_OK;
+}

@@ -1,7 +1,8 @@
-/* Plans and launches of gemm_epilogue, mi_chain and embedding (see
- * gemm_exec.h). The settings' feasibility is the template registry's
- * (fusion/templates.c), one place; this file adds only what is particular
- * to the kernels as written (mi_chain's register cap). */
+/* Plans and launches of gemm_epilogue, gemm_ln, gemm_chain, mi_chain and
+ * embedding (see gemm_exec.h). The settings' feasibility is the template
+ * registry's (fusion/templates.c), one place; this file adds only what is
+ * particular to the kernels as written (mi_chain's register cap, the warp
+ * grid of the tensor-core kernels). */
 #include "core/gemm_exec.h"
 
 #include <math.h>
@@ -23,19 +24,76 @@ static const char *tmpl_name(fusion_template_id t) {
 }
 
 static int is_ours(fusion_template_id t) {
-    return t == FUSION_T_GEMM_EPILOGUE || t == FUSION_T_MI_CHAIN || t == FUSION_T_EMBEDDING;
+    return t == FUSION_T_GEMM_EPILOGUE || t == FUSION_T_GEMM_LN || t == FUSION_T_GEMM_CHAIN ||
+           t == FUSION_T_MI_CHAIN || t == FUSION_T_EMBEDDING;
+}
+
+/* A GEMM's sizes: M in 1..2^31-1, N and K positive multiples of 8. */
+static int validate_gemm_sizes(const char *what, int64_t m, int64_t n, int64_t k,
+                               stof_error *err) {
+    if (m < 1 || m > INT32_MAX || n < 8 || n > INT32_MAX || k < 8 || k > INT32_MAX || n % 8 ||
+        k % 8)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "%s: M = %lld, N = %lld, K = %lld: M must be in 1..2^31-1 and "
+                       "N, K positive multiples of 8 (16-byte loads)",
+                       what, (long long)m, (long long)n, (long long)k);
+    return STOF_OK;
 }
 
 static int validate_gemm(const gemm_exec_problem *p, stof_error *err) {
-    if (p->m < 1 || p->m > INT32_MAX || p->n < 8 || p->n > INT32_MAX || p->k < 8 ||
-        p->k > INT32_MAX || p->n % 8 || p->k % 8)
-        return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "gemm_epilogue: M = %lld, N = %lld, K = %lld: M must be in 1..2^31-1 and "
-                       "N, K positive multiples of 8 (16-byte loads)",
-                       (long long)p->m, (long long)p->n, (long long)p->k);
+    int rc = validate_gemm_sizes("gemm_epilogue", p->m, p->n, p->k, err);
+    if (rc)
+        return rc;
     if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
         return err_set(err, STOF_ERR_INVALID,
                        "gemm_epilogue has no norm in its epilogue (that is gemm_ln)");
+    return STOF_OK;
+}
+
+static int validate_eps(const char *what, float eps, stof_error *err) {
+    if (!(isfinite(eps) && eps > 0.0f))
+        return err_set(err, STOF_ERR_INVALID, "%s: eps must be positive, got %g", what,
+                       (double)eps);
+    return STOF_OK;
+}
+
+static int validate_ln(const gemm_exec_problem *p, stof_error *err) {
+    int rc = validate_gemm_sizes("gemm_ln", p->m, p->n, p->k, err);
+    if (rc)
+        return rc;
+    if (p->epi.norm == FUSION_NORM_NONE)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemm_ln: the epilogue must close with layernorm or rmsnorm (without a "
+                       "norm it is gemm_epilogue)");
+    if (p->epi.act != FUSION_ACT_NONE)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemm_ln: no activation between the GEMM and its norm (gemm [bias] [add] "
+                       "norm)");
+    return validate_eps("gemm_ln", p->eps, err);
+}
+
+static int validate_chain(const gemm_exec_problem *p, stof_error *err) {
+    if (p->n2 < 8 || p->n2 > INT32_MAX || p->n2 % 8)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "gemm_chain: the output width N2 = %lld must be a positive multiple of 8",
+                       (long long)p->n2);
+    int rc = validate_gemm_sizes("gemm_chain (first GEMM, N = F)", p->m, p->n, p->k, err);
+    if (rc)
+        return rc;
+    if ((int)p->epi2.act < FUSION_ACT_NONE || p->epi2.act > FUSION_ACT_RELU ||
+        (int)p->epi2.norm < FUSION_NORM_NONE || p->epi2.norm > FUSION_NORM_RMSNORM)
+        return err_set(err, STOF_ERR_INVALID, "gemm_chain: unknown activation %d or norm %d",
+                       (int)p->epi2.act, (int)p->epi2.norm);
+    if (p->epi.norm != FUSION_NORM_NONE || p->epi2.norm != FUSION_NORM_NONE ||
+        p->store_pre_norm)
+        return err_set(err, STOF_ERR_INVALID, "gemm_chain has no norm (gemm [bias] [act] gemm "
+                       "[bias] [add])");
+    if (p->epi.has_residual)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemm_chain: a residual is added after the second GEMM only (epi2)");
+    if (p->epi2.act != FUSION_ACT_NONE)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemm_chain: the activation comes between the GEMMs only (epi)");
     return STOF_OK;
 }
 
@@ -43,9 +101,11 @@ static int validate_mi(const gemm_exec_problem *p, stof_error *err) {
     if (p->m < 1 || p->n < 1 || p->n > INT32_MAX)
         return err_set(err, STOF_ERR_INVALID, "mi_chain: %lld rows of %lld elements",
                        (long long)p->m, (long long)p->n);
-    if (p->epi.norm != FUSION_NORM_NONE && !(isfinite(p->eps) && p->eps > 0.0f))
-        return err_set(err, STOF_ERR_INVALID, "mi_chain: eps must be positive, got %g",
-                       (double)p->eps);
+    if (p->epi.norm != FUSION_NORM_NONE) {
+        int rc = validate_eps("mi_chain", p->eps, err);
+        if (rc)
+            return rc;
+    }
     if (p->store_pre_norm && p->epi.norm == FUSION_NORM_NONE)
         return err_set(err, STOF_ERR_INVALID,
                        "mi_chain: store_pre_norm without a norm (the output is the pre-norm)");
@@ -65,8 +125,9 @@ static int validate_embedding(const gemm_exec_problem *p, stof_error *err) {
 
 int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err) {
     if (!is_ours(p->tmpl))
-        return err_set(err, STOF_ERR_INVALID, "gemm_exec runs gemm_epilogue, mi_chain and "
-                       "embedding, not template %d (%s)", (int)p->tmpl, tmpl_name(p->tmpl));
+        return err_set(err, STOF_ERR_INVALID, "gemm_exec runs gemm_epilogue, gemm_ln, "
+                       "gemm_chain, mi_chain and embedding, not template %d (%s)", (int)p->tmpl,
+                       tmpl_name(p->tmpl));
     if (p->dtype != STOF_F16 && p->dtype != STOF_BF16)
         return err_set(err, STOF_ERR_UNSUPPORTED, "%s: dtype %s (f16 or bf16 only)",
                        tmpl_name(p->tmpl), stof_dtype_name(p->dtype));
@@ -77,6 +138,10 @@ int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err) {
     switch (p->tmpl) {
     case FUSION_T_GEMM_EPILOGUE:
         return validate_gemm(p, err);
+    case FUSION_T_GEMM_LN:
+        return validate_ln(p, err);
+    case FUSION_T_GEMM_CHAIN:
+        return validate_chain(p, err);
     case FUSION_T_MI_CHAIN:
         return validate_mi(p, err);
     default:
@@ -89,8 +154,10 @@ void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d) {
     d->m = p->m;
     d->n = p->n;
     d->k = p->k;
+    d->n2 = p->tmpl == FUSION_T_GEMM_CHAIN ? p->n2 : 0;
     d->elem_bytes = (int)stof_dtype_size(p->dtype);
-    d->row_reduce = p->tmpl == FUSION_T_MI_CHAIN && p->epi.norm != FUSION_NORM_NONE;
+    d->row_reduce = p->tmpl == FUSION_T_GEMM_LN ||
+                    (p->tmpl == FUSION_T_MI_CHAIN && p->epi.norm != FUSION_NORM_NONE);
 }
 
 /* mi_chain values: ROWS, THREADS, VEC. Elements a thread holds. */
@@ -109,6 +176,13 @@ int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limi
     int rc = fusion_template_check(t, &d, values, smem_limit, err);
     if (rc)
         return rc;
+    if (p->tmpl == FUSION_T_GEMM_LN || p->tmpl == FUSION_T_GEMM_CHAIN) {
+        /* ROWS | BLOCK_M, BLOCK_N | BLOCK_F, BLOCK_K, WARPS: the first GEMM's tile */
+        if (!stof_gemm_warps_m(values[0], values[1], values[3]))
+            return err_set(err, STOF_ERR_UNSUPPORTED,
+                           "%s: %d warps cannot split a %dx%d tile into 16x16 pieces",
+                           t->name, values[3], values[0], values[1]);
+    }
     if (p->tmpl == FUSION_T_MI_CHAIN) {
         if (values[1] % values[0])
             return err_set(err, STOF_ERR_UNSUPPORTED, "mi_chain: THREADS %d are not a multiple "
@@ -125,9 +199,20 @@ int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limi
 }
 
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *v) {
-    if (p->tmpl != FUSION_T_GEMM_EPILOGUE)
+    const size_t e = stof_dtype_size(p->dtype);
+    /* the ring of STAGES x (rows + columns) x BLOCK_K operand tiles */
+    const size_t ring = (size_t)v[4] * (size_t)(v[0] + v[1]) * (size_t)v[2] * e;
+    switch (p->tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+        return ring;
+    case FUSION_T_GEMM_LN: /* + the fp32 rows */
+        return ring + (size_t)v[0] * (size_t)p->n * sizeof(float);
+    case FUSION_T_GEMM_CHAIN: /* + the activated chunk, + two slabs of w2 */
+        return ring + (size_t)v[0] * (size_t)v[1] * e +
+               2 * (size_t)v[1] * STOF_CHAIN_W2_COLS * e;
+    default:
         return 0;
-    return (size_t)v[4] * (size_t)(v[0] + v[1]) * (size_t)v[2] * stof_dtype_size(p->dtype);
+    }
 }
 
 /* The largest of 8, 4, 2, 1 dividing n. */
@@ -138,9 +223,39 @@ static int widest_vec(int64_t n) {
     return v;
 }
 
+/* The first of candidates[from..n-1] that fits an H100 / H200 (227 KiB of
+ * shared memory a block), else the last. */
+#define GEMM_EXEC_DEFAULT_SMEM (227 * 1024)
+static void first_feasible(const gemm_exec_problem *p, const int (*candidates)[5], int n,
+                           int from, int *v) {
+    for (int i = from; i < n; i++) {
+        memcpy(v, candidates[i], sizeof candidates[i]);
+        stof_error err = {0};
+        if (gemm_exec_check(p, v, GEMM_EXEC_DEFAULT_SMEM, &err) == STOF_OK)
+            return;
+    }
+}
+
 void gemm_exec_default_values(const gemm_exec_problem *p, int *v) {
+    /* gemm_ln: ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. Many rows: 32-row
+     * blocks of 8 warps (16 x 64 warp tiles... as the warp grid picks);
+     * fewer rows: 16-row blocks, so that more blocks share the GPU; then
+     * shallower rings while the fp32 rows leave too little room. */
+    static const int ln[][5] = {{32, 128, 64, 8, 3}, {32, 128, 32, 8, 2}, {16, 128, 64, 4, 3},
+                                {16, 128, 32, 4, 2}, {16, 64, 32, 4, 2}};
+    /* gemm_chain: BLOCK_M, BLOCK_F, BLOCK_K, WARPS, STAGES. 16 rows a block
+     * (more blocks at the small M it is for) unless M is large, 128-feature
+     * chunks, 8 warps: 16 x 16 warp tiles in the first GEMM, 8 or 16 output
+     * columns a warp of each w2 slab. */
+    static const int chain[][5] = {{32, 128, 64, 8, 3}, {16, 128, 64, 8, 3}, {16, 64, 32, 4, 2}};
     memset(v, 0, FUSION_MAX_PARAMS * sizeof *v);
     switch (p->tmpl) {
+    case FUSION_T_GEMM_LN:
+        first_feasible(p, ln, 5, p->m > 2048 ? 0 : 2, v);
+        break;
+    case FUSION_T_GEMM_CHAIN:
+        first_feasible(p, chain, 3, p->m >= 4096 ? 0 : 1, v);
+        break;
     case FUSION_T_GEMM_EPILOGUE:
         /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: 128 x 128 tiles, 8 warps of
          * 64 x 32, 3 stages (48 KiB); small M wastes less with 64-row tiles */
@@ -176,6 +291,10 @@ const char *gemm_exec_kernel_name(fusion_template_id t) {
     switch (t) {
     case FUSION_T_GEMM_EPILOGUE:
         return STOF_GEMM_EPILOGUE_KERNEL;
+    case FUSION_T_GEMM_LN:
+        return STOF_GEMM_LN_KERNEL;
+    case FUSION_T_GEMM_CHAIN:
+        return STOF_GEMM_CHAIN_KERNEL;
     case FUSION_T_MI_CHAIN:
         return STOF_MI_CHAIN_KERNEL;
     case FUSION_T_EMBEDDING:
@@ -209,6 +328,22 @@ void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, co
         add_opt(r, "HAS_BIAS", p->epi.has_bias != 0);
         add_opt(r, "ACT", (int)p->epi.act);
         add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+        break;
+    case FUSION_T_GEMM_LN:
+        add_opt(r, "ROW_N", p->n);
+        add_opt(r, "WEIGHT_KN", p->weight_kn != 0);
+        add_opt(r, "HAS_BIAS", p->epi.has_bias != 0);
+        add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+        add_opt(r, "NORM", (int)p->epi.norm);
+        add_opt(r, "STORE_PRE_NORM", p->store_pre_norm != 0);
+        break;
+    case FUSION_T_GEMM_CHAIN:
+        add_opt(r, "OUT_N", p->n2);
+        add_opt(r, "WEIGHT_KN", p->weight_kn != 0);
+        add_opt(r, "HAS_BIAS1", p->epi.has_bias != 0);
+        add_opt(r, "ACT", (int)p->epi.act);
+        add_opt(r, "HAS_BIAS2", p->epi2.has_bias != 0);
+        add_opt(r, "HAS_RESIDUAL", p->epi2.has_residual != 0);
         break;
     case FUSION_T_MI_CHAIN:
         add_opt(r, "ROW_N", p->n);
@@ -332,6 +467,11 @@ static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
         plan->grid[1] = (unsigned)ceil_div(p->n, v[1]);
         plan->block[0] = (unsigned)v[3] * 32;
         break;
+    case FUSION_T_GEMM_LN:    /* ROWS whole rows a block */
+    case FUSION_T_GEMM_CHAIN: /* BLOCK_M rows a block */
+        plan->grid[0] = (unsigned)ceil_div(p->m, v[0]);
+        plan->block[0] = (unsigned)v[3] * 32;
+        break;
     case FUSION_T_MI_CHAIN:
         plan->grid[0] = (unsigned)ceil_div(p->m, v[0]);
         plan->block[0] = (unsigned)v[1];
@@ -413,22 +553,28 @@ size_t gemm_exec_plan_describe(const gemm_exec_plan *plan, char *buf, size_t n) 
     for (int i = 0; i < t->n_params && len >= 0 && (size_t)len < sizeof setting; i++)
         len += snprintf(setting + len, sizeof setting - (size_t)len, "%s%s=%d", i ? " " : "",
                         t->params[i].name, plan->values[i]);
+    /* the ops in the order the kernel applies them */
+    const int add_first = p->tmpl == FUSION_T_MI_CHAIN || p->tmpl == FUSION_T_GEMM_LN;
+    const int chain = p->tmpl == FUSION_T_GEMM_CHAIN;
+    char second[64] = "";
+    if (chain)
+        snprintf(second, sizeof second, " | gemm N2=%lld%s%s", (long long)p->n2,
+                 p->epi2.has_bias ? " bias" : "", p->epi2.has_residual ? " add" : "");
     static const char *const norms[] = {"", " layernorm", " rmsnorm"};
     int k = snprintf(buf, n,
-                     "%s %s M=%lld N=%lld K=%lld%s%s%s%s%s%s%s%s [%s] smem=%zuB grid=%ux%ux%u "
-                     "block=%u %s",
-                     t->name, stof_dtype_name(p->dtype), (long long)p->m, (long long)p->n,
-                     (long long)p->k, p->weight_kn ? " w[K,N]" : "",
+                     "%s %s M=%lld %s=%lld K=%lld%s%s%s%s%s%s%s%s%s [%s] smem=%zuB "
+                     "grid=%ux%ux%u block=%u %s",
+                     t->name, stof_dtype_name(p->dtype), (long long)p->m, chain ? "F" : "N",
+                     (long long)p->n, (long long)p->k, p->weight_kn ? " w[K,N]" : "",
                      p->epi.has_bias ? " bias" : "",
-                     p->tmpl == FUSION_T_MI_CHAIN && p->epi.has_residual ? " add" : "",
-                     act_name(p->epi.act),
+                     add_first && p->epi.has_residual ? " add" : "", act_name(p->epi.act),
                      p->tmpl == FUSION_T_GEMM_EPILOGUE && p->epi.has_residual ? " add" : "",
                      norms[p->epi.norm], p->store_pre_norm ? " +pre_norm" : "",
                      p->tmpl == FUSION_T_EMBEDDING
                          ? (p->has_position ? (p->has_type ? " pos type" : " pos")
                                             : (p->has_type ? " type" : ""))
                          : "",
-                     setting, plan->smem, plan->grid[0], plan->grid[1], plan->grid[2],
+                     second, setting, plan->smem, plan->grid[0], plan->grid[1], plan->grid[2],
                      plan->block[0], plan->arch);
     return k < 0 ? 0 : (size_t)k;
 }
@@ -496,6 +642,83 @@ int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
     a->m = (int32_t)p->m;
     a->n = (int32_t)p->n;
     a->k = (int32_t)p->k;
+    return STOF_OK;
+}
+
+int gemm_exec_ln_args(const gemm_exec_plan *plan, const gemm_exec_ln_tensors *t,
+                      stof_gemm_ln_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const char *what = "gemm_ln";
+    gemm_exec_ln_tensors s = *t;
+    const int layernorm = p->epi.norm == FUSION_NORM_LAYERNORM;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_GEMM_LN, err)) ||
+        (rc = check_tensor(what, "x", s.x, &s.x_row_stride, p->k, err)) ||
+        (rc = check_tensor(what, "w", s.w, &s.w_row_stride, p->weight_kn ? p->n : p->k, err)) ||
+        (rc = check_tensor(what, "y", s.y, &s.y_row_stride, p->n, err)) ||
+        (p->epi.has_bias && (rc = check_ptr(what, "bias", s.bias, err))) ||
+        (p->epi.has_residual &&
+         (rc = check_tensor(what, "residual", s.residual, &s.r_row_stride, p->n, err))) ||
+        (rc = check_ptr(what, "gamma", s.gamma, err)) ||
+        (layernorm && (rc = check_ptr(what, "beta", s.beta, err))) ||
+        (p->store_pre_norm &&
+         (rc = check_tensor(what, "pre_norm", s.pre_norm, &s.p_row_stride, p->n, err))))
+        return rc;
+    a->x = PTR(s.x);
+    a->w = PTR(s.w);
+    a->bias = p->epi.has_bias ? PTR(s.bias) : NULL;
+    a->residual = p->epi.has_residual ? PTR(s.residual) : NULL;
+    a->gamma = PTR(s.gamma);
+    a->beta = layernorm ? PTR(s.beta) : NULL;
+    a->y = PTR(s.y);
+    a->pre_norm = p->store_pre_norm ? PTR(s.pre_norm) : NULL;
+    a->x_row_stride = s.x_row_stride;
+    a->w_row_stride = s.w_row_stride;
+    a->r_row_stride = p->epi.has_residual ? s.r_row_stride : 0;
+    a->y_row_stride = s.y_row_stride;
+    a->p_row_stride = p->store_pre_norm ? s.p_row_stride : 0;
+    a->eps = p->eps;
+    a->m = (int32_t)p->m;
+    a->n = (int32_t)p->n;
+    a->k = (int32_t)p->k;
+    return STOF_OK;
+}
+
+int gemm_exec_chain_args(const gemm_exec_plan *plan, const gemm_exec_chain_tensors *t,
+                         stof_gemm_chain_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const char *what = "gemm_chain";
+    gemm_exec_chain_tensors s = *t;
+    const int kn = p->weight_kn != 0;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_GEMM_CHAIN, err)) ||
+        (rc = check_tensor(what, "x", s.x, &s.x_row_stride, p->k, err)) ||
+        (rc = check_tensor(what, "w1", s.w1, &s.w1_row_stride, kn ? p->n : p->k, err)) ||
+        (rc = check_tensor(what, "w2", s.w2, &s.w2_row_stride, kn ? p->n2 : p->n, err)) ||
+        (rc = check_tensor(what, "y", s.y, &s.y_row_stride, p->n2, err)) ||
+        (p->epi.has_bias && (rc = check_ptr(what, "b1", s.b1, err))) ||
+        (p->epi2.has_bias && (rc = check_ptr(what, "b2", s.b2, err))) ||
+        (p->epi2.has_residual &&
+         (rc = check_tensor(what, "residual", s.residual, &s.r_row_stride, p->n2, err))))
+        return rc;
+    a->x = PTR(s.x);
+    a->w1 = PTR(s.w1);
+    a->b1 = p->epi.has_bias ? PTR(s.b1) : NULL;
+    a->w2 = PTR(s.w2);
+    a->b2 = p->epi2.has_bias ? PTR(s.b2) : NULL;
+    a->residual = p->epi2.has_residual ? PTR(s.residual) : NULL;
+    a->y = PTR(s.y);
+    a->x_row_stride = s.x_row_stride;
+    a->w1_row_stride = s.w1_row_stride;
+    a->w2_row_stride = s.w2_row_stride;
+    a->r_row_stride = p->epi2.has_residual ? s.r_row_stride : 0;
+    a->y_row_stride = s.y_row_stride;
+    a->m = (int32_t)p->m;
+    a->k = (int32_t)p->k;
+    a->f = (int32_t)p->n;
+    a->n = (int32_t)p->n2;
     return STOF_OK;
 }
 
@@ -580,6 +803,20 @@ int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec
                    CUstream s, stof_error *err) {
     stof_gemm_args a;
     int rc = gemm_exec_gemm_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_gemm_ln(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                      const gemm_exec_ln_tensors *t, CUstream s, stof_error *err) {
+    stof_gemm_ln_args a;
+    int rc = gemm_exec_ln_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_gemm_chain(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                         const gemm_exec_chain_tensors *t, CUstream s, stof_error *err) {
+    stof_gemm_chain_args a;
+    int rc = gemm_exec_chain_args(plan, t, &a, err);
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 

@@ -1,5 +1,7 @@
 /* The GEMM-family and memory-intensive kernels on the GPU: plans and
- * launches the templates gemm_epilogue (kernels/gemm_epilogue.cu),
+ * launches the templates gemm_epilogue (kernels/gemm_epilogue.cu), gemm_ln
+ * (kernels/gemm_ln.cu: a GEMM closed by LayerNorm/RMSNorm), gemm_chain
+ * (kernels/gemm_chain.cu: two GEMMs through an activation, the FFN),
  * mi_chain (kernels/mi_chain.cu) and embedding (kernels/embedding.cu) of
  * fusion/templates.h.
  *
@@ -11,7 +13,8 @@
  *                      properties, NVRTC cache, loaded modules;
  *   gemm_exec_plan     a problem and a setting made ready: checked against
  *                      the template's constraints, compiled, loaded;
- *   gemm_exec_gemm / _mi_chain / _embedding   one launch on a CUstream.
+ *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding
+ *                      one launch on a CUstream.
  *
  * The CPU pieces (validation, feasibility, compile requests, argument
  * blocks) need no GPU and are exposed for tests and offline planning. */
@@ -32,23 +35,33 @@
 /* ---- problems and settings (CPU only) ------------------------------------------ */
 
 typedef struct gemm_exec_problem {
-    fusion_template_id tmpl; /* FUSION_T_GEMM_EPILOGUE, _MI_CHAIN or _EMBEDDING */
+    fusion_template_id tmpl; /* FUSION_T_GEMM_EPILOGUE, _GEMM_LN, _GEMM_CHAIN,
+                                _MI_CHAIN or _EMBEDDING */
     stof_dtype dtype;        /* STOF_F16 or STOF_BF16 */
     int64_t m;               /* rows (tokens); embedding: batch * seq_len */
-    int64_t n;               /* GEMM output features; MI row length; embedding width */
+    int64_t n;               /* GEMM output features (gemm_ln: the normalized
+                                row; gemm_chain: the intermediate F); MI row
+                                length; embedding width */
     int64_t k;               /* GEMM reduction */
-    /* GEMM: bias, act, residual (in that order; no norm). MI chain: bias,
-     * residual, then act, then the norm (see kernels/mi_chain.cu). */
+    int64_t n2;              /* gemm_chain: output features of the second GEMM */
+    /* GEMM: bias, act, residual (in that order; no norm). gemm_ln: bias,
+     * residual, then the norm (no act). gemm_chain: bias and act of the
+     * first GEMM (no residual, no norm). MI chain: bias, residual, then act,
+     * then the norm (see kernels/mi_chain.cu). */
     fusion_epilogue epi;
-    int weight_kn;           /* GEMM: W stored [K, N] instead of [N, K] */
-    int store_pre_norm;      /* MI chain with a norm: also write its input */
-    float eps;               /* MI chain norm */
+    /* gemm_chain: bias and residual of the second GEMM (no act, no norm);
+     * fusion_match's epi[1]. Unused by the other templates. */
+    fusion_epilogue epi2;
+    int weight_kn;           /* GEMM, gemm_ln, gemm_chain (both weights): W
+                                stored [K, N] instead of [N, K] */
+    int store_pre_norm;      /* gemm_ln, MI chain with a norm: also write its input */
+    float eps;               /* gemm_ln, MI chain norm */
     int seq_len, vocab;      /* embedding: positions are token % seq_len */
     int has_position, has_type;
 } gemm_exec_problem;
 
-/* Sizes (GEMM: N and K multiples of 8, every size within int32), dtype,
- * flags that the template implements. */
+/* Sizes (GEMM, gemm_ln, gemm_chain: N, K, N2 multiples of 8, every size
+ * within int32), dtype, flags that the template implements. */
 int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err);
 
 /* The sizes the template's constraint function judges a setting by. */
@@ -57,14 +70,18 @@ void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d);
 /* A setting's feasibility: its values belong to the template's space and
  * pass the template's own check (shared memory within smem_limit bytes,
  * accumulator registers: fusion_template_check), and the kernel's limits
- * besides (mi_chain: at most STOF_MI_MAX_PER_THREAD elements a thread).
- * STOF_ERR_INVALID / STOF_ERR_UNSUPPORTED with the reason. */
+ * besides (mi_chain: at most STOF_MI_MAX_PER_THREAD elements a thread;
+ * gemm_ln, gemm_chain: the warps must tile the block's GEMM tile in 16 x 16
+ * pieces, stof_gemm_warps_m). STOF_ERR_INVALID / STOF_ERR_UNSUPPORTED with
+ * the reason. */
 int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limit,
                     stof_error *err);
 
-/* Dynamic shared memory of a setting, bytes (gemm_epilogue: STAGES x
- * (BLOCK_M + BLOCK_N) x BLOCK_K elements, exactly the template's model; the
- * others use none). */
+/* Dynamic shared memory of a setting, bytes, exactly the template's model
+ * (fusion/templates.c): gemm_epilogue STAGES x (BLOCK_M + BLOCK_N) x
+ * BLOCK_K elements; gemm_ln that plus ROWS x N fp32; gemm_chain STAGES x
+ * (BLOCK_M + BLOCK_F) x BLOCK_K + BLOCK_M x BLOCK_F + 2 x BLOCK_F x 64
+ * elements; the others use none. */
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *values);
 
 /* A setting that runs well for p without tuning (it passes gemm_exec_check
@@ -143,6 +160,21 @@ typedef struct gemm_exec_gemm_tensors {
     int64_t x_row_stride, w_row_stride, r_row_stride, y_row_stride;
 } gemm_exec_gemm_tensors;
 
+/* gemm_ln: x [M,K], w [N,K] or [K,N], bias, gamma, beta [N], residual,
+ * y, pre_norm [M,N]. y and pre_norm may be the residual itself. */
+typedef struct gemm_exec_ln_tensors {
+    CUdeviceptr x, w, bias, residual, gamma, beta, y, pre_norm;
+    int64_t x_row_stride, w_row_stride, r_row_stride, y_row_stride, p_row_stride;
+} gemm_exec_ln_tensors;
+
+/* gemm_chain (N = problem n2, F = problem n): x [M,K], w1 [F,K] or [K,F],
+ * b1 [F], w2 [N,F] or [F,N], b2 [N], residual and y [M,N]. y may be the
+ * residual itself. */
+typedef struct gemm_exec_chain_tensors {
+    CUdeviceptr x, w1, b1, w2, b2, residual, y;
+    int64_t x_row_stride, w1_row_stride, w2_row_stride, r_row_stride, y_row_stride;
+} gemm_exec_chain_tensors;
+
 typedef struct gemm_exec_mi_tensors {
     CUdeviceptr x, bias, residual, gamma, beta, y, pre_norm; /* rows [M,N], vectors [N] */
     int64_t x_row_stride, r_row_stride, y_row_stride, p_row_stride;
@@ -158,6 +190,10 @@ typedef struct gemm_exec_embed_tensors {
  * stream s (asynchronous). */
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
                    CUstream s, stof_error *err);
+int gemm_exec_gemm_ln(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                      const gemm_exec_ln_tensors *t, CUstream s, stof_error *err);
+int gemm_exec_gemm_chain(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                         const gemm_exec_chain_tensors *t, CUstream s, stof_error *err);
 int gemm_exec_mi_chain(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                        const gemm_exec_mi_tensors *t, CUstream s, stof_error *err);
 int gemm_exec_embedding(gemm_exec_ctx *c, const gemm_exec_plan *plan,
@@ -175,6 +211,10 @@ int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUd
  * for a missing, misaligned or short tensor. */
 int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
                         stof_gemm_args *a, stof_error *err);
+int gemm_exec_ln_args(const gemm_exec_plan *plan, const gemm_exec_ln_tensors *t,
+                      stof_gemm_ln_args *a, stof_error *err);
+int gemm_exec_chain_args(const gemm_exec_plan *plan, const gemm_exec_chain_tensors *t,
+                         stof_gemm_chain_args *a, stof_error *err);
 int gemm_exec_mi_args(const gemm_exec_plan *plan, const gemm_exec_mi_tensors *t, stof_mi_args *a,
                       stof_error *err);
 int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tensors *t,

@@ -1,5 +1,6 @@
 /* The argument blocks of the GEMM-family and memory-intensive kernels
- * (gemm_epilogue.cu, mi_chain.cu, embedding.cu), shared by the host (C11:
+ * (gemm_epilogue.cu, gemm_ln.cu, gemm_chain.cu, mi_chain.cu, embedding.cu),
+ * and the warp-grid rule of the tensor-core kernels, shared by the host (C11:
  * core/gemm_exec.c includes it as "kernels/gemm_abi.cuh") and the kernels
  * (CUDA C++ under NVRTC).
  *
@@ -43,6 +44,77 @@ typedef struct stof_gemm_args {
 #define STOF_GEMM_ARGS_BYTES (9 * 8 + 4 * 4)
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES,
                             "stof_gemm_args layout changed: host and kernels must agree");
+
+/* gemm_ln.cu: a GEMM whose epilogue closes with a row norm:
+ *   s[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) (+ residual[m, n])
+ *   pre_norm[m] = s[m] (STORE_PRE_NORM), y[m] = norm(s[m]) (NORM: 1
+ *   LayerNorm with gamma and beta, biased variance; 2 RMSNorm with gamma),
+ * statistics in fp32 from the unrounded s. w as in stof_gemm_args (WEIGHT_KN
+ * selects [K, N]). n is the row length the kernel was compiled for (ROW_N;
+ * the host checks they agree). y and pre_norm may be residual itself (each
+ * element is read before it is written, by the same thread); none of them
+ * may overlap x or w. Rows m >= M are neither read nor written. */
+typedef struct stof_gemm_ln_args {
+    const void *x, *w, *bias, *residual, *gamma, *beta;
+    void *y, *pre_norm;
+    stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride, p_row_stride;
+    float eps;
+    stof_i32 m, n, k;
+} stof_gemm_ln_args;
+
+#define STOF_GEMM_LN_ARGS_BYTES (13 * 8 + 4 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_ln_args) == STOF_GEMM_LN_ARGS_BYTES,
+                            "stof_gemm_ln_args layout changed: host and kernels must agree");
+
+/* gemm_chain.cu: two GEMMs through an activation, the intermediate never
+ * leaving the chip (a transformer's FFN):
+ *   h[m, f] = act(sum_k x[m, k] w1[f, k] (+ b1[f]))      (ACT, HAS_BIAS1)
+ *   y[m, n] = sum_f h[m, f] w2[n, f] (+ b2[n]) (+ residual[m, n])
+ *                                                       (HAS_BIAS2, HAS_RESIDUAL)
+ * h is rounded to the model dtype, as the unfused pair would store it.
+ * w1 is [F, K] and w2 [N, F], or with WEIGHT_KN=1 both transposed ([K, F],
+ * [F, N]: GPT-2's Conv1D). n is the output width the kernel was compiled
+ * for (OUT_N; the host checks). y may be residual itself; neither may
+ * overlap x, w1 or w2. Rows m >= M are neither read nor written. */
+typedef struct stof_gemm_chain_args {
+    const void *x, *w1, *b1, *w2, *b2, *residual;
+    void *y;
+    stof_i64 x_row_stride, w1_row_stride, w2_row_stride, r_row_stride, y_row_stride;
+    stof_i32 m, k, f, n;
+} stof_gemm_chain_args;
+
+#define STOF_GEMM_CHAIN_ARGS_BYTES (12 * 8 + 4 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_chain_args) == STOF_GEMM_CHAIN_ARGS_BYTES,
+                            "stof_gemm_chain_args layout changed: host and kernels must agree");
+
+/* gemm_chain.cu streams w2 through shared memory in slabs of this many
+ * output columns (fusion/templates.c's model counts two of them). */
+#define STOF_CHAIN_W2_COLS 64
+
+/* The warp grid of a tensor-core tile: of the splits of `warps` warps into
+ * wm x (warps / wm) (wm 1, 2 or 4) whose warp tiles are whole 16 x 16 mma
+ * pairs, the one whose warp tile is closest to square (the first on a tie);
+ * 0 when there is none. One definition for the kernels (a constant
+ * expression there) and the host's feasibility checks. */
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define STOF_GEMM_ABI_FN constexpr
+#else
+#define STOF_GEMM_ABI_FN static inline
+#endif
+STOF_GEMM_ABI_FN int stof_gemm_warp_skew(int bm, int bn, int warps, int wm) {
+    return bm / wm > bn / (warps / wm) ? bm / wm - bn / (warps / wm)
+                                       : bn / (warps / wm) - bm / wm;
+}
+STOF_GEMM_ABI_FN int stof_gemm_warps_m(int bm, int bn, int warps) {
+    int best = 0;
+    for (int wm = 1; wm <= 4; wm *= 2)
+        if (wm <= warps && warps % wm == 0 && bm % (wm * 16) == 0 &&
+            bn % ((warps / wm) * 16) == 0 &&
+            (best == 0 || stof_gemm_warp_skew(bm, bn, warps, wm) <
+                              stof_gemm_warp_skew(bm, bn, warps, best)))
+            best = wm;
+    return best;
+}
 
 /* mi_chain.cu: for every row r < rows of ROW_N elements,
  *   s = x[r] (+ bias) (+ residual[r]), then the activation (ACT), then
@@ -89,6 +161,8 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES,
 
 /* Kernel names, for cuModuleGetFunction. */
 #define STOF_GEMM_EPILOGUE_KERNEL "stof_gemm_epilogue"
+#define STOF_GEMM_LN_KERNEL "stof_gemm_ln"
+#define STOF_GEMM_CHAIN_KERNEL "stof_gemm_chain"
 #define STOF_MI_CHAIN_KERNEL "stof_mi_chain"
 #define STOF_EMBEDDING_KERNEL "stof_embedding"
 

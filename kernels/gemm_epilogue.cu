@@ -20,15 +20,16 @@
 //
 // Shared memory: STAGES x (BLOCK_M + BLOCK_N) x BLOCK_K elements, exactly
 // the model of fusion/templates.c (no padding). Instead of padding rows,
-// the 16-byte chunks of a row are XOR-swizzled (swizzle()): the eight row
-// addresses of every ldmatrix, and of the transposed one for the [K, N]
-// weight layout, land in eight different 16-byte bank groups.
+// the 16-byte chunks of a row are XOR-swizzled (gemm_common.cuh's
+// swizzle()): the eight row addresses of every ldmatrix, and of the
+// transposed one for the [K, N] weight layout, land in eight different
+// 16-byte bank groups. The tile loads, fragment loads and the mma loop are
+// gemm_common.cuh's, shared with gemm_ln.cu and gemm_chain.cu.
 //
 // Rows of x past M are zero-filled by cp.async (src-size 0) and never
 // stored; columns past N and k past K likewise (N and K are multiples of 8,
 // so a 16-byte chunk is wholly in or out).
-#include "attention_common.cuh"
-#include "gemm_abi.cuh"
+#include "gemm_common.cuh"
 
 #ifndef STOF_DTYPE
 #define STOF_DTYPE 1
@@ -63,34 +64,19 @@
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
+using namespace stof::gemm;
 
 constexpr int kThreads = WARPS * 32;
 
-// The warp grid: of the splits of WARPS into kWarpsM x kWarpsN (kWarpsM 1,
-// 2 or 4), the one whose warp tile is closest to square, among those whose
-// tiles are whole 16 x 16 mma pairs.
-constexpr int warp_tile_skew(int wm) {
-    return (BLOCK_M / wm > BLOCK_N / (WARPS / wm)) ? BLOCK_M / wm - BLOCK_N / (WARPS / wm)
-                                                   : BLOCK_N / (WARPS / wm) - BLOCK_M / wm;
-}
-constexpr bool warp_split_ok(int wm) {
-    return wm <= WARPS && WARPS % wm == 0 && BLOCK_M % (wm * 16) == 0 &&
-           BLOCK_N % ((WARPS / wm) * 16) == 0;
-}
-constexpr int pick_warps_m() {
-    int best = 0;
-    for (int wm = 1; wm <= 4; wm *= 2)
-        if (warp_split_ok(wm) && (best == 0 || warp_tile_skew(wm) < warp_tile_skew(best)))
-            best = wm;
-    return best;
-}
-constexpr int kWarpsM = pick_warps_m();
-static_assert(kWarpsM > 0, "no split of WARPS tiles BLOCK_M x BLOCK_N into 16x16 warp pieces");
-constexpr int kWarpsN = WARPS / kWarpsM;
-constexpr int kWarpM = BLOCK_M / kWarpsM;  // warp tile rows
-constexpr int kWarpN = BLOCK_N / kWarpsN;  // warp tile columns
-constexpr int kMT = kWarpM / 16;           // 16-row mma tiles per warp
-constexpr int kNT = kWarpN / 8;            // 8-column mma tiles per warp (even)
+// The warp grid (gemm_common.cuh): of the splits of WARPS into kWarpsM x
+// kWarpsN (kWarpsM 1, 2 or 4), the one whose warp tile is closest to
+// square, among those whose tiles are whole 16 x 16 mma pairs.
+using grid_t = warp_grid<BLOCK_M, BLOCK_N, WARPS>;
+constexpr int kWarpsN = grid_t::kWarpsN;
+constexpr int kWarpM = grid_t::kWarpM;  // warp tile rows
+constexpr int kWarpN = grid_t::kWarpN;  // warp tile columns
+constexpr int kMT = grid_t::kMT;        // 16-row mma tiles per warp
+constexpr int kNT = grid_t::kNT;        // 8-column mma tiles per warp (even)
 constexpr int kKSteps = BLOCK_K / 16;
 
 static_assert(BLOCK_K % 16 == 0, "BLOCK_K must be a multiple of 16");
@@ -104,99 +90,26 @@ constexpr int kBCols = WEIGHT_KN ? BLOCK_N : BLOCK_K;  // columns of a w tile ro
 static_assert((kATile / 8) % kThreads == 0 && (kBTile / 8) % kThreads == 0,
               "every thread copies the same number of 16-byte chunks");
 
-// Element offset of chunk `chunk` (8 elements) of row `row` in a tile whose
-// rows hold kChunks chunks. The chunk index is XORed with a few bits of the
-// row so that any 8 consecutive rows at one logical chunk fall in 8
-// distinct 16-byte groups of a 128-byte line: rows of 64 bytes (4 chunks)
-// pair up in a line and take bits 1..2 of the row, rows of 128 bytes or
-// more take bits 0..2.
-template <int kChunks> __device__ __forceinline__ int swizzle(int row, int chunk) {
-    constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
-    constexpr int kMask = (kChunks >= 8 ? 8 : kChunks) - 1;
-    return row * (kChunks * 8) + ((chunk ^ ((row / kRowsPerLine) & kMask)) * 8);
-}
-
 // Copies slice kt of x and w into one stage (cp.async, no commit).
 __device__ __forceinline__ void load_slice(const stof_gemm_args &a, elem_t *sa, elem_t *sb,
                                            int m0, int n0, int kt) {
-    const elem_t *x = static_cast<const elem_t *>(a.x);
-    const elem_t *w = static_cast<const elem_t *>(a.w);
     const int k0 = kt * BLOCK_K;
-    constexpr int kAChunks = BLOCK_K / 8;
-#pragma unroll
-    for (int i = 0; i < kATile / 8 / kThreads; ++i) {
-        const int c = threadIdx.x + i * kThreads;
-        const int row = c / kAChunks, ch = c % kAChunks;
-        const int gm = m0 + row, gk = k0 + ch * 8;
-        const bool ok = gm < a.m && gk < a.k;
-        const elem_t *src = ok ? x + (long long)gm * a.x_row_stride + gk : x;
-        cp_async_16(sa + swizzle<kAChunks>(row, ch), src, ok);
-    }
-    constexpr int kBChunks = kBCols / 8;
-#pragma unroll
-    for (int i = 0; i < kBTile / 8 / kThreads; ++i) {
-        const int c = threadIdx.x + i * kThreads;
-        const int row = c / kBChunks, ch = c % kBChunks;
+    load_tile<BLOCK_M, BLOCK_K, kThreads>(sa, static_cast<const elem_t *>(a.x), a.x_row_stride,
+                                          m0, a.m, k0, a.k);
 #if WEIGHT_KN
-        const int gk = k0 + row, gn = n0 + ch * 8;
-        const bool ok = gk < a.k && gn < a.n;
-        const elem_t *src = ok ? w + (long long)gk * a.w_row_stride + gn : w;
+    load_tile<BLOCK_K, BLOCK_N, kThreads>(sb, static_cast<const elem_t *>(a.w), a.w_row_stride,
+                                          k0, a.k, n0, a.n);
 #else
-        const int gn = n0 + row, gk = k0 + ch * 8;
-        const bool ok = gn < a.n && gk < a.k;
-        const elem_t *src = ok ? w + (long long)gn * a.w_row_stride + gk : w;
+    load_tile<BLOCK_N, BLOCK_K, kThreads>(sb, static_cast<const elem_t *>(a.w), a.w_row_stride,
+                                          n0, a.n, k0, a.k);
 #endif
-        cp_async_16(sb + swizzle<kBChunks>(row, ch), src, ok);
-    }
-}
-
-// A fragments of the warp's kMT row tiles at k step ks.
-__device__ __forceinline__ void load_a(unsigned (&fa)[kMT][4], const elem_t *sa, int wm0, int ks,
-                                       int lane) {
-    // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-        ldmatrix_x4(fa[mt], sa + swizzle<BLOCK_K / 8>(wm0 + mt * 16 + (lane & 15),
-                                                     ks * 2 + (lane >> 4)));
-}
-
-// B fragments of the warp's kNT column tiles at k step ks: fb[nt][0..1].
-__device__ __forceinline__ void load_b(unsigned (&fb)[kNT][2], const elem_t *sb, int wn0, int ks,
-                                       int lane) {
-#pragma unroll
-    for (int np = 0; np < kNT / 2; ++np) {
-        unsigned r[4];
-#if WEIGHT_KN
-        // [k][n] tile, transposed: matrices (k 0-7, n 0-7), (k 8-15, n 0-7),
-        // (k 0-7, n 8-15), (k 8-15, n 8-15)
-        ldmatrix_x4_trans(r, sb + swizzle<BLOCK_N / 8>(ks * 16 + (lane & 15),
-                                                       (wn0 + np * 16) / 8 + (lane >> 4)));
-#else
-        // [n][k] tile: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
-        ldmatrix_x4(r, sb + swizzle<BLOCK_K / 8>(wn0 + np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                 ks * 2 + ((lane >> 3) & 1)));
-#endif
-        fb[2 * np][0] = r[0];
-        fb[2 * np][1] = r[1];
-        fb[2 * np + 1][0] = r[2];
-        fb[2 * np + 1][1] = r[3];
-    }
 }
 
 // One stage's BLOCK_K slice into the accumulators.
 __device__ __forceinline__ void mma_slice(float (&acc)[kMT][kNT][4], const elem_t *sa,
                                           const elem_t *sb, int wm0, int wn0, int lane) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-        unsigned fa[kMT][4], fb[kNT][2];
-        load_a(fa, sa, wm0, ks, lane);
-        load_b(fb, sb, wn0, ks, lane);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
-                mma_16816<elem_t>(acc[mt][nt], fa[mt], fb[nt][0], fb[nt][1]);
-    }
+    mma_tile<kMT, kNT, kKSteps, BLOCK_K / 8, kBCols / 8, WEIGHT_KN != 0>(acc, sa, sb, wm0, wn0,
+                                                                          lane);
 }
 
 // + bias, activation, + residual on the fragments, rounded and stored as
@@ -250,13 +163,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int wm0 = (warp / kWarpsN) * kWarpM, wn0 = (warp % kWarpsN) * kWarpN;
 
     float acc[kMT][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                acc[mt][nt][i] = 0.0f;
+    zero_acc(acc);
 
     const int slices = (a.k + BLOCK_K - 1) / BLOCK_K;
 #pragma unroll

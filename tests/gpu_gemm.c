@@ -1,5 +1,5 @@
-/* gemm_epilogue, mi_chain and embedding on the GPU against fp64 CPU
- * references written here, independent of the kernels.
+/* gemm_epilogue, gemm_ln, gemm_chain, mi_chain and embedding on the GPU
+ * against fp64 CPU references written here, independent of the kernels.
  *
  * gemm_epilogue: every M in {1, 7, 64, 1000, 4096} (none a multiple of
  * every tile), N in {768, 2304, 3072}, K in {768, 1024, 3072, 4096}, both
@@ -14,6 +14,20 @@
  * in a sanitizer build) below 1e-2 (fp16) or 2e-2 (bf16), and no NaN or
  * infinity anywhere in the output.
  *
+ * gemm_ln: every M in {1, 7, 1000, 4096}, N in {512, 768, 1024}, K in
+ * {512, 768, 3072}, fp16 and bf16, four cases each (layernorm and rmsnorm,
+ * with and without bias; the residual, the pre-norm store, the weight
+ * layout and four tile settings rotating), the pre-norm output checked as
+ * well as y, and the residual stream updated in place (y == residual).
+ * Weights are scaled by sqrt(3 / K) so that x w^T, bias and residual are of
+ * one size. Reference rows and tolerances as for gemm_epilogue.
+ *
+ * gemm_chain (the FFN): M in {1, 16, 100, 512}, (K, F, N) in {(768, 3072,
+ * 768), (512, 2048, 512), (1024, 2048, 768)}, fp16 and bf16, every
+ * activation with and without the residual (the biases, the weight layout
+ * and four settings rotating), and y updated in place; the reference is
+ * act(x w1^T + b1) w2^T + b2 + residual in fp64 on the reference rows.
+ *
  * mi_chain: bias+add+layernorm, add+layernorm, add+rmsnorm, gelu, the
  * pre-norm store of pre-LN models, bias+gelu_tanh, add+relu, rows of 512,
  * 768 and 1024, 7 and 1000 rows, three thread layouts (a warp a row, a
@@ -23,8 +37,10 @@
  * and 100 (VEC 4); bad ids give zero rows and an error naming the token.
  *
  * One line per case, the failures again at the end. Then gemm_epilogue is
- * timed at M = 4096, N = 3072, K = 768, fp16, three settings (median of 20,
- * informational). Exit 77 with "SKIPPED: <reason>" when there is no GPU.
+ * timed at M = 4096, N = 3072, K = 768, fp16, three settings; gemm_ln at
+ * M = 4096, N = K = 768 against gemm_epilogue + mi_chain; gemm_chain at
+ * M = 128, K = N = 768, F = 3072 against gemm_epilogue twice (medians of
+ * 20, informational). Exit 77 with "SKIPPED: <reason>" when there is no GPU.
  * argv[1] = "notime" skips the timing. */
 #include <math.h>
 #include <pthread.h>
@@ -261,7 +277,9 @@ typedef struct gset {
     uint16_t *hy;
 } gset;
 
-static int make_weights(gpu *g, gweights *wt, int N, int K, stof_dtype dt, util_rng *rng) {
+/* Weights uniform in [-range, range) (the bias in [-1, 1)). */
+static int make_weights_scaled(gpu *g, gweights *wt, int N, int K, stof_dtype dt, double range,
+                               util_rng *rng) {
     memset(wt, 0, sizeof *wt);
     wt->N = N;
     wt->K = K;
@@ -272,7 +290,7 @@ static int make_weights(gpu *g, gweights *wt, int N, int K, stof_dtype dt, util_
     uint16_t *bits = malloc(nk * 2), *t = malloc(nk * 2), *bb = malloc((size_t)N * 2);
     int rc = -1;
     if (wt->w && wt->bias && bits && t && bb) {
-        fill(wt->w, bits, nk, dt, rng, -1.0, 1.0);
+        fill(wt->w, bits, nk, dt, rng, -range, range);
         fill(wt->bias, bb, (size_t)N, dt, rng, -1.0, 1.0);
         for (int n = 0; n < N; n++)
             for (int k = 0; k < K; k++)
@@ -284,6 +302,10 @@ static int make_weights(gpu *g, gweights *wt, int N, int K, stof_dtype dt, util_
     free(t);
     free(bb);
     return rc;
+}
+
+static int make_weights(gpu *g, gweights *wt, int N, int K, stof_dtype dt, util_rng *rng) {
+    return make_weights_scaled(g, wt, N, K, dt, 1.0, rng);
 }
 
 static void free_weights(gpu *g, gweights *wt) {
@@ -491,6 +513,407 @@ static void test_gemm_epilogues(gpu *g, util_rng *rng) {
         }
 }
 
+/* ---- gemm_ln ------------------------------------------------------------------------------ */
+
+/* ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. The last (64 fp32 rows of N) fits
+ * shared memory for N <= 768 only. */
+static const int ln_settings[][5] = {
+    {32, 128, 64, 8, 3}, {16, 64, 32, 4, 2}, {16, 128, 64, 8, 3}, {64, 128, 32, 4, 2}};
+static const int ln_Ms[] = {1, 7, 1000, 4096};
+static const int ln_Ns[] = {512, 768, 1024};
+static const int ln_Ks[] = {512, 768, 3072};
+static const stof_dtype test_dts[] = {STOF_F16, STOF_BF16};
+#define LN_VARIANTS 4
+
+/* Case v of a shape: v picks the norm (bit 0) and the bias (bit 1); the
+ * residual, the pre-norm store, the weight layout and the setting rotate
+ * with the shape, so that every one meets every M, N and K. */
+static void ln_case(int d, int ni, int ki, int mi, int v, gemm_exec_problem *p, int *values) {
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_GEMM_LN;
+    p->dtype = test_dts[d];
+    p->m = ln_Ms[mi];
+    p->n = ln_Ns[ni];
+    p->k = ln_Ks[ki];
+    p->epi.norm = v & 1 ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM;
+    p->epi.has_bias = (v >> 1) & 1;
+    p->epi.has_residual = (mi + ki + v) % 4 != 3;
+    p->store_pre_norm = (ni + mi + v) % 2;
+    p->weight_kn = (ni + ki + mi + v) % 5 == 4;
+    p->eps = v & 1 ? 1e-6f : 1e-5f;
+    const int n_settings = p->n <= 768 ? 4 : 3;
+    memset(values, 0, FUSION_MAX_PARAMS * sizeof *values);
+    memcpy(values, ln_settings[(mi + 2 * ki + ni + v) % n_settings], sizeof ln_settings[0]);
+}
+
+/* The norm of one row s[0..N-1] into y (fp64, biased variance). */
+static void norm_ref(fusion_norm norm, const double *s, int N, const float *gamma,
+                     const float *beta, double eps, double *y) {
+    double mean = 0.0, var = 0.0, ms = 0.0;
+    for (int n = 0; n < N; n++) {
+        mean += s[n];
+        ms += s[n] * s[n];
+    }
+    mean /= N;
+    ms /= N;
+    for (int n = 0; n < N; n++)
+        var += (s[n] - mean) * (s[n] - mean);
+    var /= N;
+    for (int n = 0; n < N; n++)
+        y[n] = norm == FUSION_NORM_LAYERNORM ? (s[n] - mean) / sqrt(var + eps) * gamma[n] + beta[n]
+                                             : s[n] / sqrt(ms + eps) * gamma[n];
+}
+
+/* gamma [N] in [0.5, 1.5), beta [N] in [-1, 1) (host and device). */
+typedef struct lnparams {
+    float *gamma, *beta;
+    CUdeviceptr dgamma, dbeta;
+} lnparams;
+
+static int make_lnparams(gpu *g, lnparams *lp, int N, stof_dtype dt, util_rng *rng) {
+    memset(lp, 0, sizeof *lp);
+    lp->gamma = malloc((size_t)N * sizeof *lp->gamma);
+    lp->beta = malloc((size_t)N * sizeof *lp->beta);
+    uint16_t *bits = malloc((size_t)N * 4);
+    int rc = -1;
+    if (lp->gamma && lp->beta && bits) {
+        fill(lp->gamma, bits, (size_t)N, dt, rng, 0.5, 1.5);
+        fill(lp->beta, bits + N, (size_t)N, dt, rng, -1.0, 1.0);
+        rc = upload(g, &lp->dgamma, bits, (size_t)N * 2) ||
+             upload(g, &lp->dbeta, bits + N, (size_t)N * 2);
+    }
+    free(bits);
+    return rc;
+}
+
+static void free_lnparams(gpu *g, lnparams *lp) {
+    free(lp->gamma);
+    free(lp->beta);
+    dfree(g, &lp->dgamma);
+    dfree(g, &lp->dbeta);
+}
+
+static void launch_failed(const char *label, const stof_error *err) {
+    n_runs++;
+    printf("%-72s LAUNCH FAILED: %s\n", label, err->msg);
+    CHECK_MSG(0, "%s: %s", label, err->msg);
+    recap_add("%s: launch: %.160s", label, err->msg);
+}
+
+/* One gemm_ln case on a set (x, residual and x w^T of the reference rows
+ * from make_set); dpre holds M x N. in_place: y is the residual itself. */
+static void run_ln(gpu *g, gset *s, const lnparams *lp, CUdeviceptr dpre,
+                   const gemm_exec_problem *p, const int *values, int in_place) {
+    const gweights *wt = s->wt;
+    const int N = wt->N;
+    char label[200];
+    snprintf(label, sizeof label, "gemm_ln %s M=%d N=%d K=%d %s %s%s%s%s %dx%dx%d w%d s%d",
+             stof_dtype_name(wt->dt), s->M, N, wt->K, p->weight_kn ? "W[K,N]" : "W[N,K]",
+             p->epi.has_bias ? "bias" : "-",
+             p->epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "",
+             p->epi.norm == FUSION_NORM_LAYERNORM ? "+layernorm" : "+rmsnorm",
+             p->store_pre_norm ? "+pre" : "", values[0], values[1], values[2], values[3],
+             values[4]);
+    gemm_exec_plan *plan = make_plan(g, p, values, label);
+    if (!plan)
+        return;
+    const size_t mn = (size_t)s->M * N;
+    gemm_exec_ln_tensors t = {.x = s->dx, .w = p->weight_kn ? wt->dw_kn : wt->dw_nk,
+                              .bias = wt->db, .residual = in_place ? s->dy : s->dr,
+                              .gamma = lp->dgamma, .beta = lp->dbeta, .y = s->dy,
+                              .pre_norm = dpre};
+    stof_error err = {0};
+    int rc = in_place ? check_cu(g, g->drv->MemcpyHtoD(s->dy, s->res_bits, mn * 2),
+                                 "cuMemcpyHtoD(y = residual)")
+                      : poison(g, s->dy, mn);
+    rc = rc || poison(g, dpre, mn);
+    if (!rc && (rc = gemm_exec_gemm_ln(g->ctx, plan, &t, 0, &err)) != STOF_OK)
+        launch_failed(label, &err);
+    double *pre = malloc((size_t)N * sizeof *pre), *y = malloc((size_t)N * sizeof *y);
+    uint16_t *hpre = malloc(mn * 2);
+    if (!rc && pre && y && hpre && !fetch(g, s->hy, s->dy, mn) &&
+        (!p->store_pre_norm || !fetch(g, hpre, dpre, mn))) {
+        verdict vy, vp;
+        verdict_init(&vy);
+        verdict_init(&vp);
+        for (int i = 0; i < s->n_rows; i++) {
+            const int r = s->rows[i];
+            for (int n = 0; n < N; n++) {
+                pre[n] = s->acc[(size_t)i * N + n];
+                if (p->epi.has_bias)
+                    pre[n] += wt->bias[n];
+                if (p->epi.has_residual)
+                    pre[n] += s->res[(size_t)r * N + n];
+            }
+            norm_ref(p->epi.norm, pre, N, lp->gamma, lp->beta, (double)p->eps, y);
+            for (int n = 0; n < N; n++) {
+                const size_t at = (size_t)r * N + n;
+                verdict_add(&vy, from_bits(wt->dt, s->hy[at]), y[n], (long)at);
+                if (p->store_pre_norm)
+                    verdict_add(&vp, from_bits(wt->dt, hpre[at]), pre[n], (long)at);
+            }
+        }
+        char where[160] = "";
+        if (vy.first_bad >= 0)
+            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", vy.first_bad / N,
+                     vy.first_bad % N, from_bits(wt->dt, s->hy[vy.first_bad]));
+        report(label, &vy, count_nonfinite(s->hy, mn, wt->dt), tol_of(wt->dt), where);
+        if (p->store_pre_norm) {
+            char lab[220];
+            snprintf(lab, sizeof lab, "%s [pre_norm]", label);
+            where[0] = '\0';
+            if (vp.first_bad >= 0)
+                snprintf(where, sizeof where, "first bad: row %ld col %ld = %g",
+                         vp.first_bad / N, vp.first_bad % N,
+                         from_bits(wt->dt, hpre[vp.first_bad]));
+            report(lab, &vp, count_nonfinite(hpre, mn, wt->dt), tol_of(wt->dt), where);
+        }
+    }
+    free(pre);
+    free(y);
+    free(hpre);
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+/* Every M x N x K of the lists, both dtypes, LN_VARIANTS cases each (the
+ * norms with and without bias); weights scaled by sqrt(3 / K) so that x w^T,
+ * the bias and the residual are of one size (a lost term shows). Then the
+ * residual updated in place on one shape. */
+static void test_gemm_ln(gpu *g, util_rng *rng) {
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int ni = 0; ni < 3 && !g->dead; ni++) {
+            const int N = ln_Ns[ni];
+            lnparams lp;
+            if (make_lnparams(g, &lp, N, test_dts[d], rng)) {
+                free_lnparams(g, &lp);
+                return;
+            }
+            for (int ki = 0; ki < 3 && !g->dead; ki++) {
+                const int K = ln_Ks[ki];
+                gweights wt;
+                if (make_weights_scaled(g, &wt, N, K, test_dts[d], sqrt(3.0 / K), rng)) {
+                    free_weights(g, &wt);
+                    break;
+                }
+                for (int mi = 0; mi < 4 && !g->dead; mi++) {
+                    gset s;
+                    CUdeviceptr dpre = 0;
+                    if (!make_set(g, &s, &wt, ln_Ms[mi], rng) &&
+                        !dalloc(g, &dpre, (size_t)ln_Ms[mi] * N * 2))
+                        for (int v = 0; v < LN_VARIANTS && !g->dead; v++) {
+                            gemm_exec_problem p;
+                            int values[FUSION_MAX_PARAMS];
+                            ln_case(d, ni, ki, mi, v, &p, values);
+                            run_ln(g, &s, &lp, dpre, &p, values, 0);
+                            if (ki == 1 && mi == 2 && v == 0 && !g->dead) {
+                                p.epi.has_residual = 1;
+                                run_ln(g, &s, &lp, dpre, &p, values, 1);
+                            }
+                        }
+                    dfree(g, &dpre);
+                    free_set(g, &s);
+                }
+                free_weights(g, &wt);
+            }
+            free_lnparams(g, &lp);
+        }
+}
+
+/* ---- gemm_chain ---------------------------------------------------------------------------- */
+
+/* K, F, N2 (the FFN of BERT-base, of a 512-wide model, and one with K != N2) */
+static const int chain_shapes[][3] = {{768, 3072, 768}, {512, 2048, 512}, {1024, 2048, 768}};
+static const int chain_Ms[] = {1, 16, 100, 512};
+/* BLOCK_M, BLOCK_F, BLOCK_K, WARPS, STAGES. The last (64 rows of N2 over 8
+ * warps) stays within the accumulator budget for N2 = 512 only. */
+static const int chain_settings[][5] = {
+    {16, 128, 64, 8, 3}, {32, 64, 32, 8, 2}, {16, 64, 32, 4, 3}, {64, 128, 64, 8, 2}};
+#define CHAIN_VARIANTS 8
+
+/* Case v of a shape: v picks the activation (bits 0-1: none, gelu,
+ * gelu_tanh, relu) and the residual (bit 2); the biases, the weight layout
+ * and the setting rotate with the shape. */
+static void chain_case(int d, int si, int mi, int v, gemm_exec_problem *p, int *values) {
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_GEMM_CHAIN;
+    p->dtype = test_dts[d];
+    p->m = chain_Ms[mi];
+    p->k = chain_shapes[si][0];
+    p->n = chain_shapes[si][1];
+    p->n2 = chain_shapes[si][2];
+    p->epi.act = (fusion_act)(v & 3);
+    p->epi.has_bias = (mi + v) % 4 != 0;
+    p->epi2.has_bias = (mi + v + si) % 3 != 1;
+    p->epi2.has_residual = (v >> 2) & 1;
+    p->weight_kn = (si + mi + v) % 5 == 4;
+    const int n_settings = p->n2 <= 512 ? 4 : 3;
+    memset(values, 0, FUSION_MAX_PARAMS * sizeof *values);
+    memcpy(values, chain_settings[(mi + v + 2 * si) % n_settings], sizeof chain_settings[0]);
+}
+
+/* One input set of a chain: x [M, K], the residual [M, N2], y, and the raw
+ * x w1^T (fp64) of the reference rows. */
+typedef struct cset {
+    const gweights *w1, *w2;
+    int M;
+    float *res;
+    uint16_t *res_bits, *hy;
+    int n_rows, rows[MAX_REF_ROWS];
+    double *raw; /* [n_rows][F] */
+    CUdeviceptr dx, dr, dy;
+} cset;
+
+static int make_cset(gpu *g, cset *s, const gweights *w1, const gweights *w2, int M,
+                     util_rng *rng) {
+    memset(s, 0, sizeof *s);
+    s->w1 = w1;
+    s->w2 = w2;
+    s->M = M;
+    const int K = w1->K, F = w1->N, N2 = w2->N;
+    const size_t mk = (size_t)M * K, mn = (size_t)M * N2;
+    float *x = malloc(mk * sizeof *x);
+    uint16_t *xb = malloc(mk * 2);
+    s->res = malloc(mn * sizeof *s->res);
+    s->res_bits = malloc(mn * 2);
+    s->hy = malloc(mn * 2);
+    s->raw = malloc((size_t)MAX_REF_ROWS * F * sizeof *s->raw);
+    int rc = -1;
+    if (x && xb && s->res && s->res_bits && s->hy && s->raw) {
+        fill(x, xb, mk, w1->dt, rng, -1.0, 1.0);
+        fill(s->res, s->res_bits, mn, w1->dt, rng, -1.0, 1.0);
+        gset picker = {.M = M};
+        pick_rows(&picker, rng);
+        s->n_rows = picker.n_rows;
+        memcpy(s->rows, picker.rows, sizeof s->rows);
+        for (int i = 0; i < s->n_rows; i++) {
+            const float *xr = x + (size_t)s->rows[i] * K;
+            for (int f = 0; f < F; f++) {
+                const float *wr = w1->w + (size_t)f * K;
+                double sum = 0.0;
+                for (int k = 0; k < K; k++)
+                    sum += (double)xr[k] * wr[k];
+                s->raw[(size_t)i * F + f] = sum;
+            }
+        }
+        rc = upload(g, &s->dx, xb, mk * 2) || upload(g, &s->dr, s->res_bits, mn * 2) ||
+             dalloc(g, &s->dy, mn * 2);
+    }
+    free(x);
+    free(xb);
+    return rc;
+}
+
+static void free_cset(gpu *g, cset *s) {
+    free(s->res);
+    free(s->res_bits);
+    free(s->hy);
+    free(s->raw);
+    dfree(g, &s->dx);
+    dfree(g, &s->dr);
+    dfree(g, &s->dy);
+}
+
+static void run_chain(gpu *g, cset *s, const gemm_exec_problem *p, const int *values,
+                      int in_place) {
+    const gweights *w1 = s->w1, *w2 = s->w2;
+    const int F = w1->N, N2 = w2->N;
+    char label[200];
+    snprintf(label, sizeof label,
+             "gemm_chain %s M=%d K=%d F=%d N=%d %s %s%s | %s%s %dx%dx%d w%d s%d",
+             stof_dtype_name(w1->dt), s->M, w1->K, F, N2, p->weight_kn ? "W[K,N]" : "W[N,K]",
+             p->epi.has_bias ? "bias" : "-", act_label(p->epi.act),
+             p->epi2.has_bias ? "bias" : "-",
+             p->epi2.has_residual ? (in_place ? "+add(in place)" : "+add") : "", values[0],
+             values[1], values[2], values[3], values[4]);
+    gemm_exec_plan *plan = make_plan(g, p, values, label);
+    if (!plan)
+        return;
+    const size_t mn = (size_t)s->M * N2;
+    gemm_exec_chain_tensors t = {.x = s->dx, .w1 = p->weight_kn ? w1->dw_kn : w1->dw_nk,
+                                 .b1 = w1->db, .w2 = p->weight_kn ? w2->dw_kn : w2->dw_nk,
+                                 .b2 = w2->db, .residual = in_place ? s->dy : s->dr,
+                                 .y = s->dy};
+    stof_error err = {0};
+    int rc = in_place ? check_cu(g, g->drv->MemcpyHtoD(s->dy, s->res_bits, mn * 2),
+                                 "cuMemcpyHtoD(y = residual)")
+                      : poison(g, s->dy, mn);
+    if (!rc && (rc = gemm_exec_gemm_chain(g->ctx, plan, &t, 0, &err)) != STOF_OK)
+        launch_failed(label, &err);
+    double *h = malloc((size_t)F * sizeof *h);
+    if (!rc && h && !fetch(g, s->hy, s->dy, mn)) {
+        verdict v;
+        verdict_init(&v);
+        for (int i = 0; i < s->n_rows; i++) {
+            const int r = s->rows[i];
+            for (int f = 0; f < F; f++)
+                h[f] = act_ref(p->epi.act, s->raw[(size_t)i * F + f] +
+                                               (p->epi.has_bias ? w1->bias[f] : 0.0));
+            for (int n = 0; n < N2; n++) {
+                const float *wr = w2->w + (size_t)n * F;
+                double ref = 0.0;
+                for (int f = 0; f < F; f++)
+                    ref += h[f] * wr[f];
+                if (p->epi2.has_bias)
+                    ref += w2->bias[n];
+                if (p->epi2.has_residual)
+                    ref += s->res[(size_t)r * N2 + n];
+                verdict_add(&v, from_bits(w1->dt, s->hy[(size_t)r * N2 + n]), ref,
+                            (long)r * N2 + n);
+            }
+        }
+        char where[160] = "";
+        if (v.first_bad >= 0)
+            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / N2,
+                     v.first_bad % N2, from_bits(w1->dt, s->hy[v.first_bad]));
+        report(label, &v, count_nonfinite(s->hy, mn, w1->dt), tol_of(w1->dt), where);
+    }
+    free(h);
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+/* Both weights scaled so that the pre-activation and y have unit-order
+ * spread: w1 in +-3 / sqrt(K) (x w1^T of variance ~1, where the
+ * activations differ), w2 in +-sqrt(3 / F). */
+static int make_chain_weights(gpu *g, gweights *w1, gweights *w2, int si, stof_dtype dt,
+                              util_rng *rng) {
+    const int K = chain_shapes[si][0], F = chain_shapes[si][1], N2 = chain_shapes[si][2];
+    int rc = make_weights_scaled(g, w1, F, K, dt, 3.0 / sqrt((double)K), rng);
+    if (rc) {
+        memset(w2, 0, sizeof *w2);
+        return rc;
+    }
+    return make_weights_scaled(g, w2, N2, F, dt, sqrt(3.0 / F), rng);
+}
+
+/* Every M x shape, both dtypes, CHAIN_VARIANTS cases each (all activations
+ * with and without the residual); then y updated in place on one shape. */
+static void test_gemm_chain(gpu *g, util_rng *rng) {
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int si = 0; si < 3 && !g->dead; si++) {
+            gweights w1, w2;
+            if (make_chain_weights(g, &w1, &w2, si, test_dts[d], rng)) {
+                free_weights(g, &w1);
+                free_weights(g, &w2);
+                return;
+            }
+            for (int mi = 0; mi < 4 && !g->dead; mi++) {
+                cset s;
+                if (!make_cset(g, &s, &w1, &w2, chain_Ms[mi], rng))
+                    for (int v = 0; v < CHAIN_VARIANTS && !g->dead; v++) {
+                        gemm_exec_problem p;
+                        int values[FUSION_MAX_PARAMS];
+                        chain_case(d, si, mi, v, &p, values);
+                        run_chain(g, &s, &p, values, 0);
+                        if (si == 0 && mi == 2 && v == 5 && !g->dead)
+                            run_chain(g, &s, &p, values, 1);
+                    }
+                free_cset(g, &s);
+            }
+            free_weights(g, &w1);
+            free_weights(g, &w2);
+        }
+}
+
 /* ---- mi_chain ------------------------------------------------------------------------------- */
 
 typedef struct chain {
@@ -531,24 +954,10 @@ static void mi_reference(const chain *c, int rows, int N, const float *x, const 
                 v += res[(size_t)r * N + n];
             s[n] = act_ref(c->act, v);
         }
-        double mean = 0.0, var = 0.0, ms = 0.0;
-        for (int n = 0; n < N; n++) {
-            mean += s[n];
-            ms += s[n] * s[n];
-        }
-        mean /= N;
-        ms /= N;
-        for (int n = 0; n < N; n++)
-            var += (s[n] - mean) * (s[n] - mean);
-        var /= N;
-        for (int n = 0; n < N; n++) {
-            if (c->norm == FUSION_NORM_LAYERNORM)
-                out[n] = (s[n] - mean) / sqrt(var + eps) * gamma[n] + beta[n];
-            else if (c->norm == FUSION_NORM_RMSNORM)
-                out[n] = s[n] / sqrt(ms + eps) * gamma[n];
-            else
-                out[n] = s[n];
-        }
+        if (c->norm == FUSION_NORM_NONE)
+            memcpy(out, s, (size_t)N * sizeof *out);
+        else
+            norm_ref(c->norm, s, N, gamma, beta, eps, out);
     }
 }
 
@@ -831,6 +1240,180 @@ done:
     free_weights(g, &wt);
 }
 
+/* The fused kernels against their two-kernel equivalents (informational):
+ * each line the median of 20 runs of the launch sequence, after 3 warm-up
+ * runs. */
+#define FUSED_RUNS 20
+
+typedef int (*launch_seq)(gpu *g, void *ud, stof_error *err);
+
+/* Median ms of fn, or a negative value (reported) when it failed. */
+static double median_ms(gpu *g, launch_seq fn, void *ud, const char *label) {
+    CUevent ev[2] = {0, 0};
+    float ms[FUSED_RUNS];
+    stof_error err = {0};
+    int rc = check_cu(g, g->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate") ||
+             check_cu(g, g->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate");
+    for (int i = 0; i < 3 && !rc; i++)
+        rc = fn(g, ud, &err);
+    for (int i = 0; i < FUSED_RUNS && !rc; i++)
+        rc = check_cu(g, g->drv->EventRecord(ev[0], 0), "cuEventRecord") || fn(g, ud, &err) ||
+             check_cu(g, g->drv->EventRecord(ev[1], 0), "cuEventRecord") ||
+             check_cu(g, g->drv->EventSynchronize(ev[1]), "cuEventSynchronize") ||
+             check_cu(g, g->drv->EventElapsedTime(&ms[i], ev[0], ev[1]), "cuEventElapsedTime");
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            g->drv->EventDestroy(ev[i]);
+    if (rc) {
+        printf("  %-44s failed: %s\n", label, err.msg);
+        return -1.0;
+    }
+    qsort(ms, FUSED_RUNS, sizeof ms[0], cmp_float);
+    printf("  %-44s %.4f ms\n", label, ms[FUSED_RUNS / 2]);
+    return ms[FUSED_RUNS / 2];
+}
+
+typedef struct one_launch {
+    const gemm_exec_plan *plan[2];
+    const void *tensors[2];
+} one_launch;
+
+static int launch_any(gpu *g, const gemm_exec_plan *plan, const void *t, stof_error *err) {
+    switch (plan->problem.tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+        return gemm_exec_gemm(g->ctx, plan, t, 0, err);
+    case FUSION_T_GEMM_LN:
+        return gemm_exec_gemm_ln(g->ctx, plan, t, 0, err);
+    case FUSION_T_GEMM_CHAIN:
+        return gemm_exec_gemm_chain(g->ctx, plan, t, 0, err);
+    default:
+        return gemm_exec_mi_chain(g->ctx, plan, t, 0, err);
+    }
+}
+
+/* One or two launches in a row (plan[1] NULL: one). */
+static int run_seq(gpu *g, void *ud, stof_error *err) {
+    const one_launch *l = ud;
+    int rc = launch_any(g, l->plan[0], l->tensors[0], err);
+    return rc || !l->plan[1] ? rc : launch_any(g, l->plan[1], l->tensors[1], err);
+}
+
+static void time_plans(gpu *g, const gemm_exec_plan *a, const void *ta,
+                       const gemm_exec_plan *b, const void *tb, const char *label) {
+    one_launch l = {{a, b}, {ta, tb}};
+    median_ms(g, run_seq, &l, label);
+}
+
+static void setting_label(char *buf, size_t n, const char *what, const int *v) {
+    snprintf(buf, n, "%s %dx%dx%d w%d s%d", what, v[0], v[1], v[2], v[3], v[4]);
+}
+
+/* gemm_ln at M = 4096, N = 768, K = 768 (bias, residual, LayerNorm) against
+ * gemm_epilogue (bias + residual) then mi_chain (LayerNorm). */
+static void timing_ln(gpu *g, util_rng *rng) {
+    const int M = 4096, N = 768, K = 768;
+    printf("\ntiming gemm_ln fp16 M=%d N=%d K=%d bias+add+layernorm (median of %d):\n", M, N, K,
+           FUSED_RUNS);
+    gweights wt;
+    gset s;
+    lnparams lp;
+    memset(&s, 0, sizeof s);
+    memset(&lp, 0, sizeof lp);
+    CUdeviceptr dtmp = 0;
+    int rc = make_weights_scaled(g, &wt, N, K, STOF_F16, sqrt(3.0 / K), rng);
+    rc = rc || make_set(g, &s, &wt, M, rng);
+    rc = rc || make_lnparams(g, &lp, N, STOF_F16, rng);
+    rc = rc || dalloc(g, &dtmp, (size_t)M * N * 2);
+    if (!rc) {
+        gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_LN, .dtype = STOF_F16, .m = M, .n = N,
+                               .k = K, .eps = 1e-5f};
+        p.epi = (fusion_epilogue){1, FUSION_ACT_NONE, 1, FUSION_NORM_LAYERNORM};
+        gemm_exec_ln_tensors t = {.x = s.dx, .w = wt.dw_nk, .bias = wt.db, .residual = s.dr,
+                                  .gamma = lp.dgamma, .beta = lp.dbeta, .y = s.dy};
+        for (int st = 0; st < 4 && !g->dead; st++) {
+            char label[96];
+            setting_label(label, sizeof label, "gemm_ln", ln_settings[st]);
+            gemm_exec_plan *plan = make_plan(g, &p, ln_settings[st], label);
+            if (plan)
+                time_plans(g, plan, &t, NULL, NULL, label);
+            gemm_exec_plan_free(g->ctx, plan);
+        }
+        gemm_exec_problem pg = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16, .m = M,
+                                .n = N, .k = K};
+        pg.epi = (fusion_epilogue){1, FUSION_ACT_NONE, 1, FUSION_NORM_NONE};
+        gemm_exec_problem pm = {.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = M, .n = N,
+                                .eps = 1e-5f};
+        pm.epi.norm = FUSION_NORM_LAYERNORM;
+        gemm_exec_gemm_tensors tg = {.x = s.dx, .w = wt.dw_nk, .bias = wt.db, .residual = s.dr,
+                                     .y = dtmp};
+        gemm_exec_mi_tensors tm = {.x = dtmp, .gamma = lp.dgamma, .beta = lp.dbeta, .y = s.dy};
+        gemm_exec_plan *a = make_plan(g, &pg, NULL, "gemm_epilogue (default)");
+        gemm_exec_plan *b = a ? make_plan(g, &pm, NULL, "mi_chain (default)") : NULL;
+        if (a && b) {
+            time_plans(g, a, &tg, NULL, NULL, "gemm_epilogue bias+add (default)");
+            time_plans(g, b, &tm, NULL, NULL, "mi_chain layernorm (default)");
+            time_plans(g, a, &tg, b, &tm, "two kernels: gemm_epilogue + mi_chain");
+        }
+        gemm_exec_plan_free(g->ctx, a);
+        gemm_exec_plan_free(g->ctx, b);
+    }
+    dfree(g, &dtmp);
+    free_lnparams(g, &lp);
+    free_set(g, &s);
+    free_weights(g, &wt);
+}
+
+/* gemm_chain at M = 128, K = N = 768, F = 3072 (bias + gelu, bias + add)
+ * against two gemm_epilogue launches through an [M, F] intermediate. */
+static void timing_chain(gpu *g, util_rng *rng) {
+    const int M = 128, si = 0, K = chain_shapes[si][0], F = chain_shapes[si][1],
+              N2 = chain_shapes[si][2];
+    printf("\ntiming gemm_chain fp16 M=%d K=%d F=%d N=%d bias+gelu | bias+add (median of %d):\n",
+           M, K, F, N2, FUSED_RUNS);
+    gweights w1, w2;
+    cset s;
+    memset(&s, 0, sizeof s);
+    CUdeviceptr dh = 0;
+    int rc = make_chain_weights(g, &w1, &w2, si, STOF_F16, rng);
+    rc = rc || make_cset(g, &s, &w1, &w2, M, rng);
+    rc = rc || dalloc(g, &dh, (size_t)M * F * 2);
+    if (!rc) {
+        gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_CHAIN, .dtype = STOF_F16, .m = M, .n = F,
+                               .k = K, .n2 = N2};
+        p.epi = (fusion_epilogue){1, FUSION_ACT_GELU, 0, FUSION_NORM_NONE};
+        p.epi2 = (fusion_epilogue){1, FUSION_ACT_NONE, 1, FUSION_NORM_NONE};
+        gemm_exec_chain_tensors t = {.x = s.dx, .w1 = w1.dw_nk, .b1 = w1.db, .w2 = w2.dw_nk,
+                                     .b2 = w2.db, .residual = s.dr, .y = s.dy};
+        for (int st = 0; st < 3 && !g->dead; st++) {
+            char label[96];
+            setting_label(label, sizeof label, "gemm_chain", chain_settings[st]);
+            gemm_exec_plan *plan = make_plan(g, &p, chain_settings[st], label);
+            if (plan)
+                time_plans(g, plan, &t, NULL, NULL, label);
+            gemm_exec_plan_free(g->ctx, plan);
+        }
+        gemm_exec_problem p1 = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16, .m = M,
+                                .n = F, .k = K};
+        p1.epi = (fusion_epilogue){1, FUSION_ACT_GELU, 0, FUSION_NORM_NONE};
+        gemm_exec_problem p2 = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16, .m = M,
+                                .n = N2, .k = F};
+        p2.epi = (fusion_epilogue){1, FUSION_ACT_NONE, 1, FUSION_NORM_NONE};
+        gemm_exec_gemm_tensors t1 = {.x = s.dx, .w = w1.dw_nk, .bias = w1.db, .y = dh};
+        gemm_exec_gemm_tensors t2 = {.x = dh, .w = w2.dw_nk, .bias = w2.db, .residual = s.dr,
+                                     .y = s.dy};
+        gemm_exec_plan *a = make_plan(g, &p1, NULL, "gemm_epilogue 1 (default)");
+        gemm_exec_plan *b = a ? make_plan(g, &p2, NULL, "gemm_epilogue 2 (default)") : NULL;
+        if (a && b)
+            time_plans(g, a, &t1, b, &t2, "two kernels: gemm_epilogue x 2 (default)");
+        gemm_exec_plan_free(g->ctx, a);
+        gemm_exec_plan_free(g->ctx, b);
+    }
+    dfree(g, &dh);
+    free_cset(g, &s);
+    free_weights(g, &w1);
+    free_weights(g, &w2);
+}
+
 /* ---- compiling ahead ---------------------------------------------------------------------- */
 
 /* The plans compile one kernel at a time; with a disk cache, compiling
@@ -841,6 +1424,7 @@ done:
 typedef struct warm_item {
     gemm_exec_problem p;
     int values[FUSION_MAX_PARAMS];
+    uint64_t key; /* nvrtc_key: a variant listed twice is compiled once */
 } warm_item;
 
 typedef struct warm_job {
@@ -866,14 +1450,21 @@ static void *warm_worker(void *arg) {
 }
 
 static void warm_add(warm_item *items, int cap, int *n, const gemm_exec_problem *p,
-                     const int *values) {
+                     const int *values, const char *arch) {
     if (*n >= cap)
         return;
-    items[*n].p = *p;
+    warm_item *it = &items[*n];
+    it->p = *p;
     if (values)
-        memcpy(items[*n].values, values, sizeof items[*n].values);
+        memcpy(it->values, values, sizeof it->values);
     else
-        gemm_exec_default_values(p, items[*n].values);
+        gemm_exec_default_values(p, it->values);
+    gemm_exec_request r;
+    gemm_exec_request_init(&r, &it->p, it->values, arch);
+    it->key = nvrtc_key(&r.req);
+    for (int i = 0; i < *n; i++)
+        if (items[i].key == it->key)
+            return;
     (*n)++;
 }
 
@@ -882,10 +1473,11 @@ static void warm_add(warm_item *items, int cap, int *n, const gemm_exec_problem 
 static void compile_ahead(gpu *g) {
     if (!g->ctx->nvrtc.dir[0])
         return;
-    enum { CAP = 512 };
+    enum { CAP = 1536 };
     warm_item *items = calloc(CAP, sizeof *items);
     if (!items)
         return;
+    const char *arch = g->ctx->arch;
     int n = 0;
     static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
     for (int d = 0; d < 2; d++) {
@@ -897,7 +1489,7 @@ static void compile_ahead(gpu *g) {
                                            .epi = epilogue_of(e), .weight_kn = kn};
                     int v[FUSION_MAX_PARAMS] = {0};
                     memcpy(v, gemm_settings[st], sizeof gemm_settings[st]);
-                    warm_add(items, CAP, &n, &p, v);
+                    warm_add(items, CAP, &n, &p, v, arch);
                 }
         static const int Ns[] = {512, 768, 1024};
         for (int c = 0; c < N_CHAINS; c++)
@@ -910,7 +1502,7 @@ static void compile_ahead(gpu *g) {
                                            .store_pre_norm = chains[c].pre, .eps = 1e-5f};
                     int v[FUSION_MAX_PARAMS] = {0};
                     memcpy(v, mi_settings[st], sizeof mi_settings[st]);
-                    warm_add(items, CAP, &n, &p, v);
+                    warm_add(items, CAP, &n, &p, v, arch);
                 }
         for (int w = 0; w < 2; w++)
             for (int f = 0; f < 4; f++) {
@@ -918,7 +1510,7 @@ static void compile_ahead(gpu *g) {
                                        .m = EMB_BATCH * EMB_SEQ, .n = w ? 100 : 768,
                                        .seq_len = EMB_SEQ, .vocab = EMB_VOCAB,
                                        .has_position = f & 1, .has_type = f >> 1};
-                warm_add(items, CAP, &n, &p, NULL);
+                warm_add(items, CAP, &n, &p, NULL, arch);
             }
     }
     for (int st = 0; st < N_TIME_SETTINGS; st++) {
@@ -926,7 +1518,31 @@ static void compile_ahead(gpu *g) {
                                .n = 3072, .k = 768};
         int v[FUSION_MAX_PARAMS] = {0};
         memcpy(v, time_settings[st], sizeof time_settings[st]);
-        warm_add(items, CAP, &n, &p, v);
+        warm_add(items, CAP, &n, &p, v, arch);
+    }
+    /* gemm_ln and gemm_chain: exactly the cases their tests run */
+    for (int d = 0; d < 2; d++) {
+        for (int ni = 0; ni < 3; ni++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int mi = 0; mi < 4; mi++)
+                    for (int v = 0; v < LN_VARIANTS; v++) {
+                        gemm_exec_problem p;
+                        int vals[FUSION_MAX_PARAMS];
+                        ln_case(d, ni, ki, mi, v, &p, vals);
+                        warm_add(items, CAP, &n, &p, vals, arch);
+                        if (ki == 1 && mi == 2 && v == 0) { /* the in-place run */
+                            p.epi.has_residual = 1;
+                            warm_add(items, CAP, &n, &p, vals, arch);
+                        }
+                    }
+        for (int si = 0; si < 3; si++)
+            for (int mi = 0; mi < 4; mi++)
+                for (int v = 0; v < CHAIN_VARIANTS; v++) {
+                    gemm_exec_problem p;
+                    int vals[FUSION_MAX_PARAMS];
+                    chain_case(d, si, mi, v, &p, vals);
+                    warm_add(items, CAP, &n, &p, vals, arch);
+                }
     }
     double t0 = util_now();
     pthread_t tid[WARM_THREADS];
@@ -976,6 +1592,10 @@ int main(int argc, char **argv) {
         test_gemm_epilogues(&g, &rng);
     if (!g.dead)
         test_gemm_shapes(&g, &rng);
+    if (!g.dead)
+        test_gemm_ln(&g, &rng);
+    if (!g.dead)
+        test_gemm_chain(&g, &rng);
     printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache)\n",
            util_now() - t0, g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits);
     if (g.dead)
@@ -983,6 +1603,10 @@ int main(int argc, char **argv) {
                "compute-sanitizer to locate it\n");
     if (!notime && !g.dead)
         timing(&g, &rng);
+    if (!notime && !g.dead)
+        timing_ln(&g, &rng);
+    if (!notime && !g.dead)
+        timing_chain(&g, &rng);
     gemm_exec_ctx_free(g.ctx);
     recap_print();
     return check_summary("gpu_gemm");

@@ -1,8 +1,12 @@
 /* The GEMM-family kernels without a GPU: every template of gemm_exec
  * compiles through NVRTC for sm_80 and sm_90 at representative settings
  * (every epilogue of gemm_epilogue in both weight layouts at three tile
- * settings, fp16 and bf16; mi_chain with each norm, with and without the
- * pre-norm store; embedding with and without its optional tables), and the
+ * settings, fp16 and bf16; gemm_ln with each norm, bias, residual and
+ * pre-norm store at three or four tile settings and rows of 512, 768, 1000
+ * and 1024; gemm_chain with every activation, bias and residual at four
+ * settings and outputs of 512, 768, 1000 and 1024; mi_chain with each
+ * norm, with and without the pre-norm store; embedding with and without its
+ * optional tables), and the
  * CPU pieces of core/gemm_exec (validation, the parameter-space checks, the
  * shared memory model, requests, argument blocks) do what they say. */
 #include <pthread.h>
@@ -33,6 +37,7 @@ typedef struct variant {
     gemm_exec_problem p;
     int values[FUSION_MAX_PARAMS];
     const char *arch;
+    uint64_t key; /* nvrtc_key of its request: listed twice, compiled once */
     int rc;
     char msg[1400];
 } variant;
@@ -105,19 +110,29 @@ static gemm_exec_problem gemm_problem(stof_dtype dt, int weight_kn, int bias, fu
     return p;
 }
 
-/* Adds a variant after checking that its setting is feasible on an H100. */
+/* Adds a variant after checking that its problem is valid and its setting
+ * feasible on an H100 (a variant already listed is not added again). */
 static void add(variant *v, int cap, int *n, const gemm_exec_problem *p, const int *values,
                 const char *arch) {
     stof_error err = {0};
-    int rc = gemm_exec_check(p, values, SMEM_H100, &err);
+    int rc = gemm_exec_validate(p, &err);
+    if (!rc)
+        rc = gemm_exec_check(p, values, SMEM_H100, &err);
     CHECK_MSG(rc == STOF_OK, "a listed setting is infeasible: %s", err.msg);
     if (rc || *n >= cap)
         return;
-    variant *x = &v[(*n)++];
+    variant *x = &v[*n];
     memset(x, 0, sizeof *x);
     x->p = *p;
     memcpy(x->values, values, sizeof x->values);
     x->arch = arch;
+    gemm_exec_request r;
+    gemm_exec_request_init(&r, p, values, arch);
+    x->key = nvrtc_key(&r.req);
+    for (int i = 0; i < *n; i++)
+        if (v[i].key == x->key)
+            return;
+    (*n)++;
 }
 
 /* gemm_epilogue: sm_90 every epilogue (bias x 4 activations x residual) in
@@ -141,6 +156,107 @@ static void list_gemm(variant *v, int cap, int *n) {
                                     gemm_problem(dtypes[d], kn, bias, (fusion_act)act, res);
                                 add(v, cap, n, &p, vals, archs[a]);
                             }
+}
+
+/* gemm_ln: sm_90 at three settings (ROWS 32/16/16 with 8/4/8 warps) for
+ * rows of 512, 768 and 1024 in both dtypes, the flags (bias, residual,
+ * norm, pre-norm store, weight layout) rotating; every flag combination at
+ * one setting; 64 rows of 768 and a row of 1000 (a partial column tile, an
+ * unswizzled row buffer); sm_80 the full and the plain epilogue. */
+static const int ln_settings[][5] = {{32, 128, 64, 8, 3}, {16, 64, 32, 4, 2}, {16, 128, 64, 8, 3}};
+
+static gemm_exec_problem ln_problem(stof_dtype dt, int64_t n, int flags) {
+    gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_LN, .dtype = dt, .m = 1000, .n = n, .k = 768,
+                           .eps = 1e-5f};
+    p.epi.has_bias = flags & 1;
+    p.epi.has_residual = (flags >> 1) & 1;
+    p.epi.norm = (flags >> 2) & 1 ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM;
+    p.store_pre_norm = (flags >> 3) & 1;
+    p.weight_kn = (flags >> 4) & 1;
+    return p;
+}
+
+static void list_ln(variant *v, int cap, int *n) {
+    static const int64_t widths[] = {512, 768, 1024};
+    int turn = 0;
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++)
+            for (int w = 0; w < 3; w++, turn++) {
+                gemm_exec_problem p = ln_problem(dtypes[d], widths[w], (turn * 7) % 32);
+                int vals[FUSION_MAX_PARAMS] = {0};
+                memcpy(vals, ln_settings[s], sizeof ln_settings[s]);
+                add(v, cap, n, &p, vals, "sm_90");
+            }
+    for (int flags = 0; flags < 16; flags++) {
+        gemm_exec_problem p = ln_problem(STOF_F16, 768, flags);
+        int vals[FUSION_MAX_PARAMS] = {32, 128, 64, 8, 3};
+        add(v, cap, n, &p, vals, "sm_90");
+    }
+    gemm_exec_problem p = ln_problem(STOF_BF16, 768, 31);
+    int rows64[FUSION_MAX_PARAMS] = {64, 128, 32, 4, 2};
+    add(v, cap, n, &p, rows64, "sm_90");
+    p = ln_problem(STOF_F16, 1000, 11);
+    int odd[FUSION_MAX_PARAMS] = {16, 128, 32, 4, 2};
+    add(v, cap, n, &p, odd, "sm_90");
+    for (int d = 0; d < 2; d++)
+        for (int full = 0; full < 2; full++) {
+            p = ln_problem(dtypes[d], 768, full ? 15 : 16);
+            int vals[FUSION_MAX_PARAMS] = {32, 128, 64, 8, 3};
+            add(v, cap, n, &p, vals, "sm_80");
+        }
+}
+
+/* gemm_chain: sm_90 at three settings for outputs of 512 and 768 in both
+ * dtypes, the flags (activation, biases, residual, weight layout) rotating;
+ * every activation with and without the residual at one setting; 64-row
+ * blocks (N 512), N 1024 and N 1000 (a partial slab); sm_80 the full and
+ * the plain chain. */
+static const int chain_settings[][5] = {
+    {16, 128, 64, 8, 3}, {32, 64, 32, 8, 2}, {16, 64, 32, 4, 3}};
+
+static gemm_exec_problem chain_problem(stof_dtype dt, int64_t n2, int flags) {
+    gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_CHAIN, .dtype = dt, .m = 128, .n = 3072,
+                           .k = 768, .n2 = n2};
+    p.epi.act = (fusion_act)(flags & 3);
+    p.epi.has_bias = (flags >> 2) & 1;
+    p.epi2.has_bias = (flags >> 3) & 1;
+    p.epi2.has_residual = (flags >> 4) & 1;
+    p.weight_kn = (flags >> 5) & 1;
+    return p;
+}
+
+static void list_chain(variant *v, int cap, int *n) {
+    static const int64_t widths[] = {512, 768};
+    int turn = 0;
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++)
+            for (int w = 0; w < 2; w++, turn++) {
+                gemm_exec_problem p = chain_problem(dtypes[d], widths[w], (turn * 11) % 64);
+                int vals[FUSION_MAX_PARAMS] = {0};
+                memcpy(vals, chain_settings[s], sizeof chain_settings[s]);
+                add(v, cap, n, &p, vals, "sm_90");
+            }
+    for (int act = 0; act < 4; act++)
+        for (int res = 0; res < 2; res++) {
+            gemm_exec_problem p = chain_problem(STOF_F16, 768, act | 12 | res << 4);
+            int vals[FUSION_MAX_PARAMS] = {16, 128, 64, 8, 3};
+            add(v, cap, n, &p, vals, "sm_90");
+        }
+    gemm_exec_problem p = chain_problem(STOF_BF16, 512, 1 | 28 | 32);
+    int rows64[FUSION_MAX_PARAMS] = {64, 128, 64, 8, 2};
+    add(v, cap, n, &p, rows64, "sm_90");
+    p = chain_problem(STOF_F16, 1024, 2 | 28);
+    int wide[FUSION_MAX_PARAMS] = {16, 128, 64, 8, 3};
+    add(v, cap, n, &p, wide, "sm_90");
+    p = chain_problem(STOF_BF16, 1000, 3 | 20);
+    int odd[FUSION_MAX_PARAMS] = {16, 64, 32, 4, 2};
+    add(v, cap, n, &p, odd, "sm_90");
+    for (int d = 0; d < 2; d++)
+        for (int full = 0; full < 2; full++) {
+            p = chain_problem(dtypes[d], 768, full ? 1 | 28 : 32);
+            int vals[FUSION_MAX_PARAMS] = {16, 128, 64, 8, 3};
+            add(v, cap, n, &p, vals, "sm_80");
+        }
 }
 
 /* mi_chain: the GPU test's chains (bias+add+layernorm, add+layernorm,
@@ -199,7 +315,7 @@ static void list_embedding(variant *v, int cap, int *n) {
 }
 
 static void test_variants_compile(void) {
-    enum { CAP = 640 };
+    enum { CAP = 768 };
     variant *v = calloc(CAP, sizeof *v);
     CHECK(v != NULL);
     if (!v)
@@ -207,14 +323,22 @@ static void test_variants_compile(void) {
     int n = 0;
     list_gemm(v, CAP, &n);
     int n_gemm = n;
+    list_ln(v, CAP, &n);
+    int n_ln = n - n_gemm;
+    list_chain(v, CAP, &n);
+    int n_chain = n - n_gemm - n_ln;
     list_mi(v, CAP, &n);
-    int n_mi = n - n_gemm;
+    int n_mi = n - n_gemm - n_ln - n_chain;
     list_embedding(v, CAP, &n);
     double t0 = util_now();
     int ok = compile_all(v, n);
-    printf("compiled %d of %d variants (%d gemm_epilogue, %d mi_chain, %d embedding) in %.1f s\n",
-           ok, n, n_gemm, n_mi, n - n_gemm - n_mi, util_now() - t0);
+    printf("compiled %d of %d variants (%d gemm_epilogue, %d gemm_ln, %d gemm_chain, "
+           "%d mi_chain, %d embedding) in %.1f s\n",
+           ok, n, n_gemm, n_ln, n_chain, n_mi, n - n_gemm - n_ln - n_chain - n_mi,
+           util_now() - t0);
     CHECK(n_gemm >= 200);
+    CHECK(n_ln >= 30);
+    CHECK(n_chain >= 20);
     CHECK(n < CAP);
     free(v);
 }
@@ -249,8 +373,52 @@ static void test_validate(void) {
     p.epi.act = (fusion_act)7;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "unknown activation");
     p.epi.act = FUSION_ACT_NONE;
-    p.tmpl = FUSION_T_GEMM_LN;
-    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "gemm_ln");
+    p.tmpl = FUSION_T_CUBLASLT;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "not template 1 (cublaslt)");
+
+    /* gemm_ln: gemm [bias] [add] norm */
+    gemm_exec_problem ln = ln_problem(STOF_F16, 768, 3);
+    expect(gemm_exec_validate(&ln, &err), STOF_OK, &err, NULL);
+    ln.epi.norm = FUSION_NORM_NONE;
+    expect(gemm_exec_validate(&ln, &err), STOF_ERR_INVALID, &err, "layernorm or rmsnorm");
+    ln.epi.norm = FUSION_NORM_RMSNORM;
+    ln.epi.act = FUSION_ACT_GELU;
+    expect(gemm_exec_validate(&ln, &err), STOF_ERR_INVALID, &err, "no activation");
+    ln.epi.act = FUSION_ACT_NONE;
+    ln.eps = -1.0f;
+    expect(gemm_exec_validate(&ln, &err), STOF_ERR_INVALID, &err, "eps");
+    ln.eps = 1e-6f;
+    ln.n = 1004;
+    expect(gemm_exec_validate(&ln, &err), STOF_ERR_UNSUPPORTED, &err, "gemm_ln: M = 1000, N = 1004");
+    ln.n = 1000;
+    expect(gemm_exec_validate(&ln, &err), STOF_OK, &err, NULL);
+    ln.dtype = STOF_F32;
+    expect(gemm_exec_validate(&ln, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
+
+    /* gemm_chain: gemm [bias] [act] gemm [bias] [add] */
+    gemm_exec_problem ch = chain_problem(STOF_BF16, 768, 1 | 28);
+    expect(gemm_exec_validate(&ch, &err), STOF_OK, &err, NULL);
+    ch.n2 = 0;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_UNSUPPORTED, &err, "N2 = 0");
+    ch.n2 = 772;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_UNSUPPORTED, &err, "multiple of 8");
+    ch.n2 = 768;
+    ch.n = 3076;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_UNSUPPORTED, &err, "N = F");
+    ch.n = 3072;
+    ch.epi.has_residual = 1;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_INVALID, &err, "after the second GEMM");
+    ch.epi.has_residual = 0;
+    ch.epi2.act = FUSION_ACT_RELU;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_INVALID, &err, "between the GEMMs");
+    ch.epi2.act = (fusion_act)9;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_INVALID, &err, "unknown activation 9");
+    ch.epi2.act = FUSION_ACT_NONE;
+    ch.epi2.norm = FUSION_NORM_LAYERNORM;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_INVALID, &err, "no norm");
+    ch.epi2.norm = FUSION_NORM_NONE;
+    ch.store_pre_norm = 1;
+    expect(gemm_exec_validate(&ch, &err), STOF_ERR_INVALID, &err, "no norm");
 
     gemm_exec_problem mi = {.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = 4, .n = 768,
                             .eps = 1e-5f, .store_pre_norm = 1};
@@ -268,6 +436,81 @@ static void test_validate(void) {
 }
 
 /* ---- parameter spaces ----------------------------------------------------------------- */
+
+/* Over the whole space of t for p: a feasible setting's shared memory is
+ * the template's model exactly (one byte less fails); an infeasible one
+ * says why, in one of the words of `reasons`. Returns the feasible count. */
+static long check_space(const gemm_exec_problem *p, const char *const *reasons, int n_reasons) {
+    const fusion_template *t = fusion_template_get(p->tmpl);
+    stof_error err = {0};
+    long ok = 0;
+    for (long s = 0; s < fusion_template_settings(t); s++) {
+        int vals[FUSION_MAX_PARAMS] = {0};
+        fusion_template_setting(t, s, vals);
+        size_t smem = gemm_exec_smem(p, vals);
+        int rc = gemm_exec_check(p, vals, smem > SMEM_H100 ? SMEM_H100 : (int)smem, &err);
+        if (rc == STOF_OK) {
+            ok++;
+            rc = gemm_exec_check(p, vals, (int)smem - 1, &err);
+            CHECK_MSG(rc == STOF_ERR_UNSUPPORTED && strstr(err.msg, "shared memory"),
+                      "%s setting %ld: %zu bytes pass with one byte less", t->name, s, smem);
+        } else {
+            int named = 0;
+            for (int i = 0; i < n_reasons; i++)
+                named |= strstr(err.msg, reasons[i]) != NULL;
+            CHECK_MSG(named, "%s setting %ld: %s", t->name, s, err.msg);
+        }
+    }
+    return ok;
+}
+
+/* gemm_ln and gemm_chain: the models, the warp grids, the register budget. */
+static void test_check_fused(void) {
+    static const char *const reasons[] = {"shared memory", "accumulators", "16x16 pieces"};
+    stof_error err = {0};
+    gemm_exec_problem ln = ln_problem(STOF_F16, 768, 3);
+    CHECK(check_space(&ln, reasons, 3) >= 30);
+    /* 32 x 128 x 64 in 3 stages (61440 B) + 32 rows of 768 fp32 (98304 B) */
+    int v[FUSION_MAX_PARAMS] = {32, 128, 64, 8, 3};
+    CHECK_EQ_INT(gemm_exec_smem(&ln, v), 159744);
+    ln.n = 1024; /* 64 rows of 1024 fp32 are 256 KiB */
+    int big[FUSION_MAX_PARAMS] = {64, 128, 32, 8, 2};
+    expect(gemm_exec_check(&ln, big, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "64 rows of 1024");
+    ln.n = 768; /* fits an H100, not an A100 */
+    expect(gemm_exec_check(&ln, big, SMEM_H100, &err), STOF_OK, &err, NULL);
+    expect(gemm_exec_check(&ln, big, SMEM_A100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "shared memory");
+    int thin[FUSION_MAX_PARAMS] = {16, 64, 32, 8, 2}; /* 8 warps, 4 16x16 pieces */
+    expect(gemm_exec_check(&ln, thin, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "8 warps cannot split a 16x64 tile");
+    int off[FUSION_MAX_PARAMS] = {128, 64, 32, 4, 2};
+    expect(gemm_exec_check(&ln, off, SMEM_H100, &err), STOF_ERR_INVALID, &err,
+           "ROWS = 128 is not in its space");
+    ln.n = 4096; /* no setting holds 16 rows of 4096 fp32 and its tiles in 227 KiB... */
+    CHECK(check_space(&ln, reasons, 3) == 0);
+    ln.n = 3072; /* ...of 3072 some do */
+    CHECK(check_space(&ln, reasons, 3) > 0);
+
+    gemm_exec_problem ch = chain_problem(STOF_F16, 768, 1 | 28);
+    CHECK(check_space(&ch, reasons, 3) >= 20);
+    /* 3 x (16 + 128) x 64 + 16 x 128 + 2 x 128 x 64 elements */
+    int cv[FUSION_MAX_PARAMS] = {16, 128, 64, 8, 3};
+    CHECK_EQ_INT(gemm_exec_smem(&ch, cv), 2 * (3 * 144 * 64 + 16 * 128 + 2 * 128 * 64));
+    expect(gemm_exec_check(&ch, cv, SMEM_H100, &err), STOF_OK, &err, NULL);
+    /* 64 x 768 outputs over 8 warps: 192 accumulators a thread */
+    int tall[FUSION_MAX_PARAMS] = {64, 128, 64, 8, 2};
+    expect(gemm_exec_check(&ch, tall, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "registers a thread");
+    ch.n2 = 512; /* 128: the budget exactly */
+    expect(gemm_exec_check(&ch, tall, SMEM_H100, &err), STOF_OK, &err, NULL);
+    int narrow[FUSION_MAX_PARAMS] = {16, 32, 32, 4, 2};
+    expect(gemm_exec_check(&ch, narrow, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "4 warps cannot split a 16x32 tile");
+    int stages[FUSION_MAX_PARAMS] = {16, 64, 32, 4, 4};
+    expect(gemm_exec_check(&ch, stages, SMEM_H100, &err), STOF_ERR_INVALID, &err,
+           "STAGES = 4 is not in its space");
+}
 
 static void test_check(void) {
     stof_error err = {0};
@@ -306,6 +549,8 @@ static void test_check(void) {
     int stages[FUSION_MAX_PARAMS] = {64, 64, 32, 4, 5};
     expect(gemm_exec_check(&g, stages, SMEM_H100, &err), STOF_ERR_INVALID, &err, "STAGES = 5");
 
+    test_check_fused();
+
     gemm_exec_problem mi = {.tmpl = FUSION_T_MI_CHAIN, .dtype = STOF_F16, .m = 4, .n = 1004,
                             .eps = 1e-5f};
     mi.epi.norm = FUSION_NORM_LAYERNORM;
@@ -340,7 +585,32 @@ static void test_check(void) {
 }
 
 /* The default settings pass the checks on the GPU test's problems. */
+static void test_defaults_fused(void) {
+    static const int64_t ms[] = {1, 7, 16, 100, 128, 512, 1000, 4096, 16384};
+    static const int64_t ns[] = {512, 768, 1000, 1024, 1280, 1600, 2048};
+    for (int i = 0; i < 9; i++)
+        for (int j = 0; j < 7; j++) {
+            gemm_exec_problem ln = ln_problem(STOF_BF16, ns[j], 15);
+            ln.m = ms[i];
+            gemm_exec_problem ch = chain_problem(STOF_F16, ns[j], 1 | 28);
+            ch.m = ms[i];
+            ch.n = 4 * ns[j];
+            ch.k = ns[j];
+            const gemm_exec_problem *ps[] = {&ln, &ch};
+            for (int t = 0; t < 2; t++) {
+                int vals[FUSION_MAX_PARAMS];
+                gemm_exec_default_values(ps[t], vals);
+                stof_error err = {0};
+                int rc = gemm_exec_check(ps[t], vals, SMEM_H100, &err);
+                CHECK_MSG(rc == STOF_OK, "default for %s M=%lld N=%lld: %s",
+                          t ? "gemm_chain" : "gemm_ln", (long long)ms[i], (long long)ns[j],
+                          err.msg);
+            }
+        }
+}
+
 static void test_defaults(void) {
+    test_defaults_fused();
     static const int64_t ms[] = {1, 7, 64, 1000, 4096};
     static const int64_t ns[] = {512, 768, 1000, 1024, 2304, 3072, 4096, 8192};
     for (int i = 0; i < 5; i++)
@@ -398,7 +668,30 @@ static void test_request(void) {
           has_option(&r, "-DSTORE_PRE_NORM=1") && has_option(&r, "-DROWS=2") &&
           has_option(&r, "-DTHREADS=64") && has_option(&r, "-DVEC=4"));
     CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_EMBEDDING), "stof_embedding") == 0);
-    CHECK(gemm_exec_kernel_name(FUSION_T_GEMM_LN) == NULL);
+    CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMM_LN), "stof_gemm_ln") == 0);
+    CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMM_CHAIN), "stof_gemm_chain") == 0);
+    CHECK(gemm_exec_kernel_name(FUSION_T_CUBLASLT) == NULL);
+
+    gemm_exec_problem ln = ln_problem(STOF_BF16, 1024, 1 | 4 | 8 | 16);
+    int lv[FUSION_MAX_PARAMS] = {16, 64, 32, 4, 2};
+    gemm_exec_request_init(&r, &ln, lv, "sm_90");
+    CHECK(strcmp(r.req.source, "gemm_ln.cu") == 0);
+    const char *want_ln[] = {"-DROWS=16", "-DBLOCK_N=64", "-DBLOCK_K=32", "-DWARPS=4",
+                             "-DSTAGES=2", "-DSTOF_DTYPE=2", "-DROW_N=1024", "-DWEIGHT_KN=1",
+                             "-DHAS_BIAS=1", "-DHAS_RESIDUAL=0", "-DNORM=2",
+                             "-DSTORE_PRE_NORM=1"};
+    for (size_t i = 0; i < sizeof want_ln / sizeof want_ln[0]; i++)
+        CHECK_MSG(has_option(&r, want_ln[i]), "missing %s", want_ln[i]);
+
+    gemm_exec_problem ch = chain_problem(STOF_F16, 512, 2 | 8 | 16);
+    int cv[FUSION_MAX_PARAMS] = {32, 64, 32, 8, 3};
+    gemm_exec_request_init(&r, &ch, cv, "sm_80");
+    CHECK(strcmp(r.req.source, "gemm_chain.cu") == 0);
+    const char *want_ch[] = {"-DBLOCK_M=32", "-DBLOCK_F=64", "-DBLOCK_K=32", "-DWARPS=8",
+                             "-DSTAGES=3", "-DSTOF_DTYPE=1", "-DOUT_N=512", "-DWEIGHT_KN=0",
+                             "-DHAS_BIAS1=0", "-DACT=2", "-DHAS_BIAS2=1", "-DHAS_RESIDUAL=1"};
+    for (size_t i = 0; i < sizeof want_ch / sizeof want_ch[0]; i++)
+        CHECK_MSG(has_option(&r, want_ch[i]), "missing %s", want_ch[i]);
 }
 
 static void test_args(void) {
@@ -461,6 +754,66 @@ static void test_args(void) {
     char buf[512];
     gemm_exec_plan_describe(&plan, buf, sizeof buf);
     CHECK_CONTAINS(buf, "embedding");
+
+    /* gemm_ln: gamma always, beta for LayerNorm, pre_norm when stored */
+    memset(&plan, 0, sizeof plan);
+    plan.problem = ln_problem(STOF_F16, 768, 1 | 2 | 8 | 16); /* bias add LN pre, w[K,N] */
+    plan.problem.k = 3072;
+    plan.values[0] = 32;
+    gemm_exec_ln_tensors lt = {.x = 0x1000, .w = 0x2000, .bias = 0x3000, .residual = 0x4000,
+                               .gamma = 0x5000, .y = 0x7000, .pre_norm = 0x8000};
+    stof_gemm_ln_args la;
+    expect(gemm_exec_ln_args(&plan, &lt, &la, &err), STOF_ERR_INVALID, &err, "beta");
+    lt.beta = 0x6000;
+    lt.pre_norm = 0;
+    expect(gemm_exec_ln_args(&plan, &lt, &la, &err), STOF_ERR_INVALID, &err, "pre_norm");
+    lt.pre_norm = 0x4000; /* the residual stream updated in place */
+    lt.y = 0x4000;
+    expect(gemm_exec_ln_args(&plan, &lt, &la, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(la.x_row_stride, 3072);
+    CHECK_EQ_INT(la.w_row_stride, 768); /* [K, N] */
+    CHECK_EQ_INT(la.p_row_stride, 768);
+    CHECK(la.m == 1000 && la.n == 768 && la.k == 3072 && la.eps == 1e-5f);
+    CHECK(la.beta == (const void *)0x6000 && la.pre_norm == (void *)0x4000);
+    plan.problem.epi.norm = FUSION_NORM_RMSNORM; /* no beta needed or passed */
+    lt.beta = 0;
+    expect(gemm_exec_ln_args(&plan, &lt, &la, &err), STOF_OK, &err, NULL);
+    CHECK(la.beta == NULL);
+    lt.gamma = 0;
+    expect(gemm_exec_ln_args(&plan, &lt, &la, &err), STOF_ERR_INVALID, &err, "gamma");
+    gemm_exec_plan_describe(&plan, buf, sizeof buf);
+    CHECK_CONTAINS(buf, "gemm_ln fp16 M=1000 N=768 K=3072 w[K,N] bias add rmsnorm +pre_norm");
+    expect(gemm_exec_chain_args(&plan, &(gemm_exec_chain_tensors){0}, &(stof_gemm_chain_args){0},
+                                &err), STOF_ERR_INVALID, &err, "a gemm_ln plan launched as "
+                                                               "gemm_chain");
+
+    /* gemm_chain: w1 [F, K] and w2 [N, F], or both transposed */
+    memset(&plan, 0, sizeof plan);
+    plan.problem = chain_problem(STOF_BF16, 768, 1 | 4 | 16); /* gelu b1 | add */
+    gemm_exec_chain_tensors ct = {.x = 0x1000, .w1 = 0x2000, .w2 = 0x3000, .residual = 0x4000,
+                                  .y = 0x5000};
+    stof_gemm_chain_args ca;
+    expect(gemm_exec_chain_args(&plan, &ct, &ca, &err), STOF_ERR_INVALID, &err, "b1");
+    ct.b1 = 0x6000;
+    expect(gemm_exec_chain_args(&plan, &ct, &ca, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(ca.x_row_stride, 768);
+    CHECK_EQ_INT(ca.w1_row_stride, 768);
+    CHECK_EQ_INT(ca.w2_row_stride, 3072);
+    CHECK_EQ_INT(ca.y_row_stride, 768);
+    CHECK(ca.m == 128 && ca.k == 768 && ca.f == 3072 && ca.n == 768);
+    CHECK(ca.b2 == NULL && ca.residual == (const void *)0x4000);
+    plan.problem.weight_kn = 1;
+    expect(gemm_exec_chain_args(&plan, &ct, &ca, &err), STOF_OK, &err, NULL);
+    CHECK_EQ_INT(ca.w1_row_stride, 3072); /* [K, F] */
+    CHECK_EQ_INT(ca.w2_row_stride, 768);  /* [F, N] */
+    ct.w2_row_stride = 700;
+    expect(gemm_exec_chain_args(&plan, &ct, &ca, &err), STOF_ERR_INVALID, &err, "w2");
+    ct.w2_row_stride = 0;
+    plan.problem.epi2.has_bias = 1;
+    expect(gemm_exec_chain_args(&plan, &ct, &ca, &err), STOF_ERR_INVALID, &err, "b2");
+    gemm_exec_plan_describe(&plan, buf, sizeof buf);
+    CHECK_CONTAINS(buf, "gemm_chain bf16 M=128 F=3072 K=768 w[K,N] bias gelu | gemm N2=768 "
+                        "bias add");
 }
 
 int main(void) {

@@ -3,7 +3,8 @@
  * A plan is built in this order, each step undone by mha_exec_plan_free:
  * validate -> fold causal into the mask -> choose the kernel and its sizes
  * (mha_select, or forced) -> build the mask format for those sizes -> upload
- * it -> compile (NVRTC, cached) and load the kernel (cached per context).
+ * it (with the work list and workspace when long block rows are split) ->
+ * compile (NVRTC, cached) and load the kernel (cached per context).
  * A measured plan (force->measure) runs the last three steps for each
  * candidate configuration (plan_finish, the one path for both), times them
  * on scratch inputs and keeps the fastest. */
@@ -306,6 +307,8 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
         snprintf(r->opts[n++], sizeof r->opts[0], "-DBLOCK_N=%d", c->block_n);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DNUM_WARPS=%d", c->num_warps);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DSTAGES=%d", c->stages);
+        if (c->split) /* absent otherwise: the plain build keeps its cache key */
+            snprintf(r->opts[n++], sizeof r->opts[0], "-DSPLIT=1");
     } else {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DROWS_PER_WARP=%d", c->rows_per_warp);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DWARPS_PER_BLOCK=%d", c->warps_per_block);
@@ -315,6 +318,151 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
     for (int i = 0; i < n; i++)
         r->req.options[i] = r->opts[i];
     r->req.n_options = n;
+}
+
+/* ---- split block rows ------------------------------------------------------------------ */
+
+static int bsr_row_len(const mask_bsr *f, int b, int i) {
+    const int64_t base = mask_format_bsr_row_base(f, b);
+    return f->load_row_ptr[base + i + 1] - f->load_row_ptr[base + i];
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+int mha_exec_split_chunk(const mask_bsr *f, int batch, int heads, int resident) {
+    /* the row lengths, sorted: the longest and the typical long one */
+    const int n = f->batch * f->n_block_rows;
+    int *len = malloc((size_t)(n > 0 ? n : 1) * sizeof *len);
+    if (!len || n < 1) {
+        free(len);
+        return 0; /* no memory: the plain launch is always right */
+    }
+    for (int b = 0; b < f->batch; b++)
+        for (int i = 0; i < f->n_block_rows; i++)
+            len[b * f->n_block_rows + i] = bsr_row_len(f, b, i);
+    qsort(len, (size_t)n, sizeof *len, cmp_int);
+    const int longest = len[n - 1];
+    int64_t chunk = len[(int64_t)(n - 1) * MHA_EXEC_SPLIT_TYPICAL_PCT / 100];
+    free(len);
+    /* heads x every launched batch's loaded blocks, shared over the slots */
+    int64_t work = (int64_t)f->n_load * (f->batch == 1 ? batch : 1) * heads;
+    int64_t slots = resident > 0 ? resident : 1;
+    int64_t per_slot = (work + slots - 1) / slots;
+    chunk = chunk > per_slot ? chunk : per_slot;
+    if (chunk < MHA_EXEC_SPLIT_MIN_CHUNK)
+        chunk = MHA_EXEC_SPLIT_MIN_CHUNK;
+    /* worth a second kernel only when the longest row shrinks by a third */
+    return 2 * (int64_t)longest >= 3 * chunk ? (int)chunk : 0;
+}
+
+void mha_exec_split_free(mha_exec_split *s) {
+    if (!s)
+        return;
+    free(s->work_ptr);
+    free(s->work);
+    free(s->split_ptr);
+    free(s->splits);
+    free(s);
+}
+
+/* Longest first; then by block row and start: a total order (no two items
+ * of a batch share both), so qsort's result is deterministic. */
+static int cmp_work(const void *pa, const void *pb) {
+    const stof_attn_work *a = pa, *b = pb;
+    int la = a->end - a->start, lb = b->end - b->start;
+    if (la != lb)
+        return la > lb ? -1 : 1;
+    if (a->block_row != b->block_row)
+        return a->block_row < b->block_row ? -1 : 1;
+    return (a->start > b->start) - (a->start < b->start);
+}
+
+/* The pieces of a row of len blocks at a chunk: ceil(len / chunk) when it
+ * is longer, else 1. */
+static int row_pieces(int len, int chunk) {
+    return len > chunk ? (len + chunk - 1) / chunk : 1;
+}
+
+/* Batch b's items and split rows, appended at s->work[*n], s->splits[*ns]. */
+static void split_batch(const mask_bsr *f, int b, int chunk, mha_exec_split *s, int *n, int *ns,
+                        int *slot) {
+    const int32_t *ptr = f->load_row_ptr + mask_format_bsr_row_base(f, b);
+    const int first = *n;
+    for (int i = 0; i < f->n_block_rows; i++) {
+        const int start = ptr[i], len = ptr[i + 1] - ptr[i];
+        const int pieces = row_pieces(len, chunk);
+        if (pieces == 1) {
+            s->work[(*n)++] = (stof_attn_work){i, start, start + len, -1};
+            continue;
+        }
+        s->splits[(*ns)++] = (stof_attn_split){i, *slot, pieces, 0};
+        /* near-equal pieces: sizes differ by at most one, none above chunk */
+        for (int k = 0; k < pieces; k++) {
+            int lo = start + (int)((int64_t)len * k / pieces);
+            int hi = start + (int)((int64_t)len * (k + 1) / pieces);
+            s->work[(*n)++] = (stof_attn_work){i, lo, hi, (*slot)++};
+        }
+    }
+    qsort(s->work + first, (size_t)(*n - first), sizeof *s->work, cmp_work);
+}
+
+int mha_exec_split_build(const mask_bsr *f, int chunk, mha_exec_split **out, stof_error *err) {
+    *out = NULL;
+    if (chunk < 1)
+        return STOF_OK;
+    int64_t n_items = 0, n_split = 0;
+    for (int b = 0; b < f->batch; b++)
+        for (int i = 0; i < f->n_block_rows; i++) {
+            int pieces = row_pieces(bsr_row_len(f, b, i), chunk);
+            n_items += pieces;
+            n_split += pieces > 1;
+        }
+    if (!n_split)
+        return STOF_OK;
+    if (n_items > INT32_MAX)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "attention: %lld work items at chunk %d are too many",
+                       (long long)n_items, chunk);
+    mha_exec_split *s = err_calloc(1, sizeof *s, err);
+    if (!s)
+        return STOF_ERR_NOMEM;
+    s->fmt_batch = f->batch;
+    s->chunk = chunk;
+    s->work_ptr = err_malloc(((size_t)f->batch + 1) * sizeof *s->work_ptr, err);
+    s->split_ptr = s->work_ptr ? err_malloc(((size_t)f->batch + 1) * sizeof *s->split_ptr, err)
+                               : NULL;
+    s->work = s->split_ptr ? err_malloc((size_t)n_items * sizeof *s->work, err) : NULL;
+    s->splits = s->work ? err_malloc((size_t)n_split * sizeof *s->splits, err) : NULL;
+    if (!s->splits) {
+        mha_exec_split_free(s);
+        return STOF_ERR_NOMEM;
+    }
+    int n = 0, ns = 0, slot = 0;
+    for (int b = 0; b < f->batch; b++) {
+        s->work_ptr[b] = n;
+        s->split_ptr[b] = ns;
+        split_batch(f, b, chunk, s, &n, &ns, &slot);
+        if (n - s->work_ptr[b] > s->max_items)
+            s->max_items = n - s->work_ptr[b];
+        if (ns - s->split_ptr[b] > s->max_split_rows)
+            s->max_split_rows = ns - s->split_ptr[b];
+    }
+    s->work_ptr[f->batch] = n;
+    s->split_ptr[f->batch] = ns;
+    s->n_items = n;
+    s->n_split_rows = ns;
+    s->n_slots = slot;
+    *out = s;
+    return STOF_OK;
+}
+
+size_t mha_exec_split_workspace(const mha_exec_split *s, int batch, int heads, int block_m,
+                                int head_dim) {
+    size_t units = (size_t)(s->fmt_batch == 1 ? batch : 1) * (size_t)s->n_slots * (size_t)heads;
+    return units * (size_t)block_m * ((size_t)head_dim + 2) * sizeof(float);
 }
 
 /* ---- the GPU context ----------------------------------------------------------------- */
@@ -362,7 +510,7 @@ void mha_exec_ctx_free(mha_exec_ctx *c) {
 /* The loaded kernel of a request: compiled (or found in the NVRTC cache),
  * loaded once per context, its shared memory limit raised when needed. */
 static int get_function(mha_exec_ctx *c, const mha_exec_request *r, const char *name,
-                        size_t smem, CUfunction *out, stof_error *err) {
+                        size_t smem, CUfunction *out, CUfunction *combine, stof_error *err) {
     uint64_t key = nvrtc_key(&r->req);
     mha_exec_module *m = NULL;
     for (int i = 0; i < c->n_modules && !m; i++)
@@ -391,6 +539,14 @@ static int get_function(mha_exec_ctx *c, const mha_exec_request *r, const char *
             c->drv->ModuleUnload(fresh.module);
             return rc;
         }
+        /* a SPLIT=1 build also holds the combine kernel */
+        if (combine && (rc = cuda_check(c->drv,
+                                        c->drv->ModuleGetFunction(&fresh.combine, fresh.module,
+                                                                  STOF_ATTN_COMBINE_KERNEL),
+                                        "cuModuleGetFunction(combine)", err))) {
+            c->drv->ModuleUnload(fresh.module);
+            return rc;
+        }
         m = &c->modules[c->n_modules++];
         *m = fresh;
     }
@@ -403,6 +559,8 @@ static int get_function(mha_exec_ctx *c, const mha_exec_request *r, const char *
         m->smem_attr = (int)smem;
     }
     *out = m->func;
+    if (combine)
+        *combine = m->combine;
     return STOF_OK;
 }
 
@@ -624,8 +782,60 @@ static int upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, s
     return rc;
 }
 
+/* The chunk a plan splits at: forced (force_chunk > 0), never (< 0), or
+ * mha_exec_split_chunk on the device's resident slots for this setting. */
+static int plan_split_chunk(const mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
+                            int force_chunk) {
+    if (force_chunk)
+        return force_chunk > 0 ? force_chunk : 0;
+    const mha_exec_config *cfg = &plan->config;
+    mha_device_limits lim;
+    device_limits(c, plan, &lim);
+    int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
+                                            cfg->stages, cfg->head_dim,
+                                            (int)stof_dtype_size(cfg->dtype), &lim);
+    return mha_exec_split_chunk(f, plan->problem.batch, plan->problem.heads,
+                                (per_sm > 0 ? per_sm : 1) * lim.sm_count);
+}
+
+/* The work list of a split plan on the device, its workspace, its launch
+ * shapes; nothing when no row is cut (config.split stays 0). */
+static int upload_split(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
+                        int force_chunk, stof_error *err) {
+    mha_exec_split *s = NULL;
+    int rc = mha_exec_split_build(f, plan_split_chunk(c, plan, f, force_chunk), &s, err);
+    if (rc || !s)
+        return rc;
+    const mha_exec_problem *p = &plan->problem;
+    mha_exec_config *cfg = &plan->config;
+    cfg->split = 1;
+    plan->split_chunk = s->chunk;
+    plan->split_rows = s->n_split_rows;
+    plan->split_items = s->n_items;
+    plan->split_slots = s->n_slots;
+    plan->workspace_bytes =
+        mha_exec_split_workspace(s, p->batch, p->heads, cfg->block_m, cfg->head_dim);
+    /* partial O first ([units][block_m][head_dim] floats), then (m, l) */
+    plan->workspace_ml_offset =
+        plan->workspace_bytes / ((size_t)cfg->head_dim + 2) * (size_t)cfg->head_dim;
+    size_t ptrs = ((size_t)s->fmt_batch + 1) * sizeof(int32_t);
+    if (!(rc = upload(c, &plan->d_work_ptr, s->work_ptr, ptrs, err)) &&
+        !(rc = upload(c, &plan->d_work, s->work, (size_t)s->n_items * sizeof *s->work, err)) &&
+        !(rc = upload(c, &plan->d_split_ptr, s->split_ptr, ptrs, err)) &&
+        !(rc = upload(c, &plan->d_splits, s->splits, (size_t)s->n_split_rows * sizeof *s->splits,
+                      err)))
+        rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_workspace, plan->workspace_bytes),
+                        "cuMemAlloc(attention split workspace)", err);
+    if (rc)
+        plan->d_workspace = 0;
+    plan->grid[0] = (unsigned)s->max_items;
+    plan->combine_grid[0] = (unsigned)s->max_split_rows;
+    mha_exec_split_free(s);
+    return rc;
+}
+
 static int upload_bsr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
-                      stof_error *err) {
+                      int force_chunk, stof_error *err) {
     const mha_exec_config *cfg = &plan->config;
     mask_bsr *f = NULL;
     int rc = mask_format_bsr_build(folded, cfg->block_m, cfg->block_n, &f, err);
@@ -643,6 +853,8 @@ static int upload_bsr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
                       (size_t)f->n_load * sizeof(int32_t), err)))
         rc = upload(c, &plan->d_bitmaps, f->part_masks,
                     (size_t)f->n_part_masks * f->bitmap_words * sizeof(uint32_t), err);
+    if (!rc)
+        rc = upload_split(c, plan, f, force_chunk, err);
     mask_format_bsr_free(f);
     return rc;
 }
@@ -684,14 +896,24 @@ static int64_t count_allowed(const mask *m, int batch) {
     return m->batch == 1 ? n * batch : n;
 }
 
+/* Grids (x over block rows, work items or split rows; y heads; z batch)
+ * and blocks. A split plan's grid[0] and combine_grid[0] come from its work
+ * list (upload_split). */
 static void set_launch_shape(mha_exec_plan *plan) {
     const mha_exec_problem *p = &plan->problem;
     const mha_exec_config *cfg = &plan->config;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE) {
         plan->smem = mha_exec_block_smem(cfg->block_m, cfg->block_n, cfg->stages, cfg->head_dim,
                                          (int)stof_dtype_size(cfg->dtype));
-        plan->grid[0] = (unsigned)((p->q_len + cfg->block_m - 1) / cfg->block_m);
+        if (!cfg->split)
+            plan->grid[0] = (unsigned)((p->q_len + cfg->block_m - 1) / cfg->block_m);
         plan->block[0] = (unsigned)cfg->num_warps * 32u;
+        if (cfg->split) {
+            plan->combine_grid[1] = (unsigned)p->heads;
+            plan->combine_grid[2] = (unsigned)p->batch;
+            plan->combine_block[0] = STOF_ATTN_COMBINE_THREADS;
+            plan->combine_block[1] = plan->combine_block[2] = 1;
+        }
     } else {
         int rows = cfg->rows_per_warp * cfg->warps_per_block;
         plan->smem = 0; /* static */
@@ -707,11 +929,12 @@ static void set_launch_shape(mha_exec_plan *plan) {
  * device, the relpos buckets, the launch shape, the loaded kernel. The one
  * path from a configuration to a runnable plan, analytical or measured. */
 static int plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
-                       stof_error *err) {
+                       const mha_exec_force *force, stof_error *err) {
     int rc = mha_exec_config_check(&plan->config, c->info.smem_per_block_optin, err);
     if (!rc)
-        rc = plan->config.kernel == MHA_KERNEL_BLOCK_WISE ? upload_bsr(c, plan, folded, err)
-                                                          : upload_csr(c, plan, folded, err);
+        rc = plan->config.kernel == MHA_KERNEL_BLOCK_WISE
+                 ? upload_bsr(c, plan, folded, force ? force->split_chunk : 0, err)
+                 : upload_csr(c, plan, folded, err);
     if (!rc && plan->problem.relpos)
         rc = upload_buckets(c, plan, err);
     if (rc)
@@ -722,7 +945,8 @@ static int plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     return get_function(c, &r,
                         plan->config.kernel == MHA_KERNEL_BLOCK_WISE ? STOF_ATTN_BLOCK_KERNEL
                                                                      : STOF_ATTN_ROW_KERNEL,
-                        plan->smem, &plan->func, err);
+                        plan->smem, &plan->func, plan->config.split ? &plan->combine : NULL,
+                        err);
 }
 
 /* A new plan: a copy of base (problem, mask statistics, arch), no
@@ -744,7 +968,7 @@ static int plan_analytic(mha_exec_ctx *c, const mha_exec_plan *base, const mask 
     int rc = mha_exec_choose(&plan->problem, folded, lim, force, &plan->config, plan->reason,
                              sizeof plan->reason, err);
     if (!rc)
-        rc = plan_finish(c, plan, folded, err);
+        rc = plan_finish(c, plan, folded, force, err);
     if (rc) {
         mha_exec_plan_free(c, plan);
         return rc;
@@ -851,6 +1075,7 @@ static int time_plan(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_scrat
     mha_exec_plan tp = *plan;
     tp.problem.batch = s->batch;
     tp.grid[2] = (unsigned)s->batch;
+    tp.combine_grid[2] = (unsigned)s->batch;
     CUevent ev[2] = {0, 0};
     float ms[MHA_EXEC_MEASURE_RUNS];
     int rc = cuda_check(c->drv, c->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate",
@@ -918,7 +1143,7 @@ static int plan_measured(mha_exec_ctx *c, const mha_exec_plan *base, const mask 
         }
         cand->config = cands[i];
         float ms = 0;
-        int crc = plan_finish(c, cand, folded, &cerr);
+        int crc = plan_finish(c, cand, folded, force, &cerr);
         if (!crc)
             crc = time_plan(c, cand, &s, &ms, &cerr);
         if (crc) {
@@ -994,8 +1219,10 @@ void mha_exec_plan_free(mha_exec_ctx *c, mha_exec_plan *plan) {
     if (!plan)
         return;
     c->drv->CtxSetCurrent(c->cu);
-    CUdeviceptr ptrs[] = {plan->d_row_ptr, plan->d_col_idx, plan->d_mask_idx, plan->d_bitmaps,
-                          plan->d_relpos_bucket};
+    CUdeviceptr ptrs[] = {plan->d_row_ptr,  plan->d_col_idx,        plan->d_mask_idx,
+                          plan->d_bitmaps,  plan->d_relpos_bucket,  plan->d_work_ptr,
+                          plan->d_work,     plan->d_split_ptr,      plan->d_splits,
+                          plan->d_workspace};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i])
             c->drv->MemFree(ptrs[i]);
@@ -1004,16 +1231,25 @@ void mha_exec_plan_free(mha_exec_ctx *c, mha_exec_plan *plan) {
 
 size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n) {
     const mha_exec_config *cfg = &plan->config;
+    char split[160] = "";
+    if (cfg->split)
+        snprintf(split, sizeof split,
+                 "; split %d rows into %d items (chunk %d; %d work items, combine grid "
+                 "%ux%ux%u, workspace %zu B)",
+                 plan->split_rows, plan->split_slots, plan->split_chunk, plan->split_items,
+                 plan->combine_grid[0], plan->combine_grid[1], plan->combine_grid[2],
+                 plan->workspace_bytes);
     int k;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
         k = snprintf(buf, n,
                      "block-wise BLOCK_M=%d BLOCK_N=%d warps=%d stages=%d smem=%zuB "
                      "grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d bitmaps), "
-                     "fmt_batch %d; %s",
+                     "fmt_batch %d%s; %s",
                      cfg->block_m, cfg->block_n, cfg->num_warps, cfg->stages, plan->smem,
                      plan->grid[0], plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype),
                      cfg->head_dim, cfg->relpos ? " relpos" : "", plan->n_loaded_blocks,
-                     plan->n_partial_blocks, plan->n_bitmaps, plan->fmt_batch, plan->reason);
+                     plan->n_partial_blocks, plan->n_bitmaps, plan->fmt_batch, split,
+                     plan->reason);
     else
         k = snprintf(buf, n,
                      "row-wise rows/warp=%d warps=%d grid=%ux%ux%u %s D=%d%s; %lld allowed "
@@ -1078,6 +1314,15 @@ void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
         a->load_col_idx = (const stof_i32 *)(uintptr_t)plan->d_col_idx;
         a->load_mask_idx = (const stof_i32 *)(uintptr_t)plan->d_mask_idx;
         a->part_masks = (const stof_u32 *)(uintptr_t)plan->d_bitmaps;
+        if (plan->config.split) {
+            a->work_ptr = (const stof_i32 *)(uintptr_t)plan->d_work_ptr;
+            a->work = (const stof_attn_work *)(uintptr_t)plan->d_work;
+            a->split_ptr = (const stof_i32 *)(uintptr_t)plan->d_split_ptr;
+            a->splits = (const stof_attn_split *)(uintptr_t)plan->d_splits;
+            a->partial_o = (float *)(uintptr_t)plan->d_workspace;
+            a->partial_ml = (float *)(uintptr_t)(plan->d_workspace + plan->workspace_ml_offset);
+            a->n_slots = plan->split_slots;
+        }
     } else {
         a->row_ptr = (const stof_i64 *)(uintptr_t)plan->d_row_ptr;
         a->col_idx = (const stof_i32 *)(uintptr_t)plan->d_col_idx;
@@ -1121,9 +1366,17 @@ int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
     stof_attn_args args;
     mha_exec_fill_args(plan, t, &args);
     void *params[] = {&args};
+    rc = cuda_check(c->drv,
+                    c->drv->LaunchKernel(plan->func, plan->grid[0], plan->grid[1], plan->grid[2],
+                                         plan->block[0], plan->block[1], plan->block[2],
+                                         (unsigned)plan->smem, s, params, NULL),
+                    "cuLaunchKernel(attention)", err);
+    if (rc || !plan->config.split)
+        return rc;
     return cuda_check(c->drv,
-                      c->drv->LaunchKernel(plan->func, plan->grid[0], plan->grid[1], plan->grid[2],
-                                           plan->block[0], plan->block[1], plan->block[2],
-                                           (unsigned)plan->smem, s, params, NULL),
-                      "cuLaunchKernel(attention)", err);
+                      c->drv->LaunchKernel(plan->combine, plan->combine_grid[0],
+                                           plan->combine_grid[1], plan->combine_grid[2],
+                                           plan->combine_block[0], plan->combine_block[1],
+                                           plan->combine_block[2], 0, s, params, NULL),
+                      "cuLaunchKernel(attention combine)", err);
 }

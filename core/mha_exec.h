@@ -64,6 +64,8 @@ typedef struct mha_exec_config {
     int block_m, block_n, num_warps;     /* block-wise */
     int stages;                          /* block-wise: K/V pipeline depth, 2..4 */
     int rows_per_warp, warps_per_block;  /* row-wise */
+    int split;                           /* block-wise: the work-list build (-DSPLIT=1), set
+                                            by the plan when it splits rows */
 } mha_exec_config;
 
 #define MHA_EXEC_MIN_STAGES 2
@@ -101,12 +103,71 @@ typedef struct mha_exec_request {
 } mha_exec_request;
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
 
+/* ---- split block rows (CPU only) ---------------------------------------------------
+ *
+ * A block row whose load list is much longer than the others' (the global
+ * rows of Longformer and BigBird) bounds the block-wise kernel's time: one
+ * CTA walks it alone. The plan cuts such rows into work items of at most
+ * `chunk` loaded blocks, run by separate CTAs of a -DSPLIT=1 build that
+ * write fp32 partials; stof_attention_combine merges them (see
+ * kernels/attention_abi.cuh). When no row is cut, the plan keeps the plain
+ * launch over block rows. */
+
+/* Work items never take fewer loaded blocks than this (automatic choice). */
+#define MHA_EXEC_SPLIT_MIN_CHUNK 4
+/* The "typical long row": this percentile of the block rows' lengths. */
+#define MHA_EXEC_SPLIT_TYPICAL_PCT 90
+
+/* The automatic chunk of a BSR format for a launch of batch x heads on
+ * `resident` CTA slots (SMs x blocks per SM), or 0: do not split. The
+ * launch cannot finish before its longest work item, nor before every slot
+ * has done its share, so pieces shorter than either buy nothing but
+ * partial traffic: chunk is the larger of the average load of one slot
+ * (heads x the loaded blocks of every launched batch / resident) and the
+ * typical long row (MHA_EXEC_SPLIT_TYPICAL_PCT-th percentile of the row
+ * lengths: the outliers, global rows, are what is cut), at least
+ * MHA_EXEC_SPLIT_MIN_CHUNK. It splits only when the longest row is at
+ * least 1.5 chunks long (a second, small kernel is not free). */
+int mha_exec_split_chunk(const mask_bsr *f, int batch, int heads, int resident);
+
+/* The work list of a BSR format at a chunk size, per stored batch. */
+typedef struct mha_exec_split {
+    int fmt_batch, chunk;
+    int n_items;            /* work items over every stored batch */
+    int n_split_rows;       /* block rows cut in two or more */
+    int n_slots;            /* their pieces (items with a workspace slot) */
+    int max_items;          /* most items of one stored batch: the kernel's grid x */
+    int max_split_rows;     /* most split rows of one stored batch: the combine's grid x */
+    int32_t *work_ptr;      /* [fmt_batch + 1]: batch b's items are work[work_ptr[b] ..] */
+    stof_attn_work *work;   /* [n_items] */
+    int32_t *split_ptr;     /* [fmt_batch + 1] */
+    stof_attn_split *splits; /* [n_split_rows] */
+} mha_exec_split;
+
+/* Builds the work list: every block row of every stored batch becomes
+ * items covering its load list exactly once, in order; a row of L > chunk
+ * blocks becomes ceil(L / chunk) contiguous pieces of near-equal size (each
+ * <= chunk) with consecutive slots, a row of L <= chunk (empty rows too)
+ * one whole item (slot -1). Within a batch, items are ordered longest
+ * first (ties: block row, then piece order), so the long ones start
+ * early. *out is NULL when no row is longer than chunk (nothing to split),
+ * and always when chunk < 1. Deterministic. */
+int mha_exec_split_build(const mask_bsr *f, int chunk, mha_exec_split **out, stof_error *err);
+void mha_exec_split_free(mha_exec_split *s);
+
+/* Bytes of the split launch's workspace for a problem of batch x heads:
+ * units ((fmt_batch == 1 ? batch : 1) x n_slots x heads) of block_m rows of
+ * head_dim + 2 floats (partial O, then m and l). */
+size_t mha_exec_split_workspace(const mha_exec_split *s, int batch, int heads, int block_m,
+                                int head_dim);
+
 /* ---- the GPU context ---------------------------------------------------------- */
 
 typedef struct mha_exec_module {
     uint64_t key;        /* nvrtc_key of the request */
     CUmodule module;
     CUfunction func;
+    CUfunction combine;  /* SPLIT=1 builds: stof_attention_combine (else 0) */
     int smem_attr;       /* MAX_DYNAMIC_SHARED_SIZE_BYTES already set to this */
 } mha_exec_module;
 
@@ -140,6 +201,9 @@ typedef struct mha_exec_force {
     int rows_per_warp, warps_per_block;
     int stages;  /* block-wise K/V pipeline depth 2..4; 0 = automatic */
     int measure; /* 0 = the analytical choice; N = time N + a few candidates */
+    int split_chunk; /* block-wise rows cut into work items: 0 = automatic
+                        (mha_exec_split_chunk), -1 = never, N > 0 = chunks of N
+                        loaded blocks (every longer row is cut) */
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from
@@ -190,9 +254,16 @@ typedef struct mha_exec_plan {
     int measured_batch;
     unsigned grid[3], block[3];
     CUfunction func;           /* owned by the context's module cache */
+    /* split rows (config.split): the work list's statistics, the combine launch */
+    int split_chunk, split_rows, split_items, split_slots;
+    unsigned combine_grid[3], combine_block[3];
+    CUfunction combine;
+    size_t workspace_bytes, workspace_ml_offset; /* (m, l) start after the partial O */
     /* device arrays (owned) */
     CUdeviceptr d_row_ptr, d_col_idx, d_mask_idx, d_bitmaps; /* BSR load list, or CSR */
     CUdeviceptr d_relpos_bucket;
+    CUdeviceptr d_work_ptr, d_work, d_split_ptr, d_splits; /* the work list */
+    CUdeviceptr d_workspace;   /* partial O, then (m, l): reused by every run */
 } mha_exec_plan;
 
 /* Validates, folds, selects (unless forced), builds and uploads the format,
@@ -236,8 +307,11 @@ void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o
 void mha_exec_tensors_cross(mha_exec_tensors *t, CUdeviceptr q, CUdeviceptr kv, CUdeviceptr o,
                             const mha_exec_problem *p, size_t elem_bytes);
 
-/* Fills the argument block and launches on stream s (asynchronous). Checks
- * alignment (16-byte pointers, strides multiples of 8 elements). */
+/* Fills the argument block and launches on stream s (asynchronous): the
+ * kernel, then for a split plan the combine kernel on the same stream.
+ * Checks alignment (16-byte pointers, strides multiples of 8 elements). A
+ * split plan's workspace is the plan's own: runs of one plan must not
+ * overlap (one stream, or ordered by events). */
 int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
                  CUstream s, stof_error *err);
 /* The argument block mha_exec_run passes (exposed for tests). */

@@ -38,7 +38,24 @@
  * entries): the kernel reads a table instead of evaluating a float32 logf
  * per pair, and no device copy of the formula can round differently from
  * the reference at a bucket boundary. The bucket parameters are kept here
- * for describing and checking. */
+ * for describing and checking.
+ *
+ * Split block rows (block-wise kernel built with -DSPLIT=1, flash-decoding
+ * style). A block row with many loaded blocks (Longformer's and BigBird's
+ * global rows) would keep one CTA busy long after the others finished, so
+ * the host cuts its load list into work items of at most `chunk` blocks.
+ * The grid is (items, heads, batch): CTA x runs work[work_ptr[fb] + x]
+ * (fb = b for per-batch formats, else 0; CTAs past the batch's count exit).
+ * An item with slot -1 is a whole block row and writes O as the plain
+ * kernel does; an item with slot s >= 0 writes its unnormalized fp32
+ * partial O and its rows' (m, l) -- running maximum (base 2, -inf when it
+ * saw no allowed key) and sum -- to workspace unit
+ *   u = (b * (fmt_batch == 1 ? n_slots : 0) + s) * heads + h
+ * at partial_o + u * BLOCK_M * HEAD_DIM and partial_ml + u * BLOCK_M * 2.
+ * Then stof_attention_combine, grid (split rows, heads, batch), merges the
+ * slots first_slot .. first_slot + n_slots - 1 of splits[split_ptr[fb] + x]
+ * (log-sum-exp) into the final O. Slots are numbered across the stored
+ * batches, so a per-batch format's workspace needs no batch term. */
 #ifndef STOF_KERNELS_ATTENTION_ABI_CUH
 #define STOF_KERNELS_ATTENTION_ABI_CUH
 
@@ -54,6 +71,20 @@ typedef uint32_t stof_u32;
 typedef int64_t stof_i64;
 #define STOF_ABI_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
+
+/* One work item of a split launch (16 bytes, read as one int4). */
+typedef struct stof_attn_work {
+    stof_i32 block_row;
+    stof_i32 start, end;  /* load list entries [start, end): absolute indices */
+    stof_i32 slot;        /* -1: the whole block row; else its partial's workspace slot */
+} stof_attn_work;
+
+/* One split block row, for the combine kernel (16 bytes). */
+typedef struct stof_attn_split {
+    stof_i32 block_row;
+    stof_i32 first_slot, n_slots;  /* its pieces' slots, consecutive */
+    stof_i32 reserved;
+} stof_attn_split;
 
 typedef struct stof_attn_args {
     /* tensors (device pointers) */
@@ -73,19 +104,32 @@ typedef struct stof_attn_args {
     /* T5 relative position bias */
     const void *relpos_table;       /* [relpos_buckets][heads], model dtype */
     const stof_i32 *relpos_bucket;  /* [q_len + k_len - 1]: bucket of j - i */
+    /* split block rows (SPLIT=1 only; see above) */
+    const stof_i32 *work_ptr;       /* [fmt_batch + 1] */
+    const stof_attn_work *work;
+    const stof_i32 *split_ptr;      /* [fmt_batch + 1] */
+    const stof_attn_split *splits;
+    float *partial_o;               /* [units][BLOCK_M][HEAD_DIM] */
+    float *partial_ml;              /* [units][BLOCK_M][2]: m, l */
     /* 4-byte fields: keep their count even */
     stof_i32 q_len, k_len, heads, fmt_batch;
     float scale_log2;               /* scale * log2(e): scores are exponentiated with exp2 */
     stof_i32 relpos_buckets, relpos_max_distance, relpos_bidirectional;
+    stof_i32 n_slots;               /* split pieces in the work list (all stored batches) */
+    stof_i32 reserved;              /* keeps the 4-byte count even */
 } stof_attn_args;
 
-#define STOF_ATTN_ARGS_BYTES (20 * 8 + 8 * 4)
+#define STOF_ATTN_ARGS_BYTES (26 * 8 + 10 * 4)
 STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_args) == STOF_ATTN_ARGS_BYTES,
                        "stof_attn_args layout changed: host and kernels must agree");
 STOF_ABI_STATIC_ASSERT(sizeof(void *) == 8, "stof needs 64-bit pointers");
+STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_work) == 16 && sizeof(stof_attn_split) == 16,
+                       "work items are read as int4");
 
 /* Kernel names, for cuModuleGetFunction. */
 #define STOF_ATTN_BLOCK_KERNEL "stof_attention_block"
 #define STOF_ATTN_ROW_KERNEL "stof_attention_row"
+#define STOF_ATTN_COMBINE_KERNEL "stof_attention_combine" /* SPLIT=1 builds only */
+#define STOF_ATTN_COMBINE_THREADS 128
 
 #endif

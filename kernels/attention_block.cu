@@ -36,6 +36,14 @@
 // i .. i + STAGES - 2 are never written in iteration i. That is why one
 // barrier per block suffices at any depth; STAGES = 2 is plain double
 // buffering (wait_group 0).
+//
+// Split block rows (-DSPLIT=1; see attention_abi.cuh). The grid's x walks
+// the host's work list instead of the block rows: an item is a block row's
+// whole load list (stored as above) or a slice of it, whose unnormalized O
+// and per-row (m, l) go to the workspace (store_partial); the second kernel
+// of this file, stof_attention_combine, merges the slices of each split row
+// (log-sum-exp) and writes O. A SPLIT=0 build has neither: it is the plain
+// kernel, launched over block rows.
 #include "attention_common.cuh"
 
 #ifndef HEAD_DIM
@@ -58,6 +66,9 @@
 #endif
 #ifndef STAGES
 #define STAGES 2
+#endif
+#ifndef SPLIT
+#define SPLIT 0
 #endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
@@ -89,6 +100,7 @@ static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up
 static_assert(BLOCK_M % NUM_WARPS == 0 && kWarpRows % 16 == 0,
               "each warp owns whole 16-row tiles: BLOCK_M / NUM_WARPS must be a multiple of 16");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
+static_assert(SPLIT == 0 || SPLIT == 1, "SPLIT: 0 (grid over block rows) or 1 (work list)");
 
 constexpr int kStageElems = BLOCK_N * kPitch;    // one K (or V) stage
 
@@ -343,6 +355,43 @@ __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], floa
     }
 }
 
+#if SPLIT
+// ---- split rows: partials and their combination ---------------------------------------
+
+// The workspace unit of (slot, batch, head): see attention_abi.cuh.
+__device__ __forceinline__ long long partial_unit(const stof_attn_args &a, int slot, int b,
+                                                  int h) {
+    const long long per_batch = a.fmt_batch == 1 ? a.n_slots : 0;
+    return ((long long)b * per_batch + slot) * a.heads + h;
+}
+
+// A slice of a block row: O unnormalized (fp32, relative to the row's
+// maximum m) and the rows' m and l, straight from the fragments. Every
+// BLOCK_M row is written (rows past q_len hold finite junk the combine
+// never reads); a row that saw no allowed key has m = -inf, l = 0, O = 0.
+__device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
+                                              const float (&m)[kMT][2], const float (&l)[kMT][2],
+                                              float *po, float *pml, const warp_pos &w) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float sum = l[mt][half];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int r = w.row0 + mt * 16 + w.g + half * 8;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt)
+                *reinterpret_cast<float2 *>(po + r * HEAD_DIM + dt * 8 + 2 * w.t) =
+                    make_float2(o[mt][dt][half * 2], o[mt][dt][half * 2 + 1]);
+            if (w.t == 0)
+                *reinterpret_cast<float2 *>(pml + 2 * r) = make_float2(m[mt][half], sum);
+        }
+    }
+}
+
+#endif
+
 // ---- the kernel ------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(kThreads)
@@ -352,7 +401,17 @@ stof_attention_block(const stof_attn_args a) {
     elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][BLOCK_N][kPitch]
     elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][BLOCK_N][kPitch]
 
-    const int bm = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int h = blockIdx.y, b = blockIdx.z;
+#if SPLIT
+    // This CTA's work item (past the batch's count: nothing to do).
+    const int wb = a.fmt_batch == 1 ? 0 : b;
+    const int first_item = __ldg(a.work_ptr + wb);
+    if ((int)blockIdx.x >= __ldg(a.work_ptr + wb + 1) - first_item) return;
+    const int4 item = __ldg(reinterpret_cast<const int4 *>(a.work) + first_item + blockIdx.x);
+    const int bm = item.x, start = item.y, end = item.z, slot = item.w;
+#else
+    const int bm = blockIdx.x;
+#endif
     const int row_base = bm * BLOCK_M;
     warp_pos w;
     w.warp = threadIdx.x / 32;
@@ -361,10 +420,12 @@ stof_attention_block(const stof_attn_args a) {
     w.g = w.lane / 4;
     w.t = w.lane % 4;
 
+#if !SPLIT
     // This block row's key blocks, in this batch's part of the format.
     const int n_block_rows = (a.q_len + BLOCK_M - 1) / BLOCK_M;
     const long long ptr = (a.fmt_batch == 1 ? 0LL : (long long)b * (n_block_rows + 1)) + bm;
     const int start = __ldg(a.load_row_ptr + ptr), end = __ldg(a.load_row_ptr + ptr + 1);
+#endif
 
     const elem_t *q = static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
                       row_base * a.q_row_stride + h * HEAD_DIM;
@@ -428,6 +489,71 @@ stof_attention_block(const stof_attn_args a) {
     // for); reading sQ (Q fragments) and writing it (O staging) touch the
     // warp's own rows only.
     cp_async_wait<0>();
+#if SPLIT
+    if (slot >= 0) {
+        const long long u = partial_unit(a, slot, b, h);
+        store_partial(o, m, l, a.partial_o + u * (BLOCK_M * HEAD_DIM),
+                      a.partial_ml + u * (2 * BLOCK_M), w);
+        return;
+    }
+#endif
     __syncwarp();
     store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, w);
 }
+
+#if SPLIT
+// ---- the combine kernel ------------------------------------------------------------------
+//
+// Grid (split rows, heads, batch), STOF_ATTN_COMBINE_THREADS threads. For
+// each valid row of the split block row and each 8-dim chunk of it (one
+// thread a (row, chunk) at a time):
+//   M = max_s m_s;  w_s = exp2(m_s - M) (0 for a slice with no allowed key)
+//   O = sum_s w_s O_s / sum_s w_s l_s   (zeros when that sum is 0)
+// and one 16-byte store of the 8 output elements.
+constexpr int kCombineThreads = STOF_ATTN_COMBINE_THREADS;
+
+extern "C" __global__ void __launch_bounds__(kCombineThreads)
+stof_attention_combine(const stof_attn_args a) {
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int wb = a.fmt_batch == 1 ? 0 : b;
+    const int first = __ldg(a.split_ptr + wb);
+    if ((int)blockIdx.x >= __ldg(a.split_ptr + wb + 1) - first) return;
+    const int4 sr = __ldg(reinterpret_cast<const int4 *>(a.splits) + first + blockIdx.x);
+    const int row_base = sr.x * BLOCK_M, first_slot = sr.y, n_slots = sr.z;
+    const int valid_rows = min(BLOCK_M, a.q_len - row_base);
+    elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
+                  h * HEAD_DIM;
+    const long long u0 = partial_unit(a, first_slot, b, h);
+    const long long unit_stride = a.heads;  // consecutive slots: units a.heads apart
+    for (int idx = threadIdx.x; idx < valid_rows * kDT; idx += kCombineThreads) {
+        const int r = idx / kDT, c = idx % kDT;
+        float mx = STOF_NEG_INF;
+        for (int s = 0; s < n_slots; ++s)
+            mx = fmaxf(mx, a.partial_ml[(u0 + s * unit_stride) * (2 * BLOCK_M) + 2 * r]);
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sum = 0.0f;
+        if (mx != STOF_NEG_INF) {
+            for (int s = 0; s < n_slots; ++s) {
+                const long long u = u0 + s * unit_stride;
+                const float2 ml =
+                    *reinterpret_cast<const float2 *>(a.partial_ml + u * (2 * BLOCK_M) + 2 * r);
+                if (ml.x == STOF_NEG_INF) continue;  // nothing allowed in this slice
+                const float wgt = exp2f(ml.x - mx);
+                sum += wgt * ml.y;
+                const float4 *po = reinterpret_cast<const float4 *>(
+                    a.partial_o + u * (BLOCK_M * HEAD_DIM) + r * HEAD_DIM + c * 8);
+                const float4 x = po[0], y = po[1];
+                const float part[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] += wgt * part[e];
+            }
+        }
+        const bool empty = !(sum > 0.0f);
+        const float inv = empty ? 0.0f : 1.0f / sum;
+        const uint4 v = make_uint4(pack2<elem_t>(acc[0] * inv, acc[1] * inv),
+                                   pack2<elem_t>(acc[2] * inv, acc[3] * inv),
+                                   pack2<elem_t>(acc[4] * inv, acc[5] * inv),
+                                   pack2<elem_t>(acc[6] * inv, acc[7] * inv));
+        *reinterpret_cast<uint4 *>(out + r * a.o_row_stride + c * 8) = v;
+    }
+}
+#endif

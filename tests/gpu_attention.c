@@ -3,15 +3,19 @@
  * For fp16 and bf16, head_dim 64 and 128, every mask case below runs through
  * the row-wise kernel, the planner's own choice, the block-wise kernel at
  * Eq. 2's sizes and at fixed (BLOCK_M, BLOCK_N, NUM_WARPS) settings, with a
- * K/V pipeline of 2 stages and of 3 and 4 (STAGES); one case also through a
- * measured plan (mha_exec_force.measure: candidates timed on scratch). Inputs
+ * K/V pipeline of 2 stages and of 3 and 4 (STAGES), and with long block rows
+ * split into work items (mha_exec_force.split_chunk: forced at chunks of 2,
+ * 3 and 4 loaded blocks so that most cases cut rows; the SPLIT=1 build and
+ * its combine kernel); one case also through a measured plan
+ * (mha_exec_force.measure: candidates timed on scratch). Inputs
  * are fresh seeded uniform [-1, 1] values rounded to the dtype; the output
  * is poisoned with NaN before every launch. Checked per run: relative error
  * ||out - ref|| / ||ref|| (< 5e-3 fp16, < 2e-2 bf16), every element finite,
  * rows with no allowed key exactly zero. One line per run, so a remote log
  * says what is wrong. Then the block-wise kernel is timed at one big shape
- * at several settings and depths, and a measured plan is made there
- * (informational; every output is spot-checked on sampled rows).
+ * at several settings and depths, and a measured plan is made there, and
+ * split rows off vs automatic at Longformer and BigBird (1, 4096) and
+ * (8, 1024) (informational; every output is spot-checked on sampled rows).
  *
  * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
 #include <math.h>
@@ -80,30 +84,50 @@ typedef struct setting {
     int block_m, block_n, num_warps;
     int stages;  /* 0: automatic */
     int measure; /* > 0: a measured plan */
+    int split;   /* mha_exec_force.split_chunk: 0 automatic, -1 never, N chunks of N */
 } setting;
 
+/* The fixed block-wise settings run the plain kernel (split -1); "auto" and
+ * "eq2" split as the library does by default; the "c" settings force every
+ * block row longer than 2, 3 or 4 loaded blocks to be cut (the split build
+ * and the combine kernel on every case: fully masked rows, per-batch
+ * masks, cross-attention, relpos). */
 static const setting settings[] = {
-    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0},
-    {"auto", -1, 0, 0, 0, 0, 0},
-    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0},
-    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0},
-    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0},
-    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0},
-    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 2, 0},
-    {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0},
-    {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0},
+    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0, 0},
+    {"auto", -1, 0, 0, 0, 0, 0, 0},
+    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 0},
+    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, -1},
+    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, -1},
+    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, -1},
+    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 2, 0, -1},
+    {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, -1},
+    {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, -1},
+    {"64x64w4c2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, 2},
+    {"64x32w4c4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 4},
+    {"16x16w1c4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 4},
+    {"128x64w4c3", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, 3},
+    {"eq2c2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 2},
 };
 #define N_SETTINGS ((int)(sizeof settings / sizeof settings[0]))
 
 /* A measured plan, run on one cross-attention case (Sk > Sq: the scratch
- * buffers' rows) for fp16 D=64. */
-static const setting measured_setting = {"measure2", -1, 0, 0, 0, 0, 2};
+ * buffers' rows) for fp16 D=64; its candidates split at chunk 2 too. */
+static const setting measured_settings[] = {
+    {"measure2", -1, 0, 0, 0, 0, 2, 0},
+    {"measure2c2", -1, 0, 0, 0, 0, 2, 2},
+};
 #define MEASURED_CASE "cross bigbird+causal"
 
 static mha_exec_force force_of(const setting *s) {
     mha_exec_force f = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
-                        .num_warps = s->num_warps, .stages = s->stages, .measure = s->measure};
+                        .num_warps = s->num_warps, .stages = s->stages, .measure = s->measure,
+                        .split_chunk = s->split};
     return f;
+}
+
+/* The library's defaults (a NULL force) for the automatic setting. */
+static const mha_exec_force *force_or_null(const setting *s, const mha_exec_force *f) {
+    return s->kernel < 0 && !s->measure && !s->split ? NULL : f;
 }
 
 /* ---- a recap of the failures, printed again at the end ------------------------- */
@@ -111,6 +135,7 @@ static mha_exec_force force_of(const setting *s) {
 #define RECAP_MAX 40
 static char recap[RECAP_MAX][240];
 static int n_recap, n_failed_runs;
+static int n_split_runs; /* runs whose plan split block rows (the combine kernel ran) */
 
 static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void recap_add(const char *fmt, ...) {
@@ -408,6 +433,9 @@ static void setting_label(const setting *s, const mha_exec_plan *plan, char *buf
     const mha_exec_config *c = &plan->config;
     if (c->kernel == MHA_KERNEL_ROW_WISE)
         snprintf(buf, n, "%s:row(%dx%d)", s->name, c->rows_per_warp, c->warps_per_block);
+    else if (c->split)
+        snprintf(buf, n, "%s:blk(%d,%d,%d,s%d,c%d/%d)", s->name, c->block_m, c->block_n,
+                 c->num_warps, c->stages, plan->split_chunk, plan->split_rows);
     else
         snprintf(buf, n, "%s:blk(%d,%d,%d,s%d)", s->name, c->block_m, c->block_n, c->num_warps,
                  c->stages);
@@ -430,8 +458,7 @@ static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exe
     mha_exec_force force = force_of(s);
     mha_exec_plan *plan = NULL;
     stof_error err = {0};
-    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 && !s->measure ? NULL : &force, &plan,
-                                  &err);
+    int rc = mha_exec_plan_create(g->ctx, p, force_or_null(s, &force), &plan, &err);
     if (rc == STOF_ERR_UNSUPPORTED && s->block_m) {
         printf("%-24s %-5s D=%-3d %-28s B=%d H=%d Sq=%-4d Sk=%-4d SKIP (%s)\n", s->name, dt,
                p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, err.msg);
@@ -450,6 +477,7 @@ static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exe
     }
     char label[64];
     setting_label(s, plan, label, sizeof label);
+    n_split_runs += plan->config.split;
     mha_exec_tensors t;
     case_tensors(tc, p, db, &t);
     uint16_t nan = p->dtype == STOF_BF16 ? 0x7fc0 : 0x7e00;
@@ -546,15 +574,22 @@ static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t 
     mask_free(m);
 }
 
-/* ---- timing at one big shape ------------------------------------------------------------ */
+/* ---- timing ------------------------------------------------------------------------------ */
 
-#define TIME_B 16
+/* Informational: the block-wise kernel at one big shape (BigBird (16,
+ * 4096)) at several settings and depths, and split rows off vs automatic at
+ * the shapes with long global rows. 12 heads x 64, fp16. */
 #define TIME_H 12
-#define TIME_S 4096
 #define TIME_D 64
+#define TIME_MAX_S 4096
 #define TIME_WARMUP 5
 #define TIME_RUNS 20
 #define SPOT_ROWS 48
+
+typedef struct tshape {
+    const char *spec;
+    int B, S;
+} tshape;
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -562,32 +597,33 @@ static int cmp_float(const void *a, const void *b) {
 }
 
 /* The reference of one (b, h, i) row of the packed fp16 input, in fp64. */
-static double spot_row_error(const mask *m, const uint16_t *qkv, const uint16_t *o, int b, int h,
-                             int i, float scale) {
+static double spot_row_error(const mask *m, const tshape *sh, const uint16_t *qkv,
+                             const uint16_t *o, int b, int h, int i, float scale) {
     size_t hd = (size_t)TIME_H * TIME_D;
-    const uint16_t *q = qkv + ((size_t)b * TIME_S + i) * 3 * hd + (size_t)h * TIME_D;
-    double s[TIME_S], mx = -INFINITY, acc[TIME_D] = {0}, sum = 0;
-    for (int j = 0; j < TIME_S; j++) {
+    const int S = sh->S;
+    const uint16_t *q = qkv + ((size_t)b * S + i) * 3 * hd + (size_t)h * TIME_D;
+    double s[TIME_MAX_S], mx = -INFINITY, acc[TIME_D] = {0}, sum = 0;
+    for (int j = 0; j < S; j++) {
         if (!mask_get(m, b, i, j))
             continue;
-        const uint16_t *k = qkv + ((size_t)b * TIME_S + j) * 3 * hd + hd + (size_t)h * TIME_D;
+        const uint16_t *k = qkv + ((size_t)b * S + j) * 3 * hd + hd + (size_t)h * TIME_D;
         double dot = 0;
         for (int x = 0; x < TIME_D; x++)
             dot += (double)util_f16_to_f32(q[x]) * util_f16_to_f32(k[x]);
         s[j] = scale * dot;
         mx = s[j] > mx ? s[j] : mx;
     }
-    for (int j = 0; j < TIME_S; j++) {
+    for (int j = 0; j < S; j++) {
         if (!mask_get(m, b, i, j))
             continue;
-        const uint16_t *v = qkv + ((size_t)b * TIME_S + j) * 3 * hd + 2 * hd + (size_t)h * TIME_D;
+        const uint16_t *v = qkv + ((size_t)b * S + j) * 3 * hd + 2 * hd + (size_t)h * TIME_D;
         double p = exp(s[j] - mx);
         sum += p;
         for (int x = 0; x < TIME_D; x++)
             acc[x] += p * util_f16_to_f32(v[x]);
     }
     double num = 0, den = 0;
-    const uint16_t *y = o + ((size_t)b * TIME_S + i) * hd + (size_t)h * TIME_D;
+    const uint16_t *y = o + ((size_t)b * S + i) * hd + (size_t)h * TIME_D;
     for (int x = 0; x < TIME_D; x++) {
         double ref = sum > 0 ? acc[x] / sum : 0.0;
         double e = util_f16_to_f32(y[x]) - ref;
@@ -598,13 +634,13 @@ static double spot_row_error(const mask *m, const uint16_t *qkv, const uint16_t 
 }
 
 static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, const mask *m,
-                         const uint16_t *h_qkv, CUdeviceptr qkv, CUdeviceptr o, uint16_t *h_o) {
+                         const tshape *sh, const uint16_t *h_qkv, CUdeviceptr qkv, CUdeviceptr o,
+                         uint16_t *h_o) {
     mha_exec_force force = force_of(s);
     mha_exec_plan *plan = NULL;
     stof_error err = {0};
     double t_plan = util_now();
-    int rc = mha_exec_plan_create(g->ctx, p, s->kernel < 0 && !s->measure ? NULL : &force, &plan,
-                                  &err);
+    int rc = mha_exec_plan_create(g->ctx, p, force_or_null(s, &force), &plan, &err);
     t_plan = util_now() - t_plan;
     if (rc) {
         printf("timing %-10s: no plan (%s)\n", s->name, err.msg);
@@ -646,15 +682,16 @@ static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, co
     qsort(ms, TIME_RUNS, sizeof ms[0], cmp_float);
     float med = ms[TIME_RUNS / 2];
     double flops = 4.0 * p->heads * p->head_dim * (double)plan->allowed_pairs;
-    /* spot check: sampled rows against fp64 */
-    size_t n_o = (size_t)TIME_B * TIME_S * TIME_H * TIME_D;
+    /* spot check: sampled rows against fp64, the first rows (global ones) among them */
+    size_t n_o = (size_t)sh->B * sh->S * TIME_H * TIME_D;
     double worst = 0;
     if (!check_cu(g, g->drv->MemcpyDtoH(h_o, o, n_o * 2), "cuMemcpyDtoH(o)")) {
         util_rng rng = {99};
         for (int r = 0; r < SPOT_ROWS; r++) {
-            int b = (int)(util_rng_next(&rng) % TIME_B), h = (int)(util_rng_next(&rng) % TIME_H);
-            int i = (int)(util_rng_next(&rng) % TIME_S);
-            double e = spot_row_error(m, h_qkv, h_o, b, h, i, p->scale);
+            int b = (int)(util_rng_next(&rng) % (uint64_t)sh->B);
+            int h = (int)(util_rng_next(&rng) % TIME_H);
+            int i = r < 4 ? r : (int)(util_rng_next(&rng) % (uint64_t)sh->S);
+            double e = spot_row_error(m, sh, h_qkv, h_o, b, h, i, p->scale);
             worst = e > worst ? e : worst;
         }
     }
@@ -671,19 +708,19 @@ static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, co
     mha_exec_plan_free(g->ctx, plan);
 }
 
-static void timing(gpu *g) {
+/* Every setting of list at one shape, on random fp16 inputs. */
+static void time_shape(gpu *g, const tshape *sh, const setting *list, int n_list) {
     stof_error err = {0};
     mask_spec *spec = NULL;
     mask *m = NULL;
-    if (mask_spec_parse("bigbird{}", &spec, &err) ||
-        mask_build(spec, TIME_B, TIME_S, TIME_S, &m, &err)) {
-        CHECK_MSG(0, "timing mask: %s", err.msg);
+    if (mask_spec_parse(sh->spec, &spec, &err) || mask_build(spec, sh->B, sh->S, sh->S, &m, &err)) {
+        CHECK_MSG(0, "timing mask %s: %s", sh->spec, err.msg);
         mask_spec_free(spec);
         return;
     }
     mask_spec_free(spec);
-    size_t n_qkv = (size_t)TIME_B * TIME_S * 3 * TIME_H * TIME_D;
-    size_t n_o = (size_t)TIME_B * TIME_S * TIME_H * TIME_D;
+    size_t n_qkv = (size_t)sh->B * sh->S * 3 * TIME_H * TIME_D;
+    size_t n_o = (size_t)sh->B * sh->S * TIME_H * TIME_D;
     uint16_t *h_qkv = malloc(n_qkv * 2), *h_o = malloc(n_o * 2);
     util_rng rng = {2024};
     for (size_t i = 0; i < n_qkv; i++)
@@ -691,31 +728,14 @@ static void timing(gpu *g) {
     CUdeviceptr qkv = 0, o = 0;
     if (!upload_bits(g, &qkv, h_qkv, n_qkv) &&
         !check_cu(g, g->drv->MemAlloc(&o, n_o * 2), "cuMemAlloc(o)")) {
-        mha_exec_problem p = {.mask = m, .batch = TIME_B, .heads = TIME_H, .head_dim = TIME_D,
-                              .q_len = TIME_S, .k_len = TIME_S, .dtype = STOF_F16,
+        mha_exec_problem p = {.mask = m, .batch = sh->B, .heads = TIME_H, .head_dim = TIME_D,
+                              .q_len = sh->S, .k_len = sh->S, .dtype = STOF_F16,
                               .scale = 0.125f};
-        printf("\ntiming: B=%d H=%d S=%d D=%d bigbird{} fp16, median of %d after %d warm-up "
+        printf("\ntiming: B=%d H=%d S=%d D=%d %s fp16, median of %d after %d warm-up "
                "(informational)\n",
-               TIME_B, TIME_H, TIME_S, TIME_D, TIME_RUNS, TIME_WARMUP);
-        static const setting timed[] = {
-            {"auto", -1, 0, 0, 0, 0, 0},
-            {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0},
-            {"16x16w1s2", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0},
-            {"16x16w1s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0},
-            {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0},
-            {"64x32w4s2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0},
-            {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0},
-            {"64x32w4s4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 4, 0},
-            {"64x64w4s2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0},
-            {"64x64w4s3", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0},
-            {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0},
-            {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0},
-            {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0},
-            {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0},
-            {"measure6", -1, 0, 0, 0, 0, 6},
-        };
-        for (size_t i = 0; i < sizeof timed / sizeof timed[0] && !g->dead; i++)
-            time_setting(g, &timed[i], &p, m, h_qkv, qkv, o, h_o);
+               sh->B, TIME_H, sh->S, TIME_D, sh->spec, TIME_RUNS, TIME_WARMUP);
+        for (int i = 0; i < n_list && !g->dead; i++)
+            time_setting(g, &list[i], &p, m, sh, h_qkv, qkv, o, h_o);
     }
     if (qkv)
         g->drv->MemFree(qkv);
@@ -724,6 +744,47 @@ static void timing(gpu *g) {
     free(h_qkv);
     free(h_o);
     mask_free(m);
+}
+
+static void timing(gpu *g) {
+    static const setting timed[] = {
+        {"auto", -1, 0, 0, 0, 0, 0, 0},
+        {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 0},
+        {"16x16w1s2", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 0},
+        {"16x16w1s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0, 0},
+        {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, 0},
+        {"64x32w4s2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 0},
+        {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, 0},
+        {"64x32w4s4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 4, 0, 0},
+        {"64x64w4s2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, 0},
+        {"64x64w4s3", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0, 0},
+        {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0},
+        {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0},
+        {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0},
+        {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0, 0},
+        {"measure6", -1, 0, 0, 0, 0, 6, 0},
+    };
+    const tshape big = {"bigbird{}", 16, 4096};
+    time_shape(g, &big, timed, (int)(sizeof timed / sizeof timed[0]));
+
+    /* split rows: off vs automatic, same kernel settings */
+    static const setting split_timed[] = {
+        {"auto-nosplit", -1, 0, 0, 0, 0, 0, -1},
+        {"auto", -1, 0, 0, 0, 0, 0, 0},
+        {"64x64w4-nosplit", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, -1},
+        {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0},
+        {"64x32w4-nosplit", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, -1},
+        {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0},
+    };
+    static const tshape split_shapes[] = {
+        {"longformer{}", 1, 4096},
+        {"bigbird{}", 1, 4096},
+        {"longformer{}", 8, 1024},
+        {"bigbird{}", 8, 1024},
+    };
+    for (size_t i = 0; i < sizeof split_shapes / sizeof split_shapes[0] && !g->dead; i++)
+        time_shape(g, &split_shapes[i], split_timed,
+                   (int)(sizeof split_timed / sizeof split_timed[0]));
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
@@ -764,9 +825,13 @@ int main(int argc, char **argv) {
             }
     for (int c = 0; c < N_CASES && !g.dead; c++)
         if (!strcmp(cases[c].name, MEASURED_CASE))
-            run_case(&g, &cases[c], STOF_F16, 64, seed++, &measured_setting, 1);
-    printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache)\n", util_now() - t0,
-           g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits);
+            run_case(&g, &cases[c], STOF_F16, 64, seed++, measured_settings, 2);
+    printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache); %d runs split "
+           "block rows\n",
+           util_now() - t0, g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits, n_split_runs);
+    /* the forced chunks cut rows in most cases: the split path must have run */
+    CHECK_MSG(g.dead || n_split_runs >= (quick ? 20 : 200), "only %d runs split block rows",
+              n_split_runs);
     if (g.dead)
         printf("STOPPED EARLY: a CUDA error left the context unusable (see above); rerun under "
                "compute-sanitizer to locate it\n");

@@ -1,7 +1,8 @@
 /* The attention kernels without a GPU: every variant compiles through NVRTC
- * for sm_80 and sm_90, the planner's choices for the GPU test's problems
- * compile, and the host planner's CPU pieces (validation, the causal fold,
- * configurations, the argument block) do what they say. */
+ * for sm_80 and sm_90 (the split-row builds with their combine kernel too),
+ * the planner's choices for the GPU test's problems compile, and the host
+ * planner's CPU pieces (validation, the causal fold, configurations, the
+ * split-row work list, the argument block) do what they say. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,11 +28,24 @@ static const int block_settings[][3] = {{64, 64, 4},  {128, 64, 4}, {64, 32, 4},
  * measured plans time */
 static const int deep_settings[][3] = {{16, 16, 1}, {64, 32, 4}, {64, 64, 4}};
 #define N_DEEP ((int)(sizeof deep_settings / sizeof deep_settings[0]))
+/* split-row builds (-DSPLIT=1): the GPU test's split settings */
+static const int split_settings[][3] = {{64, 64, 4}, {64, 32, 4}, {16, 16, 1}, {128, 64, 4}};
+#define N_SPLIT ((int)(sizeof split_settings / sizeof split_settings[0]))
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Whether the n bytes at bin contain the string s (a kernel's name). */
+static int bytes_contain(const void *bin, size_t n, const char *s) {
+    size_t k = strlen(s);
+    const unsigned char *p = bin;
+    for (size_t i = 0; i + k <= n; i++)
+        if (p[i] == (unsigned char)s[0] && !memcmp(p + i, s, k))
+            return 1;
+    return 0;
 }
 
 /* Compiles one configuration; on failure writes the options and NVRTC's
@@ -49,6 +63,14 @@ static int compile_one(nvrtc_cache *c, const mha_exec_config *cfg, const char *a
         len += snprintf(msg + len, n - (size_t)len, " %s", r.req.options[i]);
     if (rc == STOF_OK && !(size > 4 && memcmp(bin, "\x7f" "ELF", 4) == 0)) {
         snprintf(err.msg, sizeof err.msg, "not a cubin");
+        rc = STOF_ERR_COMPILE;
+    }
+    /* the combine kernel is in split builds of the block-wise kernel only */
+    const char *combine = STOF_ATTN_COMBINE_KERNEL;
+    int want_combine = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->split;
+    if (rc == STOF_OK && bytes_contain(bin, size, combine) != want_combine) {
+        snprintf(err.msg, sizeof err.msg, "the cubin %s %s", want_combine ? "lacks" : "has",
+                 combine);
         rc = STOF_ERR_COMPILE;
     }
     if (rc != STOF_OK && len > 0 && (size_t)len < n)
@@ -110,6 +132,38 @@ static int list_deep_variants(variant *v, int cap) {
     return n;
 }
 
+/* Both archs x dtype x D 64, 128 with -DSPLIT=1 at STAGES 2: on sm_90
+ * every split_settings entry, on sm_80 the first; then a relpos and a
+ * deeper-ring split build on sm_90. */
+static int list_split_variants(variant *v, int cap) {
+    int n = 0;
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (int h = 1; h <= 3; h += 2)
+                for (int s = 0; s < (a == 0 ? 1 : N_SPLIT); s++) {
+                    mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE,
+                                           .head_dim = head_dims[h], .dtype = dtypes[d],
+                                           .block_m = split_settings[s][0],
+                                           .block_n = split_settings[s][1],
+                                           .num_warps = split_settings[s][2], .stages = 2,
+                                           .split = 1};
+                    stof_error err = {0};
+                    if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
+                        v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                }
+    mha_exec_config rp = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16,
+                          .relpos = 1, .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2,
+                          .split = 1};
+    if (n < cap)
+        v[n++] = (variant){.cfg = rp, .arch = "sm_90"};
+    mha_exec_config deep = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
+                            .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3,
+                            .split = 1};
+    if (n < cap)
+        v[n++] = (variant){.cfg = deep, .arch = "sm_90"};
+    return n;
+}
+
 /* The variant list: on sm_90 both kernels x dtype x head_dim x relpos, the
  * block-wise kernel at every setting of block_settings (with relpos at the
  * first two); on sm_80 the row-wise kernel and the first block setting; all
@@ -142,7 +196,8 @@ static int list_variants(variant *v, int cap) {
                             .rows_per_warp = 4, .warps_per_block = 8};
     if (n < cap)
         v[n++] = (variant){.cfg = many, .arch = "sm_90"};
-    return n + list_deep_variants(v + n, cap - n);
+    n += list_deep_variants(v + n, cap - n);
+    return n + list_split_variants(v + n, cap - n);
 }
 
 #define N_WORKERS 8
@@ -171,7 +226,7 @@ static int compile_all(variant *v, int n) {
 }
 
 static void test_variants_compile(void) {
-    enum { CAP = 320 };
+    enum { CAP = 400 };
     variant *v = calloc(CAP, sizeof *v);
     CHECK(v != NULL);
     if (!v)
@@ -181,7 +236,12 @@ static void test_variants_compile(void) {
     int ok = compile_all(v, n);
     printf("compiled %d of %d attention kernel variants in %.1f s (%d threads)\n", ok, n,
            now_s() - t0, N_WORKERS);
-    CHECK(n >= 150);
+    CHECK(n >= 180);
+    int splits = 0;
+    for (int i = 0; i < n; i++)
+        splits += v[i].cfg.split;
+    printf("  of which %d split-row builds (kernel + %s)\n", splits, STOF_ATTN_COMBINE_KERNEL);
+    CHECK(splits >= 20);
     free(v);
 }
 
@@ -353,6 +413,16 @@ static void test_configs(void) {
     c.stages = 4;
     mha_exec_request_init(&r2, &c, "sm_90");
     CHECK(nvrtc_key(&r.req) != nvrtc_key(&r2.req));
+    /* the split build: -DSPLIT=1 and its own cache key; the plain one has no SPLIT */
+    for (int i = 0; i < r2.req.n_options; i++)
+        CHECK_MSG(strncmp(r2.req.options[i], "-DSPLIT", 7) != 0, "plain build got %s",
+                  r2.req.options[i]);
+    mha_exec_request r3;
+    c.split = 1;
+    mha_exec_request_init(&r3, &c, "sm_90");
+    CHECK(nvrtc_key(&r3.req) != nvrtc_key(&r2.req));
+    CHECK(!strcmp(r3.req.options[r3.req.n_options - 1], "-DSPLIT=1"));
+    c.split = 0;
     c.kernel = MHA_KERNEL_ROW_WISE;
     mha_exec_request_init(&r2, &c, "sm_90");
     for (int i = 0; i < r2.req.n_options; i++)
@@ -575,6 +645,240 @@ static void test_candidates(void) {
     free(v);
 }
 
+/* ---- split block rows: the work list ------------------------------------------------ */
+
+/* Every property mha_exec_split_build promises, for one format and chunk:
+ * each block row's load list covered exactly once by its items, in order
+ * (pieces contiguous, near-equal, each <= chunk; a row of <= chunk blocks
+ * one whole item with slot -1), slots consecutive per split row and unique,
+ * items longest first within a batch, the per-batch pointers and grid sizes
+ * right. Returns the number of split rows (-1: no list). */
+static int check_split_list(const mask_bsr *f, int chunk, const char *what) {
+    mha_exec_split *s = NULL;
+    stof_error err = {0};
+    int rc = mha_exec_split_build(f, chunk, &s, &err);
+    CHECK_MSG(rc == STOF_OK, "%s chunk %d: %s", what, chunk, err.msg);
+    int longest = 0;
+    for (int b = 0; b < f->batch; b++)
+        for (int i = 0; i < f->n_block_rows; i++) {
+            int64_t base = mask_format_bsr_row_base(f, b);
+            int len = f->load_row_ptr[base + i + 1] - f->load_row_ptr[base + i];
+            longest = len > longest ? len : longest;
+        }
+    if (!s) {
+        CHECK_MSG(chunk < 1 || longest <= chunk, "%s chunk %d: no list, longest row %d", what,
+                  chunk, longest);
+        return -1;
+    }
+    CHECK_MSG(chunk >= 1 && longest > chunk, "%s chunk %d: a list, longest row %d", what, chunk,
+              longest);
+    CHECK_EQ_INT(s->fmt_batch, f->batch);
+    CHECK_EQ_INT(s->chunk, chunk);
+    long bad = 0;
+    int slots_seen = 0, max_items = 0, max_rows = 0, pieces_total = 0;
+    unsigned char *slot_used = calloc((size_t)s->n_slots + 1, 1);
+    for (int b = 0; b < f->batch; b++) {
+        const int32_t *ptr = f->load_row_ptr + mask_format_bsr_row_base(f, b);
+        int w0 = s->work_ptr[b], w1 = s->work_ptr[b + 1];
+        int s0 = s->split_ptr[b], s1 = s->split_ptr[b + 1];
+        bad += w1 < w0 || s1 < s0;
+        max_items = w1 - w0 > max_items ? w1 - w0 : max_items;
+        max_rows = s1 - s0 > max_rows ? s1 - s0 : max_rows;
+        /* covered exactly once: walk each row's entries through its items */
+        for (int i = 0; i < f->n_block_rows; i++) {
+            int len = ptr[i + 1] - ptr[i], at = ptr[i], whole = 0, pieces = 0, lo = len, hi = 0;
+            for (;;) { /* the item starting at `at` (pieces are contiguous) */
+                const stof_attn_work *it = NULL;
+                for (int k = w0; k < w1 && !it; k++)
+                    if (s->work[k].block_row == i && s->work[k].start == at &&
+                        (s->work[k].end > at || len == 0))
+                        it = &s->work[k];
+                if (!it)
+                    break;
+                int n = it->end - it->start;
+                whole += it->slot < 0;
+                pieces += it->slot >= 0;
+                lo = n < lo ? n : lo;
+                hi = n > hi ? n : hi;
+                if (it->slot >= 0) {
+                    bad += n < 1 || n > chunk || it->slot >= s->n_slots || slot_used[it->slot];
+                    if (it->slot < s->n_slots)
+                        slot_used[it->slot] = 1;
+                }
+                at = it->end;
+                if (at == ptr[i + 1])
+                    break;
+            }
+            int items_of_row = 0;
+            for (int k = w0; k < w1; k++)
+                items_of_row += s->work[k].block_row == i;
+            if (len <= chunk) {
+                /* untouched: one whole item, the row's exact range */
+                bad += whole != 1 || pieces != 0 || items_of_row != 1 || at != ptr[i + 1];
+            } else {
+                bad += whole != 0 || at != ptr[i + 1] || pieces != (len + chunk - 1) / chunk ||
+                       items_of_row != pieces || hi - lo > 1;
+                pieces_total += pieces;
+                /* its split row entry: the same slots, consecutive */
+                int found = 0;
+                for (int k = s0; k < s1; k++)
+                    if (s->splits[k].block_row == i) {
+                        found++;
+                        const stof_attn_split *sr = &s->splits[k];
+                        bad += sr->n_slots != pieces;
+                        for (int q = w0; q < w1; q++)
+                            if (s->work[q].block_row == i)
+                                bad += s->work[q].slot < sr->first_slot ||
+                                       s->work[q].slot >= sr->first_slot + sr->n_slots;
+                    }
+                bad += found != 1;
+            }
+        }
+        /* longest first */
+        for (int k = w0 + 1; k < w1; k++)
+            bad += s->work[k].end - s->work[k].start > s->work[k - 1].end - s->work[k - 1].start;
+        slots_seen += 0;
+    }
+    for (int k = 0; k < s->n_slots; k++)
+        slots_seen += slot_used[k];
+    free(slot_used);
+    CHECK_MSG(bad == 0, "%s chunk %d: %ld violations", what, chunk, bad);
+    CHECK_EQ_INT(slots_seen, s->n_slots);
+    CHECK_EQ_INT(pieces_total, s->n_slots);
+    CHECK_EQ_INT(s->max_items, max_items);
+    CHECK_EQ_INT(s->max_split_rows, max_rows);
+    CHECK_EQ_INT(s->work_ptr[f->batch], s->n_items);
+    CHECK_EQ_INT(s->split_ptr[f->batch], s->n_split_rows);
+    /* deterministic */
+    mha_exec_split *t = NULL;
+    CHECK_EQ_INT(mha_exec_split_build(f, chunk, &t, &err), STOF_OK);
+    CHECK(t && t->n_items == s->n_items && t->n_split_rows == s->n_split_rows &&
+          !memcmp(t->work, s->work, (size_t)s->n_items * sizeof *s->work) &&
+          !memcmp(t->splits, s->splits, (size_t)s->n_split_rows * sizeof *s->splits));
+    mha_exec_split_free(t);
+    int rows = s->n_split_rows;
+    mha_exec_split_free(s);
+    return rows;
+}
+
+static mask_bsr *bsr_of(const char *spec, int batch, int q, int k, int bm, int bn) {
+    mask *m = build(spec, batch, q, k);
+    mask_bsr *f = NULL;
+    stof_error err = {0};
+    if (m)
+        CHECK_EQ_INT(mask_format_bsr_build(m, bm, bn, &f, &err), STOF_OK);
+    mask_free(m);
+    return f;
+}
+
+static void test_split(void) {
+    struct { const char *spec; int batch, q, k, bm, bn; } fmts[] = {
+        {"longformer{}", 1, 4096, 4096, 64, 64},
+        {"bigbird{}", 1, 4096, 4096, 64, 32},
+        {"bigbird{}", 2, 1024, 1024, 16, 16},
+        {"per_batch(sliding_window{band=8}, bigbird{})", 2, 257, 257, 64, 32},
+        {"key_padding{lengths=[0, 77, 100]}", 3, 100, 100, 16, 16}, /* empty rows */
+        {"bigbird{}", 1, 128, 512, 32, 64},                         /* cross */
+    };
+    static const int chunks[] = {-1, 0, 1, 2, 3, 4, 7, 1000};
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        mask_bsr *f = bsr_of(fmts[i].spec, fmts[i].batch, fmts[i].q, fmts[i].k, fmts[i].bm,
+                             fmts[i].bn);
+        if (!f)
+            continue;
+        printf("split %-44s B=%d %dx%d at %dx%d:", fmts[i].spec, fmts[i].batch, fmts[i].q,
+               fmts[i].k, fmts[i].bm, fmts[i].bn);
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++)
+            printf(" c%d:%d", chunks[c], check_split_list(f, chunks[c], fmts[i].spec));
+        printf("\n");
+        mask_format_bsr_free(f);
+    }
+
+    /* the automatic chunk: Longformer (1, 4096) 64x64 on 132 SMs x 4 blocks
+     * splits its global row; (16, 4096) has work enough for every slot */
+    mask_bsr *f = bsr_of("longformer{}", 1, 4096, 4096, 64, 64);
+    if (f) {
+        int chunk = mha_exec_split_chunk(f, 1, 12, 132 * 4);
+        printf("longformer (1, 4096) 64x64: %d loaded blocks, chunk %d at 12 heads\n", f->n_load,
+               chunk);
+        CHECK(chunk >= MHA_EXEC_SPLIT_MIN_CHUNK && chunk <= 64 / 2);
+        CHECK_EQ_INT(mha_exec_split_chunk(f, 16, 12, 132 * 4), 0);
+        /* a tiny launch: the typical row (about 5 blocks) or the minimum */
+        int tiny = mha_exec_split_chunk(f, 1, 1, 1 << 20);
+        CHECK(tiny >= MHA_EXEC_SPLIT_MIN_CHUNK && tiny <= 8);
+        mha_exec_split *s = NULL;
+        stof_error err = {0};
+        CHECK_EQ_INT(mha_exec_split_build(f, chunk, &s, &err), STOF_OK);
+        CHECK(s && s->n_split_rows >= 1 && s->splits[0].block_row == 0);
+        if (s) {
+            /* shared format: a unit per (batch, slot, head) */
+            CHECK_EQ_INT(mha_exec_split_workspace(s, 3, 12, 64, 64),
+                         (size_t)3 * s->n_slots * 12 * 64 * 66 * 4);
+            /* the first items are the global row's pieces (longest first) */
+            CHECK_EQ_INT(s->work[0].block_row, 0);
+            CHECK(s->work[0].slot >= 0);
+        }
+        mha_exec_split_free(s);
+        mask_format_bsr_free(f);
+    }
+    /* what the automatic choice does at the GPU test's timing shapes (12
+     * heads, D=64, fp16; 132 SMs, blocks per SM of an H100/H200) */
+    mha_device_limits lim;
+    stof_error lerr = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &lerr), STOF_OK);
+    struct { const char *spec; int batch, s, bm, bn, w; } shapes[] = {
+        {"longformer{}", 1, 4096, 64, 64, 4}, {"bigbird{}", 1, 4096, 64, 32, 4},
+        {"longformer{}", 8, 1024, 64, 32, 4}, {"bigbird{}", 8, 1024, 64, 32, 4},
+        {"bigbird{}", 16, 4096, 64, 32, 4},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        f = bsr_of(shapes[i].spec, 1, shapes[i].s, shapes[i].s, shapes[i].bm, shapes[i].bn);
+        if (!f)
+            continue;
+        int per_sm = mha_exec_block_ctas_per_sm(shapes[i].bm, shapes[i].bn, shapes[i].w, 2, 64, 2,
+                                                &lim);
+        int chunk = mha_exec_split_chunk(f, shapes[i].batch, 12, per_sm * 132);
+        mha_exec_split *s = NULL;
+        stof_error err = {0};
+        CHECK_EQ_INT(mha_exec_split_build(f, chunk, &s, &err), STOF_OK);
+        printf("auto split %-12s (%2d, %d) %dx%d w%d: %d loaded blocks, chunk %d -> %d rows into "
+               "%d items, %d work items\n",
+               shapes[i].spec, shapes[i].batch, shapes[i].s, shapes[i].bm, shapes[i].bn,
+               shapes[i].w, f->n_load, chunk, s ? s->n_split_rows : 0, s ? s->n_slots : 0,
+               s ? s->n_items : f->n_block_rows);
+        if (shapes[i].batch == 1) /* the global rows are cut, the others kept whole */
+            CHECK(s != NULL && s->n_split_rows <= 4);
+        if (shapes[i].batch == 16)
+            CHECK(s == NULL); /* enough work for every slot */
+        mha_exec_split_free(s);
+        mask_format_bsr_free(f);
+    }
+    /* dense and sliding window: every row about as long, nothing to split */
+    f = bsr_of("sliding_window{}", 1, 4096, 4096, 64, 64);
+    if (f) {
+        CHECK_EQ_INT(mha_exec_split_chunk(f, 1, 12, 132 * 4), 0);
+        mask_format_bsr_free(f);
+    }
+    f = bsr_of("full{}", 1, 4096, 4096, 64, 64);
+    if (f) {
+        CHECK_EQ_INT(mha_exec_split_chunk(f, 1, 12, 132 * 4), 0);
+        mask_format_bsr_free(f);
+    }
+    /* per-batch format: the workspace has no batch factor */
+    f = bsr_of("per_batch(sliding_window{band=8}, bigbird{})", 2, 257, 257, 16, 16);
+    if (f) {
+        mha_exec_split *s = NULL;
+        stof_error err = {0};
+        CHECK_EQ_INT(mha_exec_split_build(f, 2, &s, &err), STOF_OK);
+        CHECK(s != NULL);
+        if (s)
+            CHECK_EQ_INT(mha_exec_split_workspace(s, 2, 4, 16, 128),
+                         (size_t)s->n_slots * 4 * 16 * 130 * 4);
+        mha_exec_split_free(s);
+        mask_format_bsr_free(f);
+    }
+}
+
 /* ---- the argument block ---------------------------------------------------------------- */
 
 static void test_args(void) {
@@ -613,6 +917,26 @@ static void test_args(void) {
     CHECK_EQ_INT(a.fmt_batch, 3);
     CHECK_NEAR(a.scale_log2, 0.125 * 1.4426950408889634, 1e-6);
     CHECK_EQ_INT(sizeof a, STOF_ATTN_ARGS_BYTES);
+    CHECK(a.work == NULL && a.partial_o == NULL && a.n_slots == 0);
+
+    /* a split plan: the work list and the workspace, (m, l) after the partial O */
+    plan.config.split = 1;
+    plan.config.head_dim = 64;
+    plan.d_work_ptr = 0x5000;
+    plan.d_work = 0x6000;
+    plan.d_split_ptr = 0x7000;
+    plan.d_splits = 0x8000;
+    plan.d_workspace = 0x100000;
+    plan.split_slots = 5;
+    plan.workspace_bytes = (size_t)5 * 64 * 66 * 4;
+    plan.workspace_ml_offset = (size_t)5 * 64 * 64 * 4;
+    mha_exec_fill_args(&plan, &t, &a);
+    CHECK((uintptr_t)a.work_ptr == 0x5000 && (uintptr_t)a.work == 0x6000);
+    CHECK((uintptr_t)a.split_ptr == 0x7000 && (uintptr_t)a.splits == 0x8000);
+    CHECK((uintptr_t)a.partial_o == 0x100000);
+    CHECK((uintptr_t)a.partial_ml == 0x100000 + (uintptr_t)5 * 64 * 64 * 4);
+    CHECK_EQ_INT(a.n_slots, 5);
+    CHECK((uintptr_t)a.load_row_ptr == 0x1000);
 }
 
 /* No GPU here: the context says so cleanly, and with a GPU it opens and closes. */
@@ -636,6 +960,7 @@ int main(void) {
     test_configs();
     test_stages();
     test_args();
+    test_split();
     test_ctx();
     test_choose_offline();
     test_candidates();

@@ -1176,10 +1176,15 @@ static int plan_measured(mha_exec_ctx *c, const mha_exec_plan *base, const mask 
     best->measured_batch = s.batch;
     char first[48];
     config_name(&cands[0], first, sizeof first);
-    int len = snprintf(best->reason, sizeof best->reason,
-                       "measured: fastest of %d, %.3f ms at batch %d (analytical: %s, %s)", timed,
-                       best_ms, s.batch, first, why);
-    (void)len; /* a long reason is cut short, as in mha_exec_choose */
+    char measured[96];
+    snprintf(measured, sizeof measured, "measured: fastest of %d, %.3f ms at batch %d", timed,
+             best_ms, s.batch);
+    /* the analytical reason is cut to what fits beside the measured one */
+    size_t used = strlen(measured);
+    memcpy(best->reason, measured, used + 1);
+    if (snprintf(best->reason + used, sizeof best->reason - used, " (analytical: %s, %s)",
+                 first, why) < 0)
+        best->reason[used] = '\0';
     free(cands);
     *out = best;
     return STOF_OK;

@@ -27,6 +27,19 @@ static void usage(FILE *f) {
             "                                     run the fp32 CPU reference, print a checksum\n"
             "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
             "                                     mask statistics, and a heatmap as PNG\n"
+            "  stof tune SCRIPT [--set k=v ...] -o PLAN.json [--budget N] [--time-limit S]\n"
+            "            [--seed N] [--arch sm_XX] [--reps N] [--check | --no-check]\n"
+            "                                     tune the fusion scheme and kernel parameters\n"
+            "                                     on the GPU (two-stage search, measurements\n"
+            "                                     cached in tune-cache.txt beside the kernel\n"
+            "                                     cache) and write the plan. Without a GPU:\n"
+            "                                     an unmeasured plan of the initial scheme for\n"
+            "                                     --arch (default sm_90), kernels precompiled\n"
+            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check]\n"
+            "                                     run a tuned plan (no tuning) and compare its\n"
+            "                                     latency with the one it recorded\n"
+            "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
+            "                                     segments, kernels, times, search statistics\n"
             "  stof mha-select SCRIPT [--set k=v ...] [--arch sm_XX]\n"
             "                                     the attention kernel the analytical model picks\n"
             "                                     (paper Eq. 1, 2) and its score table\n"
@@ -59,9 +72,11 @@ static const char *option_value(int argc, char **argv, int *i) {
 }
 
 static int known_option(const char *opt) {
-    static const char *names[] = {"--cpu",  "--set",   "--seed",   "--png",
-                                  "--px",   "--block", "--mask-index", "--arch",
-                                  "--scheme", "--reps", "--check", "--no-check"};
+    static const char *names[] = {"--cpu",    "--set",    "--seed",   "--png",
+                                  "--px",     "--block",  "--mask-index", "--arch",
+                                  "--scheme", "--reps",   "--check",  "--no-check",
+                                  "-o",       "--output", "--budget", "--time-limit",
+                                  "--script"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(opt, names[i]) == 0)
             return 1;
@@ -128,6 +143,23 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
         if (parse_int(opt, v, 0, 1 << 20, &n))
             return 1;
         a->mask_index = (int)n;
+    } else if (strcmp(opt, "-o") == 0 || strcmp(opt, "--output") == 0) {
+        a->output = v;
+    } else if (strcmp(opt, "--script") == 0) {
+        a->script_path = v;
+    } else if (strcmp(opt, "--budget") == 0) {
+        if (parse_int(opt, v, 1, 1L << 40, &n))
+            return 1;
+        a->budget = n;
+    } else if (strcmp(opt, "--time-limit") == 0) {
+        char *end;
+        errno = 0;
+        double s = strtod(v, &end);
+        if (errno || *end || end == v || !(s > 0) || s > 1e7) {
+            fprintf(stderr, "stof: --time-limit expects seconds above 0, got '%s'\n", v);
+            return 1;
+        }
+        a->time_limit = s;
     } else {
         a->arch = v;
     }
@@ -141,7 +173,7 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
     a->block = 64;
     a->reps = 20;
     for (int i = first; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2) == 0) {
+        if (strncmp(argv[i], "--", 2) == 0 || strcmp(argv[i], "-o") == 0) {
             if (parse_option(argc, argv, &i, a))
                 return 1;
         } else if (!a->script) {
@@ -172,14 +204,17 @@ int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info) {
 typedef struct cli_command {
     const char *name;
     int (*run)(const cli_args *a);
+    int has_sub; /* a subcommand word follows the command: `stof plan show` */
 } cli_command;
 
 static const cli_command commands[] = {
-    {"info", cli_cmd_info},
-    {"graph", cli_cmd_graph},
-    {"run", cli_cmd_run},
-    {"mask", cli_cmd_mask},
-    {"mha-select", cli_cmd_mha_select},
+    {"info", cli_cmd_info, 0},
+    {"graph", cli_cmd_graph, 0},
+    {"run", cli_cmd_run, 0},
+    {"tune", cli_cmd_tune, 0},
+    {"plan", cli_cmd_plan, 1},
+    {"mask", cli_cmd_mask, 0},
+    {"mha-select", cli_cmd_mha_select, 0},
 };
 
 int main(int argc, char **argv) {
@@ -195,8 +230,10 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name) == 0) {
             cli_args a;
-            if (cli_parse(argc, argv, 2, &a))
+            int sub = commands[i].has_sub && argc > 2 && argv[2][0] != '-';
+            if (cli_parse(argc, argv, 2 + sub, &a))
                 return 2;
+            a.sub = sub ? argv[2] : NULL;
             return commands[i].run(&a);
         }
     }

@@ -6,6 +6,7 @@
 
 #include "core/graph.h"
 #include "core/lua_api.h"
+#include "core/plan.h"
 
 #define CLI_MAX_SCHEMES 16
 
@@ -27,6 +28,11 @@ typedef struct cli_args {
     int n_schemes;
     int reps;            /* --reps N: timed runs (median) */
     int check;           /* CLI_CHECK_AUTO, or --check / --no-check */
+    const char *sub;     /* the subcommand word of `stof plan show` */
+    const char *output;  /* -o FILE */
+    long budget;         /* --budget N: most settings measured (0: no limit) */
+    double time_limit;   /* --time-limit S: seconds of search (0: no limit) */
+    const char *script_path; /* --script PATH: the script of a plan */
 } cli_args;
 
 /* Parses argv[first..]; prints the problem and returns non-zero on bad
@@ -41,5 +47,15 @@ int cli_cmd_graph(const cli_args *a);
 int cli_cmd_run(const cli_args *a);
 int cli_cmd_mask(const cli_args *a);
 int cli_cmd_mha_select(const cli_args *a);
+int cli_cmd_tune(const cli_args *a);
+int cli_cmd_plan(const cli_args *a);
+
+/* cli_run.c: `stof run PLAN.json`. */
+int cli_run_plan(const cli_args *a);
+/* 1 when the argument names a plan (ends in .json). */
+int cli_is_plan(const char *arg);
+
+/* cli_plan.c: a plan for a person, on stdout. */
+void cli_plan_print(const plan *p);
 
 #endif

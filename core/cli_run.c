@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/cli.h"
 #include "core/exec.h"
 #include "core/ref.h"
+#include "core/tune_backend.h"
 #include "core/util.h"
 #include "fusion/templates.h"
 #include "ops/ops.h"
@@ -230,6 +232,27 @@ static int check_reference(const cli_args *a, run_state *r, int64_t n, double fl
     return !ok;
 }
 
+/* The recorded times of plan p beside the ones just measured. */
+static void compare_with_plan(const plan *p, double eager_ms, double graph_ms) {
+    if (!p->device.measured) {
+        printf("plan: made offline for %s, unmeasured: nothing recorded to compare with\n",
+               p->device.arch);
+        return;
+    }
+    printf("plan: recorded %.3f ms from its segments' times", p->latency_ms);
+    if (p->has_end_to_end)
+        printf(", %.3f ms by CUDA graph (eager %.3f ms) when tuned", p->end_to_end.graph_ms,
+               p->end_to_end.eager_ms);
+    double recorded = p->has_end_to_end ? p->end_to_end.graph_ms : p->latency_ms;
+    printf("; now %.3f ms by CUDA graph, eager %.3f ms (%+.1f%%)\n", graph_ms, eager_ms,
+           recorded > 0 ? 100.0 * (graph_ms - recorded) / recorded : 0.0);
+}
+
+/* From the GPU context on: the model of r->plan made, run, timed, checked.
+ * p (may be NULL) is the plan file it came from, checked against the GPU.
+ * Frees r. */
+static int run_on_gpu(const cli_args *a, run_state *r, const plan *p, const char *plan_path);
+
 static int run_gpu(const cli_args *a) {
     run_state r;
     memset(&r, 0, sizeof r);
@@ -253,51 +276,61 @@ static int run_gpu(const cli_args *a) {
     }
     if (exec_plan_create(&r.g, r.schemes, &r.plan, &err))
         return fail(&r, &err);
-    int rc = exec_ctx_create(0, &r.ctx, &err);
+    return run_on_gpu(a, &r, NULL, NULL);
+}
+
+static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const char *plan_path) {
+    stof_error err = {0};
+    int rc = exec_ctx_create(0, &r->ctx, &err);
     if (rc == STOF_ERR_NO_DEVICE) {
         fprintf(stderr, "stof: GPU execution needs a GPU, and this machine has none usable: %s\n"
                 "(the CPU reference runs with stof run --cpu SCRIPT)\n", err.msg);
-        run_free(&r);
+        run_free(r);
         return 1;
     }
     if (rc)
-        return fail(&r, &err);
-    const stof_device_info *dev = exec_ctx_device(r.ctx);
-    printf("model %s (%s), %s, seed %llu\n", r.g.name, r.info.name,
-           stof_dtype_name(r.plan->dtype), (unsigned long long)a->seed);
-    printf("device: %s (%s, %d SMs, %.0f GiB)\n", dev->name, exec_ctx_arch(r.ctx),
+        return fail(r, &err);
+    const stof_device_info *dev = exec_ctx_device(r->ctx);
+    if (pf && plan_check_fits(pf, dev, NULL, NULL, &err)) {
+        fprintf(stderr, "stof: the plan %s does not fit this GPU: %s\n", plan_path, err.msg);
+        run_free(r);
+        return 1;
+    }
+    printf("model %s (%s), %s, seed %llu\n", r->g.name, r->info.name,
+           stof_dtype_name(r->plan->dtype), (unsigned long long)a->seed);
+    printf("device: %s (%s, %d SMs, %.0f GiB)\n", dev->name, exec_ctx_arch(r->ctx),
            dev->sm_count, (double)dev->total_mem / (1 << 30));
     double t0 = util_now();
-    if (exec_model_create(r.ctx, r.plan, a->seed, &r.model, &err))
-        return fail(&r, &err);
+    if (exec_model_create(r->ctx, r->plan, a->seed, &r->model, &err))
+        return fail(r, &err);
     double setup = util_now() - t0;
-    print_plan(&r);
+    print_plan(r);
     printf("memory: weights %.1f MB, inputs %.3f MB, activations %.2f MB peak (%d buffers; "
-           "largest live set %.2f MB)\n", r.plan->weight_bytes / 1e6, r.plan->input_bytes / 1e6,
-           r.plan->arena_bytes / 1e6, r.plan->n_bufs, r.plan->live_bound / 1e6);
-    const graph_tensor *out = &r.g.tensors[r.g.output];
+           "largest live set %.2f MB)\n", r->plan->weight_bytes / 1e6, r->plan->input_bytes / 1e6,
+           r->plan->arena_bytes / 1e6, r->plan->n_bufs, r->plan->live_bound / 1e6);
+    const graph_tensor *out = &r->g.tensors[r->g.output];
     int64_t n = graph_tensor_numel(out);
-    r.eager = malloc(sizeof *r.eager * (size_t)n);
-    r.replayed = malloc(sizeof *r.replayed * (size_t)n);
-    if (!r.eager || !r.replayed) {
+    r->eager = malloc(sizeof *r->eager * (size_t)n);
+    r->replayed = malloc(sizeof *r->replayed * (size_t)n);
+    if (!r->eager || !r->replayed) {
         fprintf(stderr, "stof: out of memory\n");
-        run_free(&r);
+        run_free(r);
         return 1;
     }
     double eager_ms, graph_ms;
-    if (exec_model_run(r.model, &err) || exec_model_output(r.model, r.eager, &err) ||
-        exec_model_time(r.model, 0, a->reps, &eager_ms, &err) ||
-        exec_model_capture(r.model, &err) ||
-        exec_model_time(r.model, 1, a->reps, &graph_ms, &err) ||
-        exec_model_replay(r.model, &err) || exec_model_output(r.model, r.replayed, &err))
-        return fail(&r, &err);
-    double flops = total_flops(&r.g);
+    if (exec_model_run(r->model, &err) || exec_model_output(r->model, r->eager, &err) ||
+        exec_model_time(r->model, 0, a->reps, &eager_ms, &err) ||
+        exec_model_capture(r->model, &err) ||
+        exec_model_time(r->model, 1, a->reps, &graph_ms, &err) ||
+        exec_model_replay(r->model, &err) || exec_model_output(r->model, r->replayed, &err))
+        return fail(r, &err);
+    double flops = total_flops(&r->g);
     printf("setup %.2f s (kernels compiled or loaded, weights uploaded)\n", setup);
     printf("latency: eager %.3f ms, CUDA graph %.3f ms (median of %d; %.1f TFLOP/s)\n",
            eager_ms, graph_ms, a->reps, graph_ms > 0 ? flops / (graph_ms * 1e-3) * 1e-12 : 0.0);
-    int same = memcmp(r.eager, r.replayed, sizeof *r.eager * (size_t)n) == 0;
+    int same = memcmp(r->eager, r->replayed, sizeof *r->eager * (size_t)n) == 0;
     double sum, sum_sq;
-    ref_checksum(r.eager, n, &sum, &sum_sq);
+    ref_checksum(r->eager, n, &sum, &sum_sq);
     char shape[64];
     printf("output %s %s: %lld values; graph replay %s the eager run\n", out->name,
            graph_shape_str(out, shape, sizeof shape), (long long)n,
@@ -306,11 +339,106 @@ static int run_gpu(const cli_args *a) {
     int bad = !same;
     if (!same)
         fprintf(stderr, "stof: the CUDA graph replay gave another output than the eager run\n");
-    bad |= check_reference(a, &r, n, flops);
-    run_free(&r);
+    bad |= check_reference(a, r, n, flops);
+    if (pf)
+        compare_with_plan(pf, eager_ms, graph_ms);
+    run_free(r);
     return bad;
 }
 
+/* ---- a plan file ------------------------------------------------------------------------------ */
+
+int cli_is_plan(const char *arg) {
+    size_t n = arg ? strlen(arg) : 0;
+    return n > 5 && strcmp(arg + n - 5, ".json") == 0;
+}
+
+static int readable(const char *path) {
+    return path[0] && access(path, R_OK) == 0;
+}
+
+/* The plan's script: --script, else where the plan recorded it, else by
+ * its name beside the plan file, else in scripts/. */
+static int find_script(const cli_args *a, const plan *p, char *out, size_t cap) {
+    if (a->script_path) {
+        snprintf(out, cap, "%s", a->script_path);
+        return 0;
+    }
+    const char *slash = strrchr(a->script, '/');
+    char beside[2048], in_scripts[1024];
+    snprintf(beside, sizeof beside, "%.*s%s", slash ? (int)(slash - a->script + 1) : 0,
+             a->script, p->script_name);
+    snprintf(in_scripts, sizeof in_scripts, "scripts/%s", p->script_name);
+    const char *tried[3] = {p->script_path, beside, in_scripts};
+    for (int i = 0; i < 3; i++)
+        if (readable(tried[i])) {
+            snprintf(out, cap, "%s", tried[i]);
+            return 0;
+        }
+    fprintf(stderr, "stof: the plan's script %s was not found (tried %s%s%s, %s): give it with "
+            "--script PATH\n", p->script_name, p->script_path, p->script_path[0] ? ", " : "",
+            beside, in_scripts);
+    return 1;
+}
+
+/* The graph of the plan's script with the plan's parameters. */
+static int plan_graph(const cli_args *a, const plan *p, run_state *r) {
+    char path[2048];
+    if (find_script(a, p, path, sizeof path))
+        return 1;
+    char kv[LUA_API_MAX_PARAMS][sizeof p->params[0].key + sizeof p->params[0].value + 2];
+    const char *params[LUA_API_MAX_PARAMS];
+    for (int i = 0; i < p->n_params; i++) {
+        snprintf(kv[i], sizeof kv[i], "%s=%s", p->params[i].key, p->params[i].value);
+        params[i] = kv[i];
+    }
+    stof_error err = {0};
+    graph_init(&r->g);
+    if (lua_api_build(path, params, p->n_params, &r->g, &r->info, &err)) {
+        fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
+        return 1;
+    }
+    r->have_graph = 1;
+    if (plan_check_fits(p, NULL, &r->info, &r->g, &err)) {
+        fprintf(stderr, "stof: the plan %s does not fit %s: %s\n", a->script, path, err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+int cli_run_plan(const cli_args *a) {
+    if (a->n_params || a->n_schemes || a->cpu) {
+        fprintf(stderr, "stof: a plan fixes the script's parameters and schemes and runs on the "
+                "GPU: --set, --scheme and --cpu do not go with %s\n", a->script);
+        return 2;
+    }
+    plan p;
+    stof_error err = {0};
+    if (plan_read(a->script, &p, &err)) {
+        fprintf(stderr, "stof: %s\n", err.msg);
+        return 1;
+    }
+    run_state r;
+    memset(&r, 0, sizeof r);
+    int rc = plan_graph(a, &p, &r);
+    if (!rc && tune_exec_plan(&p, &r.g, &r.plan, &err)) {
+        fprintf(stderr, "stof: %s: %s\n", a->script, err.msg);
+        rc = 1;
+    }
+    if (rc) {
+        run_free(&r);
+        plan_free(&p);
+        return rc;
+    }
+    printf("plan %s: %s on %s (%s)\n", a->script, p.script_name,
+           p.device.measured ? p.device.name : "no GPU, unmeasured", p.device.arch);
+    rc = run_on_gpu(a, &r, &p, a->script);
+    plan_free(&p);
+    return rc;
+}
+
 int cli_cmd_run(const cli_args *a) {
+    if (cli_is_plan(a->script))
+        return cli_run_plan(a);
     return a->cpu ? run_cpu(a) : run_gpu(a);
 }

@@ -142,6 +142,34 @@ void exec_plan_free(exec_plan *p);
 int exec_plan_set_choice(exec_plan *p, int seg, fusion_template_id t, const int *values,
                          stof_error *err);
 
+/* ---- settings and kernels without the GPU (the tuner, offline plans) -------------------- */
+
+struct mha_device_limits;
+struct nvrtc_cache;
+
+/* A template and one value per parameter, in the template's order. */
+typedef struct exec_choice {
+    fusion_template_id tmpl;
+    int values[FUSION_MAX_PARAMS];
+} exec_choice;
+
+/* The settings segment s runs with when given none, for a device with
+ * limits lim: the GEMM family's default values (one choice); attention the
+ * selector's choice (row- or block-wise), and with measure > 0 after it the
+ * candidates a measured plan times (mha_exec_candidates), those that the
+ * templates' parameter spaces hold. At most cap into out. */
+int exec_segment_candidates(const graph *g, const exec_segment *s,
+                            const struct mha_device_limits *lim, int measure, exec_choice *out,
+                            int cap, int *n, stof_error *err);
+
+/* Compiles segment s's kernel (s->tmpl, s->values when has_values, else the
+ * defaults) for lim->arch into cache, as exec_model_create would: for
+ * block-wise attention both the plain and the split build. Templates run by
+ * a vendor library compile nothing. */
+int exec_segment_compile(const graph *g, const exec_segment *s,
+                         const struct mha_device_limits *lim, struct nvrtc_cache *cache,
+                         stof_error *err);
+
 /* Offsets for buffers whose lifetimes overlap (first..last, inclusive) so
  * that no two overlapping ones share bytes: greedy by size, each at the
  * lowest-waste gap (best fit) among those already placed. *arena gets the

@@ -426,3 +426,122 @@ const exec_launcher *exec_launcher_get(fusion_template_id t) {
 int exec_template_implemented(fusion_template_id t) {
     return exec_launcher_get(t)->missing == NULL;
 }
+
+/* ---- settings and kernels without the GPU (the tuner, offline plans) ------------------------- */
+
+/* The attention problem of segment s with its mask folded (the caller frees
+ * *folded with mask_free). */
+static int attn_folded(const graph *g, const exec_segment *s, mha_exec_problem *p, mask **folded,
+                       stof_error *err) {
+    attn_read(g, s->first, p);
+    return mha_exec_fold_mask(p, folded, err);
+}
+
+static void attn_choice(const mha_exec_config *c, exec_choice *out) {
+    memset(out, 0, sizeof *out);
+    if (c->kernel == MHA_KERNEL_BLOCK_WISE) {
+        *out = (exec_choice){FUSION_T_ATTENTION_BLOCK, {c->block_m, c->block_n, c->num_warps}};
+    } else {
+        *out = (exec_choice){FUSION_T_ATTENTION_ROW, {c->rows_per_warp, c->warps_per_block}};
+    }
+}
+
+static int in_space(const exec_choice *c) {
+    const fusion_template *t = fusion_template_get(c->tmpl);
+    for (int k = 0; k < t->n_params; k++) {
+        int ok = 0;
+        for (int v = 0; v < t->params[k].n_values && !ok; v++)
+            ok = t->params[k].values[v] == c->values[k];
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+int exec_segment_candidates(const graph *g, const exec_segment *s,
+                            const struct mha_device_limits *lim, int measure, exec_choice *out,
+                            int cap, int *n, stof_error *err) {
+    *n = 0;
+    const exec_launcher *l = exec_launcher_get(s->tmpl);
+    if (cap < 1)
+        return err_set(err, STOF_ERR_INVALID, "no room for a candidate");
+    if (l->plan == gx_plan) {
+        gemm_exec_problem p;
+        int rc = gx_problem(g, s, &p, err);
+        if (rc)
+            return rc;
+        out[0] = (exec_choice){s->tmpl, {0}};
+        gemm_exec_default_values(&p, out[0].values);
+        *n = 1;
+        return STOF_OK;
+    }
+    if (l->plan != attn_plan)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "template %s has no default setting",
+                       fusion_template_get(s->tmpl)->name);
+    mha_exec_problem p;
+    mask *folded = NULL;
+    int rc = attn_folded(g, s, &p, &folded, err);
+    mha_exec_config cfgs[MHA_EXEC_MAX_MEASURED];
+    int n_cfg = 0;
+    char reason[256];
+    mha_exec_force force = {.kernel = -1, .measure = measure};
+    if (!rc && measure > 0)
+        rc = mha_exec_candidates(&p, folded, lim, &force, cfgs, MHA_EXEC_MAX_MEASURED, &n_cfg,
+                                 reason, sizeof reason, err);
+    else if (!rc && (rc = mha_exec_choose(&p, folded, lim, NULL, cfgs, reason, sizeof reason,
+                                          err)) == STOF_OK)
+        n_cfg = 1;
+    mask_free(folded);
+    for (int k = 0; !rc && k < n_cfg && *n < cap; k++) {
+        attn_choice(&cfgs[k], &out[*n]);
+        *n += in_space(&out[*n]);
+    }
+    if (!rc && *n == 0)
+        rc = err_set(err, STOF_ERR_UNSUPPORTED,
+                     "the attention selector's choice is outside the templates' parameters");
+    return rc;
+}
+
+int exec_segment_compile(const graph *g, const exec_segment *s,
+                         const struct mha_device_limits *lim, struct nvrtc_cache *cache,
+                         stof_error *err) {
+    const exec_launcher *l = exec_launcher_get(s->tmpl);
+    const void *cubin;
+    size_t size;
+    if (l->plan == gx_plan) {
+        gemm_exec_problem p;
+        int values[FUSION_MAX_PARAMS];
+        int rc = gx_problem(g, s, &p, err);
+        if (rc)
+            return rc;
+        if (s->has_values)
+            memcpy(values, s->values, sizeof values);
+        else
+            gemm_exec_default_values(&p, values);
+        gemm_exec_request r;
+        gemm_exec_request_init(&r, &p, values, lim->arch);
+        return nvrtc_get(cache, &r.req, &cubin, &size, err);
+    }
+    if (l->plan != attn_plan)
+        return STOF_OK; /* nothing compiled at run time (a vendor library) */
+    mha_exec_problem p;
+    mask *folded = NULL;
+    mha_exec_force f;
+    attn_force(s, &f);
+    mha_exec_config cfg;
+    char reason[256];
+    int rc = attn_folded(g, s, &p, &folded, err);
+    if (!rc)
+        rc = mha_exec_choose(&p, folded, lim, s->auto_attention ? NULL : &f, &cfg, reason,
+                             sizeof reason, err);
+    mask_free(folded);
+    /* the plain build, and for block-wise the split build the plan picks
+     * when some block rows are much longer than the others */
+    for (int split = 0; !rc && split <= (cfg.kernel == MHA_KERNEL_BLOCK_WISE); split++) {
+        mha_exec_request r;
+        cfg.split = split;
+        mha_exec_request_init(&r, &cfg, lim->arch);
+        rc = nvrtc_get(cache, &r.req, &cubin, &size, err);
+    }
+    return rc;
+}

@@ -142,6 +142,19 @@ static void wr_script(wr *w, cJSON *root, const plan *p) {
     cJSON *params = wr_obj(w, o, "params");
     for (int i = 0; params && i < p->n_params; i++)
         wr_str(w, params, p->params[i].key, p->params[i].value);
+    if (p->script_path[0])
+        wr_str(w, o, "path", p->script_path);
+}
+
+static void wr_end_to_end(wr *w, cJSON *root, const plan *p) {
+    if (!p->has_end_to_end)
+        return;
+    cJSON *o = wr_obj(w, root, "end_to_end");
+    if (!o)
+        return;
+    wr_time(w, o, "graph_ms", p->end_to_end.graph_ms);
+    wr_time(w, o, "eager_ms", p->end_to_end.eager_ms);
+    wr_time(w, o, "unfused_ms", p->end_to_end.unfused_ms);
 }
 
 static void wr_shapes(wr *w, cJSON *root, const plan *p) {
@@ -262,11 +275,15 @@ static void wr_plan(wr *w, cJSON *root, const plan *p) {
         wr_sequence(w, seqs, &p->sequences[i]);
     wr_time(w, root, "latency_ms", p->latency_ms);
     wr_time(w, root, "tuning_s", p->tuning_s);
+    wr_end_to_end(w, root, p);
     wr_stats(w, root, &p->stats);
 }
 
 static int finite_times(const plan *p) {
     int ok = isfinite(p->latency_ms) && isfinite(p->tuning_s);
+    if (p->has_end_to_end)
+        ok &= isfinite(p->end_to_end.graph_ms) && isfinite(p->end_to_end.eager_ms) &&
+              isfinite(p->end_to_end.unfused_ms);
     for (int i = 0; i < p->n_attention; i++)
         ok &= isfinite(p->attention[i].ms);
     for (int i = 0; i < p->n_sequences; i++) {
@@ -573,8 +590,12 @@ static int rd_script_params(rd *r, const cJSON *o, plan *p) {
 
 static int rd_script(rd *r, const cJSON *root, plan *p) {
     static const char *const keys[] = {"name", "hash", "params", NULL};
+    static const char *const with_path[] = {"name", "hash", "params", "path", NULL};
     const cJSON *o = get(root, "script");
-    int rc = rd_shape_of(r, o, "", "script", keys);
+    int has_path = cJSON_IsObject(o) && get(o, "path") != NULL; /* optional */
+    int rc = rd_shape_of(r, o, "", "script", has_path ? with_path : keys);
+    if (!rc && has_path)
+        rc = rd_str(r, o, "script", "path", p->script_path, sizeof p->script_path);
     if (!rc)
         rc = rd_str(r, o, "script", "name", p->script_name, sizeof p->script_name);
     if (!rc && !p->script_name[0])
@@ -911,8 +932,14 @@ static int rd_header(rd *r, const cJSON *root, plan *p) {
     static const char *const keys[] = {"format", "version", "stof", "device", "script", "shapes",
                                        "masks", "attention", "sequences", "latency_ms",
                                        "tuning_s", "search", NULL};
+    static const char *const with_e2e[] = {"format", "version", "stof", "device", "script",
+                                           "shapes", "masks", "attention", "sequences",
+                                           "latency_ms", "tuning_s", "search", "end_to_end",
+                                           NULL};
     char format[32];
-    int rc = rd_shape_of(r, root, "", "", keys);
+    /* end_to_end is optional */
+    p->has_end_to_end = cJSON_IsObject(root) && get(root, "end_to_end") != NULL;
+    int rc = rd_shape_of(r, root, "", "", p->has_end_to_end ? with_e2e : keys);
     if (!rc)
         rc = rd_str(r, root, "", "format", format, sizeof format);
     if (!rc && strcmp(format, PLAN_FORMAT_NAME) != 0)
@@ -937,6 +964,21 @@ static int rd_latency(rd *r, const cJSON *root, plan *p) {
     return rc;
 }
 
+static int rd_end_to_end(rd *r, const cJSON *root, plan *p) {
+    static const char *const keys[] = {"graph_ms", "eager_ms", "unfused_ms", NULL};
+    if (!p->has_end_to_end)
+        return STOF_OK;
+    const cJSON *o = get(root, "end_to_end");
+    int rc = rd_shape_of(r, o, "", "end_to_end", keys);
+    if (!rc)
+        rc = rd_time(r, o, "end_to_end", "graph_ms", &p->end_to_end.graph_ms);
+    if (!rc)
+        rc = rd_time(r, o, "end_to_end", "eager_ms", &p->end_to_end.eager_ms);
+    if (!rc)
+        rc = rd_time(r, o, "end_to_end", "unfused_ms", &p->end_to_end.unfused_ms);
+    return rc;
+}
+
 static int rd_plan(rd *r, const cJSON *root, plan *p) {
     int rc = rd_header(r, root, p);
     if (!rc)
@@ -955,6 +997,8 @@ static int rd_plan(rd *r, const cJSON *root, plan *p) {
         rc = rd_sequences(r, root, p);
     if (!rc)
         rc = rd_latency(r, root, p);
+    if (!rc)
+        rc = rd_end_to_end(r, root, p);
     return rc ? rc : rd_stats(r, root, &p->stats);
 }
 

@@ -15,7 +15,9 @@
  *                "sms": 132, "arch": "sm_90"},
  *            or {"name": "unmeasured", "arch": "sm_90"} for a plan made offline
  *     "script": {"name": "bert.lua", "hash": "0x1f2e3d4c5b6a7988",
- *                "params": {"batch": "8", "seq": "512", ...}},
+ *                "params": {"batch": "8", "seq": "512", ...},
+ *                "path": "/home/me/stof/scripts/bert.lua"},   (optional: a hint
+ *                where to find the script again; the name and hash decide)
  *     "shapes": {"batch": 8, "seq": 512,
  *                "inputs": [{"name": "input_ids", "shape": [8, 512]}]},
  *     "masks": [{"description": "bigbird{...}", "fingerprint": "0x...",
@@ -32,6 +34,10 @@
  *                                  "template": "cublaslt", "params": {"ALGO": 0},
  *                                  "kernel": "cublaslt", "ms": 0.1}, ...]}],
  *     "latency_ms": 5.2, "tuning_s": 41.7,
+ *     "end_to_end": {"graph_ms": 5.0, "eager_ms": 5.9, "unfused_ms": 7.4},
+ *            (optional: the whole forward pass timed after tuning, by CUDA
+ *            graph replay and eagerly, and the all-unfused scheme's replay;
+ *            latency_ms is the sum of the segments' times)
  *     "search": {"settings_measured": 812, "cache_hits": 97, "schemes_tried": 23,
  *                "schemes_kept": 6, "rounds": 9}
  *   }
@@ -111,6 +117,13 @@ typedef struct plan_sequence {
     double ms;               /* one occurrence */
 } plan_sequence;
 
+/* The forward pass timed end to end after tuning (medians, ms). */
+typedef struct plan_end_to_end {
+    double graph_ms;   /* CUDA graph replay */
+    double eager_ms;   /* kernel by kernel */
+    double unfused_ms; /* the all-unfused scheme, graph replay */
+} plan_end_to_end;
+
 typedef struct plan_stats {
     long settings_measured, cache_hits, schemes_tried, schemes_kept;
     int rounds;
@@ -122,6 +135,7 @@ typedef struct plan {
     char stof_commit[64];
     plan_device device;
     char script_name[PLAN_NAME_MAX];
+    char script_path[1024];  /* "" when not recorded */
     uint64_t script_hash;
     int n_params;
     lua_api_param params[LUA_API_MAX_PARAMS];
@@ -136,6 +150,8 @@ typedef struct plan {
     plan_sequence *sequences;  /* owned */
     double latency_ms;
     double tuning_s;
+    int has_end_to_end;
+    plan_end_to_end end_to_end;
     plan_stats stats;
 } plan;
 

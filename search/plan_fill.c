@@ -24,6 +24,10 @@ static void fill_script(const lua_api_script *s, plan *p) {
     if (!s)
         return;
     snprintf(p->script_name, sizeof p->script_name, "%s", s->name);
+    /* where it is, for finding it again (absolute when it can be) */
+    char *abs = s->path[0] ? realpath(s->path, NULL) : NULL;
+    snprintf(p->script_path, sizeof p->script_path, "%s", abs ? abs : s->path);
+    free(abs);
     p->script_hash = s->content_hash;
     p->n_params = s->n_params;
     memcpy(p->params, s->params, sizeof p->params[0] * (size_t)s->n_params);

@@ -94,6 +94,46 @@ expect(missing_script 1 "does-not-exist.lua" graph ${WORK}/does-not-exist.lua)
 expect(bad_option 2 "unknown option" graph scripts/bert.lua --frob)
 expect(set_without_value 2 "key=value" graph scripts/bert.lua --set batch)
 
+# ---- tune, plans -------------------------------------------------------------------------------
+# A plan for an architecture other than the GPU's (or without a GPU) is made
+# offline: the initial scheme, default settings, marked unmeasured.
+expect(tune_offline_arch 0 "planning offline for sm_86.*wrote .*plan86.json: an UNMEASURED plan"
+       tune scripts/bert.lua ${small} --arch sm_86 -o ${WORK}/plan86.json)
+expect(plan_show_offline 0 "planned offline for sm_86: UNMEASURED.*scheme 14:[0-9a-f]+.*(attention_block|attention_row)"
+       plan show ${WORK}/plan86.json)
+if(info_out MATCHES "GPU: none")
+  expect(tune_no_gpu 0 "no GPU to measure on.*UNMEASURED.*kernels for sm_90.*Nothing was measured"
+         tune scripts/bert.lua ${small} -o ${WORK}/plan.json)
+  expect(plan_show 0 "device: none, planned offline for sm_90.*bert.lua.*batch=1.*seq=64.*latency: unmeasured"
+         plan show ${WORK}/plan.json)
+  expect(run_plan_needs_gpu 1 "GPU execution needs a GPU" run ${WORK}/plan.json)
+  expect(run_plan86_needs_gpu 1 "GPU execution needs a GPU" run ${WORK}/plan86.json)
+else()
+  expect(run_plan_other_arch 1 "does not fit this GPU: the plan was made offline for sm_86"
+         run ${WORK}/plan86.json)
+endif()
+# The plan names its script; --script finds it elsewhere; a plan that does
+# not fit its script (other shapes) is refused before the GPU is touched.
+file(READ ${WORK}/plan86.json plan_text)
+string(REGEX REPLACE "\"seq\":[ \t]*\"64\"" "\"seq\": \"32\"" other_seq "${plan_text}")
+file(WRITE ${WORK}/other-seq.json "${other_seq}")
+expect(run_plan_mismatch 1 "other-seq.json does not fit .*bert.lua: input input_ids is \\[1, 32\\]"
+       run ${WORK}/other-seq.json)
+expect(run_plan_wrong_script 1 "the plan is for script bert.lua, not gpt2.lua|gpt2.lua.*unknown parameter"
+       run ${WORK}/plan86.json --script scripts/gpt2.lua)
+expect(run_plan_set 2 "--set, --scheme and --cpu do not go with" run ${WORK}/plan86.json --set batch=2)
+# Broken plan files: a format error naming the file, exit 1.
+string(SUBSTRING "${plan_text}" 0 400 truncated)
+file(WRITE ${WORK}/truncated.json "${truncated}")
+expect(plan_show_truncated 1 "truncated.json: not valid JSON \\(line [0-9]+" plan show ${WORK}/truncated.json)
+expect(run_plan_truncated 1 "truncated.json: not valid JSON" run ${WORK}/truncated.json)
+expect(plan_show_missing 1 "cannot read the plan .*missing.json" plan show ${WORK}/missing.json)
+expect(tune_needs_output 2 "needs -o PLAN.json" tune scripts/bert.lua ${small})
+expect(tune_bad_budget 2 "--budget expects an integer" tune scripts/bert.lua --budget 0 -o ${WORK}/x.json)
+expect(tune_bad_arch 1 "sm_12" tune scripts/bert.lua ${small} --arch sm_12 -o ${WORK}/x.json)
+expect(plan_no_sub 2 "stof plan show PLAN.json" plan)
+expect(plan_bad_sub 2 "unknown plan subcommand 'frob'" plan frob ${WORK}/plan86.json)
+
 message(STATUS "cli: ${passes} passed, ${failures} failed")
 if(failures GREATER 0)
   message(FATAL_ERROR "cli: ${failures} checks failed")

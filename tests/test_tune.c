@@ -1,0 +1,491 @@
+/* The auto-tuner without a GPU (core/tune_backend.h):
+ *   - the check a candidate passes before its time counts: a wrong output,
+ *     NaN or infinity is STOF_ERR_UNSUPPORTED (the search caches it as
+ *     infeasible), within the fp16 / bf16 tolerance it passes;
+ *   - the CPU reference of a lone segment: a big GEMM segment on a subset
+ *     of rows, equal to the same sums done by hand; attention whole; the
+ *     pre-norm values of a GPT-2 residual segment; the row check finds a
+ *     wrong or NaN checked row;
+ *   - the offline tune (stof tune without a GPU, as a function): a plan
+ *     marked unmeasured that reads back, fits a compute capability 9.0
+ *     device (not an 8.0 one), turns into an executor plan with its
+ *     choices, and whose kernels are in the NVRTC cache afterwards: a second
+ *     offline tune compiles nothing;
+ *   - the starting schemes run on implemented templates for every script;
+ *   - a plan's end-to-end times and script path round-trip through JSON. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/error.h"
+#include "core/exec.h"
+#include "core/lua_api.h"
+#include "core/tune_backend.h"
+#include "ops/ops.h"
+#include "search/search.h"
+
+#define SCRIPTS STOF_SOURCE_DIR "/scripts/"
+
+typedef struct model {
+    graph g;
+    lua_api_script script;
+} model;
+
+static int model_load(model *m, const char *script, const char *const *params, int n) {
+    stof_error err = {0};
+    graph_init(&m->g);
+    int rc = lua_api_build(script, params, n, &m->g, &m->script, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", script, err.msg);
+    return rc;
+}
+
+static void model_free(model *m) {
+    graph_free(&m->g);
+}
+
+/* The first op of `kind` at or after op `from`. */
+static int find_op(const graph *g, op_kind kind, int from) {
+    for (int i = from; i < g->n_ops; i++)
+        if (g->ops[i].kind == kind)
+            return i;
+    return -1;
+}
+
+/* ==== the output check ========================================================================= */
+
+static void test_check_output(void) {
+    enum { N = 1000 };
+    static float ref[N], got[N];
+    for (int i = 0; i < N; i++)
+        ref[i] = got[i] = sinf(0.1f * (float)i) + 0.5f;
+    stof_error err = {0};
+    exec_diff d;
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_F16, &d, &err), STOF_OK);
+    CHECK(d.rel_error == 0 && d.n_nonfinite == 0);
+
+    /* fp16-sized noise passes, a wrong value fails */
+    for (int i = 0; i < N; i++)
+        got[i] = ref[i] * (1.0f + ((i % 2) ? 2e-3f : -2e-3f));
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_F16, NULL, &err), STOF_OK);
+    for (int i = 0; i < N; i++)
+        got[i] = ref[i] * 1.1f;
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_F16, &d, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "wrong output: relative error");
+    CHECK(d.rel_error > 0.05);
+
+    /* 1.5 % is wrong for fp16 but within bf16's tolerance */
+    for (int i = 0; i < N; i++)
+        got[i] = ref[i] * 1.015f;
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_F16, NULL, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_BF16, NULL, &err), STOF_OK);
+    CHECK(tune_tolerance(STOF_F16) == TUNE_TOL_F16 && tune_tolerance(STOF_BF16) == TUNE_TOL_BF16);
+
+    /* one NaN among correct values, one infinity */
+    memcpy(got, ref, sizeof got);
+    got[N / 2] = NAN;
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_F16, &d, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "NaN");
+    CHECK_EQ_INT(d.n_nonfinite, 1);
+    got[N / 2] = INFINITY;
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_BF16, NULL, &err), STOF_ERR_UNSUPPORTED);
+
+    /* all zeros where the reference is not: a kernel that wrote nothing */
+    memset(got, 0, sizeof got);
+    CHECK_EQ_INT(tune_check_output(got, ref, N, STOF_F16, NULL, &err), STOF_ERR_UNSUPPORTED);
+}
+
+/* ==== segment references ======================================================================== */
+
+static float *values_of(const graph *g, int t, uint64_t seed) {
+    float *v = malloc(sizeof *v * (size_t)graph_tensor_numel(&g->tensors[t]));
+    tune_tensor_values(&g->tensors[t], seed, v);
+    return v;
+}
+
+/* BERT's FFN up-projection (gemm bias gelu) at 512 tokens: the reference
+ * holds TUNE_CHECK_ROWS rows spread over all of them, each the sums done
+ * here by hand. */
+static void test_reference_rows(void) {
+    static const char *const params[] = {"preset=small", "batch=4", "seq=128"};
+    model m;
+    if (model_load(&m, SCRIPTS "bert.lua", params, 3))
+        return;
+    const graph *g = &m.g;
+    int gelu = find_op(g, OP_GELU, 0), first = gelu - 2;
+    CHECK(first >= 0 && g->ops[first].kind == OP_GEMM && g->ops[first + 1].kind == OP_BIAS);
+    const uint64_t seed = 7;
+    tune_reference ref;
+    stof_error err = {0};
+    int rc = tune_reference_compute(g, first, gelu, 0, seed, &ref, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        model_free(&m);
+        return;
+    }
+    const graph_op *gemm = &g->ops[first];
+    const graph_tensor *y = &g->tensors[g->ops[gelu].output];
+    int64_t rows = graph_tensor_numel(y) / y->shape[y->ndim - 1];
+    int64_t n = y->shape[y->ndim - 1];
+    int64_t k = g->tensors[gemm->inputs[0]].shape[g->tensors[gemm->inputs[0]].ndim - 1];
+    CHECK_EQ_INT(rows, 512);
+    CHECK_EQ_INT(ref.n_rows, TUNE_CHECK_ROWS);
+    CHECK_EQ_INT(ref.row_len, n);
+    CHECK(ref.rows && ref.rows[0] == 0 && ref.rows[ref.n_rows - 1] == rows - 1);
+    int sorted = 1;
+    for (int64_t i = 1; ref.rows && i < ref.n_rows; i++)
+        sorted &= ref.rows[i] > ref.rows[i - 1];
+    CHECK(sorted);
+    CHECK(ref.pre_norm == NULL);
+
+    float *x = values_of(g, gemm->inputs[0], seed), *w = values_of(g, gemm->inputs[1], seed);
+    float *b = values_of(g, g->ops[first + 1].inputs[1], seed);
+    int weight_kn = gemm->attr.gemm.weight_kn;
+    double worst = 0;
+    for (int64_t i = 0; i < ref.n_rows; i += 37)
+        for (int64_t j = 0; j < n; j += 13) {
+            double acc = 0;
+            for (int64_t q = 0; q < k; q++)
+                acc += (double)x[ref.rows[i] * k + q] * (weight_kn ? w[q * n + j] : w[j * k + q]);
+            float pre = (float)acc + b[j];
+            float want = g->ops[gelu].attr.gelu.tanh ? op_gelu_tanh(pre) : op_gelu_erf(pre);
+            double e = fabs(want - ref.out[i * n + j]);
+            worst = e > worst ? e : worst;
+        }
+    CHECK_MSG(worst < 1e-3, "hand-made sums differ by %g", worst);
+
+    /* the row check: the GPU's whole output with the checked rows right
+     * passes; one checked row wrong, or a NaN in it, fails */
+    float *full = malloc(sizeof *full * (size_t)(rows * n));
+    for (int64_t i = 0; i < rows * n; i++)
+        full[i] = 1e6f; /* rows that are not checked */
+    for (int64_t i = 0; i < ref.n_rows; i++)
+        memcpy(full + ref.rows[i] * n, ref.out + i * n, sizeof *full * (size_t)n);
+    CHECK_EQ_INT(tune_reference_check(&ref, full, 0, STOF_F16, NULL, &err), STOF_OK);
+    int64_t r = ref.rows[ref.n_rows / 2];
+    for (int64_t j = 0; j < n; j++)
+        full[r * n + j] = -full[r * n + j] * 3.0f;
+    CHECK_EQ_INT(tune_reference_check(&ref, full, 0, STOF_F16, NULL, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "wrong output");
+    for (int64_t j = 0; j < n; j++)
+        full[r * n + j] = ref.out[(ref.n_rows / 2) * n + j];
+    full[r * n + 3] = NAN;
+    CHECK_EQ_INT(tune_reference_check(&ref, full, 0, STOF_F16, NULL, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(tune_reference_check(&ref, full, 1, STOF_F16, NULL, &err), STOF_ERR_INVALID);
+    free(full);
+    free(x);
+    free(w);
+    free(b);
+    tune_reference_free(&ref);
+
+    /* attention is not row-wise: the whole output */
+    int att = find_op(g, OP_ATTENTION, 0);
+    rc = tune_reference_compute(g, att, att, 0, seed, &ref, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    const graph_tensor *ay = &g->tensors[g->ops[att].output];
+    CHECK(ref.rows == NULL && ref.n_rows * ref.row_len == graph_tensor_numel(ay));
+    int finite = 1;
+    for (int64_t i = 0; ref.out && i < ref.n_rows * ref.row_len; i++)
+        finite &= isfinite(ref.out[i]) != 0;
+    CHECK(finite);
+    tune_reference_free(&ref);
+
+    /* not a segment */
+    CHECK_EQ_INT(tune_reference_compute(g, 3, 2, 0, seed, &ref, &err), STOF_ERR_INVALID);
+    model_free(&m);
+}
+
+/* GPT-2's residual stream: add then layernorm, the add's result written
+ * too. The reference has both, the pre-norm values being the sum. */
+static void test_reference_pre_norm(void) {
+    static const char *const params[] = {"layers=2", "batch=1", "seq=32"};
+    model m;
+    if (model_load(&m, SCRIPTS "gpt2.lua", params, 3))
+        return;
+    const graph *g = &m.g;
+    int found = -1;
+    for (int i = 1; i < g->n_ops && found < 0; i++) {
+        if (g->ops[i].kind != OP_LAYERNORM || g->ops[i - 1].kind != OP_ADD)
+            continue;
+        int ops[2] = {i - 1, i};
+        fusion_match fm;
+        if (fusion_match_segment(g, ops, 2, &fm, NULL) == STOF_OK && fm.store_pre_norm)
+            found = i - 1;
+    }
+    CHECK(found >= 0);
+    if (found < 0) {
+        model_free(&m);
+        return;
+    }
+    tune_reference ref;
+    stof_error err = {0};
+    int rc = tune_reference_compute(g, found, found + 1, 1, 3, &ref, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    CHECK(ref.pre_norm != NULL && ref.out != NULL);
+    const graph_op *add = &g->ops[found];
+    float *a = values_of(g, add->inputs[0], 3), *b = values_of(g, add->inputs[1], 3);
+    double worst = 0;
+    for (int64_t i = 0; ref.pre_norm && i < ref.n_rows * ref.row_len; i++)
+        worst = fmax(worst, fabs(ref.pre_norm[i] - (a[i] + b[i])));
+    CHECK_MSG(worst < 1e-6, "pre-norm values differ from the sum by %g", worst);
+    free(a);
+    free(b);
+    tune_reference_free(&ref);
+    model_free(&m);
+}
+
+/* ==== starting schemes ============================================================================ */
+
+static void expect_initial_runs(const char *script, const char *const *params, int n) {
+    model m;
+    if (model_load(&m, script, params, n))
+        return;
+    search_sequence *seqs = NULL;
+    int n_seqs = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(search_sequences_from_graph(&m.g, &seqs, &n_seqs, &err), STOF_OK);
+    fusion_scheme *s = calloc((size_t)n_seqs, sizeof *s);
+    int rc = tune_initial_schemes(&m.g, seqs, n_seqs, SEARCH_DEFAULT_SMEM, s, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", script, err.msg);
+    for (int q = 0; !rc && q < n_seqs; q++) {
+        exec_seq es = {seqs[q].layer, seqs[q].firsts[0], seqs[q].n, 0};
+        rc = exec_scheme_check(&m.g, &es, &s[q], &err);
+        CHECK_MSG(rc == STOF_OK, "%s sequence %d: %s", script, q, err.msg);
+    }
+    free(s);
+    search_sequences_free(seqs, n_seqs);
+    model_free(&m);
+}
+
+static void test_initial_schemes(void) {
+    static const char *const bert[] = {"preset=small", "batch=1", "seq=64"};
+    static const char *const gpt2[] = {"layers=2", "batch=1", "seq=32"};
+    static const char *const t5[] = {"layers=1", "batch=1", "seq=32"};
+    expect_initial_runs(SCRIPTS "bert.lua", bert, 3);
+    expect_initial_runs(SCRIPTS "gpt2.lua", gpt2, 3);
+    expect_initial_runs(SCRIPTS "t5.lua", t5, 3);
+}
+
+/* ==== offline tuning ================================================================================ */
+
+static int count_cubins(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        n += strstr(e->d_name, ".cubin") != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    char path[1200];
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+static stof_device_info device_of(int major, int minor) {
+    stof_device_info d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.name, sizeof d.name, "NVIDIA H100 80GB HBM3");
+    d.cc_major = major;
+    d.cc_minor = minor;
+    d.sm_count = 132;
+    return d;
+}
+
+/* The executor plan of p has p's schemes and, segment by segment, its
+ * templates and values. */
+static void check_exec_plan(const plan *p, const graph *g) {
+    exec_plan *xp = NULL;
+    stof_error err = {0};
+    int rc = tune_exec_plan(p, g, &xp, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc)
+        return;
+    int checked = 0;
+    for (int q = 0; q < p->n_sequences; q++) {
+        const plan_sequence *ps = &p->sequences[q];
+        for (int s = 0; s < xp->n_segs; s++) {
+            const exec_segment *sg = &xp->segs[s];
+            if (xp->seqs[sg->seq].first != ps->instances[0])
+                continue;
+            CHECK(fusion_scheme_same_segments(&xp->schemes[sg->seq], &ps->scheme));
+            const plan_segment *want = &ps->segments[sg->index];
+            CHECK_EQ_INT(sg->tmpl, want->kernel.tmpl);
+            CHECK(sg->has_values && !sg->auto_attention);
+            CHECK(memcmp(sg->values, want->kernel.values,
+                         sizeof *sg->values * (size_t)want->kernel.n_values) == 0);
+            CHECK_EQ_INT(sg->first, ps->instances[0] + want->first);
+            checked++;
+        }
+    }
+    CHECK(checked > 0);
+    exec_plan_free(xp);
+}
+
+static void test_offline(void) {
+    static const char *const params[] = {"preset=small", "batch=1", "seq=64"};
+    model m;
+    if (model_load(&m, SCRIPTS "bert.lua", params, 3))
+        return;
+    char dir[] = "/tmp/stof-test-tune-XXXXXX", path[512];
+    CHECK(mkdtemp(dir) != NULL);
+    plan p, back;
+    tune_offline_stats st;
+    stof_error err = {0};
+    int rc = tune_offline(&m.g, &m.script, "sm_90", dir, &p, &st, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        remove_dir(dir);
+        model_free(&m);
+        return;
+    }
+    CHECK(st.kernels > 0 && st.compiled > 0);
+    CHECK_EQ_INT(st.kernels, st.compiled + st.disk_hits + st.memory_hits);
+    CHECK_EQ_INT(count_cubins(dir), st.compiled);
+    CHECK(!p.device.measured && strcmp(p.device.arch, "sm_90") == 0);
+    CHECK(strcmp(p.device.name, PLAN_UNMEASURED) == 0);
+    CHECK(p.latency_ms == 0 && !p.has_end_to_end && p.stats.settings_measured == 0);
+    CHECK(strcmp(p.script_name, "bert.lua") == 0 && p.script_path[0] == '/');
+    CHECK(p.n_sequences >= 2 && p.n_attention >= 1);
+
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    CHECK_EQ_INT(plan_write(&p, path, &err), STOF_OK);
+    rc = plan_read(path, &back, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (!rc) {
+        CHECK(!back.device.measured && strcmp(back.device.arch, "sm_90") == 0);
+        CHECK(strcmp(back.script_path, p.script_path) == 0);
+        CHECK_EQ_INT(back.n_sequences, p.n_sequences);
+        stof_device_info h100 = device_of(9, 0), a100 = device_of(8, 0);
+        rc = plan_check_fits(&back, &h100, &m.script, &m.g, &err);
+        CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+        CHECK_EQ_INT(plan_check_fits(&back, &a100, NULL, NULL, &err), STOF_ERR_MISMATCH);
+        CHECK_CONTAINS(err.msg, "made offline for sm_90");
+        check_exec_plan(&back, &m.g);
+        plan_free(&back);
+    }
+    unlink(path);
+
+    /* the kernels are in the cache: a second offline tune compiles nothing */
+    plan again;
+    tune_offline_stats st2;
+    rc = tune_offline(&m.g, &m.script, "sm_90", dir, &again, &st2, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    CHECK_EQ_INT(st2.compiled, 0);
+    CHECK_EQ_INT(st2.kernels, st.kernels);
+    CHECK_EQ_INT(st2.disk_hits, st.compiled);
+    if (!rc)
+        plan_free(&again);
+
+    /* an architecture the planner does not know */
+    rc = tune_offline(&m.g, &m.script, "sm_12", dir, &again, &st2, &err);
+    CHECK_EQ_INT(rc, STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "sm_12");
+    plan_free(&p);
+    remove_dir(dir);
+    model_free(&m);
+}
+
+/* fp32 models cannot be planned for the GPU kernels. */
+static void test_offline_fp32(void) {
+    static const char *const params[] = {"layers=1", "batch=1", "seq=32", "dtype=fp32"};
+    model m;
+    if (model_load(&m, SCRIPTS "gpt2.lua", params, 4))
+        return;
+    plan p;
+    tune_offline_stats st;
+    stof_error err = {0};
+    CHECK_EQ_INT(tune_offline(&m.g, &m.script, "sm_90", "", &p, &st, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "f16 or bf16");
+    model_free(&m);
+}
+
+/* ==== plan additions round-trip ===================================================================== */
+
+static void test_plan_end_to_end(void) {
+    static const char *const params[] = {"preset=small", "batch=1", "seq=64"};
+    model m;
+    if (model_load(&m, SCRIPTS "bert.lua", params, 3))
+        return;
+    plan p, back;
+    tune_offline_stats st;
+    stof_error err = {0};
+    int rc = tune_offline(&m.g, &m.script, "sm_90", NULL, &p, &st, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        model_free(&m);
+        return;
+    }
+    p.has_end_to_end = 1;
+    p.end_to_end = (plan_end_to_end){1.25, 1.5, 2.0 / 3.0};
+    char *text = NULL;
+    CHECK_EQ_INT(plan_to_json(&p, &text, &err), STOF_OK);
+    CHECK(text && strstr(text, "\"end_to_end\"") && strstr(text, "\"path\""));
+    rc = text ? plan_from_json(text, strlen(text), "e2e.json", &back, &err) : STOF_ERR_NOMEM;
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (!rc) {
+        CHECK(back.has_end_to_end && back.end_to_end.graph_ms == 1.25 &&
+              back.end_to_end.eager_ms == 1.5 && back.end_to_end.unfused_ms == 2.0 / 3.0);
+        plan_free(&back);
+    }
+    /* a bad key inside it names the field */
+    char *bad = text ? strstr(text, "\"unfused_ms\"") : NULL;
+    if (bad) {
+        memcpy(bad, "\"unfused_xx\"", 12);
+        CHECK_EQ_INT(plan_from_json(text, strlen(text), "e2e.json", &back, &err),
+                     STOF_ERR_FORMAT);
+        CHECK_CONTAINS(err.msg, "e2e.json: end_to_end.unfused_xx");
+    }
+    free(text);
+    /* without either, a plan still reads (both are optional) */
+    p.has_end_to_end = 0;
+    p.script_path[0] = '\0';
+    CHECK_EQ_INT(plan_to_json(&p, &text, &err), STOF_OK);
+    CHECK(text && !strstr(text, "\"end_to_end\"") && !strstr(text, "\"path\""));
+    rc = text ? plan_from_json(text, strlen(text), "plain.json", &back, &err) : STOF_ERR_NOMEM;
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (!rc) {
+        CHECK(!back.has_end_to_end && back.script_path[0] == '\0');
+        plan_free(&back);
+    }
+    free(text);
+    plan_free(&p);
+    model_free(&m);
+}
+
+/* Measurements are keyed by the device and the build's kernels. */
+static void test_cache_key(void) {
+    stof_device_info d = device_of(9, 0);
+    char key[512];
+    tune_cache_device_key(&d, key, sizeof key);
+    CHECK(strncmp(key, d.name, strlen(d.name)) == 0);
+    CHECK_CONTAINS(key, "| kernels ");
+    CHECK(strchr(key, '\t') == NULL && strchr(key, '\n') == NULL);
+}
+
+int main(void) {
+    test_check_output();
+    test_reference_rows();
+    test_reference_pre_norm();
+    test_initial_schemes();
+    test_offline();
+    test_offline_fp32();
+    test_plan_end_to_end();
+    test_cache_key();
+    return check_summary("test_tune");
+}

@@ -610,7 +610,7 @@ static int rd_input(rd *r, const cJSON *o, const char *where, plan_input *in) {
     int rc = rd_shape_of(r, o, "", where, keys);
     if (!rc)
         rc = rd_str(r, o, where, "name", in->name, sizeof in->name);
-    const cJSON *shape;
+    const cJSON *shape = NULL;
     if (!rc)
         rc = rd_array(r, o, where, "shape", 1, GRAPH_MAX_DIMS, &shape, &in->ndim);
     char path[256];
@@ -674,8 +674,8 @@ static int rd_mask(rd *r, const cJSON *o, const char *where, plan_mask *m) {
 }
 
 static int rd_masks(rd *r, const cJSON *root, plan *p) {
-    const cJSON *arr;
-    int n, rc = rd_array(r, root, "", "masks", 0, 1 << 16, &arr, &n);
+    const cJSON *arr = NULL;
+    int n = 0, rc = rd_array(r, root, "", "masks", 0, 1 << 16, &arr, &n);
     if (!rc && n > 0 && !(p->masks = err_calloc((size_t)n, sizeof *p->masks, r->err)))
         rc = STOF_ERR_NOMEM;
     for (const cJSON *c = rc ? NULL : arr->child; c && !rc; c = c->next) {
@@ -746,8 +746,8 @@ static int rd_attention_one(rd *r, const cJSON *o, const char *where, int n_mask
 }
 
 static int rd_attention(rd *r, const cJSON *root, plan *p) {
-    const cJSON *arr;
-    int n, rc = rd_array(r, root, "", "attention", 0, 1 << 16, &arr, &n);
+    const cJSON *arr = NULL;
+    int n = 0, rc = rd_array(r, root, "", "attention", 0, 1 << 16, &arr, &n);
     if (!rc && n > 0 && !(p->attention = err_calloc((size_t)n, sizeof *p->attention, r->err)))
         rc = STOF_ERR_NOMEM;
     for (const cJSON *c = rc ? NULL : arr->child; c && !rc; c = c->next) {
@@ -768,8 +768,8 @@ static int sum_matches(double want, double got) {
 }
 
 static int rd_seg_ops(rd *r, const cJSON *o, const char *where, plan_segment *s) {
-    const cJSON *arr;
-    int n, len = s->last - s->first + 1;
+    const cJSON *arr = NULL;
+    int n = 0, len = s->last - s->first + 1;
     int rc = rd_array(r, o, where, "ops", len, len, &arr, &n);
     char path[256];
     path_join(path, sizeof path, where, "ops");
@@ -837,8 +837,8 @@ static int rd_scheme(rd *r, const cJSON *o, const char *where, int n, fusion_sch
 }
 
 static int rd_instances(rd *r, const cJSON *o, const char *where, plan_sequence *q) {
-    const cJSON *arr;
-    int n, rc = rd_array(r, o, where, "instances", 1, 1 << 20, &arr, &n);
+    const cJSON *arr = NULL;
+    int n = 0, rc = rd_array(r, o, where, "instances", 1, 1 << 20, &arr, &n);
     if (!rc && !(q->instances = err_malloc(sizeof *q->instances * (size_t)n, r->err)))
         rc = STOF_ERR_NOMEM;
     char path[256];
@@ -861,8 +861,8 @@ static int rd_instances(rd *r, const cJSON *o, const char *where, plan_sequence 
 static int rd_segments(rd *r, const cJSON *o, const char *where, plan_sequence *q) {
     fusion_segment spans[FUSION_MAX_OPS];
     int want = fusion_scheme_segments(&q->scheme, spans, FUSION_MAX_OPS);
-    const cJSON *arr;
-    int n, rc = rd_array(r, o, where, "segments", want, want, &arr, &n);
+    const cJSON *arr = NULL;
+    int n = 0, rc = rd_array(r, o, where, "segments", want, want, &arr, &n);
     if (!rc && !(q->segments = err_calloc((size_t)n, sizeof *q->segments, r->err)))
         rc = STOF_ERR_NOMEM;
     double sum = 0;
@@ -897,8 +897,8 @@ static int rd_sequence(rd *r, const cJSON *o, const char *where, plan_sequence *
 }
 
 static int rd_sequences(rd *r, const cJSON *root, plan *p) {
-    const cJSON *arr;
-    int n, rc = rd_array(r, root, "", "sequences", 1, 1 << 16, &arr, &n);
+    const cJSON *arr = NULL;
+    int n = 0, rc = rd_array(r, root, "", "sequences", 1, 1 << 16, &arr, &n);
     if (!rc && !(p->sequences = err_calloc((size_t)n, sizeof *p->sequences, r->err)))
         rc = STOF_ERR_NOMEM;
     for (const cJSON *c = rc ? NULL : arr->child; c && !rc; c = c->next) {

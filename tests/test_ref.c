@@ -49,16 +49,16 @@ static int add_op(graph *g, op_kind kind, int a, int b, int c) {
 
 static int linear(graph *g, int x, const char *name, int out_f, int in_f) {
     char w[64], b[64];
-    snprintf(w, sizeof w, "%s.w", name);
-    snprintf(b, sizeof b, "%s.b", name);
+    snprintf(w, sizeof w, "%.56s.w", name);
+    snprintf(b, sizeof b, "%.56s.b", name);
     int y = add_op(g, OP_GEMM, x, add_weight(g, w, out_f, in_f, GRAPH_INIT_UNIFORM), -1);
     return add_op(g, OP_BIAS, y, add_weight(g, b, out_f, 0, GRAPH_INIT_UNIFORM), -1);
 }
 
 static int layernorm(graph *g, int x, const char *name) {
     char gn[64], bn[64];
-    snprintf(gn, sizeof gn, "%s.g", name);
-    snprintf(bn, sizeof bn, "%s.b", name);
+    snprintf(gn, sizeof gn, "%.56s.g", name);
+    snprintf(bn, sizeof bn, "%.56s.b", name);
     return add_op(g, OP_LAYERNORM, x, add_weight(g, gn, H, 0, GRAPH_INIT_ONES),
                   add_weight(g, bn, H, 0, GRAPH_INIT_UNIFORM));
 }
@@ -146,8 +146,8 @@ static double *weight(const graph *g, uint64_t seed, const char *name) {
 static void naive_linear(const graph *g, uint64_t seed, const char *name, const double *x,
                          int rows, int in_f, int out_f, double *y) {
     char wn[64], bn[64];
-    snprintf(wn, sizeof wn, "%s.w", name);
-    snprintf(bn, sizeof bn, "%s.b", name);
+    snprintf(wn, sizeof wn, "%.56s.w", name);
+    snprintf(bn, sizeof bn, "%.56s.b", name);
     double *w = weight(g, seed, wn), *b = weight(g, seed, bn);
     for (int r = 0; r < rows; r++)
         for (int o = 0; o < out_f; o++) {
@@ -162,8 +162,8 @@ static void naive_linear(const graph *g, uint64_t seed, const char *name, const 
 
 static void naive_layernorm(const graph *g, uint64_t seed, const char *name, double *x) {
     char gn[64], bn[64];
-    snprintf(gn, sizeof gn, "%s.g", name);
-    snprintf(bn, sizeof bn, "%s.b", name);
+    snprintf(gn, sizeof gn, "%.56s.g", name);
+    snprintf(bn, sizeof bn, "%.56s.b", name);
     double *ga = weight(g, seed, gn), *be = weight(g, seed, bn);
     for (int r = 0; r < B * S; r++) {
         double mean = 0, var = 0;

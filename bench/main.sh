@@ -28,6 +28,11 @@ echo; echo "== CPU reference: bert-small, batch 1, seq 128"
 $stof run --cpu scripts/bert.lua --set preset=small --set batch=1 --set seq=128
 
 if $stof info | grep -q '^GPU 0'; then
+  echo; echo "== tune bert-small (batch 8, seq 512, BigBird) on this GPU, then run the plan"
+  $stof tune scripts/bert.lua --set preset=small --set batch=8 --set seq=512 \
+    --time-limit 60 -o build/out/bert-small.json | tail -n 6
+  $stof run build/out/bert-small.json | tail -n 3
+
   echo; echo "== GPU tests"
   ctest --test-dir build -L gpu --output-on-failure
   if python3 -c "import torch" >/dev/null 2>&1; then
@@ -37,5 +42,8 @@ if $stof info | grep -q '^GPU 0'; then
     echo; echo "PyTorch is not installed: skipped the comparison with PyTorch (bench/attention.py)."
   fi
 else
-  echo; echo "No GPU on this machine: skipped the GPU tests (ctest -L gpu) and all GPU timing."
+  echo; echo "== an unmeasured plan for sm_90 (kernels compiled into the cache, nothing timed)"
+  $stof tune scripts/bert.lua --set preset=small --set batch=8 --set seq=512 --arch sm_90 \
+    -o build/out/bert-small-sm90.json | tail -n 3
+  echo; echo "No GPU on this machine: skipped tuning on the GPU, the GPU tests (ctest -L gpu) and all GPU timing."
 fi

@@ -1039,6 +1039,25 @@ void tune_cache_device_key(const stof_device_info *dev, char *buf, size_t cap) {
              stof_build_commit(), (unsigned long long)h);
 }
 
+/* 1 when some sequence could not start from the rules' own scheme (the
+ * executor cannot run it): then the search must be given the starting
+ * schemes; otherwise it picks among the rules' candidates itself. */
+static int needs_given_start(const graph *g, const search_sequence *seqs, int n_seqs,
+                             int smem_limit, const fusion_scheme *start) {
+    for (int q = 0; q < n_seqs; q++) {
+        int ops[FUSION_MAX_OPS];
+        for (int k = 0; k < seqs[q].n; k++)
+            ops[k] = seqs[q].firsts[0] + k;
+        search_rules rules = {0, smem_limit};
+        fusion_scheme own;
+        stof_error ignored = {0};
+        if (search_initial_scheme(g, ops, seqs[q].n, &rules, &own, &ignored) ||
+            !fusion_scheme_equal(&own, &start[q]))
+            return 1;
+    }
+    return 0;
+}
+
 /* Sequences, starting schemes, backend, cache. */
 static int tune_setup(exec_ctx *ctx, const graph *g, const tune_options *o, tune_state *t,
                       stof_error *err) {
@@ -1075,7 +1094,11 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
     if (!rc) {
         search_backend backend = tune_backend_search(t.backend);
         search_options so = {.budget = o.budget, .time_limit_s = o.time_limit_s, .seed = o.seed,
-                             .smem_limit = dev->smem_per_block_optin, .initial = t.initial,
+                             .smem_limit = dev->smem_per_block_optin,
+                             .initial = needs_given_start(g, t.seqs, t.n_seqs,
+                                                          dev->smem_per_block_optin, t.initial)
+                                            ? t.initial
+                                            : NULL,
                              .cache = t.cache, .progress = o.progress, .cb_ud = o.ud};
         rc = search_run(g, t.seqs, t.n_seqs, &backend, &so, &t.result, err);
     }

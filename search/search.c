@@ -207,9 +207,9 @@ static int initial_scheme(search_ctx *c, int q, const int *ops, fusion_scheme *s
     if (!c->opt.initial) {
         search_rules rules = {c->opt.chain_max_tokens, c->opt.smem_limit};
         int rc = search_initial_scheme(c->g, ops, c->seqs[q].n, &rules, s, err);
-        if (rc || rules.chain_max_tokens <= 0)
+        if (rc || rules.chain_max_tokens < 0)
             return rc;
-        search_rules no_chains = {0, c->opt.smem_limit};
+        search_rules no_chains = {-1, c->opt.smem_limit};
         rc = search_initial_scheme(c->g, ops, c->seqs[q].n, &no_chains, alt, err);
         *has_alt = !rc && !fusion_scheme_equal(s, alt);
         return rc;

@@ -626,15 +626,41 @@ static void check_move(const model *m, const search_move *mv) {
     CHECK(mv->kept ? mv->after_ms < mv->before_ms : mv->after_ms >= mv->before_ms);
 }
 
+/* The rules' scheme without CI+CI chains: the search measures both starts
+ * and begins from the faster. */
+static void rules_initial_no_chains(const model *m, fusion_scheme *alt) {
+    for (int q = 0; q < m->n_seqs; q++) {
+        int ops[FUSION_MAX_OPS];
+        seq_ops(m, q, ops);
+        search_rules rules = {-1, 0};
+        search_initial_scheme(&m->g, ops, m->seqs[q].n, &rules, &alt[q], NULL);
+    }
+}
+
+/* The start of sequence q: the first move's scheme before it, which must be
+ * one of the two rule candidates; with no move, whichever matches the result. */
+static fusion_scheme start_of(const synth *s, int q, const fusion_scheme *init,
+                              const fusion_scheme *alt, const search_result *r) {
+    for (int i = 0; i < s->n_moves; i++)
+        if (s->moves[i].seq == q) {
+            const fusion_scheme *b = &s->moves[i].before;
+            CHECK(fusion_scheme_equal(b, &init[q]) || fusion_scheme_equal(b, &alt[q]));
+            return *b;
+        }
+    return fusion_scheme_same_segments(&alt[q], &r->seqs[q].scheme) ? alt[q] : init[q];
+}
+
 /* Every move keeps the rules; consecutive moves continue from the kept
  * scheme or, after a rollback, from the identical bits; no scheme twice. */
 static void check_moves(const model *m, const synth *s, const fusion_scheme *init,
                         const search_result *r) {
+    fusion_scheme *alt = malloc(sizeof *alt * (size_t)m->n_seqs);
+    rules_initial_no_chains(m, alt);
     for (int q = 0; q < m->n_seqs; q++) {
-        fusion_scheme cur = init[q];
+        fusion_scheme cur = start_of(s, q, init, alt, r);
         fusion_scheme *seen = malloc(sizeof *seen * (size_t)(s->n_moves + 1));
         int n_seen = 0;
-        seen[n_seen] = init[q];
+        seen[n_seen] = cur;
         fusion_scheme_canonical(&seen[n_seen++]);
         for (int i = 0; i < s->n_moves; i++) {
             const search_move *mv = &s->moves[i];
@@ -653,6 +679,7 @@ static void check_moves(const model *m, const synth *s, const fusion_scheme *ini
         CHECK(fusion_scheme_same_segments(&cur, &r->seqs[q].scheme));
         free(seen);
     }
+    free(alt);
 }
 
 /* ==== whole runs ======================================================================================= */

@@ -29,6 +29,7 @@ int exec_ctx_create(int ordinal, exec_ctx **out, stof_error *err) {
         return rc;
     }
     c->drv = c->gemm->drv;
+    c->ordinal = ordinal;
     *out = c;
     return STOF_OK;
 }
@@ -36,6 +37,7 @@ int exec_ctx_create(int ordinal, exec_ctx **out, stof_error *err) {
 void exec_ctx_free(exec_ctx *c) {
     if (!c)
         return;
+    cublaslt_exec_ctx_free(c->lt);
     mha_exec_ctx_free(c->mha);
     gemm_exec_ctx_free(c->gemm);
     free(c);

@@ -53,7 +53,7 @@ int exec_template_implemented(fusion_template_id t);
 /* Whether template t runs the segment of graph ops first .. first + n - 1
  * matched as m: it has a launcher, the launcher takes the segment's op order
  * and its shapes (the kernels' own validation). STOF_ERR_UNSUPPORTED naming
- * the segment and the reason ("gemm_ln kernel not built yet") otherwise. */
+ * the segment and the reason (the kernel's own validation) otherwise. */
 int exec_segment_supports(const graph *g, int first, int n, const fusion_match *m,
                           fusion_template_id t, stof_error *err);
 
@@ -154,10 +154,11 @@ typedef struct exec_choice {
 } exec_choice;
 
 /* The settings segment s runs with when given none, for a device with
- * limits lim: the GEMM family's default values (one choice); attention the
- * selector's choice (row- or block-wise), and with measure > 0 after it the
- * candidates a measured plan times (mha_exec_candidates), those that the
- * templates' parameter spaces hold. At most cap into out. */
+ * limits lim: the GEMM family's default values (one choice; cublaslt ALGO 0,
+ * the heuristic's favourite); attention the selector's choice (row- or
+ * block-wise), and with measure > 0 after it the candidates a measured plan
+ * times (mha_exec_candidates), those that the templates' parameter spaces
+ * hold. At most cap into out. */
 int exec_segment_candidates(const graph *g, const exec_segment *s,
                             const struct mha_device_limits *lim, int measure, exec_choice *out,
                             int cap, int *n, stof_error *err);

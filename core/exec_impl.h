@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 
+#include "core/cublaslt_exec.h"
 #include "core/cuda_driver.h"
 #include "core/exec.h"
 #include "core/gemm_exec.h"
@@ -13,13 +14,18 @@
 
 struct exec_ctx {
     const cuda_driver *drv;
-    gemm_exec_ctx *gemm; /* gemm_epilogue, mi_chain, embedding */
+    int ordinal;
+    gemm_exec_ctx *gemm; /* gemm_epilogue, gemm_ln, gemm_chain, mi_chain, embedding */
     mha_exec_ctx *mha;   /* attention_row, attention_block */
+    cublaslt_exec_ctx *lt; /* cublaslt: made by its first plan (exec_launch.c), freed
+                              with the context */
 };
 
 /* The device tensors of one segment's launch, resolved once. */
 typedef union exec_tensors {
-    gemm_exec_gemm_tensors gemm;
+    gemm_exec_gemm_tensors gemm; /* gemm_epilogue, cublaslt */
+    gemm_exec_ln_tensors ln;
+    gemm_exec_chain_tensors chain;
     gemm_exec_mi_tensors mi;
     gemm_exec_embed_tensors embed;
     mha_exec_tensors attn;
@@ -29,7 +35,7 @@ typedef struct exec_launcher exec_launcher;
 
 typedef struct exec_seg_rt {
     const exec_launcher *launcher;
-    void *kplan;          /* gemm_exec_plan or mha_exec_plan */
+    void *kplan;          /* gemm_exec_plan, cublaslt_exec_plan or mha_exec_plan */
     int owns_kplan;       /* 0: shared with an identical segment before it */
     exec_tensors t;
 } exec_seg_rt;

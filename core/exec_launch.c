@@ -63,35 +63,90 @@ static int is_norm(op_kind k) {
     return k == OP_LAYERNORM || k == OP_RMSNORM;
 }
 
-/* ---- gemm_epilogue: gemm [bias] [act] [add] ------------------------------------------------ */
+/* ---- the GEMM family: gemm_epilogue, cublaslt, gemm_ln, gemm_chain -------------------------- */
 
+/* One GEMM and the epilogue ops after it: the operands each op brings. */
 typedef struct gemm_roles {
-    int x, w, bias, residual;
+    int x, w, bias, residual, gamma, beta;
+    float eps;
 } gemm_roles;
 
-static int gemm_read(const graph *g, int first, int n, const fusion_match *m,
-                     gemm_exec_problem *p, gemm_roles *r, stof_error *err) {
+/* Ops first .. first + n - 1: a GEMM, then bias, activation, add and a
+ * closing norm as matched (the matcher fixed their order) into r, and the
+ * problem of template tmpl with epilogue epi over the GEMM's output. */
+static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
+                     const fusion_epilogue *epi, gemm_exec_problem *p, gemm_roles *r,
+                     stof_error *err) {
     const graph_op *op0 = &g->ops[first];
     const graph_tensor *y = tensor(g, op0->output);
-    *r = (gemm_roles){op0->inputs[0], op0->inputs[1], -1, -1};
+    *r = (gemm_roles){op0->inputs[0], op0->inputs[1], -1, -1, -1, -1, 0.0f};
     for (int k = 1; k < n; k++) {
         const graph_op *op = &g->ops[first + k];
         int prev = g->ops[first + k - 1].output;
-        if (op->kind == OP_BIAS)
+        if (op->kind == OP_BIAS) {
             r->bias = op->inputs[1];
-        else if (op->kind == OP_ADD && (r->residual = other_input(op, prev)) < 0)
+        } else if (op->kind == OP_ADD && (r->residual = other_input(op, prev)) < 0) {
             return unsupported(err,
-                               "#%d adds the GEMM's result to itself (gemm_epilogue adds a "
-                               "residual made elsewhere)", first + k);
+                               "#%d adds the GEMM's result to itself (%s adds a residual made "
+                               "elsewhere)", first + k, fusion_template_get(tmpl)->name);
+        } else if (is_norm(op->kind)) {
+            r->gamma = op->inputs[1];
+            r->beta = op->kind == OP_LAYERNORM ? op->inputs[2] : -1;
+            r->eps = op->attr.norm.eps;
+        }
     }
     memset(p, 0, sizeof *p);
-    p->tmpl = FUSION_T_GEMM_EPILOGUE;
+    p->tmpl = tmpl;
     p->dtype = y->dtype;
     p->n = last_dim(y);
     p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
     p->k = last_dim(tensor(g, r->x));
-    p->epi = m->epi[0];
+    p->epi = *epi;
     p->weight_kn = op0->attr.gemm.weight_kn;
+    p->eps = r->eps;
+    return STOF_OK;
+}
+
+/* gemm_epilogue, cublaslt (gemm [bias] [act] [add]) and gemm_ln (gemm
+ * [bias] [add] norm, the norm's input stored when the match says so). */
+static int gemm_read_seg(const graph *g, int first, int n, const fusion_match *m,
+                         fusion_template_id tmpl, gemm_exec_problem *p, gemm_roles *r,
+                         stof_error *err) {
+    int rc = gemm_read(g, first, n, tmpl, &m->epi[0], p, r, err);
+    if (!rc && tmpl == FUSION_T_GEMM_LN)
+        p->store_pre_norm = m->store_pre_norm;
+    return rc;
+}
+
+/* gemm_chain: gemm [bias] [act] | gemm [bias] [add], the second GEMM
+ * reading the first's (activated) result. */
+typedef struct chain_roles {
+    gemm_roles first, second;
+} chain_roles;
+
+static int chain_read(const graph *g, int first, int n, const fusion_match *m,
+                      gemm_exec_problem *p, chain_roles *r, stof_error *err) {
+    int j = 1;
+    while (j < n && g->ops[first + j].kind != OP_GEMM)
+        j++;
+    if (j >= n)
+        return unsupported(err, "gemm_chain needs a second GEMM");
+    gemm_exec_problem p2;
+    int rc = gemm_read(g, first, j, FUSION_T_GEMM_CHAIN, &m->epi[0], p, &r->first, err);
+    if (!rc)
+        rc = gemm_read(g, first + j, n - j, FUSION_T_GEMM_CHAIN, &m->epi[1], &p2, &r->second,
+                       err);
+    if (rc)
+        return rc;
+    if (p2.weight_kn != p->weight_kn)
+        return unsupported(err,
+                           "#%d and #%d store their weights differently ([K,N] and [N,K]); "
+                           "gemm_chain takes one layout for both", first, first + j);
+    if (p2.k != p->n)
+        return unsupported(err, "#%d reduces over %lld features, but #%d makes %lld",
+                           first + j, (long long)p2.k, first, (long long)p->n);
+    p->n2 = p2.n;
+    p->epi2 = p2.epi;
     return STOF_OK;
 }
 
@@ -99,8 +154,32 @@ static int gemm_supports(const graph *g, int first, int n, const fusion_match *m
                          stof_error *err) {
     gemm_exec_problem p;
     gemm_roles r;
-    int rc = gemm_read(g, first, n, m, &p, &r, err);
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_GEMM_EPILOGUE, &p, &r, err);
     return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int ln_supports(const graph *g, int first, int n, const fusion_match *m,
+                       stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_GEMM_LN, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int chain_supports(const graph *g, int first, int n, const fusion_match *m,
+                          stof_error *err) {
+    gemm_exec_problem p;
+    chain_roles r;
+    int rc = chain_read(g, first, n, m, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int lt_supports(const graph *g, int first, int n, const fusion_match *m,
+                       stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_CUBLASLT, &p, &r, err);
+    return rc ? rc : cublaslt_exec_validate(&p, err);
 }
 
 /* ---- mi_chain: (bias|add)* [act] [norm] ------------------------------------------------------ */
@@ -209,9 +288,15 @@ static int embed_supports(const graph *g, int first, int n, const fusion_match *
 static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *p,
                       stof_error *err) {
     switch (s->tmpl) {
-    case FUSION_T_GEMM_EPILOGUE: {
+    case FUSION_T_GEMM_EPILOGUE:
+    case FUSION_T_GEMM_LN:
+    case FUSION_T_CUBLASLT: {
         gemm_roles r;
-        return gemm_read(g, s->first, s->n, &s->match, p, &r, err);
+        return gemm_read_seg(g, s->first, s->n, &s->match, s->tmpl, p, &r, err);
+    }
+    case FUSION_T_GEMM_CHAIN: {
+        chain_roles r;
+        return chain_read(g, s->first, s->n, &s->match, p, &r, err);
     }
     case FUSION_T_MI_CHAIN: {
         mi_roles r;
@@ -247,7 +332,7 @@ static CUdeviceptr ptr_of(const exec_model *m, int t) {
 static int gemm_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
     gemm_exec_problem p;
     gemm_roles r;
-    int rc = gemm_read(m->plan->g, s->first, s->n, &s->match, &p, &r, err);
+    int rc = gemm_read_seg(m->plan->g, s->first, s->n, &s->match, s->tmpl, &p, &r, err);
     if (rc)
         return rc;
     rt->t.gemm = (gemm_exec_gemm_tensors){.x = ptr_of(m, r.x), .w = ptr_of(m, r.w),
@@ -259,6 +344,43 @@ static int gemm_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof
 
 static int gemm_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
     return gemm_exec_gemm(m->ctx->gemm, rt->kplan, &rt->t.gemm, st, err);
+}
+
+static int ln_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(m->plan->g, s->first, s->n, &s->match, FUSION_T_GEMM_LN, &p, &r, err);
+    if (rc)
+        return rc;
+    rt->t.ln = (gemm_exec_ln_tensors){.x = ptr_of(m, r.x), .w = ptr_of(m, r.w),
+                                      .bias = ptr_of(m, r.bias),
+                                      .residual = ptr_of(m, r.residual),
+                                      .gamma = ptr_of(m, r.gamma), .beta = ptr_of(m, r.beta),
+                                      .y = ptr_of(m, s->out), .pre_norm = ptr_of(m, s->pre_norm)};
+    return STOF_OK;
+}
+
+static int ln_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_gemm_ln(m->ctx->gemm, rt->kplan, &rt->t.ln, st, err);
+}
+
+static int chain_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    chain_roles r;
+    int rc = chain_read(m->plan->g, s->first, s->n, &s->match, &p, &r, err);
+    if (rc)
+        return rc;
+    rt->t.chain = (gemm_exec_chain_tensors){.x = ptr_of(m, r.first.x), .w1 = ptr_of(m, r.first.w),
+                                            .b1 = ptr_of(m, r.first.bias),
+                                            .w2 = ptr_of(m, r.second.w),
+                                            .b2 = ptr_of(m, r.second.bias),
+                                            .residual = ptr_of(m, r.second.residual),
+                                            .y = ptr_of(m, s->out)};
+    return STOF_OK;
+}
+
+static int chain_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_gemm_chain(m->ctx->gemm, rt->kplan, &rt->t.chain, st, err);
 }
 
 static int mi_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
@@ -303,6 +425,48 @@ static size_t gx_describe(const void *kplan, char *buf, size_t n) {
 
 static fusion_template_id gx_actual(const void *kplan, fusion_template_id planned) {
     return ((const gemm_exec_plan *)kplan)->problem.tmpl;
+}
+
+/* ---- cublaslt on the GPU ------------------------------------------------------------------- */
+
+/* The context's cuBLASLt handle, made by the first plan that needs it. */
+static int lt_ctx(exec_ctx *c, stof_error *err) {
+    return c->lt ? STOF_OK : cublaslt_exec_ctx_create(c->ordinal, &c->lt, err);
+}
+
+/* The heuristic's top algorithms; the ALGO parameter picks one of them.
+ * An index past what the heuristic offered is STOF_ERR_UNSUPPORTED (the
+ * search stores the setting as infeasible). */
+static int lt_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+    *kplan = NULL;
+    gemm_exec_problem p;
+    int rc = gx_problem(m->plan->g, s, &p, err);
+    if (!rc)
+        rc = lt_ctx(m->ctx, err);
+    cublaslt_exec_plan *plan = NULL;
+    if (!rc)
+        rc = cublaslt_exec_plan_create(m->ctx->lt, &p, NULL, &plan, err);
+    if (!rc && s->has_values)
+        rc = cublaslt_exec_plan_select(plan, s->values[0], err);
+    if (rc) {
+        if (plan)
+            cublaslt_exec_plan_free(m->ctx->lt, plan);
+        return rc;
+    }
+    *kplan = plan;
+    return STOF_OK;
+}
+
+static void lt_free(exec_model *m, void *kplan) {
+    cublaslt_exec_plan_free(m->ctx->lt, kplan);
+}
+
+static int lt_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return cublaslt_exec_gemm(m->ctx->lt, rt->kplan, &rt->t.gemm, st, err);
+}
+
+static size_t lt_describe(const void *kplan, char *buf, size_t n) {
+    return cublaslt_exec_plan_describe(kplan, buf, n);
 }
 
 /* ---- attention ----------------------------------------------------------------------------------- */
@@ -409,9 +573,10 @@ static fusion_template_id attn_actual(const void *kplan, fusion_template_id plan
 
 static const exec_launcher launchers[FUSION_T_COUNT] = {
     [FUSION_T_GEMM_EPILOGUE] = GX(gemm_supports, gemm_bind, gemm_launch, NULL),
-    [FUSION_T_CUBLASLT] = {.missing = "cublaslt kernel not built yet"},
-    [FUSION_T_GEMM_LN] = {.missing = "gemm_ln kernel not built yet"},
-    [FUSION_T_GEMM_CHAIN] = {.missing = "gemm_chain kernel not built yet"},
+    [FUSION_T_CUBLASLT] = {NULL, lt_supports, lt_plan, lt_free, gemm_bind, lt_launch, NULL,
+                           lt_describe, NULL},
+    [FUSION_T_GEMM_LN] = GX(ln_supports, ln_bind, ln_launch, NULL),
+    [FUSION_T_GEMM_CHAIN] = GX(chain_supports, chain_bind, chain_launch, NULL),
     [FUSION_T_MI_CHAIN] = GX(mi_supports, mi_bind, mi_launch, NULL),
     [FUSION_T_ATTENTION_ROW] = ATTN,
     [FUSION_T_ATTENTION_BLOCK] = ATTN,
@@ -472,6 +637,11 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
             return rc;
         out[0] = (exec_choice){s->tmpl, {0}};
         gemm_exec_default_values(&p, out[0].values);
+        *n = 1;
+        return STOF_OK;
+    }
+    if (l->plan == lt_plan) { /* the heuristic's favourite */
+        out[0] = (exec_choice){s->tmpl, {0}};
         *n = 1;
         return STOF_OK;
     }

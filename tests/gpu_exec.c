@@ -7,8 +7,13 @@
  * attention). Each runs under several fusion schemes of its layer classes:
  * all unfused, the default (greedy) scheme, three more valid schemes that
  * run on implemented templates (picked from the enumeration of every valid
- * scheme), and the default scheme with per-segment choices (attention
- * forced row-wise, forced block-wise, explicit GEMM tiles).
+ * scheme), the default scheme with per-segment choices (attention
+ * forced row-wise, forced block-wise, explicit GEMM tiles, every GEMM
+ * segment cuBLASLt matches on cublaslt, and the same with ALGO 3: it runs,
+ * or model creation says STOF_ERR_UNSUPPORTED when cuBLASLt's heuristic
+ * offered fewer algorithms), and schemes fusing gemm [bias] add norm into
+ * gemm_ln and the FFN (gemm [bias] act gemm [bias] [add]) into gemm_chain:
+ * each with at least one segment per layer on that template.
  *
  * Checked per run: the model builds and runs; the output has no NaN or
  * infinity and its relative error ||gpu - cpu|| / ||cpu|| is below 1e-2
@@ -72,12 +77,21 @@ static void recap_add(const char *fmt, ...) {
 /* ---- schemes ------------------------------------------------------------------------------- */
 
 /* Per-segment choices applied after planning. */
-typedef enum choice { CHOICE_NONE, CHOICE_ATTN_ROW, CHOICE_ATTN_BLOCK, CHOICE_GEMM_TILES } choice;
+typedef enum choice {
+    CHOICE_NONE,
+    CHOICE_ATTN_ROW,
+    CHOICE_ATTN_BLOCK,
+    CHOICE_GEMM_TILES,
+    CHOICE_CUBLASLT,      /* every segment cuBLASLt matches and runs, its favourite algorithm */
+    CHOICE_CUBLASLT_ALGO3 /* the same with ALGO 3: runs, or STOF_ERR_UNSUPPORTED when the
+                             heuristic offered fewer than 4 algorithms */
+} choice;
 
 typedef struct config {
     char name[64];
     fusion_scheme *schemes; /* per sequence (class representatives read) */
     choice choice;
+    int expect;             /* a template that some segment must run on, or -1 */
 } config;
 
 typedef struct pick_state {
@@ -124,6 +138,32 @@ static fusion_scheme *new_schemes(int n) {
     return calloc((size_t)n, sizeof(fusion_scheme));
 }
 
+/* A scheme of sequence q fusing, from each op on, the longest segment (up
+ * to 6 ops) that matches template t and runs on it; other ops alone. */
+static void fuse_into(const graph *g, const exec_seq *q, fusion_template_id t,
+                      fusion_scheme *out) {
+    fusion_segment segs[FUSION_MAX_OPS];
+    int n_segs = 0;
+    for (int i = 0; i < q->n;) {
+        int len = 1;
+        for (int l = q->n - i < 6 ? q->n - i : 6; l > 1 && len == 1; l--) {
+            int ops[6];
+            fusion_match m;
+            for (int k = 0; k < l; k++)
+                ops[k] = q->first + i + k;
+            if (fusion_match_segment(g, ops, l, &m, NULL) == STOF_OK &&
+                fusion_match_has(&m, t) &&
+                exec_segment_supports(g, q->first + i, l, &m, t, NULL) == STOF_OK)
+                len = l;
+        }
+        segs[n_segs++] = (fusion_segment){i, i + len - 1};
+        i += len;
+    }
+    stof_error err = {0};
+    CHECK_MSG(fusion_scheme_from_segments(segs, n_segs, q->n, out, &err) == STOF_OK, "%s",
+              err.msg);
+}
+
 /* The configurations a model runs under. */
 static int make_configs(const graph *g, const exec_seq *seqs, int n, config *out, int max) {
     fusion_scheme *found[8] = {0};
@@ -135,23 +175,36 @@ static int make_configs(const graph *g, const exec_seq *seqs, int n, config *out
         fusion_scheme_all_unfused(&unf[c], seqs[reps[c]].n, NULL);
     }
     /* unfused, default, default with choices */
-    out[k] = (config){"unfused", new_schemes(n), CHOICE_NONE};
+    out[k] = (config){"unfused", new_schemes(n), CHOICE_NONE, -1};
     k++;
-    static const struct { const char *name; choice ch; } with_def[] = {
-        {"default", CHOICE_NONE},
-        {"default, attention row-wise", CHOICE_ATTN_ROW},
-        {"default, attention block-wise", CHOICE_ATTN_BLOCK},
-        {"default, GEMM tiles 64x64x64", CHOICE_GEMM_TILES},
+    static const struct { const char *name; choice ch; int expect; } with_def[] = {
+        {"default", CHOICE_NONE, -1},
+        {"default, attention row-wise", CHOICE_ATTN_ROW, -1},
+        {"default, attention block-wise", CHOICE_ATTN_BLOCK, -1},
+        {"default, GEMM tiles 64x64x64", CHOICE_GEMM_TILES, -1},
+        {"default, cuBLASLt GEMMs", CHOICE_CUBLASLT, FUSION_T_CUBLASLT},
+        {"default, cuBLASLt GEMMs ALGO 3", CHOICE_CUBLASLT_ALGO3, FUSION_T_CUBLASLT},
     };
     for (size_t d = 0; d < sizeof with_def / sizeof with_def[0] && k < max; d++, k++) {
-        out[k] = (config){"", new_schemes(n), with_def[d].ch};
+        out[k] = (config){"", new_schemes(n), with_def[d].ch, with_def[d].expect};
         snprintf(out[k].name, sizeof out[k].name, "%s", with_def[d].name);
         for (int c = 0; c < n_classes; c++)
             out[k].schemes[reps[c]] = def[c];
     }
+    /* gemm [bias] add norm as gemm_ln; the FFN as gemm_chain */
+    static const struct { const char *name; fusion_template_id t; } fused[] = {
+        {"gemm_ln (gemm [bias] add norm)", FUSION_T_GEMM_LN},
+        {"gemm_chain (the FFN)", FUSION_T_GEMM_CHAIN},
+    };
+    for (size_t f = 0; f < sizeof fused / sizeof fused[0] && k < max; f++, k++) {
+        out[k] = (config){"", new_schemes(n), CHOICE_NONE, (int)fused[f].t};
+        snprintf(out[k].name, sizeof out[k].name, "%s", fused[f].name);
+        for (int c = 0; c < n_classes; c++)
+            fuse_into(g, &seqs[reps[c]], fused[f].t, &out[k].schemes[reps[c]]);
+    }
     /* three more from the enumeration, spread over it, none the default or unfused */
     for (int q = 1; q <= 3 && k < max; q++) {
-        out[k] = (config){"", new_schemes(n), CHOICE_NONE};
+        out[k] = (config){"", new_schemes(n), CHOICE_NONE, -1};
         snprintf(out[k].name, sizeof out[k].name, "enumerated %d/4", q);
         for (int c = 0; c < n_classes; c++) {
             int at = n_found[c] * q / 4, tries = 0;
@@ -178,7 +231,7 @@ typedef struct gpu {
 } gpu;
 
 static int apply_choice(exec_plan *p, choice ch, stof_error *err) {
-    static const int tiles[] = {64, 64, 64, 4, 4};
+    static const int tiles[] = {64, 64, 64, 4, 4}, algo3[] = {3};
     for (int s = 0; s < p->n_segs; s++) {
         const exec_segment *sg = &p->segs[s];
         int rc = STOF_OK;
@@ -189,6 +242,12 @@ static int apply_choice(exec_plan *p, choice ch, stof_error *err) {
                 NULL, err);
         else if (ch == CHOICE_GEMM_TILES && sg->tmpl == FUSION_T_GEMM_EPILOGUE)
             rc = exec_plan_set_choice(p, s, FUSION_T_GEMM_EPILOGUE, tiles, err);
+        else if ((ch == CHOICE_CUBLASLT || ch == CHOICE_CUBLASLT_ALGO3) &&
+                 fusion_match_has(&sg->match, FUSION_T_CUBLASLT) &&
+                 exec_segment_supports(p->g, sg->first, sg->n, &sg->match, FUSION_T_CUBLASLT,
+                                       NULL) == STOF_OK)
+            rc = exec_plan_set_choice(p, s, FUSION_T_CUBLASLT,
+                                      ch == CHOICE_CUBLASLT_ALGO3 ? algo3 : NULL, err);
         if (rc)
             return rc;
     }
@@ -241,7 +300,11 @@ static void run_config(gpu *gp, const model_case *mc, const graph *g, const conf
     }
     if (!rc)
         rc = exec_model_output(m, replay, &err);
-    if (rc) {
+    if (rc == STOF_ERR_UNSUPPORTED && cf->choice == CHOICE_CUBLASLT_ALGO3 &&
+        strcmp(stage, "model") == 0 && strstr(err.msg, "ALGO")) {
+        /* the heuristic offered fewer algorithms: infeasible, said so */
+        printf("    not offered: %s\n", err.msg);
+    } else if (rc) {
         CHECK_MSG(0, "%s / %s: %s: %s", mc->label, cf->name, stage, err.msg);
         recap_add("%s / %s: %s failed: %s", mc->label, cf->name, stage, err.msg);
         gp->dead |= rc == STOF_ERR_CUDA;
@@ -262,11 +325,19 @@ static void run_config(gpu *gp, const model_case *mc, const graph *g, const conf
             CHECK_MSG(0, "%s / %s: timing: %s", mc->label, cf->name, err.msg);
             ok = 0;
         }
-        int attn_row = 0, attn_block = 0;
+        int attn_row = 0, attn_block = 0, expected = 0;
         for (int s = 0; s < p->n_segs; s++) {
             fusion_template_id t = exec_model_template(m, s);
             attn_row += t == FUSION_T_ATTENTION_ROW;
             attn_block += t == FUSION_T_ATTENTION_BLOCK;
+            expected += (int)t == cf->expect;
+        }
+        if (cf->expect >= 0) {
+            CHECK_MSG(expected >= g->n_layers, "%s / %s: %d segments on %s", mc->label, cf->name,
+                      expected, fusion_template_get((fusion_template_id)cf->expect)->name);
+            ok &= expected >= g->n_layers;
+            printf("    %d segments on %s\n", expected,
+                   fusion_template_get((fusion_template_id)cf->expect)->name);
         }
         if (cf->choice == CHOICE_ATTN_ROW)
             CHECK_MSG(attn_block == 0, "%s / %s: forced row-wise", mc->label, cf->name);
@@ -306,9 +377,9 @@ static void run_case(gpu *gp, const model_case *mc) {
     int n = 0;
     if (!rc)
         rc = exec_sequences(&g, &seqs, &n, &err);
-    config cf[12];
-    int n_cf = rc ? 0 : make_configs(&g, seqs, n, cf, 12);
-    CHECK_MSG(rc || n_cf >= 8, "%s: %d configurations", mc->label, n_cf);
+    config cf[16];
+    int n_cf = rc ? 0 : make_configs(&g, seqs, n, cf, 16);
+    CHECK_MSG(rc || n_cf >= 12, "%s: %d configurations", mc->label, n_cf);
     for (int c = 0; c < n_cf; c++) {
         if (!gp->dead)
             run_config(gp, mc, &g, &cf[c], ref);

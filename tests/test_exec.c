@@ -1,6 +1,6 @@
 /* The executor's planning, without a GPU: sequences and classes, schemes
  * to segments to templates for bert, gpt2 and t5 (unfused, the default
- * scheme, fused ones), the segments whose templates have no kernel yet,
+ * scheme, fused ones; gemm_ln, gemm_chain and cublaslt segments), refusals,
  * the activation buffers (lifetimes, no two live ones sharing bytes, the
  * arena against the live-set bound), per-segment choices, and the error
  * paths that need no device. */
@@ -437,6 +437,137 @@ static void test_t5_plan(void) {
     graph_free(&g);
 }
 
+/* ---- the GEMM templates beyond gemm_epilogue ------------------------------------------------ */
+
+/* A scheme of sequence q fusing, from each op on, the longest segment (up
+ * to 6 ops) that matches one of the templates in want and runs on it;
+ * other ops alone. */
+static int fuse_into(const graph *g, const exec_seq *q, const fusion_template_id *want,
+                     int n_want, fusion_scheme *out) {
+    fusion_segment segs[FUSION_MAX_OPS];
+    int n_segs = 0;
+    for (int i = 0; i < q->n;) {
+        int len = 1;
+        for (int l = q->n - i < 6 ? q->n - i : 6; l > 1 && len == 1; l--) {
+            int ops[6];
+            fusion_match m;
+            for (int k = 0; k < l; k++)
+                ops[k] = q->first + i + k;
+            if (fusion_match_segment(g, ops, l, &m, NULL) != STOF_OK)
+                continue;
+            for (int w = 0; w < n_want && len == 1; w++)
+                if (fusion_match_has(&m, want[w]) &&
+                    exec_segment_supports(g, q->first + i, l, &m, want[w], NULL) == STOF_OK)
+                    len = l;
+        }
+        segs[n_segs++] = (fusion_segment){i, i + len - 1};
+        i += len;
+    }
+    return fusion_scheme_from_segments(segs, n_segs, q->n, out, NULL);
+}
+
+/* gemm_ln and gemm_chain segments planned (the plan's first-launcher rule
+ * gives them the template: nothing else matches), then cuBLASLt chosen for
+ * every segment it matches and runs. */
+static void check_fused_templates(const char *script, const char *const *params, int n_params,
+                                  int want_pre_norm) {
+    graph g;
+    if (build_script(script, params, n_params, &g))
+        return;
+    exec_seq *seqs = NULL;
+    int n = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    fusion_scheme *sc = calloc((size_t)n, sizeof *sc);
+    static const fusion_template_id want[] = {FUSION_T_GEMM_LN, FUSION_T_GEMM_CHAIN};
+    for (int i = 0; i < n; i++)
+        if (seqs[i].layer >= 0 && seqs[i].cls == i)
+            CHECK_EQ_INT(fuse_into(&g, &seqs[i], want, 2, &sc[i]), STOF_OK);
+    exec_plan *p = NULL;
+    int rc = exec_plan_create(&g, sc, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", g.name, err.msg);
+    if (!rc) {
+        check_plan(&g, p);
+        int ln = 0, chain = 0, pre = 0, chain_add = 0;
+        for (int s = 0; s < p->n_segs; s++) {
+            const exec_segment *sg = &p->segs[s];
+            ln += sg->tmpl == FUSION_T_GEMM_LN;
+            chain += sg->tmpl == FUSION_T_GEMM_CHAIN;
+            pre += sg->tmpl == FUSION_T_GEMM_LN && sg->pre_norm >= 0;
+            chain_add += sg->tmpl == FUSION_T_GEMM_CHAIN && sg->match.epi[1].has_residual;
+            if (sg->tmpl == FUSION_T_GEMM_LN)
+                CHECK(g.ops[sg->first].kind == OP_GEMM &&
+                      sg->match.epi[0].norm != FUSION_NORM_NONE && sg->match.epi[0].has_residual);
+            if (sg->tmpl == FUSION_T_GEMM_CHAIN)
+                CHECK(g.ops[sg->first].kind == OP_GEMM && sg->match.n_ci == 2 &&
+                      sg->match.epi[0].act != FUSION_ACT_NONE);
+        }
+        printf("%s: %d gemm_ln segments (%d storing the pre-norm sum), %d gemm_chain (%d with "
+               "the residual)\n", g.name, ln, pre, chain, chain_add);
+        CHECK_MSG(ln >= g.n_layers && chain >= g.n_layers, "%s: %d gemm_ln, %d gemm_chain",
+                  g.name, ln, chain);
+        CHECK_MSG((pre > 0) == want_pre_norm, "%s: %d gemm_ln store the pre-norm sum", g.name,
+                  pre);
+    }
+    exec_plan_free(p);
+    p = NULL;
+    /* the default scheme with cuBLASLt wherever it matches and runs */
+    for (int i = 0; i < n; i++)
+        if (seqs[i].layer >= 0 && seqs[i].cls == i)
+            CHECK_EQ_INT(exec_default_scheme(&g, &seqs[i], &sc[i], &err), STOF_OK);
+    rc = exec_plan_create(&g, sc, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", g.name, err.msg);
+    int lt = 0;
+    for (int s = 0; !rc && s < p->n_segs; s++) {
+        const exec_segment *sg = &p->segs[s];
+        if (!fusion_match_has(&sg->match, FUSION_T_CUBLASLT) ||
+            exec_segment_supports(&g, sg->first, sg->n, &sg->match, FUSION_T_CUBLASLT, NULL))
+            continue;
+        rc = exec_plan_set_choice(p, s, FUSION_T_CUBLASLT, NULL, &err);
+        CHECK_MSG(rc == STOF_OK, "%s: %s", g.name, err.msg);
+    }
+    for (int s = 0; !rc && s < p->n_segs; s++)
+        lt += p->segs[s].tmpl == FUSION_T_CUBLASLT;
+    if (!rc) {
+        check_plan(&g, p);
+        CHECK_MSG(lt >= 2 * g.n_layers, "%s: %d segments on cublaslt", g.name, lt);
+    }
+    exec_plan_free(p);
+    free(sc);
+    free(seqs);
+    graph_free(&g);
+}
+
+static void test_fused_templates(void) {
+    check_fused_templates(SCRIPTS "bert.lua", bert_params, 4, 0);
+    check_fused_templates(SCRIPTS "gpt2.lua", gpt2_params, 3, 1);
+    check_fused_templates(SCRIPTS "t5.lua", t5_params, 4, 1);
+
+    /* bert's two fusions by their scheme text */
+    graph g;
+    if (build_script(SCRIPTS "bert.lua", bert_params, 4, &g))
+        return;
+    exec_plan *p = NULL;
+    stof_error err = {0};
+    static const char *const ln[] = {"00100001110000"};
+    CHECK_EQ_INT(plan_with(&g, ln, 1, &p, &err), STOF_OK);
+    const exec_segment *sg = p ? segment_of(p, 5) : NULL;
+    CHECK(sg && sg->first == 5 && sg->n == 4 && sg->tmpl == FUSION_T_GEMM_LN &&
+          sg->pre_norm < 0);
+    exec_plan_free(p);
+    p = NULL;
+    static const char *const chain[] = {"00100010000011"};
+    CHECK_EQ_INT(plan_with(&g, chain, 1, &p, &err), STOF_OK);
+    sg = p ? segment_of(p, 9) : NULL;
+    CHECK(sg && sg->first == 9 && sg->n == 5 && sg->tmpl == FUSION_T_GEMM_CHAIN &&
+          sg->match.epi[0].act == FUSION_ACT_GELU && sg->match.epi[1].has_bias &&
+          !sg->match.epi[1].has_residual);
+    if (p)
+        check_plan(&g, p);
+    exec_plan_free(p);
+    graph_free(&g);
+}
+
 /* ---- what cannot run yet, and other refusals ---------------------------------------------- */
 
 static void test_rejections(void) {
@@ -445,17 +576,6 @@ static void test_rejections(void) {
         return;
     exec_plan *p = NULL;
     stof_error err = {0};
-    /* gemm bias add layernorm: gemm_ln only */
-    static const char *const ln[] = {"00100001110000"};
-    CHECK_EQ_INT(plan_with(&g, ln, 1, &p, &err), STOF_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(err.msg, "layer 0");
-    CHECK_CONTAINS(err.msg, "segment #5-#8 (gemm bias add layernorm)");
-    CHECK_CONTAINS(err.msg, "gemm_ln kernel not built yet");
-    /* gemm bias gelu gemm bias: gemm_chain only */
-    static const char *const chain[] = {"00100010000011"};
-    CHECK_EQ_INT(plan_with(&g, chain, 1, &p, &err), STOF_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(err.msg, "segment #9-#13 (gemm bias gelu gemm bias)");
-    CHECK_CONTAINS(err.msg, "gemm_chain kernel not built yet");
     /* an invalid scheme: the validator's reason */
     static const char *const bad[] = {"00000000000000"};
     CHECK_EQ_INT(plan_with(&g, bad, 1, &p, &err), STOF_ERR_INVALID);
@@ -473,13 +593,14 @@ static void test_rejections(void) {
     fusion_match m;
     int ops[] = {5, 6, 7, 8};
     CHECK_EQ_INT(fusion_match_segment(&g, ops, 4, &m, &err), STOF_OK);
-    CHECK(!exec_template_implemented(FUSION_T_GEMM_LN));
-    CHECK(!exec_template_implemented(FUSION_T_GEMM_CHAIN));
-    CHECK(!exec_template_implemented(FUSION_T_CUBLASLT));
-    CHECK(exec_template_implemented(FUSION_T_GEMM_EPILOGUE));
-    CHECK_EQ_INT(exec_segment_supports(&g, 5, 4, &m, FUSION_T_GEMM_LN, &err),
-                 STOF_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(err.msg, "on template gemm_ln: gemm_ln kernel not built yet");
+    /* every template has a launcher now */
+    for (int t = 0; t < FUSION_T_COUNT; t++)
+        CHECK_MSG(exec_template_implemented((fusion_template_id)t), "%s",
+                  fusion_template_get((fusion_template_id)t)->name);
+    CHECK(!exec_template_implemented(FUSION_T_COUNT));
+    CHECK_EQ_INT(exec_segment_supports(&g, 5, 4, &m, FUSION_T_GEMM_LN, &err), STOF_OK);
+    CHECK_EQ_INT(exec_segment_supports(&g, 5, 4, &m, FUSION_T_CUBLASLT, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "does not match template cublaslt");
     CHECK_EQ_INT(exec_segment_supports(&g, 5, 4, &m, FUSION_T_MI_CHAIN, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "does not match template mi_chain");
     free(s);
@@ -603,9 +724,19 @@ static void test_choices(void) {
     CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, off, &err),
                  STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "BLOCK_N = 100 is not in its space");
-    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_CUBLASLT, NULL, &err),
-                 STOF_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(err.msg, "cublaslt kernel not built yet");
+    /* cuBLASLt runs the QKV projection (gemm bias), ALGO in 0..3 */
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_CUBLASLT, NULL, &err), STOF_OK);
+    CHECK(p->segs[qkv].tmpl == FUSION_T_CUBLASLT && !p->segs[qkv].has_values);
+    int algo[] = {2};
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_CUBLASLT, algo, &err), STOF_OK);
+    CHECK(p->segs[qkv].has_values && p->segs[qkv].values[0] == 2);
+    int algo_off[] = {4};
+    CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_CUBLASLT, algo_off, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "ALGO = 4 is not in its space");
+    /* the FFN's erf GELU is not cuBLASLt's: it does not match */
+    int ffn = (int)(segment_of(p, 9) - p->segs);
+    CHECK_EQ_INT(exec_plan_set_choice(p, ffn, FUSION_T_CUBLASLT, NULL, &err), STOF_ERR_INVALID);
     CHECK_EQ_INT(exec_plan_set_choice(p, attn, FUSION_T_GEMM_EPILOGUE, NULL, &err),
                  STOF_ERR_INVALID);
     CHECK_EQ_INT(exec_plan_set_choice(p, p->n_segs, FUSION_T_MI_CHAIN, NULL, &err),
@@ -679,6 +810,7 @@ int main(void) {
     test_fused_bert();
     test_pre_norm();
     test_t5_plan();
+    test_fused_templates();
     test_rejections();
     test_kernel_limits();
     test_choices();

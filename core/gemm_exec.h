@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "core/cuda_driver.h"
+#include "core/gpu_ctx.h"
 #include "core/nvrtc.h"
 #include "fusion/match.h"
 #include "fusion/templates.h"
@@ -105,23 +106,8 @@ const char *gemm_exec_kernel_name(fusion_template_id t);
 
 /* ---- the GPU context ----------------------------------------------------------- */
 
-typedef struct gemm_exec_module {
-    uint64_t key;  /* nvrtc_key of the request */
-    CUmodule module;
-    CUfunction func;
-    int smem_attr; /* MAX_DYNAMIC_SHARED_SIZE_BYTES already set to this */
-} gemm_exec_module;
-
-typedef struct gemm_exec_ctx {
-    const cuda_driver *drv;
-    CUdevice dev;
-    CUcontext cu;         /* the device's primary context (retained) */
-    stof_device_info info;
-    char arch[16];        /* "sm_90" */
-    nvrtc_cache nvrtc;    /* $STOF_CACHE_DIR or ~/.cache/stof on disk */
-    gemm_exec_module *modules;
-    int n_modules, cap_modules;
-} gemm_exec_ctx;
+/* The planner's context is the shared GPU context (core/gpu_ctx.h). */
+typedef gpu_ctx gemm_exec_ctx;
 
 /* STOF_ERR_NO_DEVICE (with the driver's reason) when there is no GPU. */
 int gemm_exec_ctx_create(int ordinal, gemm_exec_ctx **out, stof_error *err);

@@ -20,7 +20,6 @@
 #include "core/util.h"
 #include "ops/ops.h"
 
-#define MHA_EXEC_STATIC_SMEM (48 * 1024) /* more needs the opt-in attribute */
 #define MHA_EXEC_MAX_THREADS 1024
 #define MHA_EXEC_MAX_GRID_YZ 65535
 #define MHA_EXEC_SMEM_PAD 8              /* elements of padding per shared row */
@@ -468,99 +467,27 @@ size_t mha_exec_split_workspace(const mha_exec_split *s, int batch, int heads, i
 /* ---- the GPU context ----------------------------------------------------------------- */
 
 int mha_exec_ctx_create(int ordinal, mha_exec_ctx **out, stof_error *err) {
-    *out = NULL;
-    mha_exec_ctx *c = err_calloc(1, sizeof *c, err);
-    if (!c)
-        return STOF_ERR_NOMEM;
-    int rc = cuda_driver_get(&c->drv, err);
-    if (!rc)
-        rc = device_query(ordinal, &c->info, err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->DeviceGet(&c->dev, ordinal), "cuDeviceGet", err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->DevicePrimaryCtxRetain(&c->cu, c->dev),
-                        "cuDevicePrimaryCtxRetain", err);
-    if (rc) {
-        free(c);
-        return rc;
-    }
-    if ((rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err))) {
-        c->drv->DevicePrimaryCtxRelease(c->dev);
-        free(c);
-        return rc;
-    }
-    device_arch_name(&c->info, c->arch, sizeof c->arch);
-    nvrtc_cache_init(&c->nvrtc, NULL);
-    *out = c;
-    return STOF_OK;
+    return gpu_ctx_create(ordinal, out, err);
 }
 
 void mha_exec_ctx_free(mha_exec_ctx *c) {
-    if (!c)
-        return;
-    c->drv->CtxSetCurrent(c->cu);
-    for (int i = 0; i < c->n_modules; i++)
-        c->drv->ModuleUnload(c->modules[i].module);
-    free(c->modules);
-    nvrtc_cache_free(&c->nvrtc);
-    c->drv->DevicePrimaryCtxRelease(c->dev);
-    free(c);
+    gpu_ctx_free(c);
 }
 
-/* The loaded kernel of a request: compiled (or found in the NVRTC cache),
- * loaded once per context, its shared memory limit raised when needed. */
+/* The loaded kernel of a request (gpu_ctx_function); a SPLIT=1 build also
+ * holds the combine kernel, looked up in the same module. */
 static int get_function(mha_exec_ctx *c, const mha_exec_request *r, const char *name,
                         size_t smem, CUfunction *out, CUfunction *combine, stof_error *err) {
-    uint64_t key = nvrtc_key(&r->req);
-    mha_exec_module *m = NULL;
-    for (int i = 0; i < c->n_modules && !m; i++)
-        if (c->modules[i].key == key)
-            m = &c->modules[i];
-    int rc;
-    if (!m) {
-        if (c->n_modules == c->cap_modules) {
-            int cap = c->cap_modules ? 2 * c->cap_modules : 8;
-            mha_exec_module *p = err_realloc(c->modules, (size_t)cap * sizeof *p, err);
-            if (!p)
-                return STOF_ERR_NOMEM;
-            c->modules = p;
-            c->cap_modules = cap;
-        }
-        const void *cubin;
-        size_t size;
-        if ((rc = nvrtc_get(&c->nvrtc, &r->req, &cubin, &size, err)))
-            return rc;
-        mha_exec_module fresh = {.key = key};
-        if ((rc = cuda_check(c->drv, c->drv->ModuleLoadData(&fresh.module, cubin),
-                             "cuModuleLoadData", err)))
-            return rc;
-        if ((rc = cuda_check(c->drv, c->drv->ModuleGetFunction(&fresh.func, fresh.module, name),
-                             "cuModuleGetFunction", err))) {
-            c->drv->ModuleUnload(fresh.module);
-            return rc;
-        }
-        /* a SPLIT=1 build also holds the combine kernel */
-        if (combine && (rc = cuda_check(c->drv,
-                                        c->drv->ModuleGetFunction(&fresh.combine, fresh.module,
-                                                                  STOF_ATTN_COMBINE_KERNEL),
-                                        "cuModuleGetFunction(combine)", err))) {
-            c->drv->ModuleUnload(fresh.module);
-            return rc;
-        }
-        m = &c->modules[c->n_modules++];
-        *m = fresh;
-    }
-    if (smem > MHA_EXEC_STATIC_SMEM && (size_t)m->smem_attr < smem) {
-        if ((rc = cuda_check(c->drv,
-                             c->drv->FuncSetAttribute(
-                                 m->func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem),
-                             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", err)))
-            return rc;
-        m->smem_attr = (int)smem;
-    }
+    gpu_module *m;
+    int rc = gpu_ctx_function(c, &r->req, name, smem, &m, err);
+    if (rc)
+        return rc;
+    if (combine && (rc = cuda_check(c->drv,
+                                    c->drv->ModuleGetFunction(combine, m->module,
+                                                              STOF_ATTN_COMBINE_KERNEL),
+                                    "cuModuleGetFunction(combine)", err)))
+        return rc;
     *out = m->func;
-    if (combine)
-        *combine = m->combine;
     return STOF_OK;
 }
 

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "core/cuda_driver.h"
+#include "core/gpu_ctx.h"
 #include "core/nvrtc.h"
 #include "kernels/attention_abi.cuh"
 #include "ops/mask.h"
@@ -163,24 +164,8 @@ size_t mha_exec_split_workspace(const mha_exec_split *s, int batch, int heads, i
 
 /* ---- the GPU context ---------------------------------------------------------- */
 
-typedef struct mha_exec_module {
-    uint64_t key;        /* nvrtc_key of the request */
-    CUmodule module;
-    CUfunction func;
-    CUfunction combine;  /* SPLIT=1 builds: stof_attention_combine (else 0) */
-    int smem_attr;       /* MAX_DYNAMIC_SHARED_SIZE_BYTES already set to this */
-} mha_exec_module;
-
-typedef struct mha_exec_ctx {
-    const cuda_driver *drv;
-    CUdevice dev;
-    CUcontext cu;        /* the device's primary context (retained) */
-    stof_device_info info;
-    char arch[16];       /* "sm_90" */
-    nvrtc_cache nvrtc;   /* $STOF_CACHE_DIR or ~/.cache/stof on disk */
-    mha_exec_module *modules;
-    int n_modules, cap_modules;
-} mha_exec_ctx;
+/* The planner's context is the shared GPU context (core/gpu_ctx.h). */
+typedef gpu_ctx mha_exec_ctx;
 
 /* STOF_ERR_NO_DEVICE (with the driver's reason) when there is no GPU. */
 int mha_exec_ctx_create(int ordinal, mha_exec_ctx **out, stof_error *err);

@@ -1,0 +1,46 @@
+/* A GPU context for the kernel planners: the device's primary context, its
+ * properties, the NVRTC cache and the modules loaded into the context (one
+ * per compiled request, loaded once). Shared by the attention and GEMM
+ * planners so each does not keep its own copy of this bookkeeping. */
+#ifndef STOF_CORE_GPU_CTX_H
+#define STOF_CORE_GPU_CTX_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/cuda_driver.h"
+#include "core/nvrtc.h"
+#include "stof.h"
+
+typedef struct gpu_module {
+    uint64_t key;    /* nvrtc_key of the request */
+    CUmodule module;
+    CUfunction func; /* the kernel named when it was loaded */
+    int smem_attr;   /* MAX_DYNAMIC_SHARED_SIZE_BYTES already set to this */
+} gpu_module;
+
+typedef struct gpu_ctx {
+    const cuda_driver *drv;
+    CUdevice dev;
+    CUcontext cu;        /* the device's primary context (retained) */
+    stof_device_info info;
+    char arch[16];       /* "sm_90" */
+    nvrtc_cache nvrtc;   /* $STOF_CACHE_DIR or ~/.cache/stof on disk */
+    gpu_module *modules;
+    int n_modules, cap_modules;
+} gpu_ctx;
+
+/* Allocates a context for GPU ordinal and makes its primary context
+ * current. STOF_ERR_NO_DEVICE (with the driver's reason) without a GPU. */
+int gpu_ctx_create(int ordinal, gpu_ctx **out, stof_error *err);
+/* Unloads every module and releases the primary context. NULL is fine. */
+void gpu_ctx_free(gpu_ctx *c);
+
+/* The module of req with its kernel `name`: compiled (or found in the NVRTC
+ * cache) and loaded once per context; dynamic shared memory above the
+ * static 48 KiB is allowed up to smem. *out stays owned by the context. */
+int gpu_ctx_function(gpu_ctx *c, const nvrtc_request *req, const char *name, size_t smem,
+                     gpu_module **out, stof_error *err);
+
+#endif

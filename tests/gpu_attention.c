@@ -30,6 +30,9 @@
 #include "ops/mask.h"
 #include "ops/ops.h"
 
+#define GPU_CTX_TYPE mha_exec_ctx
+#include "gpu_common.h"
+
 #define TOL_F16 5e-3
 #define TOL_BF16 2e-2
 
@@ -130,39 +133,10 @@ static const mha_exec_force *force_or_null(const setting *s, const mha_exec_forc
     return s->kernel < 0 && !s->measure && !s->split ? NULL : f;
 }
 
-/* ---- a recap of the failures, printed again at the end ------------------------- */
-
-#define RECAP_MAX 40
-static char recap[RECAP_MAX][240];
-static int n_recap, n_failed_runs;
-static int n_split_runs; /* runs whose plan split block rows (the combine kernel ran) */
-
-static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void recap_add(const char *fmt, ...) {
-    n_failed_runs++;
-    if (n_recap == RECAP_MAX)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(recap[n_recap++], sizeof recap[0], fmt, ap);
-    va_end(ap);
-}
-
-static void recap_print(void) {
-    printf("\n%d failing runs%s\n", n_failed_runs, n_failed_runs ? ":" : "");
-    for (int i = 0; i < n_recap; i++)
-        printf("  %s\n", recap[i]);
-    if (n_failed_runs > n_recap)
-        printf("  ... and %d more (see above)\n", n_failed_runs - n_recap);
-}
+/* runs whose plan split block rows (the combine kernel ran) */
+static int n_split_runs;
 
 /* ---- host data --------------------------------------------------------------------------- */
-
-typedef struct gpu {
-    mha_exec_ctx *ctx;
-    const cuda_driver *drv;
-    int dead; /* a sticky CUDA error: the context is unusable */
-} gpu;
 
 /* Inputs as the dtype's values (float, exactly representable) in the
  * reference's own layout [B][S][H][D], and the reference output. */
@@ -173,14 +147,6 @@ typedef struct data {
     double *ref;              /* [B][Sq][H][D] */
     unsigned char *empty;     /* [B][Sq]: no allowed key */
 } data;
-
-static uint16_t to_bits(stof_dtype t, float x) {
-    return t == STOF_BF16 ? util_f32_to_bf16(x) : util_f32_to_f16(x);
-}
-
-static float from_bits(stof_dtype t, uint16_t b) {
-    return t == STOF_BF16 ? util_bf16_to_f32(b) : util_f16_to_f32(b);
-}
 
 static void fill_random(float *x, size_t n, stof_dtype t, util_rng *rng) {
     for (size_t i = 0; i < n; i++)
@@ -287,22 +253,8 @@ typedef struct dbufs {
     size_t o_elems;
 } dbufs;
 
-static int check_cu(gpu *g, CUresult r, const char *what) {
-    if (r == CUDA_SUCCESS)
-        return 0;
-    const char *name = NULL;
-    g->drv->GetErrorName(r, &name);
-    fprintf(stderr, "CUDA error in %s: %s\n", what, name ? name : "?");
-    CHECK_MSG(0, "%s: %s", what, name ? name : "?");
-    if (r != CUDA_ERROR_OUT_OF_MEMORY && r != CUDA_ERROR_INVALID_VALUE)
-        g->dead = 1;
-    return -1;
-}
-
 static int upload_bits(gpu *g, CUdeviceptr *d, const uint16_t *h, size_t n) {
-    if (check_cu(g, g->drv->MemAlloc(d, n * 2), "cuMemAlloc"))
-        return -1;
-    return check_cu(g, g->drv->MemcpyHtoD(*d, h, n * 2), "cuMemcpyHtoD");
+    return upload(g, d, h, n * 2);
 }
 
 /* Self-attention: qkv [B, S, 3, H, D]; cross: q [B, Sq, H, D], kv [B, Sk, 2, H, D]. */

@@ -29,6 +29,9 @@
 #include "core/cublaslt_exec.h"
 #include "core/util.h"
 
+#define GPU_CTX_TYPE cublaslt_exec_ctx
+#include "gpu_gemm_common.h"
+
 /* CUDA's libraries map memory where AddressSanitizer keeps its shadow gap,
  * and cuBLASLt keeps process-lifetime allocations: make a sanitizer build
  * of this test run as is. ASAN_OPTIONS and LSAN_OPTIONS still apply on top. */
@@ -43,81 +46,10 @@ const char *__lsan_default_suppressions(void) {
 }
 #endif
 
-#define TOL_F16 1e-2
-#define TOL_BF16 2e-2
-#define NAN_BITS 0x7fff /* a NaN in fp16 and in bf16 */
-#define MAX_REF_ROWS 16
-
-/* ---- a recap of the failures ------------------------------------------------------- */
-
-#define RECAP_MAX 40
-static char recap[RECAP_MAX][240];
-static int n_recap, n_failed_runs, n_runs;
-
-static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void recap_add(const char *fmt, ...) {
-    n_failed_runs++;
-    if (n_recap == RECAP_MAX)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(recap[n_recap++], sizeof recap[0], fmt, ap);
-    va_end(ap);
-}
-
-static void recap_print(void) {
-    printf("\n%d runs, %d failing%s\n", n_runs, n_failed_runs, n_failed_runs ? ":" : "");
-    for (int i = 0; i < n_recap; i++)
-        printf("  %s\n", recap[i]);
-    if (n_failed_runs > n_recap)
-        printf("  ... and %d more (see above)\n", n_failed_runs - n_recap);
-}
-
-/* ---- values -------------------------------------------------------------------------- */
-
-static uint16_t to_bits(stof_dtype t, float x) {
-    return t == STOF_BF16 ? util_f32_to_bf16(x) : util_f32_to_f16(x);
-}
-
-static float from_bits(stof_dtype t, uint16_t b) {
-    return t == STOF_BF16 ? util_bf16_to_f32(b) : util_f16_to_f32(b);
-}
-
 /* All exponent bits set: infinity or NaN. */
 static int nonfinite_bits(stof_dtype t, uint16_t b) {
     const uint16_t e = t == STOF_BF16 ? 0x7f80 : 0x7c00;
     return (b & e) == e;
-}
-
-/* n uniform values in [lo, hi) rounded to the dtype, as floats and as bits. */
-static void fill(float *x, uint16_t *bits, size_t n, stof_dtype t, util_rng *rng, double lo,
-                 double hi) {
-    for (size_t i = 0; i < n; i++) {
-        bits[i] = to_bits(t, (float)(lo + (hi - lo) * util_rng_double(rng)));
-        x[i] = from_bits(t, bits[i]);
-    }
-}
-
-static double act_ref(fusion_act a, double v) {
-    switch (a) {
-    case FUSION_ACT_GELU:
-        return 0.5 * v * (1.0 + erf(v * 0.70710678118654752440));
-    case FUSION_ACT_GELU_TANH:
-        return 0.5 * v * (1.0 + tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
-    case FUSION_ACT_RELU:
-        return v > 0 ? v : 0;
-    default:
-        return v;
-    }
-}
-
-static const char *act_label(fusion_act a) {
-    static const char *const names[] = {"", "+gelu", "+gelu_tanh", "+relu"};
-    return names[a];
-}
-
-static double tol_of(stof_dtype t) {
-    return t == STOF_BF16 ? TOL_BF16 : TOL_F16;
 }
 
 /* The epilogues cuBLASLt is asked for: [bias] [gelu_tanh|relu], [bias] add. */
@@ -128,87 +60,6 @@ static const fusion_epilogue epilogues[] = {
     {0, FUSION_ACT_NONE, 1, FUSION_NORM_NONE},      {1, FUSION_ACT_NONE, 1, FUSION_NORM_NONE},
 };
 #define N_EPILOGUES ((int)(sizeof epilogues / sizeof epilogues[0]))
-
-/* ---- comparing ---------------------------------------------------------------------------- */
-
-typedef struct verdict {
-    double num, den, max_abs;
-    long nonfinite, checked;
-    long first_bad; /* element index of the first large error, or -1 */
-} verdict;
-
-static void verdict_init(verdict *v) {
-    memset(v, 0, sizeof *v);
-    v->first_bad = -1;
-}
-
-static void verdict_add(verdict *v, float y, double ref, long at) {
-    v->checked++;
-    if (!isfinite(y)) {
-        v->nonfinite++;
-        if (v->first_bad < 0)
-            v->first_bad = at;
-        return;
-    }
-    double e = fabs(y - ref);
-    v->max_abs = e > v->max_abs ? e : v->max_abs;
-    v->num += e * e;
-    v->den += ref * ref;
-    if (v->first_bad < 0 && e > 0.1 + 0.1 * fabs(ref))
-        v->first_bad = at;
-}
-
-static double verdict_rel(const verdict *v) {
-    return v->den > 0 ? sqrt(v->num / v->den) : sqrt(v->num);
-}
-
-/* ---- the GPU -------------------------------------------------------------------------------- */
-
-typedef struct gpu {
-    cublaslt_exec_ctx *ctx;
-    const cuda_driver *drv;
-    int dead; /* a sticky CUDA error: the context is unusable */
-} gpu;
-
-static int check_cu(gpu *g, CUresult r, const char *what) {
-    if (r == CUDA_SUCCESS)
-        return 0;
-    const char *name = NULL;
-    g->drv->GetErrorName(r, &name);
-    fprintf(stderr, "CUDA error in %s: %s\n", what, name ? name : "?");
-    CHECK_MSG(0, "%s: %s", what, name ? name : "?");
-    if (r != CUDA_ERROR_OUT_OF_MEMORY && r != CUDA_ERROR_INVALID_VALUE)
-        g->dead = 1;
-    return -1;
-}
-
-static int dalloc(gpu *g, CUdeviceptr *d, size_t bytes) {
-    *d = 0;
-    return check_cu(g, g->drv->MemAlloc(d, bytes), "cuMemAlloc");
-}
-
-static int upload(gpu *g, CUdeviceptr *d, const void *h, size_t bytes) {
-    if (dalloc(g, d, bytes))
-        return -1;
-    return check_cu(g, g->drv->MemcpyHtoD(*d, h, bytes), "cuMemcpyHtoD");
-}
-
-static void dfree(gpu *g, CUdeviceptr *d) {
-    if (*d)
-        g->drv->MemFree(*d);
-    *d = 0;
-}
-
-static int poison(gpu *g, CUdeviceptr d, size_t elems) {
-    return check_cu(g, g->drv->MemsetD16Async(d, NAN_BITS, elems, 0), "cuMemsetD16Async");
-}
-
-/* Waits for the launches and copies elems 16-bit values back. */
-static int fetch(gpu *g, uint16_t *h, CUdeviceptr d, size_t elems) {
-    if (check_cu(g, g->drv->StreamSynchronize(0), "cuStreamSynchronize (cublasLtMatmul)"))
-        return -1;
-    return check_cu(g, g->drv->MemcpyDtoH(h, d, elems * 2), "cuMemcpyDtoH");
-}
 
 static void fail_case(const char *label, const char *stage, const char *msg) {
     n_runs++;
@@ -243,149 +94,7 @@ static int launch(gpu *g, cublaslt_exec_plan *plan, const gemm_exec_gemm_tensors
     return rc;
 }
 
-/* One result line; a failure also goes to the recap. */
-static void report(const char *label, const verdict *v, long nonfinite_all, double tol,
-                   const char *where) {
-    double rel = verdict_rel(v);
-    int ok = rel < tol && v->nonfinite == 0 && nonfinite_all == 0 && v->checked > 0;
-    n_runs++;
-    printf("%-78s rel %.2e max %.2e nan %ld/%ld %s\n", label, rel, v->max_abs, nonfinite_all,
-           v->checked, ok ? "OK" : "FAIL");
-    if (!ok) {
-        if (where[0])
-            printf("    %s\n", where);
-        recap_add("%s: rel %.2e, %ld non-finite", label, rel, nonfinite_all);
-    }
-    CHECK_MSG(ok, "%s: rel %.3g (tol %.g), %ld non-finite", label, rel, tol, nonfinite_all);
-}
-
 /* ---- weights and input sets ------------------------------------------------------------- */
-
-/* The weights of one (N, K, dtype): logical [N][K], uploaded in both layouts. */
-typedef struct gweights {
-    int N, K;
-    stof_dtype dt;
-    float *w, *bias;
-    CUdeviceptr dw_nk, dw_kn, db;
-} gweights;
-
-/* One input set: x and the residual for M rows, the fp64 x w^T of the
- * reference rows. */
-typedef struct gset {
-    const gweights *wt;
-    int M;
-    float *x, *res;
-    uint16_t *res_bits;
-    int n_rows, rows[MAX_REF_ROWS];
-    double *acc; /* [n_rows][N] */
-    CUdeviceptr dx, dr, dy;
-    uint16_t *hy;
-} gset;
-
-static int make_weights(gpu *g, gweights *wt, int N, int K, stof_dtype dt, util_rng *rng) {
-    memset(wt, 0, sizeof *wt);
-    wt->N = N;
-    wt->K = K;
-    wt->dt = dt;
-    size_t nk = (size_t)N * K;
-    wt->w = malloc(nk * sizeof *wt->w);
-    wt->bias = malloc((size_t)N * sizeof *wt->bias);
-    uint16_t *bits = malloc(nk * 2), *t = malloc(nk * 2), *bb = malloc((size_t)N * 2);
-    int rc = -1;
-    if (wt->w && wt->bias && bits && t && bb) {
-        fill(wt->w, bits, nk, dt, rng, -1.0, 1.0);
-        fill(wt->bias, bb, (size_t)N, dt, rng, -1.0, 1.0);
-        for (int n = 0; n < N; n++)
-            for (int k = 0; k < K; k++)
-                t[(size_t)k * N + n] = bits[(size_t)n * K + k];
-        rc = upload(g, &wt->dw_nk, bits, nk * 2) || upload(g, &wt->dw_kn, t, nk * 2) ||
-             upload(g, &wt->db, bb, (size_t)N * 2);
-    }
-    free(bits);
-    free(t);
-    free(bb);
-    return rc;
-}
-
-static void free_weights(gpu *g, gweights *wt) {
-    free(wt->w);
-    free(wt->bias);
-    dfree(g, &wt->dw_nk);
-    dfree(g, &wt->dw_kn);
-    dfree(g, &wt->db);
-}
-
-static int has_row(const gset *s, int r) {
-    for (int i = 0; i < s->n_rows; i++)
-        if (s->rows[i] == r)
-            return 1;
-    return 0;
-}
-
-/* Every row up to MAX_REF_ROWS; else the first two, the last two, the
- * edges of 64-, 128- and 256-row tiles, and random rows. */
-static void pick_rows(gset *s, util_rng *rng) {
-    s->n_rows = 0;
-    if (s->M <= MAX_REF_ROWS) {
-        for (int r = 0; r < s->M; r++)
-            s->rows[s->n_rows++] = r;
-        return;
-    }
-    const int fixed[] = {0, 1, s->M - 1, s->M - 2, 63, 64, 127, 128, 255, 256, s->M / 2};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        if (fixed[i] < s->M && !has_row(s, fixed[i]))
-            s->rows[s->n_rows++] = fixed[i];
-    while (s->n_rows < MAX_REF_ROWS) {
-        int r = (int)(util_rng_double(rng) * s->M);
-        if (!has_row(s, r))
-            s->rows[s->n_rows++] = r;
-    }
-}
-
-static int make_set(gpu *g, gset *s, const gweights *wt, int M, util_rng *rng) {
-    memset(s, 0, sizeof *s);
-    s->wt = wt;
-    s->M = M;
-    const int N = wt->N, K = wt->K;
-    size_t mk = (size_t)M * K, mn = (size_t)M * N;
-    s->x = malloc(mk * sizeof *s->x);
-    s->res = malloc(mn * sizeof *s->res);
-    s->res_bits = malloc(mn * 2);
-    s->hy = malloc(mn * 2);
-    s->acc = malloc((size_t)MAX_REF_ROWS * N * sizeof *s->acc);
-    uint16_t *xb = malloc(mk * 2);
-    int rc = -1;
-    if (s->x && s->res && s->res_bits && s->hy && s->acc && xb) {
-        fill(s->x, xb, mk, wt->dt, rng, -1.0, 1.0);
-        fill(s->res, s->res_bits, mn, wt->dt, rng, -1.0, 1.0);
-        pick_rows(s, rng);
-        for (int i = 0; i < s->n_rows; i++) {
-            const float *xr = s->x + (size_t)s->rows[i] * K;
-            for (int n = 0; n < N; n++) {
-                const float *wr = wt->w + (size_t)n * K;
-                double sum = 0.0;
-                for (int k = 0; k < K; k++)
-                    sum += (double)xr[k] * wr[k];
-                s->acc[(size_t)i * N + n] = sum;
-            }
-        }
-        rc = upload(g, &s->dx, xb, mk * 2) || upload(g, &s->dr, s->res_bits, mn * 2) ||
-             dalloc(g, &s->dy, mn * 2);
-    }
-    free(xb);
-    return rc;
-}
-
-static void free_set(gpu *g, gset *s) {
-    free(s->x);
-    free(s->res);
-    free(s->res_bits);
-    free(s->hy);
-    free(s->acc);
-    dfree(g, &s->dx);
-    dfree(g, &s->dr);
-    dfree(g, &s->dy);
-}
 
 /* Weights and one set over them; on failure both are freed. */
 static int make_pair(gpu *g, gweights *wt, gset *s, int M, int N, int K, stof_dtype dt,

@@ -10,9 +10,13 @@ def med(fn, reps=20):
         a.record(); fn(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
     return statistics.median(ts)
 import torch.nn.functional as F
-for mname,B,S in [("bigbird",16,4096),("sliding_window",16,4096),("bigbird",8,1024),("bigbird",1,128)]:
+import numpy as np
+cases=[("bigbird",16,4096),("sliding_window",16,4096),("bigbird",8,1024),("bigbird",1,128)]
+if len(sys.argv)>1:  # e.g. dense:16:4096,bigbird:8:512
+    cases=[(c.split(":")[0],int(c.split(":")[1]),int(c.split(":")[2])) for c in sys.argv[1].split(",")]
+for mname,B,S in cases:
     H,D=12,64
-    mask=stof.Mask.pattern(mname,q_len=S)
+    mask=stof.Mask.dense(np.ones((S,S),dtype=np.uint8)) if mname=="dense" else stof.Mask.pattern(mname,q_len=S)
     nnz=int(mask.to_dense(0).sum())
     qkv=torch.empty(B,S,3*H*D,dtype=torch.float16,device="cuda").uniform_(-1,1)
     q,k,v=(qkv[...,i*H*D:(i+1)*H*D].view(B,S,H,D).transpose(1,2) for i in range(3))

@@ -81,7 +81,8 @@ int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum, double *
                              int64_t *n_elements) {
     stof_error err = {0};
     ref_values rv;
-    int rc = ref_values_init(&m->g, seed, &rv, &err);
+    weights_source src = weights_source_seeded(seed);
+    int rc = ref_values_init(&m->g, &src, &rv, &err);
     if (rc == STOF_OK)
         rc = ref_execute(&m->g, &rv, &err);
     if (rc == STOF_OK) {

@@ -15,7 +15,8 @@ static void usage(FILE *f) {
             "  stof graph SCRIPT [--set k=v ...]  the model's operators: index, kind, class,\n"
             "                                     shapes, FLOPs and bytes\n"
             "  stof run SCRIPT [--set k=v ...] [--scheme S ...] [--reps N] [--seed N]\n"
-            "           [--check | --no-check]    run the model on the GPU: its segments and\n"
+            "           [--check | --no-check] [VALUES]\n"
+            "                                     run the model on the GPU: its segments and\n"
             "                                     kernels, memory, latency (eager and CUDA graph),\n"
             "                                     checksum, error against the CPU reference\n"
             "                                     (--check: even for big models; --no-check: skip).\n"
@@ -23,8 +24,15 @@ static void usage(FILE *f) {
             "                                     (\"14:2238\") or binary, or \"default\" or\n"
             "                                     \"unfused\"; once for every layer class, or\n"
             "                                     once per class in order (T5: encoder, decoder)\n"
-            "  stof run --cpu SCRIPT [--set k=v ...] [--seed N]\n"
+            "  stof run --cpu SCRIPT [--set k=v ...] [--seed N] [VALUES]\n"
             "                                     run the fp32 CPU reference, print a checksum\n"
+            "    VALUES: --weights FILE.safetensors  every weight from a checkpoint (Hugging\n"
+            "                                     Face names; fused weights from their parts)\n"
+            "            --inputs FILE.safetensors   the inputs it holds (token ids as int32 or\n"
+            "                                     int64); the others, and without --weights the\n"
+            "                                     weights, are drawn from --seed\n"
+            "            --save-output FILE.safetensors\n"
+            "                                     write the output as fp32 tensor \"output\"\n"
             "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
             "                                     mask statistics, and a heatmap as PNG\n"
             "  stof tune SCRIPT [--set k=v ...] -o PLAN.json [--budget N] [--time-limit S]\n"
@@ -35,7 +43,7 @@ static void usage(FILE *f) {
             "                                     cache) and write the plan. Without a GPU:\n"
             "                                     an unmeasured plan of the initial scheme for\n"
             "                                     --arch (default sm_90), kernels precompiled\n"
-            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check]\n"
+            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check] [VALUES]\n"
             "                                     run a tuned plan (no tuning) and compare its\n"
             "                                     latency with the one it recorded\n"
             "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
@@ -76,7 +84,7 @@ static int known_option(const char *opt) {
                                   "--px",     "--block",  "--mask-index", "--arch",
                                   "--scheme", "--reps",   "--check",  "--no-check",
                                   "-o",       "--output", "--budget", "--time-limit",
-                                  "--script"};
+                                  "--script", "--weights", "--inputs", "--save-output"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(opt, names[i]) == 0)
             return 1;
@@ -147,6 +155,12 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
         a->output = v;
     } else if (strcmp(opt, "--script") == 0) {
         a->script_path = v;
+    } else if (strcmp(opt, "--weights") == 0) {
+        a->weights = v;
+    } else if (strcmp(opt, "--inputs") == 0) {
+        a->inputs = v;
+    } else if (strcmp(opt, "--save-output") == 0) {
+        a->save_output = v;
     } else if (strcmp(opt, "--budget") == 0) {
         if (parse_int(opt, v, 1, 1L << 40, &n))
             return 1;

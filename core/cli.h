@@ -33,6 +33,9 @@ typedef struct cli_args {
     long budget;         /* --budget N: most settings measured (0: no limit) */
     double time_limit;   /* --time-limit S: seconds of search (0: no limit) */
     const char *script_path; /* --script PATH: the script of a plan */
+    const char *weights;     /* --weights FILE.safetensors: every weight from it */
+    const char *inputs;      /* --inputs FILE.safetensors: the inputs it holds from it */
+    const char *save_output; /* --save-output FILE.safetensors: the output, as "output" */
 } cli_args;
 
 /* Parses argv[first..]; prints the problem and returns non-zero on bad

@@ -2,8 +2,9 @@
  * with --cpu on the fp32 CPU reference.
  *
  * Everything that can be decided without the GPU (the script, the schemes,
- * their segments and templates, the buffers) is checked first, so a bad
- * --scheme gets its reason on any machine. */
+ * their segments and templates, the buffers, the --weights and --inputs
+ * files against the graph) is checked first, so a bad --scheme or a weight
+ * file of another model gets its reason on any machine. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "core/cli.h"
 #include "core/exec.h"
 #include "core/ref.h"
+#include "core/safetensors.h"
 #include "core/tune_backend.h"
 #include "core/util.h"
 #include "fusion/templates.h"
@@ -21,6 +23,69 @@
  * (a few GFLOP/s in fp32 on one core): --check runs it anyway. */
 #define CLI_CHECK_MAX_FLOPS 2e10
 
+/* ---- values: --weights, --inputs, --save-output ------------------------------------------ */
+
+typedef struct run_values {
+    safetensors_file *weights, *inputs;
+    weights_source src;
+} run_values;
+
+static void values_close(run_values *v) {
+    safetensors_close(v->weights);
+    safetensors_close(v->inputs);
+    memset(v, 0, sizeof *v);
+}
+
+/* Opens the files of --weights and --inputs and checks them against g
+ * (every problem at once); prints the problems and returns 1. */
+static int values_open(const cli_args *a, const graph *g, run_values *v) {
+    memset(v, 0, sizeof *v);
+    v->src = weights_source_seeded(a->seed);
+    stof_error err = {0};
+    int rc = a->weights ? safetensors_open(a->weights, &v->weights, &err) : STOF_OK;
+    if (!rc && a->inputs)
+        rc = safetensors_open(a->inputs, &v->inputs, &err);
+    v->src.weights = v->weights;
+    v->src.inputs = v->inputs;
+    if (!rc)
+        rc = weights_source_check(&v->src, g, &err);
+    if (rc) {
+        fprintf(stderr, "stof: %s\n", err.msg);
+        values_close(v);
+        return 1;
+    }
+    return 0;
+}
+
+/* Where the values came from, when a file gave some. */
+static void values_print(const run_values *v, const graph *g) {
+    if (!v->weights && !v->inputs)
+        return;
+    char line[2048];
+    weights_source_describe(&v->src, g, line, sizeof line);
+    printf("%s\n", line);
+}
+
+/* --save-output: y (the output's values) as one fp32 tensor "output". */
+static int save_output(const cli_args *a, const graph *g, const float *y) {
+    if (!a->save_output)
+        return 0;
+    const graph_tensor *out = &g->tensors[g->output];
+    safetensors_entry e = {.name = "output", .dtype = SAFETENSORS_F32, .ndim = out->ndim,
+                           .data = y};
+    for (int d = 0; d < out->ndim; d++)
+        e.shape[d] = out->shape[d];
+    stof_error err = {0};
+    if (safetensors_write(a->save_output, &e, 1, &err)) {
+        fprintf(stderr, "stof: --save-output: %s\n", err.msg);
+        return 1;
+    }
+    char shape[64];
+    printf("output: wrote %s (\"output\" %s fp32)\n", a->save_output,
+           graph_shape_str(out, shape, sizeof shape));
+    return 0;
+}
+
 /* ---- the CPU reference ------------------------------------------------------------------ */
 
 static int run_cpu(const cli_args *a) {
@@ -28,15 +93,21 @@ static int run_cpu(const cli_args *a) {
     lua_api_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
+    run_values vals;
+    if (values_open(a, &g, &vals)) {
+        graph_free(&g);
+        return 1;
+    }
     stof_error err = {0};
     ref_values rv;
     double t0 = util_now();
-    int rc = ref_values_init(&g, a->seed, &rv, &err);
+    int rc = ref_values_init(&g, &vals.src, &rv, &err);
     if (rc == STOF_OK)
         rc = ref_execute(&g, &rv, &err);
     if (rc) {
         fprintf(stderr, "stof: %s\n", err.msg);
         ref_values_free(&rv);
+        values_close(&vals);
         graph_free(&g);
         return 1;
     }
@@ -47,6 +118,7 @@ static int run_cpu(const cli_args *a) {
     char shape[64];
     printf("model %s (%s), CPU reference fp32, seed %llu\n", g.name, info.name,
            (unsigned long long)a->seed);
+    values_print(&vals, &g);
     printf("output %s %s: %lld values\n", out->name, graph_shape_str(out, shape, sizeof shape),
            (long long)n);
     printf("checksum: sum %.9e  sum of squares %.9e\n", sum, sum_sq);
@@ -54,9 +126,11 @@ static int run_cpu(const cli_args *a) {
     for (int64_t i = 0; i < n && i < 4; i++)
         printf(" %.6f", rv.data[g.output][i]);
     printf("\ntime %.2f s, peak host memory %.1f MB\n", util_now() - t0, rv.peak_bytes / 1e6);
+    int bad = save_output(a, &g, rv.data[g.output]);
     ref_values_free(&rv);
+    values_close(&vals);
     graph_free(&g);
-    return 0;
+    return bad;
 }
 
 /* ---- schemes from the command line ------------------------------------------------------- */
@@ -140,6 +214,7 @@ typedef struct run_state {
     exec_plan *plan;
     exec_ctx *ctx;
     exec_model *model;
+    run_values vals;
     float *eager, *replayed, *ref;
 } run_state;
 
@@ -152,6 +227,7 @@ static void run_free(run_state *r) {
     free(r->eager);
     free(r->replayed);
     free(r->ref);
+    values_close(&r->vals);
     if (r->have_graph)
         graph_free(&r->g);
 }
@@ -215,7 +291,7 @@ static int check_reference(const cli_args *a, run_state *r, int64_t n, double fl
     }
     stof_error err = {0};
     double t0 = util_now();
-    if (exec_reference(&r->g, a->seed, &r->ref, &err)) {
+    if (exec_reference(&r->g, &r->vals.src, &r->ref, &err)) {
         fprintf(stderr, "stof: CPU reference: %s\n", err.msg);
         return 1;
     }
@@ -281,6 +357,10 @@ static int run_gpu(const cli_args *a) {
 
 static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const char *plan_path) {
     stof_error err = {0};
+    if (values_open(a, &r->g, &r->vals)) {
+        run_free(r);
+        return 1;
+    }
     int rc = exec_ctx_create(0, &r->ctx, &err);
     if (rc == STOF_ERR_NO_DEVICE) {
         fprintf(stderr, "stof: GPU execution needs a GPU, and this machine has none usable: %s\n"
@@ -300,8 +380,9 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
            stof_dtype_name(r->plan->dtype), (unsigned long long)a->seed);
     printf("device: %s (%s, %d SMs, %.0f GiB)\n", dev->name, exec_ctx_arch(r->ctx),
            dev->sm_count, (double)dev->total_mem / (1 << 30));
+    values_print(&r->vals, &r->g);
     double t0 = util_now();
-    if (exec_model_create(r->ctx, r->plan, a->seed, &r->model, &err))
+    if (exec_model_create(r->ctx, r->plan, &r->vals.src, &r->model, &err))
         return fail(r, &err);
     double setup = util_now() - t0;
     print_plan(r);
@@ -339,6 +420,7 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
     int bad = !same;
     if (!same)
         fprintf(stderr, "stof: the CUDA graph replay gave another output than the eager run\n");
+    bad |= save_output(a, &r->g, r->eager);
     bad |= check_reference(a, r, n, flops);
     if (pf)
         compare_with_plan(pf, eager_ms, graph_ms);

@@ -102,8 +102,7 @@ static void print_outcome(const tune_outcome *o, const plan *p) {
            s->stopped_by_time ? " (time limit reached)" : "");
     const tune_backend_stats *b = &o->backend;
     printf("measurements: %ld timed, %ld rejected for a wrong output, %ld could not run here; "
-           "%ld CPU references (%.1f s)\n", b->measured, b->rejected, b->failed, b->references,
-           b->reference_s);
+           "%ld CPU references\n", b->measured, b->rejected, b->failed, b->references);
     printf("after the search: %ld default and selector settings timed, %d segment%s improved\n",
            o->extra_measured, o->improved, o->improved == 1 ? "" : "s");
     cli_plan_print(p);
@@ -113,6 +112,34 @@ static void print_outcome(const tune_outcome *o, const plan *p) {
                o->check_ok ? "ok" : "MISMATCH");
     else
         printf("reference: not checked (big model, or --no-check; --check runs it)\n");
+}
+
+/* Where the time went: phases, compiles, measurements, references. */
+static void print_time_breakdown(const tune_outcome *o) {
+    const tune_timing *t = &o->timing;
+    const tune_backend_stats *b = &o->backend;
+    const search_stats *s = &o->search;
+    printf("time: %.1f s: search %.1f s, defaults and selector %.1f s, end to end %.1f s\n",
+           o->seconds, t->search_s, t->refine_s, t->end_to_end_s);
+    printf("  kernels: %ld compiled, %ld read from the disk cache, %ld failed; NVRTC %.1f s "
+           "summed over %d threads\n", t->compiled, t->from_disk, t->compile_failed,
+           t->compile_sum_s, t->threads);
+    printf("           %ld made ahead of need, %ld of them used; %ld asked for and found "
+           "in memory\n", t->ahead, t->ahead_used, t->memory_hits);
+    printf("           %.1f s of compiling not hidden (the measuring thread compiled or "
+           "waited)\n", t->compile_wait_s);
+    printf("  measuring: %.1f s for %ld settings (%ld timed, %ld wrong, %ld could not run):\n",
+           b->measure_s, b->measured + b->rejected + b->failed, b->measured, b->rejected,
+           b->failed);
+    printf("           scratch %.1f s, kernel plans %.1f s, checks %.1f s (of it %.1f s "
+           "waiting for references), timed runs %.1f s\n", b->scratch_s, b->plan_s,
+           b->check_s, b->reference_wait_s, b->time_s);
+    printf("  references: %ld computed, %.1f s summed over threads; scratch: %ld segments "
+           "uploaded, %ld kept\n", b->references, b->reference_s, b->scratch_new,
+           b->scratch_kept);
+    printf("  settings: %ld measured, %ld cache hits; %ld announced ahead in %ld batches (%ld "
+           "past the kernels' limits)\n", s->measured + o->extra_measured, s->cache_hits,
+           b->prepared, s->prepare_calls, b->prepare_skipped);
 }
 
 static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
@@ -154,6 +181,7 @@ static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
         return 1;
     }
     print_outcome(&res, &p);
+    print_time_breakdown(&res);
     rc = plan_write(&p, a->output, &err);
     if (rc)
         fprintf(stderr, "stof: %s\n", err.msg);

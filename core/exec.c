@@ -74,7 +74,7 @@ static int device_alloc(exec_ctx *c, CUdeviceptr *d, size_t bytes, const char *w
 
 /* Fills and converts every input and weight on the host, one tensor at a
  * time, and copies it to its place in m->consts. */
-static int upload_consts(exec_model *m, uint64_t seed, stof_error *err) {
+static int upload_consts(exec_model *m, const weights_source *src, stof_error *err) {
     const exec_plan *p = m->plan;
     const graph *g = p->g;
     exec_ctx *c = m->ctx;
@@ -93,7 +93,8 @@ static int upload_consts(exec_model *m, uint64_t seed, stof_error *err) {
         if (x->role != GRAPH_WEIGHT && x->role != GRAPH_INPUT)
             continue;
         size_t n = (size_t)graph_tensor_numel(x);
-        weights_fill(x, seed, f);
+        if ((rc = weights_source_values(src, g, t, f, err)))
+            break;
         for (size_t i = 0; i < n; i++) {
             if (x->dtype == STOF_I32)
                 ((int32_t *)staged)[i] = (int32_t)f[i];
@@ -189,9 +190,12 @@ void exec_model_free(exec_model *m) {
     free(m);
 }
 
-int exec_model_create(exec_ctx *c, const exec_plan *p, uint64_t seed, exec_model **out,
-                      stof_error *err) {
+int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src,
+                      exec_model **out, stof_error *err) {
     *out = NULL;
+    int checked = weights_source_check(src, p->g, err);
+    if (checked)
+        return checked;
     exec_model *m = err_calloc(1, sizeof *m, err);
     if (!m)
         return STOF_ERR_NOMEM;
@@ -217,7 +221,7 @@ int exec_model_create(exec_ctx *c, const exec_plan *p, uint64_t seed, exec_model
     if (!rc) {
         for (int b = 0; b < p->n_bufs; b++)
             m->ptr[p->bufs[b].tensor] = m->arena + p->bufs[b].offset;
-        rc = upload_consts(m, seed, err);
+        rc = upload_consts(m, src, err);
     }
     if (!rc)
         rc = prepare_segments(m, err);
@@ -391,10 +395,10 @@ size_t exec_model_describe(const exec_model *m, int seg, char *buf, size_t n) {
 
 /* ---- the CPU reference ---------------------------------------------------------------------- */
 
-int exec_reference(const graph *g, uint64_t seed, float **out, stof_error *err) {
+int exec_reference(const graph *g, const weights_source *src, float **out, stof_error *err) {
     *out = NULL;
     ref_values rv;
-    int rc = ref_values_init(g, seed, &rv, err);
+    int rc = ref_values_init(g, src, &rv, err);
     if (rc)
         return rc;
     rc = ref_execute(g, &rv, err);

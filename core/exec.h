@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "core/graph.h"
+#include "core/weights.h"
 #include "fusion/match.h"
 #include "fusion/scheme.h"
 #include "stof.h"
@@ -189,13 +190,14 @@ const char *exec_ctx_arch(const exec_ctx *c);
 
 typedef struct exec_model exec_model;
 
-/* Allocates and uploads the weights and inputs (weights_fill with seed, as
- * the CPU reference), allocates the arena, plans every segment's kernel
+/* Checks src against the graph (weights_source_check) before anything is
+ * allocated, then allocates and uploads the weights and inputs (their
+ * values from src, as the CPU reference's), allocates the arena, plans every segment's kernel
  * (compiling through the NVRTC cache; identical segments of one class share
  * one kernel plan). STOF_ERR_DEVICE_OOM names the bytes asked for. On
  * failure nothing is left allocated. */
-int exec_model_create(exec_ctx *c, const exec_plan *p, uint64_t seed, exec_model **out,
-                      stof_error *err);
+int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src,
+                      exec_model **out, stof_error *err);
 void exec_model_free(exec_model *m);
 
 /* One forward pass, kernel by kernel on the model's stream; waits for it and
@@ -219,8 +221,8 @@ size_t exec_model_describe(const exec_model *m, int seg, char *buf, size_t n);
 
 /* ---- checking against the CPU reference (CPU) ---------------------------------------- */
 
-/* The CPU reference's output for seed (ref_execute), malloc'd. */
-int exec_reference(const graph *g, uint64_t seed, float **out, stof_error *err);
+/* The CPU reference's output with the values of src (ref_execute), malloc'd. */
+int exec_reference(const graph *g, const weights_source *src, float **out, stof_error *err);
 
 typedef struct exec_diff {
     double rel_error;  /* ||got - ref|| / ||ref|| (||got - ref|| when ref is 0) */

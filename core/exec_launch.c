@@ -672,46 +672,86 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
     return rc;
 }
 
-int exec_segment_compile(const graph *g, const exec_segment *s,
-                         const struct mha_device_limits *lim, struct nvrtc_cache *cache,
-                         stof_error *err) {
-    const exec_launcher *l = exec_launcher_get(s->tmpl);
-    const void *cubin;
-    size_t size;
-    if (l->plan == gx_plan) {
-        gemm_exec_problem p;
-        int values[FUSION_MAX_PARAMS];
-        int rc = gx_problem(g, s, &p, err);
-        if (rc)
-            return rc;
-        if (s->has_values)
-            memcpy(values, s->values, sizeof values);
-        else
-            gemm_exec_default_values(&p, values);
-        gemm_exec_request r;
-        gemm_exec_request_init(&r, &p, values, lim->arch);
-        return nvrtc_get(cache, &r.req, &cubin, &size, err);
-    }
-    if (l->plan != attn_plan)
-        return STOF_OK; /* nothing compiled at run time (a vendor library) */
+const nvrtc_request *exec_build_request(const exec_build *b) {
+    return b->attention ? &b->r.mha.req : &b->r.gemm.req;
+}
+
+static int gx_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                     exec_builds_mode mode, exec_build *out, int *n, stof_error *err) {
+    gemm_exec_problem p;
+    int values[FUSION_MAX_PARAMS];
+    int rc = gx_problem(g, s, &p, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = gemm_exec_validate(&p, err);
+    if (rc)
+        return rc;
+    if (s->has_values)
+        memcpy(values, s->values, sizeof values);
+    else
+        gemm_exec_default_values(&p, values);
+    if (mode == EXEC_BUILDS_PLANNED && (rc = gemm_exec_check(&p, values, lim->smem_per_block,
+                                                             err)) != STOF_OK)
+        return rc;
+    out[0].attention = 0;
+    gemm_exec_request_init(&out[0].r.gemm, &p, values, lim->arch);
+    *n = 1;
+    return STOF_OK;
+}
+
+/* The configuration the attention plan of s takes for lim, and whether it
+ * splits rows (PLANNED; ALL builds both). */
+static int attn_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                       exec_builds_mode mode, exec_build *out, int *n, stof_error *err) {
     mha_exec_problem p;
     mask *folded = NULL;
     mha_exec_force f;
     attn_force(s, &f);
     mha_exec_config cfg;
     char reason[256];
-    int rc = attn_folded(g, s, &p, &folded, err);
+    int split = 0, rc = attn_folded(g, s, &p, &folded, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = mha_exec_validate(&p, err);
     if (!rc)
         rc = mha_exec_choose(&p, folded, lim, s->auto_attention ? NULL : &f, &cfg, reason,
                              sizeof reason, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = mha_exec_config_check(&cfg, lim->smem_per_block, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = mha_exec_plan_splits(&p, folded, &cfg, lim, f.split_chunk, &split, err);
     mask_free(folded);
-    /* the plain build, and for block-wise the split build the plan picks
-     * when some block rows are much longer than the others */
-    for (int split = 0; !rc && split <= (cfg.kernel == MHA_KERNEL_BLOCK_WISE); split++) {
-        mha_exec_request r;
-        cfg.split = split;
-        mha_exec_request_init(&r, &cfg, lim->arch);
-        rc = nvrtc_get(cache, &r.req, &cubin, &size, err);
+    if (rc)
+        return rc;
+    int both = mode == EXEC_BUILDS_ALL && cfg.kernel == MHA_KERNEL_BLOCK_WISE;
+    for (int k = 0; k <= both; k++) {
+        cfg.split = both ? k : split;
+        out[k].attention = 1;
+        mha_exec_request_init(&out[k].r.mha, &cfg, lim->arch);
+    }
+    *n = both + 1;
+    return STOF_OK;
+}
+
+int exec_segment_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                        exec_builds_mode mode, exec_build *out, int *n, stof_error *err) {
+    const exec_launcher *l = exec_launcher_get(s->tmpl);
+    *n = 0;
+    if (l->plan == gx_plan)
+        return gx_builds(g, s, lim, mode, out, n, err);
+    if (l->plan == attn_plan)
+        return attn_builds(g, s, lim, mode, out, n, err);
+    return STOF_OK; /* nothing compiled at run time (a vendor library) */
+}
+
+int exec_segment_compile(const graph *g, const exec_segment *s,
+                         const struct mha_device_limits *lim, struct nvrtc_cache *cache,
+                         stof_error *err) {
+    exec_build b[EXEC_MAX_BUILDS];
+    int n = 0;
+    int rc = exec_segment_builds(g, s, lim, EXEC_BUILDS_ALL, b, &n, err);
+    for (int k = 0; !rc && k < n; k++) {
+        const void *cubin;
+        size_t size;
+        rc = nvrtc_get(cache, exec_build_request(&b[k]), &cubin, &size, err);
     }
     return rc;
 }

@@ -22,6 +22,8 @@ void graph_free(graph *g) {
     free(g->masks);
     free(g->tensors);
     free(g->ops);
+    free(g->sources);
+    free(g->source_names);
     graph_init(g);
 }
 
@@ -115,6 +117,7 @@ int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err) 
     graph_tensor *dst = &g->tensors[g->n_tensors];
     *dst = *t;
     dst->producer = -1;
+    dst->source = 0;
     *id = g->n_tensors++;
     return STOF_OK;
 }
@@ -193,6 +196,55 @@ int graph_set_output(graph *g, int tensor, stof_error *err) {
     g->tensors[tensor].role = GRAPH_OUTPUT;
     g->output = tensor;
     return STOF_OK;
+}
+
+static int check_source(const graph *g, int tensor, const char *const *parts, int n,
+                        stof_error *err) {
+    if (tensor < 0 || tensor >= g->n_tensors || g->tensors[tensor].role != GRAPH_WEIGHT)
+        return err_set(err, STOF_ERR_INVALID, "only weights are assembled from other tensors");
+    const graph_tensor *t = &g->tensors[tensor];
+    if (t->source)
+        return err_set(err, STOF_ERR_INVALID, "weight '%s' already has its parts", t->name);
+    if (n < 1 || n > GRAPH_MAX_SOURCE_PARTS)
+        return err_set(err, STOF_ERR_INVALID, "weight '%s': 1 to %d parts, got %d", t->name,
+                       GRAPH_MAX_SOURCE_PARTS, n);
+    for (int k = 0; k < n; k++) {
+        size_t len = strlen(parts[k]);
+        if (len == 0 || len >= GRAPH_NAME_MAX)
+            return err_set(err, STOF_ERR_INVALID, "weight '%s': part %d needs a name of 1 to %d "
+                           "characters", t->name, k + 1, GRAPH_NAME_MAX - 1);
+        for (int j = 0; j < k; j++)
+            if (strcmp(parts[j], parts[k]) == 0)
+                return err_set(err, STOF_ERR_INVALID, "weight '%s': part '%s' is given twice",
+                               t->name, parts[k]);
+    }
+    return STOF_OK;
+}
+
+int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof_error *err) {
+    int rc = check_source(g, tensor, parts, n, err);
+    if (!rc)
+        rc = grow((void **)&g->sources, &g->cap_sources, g->n_sources + 1, sizeof *g->sources,
+                  err);
+    if (!rc)
+        rc = grow((void **)&g->source_names, &g->cap_source_names, g->n_source_names + n,
+                  sizeof *g->source_names, err);
+    if (rc)
+        return rc;
+    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n};
+    for (int k = 0; k < n; k++)
+        snprintf(g->source_names[g->n_source_names++], GRAPH_NAME_MAX, "%s", parts[k]);
+    g->tensors[tensor].source = ++g->n_sources;
+    return STOF_OK;
+}
+
+const graph_source *graph_source_of(const graph *g, int t) {
+    int s = g->tensors[t].source;
+    return s > 0 && s <= g->n_sources ? &g->sources[s - 1] : NULL;
+}
+
+const char *graph_source_part(const graph *g, const graph_source *s, int k) {
+    return g->source_names[s->first + k];
 }
 
 void graph_begin_layer(graph *g) {

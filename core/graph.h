@@ -14,6 +14,7 @@
 #define GRAPH_MAX_DIMS 4
 #define GRAPH_MAX_INPUTS 4
 #define GRAPH_NAME_MAX 96
+#define GRAPH_MAX_SOURCE_PARTS 16
 
 /* Upper bounds that catch absurd sizes before anything is allocated. */
 #define GRAPH_MAX_DIM_SIZE (1LL << 24)
@@ -48,7 +49,16 @@ typedef struct graph_tensor {
     float init_scale;
     int64_t init_high; /* GRAPH_INIT_TOKENS: exclusive upper bound */
     int line;          /* script line that made it, 0 when unknown */
+    int source;        /* weights: 1 + index into graph.sources when a weight file
+                          assembles it from other tensors; 0: read under its own name */
 } graph_tensor;
+
+/* A weight a checkpoint stores as several tensors (a fused QKV projection
+ * from query, key and value): the parts, concatenated along dim 0. */
+typedef struct graph_source {
+    int tensor;       /* the weight */
+    int first, n;     /* its parts' names: graph.source_names[first .. first + n - 1] */
+} graph_source;
 
 typedef enum op_kind {
     OP_GEMM = 0,  /* y[..., N] = x[..., K] . W ; W is [N, K] (nn.Linear) or [K, N] */
@@ -111,6 +121,10 @@ typedef struct graph {
     int output;          /* tensor index of the model output, -1 until set */
     int current_layer;   /* stamped on ops as they are added */
     int n_layers;
+    graph_source *sources;          /* see graph_set_source */
+    int n_sources, cap_sources;
+    char (*source_names)[GRAPH_NAME_MAX];
+    int n_source_names, cap_source_names;
 } graph;
 
 void graph_init(graph *g);
@@ -128,6 +142,15 @@ int graph_add_op(graph *g, const graph_op *op, int *out_tensor, stof_error *err)
 int graph_add_mask(graph *g, struct mask *m, int *id, stof_error *err);
 
 int graph_set_output(graph *g, int tensor, stof_error *err);
+
+/* Weight `tensor` is read from a weight file as the concatenation along
+ * dim 0 of the n tensors named parts (1 to GRAPH_MAX_SOURCE_PARTS names,
+ * each shorter than GRAPH_NAME_MAX, no name twice); once per weight. */
+int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof_error *err);
+/* The source of tensor t, or NULL when it is read under its own name. */
+const graph_source *graph_source_of(const graph *g, int t);
+/* Part k of source s. */
+const char *graph_source_part(const graph *g, const graph_source *s, int k);
 
 /* Layer bookkeeping: ops added between begin and end get the same layer id. */
 void graph_begin_layer(graph *g);

@@ -262,9 +262,35 @@ static double luaapi_default_scale(const graph_tensor *t, graph_init_kind init) 
     return t->ndim >= 2 ? 1.0 / sqrt((double)t->shape[t->ndim - 1]) : 0.02;
 }
 
-/* m:weight(name, shape, {init =, scale =, dtype =}) */
+/* from = {"a", "b", ...}: the checkpoint tensors a weight file assembles the
+ * weight from (into parts); returns their count, 0 when absent. */
+static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
+                              char parts[][GRAPH_NAME_MAX]) {
+    if (!opts || lua_getfield(L, opts, "from") == LUA_TNIL) {
+        if (opts)
+            lua_pop(L, 1);
+        return 0;
+    }
+    lua_Integer n = lua_istable(L, -1) ? luaL_len(L, -1) : 0;
+    if (n < 1 || n > GRAPH_MAX_SOURCE_PARTS)
+        luaL_error(L, "weight '%s': option 'from' must be a list of 1 to %d tensor names",
+                   weight, GRAPH_MAX_SOURCE_PARTS);
+    for (int k = 0; k < (int)n; k++) {
+        size_t len = 0;
+        const char *s = lua_geti(L, -1, k + 1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (!s || len == 0 || len >= GRAPH_NAME_MAX)
+            luaL_error(L, "weight '%s': from[%d] must be a tensor name of 1 to %d characters",
+                       weight, k + 1, GRAPH_NAME_MAX - 1);
+        memcpy(parts[k], s, len + 1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return (int)n;
+}
+
+/* m:weight(name, shape, {init =, scale =, dtype =, from =}) */
 static int luaapi_weight(lua_State *L) {
-    static const char *const allowed[] = {"init", "scale", "dtype", NULL};
+    static const char *const allowed[] = {"init", "scale", "dtype", "from", NULL};
     static const char *const inits[] = {"uniform", "ones", "zeros", NULL};
     static const graph_init_kind init_of[] = {GRAPH_INIT_UNIFORM, GRAPH_INIT_ONES, GRAPH_INIT_ZEROS};
     luaapi_model *m = luaapi_self(L);
@@ -290,7 +316,19 @@ static int luaapi_weight(lua_State *L) {
     if (scale < 0)
         return luaL_error(L, "weight '%s': scale must be >= 0", t.name);
     t.init_scale = (float)scale;
-    return luaapi_declare(L, &t);
+    char parts[GRAPH_MAX_SOURCE_PARTS][GRAPH_NAME_MAX];
+    const char *names[GRAPH_MAX_SOURCE_PARTS];
+    int n_parts = luaapi_weight_from(L, opts, t.name, parts);
+    luaapi_declare(L, &t);
+    if (n_parts == 0)
+        return 1;
+    for (int i = 0; i < n_parts; i++)
+        names[i] = parts[i];
+    stof_error e;
+    const luaapi_tensor *w = lua_touserdata(L, -1);
+    if (graph_set_source(luaapi_graph(L), w->id, names, n_parts, &e) != STOF_OK)
+        return luaL_error(L, "%s", e.msg);
+    return 1;
 }
 
 /* ---- operators ------------------------------------------------------------ */

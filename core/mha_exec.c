@@ -493,14 +493,15 @@ static int get_function(mha_exec_ctx *c, const mha_exec_request *r, const char *
 
 /* ---- choosing the kernel ------------------------------------------------------------- */
 
+void mha_exec_device_limits(const stof_device_info *info, const char *arch,
+                            mha_device_limits *lim) {
+    *lim = (mha_device_limits){info->sm_count, info->smem_per_sm, info->smem_per_block_optin,
+                               info->max_warps_per_sm, MHA_EXEC_MAX_THREADS, arch};
+}
+
 static void device_limits(const mha_exec_ctx *c, mha_exec_plan *plan, mha_device_limits *lim) {
     snprintf(plan->arch, sizeof plan->arch, "%s", c->arch);
-    lim->sm_count = c->info.sm_count;
-    lim->smem_per_sm = c->info.smem_per_sm;
-    lim->smem_per_block = c->info.smem_per_block_optin;
-    lim->max_warps_per_sm = c->info.max_warps_per_sm;
-    lim->max_threads_per_block = MHA_EXEC_MAX_THREADS;
-    lim->arch = plan->arch;
+    mha_exec_device_limits(&c->info, plan->arch, lim);
 }
 
 /* A feasible setting of Eq. 2 that this kernel also runs well: real shared
@@ -709,20 +710,41 @@ static int upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, s
     return rc;
 }
 
-/* The chunk a plan splits at: forced (force_chunk > 0), never (< 0), or
- * mha_exec_split_chunk on the device's resident slots for this setting. */
-static int plan_split_chunk(const mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
-                            int force_chunk) {
+/* The chunk a plan of cfg splits f at: forced (force_chunk > 0), never
+ * (< 0), or mha_exec_split_chunk on the resident slots of lim. */
+static int split_chunk_for(const mha_exec_problem *p, const mha_exec_config *cfg,
+                           const mask_bsr *f, const mha_device_limits *lim, int force_chunk) {
     if (force_chunk)
         return force_chunk > 0 ? force_chunk : 0;
-    const mha_exec_config *cfg = &plan->config;
-    mha_device_limits lim;
-    device_limits(c, plan, &lim);
     int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
                                             cfg->stages, cfg->head_dim,
-                                            (int)stof_dtype_size(cfg->dtype), &lim);
-    return mha_exec_split_chunk(f, plan->problem.batch, plan->problem.heads,
-                                (per_sm > 0 ? per_sm : 1) * lim.sm_count);
+                                            (int)stof_dtype_size(cfg->dtype), lim);
+    return mha_exec_split_chunk(f, p->batch, p->heads, (per_sm > 0 ? per_sm : 1) * lim->sm_count);
+}
+
+static int plan_split_chunk(const mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
+                            int force_chunk) {
+    mha_device_limits lim;
+    device_limits(c, plan, &lim);
+    return split_chunk_for(&plan->problem, &plan->config, f, &lim, force_chunk);
+}
+
+int mha_exec_plan_splits(const mha_exec_problem *p, const mask *folded,
+                         const mha_exec_config *cfg, const mha_device_limits *lim,
+                         int force_chunk, int *splits, stof_error *err) {
+    *splits = 0;
+    if (cfg->kernel != MHA_KERNEL_BLOCK_WISE)
+        return STOF_OK;
+    mask_bsr *f = NULL;
+    int rc = mask_format_bsr_build(folded, cfg->block_m, cfg->block_n, &f, err);
+    if (rc)
+        return rc;
+    int chunk = split_chunk_for(p, cfg, f, lim, force_chunk);
+    for (int b = 0; chunk >= 1 && b < f->batch && !*splits; b++)
+        for (int i = 0; i < f->n_block_rows && !*splits; i++)
+            *splits = bsr_row_len(f, b, i) > chunk;
+    mask_format_bsr_free(f);
+    return STOF_OK;
 }
 
 /* The work list of a split plan on the device, its workspace, its launch

@@ -162,7 +162,21 @@ void mha_exec_split_free(mha_exec_split *s);
 size_t mha_exec_split_workspace(const mha_exec_split *s, int batch, int heads, int block_m,
                                 int head_dim);
 
+/* Whether a plan of configuration cfg cuts block rows into work items (and
+ * so compiles the -DSPLIT=1 build) on a device with limits lim, as
+ * mha_exec_plan_create decides it with force_chunk (mha_exec_force's
+ * split_chunk; 0: automatic). folded is from mha_exec_fold_mask. CPU only:
+ * it builds the BSR format. */
+int mha_exec_plan_splits(const mha_exec_problem *p, const mask *folded,
+                         const mha_exec_config *cfg, const mha_device_limits *lim,
+                         int force_chunk, int *splits, stof_error *err);
+
 /* ---- the GPU context ---------------------------------------------------------- */
+
+/* The limits the planner uses for a device (info) of architecture arch
+ * (not copied): the selector's and the split chunk's. */
+void mha_exec_device_limits(const stof_device_info *info, const char *arch,
+                            mha_device_limits *lim);
 
 /* The planner's context is the shared GPU context (core/gpu_ctx.h). */
 typedef gpu_ctx mha_exec_ctx;

@@ -10,14 +10,31 @@
 
 #include "core/error.h"
 #include "core/kernels.h"
+#include "core/memo.h"
 #include "core/util.h"
 
 #ifndef STOF_CUDA_INCLUDE_DIR
 #define STOF_CUDA_INCLUDE_DIR "/usr/local/cuda/include"
 #endif
 
+/* A cubin in the memory cache. */
+typedef struct nvrtc_cubin {
+    void *bin;
+    size_t size;
+    int ahead; /* made by a task of nvrtc_submit */
+    int asked; /* nvrtc_get returned it */
+} nvrtc_cubin;
+
+static void cubin_free(void *value) {
+    nvrtc_cubin *cb = value;
+    free(cb->bin);
+    free(cb);
+}
+
 void nvrtc_cache_init(nvrtc_cache *c, const char *dir) {
     memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->lock, NULL);
+    memo_create(0, cubin_free, &c->mem, NULL); /* NULL on failure: nvrtc_get says so */
     if (dir) {
         snprintf(c->dir, sizeof c->dir, "%s", dir);
         return;
@@ -34,9 +51,8 @@ void nvrtc_cache_init(nvrtc_cache *c, const char *dir) {
 }
 
 void nvrtc_cache_free(nvrtc_cache *c) {
-    for (int i = 0; i < c->n; i++)
-        free(c->entries[i].cubin);
-    free(c->entries);
+    memo_free(c->mem);
+    pthread_mutex_destroy(&c->lock);
     memset(c, 0, sizeof *c);
 }
 
@@ -68,33 +84,6 @@ uint64_t nvrtc_key(const nvrtc_request *req) {
         h = util_hash(h, "\0", 1);
     }
     return h;
-}
-
-static nvrtc_entry *memory_lookup(nvrtc_cache *c, uint64_t key) {
-    for (int i = 0; i < c->n; i++)
-        if (c->entries[i].key == key)
-            return &c->entries[i];
-    return NULL;
-}
-
-static int memory_insert(nvrtc_cache *c, uint64_t key, void *cubin, size_t size,
-                         nvrtc_entry **out, stof_error *err) {
-    if (c->n == c->cap) {
-        int ncap = c->cap ? 2 * c->cap : 16;
-        nvrtc_entry *e = err_realloc(c->entries, (size_t)ncap * sizeof *e, err);
-        if (!e) {
-            free(cubin);
-            return STOF_ERR_NOMEM;
-        }
-        c->entries = e;
-        c->cap = ncap;
-    }
-    nvrtc_entry *e = &c->entries[c->n++];
-    e->key = key;
-    e->cubin = cubin;
-    e->size = size;
-    *out = e;
-    return STOF_OK;
 }
 
 static void disk_path(const nvrtc_cache *c, uint64_t key, char *buf, size_t n) {
@@ -132,12 +121,15 @@ static int make_dirs(const char *dir) {
 
 /* Best effort: a cache that cannot be written only costs a recompile later.
  * Written to a temporary name and renamed so readers never see half a file. */
-static void disk_store(const nvrtc_cache *c, uint64_t key, const void *cubin, size_t size) {
+static void disk_store(nvrtc_cache *c, uint64_t key, const void *cubin, size_t size) {
     if (!c->dir[0] || make_dirs(c->dir) != 0)
         return;
     char path[1200], tmp[1300];
     disk_path(c, key, path, sizeof path);
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    pthread_mutex_lock(&c->lock);
+    unsigned seq = c->tmp_seq++;
+    pthread_mutex_unlock(&c->lock);
+    snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), seq);
     FILE *f = fopen(tmp, "wb");
     if (!f)
         return;
@@ -188,11 +180,13 @@ static int compile_error(nvrtcProgram prog, const nvrtc_request *req, nvrtcResul
     return STOF_ERR_COMPILE;
 }
 
-static int build_options(const nvrtc_request *req, const char **opts, int *n) {
-    static const char *fixed[] = {"-std=c++17", "-default-device", "--use_fast_math",
-                                  "-I" STOF_CUDA_INCLUDE_DIR};
-    static _Thread_local char arch_opt[64];
-    snprintf(arch_opt, sizeof arch_opt, "-arch=%s", req->arch);
+/* opts gets arch_opt (filled here, "-arch=sm_90"), the fixed options and
+ * the request's. */
+static void build_options(const nvrtc_request *req, char *arch_opt, size_t arch_cap,
+                          const char **opts, int *n) {
+    static const char *const fixed[] = {"-std=c++17", "-default-device", "--use_fast_math",
+                                        "-I" STOF_CUDA_INCLUDE_DIR};
+    snprintf(arch_opt, arch_cap, "-arch=%s", req->arch);
     int k = 0;
     opts[k++] = arch_opt;
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
@@ -200,7 +194,6 @@ static int build_options(const nvrtc_request *req, const char **opts, int *n) {
     for (int i = 0; i < req->n_options; i++)
         opts[k++] = req->options[i];
     *n = k;
-    return STOF_OK;
 }
 
 static int compile_cubin(const nvrtc_request *req, void **cubin, size_t *size, stof_error *err) {
@@ -220,8 +213,9 @@ static int compile_cubin(const nvrtc_request *req, void **cubin, size_t *size, s
         return err_set(err, STOF_ERR_COMPILE, "nvrtcCreateProgram(%s): %s", req->source,
                        nvrtcGetErrorString(r));
     const char *opts[NVRTC_MAX_OPTIONS + 8];
+    char arch_opt[64];
     int nopts;
-    build_options(req, opts, &nopts);
+    build_options(req, arch_opt, sizeof arch_opt, opts, &nopts);
     r = nvrtcCompileProgram(prog, nopts, opts);
     if (r != NVRTC_SUCCESS) {
         compile_error(prog, req, r, err);
@@ -238,30 +232,149 @@ static int compile_cubin(const nvrtc_request *req, void **cubin, size_t *size, s
     return *cubin ? STOF_OK : STOF_ERR_NOMEM;
 }
 
-int nvrtc_get(nvrtc_cache *c, const nvrtc_request *req, const void **cubin, size_t *size,
-              stof_error *err) {
+/* ---- the memory cache ------------------------------------------------------------------ */
+
+/* What computing one key needs (memo_compute's argument). */
+typedef struct nvrtc_make {
+    nvrtc_cache *c;
+    const nvrtc_request *req;
+    uint64_t key;
+    int ahead; /* for nvrtc_submit */
+    int ran;   /* set when the computation ran on this thread */
+} nvrtc_make;
+
+static void count(nvrtc_cache *c, int *counter, double compile_s) {
+    pthread_mutex_lock(&c->lock);
+    if (counter)
+        (*counter)++;
+    c->compile_s += compile_s;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* From disk, else compiled (and written to disk). */
+static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
+    nvrtc_make *mk = arg;
+    nvrtc_cache *c = mk->c;
+    mk->ran = 1;
+    nvrtc_cubin *cb = err_calloc(1, sizeof *cb, err);
+    if (!cb)
+        return STOF_ERR_NOMEM;
+    cb->ahead = mk->ahead;
+    cb->bin = disk_load(c, mk->key, &cb->size);
+    if (cb->bin) {
+        count(c, &c->disk_hits, 0);
+    } else {
+        double t0 = util_now();
+        int rc = compile_cubin(mk->req, &cb->bin, &cb->size, err);
+        count(c, rc ? &c->failed : &c->compiled, util_now() - t0);
+        if (rc) {
+            free(cb);
+            return rc;
+        }
+        disk_store(c, mk->key, cb->bin, cb->size);
+    }
+    if (mk->ahead)
+        count(c, &c->ahead, 0);
+    *value = cb;
+    *bytes = cb->size;
+    return STOF_OK;
+}
+
+static int check_request(const nvrtc_cache *c, const nvrtc_request *req, stof_error *err) {
     if (req->n_options < 0 || req->n_options > NVRTC_MAX_OPTIONS)
         return err_set(err, STOF_ERR_INVALID, "too many compile options (%d)", req->n_options);
-    uint64_t key = nvrtc_key(req);
-    nvrtc_entry *e = memory_lookup(c, key);
-    if (e) {
-        c->memory_hits++;
-    } else {
-        size_t n = 0;
-        void *bin = disk_load(c, key, &n);
-        int rc;
-        if (bin) {
-            c->disk_hits++;
-        } else {
-            if ((rc = compile_cubin(req, &bin, &n, err)))
-                return rc;
-            c->compiled++;
-            disk_store(c, key, bin, n);
-        }
-        if ((rc = memory_insert(c, key, bin, n, &e, err)))
-            return rc;
-    }
-    *cubin = e->cubin;
-    *size = e->size;
+    if (!req->source || !req->arch)
+        return err_set(err, STOF_ERR_INVALID, "a compile request without a source or an arch");
+    if (!c->mem)
+        return err_set(err, STOF_ERR_NOMEM, "the kernel cache could not be allocated");
     return STOF_OK;
+}
+
+int nvrtc_get(nvrtc_cache *c, const nvrtc_request *req, const void **cubin, size_t *size,
+              stof_error *err) {
+    int rc = check_request(c, req, err);
+    if (rc)
+        return rc;
+    double t0 = util_now();
+    nvrtc_make mk = {c, req, nvrtc_key(req), 0, 0};
+    void *value;
+    rc = memo_get(c->mem, mk.key, make_cubin, &mk, &value, err);
+    pthread_mutex_lock(&c->lock);
+    if (!rc) {
+        nvrtc_cubin *cb = value;
+        *cubin = cb->bin;
+        *size = cb->size;
+        c->memory_hits += !mk.ran;
+        c->ahead_used += cb->ahead && !cb->asked;
+        cb->asked = 1;
+    }
+    c->get_s += util_now() - t0;
+    pthread_mutex_unlock(&c->lock);
+    if (!rc) /* never evicted (no budget): the cubin stays valid */
+        memo_unpin(c->mem, mk.key);
+    return rc;
+}
+
+/* ---- compiling ahead ------------------------------------------------------------------------ */
+
+/* A queued compile: the cache, the key, and a copy of the request whose
+ * strings live in text. */
+typedef struct nvrtc_job {
+    nvrtc_cache *c;
+    uint64_t key;
+    nvrtc_request req;
+    char text[];
+} nvrtc_job;
+
+static size_t request_text_bytes(const nvrtc_request *req) {
+    size_t n = strlen(req->source) + 1 + strlen(req->arch) + 1;
+    for (int i = 0; i < req->n_options; i++)
+        n += strlen(req->options[i]) + 1;
+    return n;
+}
+
+static const char *copy_text(char **at, const char *s) {
+    size_t n = strlen(s) + 1;
+    memcpy(*at, s, n);
+    const char *copy = *at;
+    *at += n;
+    return copy;
+}
+
+static nvrtc_job *job_new(nvrtc_cache *c, uint64_t key, const nvrtc_request *req,
+                          stof_error *err) {
+    nvrtc_job *j = err_malloc(sizeof *j + request_text_bytes(req), err);
+    if (!j)
+        return NULL;
+    j->c = c;
+    j->key = key;
+    memset(&j->req, 0, sizeof j->req);
+    char *at = j->text;
+    j->req.source = copy_text(&at, req->source);
+    j->req.arch = copy_text(&at, req->arch);
+    for (int i = 0; i < req->n_options; i++)
+        j->req.options[i] = copy_text(&at, req->options[i]);
+    j->req.n_options = req->n_options;
+    return j;
+}
+
+static void job_run(void *arg) {
+    nvrtc_job *j = arg;
+    nvrtc_make mk = {j->c, &j->req, j->key, 1, 0};
+    memo_fill(j->c->mem, j->key, make_cubin, &mk, NULL); /* a failure is kept for nvrtc_get */
+    free(j);
+}
+
+int nvrtc_submit(task_pool *pool, int tag, nvrtc_cache *c, const nvrtc_request *req,
+                 stof_error *err) {
+    int rc = check_request(c, req, err);
+    if (rc)
+        return rc;
+    uint64_t key = nvrtc_key(req);
+    if (memo_known(c->mem, key))
+        return STOF_OK;
+    nvrtc_job *j = job_new(c, key, req, err);
+    if (!j)
+        return STOF_ERR_NOMEM;
+    return task_pool_submit(pool, tag, job_run, free, j, err);
 }

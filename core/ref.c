@@ -7,8 +7,11 @@
 #include "core/weights.h"
 #include "ops/ops.h"
 
-int ref_values_init(const graph *g, uint64_t seed, ref_values *rv, stof_error *err) {
+int ref_values_init(const graph *g, const weights_source *src, ref_values *rv, stof_error *err) {
     memset(rv, 0, sizeof *rv);
+    int rc = weights_source_check(src, g, err);
+    if (rc)
+        return rc;
     rv->data = err_calloc((size_t)g->n_tensors, sizeof *rv->data, err);
     if (!rv->data)
         return STOF_ERR_NOMEM;
@@ -24,8 +27,11 @@ int ref_values_init(const graph *g, uint64_t seed, ref_values *rv, stof_error *e
             ref_values_free(rv);
             return err_prefix(err, "reference values for '%s': ", t->name);
         }
-        weights_fill(t, seed, rv->data[i]);
         live += bytes;
+        if ((rc = weights_source_values(src, g, i, rv->data[i], err))) {
+            ref_values_free(rv);
+            return rc;
+        }
     }
     rv->peak_bytes = live;
     return STOF_OK;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/graph.h"
+#include "core/weights.h"
 
 typedef struct ref_values {
     int n;          /* = graph.n_tensors */
@@ -15,8 +16,9 @@ typedef struct ref_values {
     size_t peak_bytes;
 } ref_values;
 
-/* Allocates the table and fills inputs and weights from seed. */
-int ref_values_init(const graph *g, uint64_t seed, ref_values *rv, stof_error *err);
+/* Checks src against g (weights_source_check), then allocates the table
+ * and fills inputs and weights from src. */
+int ref_values_init(const graph *g, const weights_source *src, ref_values *rv, stof_error *err);
 void ref_values_free(ref_values *rv);
 
 /* Runs every op; on return rv->data[g->output] holds the output. */

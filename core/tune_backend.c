@@ -11,7 +11,9 @@
 #include "core/error.h"
 #include "core/exec_impl.h"
 #include "core/kernels.h"
+#include "core/memo.h"
 #include "core/nvrtc.h"
+#include "core/task_pool.h"
 #include "core/util.h"
 #include "core/weights.h"
 #include "ops/mha_select.h"
@@ -53,6 +55,54 @@ void tune_tensor_values(const graph_tensor *t, uint64_t seed, float *out) {
     a.init_scale = 1.0f;
     weights_fill(&a, seed, out);
 }
+
+/* ---- values kept for reuse ------------------------------------------------------------------ */
+
+/* What a tensor's values are made from (tune_tensor_values): a tensor
+ * changed in the graph has other values, under another key. */
+static uint64_t tensor_identity(const graph_tensor *x) {
+    uint64_t h = util_hash_str(UTIL_HASH_SEED, x->name);
+    h = util_hash(h, &x->role, sizeof x->role);
+    h = util_hash(h, &x->dtype, sizeof x->dtype);
+    h = util_hash(h, x->shape, sizeof *x->shape * (size_t)x->ndim);
+    h = util_hash(h, &x->init, sizeof x->init);
+    h = util_hash(h, &x->init_scale, sizeof x->init_scale);
+    return util_hash(h, &x->init_high, sizeof x->init_high);
+}
+
+/* The values of tensor t of copy c (seed + c) in a memo of values. */
+static uint64_t value_key(const graph *g, int t, int copy) {
+    uint64_t h = tensor_identity(&g->tensors[t]);
+    h = util_hash(h, &t, sizeof t);
+    return util_hash(h, &copy, sizeof copy);
+}
+
+typedef struct value_make {
+    const graph *g;
+    int t;
+    uint64_t seed; /* the copy's */
+} value_make;
+
+static int make_values(void *arg, void **value, size_t *bytes, stof_error *err) {
+    const value_make *vm = arg;
+    const graph_tensor *t = &vm->g->tensors[vm->t];
+    size_t n = (size_t)graph_tensor_numel(t);
+    float *f = err_malloc(sizeof *f * (n ? n : 1), err);
+    if (!f)
+        return STOF_ERR_NOMEM;
+    tune_tensor_values(t, vm->seed, f);
+    *value = f;
+    *bytes = sizeof *f * n;
+    return STOF_OK;
+}
+
+/* Where a reference gets the values of its inputs, and threads for the
+ * whole-output ops. */
+typedef struct ref_source {
+    uint64_t seed;
+    memo *values;    /* NULL: made for this reference alone */
+    task_pool *pool; /* NULL: attention on the caller's thread */
+} ref_source;
 
 /* ---- the reference of a segment ------------------------------------------------------------ */
 
@@ -112,28 +162,101 @@ static void view_rows(graph_tensor *t, int64_t n_rows) {
     t->shape[1] = len;
 }
 
-/* The values of outside tensor t as the segment reads them: whole, or the
- * checked rows of it. */
-static float *outside_values(const graph *g, int t, uint64_t seed, const tune_reference *ref,
-                             int as_rows, stof_error *err) {
-    const graph_tensor *x = &g->tensors[t];
-    float *full = err_malloc(sizeof *full * (size_t)graph_tensor_numel(x), err);
-    if (!full)
-        return NULL;
-    tune_tensor_values(x, seed, full);
-    if (!as_rows)
-        return full;
+/* The checked rows of a whole tensor x, malloc'd. */
+static float *rows_of_values(const graph_tensor *x, const float *full, const tune_reference *ref,
+                             stof_error *err) {
     int64_t len = last_dim(x);
     float *rows = err_malloc(sizeof *rows * (size_t)(ref->n_rows * len), err);
     for (int64_t r = 0; rows && r < ref->n_rows; r++)
         memcpy(rows + r * len, full + ref->rows[r] * len, sizeof *rows * (size_t)len);
-    free(full);
     return rows;
+}
+
+/* The values of outside tensor t as the segment reads them, into *out:
+ * whole, or the checked rows of it. Whole values from src->values are
+ * borrowed (*pinned set: memo_unpin them); anything else is the caller's to
+ * free. */
+static int outside_values(const graph *g, int t, const ref_source *src,
+                          const tune_reference *ref, int as_rows, float **out, int *pinned,
+                          stof_error *err) {
+    const graph_tensor *x = &g->tensors[t];
+    *pinned = 0;
+    *out = NULL;
+    float *full = NULL;
+    if (src->values) {
+        value_make vm = {g, t, src->seed};
+        void *v;
+        int rc = memo_get(src->values, value_key(g, t, 0), make_values, &vm, &v, err);
+        if (rc)
+            return rc;
+        full = v;
+    } else if ((full = err_malloc(sizeof *full * (size_t)graph_tensor_numel(x), err)) != NULL) {
+        tune_tensor_values(x, src->seed, full);
+    } else {
+        return STOF_ERR_NOMEM;
+    }
+    if (!as_rows) {
+        *out = full;
+        *pinned = src->values != NULL;
+        return STOF_OK;
+    }
+    *out = rows_of_values(x, full, ref, err);
+    if (src->values)
+        memo_unpin(src->values, value_key(g, t, 0));
+    else
+        free(full);
+    return *out ? STOF_OK : STOF_ERR_NOMEM;
+}
+
+/* Attention's rows in slices on the pool (its reference is the one that
+ * costs seconds: every row, every head). */
+#define TUNE_ATTENTION_SLICES_PER_THREAD 4
+
+typedef struct attention_slices {
+    const graph *g;
+    const graph_op *op;
+    const float *const *in;
+    float *out;
+    int64_t rows, row_len;
+    int n;
+    int *rc;
+    stof_error *errs;
+} attention_slices;
+
+static void attention_slice(void *arg, int k) {
+    attention_slices *a = arg;
+    int64_t lo = a->rows * k / a->n, hi = a->rows * (k + 1) / a->n;
+    a->rc[k] = ops_attention_ref_rows(a->g, a->op, a->in, lo, hi - lo, a->out + lo * a->row_len,
+                                      &a->errs[k]);
+}
+
+static int attention_parallel(const graph *g, const graph_op *op, const float *const *in,
+                              float *out, task_pool *pool, stof_error *err) {
+    const graph_tensor *y = &g->tensors[op->output];
+    int64_t row_len = last_dim(y), rows = row_len ? graph_tensor_numel(y) / row_len : 0;
+    int n = task_pool_threads(pool) * TUNE_ATTENTION_SLICES_PER_THREAD;
+    n = rows < n ? (int)rows : n;
+    if (n <= 1)
+        return op_describe(op->kind)->ref(g, op, in, out, err);
+    int *rc = err_calloc((size_t)n, sizeof *rc, err);
+    stof_error *errs = err_calloc((size_t)n, sizeof *errs, err);
+    int result = rc && errs ? STOF_OK : STOF_ERR_NOMEM;
+    if (!result) {
+        attention_slices a = {g, op, in, out, rows, row_len, n, rc, errs};
+        task_pool_parallel_for(pool, n, attention_slice, &a);
+        for (int k = 0; k < n && !result; k++)
+            if ((result = rc[k]) != STOF_OK && err)
+                *err = errs[k];
+    }
+    free(rc);
+    free(errs);
+    return result;
 }
 
 /* Runs ops first..last of the view (g with the row tensors cut to the
  * checked rows) on val[] (per tensor; outside ones already there). */
-static int run_ops(const graph *view, int first, int last, float **val, stof_error *err) {
+static int run_ops(const graph *view, int first, int last, float **val, task_pool *pool,
+                   stof_error *err) {
     for (int k = first; k <= last; k++) {
         const graph_op *op = &view->ops[k];
         const float *in[GRAPH_MAX_INPUTS] = {0};
@@ -144,7 +267,9 @@ static int run_ops(const graph *view, int first, int last, float **val, stof_err
         if (!y)
             return STOF_ERR_NOMEM;
         val[op->output] = y;
-        int rc = op_describe(op->kind)->ref(view, op, in, y, err);
+        int rc = op->kind == OP_ATTENTION && pool
+                     ? attention_parallel(view, op, in, y, pool, err)
+                     : op_describe(op->kind)->ref(view, op, in, y, err);
         if (rc)
             return err_prefix(err, "CPU reference of op #%d '%s': ", k, op->name);
     }
@@ -168,37 +293,49 @@ static int choose_rows(const graph *g, int first, int last, tune_reference *ref,
     return STOF_OK;
 }
 
-int tune_reference_compute(const graph *g, int first, int last, int store_pre_norm,
-                           uint64_t seed, tune_reference *ref, stof_error *err) {
+/* The outside inputs of ops first..last into val[] (borrowed ones marked
+ * in pinned[]), the view's row tensors cut to the checked rows. */
+static int gather_inputs(const graph *g, graph *view, const ref_source *src,
+                         const tune_reference *ref, float **val, int *pinned, stof_error *err) {
+    for (int k = ref->first; k <= ref->last; k++) {
+        const graph_op *op = &g->ops[k];
+        for (int i = 0; i < op->n_inputs; i++) {
+            int t = op->inputs[i];
+            if (produced_inside(g, t, ref->first, ref->last) || val[t])
+                continue;
+            int as_rows = ref->rows && row_input(op, i);
+            int rc = outside_values(g, t, src, ref, as_rows, &val[t], &pinned[t], err);
+            if (rc)
+                return rc;
+            if (as_rows)
+                view_rows(&view->tensors[t], ref->n_rows);
+        }
+        if (ref->rows)
+            view_rows(&view->tensors[op->output], ref->n_rows);
+    }
+    return STOF_OK;
+}
+
+static int reference_compute(const graph *g, int first, int last, int store_pre_norm,
+                             const ref_source *src, tune_reference *ref, stof_error *err) {
     memset(ref, 0, sizeof *ref);
     if (first < 0 || last >= g->n_ops || first > last || (store_pre_norm && first == last))
         return err_set(err, STOF_ERR_INVALID, "ops #%d-#%d are not a segment of the graph", first,
                        last);
     *ref = (tune_reference){.first = first, .last = last, .store_pre_norm = store_pre_norm};
-    double t0 = util_cpu_now();
+    double t0 = util_now();
     graph view = *g; /* shallow: only the tensors are its own */
     view.tensors = err_malloc(sizeof *view.tensors * (size_t)g->n_tensors, err);
     float **val = err_calloc((size_t)g->n_tensors, sizeof *val, err);
-    int rc = view.tensors && val ? choose_rows(g, first, last, ref, err) : STOF_ERR_NOMEM;
-    if (!rc)
+    int *pinned = err_calloc((size_t)g->n_tensors, sizeof *pinned, err);
+    int rc = view.tensors && val && pinned ? choose_rows(g, first, last, ref, err)
+                                           : STOF_ERR_NOMEM;
+    if (!rc) {
         memcpy(view.tensors, g->tensors, sizeof *view.tensors * (size_t)g->n_tensors);
-    for (int k = first; !rc && k <= last; k++) {
-        const graph_op *op = &g->ops[k];
-        for (int i = 0; !rc && i < op->n_inputs; i++) {
-            int t = op->inputs[i];
-            if (produced_inside(g, t, first, last) || val[t])
-                continue;
-            int as_rows = ref->rows && row_input(op, i);
-            if (!(val[t] = outside_values(g, t, seed, ref, as_rows, err)))
-                rc = STOF_ERR_NOMEM;
-            else if (as_rows)
-                view_rows(&view.tensors[t], ref->n_rows);
-        }
-        if (ref->rows)
-            view_rows(&view.tensors[op->output], ref->n_rows);
+        rc = gather_inputs(g, &view, src, ref, val, pinned, err);
     }
     if (!rc)
-        rc = run_ops(&view, first, last, val, err);
+        rc = run_ops(&view, first, last, val, src->pool, err);
     if (!rc) {
         int out = g->ops[last].output, pre = g->ops[last - (store_pre_norm != 0)].output;
         ref->out = val[out];
@@ -208,49 +345,73 @@ int tune_reference_compute(const graph *g, int first, int last, int store_pre_no
             val[pre] = NULL;
         }
     }
-    for (int t = 0; val && t < g->n_tensors; t++)
-        free(val[t]);
+    for (int t = 0; val && pinned && t < g->n_tensors; t++) {
+        if (pinned[t])
+            memo_unpin(src->values, value_key(g, t, 0));
+        else
+            free(val[t]);
+    }
+    free(pinned);
     free(val);
     free(view.tensors);
-    ref->seconds = util_cpu_now() - t0;
+    ref->seconds = util_now() - t0;
     if (rc)
         tune_reference_free(ref);
     return rc;
 }
 
-int tune_reference_check(const tune_reference *ref, const float *full, int pre_norm,
-                         stof_dtype dtype, exec_diff *d, stof_error *err) {
+int tune_reference_compute(const graph *g, int first, int last, int store_pre_norm,
+                           uint64_t seed, tune_reference *ref, stof_error *err) {
+    ref_source src = {seed, NULL, NULL};
+    return reference_compute(g, first, last, store_pre_norm, &src, ref, err);
+}
+
+/* Bytes a reference holds. */
+static size_t reference_bytes(const tune_reference *ref) {
+    size_t n = (size_t)(ref->n_rows * ref->row_len) * sizeof(float);
+    return n * (ref->pre_norm ? 2 : 1) + (ref->rows ? (size_t)ref->n_rows * sizeof *ref->rows : 0);
+}
+
+/* got: the reference's rows of the output (or of the pre-norm values), as
+ * it holds them. */
+static int reference_compare(const tune_reference *ref, const float *got, int pre_norm,
+                             stof_dtype dtype, exec_diff *d, stof_error *err) {
     const float *want = pre_norm ? ref->pre_norm : ref->out;
-    int64_t n = ref->n_rows * ref->row_len;
     if (!want)
         return err_set(err, STOF_ERR_INVALID, "the reference has no %s",
                        pre_norm ? "pre-norm values" : "output");
+    return tune_check_output(got, want, ref->n_rows * ref->row_len, dtype, d, err);
+}
+
+int tune_reference_check(const tune_reference *ref, const float *full, int pre_norm,
+                         stof_dtype dtype, exec_diff *d, stof_error *err) {
     if (!ref->rows)
-        return tune_check_output(full, want, n, dtype, d, err);
+        return reference_compare(ref, full, pre_norm, dtype, d, err);
+    int64_t n = ref->n_rows * ref->row_len;
     float *got = err_malloc(sizeof *got * (size_t)n, err);
     if (!got)
         return STOF_ERR_NOMEM;
     for (int64_t r = 0; r < ref->n_rows; r++)
         memcpy(got + r * ref->row_len, full + ref->rows[r] * ref->row_len,
                sizeof *got * (size_t)ref->row_len);
-    int rc = tune_check_output(got, want, n, dtype, d, err);
+    int rc = reference_compare(ref, got, pre_norm, dtype, d, err);
     free(got);
     return rc;
 }
 
-/* ==== the GPU backend ============================================================================ */
+/* ==== the GPU backend ========================================================================= */
 
-#define TUNE_REF_SLOTS 4
 #define TUNE_MAX_REPS 64
 
-/* The scratch tensors of the span measured last, n_copies times over. */
+/* The scratch tensors of one span, n_copies times over. */
 typedef struct tune_scratch {
-    const graph *g;
-    int first, last, pre_norm; /* first -1: empty */
+    int first, last, pre_norm;
+    uint64_t inputs;           /* the identities of the tensors it was filled from */
     int n_copies;
-    size_t copy_bytes;
+    size_t bytes;              /* every copy together */
     CUdeviceptr mem;
     CUdeviceptr *ptr;          /* [n_copies][g->n_tensors]: 0 for tensors not there */
+    uint64_t used;             /* the tick of its last use */
 } tune_scratch;
 
 struct tune_backend {
@@ -259,10 +420,20 @@ struct tune_backend {
     tune_backend_options opt;
     CUstream stream;
     CUevent ev[2];
-    tune_scratch scratch;
-    const graph *ref_graph;    /* of the references kept */
-    tune_reference refs[TUNE_REF_SLOTS];
-    int next_ref;
+    task_pool *pool;           /* works ahead of the measurements */
+    char arch[16];
+    mha_device_limits lim;     /* of the kernel plans (lim.arch is arch) */
+    /* kept between settings, for graph g */
+    const graph *g;
+    memo *values;              /* float values of (tensor, copy) */
+    memo *refs;                /* the tune_reference of a span */
+    long refs_done;            /* references computed by memos freed since */
+    double refs_done_s;
+    tune_scratch *scratch;     /* spans on the device, most recent use last touched */
+    int n_scratch, cap_scratch;
+    int cur;                   /* the span being measured: index into scratch, -1 none */
+    size_t scratch_bytes, scratch_keep;
+    uint64_t tick;
     tune_backend_stats stats;
     int rejected_now;          /* the setting being measured gave a wrong output */
     char problem[sizeof(((stof_error *)0)->msg)];
@@ -276,14 +447,68 @@ static size_t align_up(size_t x) {
     return (x + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
 }
 
-static void scratch_release(tune_backend *b) {
-    tune_scratch *s = &b->scratch;
-    if (s->mem)
-        b->drv->MemFree(s->mem);
-    free(s->ptr);
-    memset(s, 0, sizeof *s);
-    s->first = -1;
+/* ---- what is kept between settings ---------------------------------------------------------- */
+
+static uint64_t span_key(int first, int last, int pre_norm) {
+    return (uint64_t)(uint32_t)first | (uint64_t)(uint32_t)last << 24 |
+           (uint64_t)(pre_norm != 0) << 48;
 }
+
+static void reference_value_free(void *value) {
+    tune_reference_free(value);
+    free(value);
+}
+
+static void scratch_free_one(tune_backend *b, tune_scratch *sc) {
+    if (sc->mem)
+        b->drv->MemFree(sc->mem);
+    free(sc->ptr);
+    b->scratch_bytes -= sc->bytes;
+}
+
+static void scratch_drop_all(tune_backend *b) {
+    for (int i = 0; i < b->n_scratch; i++)
+        scratch_free_one(b, &b->scratch[i]);
+    b->n_scratch = 0;
+    b->cur = -1;
+}
+
+/* Values and references (the work on them done first). */
+static void kept_free(tune_backend *b) {
+    task_pool_drop(b->pool, TUNE_TAG_SEARCH);
+    task_pool_wait(b->pool);
+    if (b->refs) {
+        memo_stats st = memo_get_stats(b->refs);
+        b->refs_done += st.computed;
+        b->refs_done_s += st.compute_s;
+    }
+    memo_free(b->refs);
+    memo_free(b->values);
+    b->refs = b->values = NULL;
+}
+
+/* What is kept belongs to g: another graph starts afresh. */
+static int use_graph(tune_backend *b, const graph *g, stof_error *err) {
+    if (b->g == g && b->values && b->refs)
+        return STOF_OK;
+    kept_free(b);
+    b->drv->CtxSetCurrent(b->ctx->gemm->cu);
+    scratch_drop_all(b);
+    b->g = g;
+    int rc = memo_create(TUNE_VALUES_KEEP, free, &b->values, err);
+    if (!rc)
+        rc = memo_create(TUNE_REFERENCES_KEEP, reference_value_free, &b->refs, err);
+    return rc;
+}
+
+void tune_backend_trim(tune_backend *b) {
+    kept_free(b);
+    b->drv->CtxSetCurrent(b->ctx->gemm->cu);
+    scratch_drop_all(b);
+    b->g = NULL;
+}
+
+/* ---- scratch tensors ------------------------------------------------------------------------- */
 
 /* The tensors a launch of segment s touches: inputs made outside it, its
  * result, the stored pre-norm value. Each once; returns the count. */
@@ -320,82 +545,223 @@ static int copies_for(size_t bytes, int l2) {
     return n < 1 ? 1 : (int)n;
 }
 
-/* Fills tensor t of copy c on the device (f16, bf16 or int32). */
-static int upload_values(tune_backend *b, const graph_tensor *t, uint64_t seed, CUdeviceptr d,
-                         float *f, void *staged, stof_error *err) {
-    size_t n = (size_t)graph_tensor_numel(t);
-    tune_tensor_values(t, seed, f);
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == STOF_I32)
-            ((int32_t *)staged)[i] = (int32_t)f[i];
-        else if (t->dtype == STOF_BF16)
-            ((uint16_t *)staged)[i] = util_f32_to_bf16(f[i]);
-        else
-            ((uint16_t *)staged)[i] = util_f32_to_f16(f[i]);
-    }
-    return drv_check(b, b->drv->MemcpyHtoD(d, staged, graph_tensor_bytes(t)), "cuMemcpyHtoD", err);
-}
-
 static int is_output_of(const exec_segment *s, int t) {
     return t == s->out || t == s->pre_norm;
 }
 
-/* The scratch of segment s: kept when it is the span measured last. */
-static int scratch_prepare(tune_backend *b, const graph *g, const exec_segment *s,
-                           stof_error *err) {
-    tune_scratch *sc = &b->scratch;
-    int last = s->first + s->n - 1;
-    if (sc->mem && sc->g == g && sc->first == s->first && sc->last == last &&
-        sc->pre_norm == s->pre_norm)
-        return STOF_OK;
-    scratch_release(b);
+/* The tensors of segment s (list, *n), one copy's bytes, the copies. */
+typedef struct span_layout {
     int list[FUSION_MAX_OPS * GRAPH_MAX_INPUTS + 2];
-    int n = span_tensors(g, s, list);
-    size_t bytes = 0, most = 1;
-    for (int i = 0; i < n; i++) {
-        const graph_tensor *t = &g->tensors[list[i]];
-        bytes += align_up(graph_tensor_bytes(t));
-        if ((size_t)graph_tensor_numel(t) > most)
-            most = (size_t)graph_tensor_numel(t);
+    int n;
+    size_t copy_bytes;
+    int copies;
+    uint64_t inputs; /* the identities of the tensors (tensor_identity) */
+} span_layout;
+
+static void layout_of(const tune_backend *b, const graph *g, const exec_segment *s,
+                      span_layout *l) {
+    l->n = span_tensors(g, s, l->list);
+    l->copy_bytes = 0;
+    l->inputs = UTIL_HASH_SEED;
+    for (int i = 0; i < l->n; i++) {
+        const graph_tensor *x = &g->tensors[l->list[i]];
+        uint64_t id = tensor_identity(x);
+        l->copy_bytes += align_up(graph_tensor_bytes(x));
+        l->inputs = util_hash(l->inputs, &id, sizeof id);
     }
-    int copies = copies_for(bytes, exec_ctx_device(b->ctx)->l2_bytes);
-    sc->ptr = err_calloc((size_t)copies * (size_t)g->n_tensors, sizeof *sc->ptr, err);
-    float *f = err_malloc(most * sizeof *f, err);
+    l->copies = copies_for(l->copy_bytes, exec_ctx_device(b->ctx)->l2_bytes);
+}
+
+/* float -> the tensor's element type, in slices on the pool. */
+typedef struct stage_job {
+    const float *f;
+    void *staged;
+    stof_dtype dtype;
+    size_t n;
+    int slices;
+} stage_job;
+
+#define TUNE_STAGE_SLICE ((size_t)1 << 20)
+
+static void stage_slice(void *arg, int k) {
+    const stage_job *j = arg;
+    size_t lo = j->n * (size_t)k / (size_t)j->slices;
+    size_t hi = j->n * (size_t)(k + 1) / (size_t)j->slices;
+    for (size_t i = lo; i < hi; i++) {
+        if (j->dtype == STOF_I32)
+            ((int32_t *)j->staged)[i] = (int32_t)j->f[i];
+        else if (j->dtype == STOF_BF16)
+            ((uint16_t *)j->staged)[i] = util_f32_to_bf16(j->f[i]);
+        else
+            ((uint16_t *)j->staged)[i] = util_f32_to_f16(j->f[i]);
+    }
+}
+
+/* Fills tensor t of copy c on the device (f16, bf16 or int32) from the
+ * values kept (computed now when nobody did ahead). */
+static int upload_tensor(tune_backend *b, const graph *g, int t, int copy, CUdeviceptr d,
+                         void *staged, stof_error *err) {
+    const graph_tensor *x = &g->tensors[t];
+    value_make vm = {g, t, b->opt.seed + (uint64_t)copy};
+    uint64_t key = value_key(g, t, copy);
+    void *v;
+    int rc = memo_get(b->values, key, make_values, &vm, &v, err);
+    if (rc)
+        return rc;
+    size_t n = (size_t)graph_tensor_numel(x);
+    size_t slices = (n + TUNE_STAGE_SLICE - 1) / TUNE_STAGE_SLICE;
+    stage_job j = {v, staged, x->dtype, n, slices ? (int)slices : 1};
+    task_pool_parallel_for(b->pool, j.slices, stage_slice, &j);
+    memo_unpin(b->values, key);
+    return drv_check(b, b->drv->MemcpyHtoD(d, staged, graph_tensor_bytes(x)), "cuMemcpyHtoD", err);
+}
+
+/* Every input of every copy uploaded; outputs left as they are. */
+static int scratch_fill(tune_backend *b, const graph *g, const exec_segment *s,
+                        const span_layout *l, tune_scratch *sc, stof_error *err) {
+    size_t most = 1;
+    for (int i = 0; i < l->n; i++)
+        if ((size_t)graph_tensor_numel(&g->tensors[l->list[i]]) > most)
+            most = (size_t)graph_tensor_numel(&g->tensors[l->list[i]]);
     void *staged = err_malloc(most * 4, err);
-    int rc = sc->ptr && f && staged ? STOF_OK : STOF_ERR_NOMEM;
-    if (!rc && (rc = drv_check(b, b->drv->MemAlloc(&sc->mem, bytes * (size_t)copies),
-                               "cuMemAlloc", err)) != STOF_OK) {
-        sc->mem = 0;
-        err_prefix(err, "scratch tensors of %d copies of %.1f MiB: ", copies, bytes / 1048576.0);
-    }
-    for (int c = 0; !rc && c < copies; c++) {
-        size_t at = (size_t)c * bytes;
-        for (int i = 0; !rc && i < n; i++) {
-            const graph_tensor *t = &g->tensors[list[i]];
+    int rc = staged ? STOF_OK : STOF_ERR_NOMEM;
+    for (int c = 0; !rc && c < sc->n_copies; c++) {
+        size_t at = (size_t)c * l->copy_bytes;
+        for (int i = 0; !rc && i < l->n; i++) {
             CUdeviceptr d = sc->mem + at;
-            sc->ptr[(size_t)c * (size_t)g->n_tensors + (size_t)list[i]] = d;
-            if (!is_output_of(s, list[i]))
-                rc = upload_values(b, t, b->opt.seed + (uint64_t)c, d, f, staged, err);
-            at += align_up(graph_tensor_bytes(t));
+            sc->ptr[(size_t)c * (size_t)g->n_tensors + (size_t)l->list[i]] = d;
+            if (!is_output_of(s, l->list[i]))
+                rc = upload_tensor(b, g, l->list[i], c, d, staged, err);
+            at += align_up(graph_tensor_bytes(&g->tensors[l->list[i]]));
         }
     }
-    free(f);
     free(staged);
     /* copies from pageable memory may still be in flight when cuMemcpyHtoD
      * returns, and the backend's stream does not wait for the legacy one */
+    return rc ? rc : drv_check(b, b->drv->CtxSynchronize(NULL), "cuCtxSynchronize", err);
+}
+
+/* The least recently used span other than the current one; -1 none. */
+static int scratch_victim(const tune_backend *b) {
+    int v = -1;
+    for (int i = 0; i < b->n_scratch; i++)
+        if (i != b->cur && (v < 0 || b->scratch[i].used < b->scratch[v].used))
+            v = i;
+    return v;
+}
+
+static void scratch_evict(tune_backend *b, int i) {
+    scratch_free_one(b, &b->scratch[i]);
+    b->scratch[i] = b->scratch[--b->n_scratch];
+    if (b->cur == b->n_scratch)
+        b->cur = i;
+}
+
+/* Keeps the spans kept plus `bytes` within scratch_keep. */
+static void scratch_make_room(tune_backend *b, size_t bytes) {
+    int v;
+    while (b->scratch_bytes + bytes > b->scratch_keep && (v = scratch_victim(b)) >= 0)
+        scratch_evict(b, v);
+}
+
+static int scratch_alloc(tune_backend *b, tune_scratch *sc, stof_error *err) {
+    CUresult r = b->drv->MemAlloc(&sc->mem, sc->bytes);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && b->n_scratch > 0) {
+        b->cur = -1; /* every span kept goes: the new one must fit */
+        scratch_drop_all(b);
+        r = b->drv->MemAlloc(&sc->mem, sc->bytes);
+    }
+    if (r != CUDA_SUCCESS) {
+        sc->mem = 0;
+        drv_check(b, r, "cuMemAlloc", err);
+        return err_prefix(err, "scratch tensors of %d copies of %.1f MiB: ", sc->n_copies,
+                          (double)sc->bytes / sc->n_copies / 1048576.0);
+    }
+    return STOF_OK;
+}
+
+/* A new span on the device, appended to the kept ones. */
+static int scratch_new(tune_backend *b, const graph *g, const exec_segment *s,
+                       stof_error *err) {
+    span_layout l;
+    layout_of(b, g, s, &l);
+    tune_scratch sc = {s->first, s->first + s->n - 1, s->pre_norm, l.inputs, l.copies,
+                       l.copy_bytes * (size_t)l.copies, 0, NULL, 0};
+    if (b->n_scratch == b->cap_scratch) {
+        int cap = b->cap_scratch ? 2 * b->cap_scratch : 8;
+        tune_scratch *grown = err_realloc(b->scratch, sizeof *grown * (size_t)cap, err);
+        if (!grown)
+            return STOF_ERR_NOMEM;
+        b->scratch = grown;
+        b->cap_scratch = cap;
+    }
+    scratch_make_room(b, sc.bytes);
+    sc.ptr = err_calloc((size_t)sc.n_copies * (size_t)g->n_tensors, sizeof *sc.ptr, err);
+    int rc = sc.ptr ? scratch_alloc(b, &sc, err) : STOF_ERR_NOMEM;
+    b->scratch_bytes += sc.bytes;
     if (!rc)
-        rc = drv_check(b, b->drv->CtxSynchronize(NULL), "cuCtxSynchronize", err);
+        rc = scratch_fill(b, g, s, &l, &sc, err);
     if (rc) {
-        scratch_release(b);
+        scratch_free_one(b, &sc);
         return rc;
     }
-    sc->g = g;
-    sc->first = s->first;
-    sc->last = last;
-    sc->pre_norm = s->pre_norm;
-    sc->n_copies = copies;
-    sc->copy_bytes = bytes;
+    b->scratch[b->n_scratch] = sc;
+    b->cur = b->n_scratch++;
     return STOF_OK;
+}
+
+static int scratch_find(const tune_backend *b, const exec_segment *s) {
+    int last = s->first + s->n - 1;
+    for (int i = 0; i < b->n_scratch; i++) {
+        const tune_scratch *sc = &b->scratch[i];
+        if (sc->first == s->first && sc->last == last && sc->pre_norm == s->pre_norm)
+            return i;
+    }
+    return -1;
+}
+
+/* The scratch of segment s becomes current: kept from before, or made
+ * (anew when a tensor changed since). */
+static int scratch_prepare(tune_backend *b, const graph *g, const exec_segment *s,
+                           stof_error *err) {
+    int i = scratch_find(b, s);
+    int rc = STOF_OK;
+    if (i >= 0) {
+        span_layout l;
+        layout_of(b, g, s, &l);
+        if (l.inputs != b->scratch[i].inputs) {
+            b->cur = -1;
+            scratch_evict(b, i);
+            i = -1;
+        }
+    }
+    if (i >= 0) {
+        b->cur = i;
+        b->stats.scratch_kept++;
+    } else {
+        double t0 = util_now();
+        b->cur = -1; /* the span measured last may go to make room */
+        rc = scratch_new(b, g, s, err);
+        b->stats.scratch_s += util_now() - t0;
+        b->stats.scratch_new++;
+    }
+    if (!rc)
+        b->scratch[b->cur].used = ++b->tick;
+    return rc;
+}
+
+static const tune_scratch *current(const tune_backend *b) {
+    return &b->scratch[b->cur];
+}
+
+/* ---- the backend ----------------------------------------------------------------------------- */
+
+/* A quarter of the free device memory, at most TUNE_SCRATCH_KEEP. */
+static size_t scratch_keep_for(tune_backend *b) {
+    size_t free_bytes = 0, total = 0;
+    if (b->drv->MemGetInfo(&free_bytes, &total) != CUDA_SUCCESS)
+        return TUNE_SCRATCH_KEEP / 8;
+    return free_bytes / 4 < TUNE_SCRATCH_KEEP ? free_bytes / 4 : TUNE_SCRATCH_KEEP;
 }
 
 int tune_backend_create(exec_ctx *ctx, const tune_backend_options *opt, tune_backend **out,
@@ -408,7 +774,9 @@ int tune_backend_create(exec_ctx *ctx, const tune_backend_options *opt, tune_bac
     b->drv = ctx->drv;
     if (opt)
         b->opt = *opt;
-    b->scratch.first = -1;
+    b->cur = -1;
+    snprintf(b->arch, sizeof b->arch, "%s", exec_ctx_arch(ctx));
+    mha_exec_device_limits(exec_ctx_device(ctx), b->arch, &b->lim);
     int rc = drv_check(b, b->drv->CtxSetCurrent(ctx->gemm->cu), "cuCtxSetCurrent", err);
     if (!rc)
         rc = drv_check(b, b->drv->StreamCreate(&b->stream, CU_STREAM_NON_BLOCKING),
@@ -419,6 +787,11 @@ int tune_backend_create(exec_ctx *ctx, const tune_backend_options *opt, tune_bac
         tune_backend_free(b);
         return rc;
     }
+    /* without threads (none could be started) nothing is done ahead */
+    stof_error no_pool = {0};
+    if (task_pool_create(b->opt.threads, &b->pool, &no_pool) != STOF_OK)
+        b->pool = NULL;
+    b->scratch_keep = scratch_keep_for(b);
     *out = b;
     return STOF_OK;
 }
@@ -426,30 +799,45 @@ int tune_backend_create(exec_ctx *ctx, const tune_backend_options *opt, tune_bac
 void tune_backend_free(tune_backend *b) {
     if (!b)
         return;
+    task_pool_free(b->pool); /* its tasks use the memos and the NVRTC caches */
+    b->pool = NULL;
+    kept_free(b);
     b->drv->CtxSetCurrent(b->ctx->gemm->cu);
     if (b->stream)
         b->drv->StreamSynchronize(b->stream);
-    scratch_release(b);
+    scratch_drop_all(b);
+    free(b->scratch);
     for (int k = 0; k < 2; k++)
         if (b->ev[k])
             b->drv->EventDestroy(b->ev[k]);
     if (b->stream)
         b->drv->StreamDestroy(b->stream);
-    for (int i = 0; i < TUNE_REF_SLOTS; i++)
-        tune_reference_free(&b->refs[i]);
     free(b);
 }
 
 search_backend tune_backend_search(tune_backend *b) {
-    return (search_backend){b, tune_backend_measure};
+    return (search_backend){.ud = b, .measure = tune_backend_measure,
+                            .prepare = tune_backend_prepare};
 }
 
 tune_backend_stats tune_backend_get_stats(const tune_backend *b) {
-    return b->stats;
+    tune_backend_stats st = b->stats;
+    st.references = b->refs_done;
+    st.reference_s = b->refs_done_s;
+    if (b->refs) {
+        memo_stats ms = memo_get_stats(b->refs);
+        st.references += ms.computed;
+        st.reference_s += ms.compute_s;
+    }
+    return st;
 }
 
 const char *tune_backend_last_problem(const tune_backend *b) {
     return b->problem;
+}
+
+int tune_backend_threads(const tune_backend *b) {
+    return b->pool ? task_pool_threads(b->pool) : 0;
 }
 
 /* ---- one measurement ------------------------------------------------------------------------- */
@@ -478,55 +866,119 @@ static void model_stub(tune_backend *b, const graph *g, exec_plan *xp, exec_mode
     memset(m, 0, sizeof *m);
     m->ctx = b->ctx;
     m->plan = xp;
-    m->ptr = b->scratch.ptr;
+    m->ptr = current(b)->ptr;
     m->stream = b->stream;
     m->ev[0] = b->ev[0];
     m->ev[1] = b->ev[1];
 }
 
 static void use_copy(tune_backend *b, exec_model *m, int c) {
-    m->ptr = b->scratch.ptr + (size_t)c * (size_t)b->scratch.g->n_tensors;
+    m->ptr = current(b)->ptr + (size_t)c * (size_t)b->g->n_tensors;
 }
 
-/* The reference of segment s, computed once and kept for its next settings. */
-static int reference_of(tune_backend *b, const graph *g, const exec_segment *s,
-                        const tune_reference **out, stof_error *err) {
-    int last = s->first + s->n - 1, pre = s->pre_norm >= 0;
-    if (b->ref_graph != g) {
-        for (int i = 0; i < TUNE_REF_SLOTS; i++)
-            tune_reference_free(&b->refs[i]);
-        b->ref_graph = g;
-    }
-    for (int i = 0; i < TUNE_REF_SLOTS; i++) {
-        const tune_reference *r = &b->refs[i];
-        if (r->out && r->first == s->first && r->last == last && r->store_pre_norm == pre) {
-            *out = r;
-            return STOF_OK;
-        }
-    }
-    tune_reference *r = &b->refs[b->next_ref];
-    b->next_ref = (b->next_ref + 1) % TUNE_REF_SLOTS;
-    tune_reference_free(r);
-    int rc = tune_reference_compute(g, s->first, last, pre, b->opt.seed, r, err);
-    if (rc)
+/* What computing one span's reference needs (memo_compute's argument). */
+typedef struct reference_make {
+    const graph *g;
+    int first, last, pre_norm;
+    ref_source src;
+} reference_make;
+
+static int make_reference(void *arg, void **value, size_t *bytes, stof_error *err) {
+    const reference_make *rm = arg;
+    tune_reference *r = err_malloc(sizeof *r, err);
+    if (!r)
+        return STOF_ERR_NOMEM;
+    int rc = reference_compute(rm->g, rm->first, rm->last, rm->pre_norm, &rm->src, r, err);
+    if (rc) {
+        free(r);
         return rc;
-    b->stats.references++;
-    b->stats.reference_s += r->seconds;
-    *out = r;
+    }
+    *value = r;
+    *bytes = reference_bytes(r);
     return STOF_OK;
 }
 
-/* Tensor t of copy 0 as floats. */
-static int download(tune_backend *b, const graph_tensor *t, CUdeviceptr d, float *out,
-                    stof_error *err) {
-    size_t n = (size_t)graph_tensor_numel(t);
+static reference_make reference_make_of(const tune_backend *b, const graph *g,
+                                        const exec_segment *s) {
+    return (reference_make){g, s->first, s->first + s->n - 1, s->pre_norm >= 0,
+                            {b->opt.seed, b->values, b->pool}};
+}
+
+/* The reference of segment s, computed once (here, or ahead on the pool);
+ * pinned: reference_release it. */
+static int reference_of(tune_backend *b, const graph *g, const exec_segment *s,
+                        const tune_reference **out, stof_error *err) {
+    reference_make rm = reference_make_of(b, g, s);
+    double t0 = util_now();
+    void *v;
+    int rc = memo_get(b->refs, span_key(rm.first, rm.last, rm.pre_norm), make_reference, &rm,
+                      &v, err);
+    b->stats.reference_wait_s += util_now() - t0;
+    *out = v;
+    return rc;
+}
+
+static void reference_release(tune_backend *b, const exec_segment *s) {
+    memo_unpin(b->refs, span_key(s->first, s->first + s->n - 1, s->pre_norm >= 0));
+}
+
+/* f16 or bf16 -> float, in slices on the pool. */
+typedef struct unstage_job {
+    const uint16_t *h;
+    float *out;
+    int bf16;
+    size_t n;
+    int slices;
+} unstage_job;
+
+static void unstage_slice(void *arg, int k) {
+    const unstage_job *j = arg;
+    size_t lo = j->n * (size_t)k / (size_t)j->slices;
+    size_t hi = j->n * (size_t)(k + 1) / (size_t)j->slices;
+    for (size_t i = lo; i < hi; i++)
+        j->out[i] = j->bf16 ? util_bf16_to_f32(j->h[i]) : util_f16_to_f32(j->h[i]);
+}
+
+/* The rows of tensor t (of row_len elements) that ref holds, as floats:
+ * every row, or the checked ones, one copy each. */
+static int download_rows(tune_backend *b, const graph_tensor *t, CUdeviceptr d,
+                         const tune_reference *ref, float *out, stof_error *err) {
+    size_t len = (size_t)ref->row_len, n = (size_t)ref->n_rows * len;
     uint16_t *h = err_malloc(n * sizeof *h, err);
     if (!h)
         return STOF_ERR_NOMEM;
-    int rc = drv_check(b, b->drv->MemcpyDtoH(h, d, n * sizeof *h), "cuMemcpyDtoH", err);
-    for (size_t i = 0; !rc && i < n; i++)
-        out[i] = t->dtype == STOF_BF16 ? util_bf16_to_f32(h[i]) : util_f16_to_f32(h[i]);
+    int rc = STOF_OK;
+    if (!ref->rows)
+        rc = drv_check(b, b->drv->MemcpyDtoH(h, d, n * sizeof *h), "cuMemcpyDtoH", err);
+    for (int64_t r = 0; ref->rows && !rc && r < ref->n_rows; r++)
+        rc = drv_check(b,
+                       b->drv->MemcpyDtoH(h + (size_t)r * len,
+                                          d + (CUdeviceptr)((size_t)ref->rows[r] * len * sizeof *h),
+                                          len * sizeof *h),
+                       "cuMemcpyDtoH", err);
+    if (!rc) {
+        size_t slices = (n + TUNE_STAGE_SLICE - 1) / TUNE_STAGE_SLICE;
+        unstage_job j = {h, out, t->dtype == STOF_BF16, n, slices ? (int)slices : 1};
+        task_pool_parallel_for(b->pool, j.slices, unstage_slice, &j);
+    }
     free(h);
+    return rc;
+}
+
+/* Output k (0: the result, 1: the stored pre-norm values) against ref. */
+static int check_output(tune_backend *b, exec_model *m, const tune_reference *ref, int t, int k,
+                        stof_error *err) {
+    const graph_tensor *x = &m->plan->g->tensors[t];
+    float *got = err_malloc(sizeof *got * (size_t)(ref->n_rows * ref->row_len), err);
+    int rc = got ? download_rows(b, x, m->ptr[t], ref, got, err) : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = reference_compare(ref, got, k, m->plan->dtype, NULL, err);
+    free(got);
+    if (rc == STOF_ERR_UNSUPPORTED) {
+        b->rejected_now = 1;
+        if (k)
+            err_prefix(err, "the stored pre-norm values: ");
+    }
     return rc;
 }
 
@@ -552,22 +1004,11 @@ static int check_setting(tune_backend *b, exec_model *m, const exec_segment *s,
     if (!rc && rt[0].launcher->status)
         rc = rt[0].launcher->status(m, &rt[0], err);
     const tune_reference *ref = NULL;
-    if (!rc)
-        rc = reference_of(b, g, s, &ref, err);
-    for (int k = 0; !rc && k < 2; k++) {
-        if (outs[k] < 0)
-            continue;
-        const graph_tensor *t = &g->tensors[outs[k]];
-        float *got = err_malloc(sizeof *got * (size_t)graph_tensor_numel(t), err);
-        rc = got ? download(b, t, m->ptr[outs[k]], got, err) : STOF_ERR_NOMEM;
-        if (!rc)
-            rc = tune_reference_check(ref, got, k, m->plan->dtype, NULL, err);
-        free(got);
-        if (rc == STOF_ERR_UNSUPPORTED) {
-            b->rejected_now = 1;
-            if (k)
-                err_prefix(err, "the stored pre-norm values: ");
-        }
+    if (!rc && (rc = reference_of(b, g, s, &ref, err)) == STOF_OK) {
+        for (int k = 0; !rc && k < 2; k++)
+            if (outs[k] >= 0)
+                rc = check_output(b, m, ref, outs[k], k, err);
+        reference_release(b, s);
     }
     return rc;
 }
@@ -576,7 +1017,7 @@ static int check_setting(tune_backend *b, exec_model *m, const exec_segment *s,
 static int launch_n(tune_backend *b, exec_model *m, const exec_seg_rt *rt, int n,
                     stof_error *err) {
     for (int i = 0; i < n; i++) {
-        const exec_seg_rt *r = &rt[i % b->scratch.n_copies];
+        const exec_seg_rt *r = &rt[i % current(b)->n_copies];
         int rc = r->launcher->launch(m, r, b->stream, err);
         if (rc)
             return rc;
@@ -630,11 +1071,22 @@ static int cmp_double(const void *a, const void *c) {
     return x < y ? -1 : x > y;
 }
 
+/* Timed runs for a run of run_ms: the caller's count, else enough for
+ * about TUNE_MEASURE_MS in all, within TUNE_MIN_REPS..TUNE_REPS. */
+static int reps_for(const tune_backend *b, double run_ms) {
+    int reps = b->opt.reps;
+    if (reps <= 0) {
+        double want = run_ms > 0 ? ceil(TUNE_MEASURE_MS / run_ms) : TUNE_REPS;
+        reps = want < TUNE_MIN_REPS ? TUNE_MIN_REPS : want > TUNE_REPS ? TUNE_REPS : (int)want;
+    }
+    return reps < TUNE_MAX_REPS ? reps : TUNE_MAX_REPS;
+}
+
 /* Warm-up, a first estimate, then the median over reps runs of about
  * TUNE_RUN_MS each (per launch). */
 static int time_setting(tune_backend *b, exec_model *m, const exec_seg_rt *rt, double *ms,
                         stof_error *err) {
-    int copies = b->scratch.n_copies;
+    int copies = current(b)->n_copies;
     double est;
     int rc = launch_n(b, m, rt, copies * TUNE_WARMUP, err);
     if (!rc)
@@ -647,8 +1099,7 @@ static int time_setting(tune_backend *b, exec_model *m, const exec_seg_rt *rt, d
     n = (n + copies - 1) / copies * copies;
     CUgraph cg;
     CUgraphExec ge = capture(b, m, rt, n, &cg);
-    int reps = b->opt.reps > 0 ? b->opt.reps : TUNE_REPS;
-    reps = reps < TUNE_MAX_REPS ? reps : TUNE_MAX_REPS;
+    int reps = reps_for(b, est * n);
     double t[TUNE_MAX_REPS], warm;
     rc = timed(b, m, rt, n, ge, &warm, err);
     for (int r = 0; !rc && r < reps; r++) {
@@ -685,50 +1136,199 @@ static int give_up(tune_backend *b, int rc, const stof_error *why, stof_error *e
     return err_set(err, STOF_ERR_UNSUPPORTED, "%s", why->msg);
 }
 
+/* Plans the kernel of s (compiled ahead, or now) and binds it to every
+ * copy of the current scratch. */
+static int plan_setting(tune_backend *b, exec_model *m, const exec_segment *s, exec_seg_rt *rt,
+                        void **kplan, stof_error *why) {
+    const exec_launcher *l = exec_launcher_get(s->tmpl);
+    double t0 = util_now();
+    int rc = l->plan(m, s, kplan, why);
+    if (!rc) /* the kernel plan's tables, uploaded from pageable memory */
+        rc = drv_check(b, b->drv->CtxSynchronize(NULL), "cuCtxSynchronize", why);
+    for (int c = 0; !rc && c < current(b)->n_copies; c++) {
+        rt[c].launcher = l;
+        rt[c].kplan = *kplan;
+        use_copy(b, m, c);
+        rc = l->bind(m, s, &rt[c], why);
+    }
+    b->stats.plan_s += util_now() - t0;
+    return rc;
+}
+
+static int measure_setting(tune_backend *b, const graph *g, const exec_segment *s, double *ms,
+                           stof_error *why) {
+    int rc = drv_check(b, b->drv->CtxSetCurrent(b->ctx->gemm->cu), "cuCtxSetCurrent", why);
+    if (!rc)
+        rc = scratch_prepare(b, g, s, why);
+    if (rc)
+        return rc;
+    exec_plan xp;
+    exec_model m;
+    model_stub(b, g, &xp, &m);
+    exec_seg_rt rt[TUNE_MAX_COPIES];
+    memset(rt, 0, sizeof rt);
+    void *kplan = NULL;
+    rc = plan_setting(b, &m, s, rt, &kplan, why);
+    double t0 = util_now();
+    if (!rc && !b->opt.no_check)
+        rc = check_setting(b, &m, s, rt, why);
+    double t1 = util_now();
+    if (!rc)
+        rc = time_setting(b, &m, rt, ms, why);
+    b->stats.check_s += t1 - t0;
+    b->stats.time_s += util_now() - t1;
+    if (kplan)
+        exec_launcher_get(s->tmpl)->free_plan(&m, kplan);
+    return rc;
+}
+
 int tune_backend_measure(void *ud, const search_segment *seg, const int *values, double *ms,
                          stof_error *err) {
     tune_backend *b = ud;
     const graph *g = seg->g;
+    double t0 = util_now();
     *ms = 0;
     b->rejected_now = 0;
     exec_segment s;
     segment_of(seg, values, &s);
     stof_error why = {0};
-    int rc = exec_segment_supports(g, s.first, s.n, &s.match, s.tmpl, &why);
+    int rc = use_graph(b, g, err);
     if (rc)
-        return give_up(b, rc, &why, err);
-    if ((rc = drv_check(b, b->drv->CtxSetCurrent(b->ctx->gemm->cu), "cuCtxSetCurrent", err)) ||
-        (rc = scratch_prepare(b, g, &s, err)))
         return rc;
-    exec_plan xp;
-    exec_model m;
-    model_stub(b, g, &xp, &m);
-    const exec_launcher *l = exec_launcher_get(s.tmpl);
-    exec_seg_rt rt[TUNE_MAX_COPIES];
-    memset(rt, 0, sizeof rt);
-    void *kplan = NULL;
-    rc = l->plan(&m, &s, &kplan, &why);
-    if (!rc) /* the kernel plan's tables, uploaded from pageable memory */
-        rc = drv_check(b, b->drv->CtxSynchronize(NULL), "cuCtxSynchronize", &why);
-    for (int c = 0; !rc && c < b->scratch.n_copies; c++) {
-        rt[c].launcher = l;
-        rt[c].kplan = kplan;
-        use_copy(b, &m, c);
-        rc = l->bind(&m, &s, &rt[c], &why);
-    }
-    if (!rc && !b->opt.no_check)
-        rc = check_setting(b, &m, &s, rt, &why);
+    rc = exec_segment_supports(g, s.first, s.n, &s.match, s.tmpl, &why);
     if (!rc)
-        rc = time_setting(b, &m, rt, ms, &why);
-    if (kplan)
-        l->free_plan(&m, kplan);
+        rc = measure_setting(b, g, &s, ms, &why);
+    b->stats.measure_s += util_now() - t0;
     if (rc)
         return give_up(b, rc, &why, err);
     b->stats.measured++;
     return STOF_OK;
 }
 
-/* ==== plans ======================================================================================= */
+/* ---- working ahead ------------------------------------------------------------------------- */
+
+static nvrtc_cache *cache_of(tune_backend *b, const exec_build *k) {
+    return k->attention ? &b->ctx->mha->nvrtc : &b->ctx->gemm->nvrtc;
+}
+
+/* Queues the kernel builds of segment s; *built 0 when its plan would
+ * refuse it (nothing queued). Errors: out of memory. */
+static int prepare_kernels(tune_backend *b, const graph *g, const exec_segment *s, int tag,
+                           int *built, stof_error *err) {
+    exec_build k[EXEC_MAX_BUILDS];
+    int n = 0;
+    stof_error why = {0};
+    int rc = exec_segment_builds(g, s, &b->lim, EXEC_BUILDS_PLANNED, k, &n, &why);
+    *built = rc == STOF_OK;
+    if (rc)
+        return rc == STOF_ERR_NOMEM ? err_set(err, rc, "%s", why.msg) : STOF_OK;
+    for (int i = 0; i < n; i++) {
+        rc = nvrtc_submit(b->pool, tag, cache_of(b, &k[i]), exec_build_request(&k[i]), &why);
+        if (rc == STOF_ERR_NOMEM)
+            return err_set(err, rc, "%s", why.msg);
+    }
+    return STOF_OK;
+}
+
+typedef struct value_job {
+    memo *values;
+    value_make vm;
+    int copy;
+} value_job;
+
+static void value_job_run(void *arg) {
+    value_job *j = arg;
+    memo_fill(j->values, value_key(j->vm.g, j->vm.t, j->copy), make_values, &j->vm, NULL);
+    free(j);
+}
+
+typedef struct reference_job {
+    memo *refs;
+    reference_make rm;
+} reference_job;
+
+static void reference_job_run(void *arg) {
+    reference_job *j = arg;
+    memo_fill(j->refs, span_key(j->rm.first, j->rm.last, j->rm.pre_norm), make_reference, &j->rm,
+              NULL);
+    free(j);
+}
+
+/* Queues what a new span needs before its first setting runs: the values
+ * of its inputs (unless its scratch is on the device), then its reference. */
+static int prepare_span(tune_backend *b, const graph *g, const exec_segment *s,
+                        stof_error *err) {
+    span_layout l;
+    layout_of(b, g, s, &l);
+    int on_device = scratch_find(b, s) >= 0;
+    for (int c = 0; !on_device && c < l.copies; c++)
+        for (int i = 0; i < l.n; i++) {
+            int t = l.list[i];
+            if (is_output_of(s, t) || memo_known(b->values, value_key(g, t, c)))
+                continue;
+            value_job *j = err_malloc(sizeof *j, err);
+            if (!j)
+                return STOF_ERR_NOMEM;
+            *j = (value_job){b->values, {g, t, b->opt.seed + (uint64_t)c}, c};
+            int rc = task_pool_submit(b->pool, TUNE_TAG_SEARCH, value_job_run, free, j, err);
+            if (rc)
+                return rc;
+        }
+    reference_make rm = reference_make_of(b, g, s);
+    if (b->opt.no_check || memo_known(b->refs, span_key(rm.first, rm.last, rm.pre_norm)))
+        return STOF_OK;
+    reference_job *j = err_malloc(sizeof *j, err);
+    if (!j)
+        return STOF_ERR_NOMEM;
+    *j = (reference_job){b->refs, rm};
+    return task_pool_submit(b->pool, TUNE_TAG_SEARCH, reference_job_run, free, j, err);
+}
+
+static int span_seen(const exec_segment *spans, int n, const exec_segment *s) {
+    for (int i = 0; i < n; i++)
+        if (spans[i].first == s->first && spans[i].n == s->n && spans[i].pre_norm == s->pre_norm)
+            return 1;
+    return 0;
+}
+
+int tune_backend_prepare(void *ud, const search_candidate *c, int n, stof_error *err) {
+    tune_backend *b = ud;
+    if (n <= 0 || !b->pool)
+        return STOF_OK;
+    double t0 = util_now();
+    int rc = use_graph(b, c[0].seg.g, err);
+    task_pool_drop(b->pool, TUNE_TAG_SEARCH);
+    exec_segment *spans = rc ? NULL : err_malloc(sizeof *spans * (size_t)n, err);
+    int n_spans = 0;
+    if (!rc && !spans)
+        rc = STOF_ERR_NOMEM;
+    for (int i = 0; !rc && i < n; i++) {
+        exec_segment s;
+        segment_of(&c[i].seg, c[i].values, &s);
+        int built;
+        rc = prepare_kernels(b, c[i].seg.g, &s, TUNE_TAG_SEARCH, &built, err);
+        b->stats.prepared++;
+        b->stats.prepare_skipped += !built;
+        if (!rc && built && !span_seen(spans, n_spans, &s)) {
+            spans[n_spans++] = s;
+            rc = prepare_span(b, c[i].seg.g, &s, err);
+        }
+    }
+    free(spans);
+    b->stats.prepare_s += util_now() - t0;
+    return rc;
+}
+
+int tune_backend_prepare_plan(tune_backend *b, const exec_plan *xp, stof_error *err) {
+    int rc = STOF_OK, built;
+    if (!b->pool)
+        return STOF_OK;
+    for (int k = 0; !rc && k < xp->n_segs; k++)
+        rc = prepare_kernels(b, xp->g, &xp->segs[k], TUNE_TAG_PLAN, &built, err);
+    return rc;
+}
+
+/* ==== plans =================================================================================== */
 
 /* The executor's segment of graph ops first .. first + n - 1, matched. */
 static int segment_at(const graph *g, int first, int n, exec_segment *s, stof_error *err) {
@@ -838,7 +1438,8 @@ int tune_exec_plan(const plan *p, const graph *g, exec_plan **out, stof_error *e
 int tune_time_model(exec_ctx *ctx, const exec_plan *xp, uint64_t seed, int reps,
                     double *eager_ms, double *graph_ms, float *output, stof_error *err) {
     exec_model *m = NULL;
-    int rc = exec_model_create(ctx, xp, seed, &m, err);
+    weights_source src = weights_source_seeded(seed);
+    int rc = exec_model_create(ctx, xp, &src, &m, err);
     if (!rc)
         rc = exec_model_run(m, err);
     if (!rc && output)
@@ -853,11 +1454,12 @@ int tune_time_model(exec_ctx *ctx, const exec_plan *xp, uint64_t seed, int reps,
     return rc;
 }
 
-/* ==== tuning on the GPU =========================================================================== */
+/* ==== tuning on the GPU ======================================================================= */
 
 static mha_device_limits device_limits(const stof_device_info *d, const char *arch) {
-    return (mha_device_limits){d->sm_count, d->smem_per_sm, d->smem_per_block_optin,
-                               d->max_warps_per_sm, 1024, arch};
+    mha_device_limits lim;
+    mha_exec_device_limits(d, arch, &lim);
+    return lim;
 }
 
 /* A setting's time through the cache, measured when it is not there. */
@@ -918,7 +1520,28 @@ typedef struct refine_ctx {
     tune_outcome *res;
 } refine_ctx;
 
-static int refine_segment(refine_ctx *c, int q, search_seg_result *sg, stof_error *err) {
+/* One setting timed after the search against a segment's result. */
+typedef struct refine_item {
+    search_seg_result *sg;
+    int q;
+    exec_segment s;   /* the match its view points to */
+    exec_choice choice;
+} refine_item;
+
+typedef struct refine_list {
+    refine_item *items;
+    int n, cap;
+} refine_list;
+
+static search_segment refine_view(const refine_ctx *c, const refine_item *it) {
+    return (search_segment){c->g, it->q, it->sg->first, it->sg->last, it->s.first,
+                            it->s.first + it->s.n - 1, it->choice.tmpl, &it->s.match,
+                            it->s.match.dims};
+}
+
+/* The candidates of one segment result that differ from it. */
+static int refine_collect(refine_ctx *c, int q, search_seg_result *sg, refine_list *l,
+                          stof_error *err) {
     const graph *g = c->g;
     exec_segment s;
     int rc = segment_at(g, c->seqs[q].firsts[0] + sg->first, sg->last - sg->first + 1, &s, err);
@@ -933,37 +1556,83 @@ static int refine_segment(refine_ctx *c, int q, search_seg_result *sg, stof_erro
             (cand[k].tmpl == sg->tmpl &&
              memcmp(cand[k].values, sg->values, sizeof *sg->values * (size_t)t->n_params) == 0))
             continue;
-        search_segment view = {g, q, sg->first, sg->last, s.first, s.first + s.n - 1,
-                               cand[k].tmpl, &s.match, s.match.dims};
-        double ms;
-        rc = measure_cached(c->b, c->cache, &view, cand[k].values, &ms, &c->res->extra_measured,
-                            err);
-        if (!rc && ms < sg->ms) {
-            sg->tmpl = cand[k].tmpl;
-            sg->n_values = t->n_params;
-            memset(sg->values, 0, sizeof sg->values);
-            memcpy(sg->values, cand[k].values, sizeof *sg->values * (size_t)t->n_params);
-            sg->ms = ms;
-            c->res->improved++;
+        if (l->n == l->cap) {
+            int cap = l->cap ? 2 * l->cap : 32;
+            refine_item *grown = err_realloc(l->items, sizeof *grown * (size_t)cap, err);
+            if (!grown)
+                return STOF_ERR_NOMEM;
+            l->items = grown;
+            l->cap = cap;
         }
+        l->items[l->n++] = (refine_item){sg, q, s, cand[k]};
+    }
+    return rc;
+}
+
+/* The uncached ones, told to the backend in the order they are timed. */
+static int refine_prepare(refine_ctx *c, const refine_list *l, stof_error *err) {
+    search_candidate *cands = err_malloc(sizeof *cands * (size_t)(l->n ? l->n : 1), err);
+    if (!cands)
+        return STOF_ERR_NOMEM;
+    int n = 0;
+    for (int i = 0; i < l->n; i++) {
+        search_segment view = refine_view(c, &l->items[i]);
+        char sig[SEARCH_SIG_MAX];
+        search_segment_signature(&view, sig, sizeof sig);
+        const fusion_template *t = fusion_template_get(view.tmpl);
+        if (search_cache_contains(c->cache, sig, l->items[i].choice.values, t->n_params))
+            continue;
+        memset(&cands[n], 0, sizeof cands[n]);
+        cands[n].seg = view;
+        memcpy(cands[n].values, l->items[i].choice.values, sizeof cands[n].values);
+        n++;
+    }
+    int rc = tune_backend_prepare(c->b, cands, n, err);
+    free(cands);
+    return rc;
+}
+
+static int refine_measure(refine_ctx *c, refine_item *it, stof_error *err) {
+    search_segment view = refine_view(c, it);
+    const fusion_template *t = fusion_template_get(it->choice.tmpl);
+    search_seg_result *sg = it->sg;
+    double ms;
+    int rc = measure_cached(c->b, c->cache, &view, it->choice.values, &ms,
+                            &c->res->extra_measured, err);
+    if (!rc && ms < sg->ms) {
+        sg->tmpl = it->choice.tmpl;
+        sg->n_values = t->n_params;
+        memset(sg->values, 0, sizeof sg->values);
+        memcpy(sg->values, it->choice.values, sizeof *sg->values * (size_t)t->n_params);
+        sg->ms = ms;
+        c->res->improved++;
     }
     return rc;
 }
 
 /* After the search: every segment's defaults and the selector's choices
  * compete with what the search found, so a plan never loses to the
- * executor's untuned choices for its own scheme. */
+ * executor's untuned choices for its own scheme. All of them are collected
+ * and prepared first (their kernels compile together), then timed. */
 static int refine(refine_ctx *c, search_result *r, stof_error *err) {
+    refine_list l = {NULL, 0, 0};
+    int rc = STOF_OK;
+    for (int q = 0; !rc && q < r->n_seqs; q++)
+        for (int k = 0; !rc && k < r->seqs[q].n_segs; k++)
+            rc = refine_collect(c, q, &r->seqs[q].segs[k], &l, err);
+    if (!rc)
+        rc = refine_prepare(c, &l, err);
+    for (int i = 0; !rc && i < l.n; i++)
+        rc = refine_measure(c, &l.items[i], err);
+    free(l.items);
+    if (rc)
+        return rc;
     r->total_ms = 0;
     for (int q = 0; q < r->n_seqs; q++) {
         search_seq_result *sr = &r->seqs[q];
         sr->ms = 0;
-        for (int k = 0; k < sr->n_segs; k++) {
-            int rc = refine_segment(c, q, &sr->segs[k], err);
-            if (rc)
-                return rc;
+        for (int k = 0; k < sr->n_segs; k++)
             sr->ms += sr->segs[k].ms;
-        }
         r->total_ms += sr->ms * c->seqs[q].count;
     }
     return STOF_OK;
@@ -979,23 +1648,24 @@ static double graph_flops(const graph *g) {
     return sum;
 }
 
-/* The tuned plan and the all-unfused scheme end to end; the plan's output
- * against the CPU reference. */
-static int end_to_end(exec_ctx *ctx, const graph *g, const tune_options *o, plan *p,
-                      tune_outcome *res, stof_error *err) {
+/* The tuned plan and the all-unfused scheme (planned before, its kernels
+ * prepared) end to end; the plan's output against the CPU reference. */
+static int end_to_end(exec_ctx *ctx, tune_backend *b, const graph *g, const tune_options *o,
+                      const exec_plan *unfused, plan *p, tune_outcome *res, stof_error *err) {
     int reps = o->reps > 0 ? o->reps : 20;
     int64_t n = graph_tensor_numel(&g->tensors[g->output]);
-    exec_plan *tuned = NULL, *unfused = NULL;
+    exec_plan *tuned = NULL;
     float *y = err_malloc(sizeof *y * (size_t)n, err), *ref = NULL;
     int rc = y ? tune_exec_plan(p, g, &tuned, err) : STOF_ERR_NOMEM;
     if (!rc)
-        rc = tune_time_model(ctx, tuned, o->seed, reps, &res->eager_ms, &res->graph_ms, y, err);
+        rc = tune_backend_prepare_plan(b, tuned, err);
     if (!rc)
-        rc = exec_plan_create(g, NULL, &unfused, err);
+        rc = tune_time_model(ctx, tuned, o->seed, reps, &res->eager_ms, &res->graph_ms, y, err);
     if (!rc)
         rc = tune_time_model(ctx, unfused, o->seed, reps, NULL, &res->unfused_ms, NULL, err);
     int check = o->check > 0 || (o->check == 0 && graph_flops(g) <= TUNE_CHECK_MAX_FLOPS);
-    if (!rc && check && (rc = exec_reference(g, o->seed, &ref, err)) == STOF_OK) {
+    weights_source src = weights_source_seeded(o->seed);
+    if (!rc && check && (rc = exec_reference(g, &src, &ref, err)) == STOF_OK) {
         exec_compare(y, ref, n, &res->diff);
         res->checked = 1;
         res->check_ok = res->diff.n_nonfinite == 0 &&
@@ -1006,7 +1676,6 @@ static int end_to_end(exec_ctx *ctx, const graph *g, const tune_options *o, plan
         p->end_to_end = (plan_end_to_end){res->graph_ms, res->eager_ms, res->unfused_ms};
     }
     exec_plan_free(tuned);
-    exec_plan_free(unfused);
     free(y);
     free(ref);
     return rc;
@@ -1019,14 +1688,47 @@ typedef struct tune_state {
     tune_backend *backend;
     search_cache *cache;
     search_result result;
+    exec_plan *unfused;
 } tune_state;
 
 static void tune_state_free(tune_state *t) {
     search_result_free(&t->result);
     search_cache_free(t->cache);
     tune_backend_free(t->backend);
+    exec_plan_free(t->unfused);
     free(t->initial);
     search_sequences_free(t->seqs, t->n_seqs);
+}
+
+/* The NVRTC counters of both kernel caches of ctx, summed, as timing
+ * fields; read while no thread compiles. */
+static tune_timing compile_counts(const exec_ctx *ctx) {
+    const nvrtc_cache *c[2] = {&ctx->gemm->nvrtc, &ctx->mha->nvrtc};
+    tune_timing t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < 2; i++) {
+        t.compiled += c[i]->compiled;
+        t.from_disk += c[i]->disk_hits;
+        t.memory_hits += c[i]->memory_hits;
+        t.compile_failed += c[i]->failed;
+        t.ahead += c[i]->ahead;
+        t.ahead_used += c[i]->ahead_used;
+        t.compile_sum_s += c[i]->compile_s;
+        t.compile_wait_s += c[i]->get_s;
+    }
+    return t;
+}
+
+/* What this tuning compiled: the counters now less those before. */
+static void compile_delta(tune_timing *t, const tune_timing *before, const tune_timing *now) {
+    t->compiled = now->compiled - before->compiled;
+    t->from_disk = now->from_disk - before->from_disk;
+    t->memory_hits = now->memory_hits - before->memory_hits;
+    t->compile_failed = now->compile_failed - before->compile_failed;
+    t->ahead = now->ahead - before->ahead;
+    t->ahead_used = now->ahead_used - before->ahead_used;
+    t->compile_sum_s = now->compile_sum_s - before->compile_sum_s;
+    t->compile_wait_s = now->compile_wait_s - before->compile_wait_s;
 }
 
 void tune_cache_device_key(const stof_device_info *dev, char *buf, size_t cap) {
@@ -1081,6 +1783,44 @@ static int tune_setup(exec_ctx *ctx, const graph *g, const tune_options *o, tune
     return rc;
 }
 
+/* The search. The all-unfused plan, timed at the end, is planned first and
+ * its kernels queued ahead of everything: a few compiles, done long before
+ * the end instead of waited for there. */
+static int tune_search(exec_ctx *ctx, const graph *g, const tune_options *o, tune_state *t,
+                       tune_outcome *res, stof_error *err) {
+    const stof_device_info *dev = exec_ctx_device(ctx);
+    int rc = exec_plan_create(g, NULL, &t->unfused, err);
+    if (!rc)
+        rc = tune_backend_prepare_plan(t->backend, t->unfused, err);
+    if (rc)
+        return rc;
+    search_backend backend = tune_backend_search(t->backend);
+    search_options so = {.budget = o->budget, .time_limit_s = o->time_limit_s, .seed = o->seed,
+                         .smem_limit = dev->smem_per_block_optin,
+                         .initial = needs_given_start(g, t->seqs, t->n_seqs,
+                                                      dev->smem_per_block_optin, t->initial)
+                                        ? t->initial
+                                        : NULL,
+                         .cache = t->cache, .progress = o->progress, .cb_ud = o->ud};
+    double t0 = util_now();
+    rc = search_run(g, t->seqs, t->n_seqs, &backend, &so, &t->result, err);
+    res->timing.search_s = util_now() - t0;
+    return rc;
+}
+
+static int tune_refine(exec_ctx *ctx, const graph *g, const tune_options *o, tune_state *t,
+                       tune_outcome *res, stof_error *err) {
+    refine_ctx c = {g, t->seqs, t->backend, t->cache,
+                    device_limits(exec_ctx_device(ctx), exec_ctx_arch(ctx)),
+                    o->attention_candidates == 0 ? TUNE_ATTENTION_CANDIDATES
+                    : o->attention_candidates < 0 ? 0 : o->attention_candidates,
+                    res};
+    double t0 = util_now();
+    int rc = refine(&c, &t->result, err);
+    res->timing.refine_s = util_now() - t0;
+    return rc;
+}
+
 int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
              const tune_options *opt, plan *out, tune_outcome *res, stof_error *err) {
     memset(out, 0, sizeof *out);
@@ -1088,27 +1828,17 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
     tune_options o = *opt;
     double t0 = util_now();
     const stof_device_info *dev = exec_ctx_device(ctx);
+    tune_timing before = compile_counts(ctx);
     tune_state t;
     memset(&t, 0, sizeof t);
     int rc = tune_setup(ctx, g, &o, &t, err);
-    if (!rc) {
-        search_backend backend = tune_backend_search(t.backend);
-        search_options so = {.budget = o.budget, .time_limit_s = o.time_limit_s, .seed = o.seed,
-                             .smem_limit = dev->smem_per_block_optin,
-                             .initial = needs_given_start(g, t.seqs, t.n_seqs,
-                                                          dev->smem_per_block_optin, t.initial)
-                                            ? t.initial
-                                            : NULL,
-                             .cache = t.cache, .progress = o.progress, .cb_ud = o.ud};
-        rc = search_run(g, t.seqs, t.n_seqs, &backend, &so, &t.result, err);
-    }
-    if (!rc) {
-        refine_ctx rc_ctx = {g, t.seqs, t.backend, t.cache,
-                             device_limits(dev, exec_ctx_arch(ctx)),
-                             o.attention_candidates == 0 ? TUNE_ATTENTION_CANDIDATES
-                             : o.attention_candidates < 0 ? 0 : o.attention_candidates,
-                             res};
-        rc = refine(&rc_ctx, &t.result, err);
+    if (!rc)
+        rc = tune_search(ctx, g, &o, &t, res, err);
+    if (!rc)
+        rc = tune_refine(ctx, g, &o, &t, res, err);
+    if (t.backend) {
+        res->timing.threads = tune_backend_threads(t.backend);
+        tune_backend_trim(t.backend); /* host and device memory back before the models */
     }
     if (!rc)
         rc = search_plan_fill(&t.result, g, t.seqs, script, dev, NULL, out, err);
@@ -1116,10 +1846,15 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
         res->search = t.result.stats;
         res->segments_ms = t.result.total_ms;
         out->stats.settings_measured += res->extra_measured;
-        rc = end_to_end(ctx, g, &o, out, res, err);
+        double t1 = util_now();
+        rc = end_to_end(ctx, t.backend, g, &o, t.unfused, out, res, err);
+        res->timing.end_to_end_s = util_now() - t1;
     }
     if (t.backend)
         res->backend = tune_backend_get_stats(t.backend);
+    tune_state_free(&t); /* its threads joined: the compile counters are still */
+    tune_timing now = compile_counts(ctx);
+    compile_delta(&res->timing, &before, &now);
     res->seconds = util_now() - t0;
     out->tuning_s = res->seconds;
     if (!rc && res->checked && !res->check_ok)
@@ -1127,13 +1862,12 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
                      "the tuned plan's output differs from the CPU reference (relative error "
                      "%.3e, %lld non-finite)", res->diff.rel_error,
                      (long long)res->diff.n_nonfinite);
-    tune_state_free(&t);
     if (rc)
         plan_free(out);
     return rc;
 }
 
-/* ==== tuning offline ================================================================================ */
+/* ==== tuning offline ========================================================================== */
 
 /* The starting schemes with every segment's default setting for lim. */
 static int offline_result(const graph *g, const search_sequence *seqs, int n_seqs,
@@ -1175,25 +1909,60 @@ static int offline_result(const graph *g, const search_sequence *seqs, int n_seq
     return STOF_OK;
 }
 
-/* Every kernel of the result (one per segment of each class) into cache. */
-static int offline_compile(const graph *g, const search_sequence *seqs, const search_result *r,
-                           const mha_device_limits *lim, nvrtc_cache *cache, stof_error *err) {
+/* The executor segment of result segment k of sequence q, with its setting. */
+static int offline_segment(const graph *g, const search_sequence *seqs, const search_result *r,
+                           int q, int k, exec_segment *s, stof_error *err) {
+    const search_seg_result *sg = &r->seqs[q].segs[k];
+    int rc = segment_at(g, seqs[q].firsts[0] + sg->first, sg->last - sg->first + 1, s, err);
+    s->tmpl = sg->tmpl;
+    s->has_values = 1;
+    memcpy(s->values, sg->values, sizeof s->values);
+    return rc;
+}
+
+/* Every build of the result queued on a pool (*requests: how many). */
+static int offline_ahead(const graph *g, const search_sequence *seqs, const search_result *r,
+                         const mha_device_limits *lim, nvrtc_cache *cache, task_pool *pool,
+                         int *requests, stof_error *err) {
+    *requests = 0;
     for (int q = 0; q < r->n_seqs; q++)
         for (int k = 0; k < r->seqs[q].n_segs; k++) {
-            const search_seg_result *sg = &r->seqs[q].segs[k];
             exec_segment s;
-            int rc = segment_at(g, seqs[q].firsts[0] + sg->first, sg->last - sg->first + 1, &s,
-                                err);
-            s.tmpl = sg->tmpl;
-            s.has_values = 1;
-            memcpy(s.values, sg->values, sizeof s.values);
+            exec_build b[EXEC_MAX_BUILDS];
+            int n = 0;
+            int rc = offline_segment(g, seqs, r, q, k, &s, err);
+            if (!rc)
+                rc = exec_segment_builds(g, &s, lim, EXEC_BUILDS_ALL, b, &n, err);
+            for (int i = 0; !rc && i < n; i++)
+                rc = nvrtc_submit(pool, 0, cache, exec_build_request(&b[i]), err);
+            if (rc)
+                return rc;
+            *requests += n;
+        }
+    return STOF_OK;
+}
+
+/* Every kernel of the result (one per segment of each class) into cache:
+ * compiled on a pool, then asked for one by one (which reports errors). */
+static int offline_compile(const graph *g, const search_sequence *seqs, const search_result *r,
+                           const mha_device_limits *lim, nvrtc_cache *cache, int *requests,
+                           stof_error *err) {
+    task_pool *pool = NULL;
+    int rc = task_pool_create(0, &pool, err);
+    if (!rc)
+        rc = offline_ahead(g, seqs, r, lim, cache, pool, requests, err);
+    task_pool_free(pool); /* waits for the compiles under way, drops the rest on failure */
+    for (int q = 0; !rc && q < r->n_seqs; q++)
+        for (int k = 0; !rc && k < r->seqs[q].n_segs; k++) {
+            exec_segment s;
+            rc = offline_segment(g, seqs, r, q, k, &s, err);
             if (!rc)
                 rc = exec_segment_compile(g, &s, lim, cache, err);
             if (rc)
                 return err_prefix(err, "compiling ops #%d-#%d for %s: ", s.first,
                                   s.first + s.n - 1, lim->arch);
         }
-    return STOF_OK;
+    return rc;
 }
 
 int tune_offline(const graph *g, const lua_api_script *script, const char *arch,
@@ -1223,12 +1992,13 @@ int tune_offline(const graph *g, const lua_api_script *script, const char *arch,
         rc = offline_result(g, seqs, n_seqs, schemes, &lim, &r, err);
     if (!rc)
         rc = search_plan_fill(&r, g, seqs, script, NULL, arch, out, err);
+    int requests = 0;
     if (!rc)
-        rc = offline_compile(g, seqs, &r, &lim, &cache, err);
+        rc = offline_compile(g, seqs, &r, &lim, &cache, &requests, err);
     st->compiled = cache.compiled;
     st->disk_hits = cache.disk_hits;
-    st->memory_hits = cache.memory_hits;
-    st->kernels = cache.compiled + cache.disk_hits + cache.memory_hits;
+    st->kernels = requests;
+    st->memory_hits = requests - cache.compiled - cache.disk_hits; /* asked for again */
     st->seconds = util_now() - t0;
     nvrtc_cache_free(&cache);
     search_result_free(&r);

@@ -11,6 +11,16 @@
  *                  launches (median of repeated runs). A wrong output is
  *                  STOF_ERR_UNSUPPORTED: the cache stores the setting as
  *                  infeasible, so a fast wrong kernel is never chosen.
+ *                  search_backend.prepare works ahead on a thread pool
+ *                  (core/task_pool.h): the kernels of the settings the
+ *                  search will measure next are compiled into the NVRTC
+ *                  caches, and their segments' input values and CPU
+ *                  references computed, while the GPU measures; the
+ *                  measurement itself (module loading, launches) stays on
+ *                  the caller's thread and finds them ready, or waits for
+ *                  the one still under way. References and input values
+ *                  are kept per segment (memo.h), the scratch tensors of
+ *                  recent segments stay on the device.
  *   tune_gpu       search, then every segment's executor default and (for
  *                  attention) the selector's best candidates timed too, then
  *                  the whole plan timed end to end against the all-unfused
@@ -67,7 +77,7 @@ typedef struct tune_reference {
     int64_t row_len;   /* of the output */
     float *out;        /* n_rows x row_len */
     float *pre_norm;   /* the closing norm's input, when store_pre_norm */
-    double seconds;    /* CPU time it took */
+    double seconds;    /* wall time it took */
 } tune_reference;
 
 int tune_reference_compute(const graph *g, int first, int last, int store_pre_norm,
@@ -82,24 +92,51 @@ int tune_reference_check(const tune_reference *ref, const float *full, int pre_n
 /* ---- the GPU backend ------------------------------------------------------------------------ */
 
 #define TUNE_WARMUP 2      /* passes over the copies before timing */
-#define TUNE_REPS 9        /* timed runs: the median counts */
+#define TUNE_REPS 9        /* timed runs at most: the median counts */
+#define TUNE_MIN_REPS 5    /* timed runs at least */
+#define TUNE_MEASURE_MS 2.0 /* a setting's timed runs together take about this long, within
+                              the bounds above: slow kernels get fewer runs */
 #define TUNE_RUN_MS 0.2    /* a timed run launches the kernel until about this long */
 #define TUNE_MAX_LAUNCHES 256
 #define TUNE_MAX_COPIES 16 /* input copies rotated when a copy fits in L2 */
 #define TUNE_MAX_SCRATCH ((size_t)1 << 30) /* bytes for every copy together */
+/* Scratch tensors of segments measured before stay on the device up to
+ * this many bytes (at most a quarter of the free memory): switching back to
+ * a segment uploads nothing. */
+#define TUNE_SCRATCH_KEEP ((size_t)8 << 30)
+/* Host memory for input values and CPU references kept between settings. */
+#define TUNE_VALUES_KEEP ((size_t)4 << 30)
+#define TUNE_REFERENCES_KEEP ((size_t)2 << 30)
+/* Tags of the backend's work on its pool: what the search said it will
+ * measure (superseded by its next prepare), and the kernels of the plans
+ * timed end to end. */
+#define TUNE_TAG_SEARCH 1
+#define TUNE_TAG_PLAN 2
 
 typedef struct tune_backend_options {
     uint64_t seed;  /* input values */
-    int reps;       /* 0: TUNE_REPS */
+    int reps;       /* timed runs; 0: TUNE_MIN_REPS..TUNE_REPS by the kernel's time */
     int no_check;   /* 1: trust every output (tests of the timing only) */
+    int threads;    /* of the pool that works ahead; 0: task_pool_default_threads() */
 } tune_backend_options;
 
 typedef struct tune_backend_stats {
     long measured;   /* settings timed */
     long rejected;   /* wrong output: reported STOF_ERR_UNSUPPORTED */
     long failed;     /* could not be built or launched here */
-    long references; /* CPU references computed */
-    double reference_s;
+    long references; /* CPU references computed (on any thread) */
+    double reference_s; /* their wall time, summed over threads */
+    long prepared;   /* settings the search announced (prepare) */
+    long prepare_skipped; /* of them, not built ahead: outside the kernel's limits */
+    double prepare_s;    /* in prepare, on the caller's thread */
+    /* tune_backend_measure on the caller's thread: all of it, and its parts */
+    double measure_s;
+    double scratch_s;    /* input values waited for, uploaded (new segments only) */
+    double plan_s;       /* kernel plans: compiles waited for, modules loaded */
+    double check_s;      /* first launch and its comparison with the reference */
+    double reference_wait_s; /* of check_s: the reference computed or waited for */
+    double time_s;       /* timed launches */
+    long scratch_new, scratch_kept; /* segments whose scratch was made / found on the GPU */
 } tune_backend_stats;
 
 typedef struct tune_backend tune_backend;
@@ -112,7 +149,21 @@ search_backend tune_backend_search(tune_backend *b);
 /* The search_backend.measure of b (ud = b). */
 int tune_backend_measure(void *ud, const search_segment *seg, const int *values, double *ms,
                          stof_error *err);
+/* The search_backend.prepare of b: drops the work of the previous call not
+ * started yet, then queues, in order, each setting's kernel builds (those
+ * its plan would refuse are skipped) and each new segment's input values
+ * and reference. Errors only for out of memory. */
+int tune_backend_prepare(void *ud, const search_candidate *c, int n, stof_error *err);
+/* Queues the kernel builds of every segment of xp (TUNE_TAG_PLAN), for
+ * the models made of it next. */
+int tune_backend_prepare_plan(tune_backend *b, const exec_plan *xp, stof_error *err);
+/* Frees what is kept for measuring (scratch tensors on the device, input
+ * values and references), after waiting for the work under way. */
+void tune_backend_trim(tune_backend *b);
 tune_backend_stats tune_backend_get_stats(const tune_backend *b);
+/* Threads of the pool that works ahead (0: none could be started; then
+ * nothing is done ahead). */
+int tune_backend_threads(const tune_backend *b);
 /* Why the last rejected or failed setting was ("" when none was). */
 const char *tune_backend_last_problem(const tune_backend *b);
 
@@ -160,9 +211,25 @@ typedef struct tune_options {
     void *ud;
 } tune_options;
 
+/* Where a tuning's time went (tune_gpu). */
+typedef struct tune_timing {
+    double search_s, refine_s, end_to_end_s; /* the phases, wall */
+    int threads;               /* of the pool that compiles ahead */
+    long compiled;             /* NVRTC compilations, on any thread */
+    long from_disk;            /* cubins read from the disk cache */
+    long memory_hits;          /* asked for and found in memory */
+    long compile_failed;
+    long ahead, ahead_used;    /* made ahead of need (compiled or read); of them used */
+    double compile_sum_s;      /* NVRTC's time summed over threads */
+    double compile_wait_s;     /* the measuring thread in nvrtc_get: compiling itself, or
+                                  waiting for a compile under way (the compile time that
+                                  was not hidden) */
+} tune_timing;
+
 typedef struct tune_outcome {
     search_stats search;
     tune_backend_stats backend;
+    tune_timing timing;
     long extra_measured;     /* defaults and selector candidates timed after the search */
     int improved;            /* segments where one of them beat the search's choice */
     double segments_ms;      /* the plan's forward latency from its segments' times */

@@ -276,6 +276,7 @@ typedef struct attn_ctx {
     const mask *m;               /* or NULL */
     double *scores;              /* [sk] scratch */
     double *acc;                 /* [dim] scratch */
+    int64_t *keys;               /* [sk] scratch: the allowed keys of one query row */
 } attn_ctx;
 
 static void locate_inputs(attn_ctx *c, const float *const *in, int n_inputs) {
@@ -304,8 +305,14 @@ static void fill_buckets(const attn_ctx *c, int *bucket) {
                                                      a->relpos_buckets, a->relpos_max_distance);
 }
 
-static int pair_allowed(const attn_ctx *c, int64_t b, int64_t i, int64_t j) {
-    return !c->m || mask_get(c->m, (int)b, (int)i, (int)j);
+/* The keys query row i of batch b may see, in order, into c->keys. */
+static int64_t allowed_keys(const attn_ctx *c, int64_t b, int64_t i) {
+    const int64_t end = key_end(c->attr, &c->geo, i);
+    int64_t n = 0;
+    for (int64_t j = 0; j < end; j++)
+        if (!c->m || mask_get(c->m, (int)b, (int)i, (int)j))
+            c->keys[n++] = j;
+    return n;
 }
 
 static double pair_score(const attn_ctx *c, const float *q, int64_t b, int64_t h, int64_t i,
@@ -320,15 +327,15 @@ static double pair_score(const attn_ctx *c, const float *q, int64_t b, int64_t h
     return s;
 }
 
-/* One query row of one head: exact two-pass softmax over the allowed keys,
- * then the weighted sum of their values. No allowed key: zeros. */
-static void attend_row(const attn_ctx *c, int64_t b, int64_t h, int64_t i, float *y) {
-    const int64_t dim = c->geo.dim, end = key_end(c->attr, &c->geo, i);
+/* One query row of one head over its n allowed keys: exact two-pass
+ * softmax, then the weighted sum of their values. No allowed key: zeros. */
+static void attend_row(const attn_ctx *c, int64_t b, int64_t h, int64_t i, int64_t n,
+                       float *y) {
+    const int64_t dim = c->geo.dim;
     const float *q = c->q + (b * c->geo.sq + i) * c->q_stride + h * dim;
     double max = -INFINITY;
-    for (int64_t j = 0; j < end; j++) {
-        if (!pair_allowed(c, b, i, j))
-            continue;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t j = c->keys[t];
         c->scores[j] = pair_score(c, q, b, h, i, j);
         max = c->scores[j] > max ? c->scores[j] : max;
     }
@@ -339,9 +346,8 @@ static void attend_row(const attn_ctx *c, int64_t b, int64_t h, int64_t i, float
     for (int64_t d = 0; d < dim; d++)
         c->acc[d] = 0.0;
     double sum = 0.0;
-    for (int64_t j = 0; j < end; j++) {
-        if (!pair_allowed(c, b, i, j))
-            continue;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t j = c->keys[t];
         double p = exp(c->scores[j] - max);
         const float *v = c->v + (b * c->geo.sk + j) * c->kv_stride + h * dim;
         for (int64_t d = 0; d < dim; d++)
@@ -352,34 +358,51 @@ static void attend_row(const attn_ctx *c, int64_t b, int64_t h, int64_t i, float
         y[d] = (float)(c->acc[d] / sum);
 }
 
-static void attend_all(const attn_ctx *c, float *out) {
-    int64_t hd = c->geo.heads * c->geo.dim;
-    for (int64_t b = 0; b < c->geo.batch; b++)
-        for (int64_t i = 0; i < c->geo.sq; i++)
-            for (int64_t h = 0; h < c->geo.heads; h++)
-                attend_row(c, b, h, i, out + (b * c->geo.sq + i) * hd + h * c->geo.dim);
+/* Rows [first, first + n) of the output, a row being one query of one
+ * batch over every head. */
+static void attend_rows(const attn_ctx *c, int64_t first, int64_t n, float *out) {
+    const int64_t hd = c->geo.heads * c->geo.dim;
+    for (int64_t r = first; r < first + n; r++) {
+        const int64_t b = r / c->geo.sq, i = r % c->geo.sq;
+        const int64_t n_keys = allowed_keys(c, b, i);
+        for (int64_t h = 0; h < c->geo.heads; h++)
+            attend_row(c, b, h, i, n_keys, out + (r - first) * hd + h * c->geo.dim);
+    }
 }
 
-int ops_attention_ref(OPS_REF_ARGS) {
+int ops_attention_ref_rows(const graph *g, const graph_op *op, const float *const *in,
+                           int64_t first, int64_t n, float *out, stof_error *err) {
     attn_ctx c = {.geo = attn_geometry(g, op), .attr = &op->attr.attn};
+    if (first < 0 || n < 0 || first + n > c.geo.batch * c.geo.sq)
+        return err_set(err, STOF_ERR_INVALID, "attention rows %lld..%lld of %lld",
+                       (long long)first, (long long)(first + n),
+                       (long long)(c.geo.batch * c.geo.sq));
     locate_inputs(&c, in, op->n_inputs);
     c.m = c.attr->mask >= 0 ? g->masks[c.attr->mask] : NULL;
     double *scores = err_malloc((size_t)c.geo.sk * sizeof *scores, err);
     double *acc = err_malloc((size_t)c.geo.dim * sizeof *acc, err);
+    int64_t *keys = err_malloc((size_t)c.geo.sk * sizeof *keys, err);
     int *bucket = c.table ? err_malloc((size_t)(c.geo.sq + c.geo.sk - 1) * sizeof *bucket, err)
                           : NULL;
     int rc = STOF_ERR_NOMEM;
-    if (scores && acc && (bucket || !c.table)) {
+    if (scores && acc && keys && (bucket || !c.table)) {
         if (bucket)
             fill_buckets(&c, bucket);
         c.scores = scores;
         c.acc = acc;
+        c.keys = keys;
         c.bucket = bucket;
-        attend_all(&c, out);
+        attend_rows(&c, first, n, out);
         rc = STOF_OK;
     }
     free(bucket);
+    free(keys);
     free(acc);
     free(scores);
     return rc;
+}
+
+int ops_attention_ref(OPS_REF_ARGS) {
+    attn_geom geo = attn_geometry(g, op);
+    return ops_attention_ref_rows(g, op, in, 0, geo.batch * geo.sq, out, err);
 }

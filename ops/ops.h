@@ -34,6 +34,13 @@ const op_desc *op_describe(op_kind kind);
 int op_kind_from_name(const char *name);
 const char *op_class_name(op_class c);
 
+/* Rows first .. first + n - 1 of an attention op's reference output, a row
+ * being one query position of one batch over every head ([B * Sq] rows of
+ * H * D floats), into out (n rows): what the op's ref computes for them, so
+ * callers can split the work. */
+int ops_attention_ref_rows(const graph *g, const graph_op *op, const float *const *in,
+                           int64_t first, int64_t n, float *out, stof_error *err);
+
 /* Cost of one op (convenience over op_describe(kind)->cost). */
 void op_cost(const graph *g, const graph_op *op, double *flops, double *bytes);
 

@@ -17,7 +17,8 @@
 --
 -- Weight names follow BertModel; the fused QKV projection is
 -- encoder.layer.N.attention.self.qkv.{weight,bias} ([3H, H] and [3H]: query,
--- key and value stacked in that order).
+-- key and value stacked in that order), which a weight file supplies as the
+-- checkpoint's attention.self.{query,key,value}.{weight,bias} (from = ...).
 local p = stof.params{preset = "base", layers = 0, batch = 8, seq = 512, mask = "bigbird",
                       dtype = "fp16"}
 
@@ -54,12 +55,20 @@ x = m:layernorm(x, g, b, {eps = 1e-12, name = "embeddings.LayerNorm"})
 for n = 0, L - 1 do
   m:layer(function()
     local pre = "encoder.layer." .. n
-    local function linear(name, x_in, n_out, n_in)
-      local w = m:weight(pre .. name .. ".weight", {n_out, n_in})
-      local bias = m:weight(pre .. name .. ".bias", {n_out})
+    -- parts: the checkpoint's tensors the fused weight and bias are stacked from
+    local function linear(name, x_in, n_out, n_in, parts)
+      local function from(suffix)
+        if not parts then return nil end
+        local names = {}
+        for i, part in ipairs(parts) do names[i] = pre .. part .. suffix end
+        return names
+      end
+      local w = m:weight(pre .. name .. ".weight", {n_out, n_in}, {from = from(".weight")})
+      local bias = m:weight(pre .. name .. ".bias", {n_out}, {from = from(".bias")})
       return m:linear(x_in, w, bias, {name = pre .. name})
     end
-    local qkv = linear(".attention.self.qkv", x, 3 * H, H)
+    local qkv = linear(".attention.self.qkv", x, 3 * H, H, {".attention.self.query",
+                       ".attention.self.key", ".attention.self.value"})
     local a = m:attention(qkv, {heads = heads, head_dim = H // heads, mask = mask,
                                 name = pre .. ".attention.self"})
     local g1, b1 = norm(pre .. ".attention.output.LayerNorm")

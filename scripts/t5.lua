@@ -25,7 +25,10 @@
 --
 -- Weight names follow T5Model; fused projections are
 -- *.SelfAttention.qkv.weight [3 * inner, d_model] and *.EncDecAttention.kv.weight
--- [2 * inner, d_model] (inner = heads * d_kv).
+-- [2 * inner, d_model] (inner = heads * d_kv), which a weight file supplies as
+-- the checkpoint's SelfAttention.{q,k,v} and EncDecAttention.{k,v} (from = ...).
+-- Both stacks embed with shared.weight (encoder.embed_tokens and
+-- decoder.embed_tokens are tied to it and may be absent from a checkpoint).
 local p = stof.params{preset = "t5-small", layers = 0, batch = 8, seq = 512, dec_seq = 0,
                       mask = "none", dtype = "fp16"}
 
@@ -52,8 +55,14 @@ local function rmsnorm(prefix, x)
                    name = prefix})
 end
 
-local function proj(name, x, n_out, n_in)
-  return m:gemm(x, m:weight(name .. ".weight", {n_out, n_in}), {name = name})
+-- parts: the checkpoint's projections the fused weight is stacked from
+local function proj(name, x, n_out, n_in, parts)
+  local from
+  if parts then
+    from = {}
+    for i, part in ipairs(parts) do from[i] = part .. ".weight" end
+  end
+  return m:gemm(x, m:weight(name .. ".weight", {n_out, n_in}, {from = from}), {name = name})
 end
 
 local function feed_forward(pre, x)
@@ -64,7 +73,9 @@ end
 -- Self-attention sub-layer of block n of a stack ("encoder" or "decoder").
 local function self_attention(stack, n, x, relpos, opts)
   local pre = stack .. ".block." .. n .. ".layer.0"
-  local qkv = proj(pre .. ".SelfAttention.qkv", rmsnorm(pre .. ".layer_norm", x), 3 * inner, D)
+  local sa = pre .. ".SelfAttention"
+  local qkv = proj(sa .. ".qkv", rmsnorm(pre .. ".layer_norm", x), 3 * inner, D,
+                   {sa .. ".q", sa .. ".k", sa .. ".v"})
   local a = m:attention(qkv, {heads = heads, head_dim = dkv, scale = 1.0, relpos = relpos,
                               mask = opts.mask, causal = opts.causal,
                               name = pre .. ".SelfAttention"})
@@ -99,7 +110,8 @@ for n = 0, L - 1 do
     y = self_attention("decoder", n, y, dec_relpos, {causal = true})
     local pre = "decoder.block." .. n .. ".layer.1"
     local q = proj(pre .. ".EncDecAttention.q", rmsnorm(pre .. ".layer_norm", y), inner, D)
-    local kv = proj(pre .. ".EncDecAttention.kv", enc_out, 2 * inner, D)
+    local kv = proj(pre .. ".EncDecAttention.kv", enc_out, 2 * inner, D,
+                    {pre .. ".EncDecAttention.k", pre .. ".EncDecAttention.v"})
     local a = m:attention(q, kv, {heads = heads, head_dim = dkv, scale = 1.0,
                                   name = pre .. ".EncDecAttention"})
     y = m:add(y, proj(pre .. ".EncDecAttention.o", a, D, inner))

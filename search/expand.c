@@ -28,24 +28,37 @@ static int state_samples(const search_ctx *c) {
     return c->opt.samples_per_candidate;
 }
 
-int search_state_init(search_ctx *c, int q, const fusion_scheme *s, search_state *st,
-                      stof_error *err) {
+int search_state_build(search_ctx *c, int q, const fusion_scheme *s, search_state *st,
+                       stof_error *err) {
     memset(st, 0, sizeof *st);
     st->scheme = *s;
     fusion_segment spans[FUSION_MAX_OPS];
     int n = fusion_scheme_segments(s, spans, FUSION_MAX_OPS);
     for (int k = 0; k < n; k++) {
         int rc = search_seg_new(c, q, spans[k].first, spans[k].last, &st->segs[k], err);
-        if (!rc)
-            st->n_segs++;
-        if (!rc)
-            rc = search_seg_sample_to(c, q, st->segs[k], state_samples(c), err);
         if (rc) {
             search_state_free(st);
             return rc;
         }
+        st->n_segs++;
     }
     return STOF_OK;
+}
+
+void search_state_prep(const search_ctx *c, int q, const search_state *st, search_prep *items,
+                       int *n) {
+    for (int k = 0; k < st->n_segs; k++)
+        items[(*n)++] = (search_prep){q, st->segs[k], st->segs[k]->cursor, state_samples(c)};
+}
+
+int search_state_sample(search_ctx *c, int q, search_state *st, stof_error *err) {
+    search_prep items[FUSION_MAX_OPS];
+    int n = 0;
+    search_state_prep(c, q, st, items, &n);
+    int rc = search_prepare(c, items, n, err);
+    for (int k = 0; !rc && k < st->n_segs; k++)
+        rc = search_seg_sample_to(c, q, st->segs[k], state_samples(c), err);
+    return rc;
 }
 
 void search_state_free(search_state *st) {
@@ -148,13 +161,21 @@ typedef struct tried_set {
     int n, cap;
 } tried_set;
 
-/* 1 when s was tried before; else records it and returns 0. */
-static int tried_check_add(tried_set *t, const fusion_scheme *s, stof_error *err, int *rc) {
+static int tried_has(const tried_set *t, const fusion_scheme *s) {
     fusion_scheme canon = *s;
     fusion_scheme_canonical(&canon);
     for (int i = 0; i < t->n; i++)
         if (fusion_scheme_equal(&t->s[i], &canon))
             return 1;
+    return 0;
+}
+
+/* 1 when s was tried before; else records it and returns 0. */
+static int tried_check_add(tried_set *t, const fusion_scheme *s, stof_error *err, int *rc) {
+    if (tried_has(t, s))
+        return 1;
+    fusion_scheme canon = *s;
+    fusion_scheme_canonical(&canon);
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 64;
         fusion_scheme *grown = err_realloc(t->s, sizeof *grown * (size_t)cap, err);
@@ -192,33 +213,38 @@ static void candidate_drop_new(candidate *cd) {
     cd->n_segs = 0;
 }
 
-/* Builds the candidate of scheme s and samples its new segments K times.
- * *complete is 0 when the budget ran out before they all were. */
+/* Builds the candidate of scheme s and samples its new segments K times
+ * (prepared together). *complete is 0 when the budget ran out before they
+ * all were. */
 static int candidate_build(search_ctx *c, int q, const search_state *st, const fusion_scheme *s,
                            candidate *cd, int *complete, stof_error *err) {
     fusion_segment spans[FUSION_MAX_OPS];
-    int n = fusion_scheme_segments(s, spans, FUSION_MAX_OPS), K = state_samples(c);
+    search_prep items[FUSION_MAX_OPS];
+    int n = fusion_scheme_segments(s, spans, FUSION_MAX_OPS), K = state_samples(c), n_items = 0;
+    int rc = STOF_OK;
     cd->n_segs = 0;
     *complete = 1;
-    for (int k = 0; k < n; k++) {
+    for (int k = 0; !rc && k < n; k++) {
         search_seg *old = state_find(st, spans[k].first, spans[k].last);
         cd->is_new[k] = old == NULL;
-        int rc = old ? STOF_OK
-                     : search_seg_new(c, q, spans[k].first, spans[k].last, &cd->segs[k], err);
-        if (old)
-            cd->segs[k] = old;
+        cd->segs[k] = old;
+        if (!old && (rc = search_seg_new(c, q, spans[k].first, spans[k].last, &cd->segs[k],
+                                         err)) == STOF_OK)
+            items[n_items++] = (search_prep){q, cd->segs[k], cd->segs[k]->cursor, K};
         if (!rc)
             cd->n_segs++;
-        if (!rc && !old)
+    }
+    if (!rc)
+        rc = search_prepare(c, items, n_items, err);
+    for (int k = 0; !rc && k < cd->n_segs; k++) {
+        if (cd->is_new[k])
             rc = search_seg_sample_to(c, q, cd->segs[k], K, err);
-        if (rc) {
-            candidate_drop_new(cd);
-            return rc;
-        }
         int want = K < cd->segs[k]->n_order ? K : cd->segs[k]->n_order;
         *complete &= cd->segs[k]->cursor >= want;
     }
-    return STOF_OK;
+    if (rc)
+        candidate_drop_new(cd);
+    return rc;
 }
 
 static int candidate_holds(const candidate *cd, const search_seg *s) {
@@ -300,6 +326,82 @@ static int try_move(search_ctx *c, int q, search_state *st, const stage_move *m,
     return STOF_OK;
 }
 
+/* ---- working ahead ------------------------------------------------------------------ */
+
+/* The new segments of the moves of one level, each once. */
+typedef struct level_segs {
+    search_seg **segs;
+    int n, cap;
+} level_segs;
+
+static void level_free(level_segs *l) {
+    for (int i = 0; i < l->n; i++)
+        search_seg_free(l->segs[i]);
+    free(l->segs);
+}
+
+static int level_has(const level_segs *l, int first, int last) {
+    for (int i = 0; i < l->n; i++)
+        if (l->segs[i]->first == first && l->segs[i]->last == last)
+            return 1;
+    return 0;
+}
+
+/* The segments move m would add to st (valid and untried moves only). */
+static int level_add_move(search_ctx *c, int q, const search_state *st, const stage_move *m,
+                          const tried_set *tried, level_segs *l, stof_error *err) {
+    int ops[FUSION_MAX_OPS];
+    fusion_scheme after = st->scheme;
+    search_seq_ops(c, q, ops);
+    if (apply_move(&after, m) != STOF_OK || tried_has(tried, &after) ||
+        fusion_scheme_validate(c->g, ops, c->seqs[q].n, &after, NULL, NULL) != STOF_OK)
+        return STOF_OK;
+    fusion_segment spans[FUSION_MAX_OPS];
+    int n = fusion_scheme_segments(&after, spans, FUSION_MAX_OPS);
+    for (int k = 0; k < n; k++) {
+        if (state_find(st, spans[k].first, spans[k].last) ||
+            level_has(l, spans[k].first, spans[k].last))
+            continue;
+        if (l->n == l->cap) {
+            int cap = l->cap ? 2 * l->cap : 16;
+            search_seg **grown = err_realloc(l->segs, sizeof *grown * (size_t)cap, err);
+            if (!grown)
+                return STOF_ERR_NOMEM;
+            l->segs = grown;
+            l->cap = cap;
+        }
+        int rc = search_seg_new(c, q, spans[k].first, spans[k].last, &l->segs[l->n], err);
+        if (rc)
+            return rc;
+        l->n++;
+    }
+    return STOF_OK;
+}
+
+/* Before the moves of one level are tried, in order: the K first settings
+ * of every new segment of every move, so that the backend works on the
+ * next moves' kernels while one move is measured. A move that is kept
+ * starts a new level, whose call supersedes this one. */
+static int prepare_level(search_ctx *c, int q, const search_state *st, const move_list *moves,
+                         const tried_set *tried, stof_error *err) {
+    if (!c->backend.prepare)
+        return STOF_OK;
+    level_segs l = {NULL, 0, 0};
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < moves->n; i++)
+        rc = level_add_move(c, q, st, &moves->m[i], tried, &l, err);
+    search_prep *items = rc || l.n == 0 ? NULL : err_malloc(sizeof *items * (size_t)l.n, err);
+    if (!rc && l.n > 0 && !items)
+        rc = STOF_ERR_NOMEM;
+    for (int i = 0; !rc && i < l.n; i++)
+        items[i] = (search_prep){q, l.segs[i], l.segs[i]->cursor, state_samples(c)};
+    if (!rc && l.n > 0)
+        rc = search_prepare(c, items, l.n, err);
+    free(items);
+    level_free(&l);
+    return rc;
+}
+
 int search_expand(search_ctx *c, int q, search_state *st, stof_error *err) {
     tried_set tried = {0};
     move_list *moves = err_malloc(sizeof *moves, err);
@@ -310,6 +412,8 @@ int search_expand(search_ctx *c, int q, search_state *st, stof_error *err) {
     for (int progressed = 1; !rc && progressed && !stop;) {
         progressed = 0;
         gen_moves(c, q, st, moves);
+        if (!search_exhausted(c))
+            rc = prepare_level(c, q, st, moves, &tried, err);
         for (int i = 0; i < moves->n && !rc && !progressed && !stop; i++) {
             if (search_exhausted(c))
                 stop = 1;

@@ -261,6 +261,13 @@ int search_cache_lookup(search_cache *c, const char *signature, const int *value
     return 1;
 }
 
+int search_cache_contains(const search_cache *c, const char *signature, const int *values,
+                          int n_values) {
+    char key[SEARCH_KEY_MAX];
+    return make_key(signature, values, n_values, key, sizeof key) &&
+           c->slots[key_slot(c, key)].key != NULL;
+}
+
 static int append_line(search_cache *c, const char *key, double ms, stof_error *err) {
     if (!c->file)
         return STOF_OK;

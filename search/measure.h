@@ -43,11 +43,26 @@ typedef struct search_segment {
     fusion_dims dims;
 } search_segment;
 
+/* A setting the search expects to measure: a segment and its values. */
+typedef struct search_candidate {
+    search_segment seg;           /* seg.match points into the search: valid during the call */
+    int values[FUSION_MAX_PARAMS];
+} search_candidate;
+
 typedef struct search_backend {
     void *ud;
     /* values: one per parameter of seg->tmpl, in the template's order. */
     int (*measure)(void *ud, const search_segment *seg, const int *values, double *ms,
                    stof_error *err);
+    /* Optional (NULL: none). The settings the search expects to measure
+     * next, none of them in the cache, in the order it expects to measure
+     * them; each call supersedes the ones before. The backend may get ready
+     * for them (compile their kernels in the background). Every setting is
+     * prepared before it is measured, but a prepared one may never be (the
+     * search may take another path, or stop). An error stops the search: a
+     * backend returns one only for what stops it (out of memory), never for
+     * a setting it cannot build (measure says so). */
+    int (*prepare)(void *ud, const search_candidate *c, int n, stof_error *err);
 } search_backend;
 
 /* Longest signature and key text, terminating zero included. */
@@ -78,6 +93,10 @@ void search_cache_free(search_cache *c);
 /* 1 and *ms when (signature, values) was measured; counts a hit or a miss. */
 int search_cache_lookup(search_cache *c, const char *signature, const int *values, int n_values,
                         double *ms);
+/* 1 when (signature, values) was measured; counts nothing (for looking
+ * ahead). */
+int search_cache_contains(const search_cache *c, const char *signature, const int *values,
+                          int n_values);
 /* Records a measurement (INFINITY for a setting that cannot run) and appends
  * it to the file. Storing a key twice is STOF_ERR_INTERNAL: the search must
  * have looked it up first. */

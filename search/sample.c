@@ -165,6 +165,32 @@ static double round_reward(double before, double after, int count) {
     return (isinf(before) ? after : before - after) * count;
 }
 
+/* The round's settings, every segment's share, in one call; after them a
+ * guess at the next round's, so that the backend works on them while this
+ * round is measured: each segment's next settings, as many as its share
+ * now (rewards tend to last) and at least an equal share. The next round's
+ * call replaces the guess. */
+static int prepare_round(search_ctx *c, const pool *p, int total, stof_error *err) {
+    search_prep *items = err_malloc(sizeof *items * (size_t)(2 * p->n + 1), err);
+    if (!items)
+        return STOF_ERR_NOMEM;
+    int n = 0, active = active_count(p->room, p->n);
+    int equal = active > 0 ? (total + active - 1) / active : 0;
+    for (int i = 0; i < p->n; i++)
+        if (p->share[i] > 0)
+            items[n++] = (search_prep){p->seq[i], p->seg[i], p->seg[i]->cursor,
+                                       p->seg[i]->cursor + p->share[i]};
+    for (int i = 0; i < p->n; i++) {
+        int from = p->seg[i]->cursor + p->share[i];
+        int ahead = p->share[i] > equal ? p->share[i] : equal;
+        if (p->room[i] > p->share[i])
+            items[n++] = (search_prep){p->seq[i], p->seg[i], from, from + ahead};
+    }
+    int rc = search_prepare(c, items, n, err);
+    free(items);
+    return rc;
+}
+
 /* One round: the shares, then the samples. *gained when some segment's best
  * time fell. */
 static int sample_round(search_ctx *c, pool *p, int round, int total, int *gained,
@@ -172,11 +198,14 @@ static int sample_round(search_ctx *c, pool *p, int round, int total, int *gaine
     for (int i = 0; i < p->n; i++)
         p->room[i] = p->seg[i]->n_order - p->seg[i]->cursor;
     search_allocate(p->reward, p->room, p->n, total, round, p->share);
+    int rc = prepare_round(c, p, total, err);
+    if (rc)
+        return rc;
     *gained = 0;
     for (int i = 0; i < p->n; i++) {
         search_seg *s = p->seg[i];
         double before = s->best_ms;
-        int rc = search_seg_sample_to(c, p->seq[i], s, s->cursor + p->share[i], err);
+        rc = search_seg_sample_to(c, p->seq[i], s, s->cursor + p->share[i], err);
         if (rc)
             return rc;
         p->reward[i] = round_reward(before, s->best_ms, c->seqs[p->seq[i]].count);
@@ -201,7 +230,7 @@ int search_sample(search_ctx *c, search_state *states, stof_error *err) {
     for (int round = 0, idle = 0; !rc && idle < c->opt.patience; round++) {
         if (!pool_has_room(&p) || search_exhausted(c))
             break;
-        int gained;
+        int gained = 0;
         rc = sample_round(c, &p, round, total, &gained, err);
         c->stats.rounds++;
         idle = gained ? 0 : idle + 1;

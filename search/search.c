@@ -226,24 +226,49 @@ static int initial_scheme(search_ctx *c, int q, const int *ops, fusion_scheme *s
  * fused FFN measured 5x slower than two GEMMs at 128 tokens), and stage 1
  * only ever merges segments, so it could never undo a bad chain. Both
  * starting points are therefore measured and the faster one is kept. */
-static int settle_initial_state(search_ctx *c, int q, const fusion_scheme *s,
-                                const fusion_scheme *alt, int has_alt, stof_error *err) {
-    int rc = search_state_init(c, q, s, &c->states[q], err);
-    c->stats.schemes_tried++;
+static int settle_initial_state(search_ctx *c, int q, search_state *alt, int has_alt,
+                                stof_error *err) {
+    int rc = search_state_sample(c, q, &c->states[q], err);
     if (rc || !has_alt)
         return rc;
-    search_state other;
-    rc = search_state_init(c, q, alt, &other, err);
-    c->stats.schemes_tried++;
-    if (rc)
+    if ((rc = search_state_sample(c, q, alt, err)) != STOF_OK)
         return rc;
-    if (search_state_ms(&other) < search_state_ms(&c->states[q])) {
+    if (search_state_ms(alt) < search_state_ms(&c->states[q])) {
         search_state_free(&c->states[q]);
-        c->states[q] = other;
-    } else {
-        search_state_free(&other);
+        c->states[q] = *alt;
+        memset(alt, 0, sizeof *alt);
     }
     return STOF_OK;
+}
+
+/* Every starting state of every sequence, unsampled; then all their
+ * segments prepared in one call, in the order they are sampled. */
+static int build_initial_states(search_ctx *c, const fusion_scheme *schemes,
+                                const int *has_alt, search_state *alts, stof_error *err) {
+    int rc = STOF_OK;
+    for (int q = 0; !rc && q < c->n_seqs; q++) {
+        rc = search_state_build(c, q, &schemes[2 * q], &c->states[q], err);
+        c->stats.schemes_tried++;
+        if (!rc && has_alt[q]) {
+            rc = search_state_build(c, q, &schemes[2 * q + 1], &alts[q], err);
+            c->stats.schemes_tried++;
+        }
+    }
+    int total = 0;
+    for (int q = 0; q < c->n_seqs; q++)
+        total += c->states[q].n_segs + alts[q].n_segs;
+    search_prep *items = rc ? NULL : err_malloc(sizeof *items * (size_t)(total + 1), err);
+    if (!rc && !items)
+        rc = STOF_ERR_NOMEM;
+    int n = 0;
+    for (int q = 0; !rc && q < c->n_seqs; q++) {
+        search_state_prep(c, q, &c->states[q], items, &n);
+        search_state_prep(c, q, &alts[q], items, &n);
+    }
+    if (!rc)
+        rc = search_prepare(c, items, n, err);
+    free(items);
+    return rc;
 }
 
 /* Every initial scheme is settled before anything is measured, so that a
@@ -252,14 +277,20 @@ static int stage_initial(search_ctx *c, stof_error *err) {
     c->stage = SEARCH_STAGE_INITIAL;
     fusion_scheme *schemes = err_calloc((size_t)c->n_seqs * 2, sizeof *schemes, err);
     int *has_alt = err_calloc((size_t)c->n_seqs, sizeof *has_alt, err);
-    int rc = schemes && has_alt ? STOF_OK : STOF_ERR_NOMEM;
+    search_state *alts = err_calloc((size_t)c->n_seqs, sizeof *alts, err);
+    int rc = schemes && has_alt && alts ? STOF_OK : STOF_ERR_NOMEM;
     for (int q = 0; !rc && q < c->n_seqs; q++) {
         int ops[FUSION_MAX_OPS];
         search_seq_ops(c, q, ops);
         rc = initial_scheme(c, q, ops, &schemes[2 * q], &schemes[2 * q + 1], &has_alt[q], err);
     }
+    if (!rc)
+        rc = build_initial_states(c, schemes, has_alt, alts, err);
     for (int q = 0; !rc && q < c->n_seqs; q++)
-        rc = settle_initial_state(c, q, &schemes[2 * q], &schemes[2 * q + 1], has_alt[q], err);
+        rc = settle_initial_state(c, q, &alts[q], has_alt[q], err);
+    for (int q = 0; alts && q < c->n_seqs; q++)
+        search_state_free(&alts[q]);
+    free(alts);
     free(schemes);
     free(has_alt);
     if (rc)
@@ -308,6 +339,7 @@ int search_run(const graph *g, const search_sequence *seqs, int n_seqs,
     for (int q = 0; c.states && q < n_seqs; q++)
         search_state_free(&c.states[q]);
     free(c.states);
+    free(c.prepared);
     if (c.cache != c.opt.cache)
         search_cache_free(c.cache);
     if (rc)

@@ -12,8 +12,13 @@
  *
  * Every measurement goes through the backend and the cache (measure.h), so
  * the same code tunes on a GPU and under a synthetic cost model in tests,
- * and a setting is never measured twice. The search prints nothing; it
- * reports through the progress and move callbacks. */
+ * and a setting is never measured twice. Before measuring, the search tells
+ * a backend that wants it (search_backend.prepare) what it will measure
+ * next, as wide as it can see: the initial states together, every move of a
+ * stage-1 level, a stage-2 round and a guess at the next one; a GPU backend
+ * compiles those kernels in parallel meanwhile. This changes neither what
+ * is measured nor in which order. The search prints nothing; it reports
+ * through the progress and move callbacks. */
 #ifndef STOF_SEARCH_SEARCH_H
 #define STOF_SEARCH_SEARCH_H
 
@@ -135,6 +140,8 @@ typedef struct search_stats {
     long schemes_tried;  /* initial schemes and valid stage-1 candidates */
     long schemes_kept;
     int rounds;          /* stage 2 */
+    long prepare_calls;  /* the backend's prepare calls */
+    long prepared;       /* settings named in them */
     int stopped_by_budget, stopped_by_time;
     double seconds;
 } search_stats;

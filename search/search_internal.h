@@ -40,6 +40,9 @@ typedef struct search_ctx {
     search_stage stage;
     int out_of_budget;         /* the budget or the time limit is spent */
     struct search_state *states; /* one per sequence, for progress reports */
+    /* the settings of the backend's last prepare call (option_key) */
+    uint64_t *prepared;
+    int n_prepared;
 } search_ctx;
 
 /* ---- segment.c ------------------------------------------------------------------ */
@@ -56,6 +59,25 @@ void search_seg_free(search_seg *s);
 /* Samples options until `until` of them have been tried (or none is left,
  * or the budget runs out), updating best_ms. */
 int search_seg_sample_to(search_ctx *c, int q, search_seg *s, int until, stof_error *err);
+
+/* ---- preparing (segment.c) ------------------------------------------------------- */
+
+/* A segment whose options from `from` up to `until` (exclusive) the search
+ * expects to sample; from is its cursor, or beyond it for a guess at what
+ * comes after the settings it samples now. */
+typedef struct search_prep {
+    int q;
+    const search_seg *s;
+    int from, until;
+} search_prep;
+
+/* Most settings one prepare call names. */
+#define SEARCH_PREPARE_MAX 512
+
+/* Hands the backend's prepare the uncached settings of items, in order (at
+ * most SEARCH_PREPARE_MAX and what the budget still allows), unless every
+ * one of them was in its last call. No-op without a prepare. */
+int search_prepare(search_ctx *c, const search_prep *items, int n, stof_error *err);
 
 /* Whether some setting of some matching template passes its check. */
 int search_match_feasible(const fusion_match *m, int smem_limit);
@@ -76,9 +98,15 @@ struct search_state {
     search_seg *segs[FUSION_MAX_OPS];
 };
 
-/* Builds the state of scheme s (every segment sampled K times). */
-int search_state_init(search_ctx *c, int q, const fusion_scheme *s, search_state *st,
-                      stof_error *err);
+/* The state of scheme s: its segments, none sampled yet. */
+int search_state_build(search_ctx *c, int q, const fusion_scheme *s, search_state *st,
+                       stof_error *err);
+/* Samples every segment of st K times (after preparing them together). */
+int search_state_sample(search_ctx *c, int q, search_state *st, stof_error *err);
+/* The prepare items of st's segments up to K samples each, appended at
+ * items[*n]. */
+void search_state_prep(const search_ctx *c, int q, const search_state *st, search_prep *items,
+                       int *n);
 void search_state_free(search_state *st);
 double search_state_ms(const search_state *st);
 

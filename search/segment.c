@@ -134,6 +134,110 @@ void search_report(search_ctx *c) {
     c->opt.progress(c->opt.cb_ud, &p);
 }
 
+/* ---- preparing ---------------------------------------------------------------------------- */
+
+/* A setting's identity: its signature and values, hashed. */
+static uint64_t option_key(const char *sig, const int *values, int n) {
+    return util_hash(util_hash_str(UTIL_HASH_SEED, sig), values, sizeof *values * (size_t)n);
+}
+
+static int key_in(const uint64_t *keys, int n, uint64_t key) {
+    for (int i = 0; i < n; i++)
+        if (keys[i] == key)
+            return 1;
+    return 0;
+}
+
+/* The settings of one prepare call and their keys. */
+typedef struct prep_batch {
+    search_candidate *cand;
+    uint64_t *keys;
+    int n, cap;
+    int covered; /* every one was in the backend's last call */
+} prep_batch;
+
+static int batch_add(prep_batch *b, const search_segment *view, const int *values, int n_values,
+                     uint64_t key, stof_error *err) {
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        search_candidate *c = err_realloc(b->cand, sizeof *c * (size_t)cap, err);
+        if (!c)
+            return STOF_ERR_NOMEM;
+        b->cand = c;
+        uint64_t *k = err_realloc(b->keys, sizeof *k * (size_t)cap, err);
+        if (!k)
+            return STOF_ERR_NOMEM;
+        b->keys = k;
+        b->cap = cap;
+    }
+    search_candidate *c = &b->cand[b->n];
+    memset(c, 0, sizeof *c);
+    c->seg = *view;
+    memcpy(c->values, values, sizeof *values * (size_t)n_values);
+    b->keys[b->n++] = key;
+    return STOF_OK;
+}
+
+/* The uncached options of one item, up to `room` of them in all. */
+static int batch_item(search_ctx *c, const search_prep *it, int room, prep_batch *b,
+                      stof_error *err) {
+    const search_seg *s = it->s;
+    int from = it->from > s->cursor ? it->from : s->cursor;
+    for (int i = from; i < it->until && i < s->n_order && b->n < room; i++) {
+        const search_option *o = &s->order[i];
+        const fusion_template *t = fusion_template_get((fusion_template_id)o->tmpl);
+        int values[FUSION_MAX_PARAMS];
+        fusion_template_setting(t, o->setting, values);
+        search_segment view = seg_view(c, it->q, s, o->tmpl);
+        char sig[SEARCH_SIG_MAX];
+        search_segment_signature(&view, sig, sizeof sig);
+        uint64_t key = option_key(sig, values, t->n_params);
+        if (search_cache_contains(c->cache, sig, values, t->n_params) ||
+            key_in(b->keys, b->n, key))
+            continue;
+        b->covered &= key_in(c->prepared, c->n_prepared, key);
+        int rc = batch_add(b, &view, values, t->n_params, key, err);
+        if (rc)
+            return rc;
+    }
+    return STOF_OK;
+}
+
+/* The batch's keys become the prepared set. */
+static void remember_prepared(search_ctx *c, prep_batch *b) {
+    free(c->prepared);
+    c->prepared = b->keys;
+    c->n_prepared = b->n;
+    b->keys = NULL;
+}
+
+int search_prepare(search_ctx *c, const search_prep *items, int n, stof_error *err) {
+    if (!c->backend.prepare)
+        return STOF_OK;
+    long room = SEARCH_PREPARE_MAX;
+    if (c->opt.budget > 0 && c->opt.budget - c->stats.measured < room)
+        room = c->opt.budget - c->stats.measured;
+    prep_batch b = {NULL, NULL, 0, 0, 1};
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < n && b.n < room; i++)
+        rc = batch_item(c, &items[i], (int)room, &b, err);
+    if (!rc && b.n > 0 && !b.covered) {
+        rc = c->backend.prepare(c->backend.ud, b.cand, b.n, err);
+        if (rc) {
+            if (err)
+                err->code = rc;
+            err_prefix(err, "preparing %d settings: ", b.n);
+        } else {
+            c->stats.prepare_calls++;
+            c->stats.prepared += b.n;
+            remember_prepared(c, &b);
+        }
+    }
+    free(b.cand);
+    free(b.keys);
+    return rc;
+}
+
 /* ---- sampling ------------------------------------------------------------------------ */
 
 /* The time of one option: from the cache, else from the backend (and then
@@ -176,6 +280,12 @@ static int option_ms(search_ctx *c, int q, const search_seg *s, const search_opt
 }
 
 int search_seg_sample_to(search_ctx *c, int q, search_seg *s, int until, stof_error *err) {
+    /* usually covered by a wider call made before (a state, a level of
+     * stage 1, a round of stage 2): then nothing is said again */
+    search_prep own = {q, s, s->cursor, until};
+    int prc = search_prepare(c, &own, 1, err);
+    if (prc)
+        return prc;
     while (s->cursor < until && s->cursor < s->n_order) {
         double ms;
         int ran;

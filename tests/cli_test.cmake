@@ -92,6 +92,43 @@ expect(missing_script 1 "does-not-exist.lua" graph ${WORK}/does-not-exist.lua)
 expect(bad_option 2 "unknown option" graph scripts/bert.lua --frob)
 expect(set_without_value 2 "key=value" graph scripts/bert.lua --set batch)
 
+# ---- values from safetensors files: --save-output, --weights, --inputs --------------------------
+# The output of one run (a safetensors file with tensor "output" [2, 4]) is
+# the weight and the input of the next.
+file(WRITE ${WORK}/split.lua
+  "local m = stof.model{name = 'split', dtype = 'fp32'}\n"
+  "local x = m:input('x', {2, 4})\n"
+  "local w = m:weight('w', {4, 4}, {from = {'a', 'b'}})\n"
+  "m:output(m:gemm(x, w))\nreturn m\n")
+file(WRITE ${WORK}/reload.lua
+  "local m = stof.model{name = 'reload', dtype = 'fp32'}\n"
+  "local x = m:input('output', {2, 4})\n"
+  "local w = m:weight('w', {2, 4}, {from = {'output'}})\n"
+  "m:output(m:gemm(x, w))\nreturn m\n")
+file(WRITE ${WORK}/reshaped.lua
+  "local m = stof.model{name = 'reshaped', dtype = 'fp32'}\n"
+  "local x = m:input('output', {4, 2})\n"
+  "m:output(m:relu(x))\nreturn m\n")
+file(WRITE ${WORK}/junk.safetensors "not a safetensors file at all")
+expect(save_output 0 "wrote .*out.safetensors \\(\"output\" \\[2, 4\\] fp32\\)"
+       run --cpu ${WORK}/split.lua --save-output ${WORK}/out.safetensors)
+expect(weights_reload 0 "weights: 1 tensors from .*out.safetensors \\(fp32\\).*inputs: 1 from"
+       run --cpu ${WORK}/reload.lua --weights ${WORK}/out.safetensors
+       --inputs ${WORK}/out.safetensors)
+expect(weights_missing 1 "stof: .*out.safetensors: tensor 'a' missing \\(part 1 of 2 of weight 'w'\\)"
+       run --cpu ${WORK}/split.lua --weights ${WORK}/out.safetensors)
+expect(inputs_shape 1 "out.safetensors: tensor 'output' is \\[2, 4\\], expected \\[4, 2\\]"
+       run --cpu ${WORK}/reshaped.lua --inputs ${WORK}/out.safetensors)
+expect(weights_malformed 1 "junk.safetensors: header length [0-9]+ is not in"
+       run --cpu ${WORK}/split.lua --weights ${WORK}/junk.safetensors)
+expect(weights_no_file 1 "cannot read the safetensors file .*nothing.safetensors"
+       run --cpu ${WORK}/split.lua --weights ${WORK}/nothing.safetensors)
+# checked before the GPU is touched: the file's problem on any machine
+expect(weights_gpu_missing 1 "out.safetensors: [0-9]+ problems: tensor 'embeddings.word_embeddings.weight' missing"
+       run scripts/bert.lua ${small} --weights ${WORK}/out.safetensors)
+expect(weights_bert_missing 1 "out.safetensors: [0-9]+ problems: tensor 'embeddings.word_embeddings.weight' missing"
+       run --cpu scripts/bert.lua ${small} --weights ${WORK}/out.safetensors)
+
 # ---- tune, plans -------------------------------------------------------------------------------
 # A plan for an architecture other than the GPU's (or without a GPU) is made
 # offline: the initial scheme, default settings, marked unmeasured.

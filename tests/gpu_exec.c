@@ -21,7 +21,10 @@
  * run. Printed: segments, peak activation memory, eager and graph-replay
  * latency (median of 20; argv[1] = "notime" skips the timing). Then an
  * arena too big for any GPU: STOF_ERR_DEVICE_OOM naming its size, and the
- * next model still runs.
+ * next model still runs. Last, bert-small and t5 with every weight from a
+ * safetensors file (other values than the seed's, the fused QKV and KV
+ * projections assembled from their parts): the GPU output matches the CPU
+ * reference on the same file.
  *
  * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
 #include <math.h>
@@ -33,7 +36,9 @@
 #include "check.h"
 #include "core/exec.h"
 #include "core/lua_api.h"
+#include "core/safetensors.h"
 #include "core/util.h"
+#include "core/weights.h"
 #include "fusion/templates.h"
 
 #define SCRIPTS STOF_SOURCE_DIR "/scripts/"
@@ -41,6 +46,8 @@
 #define REPS 20
 #define SEED 1
 #define MAX_PICKS 4096
+
+static const weights_source seeded = {.seed = SEED};
 
 typedef struct model_case {
     const char *label, *script;
@@ -282,7 +289,7 @@ static void run_config(gpu *gp, const model_case *mc, const graph *g, const conf
                p->arena_bytes / 1e6, p->live_bound / 1e6);
         print_schemes(p);
         stage = "model";
-        rc = exec_model_create(gp->ctx, p, SEED, &m, &err);
+        rc = exec_model_create(gp->ctx, p, &seeded, &m, &err);
     }
     if (!rc) {
         stage = "eager run";
@@ -370,7 +377,7 @@ static void run_case(gpu *gp, const model_case *mc) {
     printf("%s: %d ops, %d layers\n", mc->label, g.n_ops, g.n_layers);
     double t0 = util_now();
     float *ref = NULL;
-    rc = exec_reference(&g, SEED, &ref, &err);
+    rc = exec_reference(&g, &seeded, &ref, &err);
     CHECK_MSG(rc == STOF_OK, "%s: CPU reference: %s", mc->label, err.msg);
     printf("  CPU reference: %.1f s\n", util_now() - t0);
     exec_seq *seqs = NULL;
@@ -406,13 +413,13 @@ static void test_oom(gpu *gp) {
     if (!rc) {
         size_t real = p->arena_bytes;
         p->arena_bytes = (size_t)1 << 50; /* a pebibyte */
-        rc = exec_model_create(gp->ctx, p, SEED, &m, &err);
+        rc = exec_model_create(gp->ctx, p, &seeded, &m, &err);
         CHECK_EQ_INT(rc, STOF_ERR_DEVICE_OOM);
         CHECK(m == NULL);
         CHECK_CONTAINS(err.msg, "the activation arena of 1125899906842624 bytes");
         printf("out of memory: %s\n", err.msg);
         p->arena_bytes = real;
-        rc = exec_model_create(gp->ctx, p, SEED, &m, &err);
+        rc = exec_model_create(gp->ctx, p, &seeded, &m, &err);
         CHECK_MSG(rc == STOF_OK, "after the OOM: %s", err.msg);
         if (!rc)
             CHECK_MSG(exec_model_run(m, &err) == STOF_OK, "after the OOM: %s", err.msg);
@@ -420,6 +427,102 @@ static void test_oom(gpu *gp) {
     }
     exec_model_free(m);
     exec_plan_free(p);
+    graph_free(&g);
+}
+
+/* ---- weights from a file ------------------------------------------------------------------- */
+
+/* Writes the weights of g drawn from seed as F32 checkpoint tensors: an
+ * assembled weight as its parts (equal rows each, as the scripts' QKV and
+ * KV projections are). */
+static int export_weights(const graph *g, uint64_t seed, const char *path, stof_error *err) {
+    int n = 0, cap = g->n_tensors * 3;
+    safetensors_entry *e = calloc((size_t)cap, sizeof *e);
+    float **data = calloc((size_t)g->n_tensors, sizeof *data);
+    for (int t = 0; e && data && t < g->n_tensors; t++) {
+        const graph_tensor *x = &g->tensors[t];
+        if (x->role != GRAPH_WEIGHT)
+            continue;
+        data[t] = malloc(sizeof *data[t] * (size_t)graph_tensor_numel(x));
+        if (!data[t])
+            break;
+        weights_fill(x, seed, data[t]);
+        const graph_source *s = graph_source_of(g, t);
+        int parts = s ? s->n : 1;
+        int64_t rows = x->shape[0] / parts, row = graph_tensor_numel(x) / x->shape[0];
+        for (int k = 0; k < parts && n < cap; k++, n++) {
+            e[n] = (safetensors_entry){s ? graph_source_part(g, s, k) : x->name,
+                                       SAFETENSORS_F32, x->ndim, {0}, data[t] + k * rows * row};
+            for (int d = 0; d < x->ndim; d++)
+                e[n].shape[d] = x->shape[d];
+            e[n].shape[0] = rows;
+        }
+    }
+    int rc = e && data ? safetensors_write(path, e, n, err) : STOF_ERR_NOMEM;
+    for (int t = 0; data && t < g->n_tensors; t++)
+        free(data[t]);
+    free(data);
+    free(e);
+    return rc;
+}
+
+/* The model of mc with every weight from a file of seed SEED + 1's values
+ * (inputs drawn from that seed too): the GPU output against the CPU
+ * reference with the same file, which equals the reference of seed
+ * SEED + 1 exactly. */
+static void test_weights_file(gpu *gp, const model_case *mc) {
+    const char *path = STOF_BINARY_DIR "/tests/gpu_exec_weights.safetensors";
+    graph g;
+    stof_error err = {0};
+    graph_init(&g);
+    safetensors_file *f = NULL;
+    exec_plan *p = NULL;
+    exec_model *m = NULL;
+    float *ref = NULL, *ref_seeded = NULL, *y = NULL;
+    int64_t n = 0;
+    int rc = lua_api_build(mc->script, mc->params, mc->n_params, &g, NULL, &err);
+    if (!rc)
+        rc = export_weights(&g, SEED + 1, path, &err);
+    if (!rc)
+        rc = safetensors_open(path, &f, &err);
+    weights_source src = {.seed = SEED + 1, .weights = f};
+    weights_source other = weights_source_seeded(SEED + 1);
+    if (!rc)
+        rc = exec_reference(&g, &src, &ref, &err);
+    if (!rc)
+        rc = exec_reference(&g, &other, &ref_seeded, &err);
+    if (!rc) {
+        n = graph_tensor_numel(&g.tensors[g.output]);
+        CHECK_MSG(memcmp(ref, ref_seeded, sizeof *ref * (size_t)n) == 0,
+                  "%s: the reference with the file differs from seed %d's", mc->label, SEED + 1);
+        rc = exec_plan_create(&g, NULL, &p, &err);
+    }
+    if (!rc)
+        rc = exec_model_create(gp->ctx, p, &src, &m, &err);
+    if (!rc && !(y = malloc(sizeof *y * (size_t)n)))
+        rc = STOF_ERR_NOMEM;
+    if (!rc)
+        rc = exec_model_run(m, &err);
+    if (!rc)
+        rc = exec_model_output(m, y, &err);
+    CHECK_MSG(rc == STOF_OK, "%s with weights from a file: %s", mc->label, err.msg);
+    if (!rc) {
+        exec_diff d;
+        exec_compare(y, ref, n, &d);
+        char line[1024];
+        weights_source_describe(&src, &g, line, sizeof line);
+        printf("%s, %s: rel error %.3e, %lld non-finite\n", mc->label, line, d.rel_error,
+               (long long)d.n_nonfinite);
+        CHECK_MSG(d.n_nonfinite == 0 && d.rel_error < TOL_F16,
+                  "%s with weights from a file: rel error %.3e", mc->label, d.rel_error);
+    }
+    gp->dead |= rc == STOF_ERR_CUDA;
+    exec_model_free(m);
+    exec_plan_free(p);
+    safetensors_close(f);
+    free(ref);
+    free(ref_seeded);
+    free(y);
     graph_free(&g);
 }
 
@@ -441,6 +544,8 @@ int main(int argc, char **argv) {
         run_case(&gp, &cases[c]);
     if (!gp.dead)
         test_oom(&gp);
+    for (int c = 0; c < N_CASES && !gp.dead; c += 2)
+        test_weights_file(&gp, &cases[c]); /* bert-small and t5: assembled QKV and KV */
     if (gp.dead)
         printf("STOPPED EARLY: a CUDA error left the context unusable (see above)\n");
     exec_ctx_free(gp.ctx);

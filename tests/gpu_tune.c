@@ -204,7 +204,8 @@ static void test_backend(exec_ctx *ctx, graph *g) {
 static void check_against_reference(const graph *g, const float *y, const char *what) {
     float *ref = NULL;
     stof_error err = {0};
-    int rc = exec_reference(g, SEED, &ref, &err);
+    weights_source seeded = weights_source_seeded(SEED);
+    int rc = exec_reference(g, &seeded, &ref, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);
     if (rc)
         return;
@@ -241,7 +242,18 @@ static void test_tune(exec_ctx *ctx, const graph *g, const lua_api_script *scrip
            res.improved);
     printf("  segments %.4f ms; end to end: graph %.4f ms, eager %.4f ms; all-unfused %.4f ms\n",
            res.segments_ms, res.graph_ms, res.eager_ms, res.unfused_ms);
+    const tune_timing *tm = &res.timing;
+    printf("  kernels: %ld compiled (%.1f s summed over %d threads), %ld from disk; %ld made "
+           "ahead, %ld used; %.1f s not hidden; %ld settings announced in %ld batches\n",
+           tm->compiled, tm->compile_sum_s, tm->threads, tm->from_disk, tm->ahead,
+           tm->ahead_used, tm->compile_wait_s, res.backend.prepared, res.search.prepare_calls);
     CHECK(res.search.measured > 0 && res.search.measured <= budget);
+    /* the search announced what it measured; kernels were made ahead and used */
+    CHECK(res.search.prepare_calls > 0 && res.backend.prepared >= res.search.measured);
+    CHECK(tm->threads >= 1 && tm->ahead_used <= tm->ahead);
+    CHECK(tm->compiled + tm->from_disk == 0 || tm->ahead_used > 0);
+    CHECK(res.backend.measure_s > 0 && res.backend.time_s > 0 &&
+          res.backend.time_s <= res.backend.measure_s);
     CHECK(p.device.measured && p.latency_ms > 0 && p.has_end_to_end);
     CHECK(res.checked && res.check_ok && res.diff.rel_error < TOL);
     CHECK_MSG(res.graph_ms <= res.unfused_ms * 1.05, "tuned %.4f ms, all-unfused %.4f ms",

@@ -772,8 +772,9 @@ static void test_compare(void) {
         return;
     float *a = NULL, *b = NULL;
     stof_error err = {0};
-    CHECK_EQ_INT(exec_reference(&g, 5, &a, &err), STOF_OK);
-    CHECK_EQ_INT(exec_reference(&g, 5, &b, &err), STOF_OK);
+    weights_source five = weights_source_seeded(5);
+    CHECK_EQ_INT(exec_reference(&g, &five, &a, &err), STOF_OK);
+    CHECK_EQ_INT(exec_reference(&g, &five, &b, &err), STOF_OK);
     if (a && b) {
         CHECK(memcmp(a, b, 64 * sizeof *a) == 0);
         int negative = 0;

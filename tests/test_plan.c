@@ -56,7 +56,7 @@ static void fixture_load(fixture *f, const char *script, const char *const *para
     CHECK_MSG(rc == STOF_OK, "%s: %s", script, err.msg);
     if (!rc)
         rc = search_sequences_from_graph(&f->g, &f->seqs, &f->n_seqs, &err);
-    search_backend b = {NULL, toy_measure};
+    search_backend b = {.measure = toy_measure};
     search_options o = {.seed = 9, .budget = 400};
     if (!rc)
         rc = search_run(&f->g, f->seqs, f->n_seqs, &b, &o, &f->result, &err);

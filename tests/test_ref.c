@@ -254,7 +254,8 @@ int main(void) {
     for (uint64_t seed = 1; seed <= 3; seed++) {
         stof_error err = {0};
         ref_values rv;
-        CHECK_EQ_INT(ref_values_init(&g, seed, &rv, &err), STOF_OK);
+        weights_source src = weights_source_seeded(seed);
+        CHECK_EQ_INT(ref_values_init(&g, &src, &rv, &err), STOF_OK);
         int rc = ref_execute(&g, &rv, &err);
         CHECK_MSG(rc == STOF_OK, "%s", err.msg);
         if (rc == STOF_OK) {

@@ -49,6 +49,14 @@ typedef struct synth {
     /* stage-1 moves */
     search_move moves[4096];
     int n_moves;
+    /* prepare calls (synth_prepare_backend): the last call's keys */
+    uint64_t *prep_keys;
+    int n_prep_keys;
+    long prep_calls, prep_total, prep_max;
+    long measured_unprepared; /* measured without being in the last prepare call */
+    long prepared_measured;   /* named by prepare although measured already */
+    long prep_over_budget;    /* calls naming more than the budget still allows */
+    long budget;
 } synth;
 
 static void synth_free(synth *s) {
@@ -56,6 +64,7 @@ static void synth_free(synth *s) {
         free(s->keys[i]);
     free(s->keys);
     free(s->counts);
+    free(s->prep_keys);
     memset(s, 0, sizeof *s);
 }
 
@@ -130,6 +139,30 @@ static double synth_cost(const synth *s, const search_segment *seg, const int *v
     return base * (1 + 9 * util_uniform(h, (uint64_t)seg->tmpl));
 }
 
+/* "signature|v1,v2,..." of a setting. */
+static void synth_key(const search_segment *seg, const int *values, char *key, size_t cap) {
+    const fusion_template *t = fusion_template_get(seg->tmpl);
+    char sig[SEARCH_SIG_MAX];
+    search_segment_signature(seg, sig, sizeof sig);
+    size_t len = (size_t)snprintf(key, cap, "%s|", sig);
+    for (int p = 0; t && p < t->n_params && len < cap; p++)
+        len += (size_t)snprintf(key + len, cap - len, "%d,", values[p]);
+}
+
+static int synth_measured(const synth *s, const char *key) {
+    for (int i = 0; i < s->n_keys; i++)
+        if (strcmp(s->keys[i], key) == 0)
+            return 1;
+    return 0;
+}
+
+static int synth_prepared(const synth *s, uint64_t h) {
+    for (int i = 0; i < s->n_prep_keys; i++)
+        if (s->prep_keys[i] == h)
+            return 1;
+    return 0;
+}
+
 static int synth_measure(void *ud, const search_segment *seg, const int *values, double *ms,
                          stof_error *err) {
     synth *s = ud;
@@ -137,11 +170,9 @@ static int synth_measure(void *ud, const search_segment *seg, const int *values,
     if (!t || fusion_template_check(t, &seg->dims, values, SEARCH_DEFAULT_SMEM, NULL) != STOF_OK ||
         !fusion_match_has(seg->match, seg->tmpl))
         s->bad_values++;
-    char sig[SEARCH_SIG_MAX], key[SEARCH_KEY_MAX];
-    search_segment_signature(seg, sig, sizeof sig);
-    size_t len = (size_t)snprintf(key, sizeof key, "%s|", sig);
-    for (int p = 0; t && p < t->n_params && len < sizeof key; p++)
-        len += (size_t)snprintf(key + len, sizeof key - len, "%d,", values[p]);
+    char key[SEARCH_KEY_MAX];
+    synth_key(seg, values, key, sizeof key);
+    s->measured_unprepared += !synth_prepared(s, util_hash_str(UTIL_HASH_SEED, key));
     synth_count(s, key);
     s->trace = util_hash_str(s->trace ? s->trace : UTIL_HASH_SEED, key);
     s->calls++;
@@ -176,7 +207,30 @@ static void synth_move(void *ud, const search_move *m) {
 }
 
 static search_backend synth_backend(synth *s) {
-    return (search_backend){s, synth_measure};
+    return (search_backend){.ud = s, .measure = synth_measure};
+}
+
+/* Records what the search says it will measure next. */
+static int synth_prepare(void *ud, const search_candidate *c, int n, stof_error *err) {
+    synth *s = ud;
+    free(s->prep_keys);
+    s->prep_keys = malloc(sizeof *s->prep_keys * (size_t)(n ? n : 1));
+    s->n_prep_keys = n;
+    s->prep_calls++;
+    s->prep_total += n;
+    s->prep_max = n > s->prep_max ? n : s->prep_max;
+    s->prep_over_budget += s->budget > 0 && n > s->budget - s->calls;
+    for (int i = 0; i < n; i++) {
+        char key[SEARCH_KEY_MAX];
+        synth_key(&c[i].seg, c[i].values, key, sizeof key);
+        s->prep_keys[i] = util_hash_str(UTIL_HASH_SEED, key);
+        s->prepared_measured += synth_measured(s, key);
+    }
+    return STOF_OK;
+}
+
+static search_backend synth_prepare_backend(synth *s) {
+    return (search_backend){.ud = s, .measure = synth_measure, .prepare = synth_prepare};
 }
 
 static search_options synth_options(synth *s, uint64_t seed) {
@@ -877,6 +931,58 @@ static void test_seeds(void) {
     model_free(&m);
 }
 
+/* A backend that prepares: told every setting before it is measured, in
+ * batches wider than one segment, never a setting measured already or more
+ * than the budget allows; the search's choices and order are the same as
+ * without the hook. */
+static void prepared_run(model *m, uint64_t seed, long budget) {
+    synth plain = {0}, prep = {0};
+    search_options op = synth_options(&plain, seed), oq = synth_options(&prep, seed);
+    op.budget = oq.budget = prep.budget = budget;
+    search_backend b = synth_prepare_backend(&prep);
+    search_result rp, rq;
+    stof_error err = {0};
+    int ok = run(m, &plain, &op, &rp) == STOF_OK;
+    int rc = search_run(&m->g, m->seqs, m->n_seqs, &b, &oq, &rq, &err);
+    CHECK_MSG(rc == STOF_OK, "search_run: %s", err.msg);
+    if (ok && rc == STOF_OK) {
+        CHECK(plain.trace == prep.trace && plain.calls == prep.calls);
+        CHECK(results_equal(&rp, &rq));
+        CHECK_EQ_INT(prep.measured_unprepared, 0);
+        CHECK_EQ_INT(prep.prepared_measured, 0);
+        CHECK_EQ_INT(prep.prep_over_budget, 0);
+        CHECK_EQ_INT(synth_max_count(&prep), 1);
+        CHECK_EQ_INT(rq.stats.prepare_calls, prep.prep_calls);
+        CHECK_EQ_INT(rq.stats.prepared, prep.prep_total);
+        CHECK_EQ_INT(rp.stats.prepare_calls, 0);
+        /* wider than one segment's K samples: whole states, levels, rounds */
+        CHECK(prep.prep_max > SEARCH_DEFAULT_K);
+        CHECK(prep.prep_calls < prep.calls);
+        CHECK(budget > 0 || prep.prep_total >= prep.calls);
+        printf("  prepare: %ld calls naming %ld settings (at most %ld), %ld measured\n",
+               prep.prep_calls, prep.prep_total, prep.prep_max, prep.calls);
+    }
+    if (ok)
+        search_result_free(&rp);
+    if (rc == STOF_OK)
+        search_result_free(&rq);
+    synth_free(&plain);
+    synth_free(&prep);
+}
+
+static void test_prepare(void) {
+    model m;
+    if (bert_small(&m, "seq=128") == STOF_OK) {
+        prepared_run(&m, 21, 0);
+        prepared_run(&m, 22, 60);
+    }
+    model_free(&m);
+    const char *t5[] = {"layers=2", "batch=1", "seq=64", "dec_seq=32"};
+    if (model_load(&m, SCRIPTS "t5.lua", t5, 4) == STOF_OK)
+        prepared_run(&m, 23, 0);
+    model_free(&m);
+}
+
 static void test_budget_and_time(void) {
     model m;
     if (bert_small(&m, "seq=128") == STOF_OK) {
@@ -916,7 +1022,7 @@ static void test_budget_and_time(void) {
         synth_free(&u);
 
         /* bad arguments */
-        search_backend none = {NULL, NULL};
+        search_backend none = {.measure = NULL};
         CHECK_EQ_INT(search_run(&m.g, m.seqs, m.n_seqs, &none, NULL, &r, &err), STOF_ERR_INVALID);
         fusion_scheme *bad = initial_with(&m, seq_of_layer(&m, 0), "00000000000000");
         synth v = {0};
@@ -1026,6 +1132,7 @@ int main(void) {
     test_rollback();
     test_full_runs();
     test_seeds();
+    test_prepare();
     test_budget_and_time();
     test_allocate();
     test_rewards();

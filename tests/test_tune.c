@@ -12,6 +12,10 @@
  *     choices, and whose kernels are in the NVRTC cache afterwards: a second
  *     offline tune compiles nothing;
  *   - the starting schemes run on implemented templates for every script;
+ *   - the kernel builds a setting's plan needs, known without the GPU (what
+ *     the tuner compiles ahead): a setting the plan refuses builds nothing,
+ *     block-wise attention builds its split kernel exactly when the plan's
+ *     own rule (mha_exec_split_chunk, mha_exec_split_build) cuts rows;
  *   - a plan's end-to-end times and script path round-trip through JSON. */
 #include <dirent.h>
 #include <math.h>
@@ -23,6 +27,7 @@
 #include "check.h"
 #include "core/error.h"
 #include "core/exec.h"
+#include "core/exec_impl.h"
 #include "core/lua_api.h"
 #include "core/tune_backend.h"
 #include "ops/ops.h"
@@ -468,6 +473,138 @@ static void test_plan_end_to_end(void) {
     model_free(&m);
 }
 
+/* ==== kernel builds without the GPU ============================================================ */
+
+static int has_option(const nvrtc_request *r, const char *opt) {
+    for (int i = 0; i < r->n_options; i++)
+        if (strcmp(r->options[i], opt) == 0)
+            return 1;
+    return 0;
+}
+
+/* The executor segment of op i alone on template t with values v. */
+static void lone_segment(const graph *g, int i, fusion_template_id t, const int *v, int nv,
+                         exec_segment *s) {
+    memset(s, 0, sizeof *s);
+    s->first = i;
+    s->n = 1;
+    s->out = g->ops[i].output;
+    s->pre_norm = -1;
+    s->tmpl = t;
+    s->has_values = 1;
+    memcpy(s->values, v, sizeof *v * (size_t)nv);
+    stof_error err = {0};
+    CHECK_EQ_INT(fusion_match_segment(g, &i, 1, &s->match, &err), STOF_OK);
+}
+
+/* Whether the plan of a block-wise setting cuts rows, by the plan's own
+ * functions. */
+static int plan_would_split(const graph *g, int op, const int *v, const mha_device_limits *lim) {
+    const op_attention *a = &g->ops[op].attr.attn;
+    const graph_tensor *y = &g->tensors[g->ops[op].output];
+    mha_exec_problem p = {.mask = g->masks[a->mask], .causal = a->causal,
+                          .batch = (int)y->shape[0], .heads = a->heads, .head_dim = a->head_dim,
+                          .q_len = (int)y->shape[1], .k_len = (int)y->shape[1],
+                          .dtype = y->dtype, .scale = a->scale};
+    mask *folded = NULL;
+    mask_bsr *f = NULL;
+    mha_exec_split *sp = NULL;
+    stof_error err = {0};
+    int split = -1;
+    if (mha_exec_fold_mask(&p, &folded, &err) == STOF_OK &&
+        mask_format_bsr_build(folded, v[0], v[1], &f, &err) == STOF_OK) {
+        int stages = mha_exec_auto_stages(v[0], v[1], v[2], p.head_dim, 2, lim);
+        int per_sm = mha_exec_block_ctas_per_sm(v[0], v[1], v[2], stages, p.head_dim, 2, lim);
+        int chunk = mha_exec_split_chunk(f, p.batch, p.heads, (per_sm > 0 ? per_sm : 1) *
+                                                                  lim->sm_count);
+        if (mha_exec_split_build(f, chunk, &sp, &err) == STOF_OK)
+            split = sp != NULL;
+    }
+    mha_exec_split_free(sp);
+    mask_format_bsr_free(f);
+    mask_free(folded);
+    return split;
+}
+
+static void check_attention_builds(const char *pattern, int expect_split) {
+    char mask_param[64];
+    snprintf(mask_param, sizeof mask_param, "mask=%s", pattern);
+    const char *const params[] = {"preset=small", "layers=1", "batch=2", "seq=2048", mask_param};
+    model m;
+    if (model_load(&m, SCRIPTS "bert.lua", params, 5))
+        return;
+    mha_device_limits lim;
+    stof_device_info d = device_of(9, 0);
+    d.smem_per_sm = 233472;
+    d.smem_per_block_optin = 232448;
+    d.max_warps_per_sm = 64;
+    mha_exec_device_limits(&d, "sm_90", &lim);
+    int op = find_op(&m.g, OP_ATTENTION, 0);
+    static const int v[3] = {64, 64, 4};
+    exec_segment s;
+    lone_segment(&m.g, op, FUSION_T_ATTENTION_BLOCK, v, 3, &s);
+    exec_build b[EXEC_MAX_BUILDS];
+    int n = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_ALL, b, &n, &err), STOF_OK);
+    CHECK_EQ_INT(n, 2);
+    if (n == 2) {
+        CHECK(!has_option(exec_build_request(&b[0]), "-DSPLIT=1"));
+        CHECK(has_option(exec_build_request(&b[1]), "-DSPLIT=1"));
+        CHECK(b[0].attention && b[1].attention);
+    }
+    int rc = exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    CHECK_EQ_INT(n, 1);
+    int split = plan_would_split(&m.g, op, v, &lim);
+    CHECK_EQ_INT(split, expect_split);
+    if (!rc && n == 1)
+        CHECK_EQ_INT(has_option(exec_build_request(&b[0]), "-DSPLIT=1"), split);
+    /* a block the planner refuses: 3 warps cannot split 64 rows */
+    static const int bad[3] = {64, 64, 3};
+    lone_segment(&m.g, op, FUSION_T_ATTENTION_BLOCK, bad, 3, &s);
+    CHECK(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err) != STOF_OK);
+    model_free(&m);
+}
+
+static void test_builds(void) {
+    /* BigBird's global rows are far longer than the rest: cut; a sliding
+     * window's rows are all alike: not */
+    check_attention_builds("bigbird", 1);
+    check_attention_builds("sliding_window", 0);
+
+    static const char *const params[] = {"preset=small", "layers=1", "batch=1", "seq=128"};
+    model m;
+    if (model_load(&m, SCRIPTS "bert.lua", params, 4))
+        return;
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    int op = find_op(&m.g, OP_GEMM, 0);
+    /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: a default-like one, and one
+     * far past the accumulator registers of a thread */
+    static const int fits[5] = {64, 128, 32, 4, 3}, too_big[5] = {128, 256, 64, 4, 4};
+    exec_segment s;
+    exec_build b[EXEC_MAX_BUILDS], all[EXEC_MAX_BUILDS];
+    int n = 0, n_all = 0;
+    lone_segment(&m.g, op, FUSION_T_GEMM_EPILOGUE, fits, 5, &s);
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err), STOF_OK);
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_ALL, all, &n_all, &err), STOF_OK);
+    CHECK(n == 1 && n_all == 1 && !b[0].attention);
+    if (n == 1 && n_all == 1)
+        CHECK(nvrtc_key(exec_build_request(&b[0])) == nvrtc_key(exec_build_request(&all[0])));
+    lone_segment(&m.g, op, FUSION_T_GEMM_EPILOGUE, too_big, 5, &s);
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_ALL, b, &n, &err), STOF_OK);
+    /* cuBLASLt compiles nothing */
+    static const int algo[1] = {0};
+    lone_segment(&m.g, op, FUSION_T_CUBLASLT, algo, 1, &s);
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err), STOF_OK);
+    CHECK_EQ_INT(n, 0);
+    model_free(&m);
+}
+
 /* Measurements are keyed by the device and the build's kernels. */
 static void test_cache_key(void) {
     stof_device_info d = device_of(9, 0);
@@ -485,6 +622,7 @@ int main(void) {
     test_initial_schemes();
     test_offline();
     test_offline_fp32();
+    test_builds();
     test_plan_end_to_end();
     test_cache_key();
     return check_summary("test_tune");

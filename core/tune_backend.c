@@ -1332,7 +1332,7 @@ int tune_backend_prepare_plan(tune_backend *b, const exec_plan *xp, stof_error *
 
 /* The executor's segment of graph ops first .. first + n - 1, matched. */
 static int segment_at(const graph *g, int first, int n, exec_segment *s, stof_error *err) {
-    int ops[FUSION_MAX_OPS];
+    int ops[FUSION_MAX_OPS] = {0}; /* n <= FUSION_MAX_OPS; zeroed for gcc's -Wmaybe-uninitialized */
     memset(s, 0, sizeof *s);
     for (int k = 0; k < n; k++)
         ops[k] = first + k;

@@ -182,11 +182,19 @@ static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
     }
     print_outcome(&res, &p);
     print_time_breakdown(&res);
+    long past = res.search.measured_past_limit;
+    if (past > 0)
+        fprintf(stderr, "stof: warning: the time limit of %g s ran out before the initial scheme "
+                "was measured; it was finished past the limit (%ld more setting%s, the "
+                "segments' defaults first) and nothing was searched: the plan is the initial "
+                "scheme, untuned. Give a longer --time-limit to tune it\n", a->time_limit, past,
+                past == 1 ? "" : "s");
     rc = plan_write(&p, a->output, &err);
     if (rc)
         fprintf(stderr, "stof: %s\n", err.msg);
     else
-        printf("wrote %s (tuned in %.1f s)\n", a->output, res.seconds);
+        printf("wrote %s (%s in %.1f s)\n", a->output,
+               past > 0 ? "NOT searched: the initial scheme, measured" : "tuned", res.seconds);
     plan_free(&p);
     return rc ? 1 : 0;
 }

@@ -72,46 +72,87 @@ static int device_alloc(exec_ctx *c, CUdeviceptr *d, size_t bytes, const char *w
     return rc;
 }
 
-/* Fills and converts every input and weight on the host, one tensor at a
- * time, and copies it to its place in m->consts. */
-static int upload_consts(exec_model *m, const weights_source *src, stof_error *err) {
-    const exec_plan *p = m->plan;
-    const graph *g = p->g;
-    exec_ctx *c = m->ctx;
-    size_t most = 0;
-    for (int t = 0; t < g->n_tensors; t++)
-        if (g->tensors[t].role == GRAPH_WEIGHT || g->tensors[t].role == GRAPH_INPUT) {
-            size_t n = (size_t)graph_tensor_numel(&g->tensors[t]);
-            most = n > most ? n : most;
-        }
-    float *f = err_malloc(most * sizeof *f + 1, err);
-    void *staged = err_malloc(most * 4 + 1, err);
-    int rc = f && staged ? STOF_OK : STOF_ERR_NOMEM;
-    size_t at = 0;
-    for (int t = 0; !rc && t < g->n_tensors; t++) {
+/* Host memory the weights and inputs are staged in: they are filled in
+ * groups (tensors in graph order, this many bytes at most unless one tensor
+ * alone is bigger), each group copied to the device before the next is
+ * filled, so that a big model is never held on the host whole. */
+#define EXEC_UPLOAD_GROUP_BYTES ((size_t)64 << 20)
+
+static size_t exec_aligned(size_t bytes) {
+    return (bytes + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
+}
+
+/* The weights and inputs of m's graph in graph order (*n of them, the list
+ * malloc'd), their places in m->consts set in m->ptr; *span: the bytes
+ * they take there, *largest: the most one takes (aligned, both). */
+static int const_tensors(exec_model *m, int **list, int *n, size_t *span, size_t *largest,
+                         stof_error *err) {
+    const graph *g = m->plan->g;
+    *n = 0;
+    *span = *largest = 0;
+    *list = err_malloc(sizeof **list * (size_t)(g->n_tensors ? g->n_tensors : 1), err);
+    if (!*list)
+        return STOF_ERR_NOMEM;
+    for (int t = 0; t < g->n_tensors; t++) {
         const graph_tensor *x = &g->tensors[t];
         if (x->role != GRAPH_WEIGHT && x->role != GRAPH_INPUT)
             continue;
-        size_t n = (size_t)graph_tensor_numel(x);
-        if ((rc = weights_source_values(src, g, t, f, err)))
-            break;
-        for (size_t i = 0; i < n; i++) {
-            if (x->dtype == STOF_I32)
-                ((int32_t *)staged)[i] = (int32_t)f[i];
-            else if (x->dtype == STOF_BF16)
-                ((uint16_t *)staged)[i] = util_f32_to_bf16(f[i]);
-            else
-                ((uint16_t *)staged)[i] = util_f32_to_f16(f[i]);
-        }
-        m->ptr[t] = m->consts + at;
-        size_t bytes = graph_tensor_bytes(x);
-        rc = cuda_check(c->drv, c->drv->MemcpyHtoD(m->ptr[t], staged, bytes), "cuMemcpyHtoD", err);
+        size_t bytes = exec_aligned(graph_tensor_bytes(x));
+        (*list)[(*n)++] = t;
+        m->ptr[t] = m->consts + *span;
+        *span += bytes;
+        *largest = bytes > *largest ? bytes : *largest;
+    }
+    return STOF_OK;
+}
+
+/* Fills and converts the tensors list[0..n) (weights_source_values_many,
+ * into host memory laid out as on the device from the first one's place)
+ * and copies each to its place in m->consts. */
+static int upload_group(exec_model *m, const weights_source *src, const int *list, int n,
+                        char *staged, void **outs, task_pool *pool, stof_error *err) {
+    const graph *g = m->plan->g;
+    const cuda_driver *drv = m->ctx->drv;
+    for (int k = 0; k < n; k++)
+        outs[k] = staged + (m->ptr[list[k]] - m->ptr[list[0]]);
+    int rc = weights_source_values_many(src, g, list, n, WEIGHTS_STORED, outs, pool, err);
+    for (int k = 0; !rc && k < n; k++) {
+        const graph_tensor *x = &g->tensors[list[k]];
+        rc = cuda_check(drv, drv->MemcpyHtoD(m->ptr[list[k]], outs[k], graph_tensor_bytes(x)),
+                        "cuMemcpyHtoD", err);
         if (rc)
             err_prefix(err, "uploading '%s': ", x->name);
-        at += (bytes + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
     }
-    free(f);
+    return rc;
+}
+
+/* Every input and weight filled and converted on the host, on threads
+ * (weights_pool), and copied to its place in m->consts, group by group. */
+static int upload_consts(exec_model *m, const weights_source *src, stof_error *err) {
+    const graph *g = m->plan->g;
+    int *list = NULL, n = 0;
+    size_t span = 0, largest = 0;
+    int rc = const_tensors(m, &list, &n, &span, &largest, err);
+    size_t room = largest > EXEC_UPLOAD_GROUP_BYTES ? largest : EXEC_UPLOAD_GROUP_BYTES;
+    room = room < span ? room : span;
+    char *staged = rc ? NULL : err_malloc(room + 1, err);
+    void **outs = rc ? NULL : err_malloc(sizeof *outs * (size_t)(n ? n : 1), err);
+    if (!rc && (!staged || !outs))
+        rc = STOF_ERR_NOMEM;
+    task_pool *pool = rc ? NULL : weights_pool(g);
+    for (int i = 0, next; !rc && i < n; i = next) {
+        CUdeviceptr start = m->ptr[list[i]];
+        next = i + 1;
+        while (next < n && m->ptr[list[next]] - start +
+                                   exec_aligned(graph_tensor_bytes(&g->tensors[list[next]])) <=
+                               room)
+            next++;
+        rc = upload_group(m, src, list + i, next - i, staged, outs, pool, err);
+    }
+    task_pool_free(pool);
+    free(outs);
     free(staged);
+    free(list);
     return rc;
 }
 

@@ -192,7 +192,9 @@ typedef struct exec_model exec_model;
 
 /* Checks src against the graph (weights_source_check) before anything is
  * allocated, then allocates and uploads the weights and inputs (their
- * values from src, as the CPU reference's), allocates the arena, plans every segment's kernel
+ * values from src, as the CPU reference's; made on a pool of threads that
+ * lives for the upload, a group of at most 64 MiB staged on the host at a
+ * time), allocates the arena, plans every segment's kernel
  * (compiling through the NVRTC cache; identical segments of one class share
  * one kernel plan). STOF_ERR_DEVICE_OOM names the bytes asked for. On
  * failure nothing is left allocated. */

@@ -16,22 +16,35 @@ int ref_values_init(const graph *g, const weights_source *src, ref_values *rv, s
     if (!rv->data)
         return STOF_ERR_NOMEM;
     rv->n = g->n_tensors;
+    int *list = err_malloc(sizeof *list * (size_t)(g->n_tensors ? g->n_tensors : 1), err);
+    void **outs = err_malloc(sizeof *outs * (size_t)(g->n_tensors ? g->n_tensors : 1), err);
+    rc = list && outs ? STOF_OK : STOF_ERR_NOMEM;
+    int n = 0;
     size_t live = 0;
-    for (int i = 0; i < g->n_tensors; i++) {
+    for (int i = 0; !rc && i < g->n_tensors; i++) {
         const graph_tensor *t = &g->tensors[i];
         if (t->role != GRAPH_INPUT && t->role != GRAPH_WEIGHT)
             continue;
         size_t bytes = (size_t)graph_tensor_numel(t) * sizeof(float);
         rv->data[i] = err_malloc(bytes, err);
         if (!rv->data[i]) {
-            ref_values_free(rv);
-            return err_prefix(err, "reference values for '%s': ", t->name);
+            rc = STOF_ERR_NOMEM;
+            err_prefix(err, "reference values for '%s': ", t->name);
         }
+        list[n] = i;
+        outs[n++] = rv->data[i];
         live += bytes;
-        if ((rc = weights_source_values(src, g, i, rv->data[i], err))) {
-            ref_values_free(rv);
-            return rc;
-        }
+    }
+    if (!rc) {
+        task_pool *pool = weights_pool(g);
+        rc = weights_source_values_many(src, g, list, n, WEIGHTS_FLOAT, outs, pool, err);
+        task_pool_free(pool);
+    }
+    free(list);
+    free(outs);
+    if (rc) {
+        ref_values_free(rv);
+        return rc;
     }
     rv->peak_bytes = live;
     return STOF_OK;

@@ -815,9 +815,13 @@ void tune_backend_free(tune_backend *b) {
     free(b);
 }
 
+static int default_setting(void *ud, const search_segment *seg, fusion_template_id *tmpl,
+                           int *values);
+
 search_backend tune_backend_search(tune_backend *b) {
     return (search_backend){.ud = b, .measure = tune_backend_measure,
-                            .prepare = tune_backend_prepare};
+                            .prepare = tune_backend_prepare,
+                            .default_setting = default_setting};
 }
 
 tune_backend_stats tune_backend_get_stats(const tune_backend *b) {
@@ -855,6 +859,34 @@ static void segment_of(const search_segment *seg, const int *values, exec_segmen
     memcpy(s->values, values, sizeof *values * (size_t)(t ? t->n_params : 0));
     s->out = g->ops[seg->op_last].output;
     s->pre_norm = s->match.store_pre_norm && s->n > 1 ? g->ops[seg->op_last - 1].output : -1;
+}
+
+static int is_attention(fusion_template_id t);
+
+/* search_backend.default_setting: what the executor runs the segment with
+ * when given nothing (its first template that runs it with that template's
+ * default values; for attention the selector's kernel), as an offline plan
+ * has it. The search measures it when the time limit leaves no room to. */
+static int default_setting(void *ud, const search_segment *seg, fusion_template_id *tmpl,
+                           int *values) {
+    const tune_backend *b = ud;
+    int none[FUSION_MAX_PARAMS] = {0};
+    exec_segment s;
+    exec_choice c;
+    int got = 0;
+    segment_of(seg, none, &s);
+    s.has_values = 0;
+    int rc = exec_segment_template(seg->g, s.first, s.n, &s.match, &s.tmpl, NULL);
+    s.auto_attention = is_attention(s.tmpl);
+    if (!rc)
+        rc = exec_segment_candidates(seg->g, &s, &b->lim, 0, &c, 1, &got, NULL);
+    if (!rc && got < 1)
+        rc = STOF_ERR_UNSUPPORTED;
+    if (rc)
+        return rc;
+    *tmpl = c.tmpl;
+    memcpy(values, c.values, sizeof c.values);
+    return STOF_OK;
 }
 
 /* A model that holds only what the launcher rows read: the context, the
@@ -1810,6 +1842,11 @@ static int tune_search(exec_ctx *ctx, const graph *g, const tune_options *o, tun
 
 static int tune_refine(exec_ctx *ctx, const graph *g, const tune_options *o, tune_state *t,
                        tune_outcome *res, stof_error *err) {
+    /* the time limit ran out before the initial scheme was measured: the
+     * search finished it past the limit with the segments' defaults, and
+     * nothing more is timed before the plan is made */
+    if (t->result.stats.measured_past_limit > 0)
+        return STOF_OK;
     refine_ctx c = {g, t->seqs, t->backend, t->cache,
                     device_limits(exec_ctx_device(ctx), exec_ctx_arch(ctx)),
                     o->attention_candidates == 0 ? TUNE_ATTENTION_CANDIDATES

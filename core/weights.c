@@ -16,24 +16,54 @@ float weights_round(stof_dtype dtype, float x) {
     }
 }
 
+/* The stream of t's values for seed. */
+static uint64_t weights_key(const graph_tensor *t, uint64_t seed) {
+    return util_hash_str(util_mix64(seed), t->name);
+}
+
+/* Element i of t's values before rounding to its dtype. */
+static inline float weights_raw(const graph_tensor *t, uint64_t key, int64_t i) {
+    float u = util_uniform(key, (uint64_t)i); /* [0, 1) */
+    switch (t->init) {
+    case GRAPH_INIT_ZEROS: return 0.0f;
+    case GRAPH_INIT_ONES: return 1.0f + t->init_scale * (2.0f * u - 1.0f);
+    case GRAPH_INIT_TOKENS: {
+        int64_t id = (int64_t)(u * (float)t->init_high);
+        return (float)(id < t->init_high ? id : t->init_high - 1);
+    }
+    case GRAPH_INIT_UNIFORM:
+    default: return t->init_scale * (2.0f * u - 1.0f);
+    }
+}
+
+void weights_fill_range(const graph_tensor *t, uint64_t seed, int64_t first, int64_t n,
+                        float *out) {
+    uint64_t key = weights_key(t, seed);
+    for (int64_t k = 0; k < n; k++)
+        out[k] = weights_round(t->dtype, weights_raw(t, key, first + k));
+}
+
 void weights_fill(const graph_tensor *t, uint64_t seed, float *out) {
-    uint64_t key = util_hash_str(util_mix64(seed), t->name);
-    int64_t n = graph_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++) {
-        float u = util_uniform(key, (uint64_t)i); /* [0, 1) */
-        float v;
-        switch (t->init) {
-        case GRAPH_INIT_ZEROS: v = 0.0f; break;
-        case GRAPH_INIT_ONES: v = 1.0f + t->init_scale * (2.0f * u - 1.0f); break;
-        case GRAPH_INIT_TOKENS: {
-            int64_t id = (int64_t)(u * (float)t->init_high);
-            v = (float)(id < t->init_high ? id : t->init_high - 1);
-            break;
-        }
-        case GRAPH_INIT_UNIFORM:
-        default: v = t->init_scale * (2.0f * u - 1.0f); break;
-        }
-        out[i] = weights_round(t->dtype, v);
+    weights_fill_range(t, seed, 0, graph_tensor_numel(t), out);
+}
+
+void weights_store(stof_dtype dtype, const float *v, int64_t n, void *out) {
+    switch (dtype) {
+    case STOF_I32:
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)out)[i] = (int32_t)v[i];
+        break;
+    case STOF_BF16:
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = util_f32_to_bf16(v[i]);
+        break;
+    case STOF_F16:
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = util_f32_to_f16(v[i]);
+        break;
+    default:
+        memcpy(out, v, sizeof *v * (size_t)n);
+        break;
     }
 }
 
@@ -225,6 +255,13 @@ static int weights_read_floats(const weights_origin *o, const graph_tensor *x, f
     return STOF_OK;
 }
 
+/* The values of x from its file (o->file set), as floats. */
+static int weights_read(const weights_origin *o, const graph_tensor *x, float *out,
+                        stof_error *err) {
+    return x->dtype == STOF_I32 ? weights_read_ids(o, x, out, err)
+                                : weights_read_floats(o, x, out, err);
+}
+
 int weights_source_values(const weights_source *src, const graph *g, int tensor, float *out,
                           stof_error *err) {
     const graph_tensor *x = &g->tensors[tensor];
@@ -236,8 +273,153 @@ int weights_source_values(const weights_source *src, const graph *g, int tensor,
         weights_fill(x, src->seed, out);
         return STOF_OK;
     }
-    return x->dtype == STOF_I32 ? weights_read_ids(&o, x, out, err)
-                                : weights_read_floats(&o, x, out, err);
+    return weights_read(&o, x, out, err);
+}
+
+/* ---- many tensors at once ------------------------------------------------------------------ */
+
+/* Floats a seeded piece of the stored form is made in before it is stored:
+ * on the worker's stack, so that no tensor is ever held as floats too. */
+#define WEIGHTS_BLOCK 1024
+
+/* One piece of work: a chunk of a seeded tensor, or a file tensor whole
+ * (n < 0). k: the tensor's index in the caller's list. */
+typedef struct weights_piece {
+    int k;
+    int64_t first, n;
+} weights_piece;
+
+typedef struct weights_job {
+    const weights_source *src;
+    const graph *g;
+    const int *tensors;
+    weights_form form;
+    void *const *out;
+    weights_origin *origin; /* per tensor */
+    weights_piece *pieces;
+    int n_pieces;
+    int *rc;                /* per tensor: what its file piece returned */
+    stof_error *errs;       /* per tensor */
+} weights_job;
+
+/* Bytes of one element of the stored form of dtype. */
+static size_t weights_stored_size(stof_dtype dtype) {
+    return dtype == STOF_F16 || dtype == STOF_BF16 ? 2 : 4;
+}
+
+/* A file tensor: read by this thread alone (reads are positioned, so many
+ * files' tensors are read at once safely), then stored. */
+static int weights_file_piece(const weights_job *j, int k, stof_error *err) {
+    const graph_tensor *x = &j->g->tensors[j->tensors[k]];
+    if (j->form == WEIGHTS_FLOAT)
+        return weights_read(&j->origin[k], x, j->out[k], err);
+    int64_t n = graph_tensor_numel(x);
+    float *f = err_malloc(sizeof *f * (size_t)(n ? n : 1), err);
+    if (!f)
+        return STOF_ERR_NOMEM;
+    int rc = weights_read(&j->origin[k], x, f, err);
+    if (!rc)
+        weights_store(x->dtype, f, n, j->out[k]);
+    free(f);
+    return rc;
+}
+
+static void weights_piece_run(void *arg, int i) {
+    const weights_job *j = arg;
+    const weights_piece *p = &j->pieces[i];
+    const graph_tensor *x = &j->g->tensors[j->tensors[p->k]];
+    if (p->n < 0) {
+        j->rc[p->k] = weights_file_piece(j, p->k, &j->errs[p->k]);
+        return;
+    }
+    if (j->form == WEIGHTS_FLOAT) {
+        weights_fill_range(x, j->src->seed, p->first, p->n, (float *)j->out[p->k] + p->first);
+        return;
+    }
+    /* stored straight from the unrounded values: converting to fp16 or
+     * bf16 rounds as weights_round does, and a value already rounded
+     * converts to the same bits (NaN and infinity too), so the round trip
+     * of weights_fill is left out */
+    float block[WEIGHTS_BLOCK];
+    size_t elem = weights_stored_size(x->dtype);
+    uint64_t key = weights_key(x, j->src->seed);
+    for (int64_t at = p->first; at < p->first + p->n; at += WEIGHTS_BLOCK) {
+        int64_t m = p->first + p->n - at < WEIGHTS_BLOCK ? p->first + p->n - at : WEIGHTS_BLOCK;
+        for (int64_t k = 0; k < m; k++)
+            block[k] = weights_raw(x, key, at + k);
+        weights_store(x->dtype, block, m, (char *)j->out[p->k] + (size_t)at * elem);
+    }
+}
+
+/* Every tensor resolved (the first problem, in the caller's order, is
+ * returned before anything is read) and cut into pieces: the file tensors
+ * first, the longest pieces, then the seeded ones' chunks. */
+static int weights_job_plan(weights_job *j, int n, stof_error *err) {
+    int64_t total = 0;
+    for (int k = 0; k < n; k++) {
+        int rc = weights_resolve(j->src, j->g, j->tensors[k], &j->origin[k], err);
+        if (rc)
+            return rc;
+        int64_t e = graph_tensor_numel(&j->g->tensors[j->tensors[k]]);
+        total += j->origin[k].file ? 1 : (e + WEIGHTS_CHUNK - 1) / WEIGHTS_CHUNK;
+    }
+    if (total > INT32_MAX)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "%lld pieces of weights to fill at once",
+                       (long long)total);
+    j->pieces = err_malloc(sizeof *j->pieces * (size_t)(total ? total : 1), err);
+    if (!j->pieces)
+        return STOF_ERR_NOMEM;
+    for (int k = 0; k < n; k++)
+        if (j->origin[k].file)
+            j->pieces[j->n_pieces++] = (weights_piece){k, 0, -1};
+    for (int k = 0; k < n; k++) {
+        int64_t e = graph_tensor_numel(&j->g->tensors[j->tensors[k]]);
+        for (int64_t at = 0; !j->origin[k].file && at < e; at += WEIGHTS_CHUNK)
+            j->pieces[j->n_pieces++] =
+                (weights_piece){k, at, e - at < WEIGHTS_CHUNK ? e - at : WEIGHTS_CHUNK};
+    }
+    return STOF_OK;
+}
+
+int weights_source_values_many(const weights_source *src, const graph *g, const int *tensors,
+                               int n, weights_form form, void *const *out, task_pool *pool,
+                               stof_error *err) {
+    if (n <= 0)
+        return STOF_OK;
+    weights_job j = {src, g, tensors, form, out, NULL, NULL, 0, NULL, NULL};
+    j.origin = err_malloc(sizeof *j.origin * (size_t)n, err);
+    j.rc = err_calloc((size_t)n, sizeof *j.rc, err);
+    j.errs = err_calloc((size_t)n, sizeof *j.errs, err);
+    int rc = j.origin && j.rc && j.errs ? STOF_OK : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = weights_job_plan(&j, n, err);
+    if (!rc)
+        task_pool_parallel_for(pool, j.n_pieces, weights_piece_run, &j);
+    for (int k = 0; !rc && k < n; k++)
+        if (j.rc[k]) {
+            rc = j.rc[k];
+            if (err)
+                *err = j.errs[k];
+        }
+    free(j.pieces);
+    free(j.errs);
+    free(j.rc);
+    free(j.origin);
+    return rc;
+}
+
+task_pool *weights_pool(const graph *g) {
+    int64_t total = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].role == GRAPH_WEIGHT || g->tensors[t].role == GRAPH_INPUT)
+            total += graph_tensor_numel(&g->tensors[t]);
+    int threads = task_pool_default_threads() - 1; /* the caller fills too */
+    task_pool *pool = NULL;
+    stof_error ignored = {0};
+    if (total < WEIGHTS_PARALLEL_MIN || threads < 1 ||
+        task_pool_create(threads, &pool, &ignored) != STOF_OK)
+        return NULL;
+    return pool;
 }
 
 /* ---- every problem at once ---------------------------------------------------------------- */

@@ -14,11 +14,22 @@
 #include <stdint.h>
 
 #include "core/graph.h"
+#include "core/task_pool.h"
 
 struct safetensors_file;
 
 /* out holds graph_tensor_numel(t) floats (int ids as exact floats). */
 void weights_fill(const graph_tensor *t, uint64_t seed, float *out);
+
+/* Elements first .. first + n - 1 of weights_fill(t, seed, ...) into
+ * out[0..n): each element depends on (seed, name, index) alone, so any
+ * split of a tensor into ranges gives its values bit for bit. */
+void weights_fill_range(const graph_tensor *t, uint64_t seed, int64_t first, int64_t n,
+                        float *out);
+
+/* n values (already rounded to dtype) as a device holds them: int32 ids,
+ * fp16 or bf16 bits, fp32 as it is. */
+void weights_store(stof_dtype dtype, const float *v, int64_t n, void *out);
 
 /* Rounds x to what dtype can hold (fp16, bf16; fp32 and int32 unchanged). */
 float weights_round(stof_dtype dtype, float x);
@@ -49,6 +60,36 @@ int weights_source_check(const weights_source *src, const graph *g, stof_error *
  * weights_fill with the seed. out holds graph_tensor_numel floats. */
 int weights_source_values(const weights_source *src, const graph *g, int tensor, float *out,
                           stof_error *err);
+
+/* ---- many tensors at once, on threads ---- */
+
+/* What weights_source_values_many writes for a tensor. */
+typedef enum weights_form {
+    WEIGHTS_FLOAT = 0, /* graph_tensor_numel floats, as weights_source_values */
+    WEIGHTS_STORED     /* graph_tensor_bytes bytes: weights_store of those floats */
+} weights_form;
+
+/* Elements of a seeded tensor per piece of work; a tensor from a file is
+ * one piece (read by one thread; many are read at once). */
+#define WEIGHTS_CHUNK (1 << 16)
+/* Fewer elements of weights and inputs than this are filled on the
+ * caller's thread (weights_pool). */
+#define WEIGHTS_PARALLEL_MIN (1 << 20)
+
+/* weights_source_values of tensors[0..n) into out[k] in `form`, the pieces
+ * on pool and the caller (NULL pool: the caller alone): the same values,
+ * bit for bit, whatever the pool and however the pieces fall. Every tensor
+ * is resolved before anything is read; the error returned is the one of
+ * the first failing tensor in the order given. */
+int weights_source_values_many(const weights_source *src, const graph *g, const int *tensors,
+                               int n, weights_form form, void *const *out, task_pool *pool,
+                               stof_error *err);
+
+/* A pool of task_pool_default_threads() - 1 workers (the caller works too)
+ * for filling g's weights and inputs, for the caller to free; NULL (the
+ * caller's thread alone) when they are fewer than WEIGHTS_PARALLEL_MIN
+ * elements, there is one CPU, or no thread starts. */
+task_pool *weights_pool(const graph *g);
 
 /* One line per file on where the values come from, for people:
  *   "weights: 199 tensors from w.safetensors (fp32 -> fp16), 12 assembled"

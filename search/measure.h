@@ -63,6 +63,13 @@ typedef struct search_backend {
      * backend returns one only for what stops it (out of memory), never for
      * a setting it cannot build (measure says so). */
     int (*prepare)(void *ud, const search_candidate *c, int n, stof_error *err);
+    /* Optional (NULL: none). The setting seg runs with when given none (the
+     * executor's default): its template, one of seg->match's but not
+     * necessarily seg->tmpl, and its values; STOF_OK when there is one.
+     * When the time limit runs out before the initial scheme is measured,
+     * the search measures this one first for each segment left. */
+    int (*default_setting)(void *ud, const search_segment *seg, fusion_template_id *tmpl,
+                           int *values);
 } search_backend;
 
 /* Longest signature and key text, terminating zero included. */

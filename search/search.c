@@ -184,6 +184,49 @@ static int check_arguments(const graph *g, const search_sequence *seqs, int n_se
     return STOF_OK;
 }
 
+/* A segment of the initial schemes still without a setting that runs,
+ * with options left to try. */
+static int seg_unfinished(const search_seg *s) {
+    return s->best < 0 && s->cursor < s->n_order;
+}
+
+/* When the time limit ran out before every segment of the initial schemes
+ * had a setting that runs, the segments left get one anyway, past the
+ * limit: the backend's default setting first (all of them prepared in one
+ * call), then the next of their order until one runs. A limit too short to
+ * search still gives a plan, of the initial schemes unsearched. Not for a
+ * spent budget: it counts measurements, and these would exceed it. */
+static int finish_initial(search_ctx *c, stof_error *err) {
+    if (!c->stats.stopped_by_time || c->stats.stopped_by_budget)
+        return STOF_OK;
+    int total = 0;
+    for (int q = 0; q < c->n_seqs; q++)
+        total += c->states[q].n_segs;
+    search_prep *items = err_malloc(sizeof *items * (size_t)(total + 1), err);
+    if (!items)
+        return STOF_ERR_NOMEM;
+    int n = 0;
+    for (int q = 0; q < c->n_seqs; q++)
+        for (int k = 0; k < c->states[q].n_segs; k++) {
+            search_seg *s = c->states[q].segs[k];
+            if (!seg_unfinished(s))
+                continue;
+            search_seg_default_next(c, q, s);
+            items[n++] = (search_prep){q, s, s->cursor, s->cursor + 1};
+        }
+    c->past_limit = 1;
+    int rc = n ? search_prepare(c, items, n, err) : STOF_OK;
+    for (int q = 0; q < c->n_seqs; q++)
+        for (int k = 0; k < c->states[q].n_segs; k++) {
+            search_seg *s = c->states[q].segs[k];
+            while (!rc && seg_unfinished(s))
+                rc = search_seg_sample_to(c, q, s, s->cursor + 1, err);
+        }
+    c->past_limit = 0;
+    free(items);
+    return rc;
+}
+
 /* The budget must at least give every initial segment one setting. */
 static int check_initial_measured(const search_ctx *c, stof_error *err) {
     for (int q = 0; q < c->n_seqs; q++)
@@ -293,6 +336,8 @@ static int stage_initial(search_ctx *c, stof_error *err) {
     free(alts);
     free(schemes);
     free(has_alt);
+    if (!rc)
+        rc = finish_initial(c, err);
     if (rc)
         return rc;
     search_report(c);

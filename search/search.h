@@ -143,6 +143,10 @@ typedef struct search_stats {
     long prepare_calls;  /* the backend's prepare calls */
     long prepared;       /* settings named in them */
     int stopped_by_budget, stopped_by_time;
+    /* settings measured after the time limit ran out to give every segment
+     * of the initial schemes one that runs: > 0 when the limit was too
+     * short to search (the result is the initial schemes, unsearched) */
+    long measured_past_limit;
     double seconds;
 } search_stats;
 
@@ -158,8 +162,13 @@ void search_result_free(search_result *r);
 /* ---- running ------------------------------------------------------------------------ */
 
 /* initial -> stage 1 -> stage 2 over every sequence. On failure *out holds
- * nothing to free. STOF_ERR_INVALID when the budget or time runs out before
- * every segment of the initial schemes has one measured setting. */
+ * nothing to free. When the time limit runs out before every segment of the
+ * initial schemes has a measured setting that runs, each segment left is
+ * measured anyway, past the limit (the backend's default setting first,
+ * then the next of its order until one runs), and the result is the
+ * initial schemes (stats.measured_past_limit > 0). A budget that runs out
+ * first is STOF_ERR_INVALID: it counts measurements, and these would
+ * exceed it. */
 int search_run(const graph *g, const search_sequence *seqs, int n_seqs,
                const search_backend *backend, const search_options *opt, search_result *out,
                stof_error *err);

@@ -39,6 +39,8 @@ typedef struct search_ctx {
     search_stats stats;
     search_stage stage;
     int out_of_budget;         /* the budget or the time limit is spent */
+    int past_limit;            /* finishing the initial schemes after the time limit:
+                                  measuring and preparing go on regardless */
     struct search_state *states; /* one per sequence, for progress reports */
     /* the settings of the backend's last prepare call (option_key) */
     uint64_t *prepared;
@@ -59,6 +61,11 @@ void search_seg_free(search_seg *s);
 /* Samples options until `until` of them have been tried (or none is left,
  * or the budget runs out), updating best_ms. */
 int search_seg_sample_to(search_ctx *c, int q, search_seg *s, int until, stof_error *err);
+
+/* Moves the backend's default setting of s (search_backend.default_setting)
+ * to s's cursor, to be sampled next; nothing moves when the backend has
+ * none or it is not among the options left. */
+void search_seg_default_next(search_ctx *c, int q, search_seg *s);
 
 /* ---- preparing (segment.c) ------------------------------------------------------- */
 

@@ -212,7 +212,9 @@ static void remember_prepared(search_ctx *c, prep_batch *b) {
 }
 
 int search_prepare(search_ctx *c, const search_prep *items, int n, stof_error *err) {
-    if (!c->backend.prepare)
+    /* once the budget or the time is spent nothing is measured: preparing
+     * would only keep the backend busy */
+    if (!c->backend.prepare || (c->out_of_budget && !c->past_limit))
         return STOF_OK;
     long room = SEARCH_PREPARE_MAX;
     if (c->opt.budget > 0 && c->opt.budget - c->stats.measured < room)
@@ -255,12 +257,13 @@ static int option_ms(search_ctx *c, int q, const search_seg *s, const search_opt
         c->stats.cache_hits++;
         return STOF_OK;
     }
-    if (search_exhausted(c)) {
+    if (!c->past_limit && search_exhausted(c)) {
         *ran = 0;
         return STOF_OK;
     }
     int rc = c->backend.measure(c->backend.ud, &view, values, ms, err);
     c->stats.measured++;
+    c->stats.measured_past_limit += c->past_limit;
     if (c->stage == SEARCH_STAGE_SAMPLE)
         c->stats.measured_stage2++;
     else
@@ -299,4 +302,27 @@ int search_seg_sample_to(search_ctx *c, int q, search_seg *s, int until, stof_er
         s->cursor++;
     }
     return STOF_OK;
+}
+
+void search_seg_default_next(search_ctx *c, int q, search_seg *s) {
+    if (!c->backend.default_setting || s->cursor >= s->n_order)
+        return;
+    fusion_template_id tmpl;
+    int want[FUSION_MAX_PARAMS] = {0};
+    search_segment view = seg_view(c, q, s, s->order[s->cursor].tmpl);
+    if (c->backend.default_setting(c->backend.ud, &view, &tmpl, want) != STOF_OK)
+        return;
+    const fusion_template *t = fusion_template_get(tmpl);
+    for (int i = s->cursor; t && i < s->n_order; i++) {
+        int values[FUSION_MAX_PARAMS];
+        if (s->order[i].tmpl != (int)tmpl)
+            continue;
+        fusion_template_setting(t, s->order[i].setting, values);
+        if (memcmp(values, want, sizeof *values * (size_t)t->n_params) != 0)
+            continue;
+        search_option o = s->order[i];
+        s->order[i] = s->order[s->cursor];
+        s->order[s->cursor] = o;
+        return;
+    }
 }

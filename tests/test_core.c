@@ -1,13 +1,17 @@
-/* Core helpers: fp16/bf16 conversion, deterministic weights, graph building
- * and its error paths, errors, the driver loader without a GPU. */
+/* Core helpers: fp16/bf16 conversion, deterministic weights (filled in
+ * pieces on threads exactly as on one), graph building and its error paths,
+ * errors, the driver loader without a GPU. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/safetensors.h"
+#include "core/task_pool.h"
 #include "core/util.h"
 #include "core/weights.h"
 
@@ -68,6 +72,223 @@ static void test_weights(void) {
     for (int i = 0; i < 15; i++)
         ok &= a[i] >= 0 && a[i] < 11 && a[i] == floorf(a[i]);
     CHECK(ok);
+}
+
+/* ---- weights filled on threads ---------------------------------------------------------- */
+
+/* A graph of weights and inputs of every dtype, sizes around WEIGHTS_CHUNK;
+ * the first is bigger than a few chunks and not a multiple of one. */
+static void parallel_graph(graph *g) {
+    static const struct {
+        const char *name;
+        graph_role role;
+        stof_dtype dtype;
+        int64_t rows, cols;
+    } spec[] = {
+        {"emb.word", GRAPH_WEIGHT, STOF_F16, 97, 3 * WEIGHTS_CHUNK / 97 + 61},
+        {"ids", GRAPH_INPUT, STOF_I32, 3, 77},
+        {"l0.w", GRAPH_WEIGHT, STOF_BF16, 1, WEIGHTS_CHUNK},
+        {"l0.b", GRAPH_WEIGHT, STOF_F16, 1, WEIGHTS_CHUNK + 1},
+        {"l0.ln", GRAPH_WEIGHT, STOF_F32, 1, WEIGHTS_CHUNK - 1},
+        {"l1.w", GRAPH_WEIGHT, STOF_F16, 5, 7},
+    };
+    graph_init(g);
+    stof_error err = {0};
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        int64_t shape[2] = {spec[i].rows, spec[i].cols};
+        graph_tensor t = tensor(spec[i].name, spec[i].role, 2, shape);
+        t.dtype = spec[i].dtype;
+        t.init = i == 4 ? GRAPH_INIT_ONES : GRAPH_INIT_UNIFORM;
+        if (t.dtype == STOF_I32) {
+            t.init = GRAPH_INIT_TOKENS;
+            t.init_high = 1000;
+        }
+        int id;
+        CHECK_MSG(graph_add_tensor(g, &t, &id, &err) == STOF_OK, "%s", err.msg);
+    }
+}
+
+/* Every tensor of g, in the order of `order` (0: forward, 1: backward),
+ * filled with src by weights_source_values_many on pool in form: equal,
+ * byte for byte, to weights_source_values (and weights_store) one by one. */
+static void check_many(const graph *g, const weights_source *src, task_pool *pool,
+                       weights_form form, int order) {
+    int n = g->n_tensors, list[16] = {0};
+    void *out[16] = {0};
+    CHECK(n <= 16);
+    n = n < 16 ? n : 16;
+    for (int k = 0; k < n; k++) {
+        list[k] = order ? n - 1 - k : k;
+        out[k] = malloc(4 * (size_t)graph_tensor_numel(&g->tensors[list[k]]));
+    }
+    stof_error err = {0};
+    int rc = weights_source_values_many(src, g, list, n, form, out, pool, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    for (int k = 0; rc == STOF_OK && k < n; k++) {
+        const graph_tensor *x = &g->tensors[list[k]];
+        int64_t e = graph_tensor_numel(x);
+        float *want = malloc(sizeof *want * (size_t)e);
+        void *stored = malloc(4 * (size_t)e);
+        CHECK_EQ_INT(weights_source_values(src, g, list[k], want, &err), STOF_OK);
+        weights_store(x->dtype, want, e, stored);
+        size_t bytes = form == WEIGHTS_FLOAT ? sizeof(float) * (size_t)e : graph_tensor_bytes(x);
+        CHECK_MSG(memcmp(out[k], form == WEIGHTS_FLOAT ? (void *)want : stored, bytes) == 0,
+                  "%s: %d threads, form %d, order %d", x->name, task_pool_threads(pool), form,
+                  order);
+        free(want);
+        free(stored);
+    }
+    for (int k = 0; k < n; k++)
+        free(out[k]);
+}
+
+static void test_weights_parallel(void) {
+    graph g;
+    parallel_graph(&g);
+    const graph_tensor *big = &g.tensors[0];
+    int64_t n = graph_tensor_numel(big);
+    float *serial = malloc(sizeof *serial * (size_t)n), *pieces = malloc(sizeof *pieces * (size_t)n);
+    weights_fill(big, 11, serial);
+
+    /* any cut into ranges: fixed steps and uneven ones */
+    static const int64_t steps[] = {1, 7, 1000, WEIGHTS_CHUNK - 1, WEIGHTS_CHUNK, 100003};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        memset(pieces, 0xff, sizeof *pieces * (size_t)n);
+        for (int64_t at = 0; at < n; at += steps[i])
+            weights_fill_range(big, 11, at, n - at < steps[i] ? n - at : steps[i], pieces + at);
+        CHECK_MSG(memcmp(serial, pieces, sizeof *serial * (size_t)n) == 0, "step %lld",
+                  (long long)steps[i]);
+    }
+    util_rng r = {42};
+    memset(pieces, 0xff, sizeof *pieces * (size_t)n);
+    for (int64_t at = 0, m; at < n; at += m) {
+        m = 1 + (int64_t)(util_rng_next(&r) % 70000);
+        m = n - at < m ? n - at : m;
+        weights_fill_range(big, 11, at, m, pieces + at);
+    }
+    CHECK(memcmp(serial, pieces, sizeof *serial * (size_t)n) == 0);
+    free(serial);
+    free(pieces);
+
+    /* the stored form leaves weights_round out: storing a rounded value
+     * gives the bits of storing it unrounded, for any float (NaN, infinity,
+     * subnormals, overflow) */
+    int same = 1;
+    for (int i = 0; i < 1 << 20; i++) {
+        uint32_t bits = (uint32_t)util_rng_next(&r);
+        if (i < 1 << 16) /* every half and bf16 neighbourhood too */
+            bits = (uint32_t)i << 16 | (uint32_t)(i * 2654435761u >> 16);
+        float v;
+        memcpy(&v, &bits, sizeof v);
+        for (stof_dtype d = STOF_F16; d <= STOF_BF16; d++) {
+            uint16_t plain, rounded;
+            float w = weights_round(d, v);
+            weights_store(d, &v, 1, &plain);
+            weights_store(d, &w, 1, &rounded);
+            same &= plain == rounded;
+        }
+    }
+    CHECK(same);
+
+    /* seeded, on no pool and pools of 1, 2, 3 and 8 workers, in both orders */
+    weights_source src = weights_source_seeded(11);
+    int threads[] = {0, 1, 2, 3, 8};
+    for (size_t i = 0; i < sizeof threads / sizeof threads[0]; i++) {
+        task_pool *pool = NULL;
+        stof_error err = {0};
+        if (threads[i])
+            CHECK_EQ_INT(task_pool_create(threads[i], &pool, &err), STOF_OK);
+        for (int order = 0; order < 2; order++) {
+            check_many(&g, &src, pool, WEIGHTS_FLOAT, order);
+            check_many(&g, &src, pool, WEIGHTS_STORED, order);
+        }
+        task_pool_free(pool);
+    }
+    /* a small graph is filled on the caller's thread */
+    CHECK(weights_pool(&g) == NULL);
+    graph_free(&g);
+}
+
+/* Weights from a file (every one of them) and inputs from another (some
+ * of them) on threads, as one by one; a missing tensor fails before
+ * anything is read, with the first problem in the order given. */
+static void test_weights_parallel_files(void) {
+    graph g;
+    parallel_graph(&g);
+    char wpath[] = "/tmp/stof_test_core_w_XXXXXX", ipath[] = "/tmp/stof_test_core_i_XXXXXX";
+    int wfd = mkstemp(wpath), ifd = mkstemp(ipath);
+    CHECK(wfd >= 0 && ifd >= 0);
+    if (wfd >= 0)
+        close(wfd);
+    if (ifd >= 0)
+        close(ifd);
+    safetensors_entry w[16], in[1];
+    void *data[16];
+    int nw = 0, ni = 0;
+    for (int t = 0; t < g.n_tensors; t++) {
+        const graph_tensor *x = &g.tensors[t];
+        int64_t e = graph_tensor_numel(x);
+        float *v = malloc(sizeof *v * (size_t)e);
+        weights_fill(x, 5, v);
+        for (int64_t i = 0; i < e; i++) /* other values than the seeded ones */
+            v[i] = x->dtype == STOF_I32 ? (float)((int64_t)v[i] * 7 % 1000) : v[i] * -0.5f;
+        safetensors_entry en = {.name = x->name, .ndim = x->ndim};
+        memcpy(en.shape, x->shape, sizeof *x->shape * (size_t)x->ndim);
+        if (x->dtype == STOF_I32) {
+            int64_t *ids = malloc(sizeof *ids * (size_t)e);
+            for (int64_t i = 0; i < e; i++)
+                ids[i] = (int64_t)v[i];
+            en.dtype = SAFETENSORS_I64;
+            en.data = data[t] = ids;
+            free(v);
+            in[ni++] = en;
+        } else {
+            en.dtype = SAFETENSORS_F32;
+            en.data = data[t] = v;
+            w[nw++] = en;
+        }
+    }
+    stof_error err = {0};
+    CHECK_MSG(safetensors_write(wpath, w, nw, &err) == STOF_OK, "%s", err.msg);
+    CHECK_MSG(safetensors_write(ipath, in, ni, &err) == STOF_OK, "%s", err.msg);
+    for (int t = 0; t < g.n_tensors; t++)
+        free(data[t]);
+    safetensors_file *wf = NULL, *inf = NULL;
+    CHECK_MSG(safetensors_open(wpath, &wf, &err) == STOF_OK, "%s", err.msg);
+    CHECK_MSG(safetensors_open(ipath, &inf, &err) == STOF_OK, "%s", err.msg);
+    if (wf && inf) {
+        weights_source src = {.seed = 3, .weights = wf, .inputs = inf};
+        task_pool *pool = NULL;
+        CHECK_EQ_INT(task_pool_create(3, &pool, &err), STOF_OK);
+        for (int order = 0; order < 2; order++) {
+            check_many(&g, &src, NULL, WEIGHTS_STORED, order);
+            check_many(&g, &src, pool, WEIGHTS_FLOAT, order);
+            check_many(&g, &src, pool, WEIGHTS_STORED, order);
+        }
+        /* with the inputs file only, the weights are seeded */
+        weights_source inputs_only = {.seed = 3, .inputs = inf};
+        check_many(&g, &inputs_only, pool, WEIGHTS_STORED, 0);
+
+        /* a weight the file lacks: the first such in the order given */
+        graph_tensor extra = g.tensors[5];
+        snprintf(extra.name, sizeof extra.name, "l2.w");
+        int id, list[2];
+        CHECK_EQ_INT(graph_add_tensor(&g, &extra, &id, &err), STOF_OK);
+        snprintf(extra.name, sizeof extra.name, "l3.w");
+        CHECK_EQ_INT(graph_add_tensor(&g, &extra, &list[0], &err), STOF_OK);
+        list[1] = id;
+        float a[35], b[35];
+        void *out[2] = {a, b};
+        CHECK_EQ_INT(weights_source_values_many(&src, &g, list, 2, WEIGHTS_FLOAT, out, pool, &err),
+                     STOF_ERR_MISMATCH);
+        CHECK_CONTAINS(err.msg, "'l3.w' missing");
+        task_pool_free(pool);
+    }
+    safetensors_close(wf);
+    safetensors_close(inf);
+    unlink(wpath);
+    unlink(ipath);
+    graph_free(&g);
 }
 
 static void test_graph_errors(void) {
@@ -142,6 +363,8 @@ static void test_device(void) {
 int main(void) {
     test_half();
     test_weights();
+    test_weights_parallel();
+    test_weights_parallel_files();
     test_graph_errors();
     test_errors();
     test_device();

@@ -2,7 +2,8 @@
  * the measurement cache (memory and file), sequence classes, the initial
  * rules, each stage-1 rule (expand, seize, compete) and rollback, that no
  * setting is measured twice, the reward shares of stage 2, seeds, the budget
- * and the time limit, and that the result beats the all-unfused scheme on
+ * and the time limit (one too short to search still gives the initial
+ * scheme, finished past it with the backend's defaults), and that the result beats the all-unfused scheme on
  * the bert, gpt2 and t5 layers of the shipped scripts. */
 #include <math.h>
 #include <stdio.h>
@@ -57,6 +58,8 @@ typedef struct synth {
     long prepared_measured;   /* named by prepare although measured already */
     long prep_over_budget;    /* calls naming more than the budget still allows */
     long budget;
+    double clock_step_s;         /* the clock also moves this much at each reading */
+    int defaults_fail;           /* synth_default's setting cannot run */
 } synth;
 
 static void synth_free(synth *s) {
@@ -163,6 +166,33 @@ static int synth_prepared(const synth *s, uint64_t h) {
     return 0;
 }
 
+/* The default setting of the test backend: the last feasible setting of
+ * the first template that matches (seldom the first of a shuffled order). */
+static int synth_default(void *ud, const search_segment *seg, fusion_template_id *tmpl,
+                         int *values) {
+    for (int t = 0; t < FUSION_T_COUNT; t++) {
+        const fusion_template *tp = fusion_template_get((fusion_template_id)t);
+        if (!fusion_match_has(seg->match, (fusion_template_id)t))
+            continue;
+        for (long i = fusion_template_settings(tp) - 1; i >= 0; i--) {
+            fusion_template_setting(tp, i, values);
+            if (fusion_template_check(tp, &seg->dims, values, SEARCH_DEFAULT_SMEM, NULL) ==
+                STOF_OK) {
+                *tmpl = (fusion_template_id)t;
+                return STOF_OK;
+            }
+        }
+    }
+    return STOF_ERR_UNSUPPORTED;
+}
+
+static int is_synth_default(const search_segment *seg, const int *values) {
+    fusion_template_id t;
+    int want[FUSION_MAX_PARAMS] = {0};
+    return synth_default(NULL, seg, &t, want) == STOF_OK && t == seg->tmpl &&
+           memcmp(want, values, sizeof *values * (size_t)fusion_template_get(t)->n_params) == 0;
+}
+
 static int synth_measure(void *ud, const search_segment *seg, const int *values, double *ms,
                          stof_error *err) {
     synth *s = ud;
@@ -179,6 +209,8 @@ static int synth_measure(void *ud, const search_segment *seg, const int *values,
     s->now += s->per_call_s;
     if (s->stage == SEARCH_STAGE_SAMPLE && seg->op_first >= 0 && seg->op_first < 512)
         s->calls_in_stage2_by_op[seg->op_first]++;
+    if (s->defaults_fail && is_synth_default(seg, values))
+        return STOF_ERR_UNSUPPORTED;
     *ms = synth_cost(s, seg, values);
     if (s->mode == SYNTH_SPREAD && s->spread_op >= seg->op_first && s->spread_op <= seg->op_last &&
         (s->spread_best[s->stage] == 0 || *ms < s->spread_best[s->stage]))
@@ -187,7 +219,10 @@ static int synth_measure(void *ud, const search_segment *seg, const int *values,
 }
 
 static double synth_clock(void *ud) {
-    return ((synth *)ud)->now;
+    synth *s = ud;
+    double now = s->now;
+    s->now += s->clock_step_s;
+    return now;
 }
 
 static void synth_progress(void *ud, const search_progress *p) {
@@ -1038,6 +1073,129 @@ static void test_budget_and_time(void) {
     model_free(&m);
 }
 
+/* The view of result segment k of sequence q under its chosen template. */
+static search_segment result_view(const model *m, int q, const search_seg_result *sg,
+                                  fusion_match *match) {
+    int ops[FUSION_MAX_OPS];
+    seq_ops(m, q, ops);
+    fusion_match_segment(&m->g, ops + sg->first, sg->last - sg->first + 1, match, NULL);
+    return (search_segment){&m->g, q, sg->first, sg->last, ops[sg->first], ops[sg->last],
+                            sg->tmpl, match, match->dims};
+}
+
+/* Every segment of r has a setting that ran; how many are the backend's
+ * default; the schemes are the rules' initial ones. */
+static int check_initial_result(const model *m, const search_result *r, int *defaults) {
+    fusion_scheme *init = calloc((size_t)m->n_seqs, sizeof *init);
+    rules_initial(m, init);
+    int segs = 0;
+    *defaults = 0;
+    check_result_sums(m, r);
+    for (int q = 0; q < r->n_seqs; q++) {
+        fusion_scheme_canonical(&init[q]);
+        CHECK_MSG(fusion_scheme_equal(&init[q], &r->seqs[q].scheme), "sequence %d", q);
+        for (int k = 0; k < r->seqs[q].n_segs; k++) {
+            const search_seg_result *sg = &r->seqs[q].segs[k];
+            fusion_match match;
+            search_segment view = result_view(m, q, sg, &match);
+            CHECK(isfinite(sg->ms) && sg->ms > 0);
+            *defaults += is_synth_default(&view, sg->values);
+            segs++;
+        }
+    }
+    free(init);
+    return segs;
+}
+
+/* A time limit that runs out before the initial scheme is measured: the
+ * initial scheme is finished past it, the backend's default settings first
+ * (prepared together), and a result and a plan come out. */
+static void test_time_too_short(void) {
+    model m;
+    if (bert_small(&m, "seq=128") != STOF_OK) {
+        model_free(&m);
+        return;
+    }
+    /* the clock jumps past the limit at its first reading after the start:
+     * not one setting is measured inside the limit */
+    synth u = {.clock_step_s = 100};
+    search_options o = synth_options(&u, 5);
+    o.time_limit_s = 1;
+    search_backend b = synth_prepare_backend(&u);
+    b.default_setting = synth_default;
+    search_result r;
+    stof_error err = {0};
+    int rc = search_run(&m.g, m.seqs, m.n_seqs, &b, &o, &r, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc == STOF_OK) {
+        int defaults, segs = check_initial_result(&m, &r, &defaults);
+        CHECK_EQ_INT(defaults, segs);
+        CHECK(r.stats.stopped_by_time && !r.stats.stopped_by_budget);
+        CHECK_EQ_INT(r.stats.measured_past_limit, u.calls);
+        CHECK_EQ_INT(r.stats.measured, u.calls);
+        CHECK(u.calls >= 1 && u.calls <= segs);
+        CHECK_EQ_INT(synth_max_count(&u), 1);
+        CHECK_EQ_INT(u.measured_unprepared, 0); /* prepared together, then measured */
+        CHECK_EQ_INT(u.bad_values, 0);
+        CHECK_EQ_INT(r.stats.rounds, 0);
+        plan p, back;
+        lua_api_script script = {.name = "bert.lua"};
+        rc = search_plan_fill(&r, &m.g, m.seqs, &script, NULL, "sm_90", &p, &err);
+        CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+        char *text = NULL;
+        if (rc == STOF_OK && plan_to_json(&p, &text, &err) == STOF_OK) {
+            CHECK_EQ_INT(p.stats.settings_measured, u.calls);
+            CHECK_EQ_INT(p.n_sequences, m.n_seqs);
+            rc = plan_from_json(text, strlen(text), "cut.json", &back, &err);
+            CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+            if (rc == STOF_OK)
+                plan_free(&back);
+        }
+        free(text);
+        plan_free(&p);
+        search_result_free(&r);
+    }
+    synth_free(&u);
+
+    /* the first measurement ran inside the limit, the rest past it; a
+     * backend without defaults: each segment's first option */
+    synth v = {.per_call_s = 1000};
+    o = synth_options(&v, 5);
+    o.time_limit_s = 1;
+    b = synth_backend(&v);
+    rc = search_run(&m.g, m.seqs, m.n_seqs, &b, &o, &r, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc == STOF_OK) {
+        int defaults, segs = check_initial_result(&m, &r, &defaults);
+        CHECK(r.stats.stopped_by_time);
+        CHECK_EQ_INT(r.stats.measured_past_limit, v.calls - 1);
+        CHECK(v.calls >= 2 && v.calls <= segs);
+        CHECK_EQ_INT(synth_max_count(&v), 1);
+        search_result_free(&r);
+    }
+    synth_free(&v);
+
+    /* defaults that cannot run: the next settings of each segment's order
+     * until one does */
+    synth w = {.clock_step_s = 100, .defaults_fail = 1};
+    o = synth_options(&w, 5);
+    o.time_limit_s = 1;
+    b = synth_prepare_backend(&w);
+    b.default_setting = synth_default;
+    rc = search_run(&m.g, m.seqs, m.n_seqs, &b, &o, &r, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc == STOF_OK) {
+        int defaults, segs = check_initial_result(&m, &r, &defaults);
+        CHECK_EQ_INT(defaults, 0);
+        CHECK_EQ_INT(r.stats.measured_past_limit, w.calls);
+        CHECK(w.calls > segs && w.calls <= 2 * segs);
+        CHECK_EQ_INT(synth_max_count(&w), 1);
+        search_result_free(&r);
+    }
+    synth_free(&w);
+    model_free(&m);
+}
+
 /* ==== stage 2 ================================================================================================ */
 
 static void expect_shares(const double *reward, const int *room, int n, int total, int round,
@@ -1134,6 +1292,7 @@ int main(void) {
     test_seeds();
     test_prepare();
     test_budget_and_time();
+    test_time_too_short();
     test_allocate();
     test_rewards();
     return check_summary("test_search");

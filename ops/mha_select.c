@@ -133,6 +133,8 @@ static int64_t req_smem_bytes(const mha_problem *p, int block_m, int block_n) {
 static mha_verdict candidate_verdict(const mha_device_limits *lim, const mha_candidate *c) {
     if (c->num_warps * MHA_SELECT_ROWS_PER_WARP_TILE > c->block_m)
         return MHA_WARPS_EXCEED_ROWS;
+    if (c->block_m > c->num_warps * MHA_SELECT_MAX_ROWS_PER_WARP)
+        return MHA_ROWS_EXCEED_WARPS;
     if (c->num_warps * WARP_SIZE > lim->max_threads_per_block)
         return MHA_THREADS_EXCEED_LIMIT;
     if (c->req_smem > lim->smem_per_block)
@@ -235,6 +237,7 @@ const char *mha_verdict_name(mha_verdict v) {
     switch (v) {
     case MHA_FEASIBLE: return "feasible";
     case MHA_WARPS_EXCEED_ROWS: return "warps x 16 > BLOCK_M";
+    case MHA_ROWS_EXCEED_WARPS: return "BLOCK_M / warps > 64 rows per warp";
     case MHA_THREADS_EXCEED_LIMIT: return "too many threads";
     case MHA_SMEM_EXCEEDS_BLOCK: return "smem > per-block limit";
     case MHA_NO_OCCUPANCY: return "no block fits an SM";

@@ -37,6 +37,12 @@
 #define MHA_SELECT_PADDING 16 /* elements, Eq. 2 */
 #define MHA_SELECT_STAGE1_BLOCK 16
 #define MHA_SELECT_ROWS_PER_WARP_TILE 16 /* query rows of one warp's mma tile */
+/* The most query rows one warp of the block-wise kernel owns. Past 64 its
+ * fp32 accumulators no longer fit in registers (at D = 64, 128 rows take
+ * 256 registers for O alone), and 128 rows with one warp was seen to fault
+ * (CUDA_ERROR_ILLEGAL_ADDRESS at t5-base decoder sizes, cause not
+ * established): such settings are refused. */
+#define MHA_SELECT_MAX_ROWS_PER_WARP 64
 /* 4 BLOCK_M x 4 BLOCK_N x 4 num_warps */
 #define MHA_SELECT_MAX_CANDIDATES 64
 
@@ -71,6 +77,7 @@ typedef enum mha_kernel {
 typedef enum mha_verdict {
     MHA_FEASIBLE = 0,
     MHA_WARPS_EXCEED_ROWS,   /* num_warps x 16 > BLOCK_M */
+    MHA_ROWS_EXCEED_WARPS,   /* BLOCK_M / num_warps > MHA_SELECT_MAX_ROWS_PER_WARP */
     MHA_THREADS_EXCEED_LIMIT,/* num_warps x 32 > max_threads_per_block */
     MHA_SMEM_EXCEEDS_BLOCK,  /* req_SMEM > smem_per_block */
     MHA_NO_OCCUPANCY         /* not one block fits an SM */

@@ -741,6 +741,37 @@ static void timing(gpu *g) {
 
 /* ---- main ------------------------------------------------------------------------------- */
 
+/* ---- every setting of the template's parameter space --------------------------------- */
+
+/* The search may force any (BLOCK_M, BLOCK_N, WARPS) of the attention_block
+ * template, with stages and splitting left automatic as a tuned plan runs
+ * them: every one of them on a T5 decoder's causal self-attention with the
+ * unidirectional relative-position bias, at two sizes (the larger one a
+ * t5-base decoder at batch 8). */
+static const tcase sweep_cases[] = {
+    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f},
+    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f},
+};
+
+static void sweep_template(gpu *g, int big, uint64_t *seed) {
+    static const int sizes[] = {16, 32, 64, 128}, warps[] = {1, 2, 4, 8};
+    static char names[64][32]; /* at most 4 x 4 x 4 settings */
+    setting list[64];
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            for (int w = 0; w < 4; w++) {
+                if (warps[w] * 16 > sizes[i] || sizes[i] > warps[w] * MHA_SELECT_MAX_ROWS_PER_WARP)
+                    continue; /* refused by the template (mha_select) */
+                snprintf(names[n], sizeof names[n], "%dx%dw%d", sizes[i], sizes[j], warps[w]);
+                list[n] = (setting){names[n], MHA_KERNEL_BLOCK_WISE, sizes[i], sizes[j],
+                                    warps[w], 0, 0, 0};
+                n++;
+            }
+    for (int c = 0; c < (big ? 2 : 1) && !g->dead; c++)
+        run_case(g, &sweep_cases[c], STOF_F16, 64, (*seed)++, list, n);
+}
+
 int main(int argc, char **argv) {
     gpu g = {0};
     stof_error err = {0};
@@ -757,32 +788,35 @@ int main(int argc, char **argv) {
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
     /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing */
     int quick = argc > 1 && !strcmp(argv[1], "quick");
-    int notime = argc > 1 && (!strcmp(argv[1], "notime") || quick);
+    /* "sweep": only the template sweep, at both sizes */
+    int sweep = argc > 1 && !strcmp(argv[1], "sweep");
+    int notime = argc > 1 && (!strcmp(argv[1], "notime") || quick || sweep);
     static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
     static const int dims[] = {64, 128};
     double t0 = util_now();
     uint64_t seed = 1;
-    for (int di = 0; di < (quick ? 1 : 2) && !g.dead; di++)
+    for (int di = 0; di < (quick ? 1 : 2) && !g.dead && !sweep; di++)
         for (int hi = 0; hi < (quick ? 1 : 2) && !g.dead; hi++)
             for (int c = 0; c < N_CASES && !g.dead; c++)
                 run_case(&g, &cases[c], dtypes[di], dims[hi], seed++, settings, N_SETTINGS);
     /* the other head sizes: the row kernel's short last round of dims
      * (D = 80: 40 pairs), other shared-memory pitches */
     static const char *extra_cases[] = {"scattered", "cross causal Sq>Sk"};
-    for (int e = 0; e < 2 && !quick && !g.dead; e++)
+    for (int e = 0; e < 2 && !quick && !sweep && !g.dead; e++)
         for (int c = 0; c < N_CASES; c++)
             if (!strcmp(cases[c].name, extra_cases[e])) {
                 run_case(&g, &cases[c], STOF_F16, 80, seed++, settings, N_SETTINGS);
                 run_case(&g, &cases[c], STOF_BF16, 32, seed++, settings, N_SETTINGS);
             }
-    for (int c = 0; c < N_CASES && !g.dead; c++)
+    sweep_template(&g, sweep, &seed);
+    for (int c = 0; c < N_CASES && !g.dead && !sweep; c++)
         if (!strcmp(cases[c].name, MEASURED_CASE))
             run_case(&g, &cases[c], STOF_F16, 64, seed++, measured_settings, 2);
     printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache); %d runs split "
            "block rows\n",
            util_now() - t0, g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits, n_split_runs);
     /* the forced chunks cut rows in most cases: the split path must have run */
-    CHECK_MSG(g.dead || n_split_runs >= (quick ? 20 : 200), "only %d runs split block rows",
+    CHECK_MSG(g.dead || sweep || n_split_runs >= (quick ? 20 : 200), "only %d runs split block rows",
               n_split_runs);
     if (g.dead)
         printf("STOPPED EARLY: a CUDA error left the context unusable (see above); rerun under "

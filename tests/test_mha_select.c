@@ -201,6 +201,9 @@ static void test_stage2_by_hand(void) {
     CHECK_EQ_INT(find(&s, 16, 64, 2)->verdict, MHA_WARPS_EXCEED_ROWS);
     CHECK_EQ_INT(find(&s, 64, 16, 8)->verdict, MHA_WARPS_EXCEED_ROWS);
     CHECK_EQ_INT(find(&s, 128, 16, 8)->verdict, MHA_FEASIBLE);
+    /* Nor are warps owning more than 64 rows (their accumulators spill). */
+    CHECK_EQ_INT(find(&s, 128, 16, 1)->verdict, MHA_ROWS_EXCEED_WARPS);
+    CHECK_EQ_INT(find(&s, 128, 64, 2)->verdict, MHA_FEASIBLE);
 }
 
 /* fp32 at (128, 128): 98304 x 2 = 196608 B > 166912 B per block on sm_80;

@@ -108,6 +108,9 @@ static void print_times(const plan *p) {
     printf("tuning: %.1f s; %ld settings measured, %ld cache hits, %ld schemes tried, %ld kept, "
            "%d stage-2 rounds\n", p->tuning_s, s->settings_measured, s->cache_hits,
            s->schemes_tried, s->schemes_kept, s->rounds);
+    if (s->measured_past_limit > 0)
+        printf("not searched: the time limit ran out first; the initial scheme, %ld settings "
+               "measured past the limit\n", s->measured_past_limit);
 }
 
 void cli_plan_print(const plan *p) {

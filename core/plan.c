@@ -255,6 +255,8 @@ static void wr_stats(wr *w, cJSON *root, const plan_stats *s) {
     wr_num(w, o, "schemes_tried", (double)s->schemes_tried);
     wr_num(w, o, "schemes_kept", (double)s->schemes_kept);
     wr_num(w, o, "rounds", s->rounds);
+    if (s->measured_past_limit > 0) /* written only then: older readers keep reading the rest */
+        wr_num(w, o, "measured_past_limit", (double)s->measured_past_limit);
 }
 
 static void wr_plan(wr *w, cJSON *root, const plan *p) {
@@ -913,8 +915,12 @@ static int rd_sequences(rd *r, const cJSON *root, plan *p) {
 static int rd_stats(rd *r, const cJSON *root, plan_stats *s) {
     static const char *const keys[] = {"settings_measured", "cache_hits", "schemes_tried",
                                        "schemes_kept", "rounds", NULL};
+    static const char *const with_past[] = {"settings_measured", "cache_hits", "schemes_tried",
+                                            "schemes_kept", "rounds", "measured_past_limit",
+                                            NULL};
     const cJSON *o = get(root, "search");
-    int rc = rd_shape_of(r, o, "", "search", keys);
+    int past = cJSON_IsObject(o) && get(o, "measured_past_limit") != NULL;
+    int rc = rd_shape_of(r, o, "", "search", past ? with_past : keys);
     if (!rc)
         rc = rd_long(r, o, "search", "settings_measured", &s->settings_measured);
     if (!rc)
@@ -925,6 +931,9 @@ static int rd_stats(rd *r, const cJSON *root, plan_stats *s) {
         rc = rd_long(r, o, "search", "schemes_kept", &s->schemes_kept);
     if (!rc)
         rc = rd_int32(r, o, "search", "rounds", 0, INT32_MAX, &s->rounds);
+    s->measured_past_limit = 0;
+    if (!rc && past)
+        rc = rd_long(r, o, "search", "measured_past_limit", &s->measured_past_limit);
     return rc;
 }
 

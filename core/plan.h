@@ -40,6 +40,8 @@
  *            latency_ms is the sum of the segments' times)
  *     "search": {"settings_measured": 812, "cache_hits": 97, "schemes_tried": 23,
  *                "schemes_kept": 6, "rounds": 9}
+ *            (optional in "search": "measured_past_limit": N, when the time
+ *            limit ran out before the initial scheme was measured)
  *   }
  *
  * Reading is strict: every key must be there with the right type, no
@@ -127,6 +129,10 @@ typedef struct plan_end_to_end {
 typedef struct plan_stats {
     long settings_measured, cache_hits, schemes_tried, schemes_kept;
     int rounds;
+    /* settings measured after the time limit ran out, to finish the initial
+     * scheme: > 0 means the limit was too short to search (JSON: written
+     * only when > 0) */
+    long measured_past_limit;
 } plan_stats;
 
 typedef struct plan {

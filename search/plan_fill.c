@@ -165,7 +165,8 @@ int search_plan_fill(const search_result *r, const graph *g, const search_sequen
     p->latency_ms = r->total_ms;
     p->tuning_s = r->stats.seconds;
     p->stats = (plan_stats){r->stats.measured, r->stats.cache_hits, r->stats.schemes_tried,
-                            r->stats.schemes_kept, r->stats.rounds};
+                            r->stats.schemes_kept, r->stats.rounds,
+                            r->stats.measured_past_limit};
     if (rc)
         plan_free(p);
     return rc;

@@ -129,7 +129,8 @@ static int header_equal(const plan *a, const plan *b) {
                a->stats.settings_measured == b->stats.settings_measured &&
                a->stats.cache_hits == b->stats.cache_hits &&
                a->stats.schemes_tried == b->stats.schemes_tried &&
-               a->stats.schemes_kept == b->stats.schemes_kept && a->stats.rounds == b->stats.rounds;
+               a->stats.schemes_kept == b->stats.schemes_kept && a->stats.rounds == b->stats.rounds &&
+               a->stats.measured_past_limit == b->stats.measured_past_limit;
     for (int i = 0; same && i < a->n_params; i++)
         same = strcmp(a->params[i].key, b->params[i].key) == 0 &&
                strcmp(a->params[i].value, b->params[i].value) == 0;
@@ -188,8 +189,16 @@ static void test_roundtrip(const fixture *f) {
     CHECK(t1 && t2 && strcmp(t1, t2) == 0);
     /* human-readable: indented, one key a line */
     CHECK(t1 && strstr(t1, "\n\t\"sequences\":") != NULL);
+    /* the optional "not searched" count: absent at 0, kept when set */
+    CHECK(t1 && strstr(t1, "measured_past_limit") == NULL);
     free(t1);
     free(t2);
+    plan_free(&back);
+    p.stats.measured_past_limit = 7;
+    CHECK_EQ_INT(plan_write(&p, path, &err), STOF_OK);
+    CHECK_MSG(plan_read(path, &back, &err) == STOF_OK, "%s", err.msg);
+    CHECK_EQ_INT(back.stats.measured_past_limit, 7);
+    CHECK(plans_equal(&p, &back));
     plan_free(&back);
     plan_free(&p);
 

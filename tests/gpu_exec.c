@@ -40,6 +40,7 @@
 #include "core/util.h"
 #include "core/weights.h"
 #include "fusion/templates.h"
+#include "gpu_recap.h"
 
 #define SCRIPTS STOF_SOURCE_DIR "/scripts/"
 #define TOL_F16 1e-2
@@ -63,23 +64,6 @@ static const model_case cases[] = {
      {"layers=2", "batch=2", "seq=64", "dec_seq=32"}, 4},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
-
-/* ---- a recap of the failures ------------------------------------------------------------- */
-
-#define RECAP_MAX 40
-static char recap[RECAP_MAX][320];
-static int n_recap, n_failed_runs, n_runs;
-
-static void recap_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void recap_add(const char *fmt, ...) {
-    n_failed_runs++;
-    if (n_recap == RECAP_MAX)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(recap[n_recap++], sizeof recap[0], fmt, ap);
-    va_end(ap);
-}
 
 /* ---- schemes ------------------------------------------------------------------------------- */
 
@@ -549,8 +533,6 @@ int main(int argc, char **argv) {
     if (gp.dead)
         printf("STOPPED EARLY: a CUDA error left the context unusable (see above)\n");
     exec_ctx_free(gp.ctx);
-    printf("\n%d runs, %d failing%s\n", n_runs, n_failed_runs, n_failed_runs ? ":" : "");
-    for (int i = 0; i < n_recap; i++)
-        printf("  %s\n", recap[i]);
+    recap_print();
     return check_summary("gpu_exec");
 }

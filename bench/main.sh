@@ -30,7 +30,7 @@ $stof run --cpu scripts/bert.lua --set preset=small --set batch=1 --set seq=128
 if $stof info | grep -q '^GPU 0'; then
   echo; echo "== tune bert-small (batch 8, seq 512, BigBird) on this GPU, then run the plan"
   $stof tune scripts/bert.lua --set preset=small --set batch=8 --set seq=512 \
-    --time-limit 60 -o build/out/bert-small.json | tail -n 6
+    --time-limit 60 -o build/out/bert-small.json | grep -E '^(end to end|tuning|time|wrote)'
   $stof run build/out/bert-small.json | tail -n 3
 
   echo; echo "== GPU tests"
@@ -38,6 +38,12 @@ if $stof info | grep -q '^GPU 0'; then
   if python3 -c "import torch" >/dev/null 2>&1; then
     echo; echo "== attention: stof against PyTorch (bench/attention.py --quick)"
     STOF_LIB=build/libstof.so python3 bench/attention.py --quick --out build/out/attention.md
+    if python3 -c "import transformers, safetensors" >/dev/null 2>&1; then
+      echo; echo "== parity with transformers: bert-base, gpt2, t5-small (bench/parity.py --quick)"
+      python3 bench/parity.py --quick --stof build/stof --out build/out/parity.md | tail -n 3
+    else
+      echo; echo "transformers or safetensors is not installed: skipped the parity check (bench/parity.py)."
+    fi
   else
     echo; echo "PyTorch is not installed: skipped the comparison with PyTorch (bench/attention.py)."
   fi

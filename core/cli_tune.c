@@ -124,6 +124,11 @@ static void print_time_breakdown(const tune_outcome *o) {
     printf("  kernels: %ld compiled, %ld read from the disk cache, %ld failed; NVRTC %.1f s "
            "summed over %d threads\n", t->compiled, t->from_disk, t->compile_failed,
            t->compile_sum_s, t->threads);
+    for (int i = 0; i < t->n_sources; i++)
+        if (t->by_source[i].compiled > 0)
+            printf("           %-20s %4d compiled, %6.1f s, %.2f s each\n",
+                   t->by_source[i].source, t->by_source[i].compiled, t->by_source[i].compile_s,
+                   t->by_source[i].compile_s / t->by_source[i].compiled);
     printf("           %ld made ahead of need, %ld of them used; %ld asked for and found "
            "in memory\n", t->ahead, t->ahead_used, t->memory_hits);
     printf("           %.1f s of compiling not hidden (the measuring thread compiled or "

@@ -251,6 +251,21 @@ static void count(nvrtc_cache *c, int *counter, double compile_s) {
     pthread_mutex_unlock(&c->lock);
 }
 
+/* Adds one successful compile of source (a built-in name) to its line. */
+static void count_source(nvrtc_cache *c, const char *source, double compile_s) {
+    pthread_mutex_lock(&c->lock);
+    int i = 0;
+    while (i < c->n_sources && strcmp(c->by_source[i].source, source) != 0)
+        i++;
+    if (i == c->n_sources && i < NVRTC_MAX_SOURCES)
+        c->by_source[c->n_sources++] = (nvrtc_source_stats){kernel_find(source)->name, 0, 0};
+    if (i < c->n_sources) {
+        c->by_source[i].compiled++;
+        c->by_source[i].compile_s += compile_s;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* From disk, else compiled (and written to disk). */
 static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
     nvrtc_make *mk = arg;
@@ -266,7 +281,10 @@ static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
     } else {
         double t0 = util_now();
         int rc = compile_cubin(mk->req, &cb->bin, &cb->size, err);
-        count(c, rc ? &c->failed : &c->compiled, util_now() - t0);
+        double dt = util_now() - t0;
+        count(c, rc ? &c->failed : &c->compiled, dt);
+        if (!rc)
+            count_source(c, mk->req->source, dt);
         if (rc) {
             free(cb);
             return rc;

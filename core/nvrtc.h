@@ -32,6 +32,15 @@ typedef struct nvrtc_request {
     int n_options;
 } nvrtc_request;
 
+/* Compiles of one kernel source: how many, and NVRTC's time for them. */
+typedef struct nvrtc_source_stats {
+    const char *source; /* the built-in file name (static storage) */
+    int compiled;
+    double compile_s;
+} nvrtc_source_stats;
+
+#define NVRTC_MAX_SOURCES 16
+
 typedef struct nvrtc_cache {
     char dir[1024];      /* on-disk folder; empty = memory only */
     struct memo *mem;    /* the cubins in memory (NULL: out of memory, said by nvrtc_get) */
@@ -43,6 +52,8 @@ typedef struct nvrtc_cache {
     double get_s;        /* wall time callers spent in nvrtc_get (their compiles, disk
                             reads and waits for another thread's compile of the same key) */
     unsigned tmp_seq;    /* tells apart the temporary files of concurrent writes */
+    nvrtc_source_stats by_source[NVRTC_MAX_SOURCES]; /* successful compiles, per source */
+    int n_sources;
 } nvrtc_cache;
 
 /* dir NULL: $STOF_CACHE_DIR, else $XDG_CACHE_HOME/stof, else ~/.cache/stof;

@@ -1732,6 +1732,20 @@ static void tune_state_free(tune_state *t) {
     search_sequences_free(t->seqs, t->n_seqs);
 }
 
+/* Adds n compiles of source taking s seconds to t's line for it. */
+static void add_source(tune_timing *t, const char *source, int n, double s) {
+    int i = 0;
+    while (i < t->n_sources && strcmp(t->by_source[i].source, source) != 0)
+        i++;
+    if (i == t->n_sources) {
+        if (i == NVRTC_MAX_SOURCES)
+            return;
+        t->by_source[t->n_sources++] = (nvrtc_source_stats){source, 0, 0};
+    }
+    t->by_source[i].compiled += n;
+    t->by_source[i].compile_s += s;
+}
+
 /* The NVRTC counters of both kernel caches of ctx, summed, as timing
  * fields; read while no thread compiles. */
 static tune_timing compile_counts(const exec_ctx *ctx) {
@@ -1747,6 +1761,9 @@ static tune_timing compile_counts(const exec_ctx *ctx) {
         t.ahead_used += c[i]->ahead_used;
         t.compile_sum_s += c[i]->compile_s;
         t.compile_wait_s += c[i]->get_s;
+        for (int k = 0; k < c[i]->n_sources; k++)
+            add_source(&t, c[i]->by_source[k].source, c[i]->by_source[k].compiled,
+                       c[i]->by_source[k].compile_s);
     }
     return t;
 }
@@ -1761,6 +1778,13 @@ static void compile_delta(tune_timing *t, const tune_timing *before, const tune_
     t->ahead_used = now->ahead_used - before->ahead_used;
     t->compile_sum_s = now->compile_sum_s - before->compile_sum_s;
     t->compile_wait_s = now->compile_wait_s - before->compile_wait_s;
+    t->n_sources = 0;
+    for (int i = 0; i < now->n_sources; i++)
+        add_source(t, now->by_source[i].source, now->by_source[i].compiled,
+                   now->by_source[i].compile_s);
+    for (int i = 0; i < before->n_sources; i++)
+        add_source(t, before->by_source[i].source, -before->by_source[i].compiled,
+                   -before->by_source[i].compile_s);
 }
 
 void tune_cache_device_key(const stof_device_info *dev, char *buf, size_t cap) {

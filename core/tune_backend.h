@@ -39,6 +39,7 @@
 
 #include "core/exec.h"
 #include "core/lua_api.h"
+#include "core/nvrtc.h"
 #include "core/plan.h"
 #include "search/search.h"
 
@@ -224,6 +225,8 @@ typedef struct tune_timing {
     double compile_wait_s;     /* the measuring thread in nvrtc_get: compiling itself, or
                                   waiting for a compile under way (the compile time that
                                   was not hidden) */
+    nvrtc_source_stats by_source[NVRTC_MAX_SOURCES]; /* compiles per kernel source */
+    int n_sources;
 } tune_timing;
 
 typedef struct tune_outcome {

@@ -753,7 +753,8 @@ static const tcase sweep_cases[] = {
     {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f},
 };
 
-static void sweep_template(gpu *g, int big, uint64_t *seed) {
+/* only: a setting's name ("128x16w1") to run that one alone, or NULL. */
+static void sweep_template(gpu *g, int big, const char *only, uint64_t *seed) {
     static const int sizes[] = {16, 32, 64, 128}, warps[] = {1, 2, 4, 8};
     static char names[64][32]; /* at most 4 x 4 x 4 settings */
     setting list[64];
@@ -764,6 +765,8 @@ static void sweep_template(gpu *g, int big, uint64_t *seed) {
                 if (warps[w] * 16 > sizes[i] || sizes[i] > warps[w] * MHA_SELECT_MAX_ROWS_PER_WARP)
                     continue; /* refused by the template (mha_select) */
                 snprintf(names[n], sizeof names[n], "%dx%dw%d", sizes[i], sizes[j], warps[w]);
+                if (only && strcmp(only, names[n]) != 0)
+                    continue;
                 list[n] = (setting){names[n], MHA_KERNEL_BLOCK_WISE, sizes[i], sizes[j],
                                     warps[w], 0, 0, 0};
                 n++;
@@ -788,7 +791,8 @@ int main(int argc, char **argv) {
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
     /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing */
     int quick = argc > 1 && !strcmp(argv[1], "quick");
-    /* "sweep": only the template sweep, at both sizes */
+    /* "sweep [SETTING]": only the template sweep, at both sizes (one setting,
+     * "64x32w2", when named) */
     int sweep = argc > 1 && !strcmp(argv[1], "sweep");
     int notime = argc > 1 && (!strcmp(argv[1], "notime") || quick || sweep);
     static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
@@ -808,7 +812,7 @@ int main(int argc, char **argv) {
                 run_case(&g, &cases[c], STOF_F16, 80, seed++, settings, N_SETTINGS);
                 run_case(&g, &cases[c], STOF_BF16, 32, seed++, settings, N_SETTINGS);
             }
-    sweep_template(&g, sweep, &seed);
+    sweep_template(&g, sweep, sweep && argc > 2 ? argv[2] : NULL, &seed);
     for (int c = 0; c < N_CASES && !g.dead && !sweep; c++)
         if (!strcmp(cases[c].name, MEASURED_CASE))
             run_case(&g, &cases[c], STOF_F16, 64, seed++, measured_settings, 2);

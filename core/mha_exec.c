@@ -783,6 +783,23 @@ static int upload_split(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
     return rc;
 }
 
+/* The distinct partial-block bitmaps, and always at least one bitmap's
+ * worth of words (zeros when there is none): the kernel may read a full
+ * block's row of bitmap 0 and discard it (the compiler is free to issue a
+ * load ahead of the test that skips it), so that address must be valid. */
+static int upload_bitmaps(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
+                          stof_error *err) {
+    size_t bytes = (size_t)f->bitmap_words * sizeof(uint32_t);
+    if (f->n_part_masks > 0)
+        return upload(c, &plan->d_bitmaps, f->part_masks, bytes * (size_t)f->n_part_masks, err);
+    uint32_t *zeros = err_calloc((size_t)f->bitmap_words, sizeof *zeros, err);
+    if (!zeros)
+        return STOF_ERR_NOMEM;
+    int rc = upload(c, &plan->d_bitmaps, zeros, bytes, err);
+    free(zeros);
+    return rc;
+}
+
 static int upload_bsr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
                       int force_chunk, stof_error *err) {
     const mha_exec_config *cfg = &plan->config;
@@ -800,8 +817,7 @@ static int upload_bsr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
                       err)) &&
         !(rc = upload(c, &plan->d_mask_idx, f->load_mask_idx,
                       (size_t)f->n_load * sizeof(int32_t), err)))
-        rc = upload(c, &plan->d_bitmaps, f->part_masks,
-                    (size_t)f->n_part_masks * f->bitmap_words * sizeof(uint32_t), err);
+        rc = upload_bitmaps(c, plan, f, err);
     if (!rc)
         rc = upload_split(c, plan, f, force_chunk, err);
     mask_format_bsr_free(f);

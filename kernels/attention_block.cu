@@ -215,8 +215,13 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
                                                int mask_idx, int h) {
     const int col0 = bc * BLOCK_N;
     const bool edge = col0 + BLOCK_N > a.k_len;
+    // A full block (mask_idx < 0) points at bitmap 0 and ignores it. Never
+    // a null pointer: the compiler may issue the bitmap load before the
+    // test that discards it (seen at 128x16 with one warp: a read of
+    // address 0x20), and the host always uploads at least one bitmap.
+    const bool partial = mask_idx >= 0;
     const stof_u32 *bitmap =
-        mask_idx >= 0 ? a.part_masks + (long long)mask_idx * (BLOCK_M * kMaskWords) : nullptr;
+        a.part_masks + (long long)(partial ? mask_idx : 0) * (BLOCK_M * kMaskWords);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -225,7 +230,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
             stof_u32 bits[kMaskWords];
 #pragma unroll
             for (int k = 0; k < kMaskWords; ++k)
-                bits[k] = bitmap ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
+                bits[k] = partial ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll

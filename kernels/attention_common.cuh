@@ -122,10 +122,14 @@ template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned u)
 
 // The bias of (query i, key j) in head h, already multiplied by log2(e) to
 // join the base-2 scores. The bucket table is indexed by j - i + q_len - 1
-// (see attention_abi.cuh); callers pass in-range i and j only.
+// (see attention_abi.cuh); callers use it for in-range i and j only, but the
+// index is clamped anyway: the compiler may issue the loads before the test
+// that discards them (as it did with a partial-block bitmap), and they must
+// not leave the table.
 template <typename T>
 __device__ __forceinline__ float relpos_bias_log2(const stof_attn_args &a, int i, int j, int h) {
-    const int bucket = __ldg(a.relpos_bucket + (j - i + a.q_len - 1));
+    const int pos = min(max(j - i + a.q_len - 1, 0), a.q_len + a.k_len - 2);
+    const int bucket = __ldg(a.relpos_bucket + pos);
     const T *table = static_cast<const T *>(a.relpos_table);
     return to_float(table[bucket * a.heads + h]) * kLog2e;
 }

@@ -39,9 +39,10 @@
 #define MHA_SELECT_ROWS_PER_WARP_TILE 16 /* query rows of one warp's mma tile */
 /* The most query rows one warp of the block-wise kernel owns. Past 64 its
  * fp32 accumulators no longer fit in registers (at D = 64, 128 rows take
- * 256 registers for O alone), and 128 rows with one warp was seen to fault
- * (CUDA_ERROR_ILLEGAL_ADDRESS at t5-base decoder sizes, cause not
- * established): such settings are refused. */
+ * 256 registers for O alone) and the kernel spills: such settings are
+ * refused. (128x16 with one warp also faulted once: the compiler issued a
+ * full block's bitmap load through a null pointer ahead of the test that
+ * skipped it; the kernel now never forms that pointer.) */
 #define MHA_SELECT_MAX_ROWS_PER_WARP 64
 /* 4 BLOCK_M x 4 BLOCK_N x 4 num_warps */
 #define MHA_SELECT_MAX_CANDIDATES 64

@@ -1,6 +1,8 @@
 /* `stof`: entry point, argument parsing, dispatch. */
 #include "core/cli.h"
 
+#include "core/nvrtc_worker.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +234,10 @@ static const cli_command commands[] = {
 };
 
 int main(int argc, char **argv) {
+    /* a compile worker started by this program (core/nvrtc_worker.h) */
+    if (argc == 2 && strcmp(argv[1], NVRTC_WORKER_ARG) == 0)
+        return nvrtc_worker_main(0);
+    nvrtc_workers_enable("/proc/self/exe");
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);

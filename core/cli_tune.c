@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/cli.h"
+#include "core/nvrtc_worker.h"
 #include "core/exec.h"
 #include "core/nvrtc.h"
 #include "core/tune_backend.h"
@@ -129,6 +130,13 @@ static void print_time_breakdown(const tune_outcome *o) {
             printf("           %-20s %4d compiled, %6.1f s, %.2f s each\n",
                    t->by_source[i].source, t->by_source[i].compiled, t->by_source[i].compile_s,
                    t->by_source[i].compile_s / t->by_source[i].compiled);
+    nvrtc_workers_info wi;
+    nvrtc_workers_status(&wi);
+    if (wi.started > 0)
+        printf("           in %ld compiler processes (%ld compiles)%s%s\n", wi.started,
+               wi.compiles, wi.why_off[0] ? "; then in this process: " : "", wi.why_off);
+    else
+        printf("           in this process%s%s\n", wi.why_off[0] ? ": " : "", wi.why_off);
     printf("           %ld made ahead of need, %ld of them used; %ld asked for and found "
            "in memory\n", t->ahead, t->ahead_used, t->memory_hits);
     printf("           %.1f s of compiling not hidden (the measuring thread compiled or "

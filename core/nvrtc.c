@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/kernels.h"
 #include "core/memo.h"
+#include "core/nvrtc_worker.h"
 #include "core/util.h"
 
 #ifndef STOF_CUDA_INCLUDE_DIR
@@ -196,7 +197,8 @@ static void build_options(const nvrtc_request *req, char *arch_opt, size_t arch_
     *n = k;
 }
 
-static int compile_cubin(const nvrtc_request *req, void **cubin, size_t *size, stof_error *err) {
+int nvrtc_compile_in_process(const nvrtc_request *req, void **cubin, size_t *size,
+                             stof_error *err) {
     const kernel_source *src = kernel_find(req->source);
     if (!src)
         return err_set(err, STOF_ERR_INVALID, "no kernel source named '%s' is built in",
@@ -280,7 +282,10 @@ static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
         count(c, &c->disk_hits, 0);
     } else {
         double t0 = util_now();
-        int rc = compile_cubin(mk->req, &cb->bin, &cb->size, err);
+        int handled;
+        int rc = nvrtc_worker_compile(mk->req, &cb->bin, &cb->size, &handled, err);
+        if (!handled)
+            rc = nvrtc_compile_in_process(mk->req, &cb->bin, &cb->size, err);
         double dt = util_now() - t0;
         count(c, rc ? &c->failed : &c->compiled, dt);
         if (!rc)

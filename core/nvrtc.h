@@ -66,6 +66,12 @@ void nvrtc_cache_free(nvrtc_cache *c);
 int nvrtc_get(nvrtc_cache *c, const nvrtc_request *req, const void **cubin, size_t *size,
               stof_error *err);
 
+/* Compiles req in this process, without any cache (*cubin malloc'ed).
+ * nvrtc_get compiles in a worker process when it can (core/nvrtc_worker.h)
+ * and falls back to this. */
+int nvrtc_compile_in_process(const nvrtc_request *req, void **cubin, size_t *size,
+                             stof_error *err);
+
 /* Queues the compile of req (copied) on pool with tag (task_pool_submit),
  * unless the cache holds it or a compile of it is under way: it lands in the
  * memory and disk caches. Its failure is not reported here (nvrtc_get

@@ -6,7 +6,9 @@
     attn = ctx.attention(batch=16, heads=12, head_dim=64, q_len=4096, mask=mask)
     out = attn(qkv)          # qkv: [B, S, 3*H*D] fp16/bf16 CUDA tensor (packed Q, K, V)
 
-The library is found through $STOF_LIB, else build/libstof.so beside this folder.
+The library is found through $STOF_LIB, else build/libstof.so beside this folder. Kernels
+compile in parallel in helper processes when the `stof` command sits beside the library (or
+$STOF_COMPILE_WORKER names one; "0" turns that off).
 """
 import ctypes
 import math
@@ -31,6 +33,15 @@ def _find_library():
     return "libstof.so"
 
 
+def _use_compile_worker(lib_path):
+    # NVRTC compiles one program at a time per process: the library hands
+    # compiles to `stof __nvrtc-worker` processes when it knows the command
+    exe = os.path.join(os.path.dirname(os.path.abspath(lib_path)), "stof")
+    if "STOF_COMPILE_WORKER" not in os.environ and os.access(exe, os.X_OK):
+        os.environ["STOF_COMPILE_WORKER"] = exe
+
+
+_use_compile_worker(_find_library())
 _lib = ctypes.CDLL(_find_library())
 _lib.stof_last_error.restype = ctypes.c_char_p
 _lib.stof_version.restype = ctypes.c_char_p

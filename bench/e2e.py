@@ -11,6 +11,9 @@ Per case:
                 time go to the tuning table); its output is checked against PyTorch eager
   stof unfused  `stof run --scheme unfused`: every operator its own kernel, stof's sparse
                 attention kernel included (the ablation: attention module only)
+  stof fusion   the same model with the mask removed (dense attention through stof's
+                kernel), tuned and run like stof tuned (the ablation: fusion module only;
+                cases whose mask is already "none" have none)
   eager         bench/torch_models.py forward, SDPA with the dense boolean/additive mask
   compile-flex  torch.compile of the same forward with FlexAttention and a BlockMask of the mask
   compile-ro    torch.compile(mode="reduce-overhead") with SDPA + mask: the forward replayed as
@@ -50,7 +53,7 @@ DEFAULT_MASKS = {"bert": ["bigbird"], "gpt2": ["none", "bigbird"], "t5": ["bigbi
 FAMILY = {"bert-small": "bert", "bert-base": "bert", "bert-large": "bert", "gpt2": "gpt2",
           "t5-small": "t5", "t5-base": "t5"}
 VARIANTS = [("eager", "eager"), ("compile-flex", "flex"), ("compile-ro", "ro")]
-ALL_RUNS = ["stof-tuned", "stof-unfused", "eager", "compile-flex", "compile-ro"]
+ALL_RUNS = ["stof-tuned", "stof-unfused", "stof-fusion", "eager", "compile-flex", "compile-ro"]
 
 
 def mask_label(model, mask):
@@ -251,6 +254,19 @@ def run_stof(args, stof, st, spec, mask, batch, seq, ids, dec_ids, row, key):
         except Exception as e:
             row["stof_tuned_error"] = short_error(e)
             log(f"    stof tuned: error {row['stof_tuned_error']}")
+    if "stof-fusion" in args.runs and mask != "none":
+        dense_sets = sc.script_args(spec, batch, seq, "none")
+        plan = os.path.join(args.work_dir, f"plan-{tag}-dense.json")
+        try:
+            t = sc.stof_tune(stof, script, dense_sets, plan, args.time_limit,
+                             timeout=args.time_limit * 4 + 600, log_path=lpath)
+            r = sc.stof_run(stof, plan, io, args.reps, timeout=900, log_path=lpath)
+            row["stof_fusion_ms"] = r["graph_ms"]
+            log(f"    stof fusion only (mask removed): {r['graph_ms']:.3f} ms (CUDA graph; tuned "
+                f"in {t['tune_wall_s']:.1f} s)")
+        except Exception as e:
+            row["stof_fusion_error"] = short_error(e)
+            log(f"    stof fusion only: error {row['stof_fusion_error']}")
     if "stof-unfused" in args.runs:
         try:
             r = sc.stof_run(stof, script, sets + ["--scheme", "unfused"] + io, args.reps,
@@ -395,10 +411,10 @@ def report(data):
         f"stof tune --time-limit {meta.get('time_limit', '?')} s; torch.compile scope "
         f"{meta.get('compile_scope', '?')}; stof weights {meta.get('stof_weights_note', '?')}.",
         "",
-        "| model | mask | batch | seq | stof tuned | stof unfused | eager | compile-flex "
-        "| compile-ro | speedup vs best compile | weight-read bound | tuned / bound "
-        "| stof err vs eager |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| model | mask | batch | seq | stof tuned | stof unfused | stof fusion only | eager "
+        "| compile-flex | compile-ro | speedup vs best compile | weight-read bound "
+        "| tuned / bound | stof err vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         small = r["batch"] == 1 and r["seq"] == 128
         bound = r.get("bound_ms") if small else None
@@ -408,7 +424,8 @@ def report(data):
         err = r.get("stof_err")
         lines.append(
             f"| {r['model']} | {r.get('mask_label', r['mask'])} | {r['batch']} | {r['seq']} "
-            f"| {cell_ms(r, 'stof_tuned')} | {cell_ms(r, 'stof_unfused')} | {cell_ms(r, 'eager')} "
+            f"| {cell_ms(r, 'stof_tuned')} | {cell_ms(r, 'stof_unfused')} "
+            f"| {cell_ms(r, 'stof_fusion')} | {cell_ms(r, 'eager')} "
             f"| {cell_ms(r, 'flex')} | {cell_ms(r, 'ro')} "
             f"| {fnum(sp, 2) + 'x' if sp else '-'} | {fnum(bound, 4)} "
             f"| {fnum(ratio, 2) + 'x' if ratio else '-'} "
@@ -430,7 +447,9 @@ def report(data):
               f"tuned over stof all-unfused {fnum(g_fuse, 2)}x."]
     lines += ["", "Columns: times in ms. stof tuned = `stof run plan.json` (CUDA graph) after "
               "`stof tune`; stof unfused = `stof run --scheme unfused` (CUDA graph; every "
-              "operator its own kernel, stof's sparse attention kernel included); eager = "
+              "operator its own kernel, stof's sparse attention kernel included); stof fusion "
+              "only = the same model tuned and run with the mask removed (dense attention "
+              "through stof's kernel; '-' where the mask is already none); eager = "
               "PyTorch SDPA with the dense mask; compile-flex = torch.compile with "
               "FlexAttention + BlockMask; compile-ro = torch.compile with SDPA + mask, one CUDA "
               "graph per forward. weight-read bound (at (1, 128) only) = bytes of the non-"

@@ -10,8 +10,9 @@
  * that stalled keeps a share, so it can still surprise. Settings are drawn
  * without replacement, continuing each segment's seeded order where stage 1
  * left it, and every draw goes through the cache. The stage stops at the
- * budget, at the time limit, after `patience` rounds without any gain, or
- * when every segment has run out of settings. */
+ * budget, at the time limit, after `patience` rounds without a gain (a
+ * round whose savings stay under min_gain of the forward latency is none),
+ * or when every segment has run out of settings. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -191,8 +192,9 @@ static int prepare_round(search_ctx *c, const pool *p, int total, stof_error *er
     return rc;
 }
 
-/* One round: the shares, then the samples. *gained when some segment's best
- * time fell. */
+/* One round: the shares, then the samples. *gained when the segments' best
+ * times fell by min_gain of the forward latency or more (any fall when
+ * min_gain < 0). */
 static int sample_round(search_ctx *c, pool *p, int round, int total, int *gained,
                         stof_error *err) {
     for (int i = 0; i < p->n; i++)
@@ -202,6 +204,7 @@ static int sample_round(search_ctx *c, pool *p, int round, int total, int *gaine
     if (rc)
         return rc;
     *gained = 0;
+    double before_ms = search_total_ms(c), saved = 0;
     for (int i = 0; i < p->n; i++) {
         search_seg *s = p->seg[i];
         double before = s->best_ms;
@@ -209,8 +212,10 @@ static int sample_round(search_ctx *c, pool *p, int round, int total, int *gaine
         if (rc)
             return rc;
         p->reward[i] = round_reward(before, s->best_ms, c->seqs[p->seq[i]].count);
-        *gained |= p->reward[i] > 0;
+        saved += p->reward[i];
     }
+    *gained = saved > 0 && (c->opt.min_gain < 0 || !isfinite(before_ms) ||
+                            saved >= c->opt.min_gain * before_ms);
     return STOF_OK;
 }
 

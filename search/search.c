@@ -164,6 +164,8 @@ static void fill_defaults(search_options *o) {
         o->samples_per_candidate = SEARCH_DEFAULT_K;
     if (o->patience <= 0)
         o->patience = SEARCH_DEFAULT_PATIENCE;
+    if (o->min_gain == 0)
+        o->min_gain = SEARCH_DEFAULT_MIN_GAIN;
     if (o->smem_limit <= 0)
         o->smem_limit = SEARCH_DEFAULT_SMEM;
     if (!o->clock)

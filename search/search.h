@@ -88,6 +88,11 @@ typedef struct search_move {
 #define SEARCH_CHAIN_MAX_TOKENS 512
 #define SEARCH_DEFAULT_K 4
 #define SEARCH_DEFAULT_PATIENCE 3
+/* A stage-2 round counts as a gain when it saves at least this fraction of
+ * the forward latency: below it, a "gain" is as likely a lucky measurement
+ * (timing noise of microsecond kernels is of that order) as a better
+ * setting, and chasing it kept tuning of small shapes going for 20 rounds. */
+#define SEARCH_DEFAULT_MIN_GAIN 0.005
 /* Shared memory a block may use when settings are checked (H100 opt-in). */
 #define SEARCH_DEFAULT_SMEM 232448
 
@@ -99,6 +104,9 @@ typedef struct search_options {
     int round_samples;         /* stage-2 measurements a round; 0: 2 per segment */
     int patience;              /* stage 2 stops after this many rounds without gain;
                                   0: SEARCH_DEFAULT_PATIENCE */
+    double min_gain;           /* the least fraction of the forward latency a round must
+                                  save to count as a gain; 0: SEARCH_DEFAULT_MIN_GAIN;
+                                  < 0: any saving counts */
     int chain_max_tokens;      /* 0: SEARCH_CHAIN_MAX_TOKENS; < 0: never fuse chains */
     int smem_limit;            /* bytes; 0: SEARCH_DEFAULT_SMEM */
     int skip_expand;           /* 1: keep the initial scheme (stage 2 only) */

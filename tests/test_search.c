@@ -33,6 +33,7 @@ typedef enum synth_mode {
 typedef struct synth {
     synth_mode mode;
     int spread_op;
+    double spread_scale; /* the spread segment costs base x (1 + scale x U[0,1)); 0: 9 */
     /* every key measured, with how often (the search must make it once) */
     char **keys;
     int *counts;
@@ -58,6 +59,13 @@ typedef struct synth {
     long prepared_measured;   /* named by prepare although measured already */
     long prep_over_budget;    /* calls naming more than the budget still allows */
     long budget;
+    /* per segment signature, the templates of its measurements in order */
+    struct sig_trace {
+        char sig[SEARCH_SIG_MAX];
+        int n;
+        unsigned char tmpls[64];
+    } *sigs;
+    int n_sigs;
     double clock_step_s;         /* the clock also moves this much at each reading */
     int defaults_fail;           /* synth_default's setting cannot run */
 } synth;
@@ -68,6 +76,7 @@ static void synth_free(synth *s) {
     free(s->keys);
     free(s->counts);
     free(s->prep_keys);
+    free(s->sigs);
     memset(s, 0, sizeof *s);
 }
 
@@ -84,6 +93,47 @@ static void synth_count(synth *s, const char *key) {
     }
     s->keys[s->n_keys] = strdup(key);
     s->counts[s->n_keys++] = 1;
+}
+
+static void synth_trace_template(synth *s, const search_segment *seg) {
+    /* the signature names the template: under one fixed template it names
+     * the segment alone */
+    search_segment any = *seg;
+    any.tmpl = FUSION_T_GEMM_EPILOGUE;
+    char sig[SEARCH_SIG_MAX];
+    search_segment_signature(&any, sig, sizeof sig);
+    int i = 0;
+    while (i < s->n_sigs && strcmp(s->sigs[i].sig, sig) != 0)
+        i++;
+    if (i == s->n_sigs) {
+        s->sigs = realloc(s->sigs, sizeof *s->sigs * (size_t)(s->n_sigs + 1));
+        memset(&s->sigs[i], 0, sizeof s->sigs[i]);
+        snprintf(s->sigs[i].sig, sizeof s->sigs[i].sig, "%s", sig);
+        s->n_sigs++;
+    }
+    struct sig_trace *t = &s->sigs[i];
+    if (t->n < (int)sizeof t->tmpls)
+        t->tmpls[t->n++] = (unsigned char)seg->tmpl;
+}
+
+/* Every segment tried each of its templates before it tried one twice: the
+ * first D measurements of a signature are D distinct templates, D being
+ * how many it measured in all. */
+static void check_templates_first(const synth *s) {
+    int multi = 0;
+    for (int i = 0; i < s->n_sigs; i++) {
+        const struct sig_trace *t = &s->sigs[i];
+        int seen[FUSION_T_COUNT] = {0}, distinct = 0, first_distinct = 0;
+        for (int k = 0; k < t->n; k++)
+            distinct += !seen[t->tmpls[k]]++;
+        memset(seen, 0, sizeof seen);
+        for (int k = 0; k < distinct && k < t->n; k++)
+            first_distinct += !seen[t->tmpls[k]]++;
+        CHECK_MSG(first_distinct == distinct, "%s: %d templates, only %d in its first %d "
+                  "measurements", t->sig, distinct, first_distinct, distinct);
+        multi += distinct > 1;
+    }
+    CHECK(multi > 0);
 }
 
 static int synth_max_count(const synth *s) {
@@ -139,7 +189,8 @@ static double synth_cost(const synth *s, const search_segment *seg, const int *v
     if (s->spread_op < seg->op_first || s->spread_op > seg->op_last)
         return base;
     uint64_t h = util_hash(UTIL_HASH_SEED, values, sizeof *values * (size_t)t->n_params);
-    return base * (1 + 9 * util_uniform(h, (uint64_t)seg->tmpl));
+    double scale = s->spread_scale > 0 ? s->spread_scale : 9;
+    return base * (1 + scale * util_uniform(h, (uint64_t)seg->tmpl));
 }
 
 /* "signature|v1,v2,..." of a setting. */
@@ -204,6 +255,7 @@ static int synth_measure(void *ud, const search_segment *seg, const int *values,
     synth_key(seg, values, key, sizeof key);
     s->measured_unprepared += !synth_prepared(s, util_hash_str(UTIL_HASH_SEED, key));
     synth_count(s, key);
+    synth_trace_template(s, seg);
     s->trace = util_hash_str(s->trace ? s->trace : UTIL_HASH_SEED, key);
     s->calls++;
     s->now += s->per_call_s;
@@ -867,6 +919,7 @@ static void full_run(const char *script, const char *const *params, int n_params
         CHECK_EQ_INT(s.last_stage, SEARCH_STAGE_DONE);
         check_moves(&m, &s, init, &r);
         check_result_sums(&m, &r);
+        check_templates_first(&s);
         double unfused = best_unfused_ms(&m, &s);
         CHECK_MSG(r.total_ms < unfused, "%s: %.6f ms tuned, %.6f ms unfused at best", script,
                   r.total_ms, unfused);
@@ -1265,6 +1318,30 @@ static void test_rewards(void) {
         synth_free(&s);
     }
     CHECK(improved >= 4);
+    /* savings under min_gain of the forward pass are no gain: with the
+     * attention's settings 0.1% apart stage 2 stops after `patience` rounds,
+     * while counting any saving it goes on */
+    int longer = 0;
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        int rounds[2] = {0, 0};
+        for (int any = 0; any < 2; any++) {
+            synth s = {.mode = SYNTH_SPREAD, .spread_op = attn, .spread_scale = 0.001};
+            search_options o = synth_options(&s, seed);
+            o.samples_per_candidate = 1;
+            o.skip_expand = 1;
+            o.patience = 2;
+            o.min_gain = any ? -1 : 0;
+            search_result r;
+            if (run(&m, &s, &o, &r) == STOF_OK) {
+                rounds[any] = r.stats.rounds;
+                search_result_free(&r);
+            }
+            synth_free(&s);
+        }
+        CHECK_EQ_INT(rounds[0], 2);
+        longer += rounds[1] > 2;
+    }
+    CHECK_MSG(longer >= 3, "counting any saving, only %d of 6 seeds went past 2 rounds", longer);
     /* nothing depends on parameters: stage 2 stops after `patience` idle rounds */
     synth s = {.mode = SYNTH_SPREAD, .spread_op = -1};
     search_options o = synth_options(&s, 1);

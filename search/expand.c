@@ -5,7 +5,12 @@
  *            rule prefers (compete_rank), then to the other;
  *   seize    a segment with a CI op takes the nearest op of an MI-only
  *            neighbour of two or more ops;
- *   expand   two neighbouring segments merge, the others untouched.
+ *   expand   two neighbouring segments merge, the others untouched;
+ *   split    a segment with one CI op and ops after it splits after the CI
+ *            op or after any of those ops (not a rule of the paper: the
+ *            initial scheme fuses every GEMM with its epilogue, and
+ *            without this move a faster unfused pair, say a library GEMM
+ *            with its bias and an erf GELU on its own, is never measured).
  * The search descends along the first move that pays: each candidate must be
  * a valid scheme never tried before; its changed segments are sampled K
  * times each (the segments it replaces already were) and it is kept when the
@@ -20,6 +25,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "ops/ops.h"
 #include "search/search_internal.h"
 
 /* ---- the state of one sequence ---------------------------------------------------- */
@@ -86,7 +92,7 @@ typedef struct stage_move {
 
 typedef struct move_list {
     int n;
-    stage_move m[4 * FUSION_MAX_OPS];
+    stage_move m[6 * FUSION_MAX_OPS]; /* compete, seize: 2 an op at most; expand, split: 1 */
 } move_list;
 
 static void add_move(move_list *l, search_move_kind kind, int merge, int at, int to) {
@@ -142,14 +148,34 @@ static void gen_expand(const search_state *st, move_list *l) {
         add_move(l, SEARCH_MOVE_EXPAND, 1, st->segs[j]->first, 0);
 }
 
+/* The positions of a segment's ops relative to its one CI op: a new
+ * boundary anywhere after it. */
+static void gen_split(const search_ctx *c, int q, const search_state *st, move_list *l) {
+    for (int j = 0; j < st->n_segs; j++) {
+        const search_seg *s = st->segs[j];
+        if (s->match.n_ci != 1 || seg_len(s) < 2)
+            continue;
+        int ci = s->first;
+        while (ci < s->last && op_describe(c->g->ops[c->seqs[q].firsts[0] + ci].kind)->cls !=
+                                   OP_CLASS_CI)
+            ci++;
+        for (int at = ci + 1; at <= s->last; at++)
+            if (span_valid(c, q, s->first, at - 1) && span_valid(c, q, at, s->last))
+                add_move(l, SEARCH_MOVE_SPLIT, 0, at, -1);
+    }
+}
+
 static void gen_moves(const search_ctx *c, int q, const search_state *st, move_list *l) {
     l->n = 0;
     gen_compete(c, q, st, l);
     gen_seize(st, l);
     gen_expand(st, l);
+    gen_split(c, q, st, l);
 }
 
 static int apply_move(fusion_scheme *s, const stage_move *m) {
+    if (m->kind == SEARCH_MOVE_SPLIT)
+        return fusion_scheme_split(s, m->at, NULL);
     return m->merge ? fusion_scheme_merge(s, m->at, NULL)
                     : fusion_scheme_move_boundary(s, m->at, m->to, NULL);
 }

@@ -23,6 +23,7 @@ const char *search_move_name(search_move_kind k) {
     case SEARCH_MOVE_EXPAND: return "expand";
     case SEARCH_MOVE_SEIZE: return "seize";
     case SEARCH_MOVE_COMPETE: return "compete";
+    case SEARCH_MOVE_SPLIT: return "split";
     }
     return "?";
 }

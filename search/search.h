@@ -2,7 +2,7 @@
  *
  *   initial scheme   rules over network sizes, op classes and dependencies
  *                    (init.c, search_initial_scheme)
- *   stage 1          DFS over expand / seize / compete moves; a move is kept
+ *   stage 1          DFS over expand / seize / compete / split moves; a move is kept
  *                    only when the best of K sampled settings of the changed
  *                    segments beats the best of K of the segments it replaces,
  *                    else rolled back (expand.c)
@@ -67,7 +67,8 @@ typedef struct search_progress {
 typedef enum search_move_kind {
     SEARCH_MOVE_EXPAND = 0, /* merge two neighbouring segments */
     SEARCH_MOVE_SEIZE,      /* a segment with a CI op takes an op of an MI-only neighbour */
-    SEARCH_MOVE_COMPETE     /* a lone op goes to the neighbour the rule prefers */
+    SEARCH_MOVE_COMPETE,    /* a lone op goes to the neighbour the rule prefers */
+    SEARCH_MOVE_SPLIT       /* a segment with one CI op parts from ops after it */
 } search_move_kind;
 
 const char *search_move_name(search_move_kind k);

@@ -685,6 +685,43 @@ static void test_expand(void) {
     model_free(&m);
 }
 
+static int n_ci_of(const model *m, int q, fusion_segment seg) {
+    int ci = 0;
+    for (int i = seg.first; i <= seg.last; i++)
+        ci += op_describe(m->g.ops[m->seqs[q].firsts[0] + i].kind)->cls == OP_CLASS_CI;
+    return ci;
+}
+
+/* Split: when a GEMM with anything fused to it costs ten times more, the
+ * rules' start (every GEMM with its epilogue) gives its epilogues up, and
+ * every GEMM of the result stands alone. */
+static void test_split(void) {
+    model m;
+    if (bert_small(&m, "seq=64") == STOF_OK) {
+        int q = seq_of_layer(&m, 0);
+        synth s = {.mode = SYNTH_CI_ALONE};
+        search_options o = synth_options(&s, 2);
+        o.chain_max_tokens = -1;
+        search_result r;
+        if (run(&m, &s, &o, &r) == STOF_OK) {
+            int splits = 0;
+            for (int i = 0; i < s.n_moves; i++)
+                splits += s.moves[i].seq == q && s.moves[i].kind == SEARCH_MOVE_SPLIT &&
+                          s.moves[i].kept;
+            CHECK(splits >= 1);
+            fusion_segment segs[FUSION_MAX_OPS];
+            int n = fusion_scheme_segments(&r.seqs[q].scheme, segs, FUSION_MAX_OPS);
+            for (int k = 0; k < n; k++)
+                if (n_ci_of(&m, q, segs[k]) > 0)
+                    CHECK_MSG(segs[k].first == segs[k].last, "ops %d-%d: a GEMM not alone",
+                              segs[k].first, segs[k].last);
+            search_result_free(&r);
+        }
+        synth_free(&s);
+    }
+    model_free(&m);
+}
+
 /* Nothing pays: every move is rolled back and the scheme comes out bit for
  * bit as it went in. */
 static void test_rollback(void) {
@@ -732,13 +769,6 @@ static int boundary_diff(const fusion_scheme *a, const fusion_scheme *b, int *wh
     return n;
 }
 
-static int n_ci_of(const model *m, int q, fusion_segment seg) {
-    int ci = 0;
-    for (int i = seg.first; i <= seg.last; i++)
-        ci += op_describe(m->g.ops[m->seqs[q].firsts[0] + i].kind)->cls == OP_CLASS_CI;
-    return ci;
-}
-
 static void check_move(const model *m, const search_move *mv) {
     int where[4];
     int d = boundary_diff(&mv->before, &mv->after, where, 4);
@@ -753,6 +783,16 @@ static void check_move(const model *m, const search_move *mv) {
             fusion_segment to = fusion_scheme_segment_at(&mv->after, op);
             CHECK_EQ_INT(n_ci_of(m, mv->seq, from), 0);
             CHECK(n_ci_of(m, mv->seq, to) >= 1);
+        }
+    } else if (mv->kind == SEARCH_MOVE_SPLIT) {
+        /* one boundary added, after the one CI op of the segment it splits */
+        CHECK_EQ_INT(d, 1);
+        CHECK_EQ_INT(boundary_count(&mv->before) + 1, boundary_count(&mv->after));
+        if (d == 1) {
+            fusion_segment whole = fusion_scheme_segment_at(&mv->before, where[0]);
+            fusion_segment head = fusion_scheme_segment_at(&mv->after, where[0] - 1);
+            CHECK_EQ_INT(n_ci_of(m, mv->seq, whole), 1);
+            CHECK_EQ_INT(n_ci_of(m, mv->seq, head), 1);
         }
     } else {
         /* expand and compete: one boundary gone, the others untouched */
@@ -1364,6 +1404,7 @@ int main(void) {
     test_compete();
     test_seize();
     test_expand();
+    test_split();
     test_rollback();
     test_full_runs();
     test_seeds();

@@ -276,13 +276,14 @@ void nvrtc_workers_status(nvrtc_workers_info *out) {
 
 /* ---- the caller's side: borrowing ------------------------------------------------------ */
 
-/* An idle worker, or a new one; NULL when off, all busy, or it would not start. */
-static worker *borrow(void) {
+/* An idle worker, or a new one (only a new one when fresh); NULL when off,
+ * all busy, or it would not start. */
+static worker *borrow(int fresh) {
     pthread_once(&env_once, enable_from_env);
     pthread_mutex_lock(&W.lock);
     worker *w = NULL, *empty = NULL;
     for (int i = 0; W.on && i < NVRTC_WORKERS_MAX && !w; i++) {
-        if (W.slots[i].state == SLOT_IDLE)
+        if (W.slots[i].state == SLOT_IDLE && !fresh)
             w = &W.slots[i];
         else if (W.slots[i].state == SLOT_EMPTY && !empty)
             empty = &W.slots[i];
@@ -302,15 +303,15 @@ static worker *borrow(void) {
     pthread_mutex_unlock(&W.lock);
 
     char why[256];
-    worker fresh;
-    int rc = start_worker(exe, &fresh, why, sizeof why);
+    worker started;
+    int rc = start_worker(exe, &started, why, sizeof why);
     pthread_mutex_lock(&W.lock);
     if (rc) {
         *empty = (worker){SLOT_EMPTY, 0, -1};
         turn_off(why);
         w = NULL;
     } else {
-        *empty = fresh;
+        *empty = started;
         empty->state = SLOT_BUSY;
         W.started++;
         w = empty;
@@ -361,35 +362,53 @@ static int worker_ended(const worker *w) {
     return waitpid(w->pid, &status, WNOHANG) == w->pid;
 }
 
-int nvrtc_worker_compile(const nvrtc_request *req, void **cubin, size_t *size, int *handled,
-                         stof_error *err) {
-    *handled = 0;
-    worker *w = borrow();
+/* A live worker, or NULL: idle ones found dead are replaced (up to 3). */
+static worker *borrow_live(int fresh) {
+    worker *w = borrow(fresh);
     for (int tries = 0; w && worker_ended(w); tries++) {
         w->pid = 0; /* reaped */
         give_back(w, 1, 0);
-        w = tries < 2 ? borrow() : NULL;
+        w = tries < 2 ? borrow(fresh) : NULL;
     }
-    if (!w)
-        return STOF_OK;
+    return w;
+}
+
+/* One request on one worker: 0 with the reply, -1 when the worker died
+ * before answering (*why says how). */
+static int ask(worker *w, const nvrtc_request *req, int32_t *status, char **data, uint64_t *n,
+               char *why, size_t cap) {
+    if (send_request(w->fd, req) || read_reply(w, status, data, n, why, cap)) {
+        give_back(w, 1, 0);
+        return -1;
+    }
+    give_back(w, 0, 1);
+    return 0;
+}
+
+int nvrtc_worker_compile(const nvrtc_request *req, void **cubin, size_t *size, int *handled,
+                         stof_error *err) {
+    *handled = 0;
     char why[256] = "";
     int32_t status = 0;
     char *data = NULL;
     uint64_t n = 0;
-    if (send_request(w->fd, req)) {
-        /* it died between requests: compile here; later ones start a new worker */
-        give_back(w, 1, 0);
-        return STOF_OK;
+    /* A worker that dies on a request may have been killed from outside, or
+     * still be dying of a kill while it sat idle (as may the other idle
+     * ones): the request goes once more, to a newly started worker. Dying
+     * there too means the compiler crashes on it, which would take this
+     * process down as well: a failed compile. */
+    for (int attempt = 0;; attempt++) {
+        worker *w = borrow_live(attempt > 0);
+        if (!w)
+            return STOF_OK; /* compile here */
+        if (ask(w, req, &status, &data, &n, why, sizeof why) == 0)
+            break;
+        if (attempt == 1) {
+            *handled = 1;
+            return err_set(err, STOF_ERR_COMPILE, "compiling %s for %s: %s (twice)", req->source,
+                           req->arch, why);
+        }
     }
-    if (read_reply(w, &status, &data, &n, why, sizeof why)) {
-        /* it died on this request: most likely the compiler crashed on it,
-         * which would take this process down too; reported as a failed compile */
-        give_back(w, 1, 0);
-        *handled = 1;
-        return err_set(err, STOF_ERR_COMPILE, "compiling %s for %s: %s", req->source, req->arch,
-                       why);
-    }
-    give_back(w, 0, 1);
     *handled = 1;
     if (status != STOF_OK) {
         int rc = err_set(err, status, "%s", data);

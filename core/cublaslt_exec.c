@@ -13,6 +13,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/gpu_ctx.h"
 
 /* ---- problems -> cuBLASLt ------------------------------------------------------- */
 
@@ -208,27 +209,16 @@ int cublaslt_exec_ctx_create(int ordinal, cublaslt_exec_ctx **out, stof_error *e
     cublaslt_exec_ctx *c = err_calloc(1, sizeof *c, err);
     if (!c)
         return STOF_ERR_NOMEM;
-    /* the device first: without a driver cuBLASLt fails with less helpful words */
-    int rc = cuda_driver_get(&c->drv, err);
-    if (!rc)
-        rc = device_query(ordinal, &c->info, err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->DeviceGet(&c->dev, ordinal), "cuDeviceGet", err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->DevicePrimaryCtxRetain(&c->cu, c->dev),
-                        "cuDevicePrimaryCtxRetain", err);
+    /* the device first: without a driver cuBLASLt fails with less helpful words;
+     * cuBLASLt then uses whatever context is current, which is ours */
+    int rc = gpu_device_retain(ordinal, &c->drv, &c->dev, &c->cu, &c->info, c->arch,
+                               sizeof c->arch, err);
+    if (!rc && (rc = cublaslt_exec_status(cublasLtCreate(&c->handle), "cublasLtCreate", err)))
+        c->drv->DevicePrimaryCtxRelease(c->dev);
     if (rc) {
         free(c);
         return rc;
     }
-    /* cuBLASLt uses whatever context is current, which must be ours */
-    if ((rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err)) ||
-        (rc = cublaslt_exec_status(cublasLtCreate(&c->handle), "cublasLtCreate", err))) {
-        c->drv->DevicePrimaryCtxRelease(c->dev);
-        free(c);
-        return rc;
-    }
-    device_arch_name(&c->info, c->arch, sizeof c->arch);
     *out = c;
     return STOF_OK;
 }

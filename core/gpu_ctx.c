@@ -7,29 +7,37 @@
 
 #define GPU_CTX_STATIC_SMEM (48 * 1024) /* more needs the opt-in attribute */
 
+int gpu_device_retain(int ordinal, const cuda_driver **drv, CUdevice *dev, CUcontext *cu,
+                      stof_device_info *info, char *arch, size_t arch_cap, stof_error *err) {
+    int rc = cuda_driver_get(drv, err);
+    if (!rc)
+        rc = device_query(ordinal, info, err);
+    if (!rc)
+        rc = cuda_check(*drv, (*drv)->DeviceGet(dev, ordinal), "cuDeviceGet", err);
+    if (!rc)
+        rc = cuda_check(*drv, (*drv)->DevicePrimaryCtxRetain(cu, *dev),
+                        "cuDevicePrimaryCtxRetain", err);
+    if (rc)
+        return rc;
+    if ((rc = cuda_check(*drv, (*drv)->CtxSetCurrent(*cu), "cuCtxSetCurrent", err))) {
+        (*drv)->DevicePrimaryCtxRelease(*dev);
+        return rc;
+    }
+    device_arch_name(info, arch, arch_cap);
+    return STOF_OK;
+}
+
 int gpu_ctx_create(int ordinal, gpu_ctx **out, stof_error *err) {
     *out = NULL;
     gpu_ctx *c = err_calloc(1, sizeof *c, err);
     if (!c)
         return STOF_ERR_NOMEM;
-    int rc = cuda_driver_get(&c->drv, err);
-    if (!rc)
-        rc = device_query(ordinal, &c->info, err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->DeviceGet(&c->dev, ordinal), "cuDeviceGet", err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->DevicePrimaryCtxRetain(&c->cu, c->dev),
-                        "cuDevicePrimaryCtxRetain", err);
+    int rc = gpu_device_retain(ordinal, &c->drv, &c->dev, &c->cu, &c->info, c->arch,
+                               sizeof c->arch, err);
     if (rc) {
         free(c);
         return rc;
     }
-    if ((rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err))) {
-        c->drv->DevicePrimaryCtxRelease(c->dev);
-        free(c);
-        return rc;
-    }
-    device_arch_name(&c->info, c->arch, sizeof c->arch);
     nvrtc_cache_init(&c->nvrtc, NULL);
     *out = c;
     return STOF_OK;

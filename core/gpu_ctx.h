@@ -31,6 +31,13 @@ typedef struct gpu_ctx {
     int n_modules, cap_modules;
 } gpu_ctx;
 
+/* What every GPU context starts from: the driver, device `ordinal`, its
+ * primary context retained and made current, its properties and arch name
+ * ("sm_90"). STOF_ERR_NO_DEVICE (with the driver's reason) without a GPU;
+ * on failure nothing stays retained. Undone by DevicePrimaryCtxRelease. */
+int gpu_device_retain(int ordinal, const cuda_driver **drv, CUdevice *dev, CUcontext *cu,
+                      stof_device_info *info, char *arch, size_t arch_cap, stof_error *err);
+
 /* Allocates a context for GPU ordinal and makes its primary context
  * current. STOF_ERR_NO_DEVICE (with the driver's reason) without a GPU. */
 int gpu_ctx_create(int ordinal, gpu_ctx **out, stof_error *err);

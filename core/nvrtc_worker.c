@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -133,13 +134,34 @@ static int recv_request(int fd, nvrtc_request *req, char (*text)[MAX_STRING + 1]
     return 0;
 }
 
+/* How long a worker waits for its next request before it ends
+ * ($STOF_COMPILE_WORKER_IDLE_S, default 60 s): a long-lived program that
+ * compiled once does not keep a dozen compiler processes (~80 MB each). */
+static int idle_ms(void) {
+    const char *env = getenv("STOF_COMPILE_WORKER_IDLE_S");
+    double s = env && *env ? atof(env) : 60;
+    return s > 0 && s < 86400 ? (int)(s * 1000) : 60000;
+}
+
+/* 1 when a request (or the end) arrived on fd within ms, 0 when it did not. */
+static int wait_readable(int fd, int ms) {
+    struct pollfd p = {fd, POLLIN, 0};
+    int r;
+    while ((r = poll(&p, 1, ms)) < 0 && errno == EINTR) {
+    }
+    return r != 0;
+}
+
 int nvrtc_worker_main(int fd) {
     static char text[2 + NVRTC_MAX_OPTIONS][MAX_STRING + 1];
     uint64_t hello = nvrtc_sources_hash();
     if (send_all(fd, &hello, sizeof hello))
         return 1;
+    int idle = idle_ms();
     nvrtc_request req;
-    while (recv_request(fd, &req, text) == 0) {
+    /* ended idle, the caller finds it gone (or loses the request it sent
+     * meanwhile, and sends it to a new worker) */
+    while (wait_readable(fd, idle) && recv_request(fd, &req, text) == 0) {
         void *bin = NULL;
         size_t size = 0;
         stof_error err = {0};
@@ -362,13 +384,14 @@ static int worker_ended(const worker *w) {
     return waitpid(w->pid, &status, WNOHANG) == w->pid;
 }
 
-/* A live worker, or NULL: idle ones found dead are replaced (up to 3). */
+/* A live worker, or NULL: idle ones found ended (idle too long, or
+ * killed) are dropped, each once, until a live one or a new one answers. */
 static worker *borrow_live(int fresh) {
     worker *w = borrow(fresh);
     for (int tries = 0; w && worker_ended(w); tries++) {
         w->pid = 0; /* reaped */
         give_back(w, 1, 0);
-        w = tries < 2 ? borrow(fresh) : NULL;
+        w = tries <= NVRTC_WORKERS_MAX ? borrow(fresh) : NULL;
     }
     return w;
 }

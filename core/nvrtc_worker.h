@@ -9,6 +9,9 @@
  * idle worker, or starts one, so N threads compile in N processes at once;
  * a compiler crash takes down a worker, not the caller.
  *
+ * A worker ends after a minute without requests
+ * ($STOF_COMPILE_WORKER_IDLE_S), and a new one starts when needed.
+ *
  * Workers are off until nvrtc_workers_enable names the executable (the
  * command-line tool does, with itself), or the environment does:
  * STOF_COMPILE_WORKER=/path/to/stof turns them on for any program using the

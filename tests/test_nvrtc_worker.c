@@ -143,6 +143,25 @@ static void test_killed_worker_replaced(void) {
     CHECK(handled && after.on && after.started > before.started);
 }
 
+/* Idle workers end by themselves ($STOF_COMPILE_WORKER_IDLE_S, set to 0.3 s
+ * before the first worker started); the next request starts a new one. */
+static void test_idle_workers_end(void) {
+    nvrtc_workers_info before, after;
+    nvrtc_workers_status(&before);
+    usleep(800 * 1000);
+    nvrtc_request req = util_request("-DSTOF_TEST_SALT=4");
+    void *bin = NULL;
+    size_t size = 0;
+    int handled = 0;
+    stof_error err = {0};
+    int rc = nvrtc_worker_compile(&req, &bin, &size, &handled, &err);
+    free(bin);
+    nvrtc_workers_status(&after);
+    CHECK_MSG(rc == STOF_OK && handled, "%s", err.msg);
+    /* the workers of before had ended (or were ending): a new one took it */
+    CHECK(after.started > before.started);
+}
+
 /* A worker that will not talk, or talks for other sources, turns workers
  * off with a reason; compiling goes on here. */
 static void test_broken_worker_turns_off(const char *exe, const char *env, const char *why) {
@@ -179,6 +198,7 @@ int main(int argc, char **argv) {
         return nvrtc_worker_main(0);
     }
     unsetenv("STOF_COMPILE_WORKER");
+    setenv("STOF_COMPILE_WORKER_IDLE_S", "0.3", 1);
     int major, minor;
     stof_error err = {0};
     if (nvrtc_version(&major, &minor, &err) != STOF_OK) {
@@ -191,6 +211,7 @@ int main(int argc, char **argv) {
     test_compile_error_has_log();
     test_threads();
     test_killed_worker_replaced();
+    test_idle_workers_end();
     test_broken_worker_turns_off("/bin/true", NULL, "did not answer");
     test_broken_worker_turns_off("/nonexistent/stof", NULL, "cannot start");
     test_broken_worker_turns_off("/proc/self/exe", "STOF_TEST_BAD_HELLO",

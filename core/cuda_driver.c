@@ -86,3 +86,30 @@ int cuda_check(const cuda_driver *drv, CUresult rc, const char *what, stof_error
     int code = rc == CUDA_ERROR_OUT_OF_MEMORY ? STOF_ERR_DEVICE_OOM : STOF_ERR_CUDA;
     return err_set(err, code, "%s failed: %s (%s)", what, name ? name : "?", text ? text : "?");
 }
+
+int cuda_launch(const cuda_driver *drv, CUfunction f, const unsigned *grid, const unsigned *block,
+                unsigned smem, CUstream s, void **params, int pdl, const char *what,
+                stof_error *err) {
+    if (!pdl)
+        return cuda_check(drv,
+                          drv->LaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
+                                            block[2], smem, s, params, NULL),
+                          what, err);
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid[0];
+    cfg.gridDimY = grid[1];
+    cfg.gridDimZ = grid[2];
+    cfg.blockDimX = block[0];
+    cfg.blockDimY = block[1];
+    cfg.blockDimZ = block[2];
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cuda_check(drv, drv->LaunchKernelEx(&cfg, f, params, NULL), what, err);
+}

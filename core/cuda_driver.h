@@ -48,6 +48,7 @@
     X(FuncSetAttribute, "cuFuncSetAttribute", cuFuncSetAttribute)         \
     X(FuncGetAttribute, "cuFuncGetAttribute", cuFuncGetAttribute)         \
     X(LaunchKernel, "cuLaunchKernel", cuLaunchKernel)                     \
+    X(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx)               \
     X(StreamCreate, "cuStreamCreate", cuStreamCreate)                     \
     X(StreamDestroy, "cuStreamDestroy", cuStreamDestroy)                  \
     X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)      \
@@ -74,6 +75,16 @@ typedef struct cuda_driver {
  * with the reason ("libcuda.so.1 not found: no NVIDIA driver on this
  * machine", "cuInit: CUDA_ERROR_NO_DEVICE ...") when it cannot. */
 int cuda_driver_get(const cuda_driver **out, stof_error *err);
+
+/* Launches f with grid[3] x block[3] threads and smem bytes of dynamic
+ * shared memory on s. pdl: as a programmatic dependent launch (sm_90+):
+ * the kernel may be scheduled before the previous kernel in s has
+ * finished, and must wait for it (griddepcontrol.wait, as every kernel of
+ * kernels/ does first) before reading what it wrote. what names the call in
+ * errors. */
+int cuda_launch(const cuda_driver *drv, CUfunction f, const unsigned *grid, const unsigned *block,
+                unsigned smem, CUstream s, void **params, int pdl, const char *what,
+                stof_error *err);
 
 /* Turns a CUresult into a stof status and message naming the call. */
 int cuda_check(const cuda_driver *drv, CUresult rc, const char *what, stof_error *err);

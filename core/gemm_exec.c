@@ -722,11 +722,8 @@ static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUst
     void *params[] = {args};
     char what[64];
     snprintf(what, sizeof what, "cuLaunchKernel(%s)", tmpl_name(plan->problem.tmpl));
-    return cuda_check(c->drv,
-                      c->drv->LaunchKernel(plan->func, plan->grid[0], plan->grid[1], plan->grid[2],
-                                           plan->block[0], plan->block[1], plan->block[2],
-                                           (unsigned)plan->smem, s, params, NULL),
-                      what, err);
+    return cuda_launch(c->drv, plan->func, plan->grid, plan->block, (unsigned)plan->smem, s,
+                       params, c->pdl, what, err);
 }
 
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,

@@ -1,6 +1,7 @@
 #include "core/gpu_ctx.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -39,6 +40,10 @@ int gpu_ctx_create(int ordinal, gpu_ctx **out, stof_error *err) {
         return rc;
     }
     nvrtc_cache_init(&c->nvrtc, NULL);
+    /* Hopper and newer start each kernel while the one before it drains
+     * (launch latency hidden, ~100 kernels a forward pass at small sizes) */
+    const char *pdl = getenv("STOF_PDL");
+    c->pdl = c->info.cc_major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     *out = c;
     return STOF_OK;
 }

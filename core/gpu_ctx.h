@@ -27,6 +27,8 @@ typedef struct gpu_ctx {
     stof_device_info info;
     char arch[16];       /* "sm_90" */
     nvrtc_cache nvrtc;   /* $STOF_CACHE_DIR or ~/.cache/stof on disk */
+    int pdl;             /* launch kernels as programmatic dependent launches: sm_90+
+                            unless STOF_PDL=0 (cuda_launch) */
     gpu_module *modules;
     int n_modules, cap_modules;
 } gpu_ctx;

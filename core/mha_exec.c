@@ -1336,17 +1336,10 @@ int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
     stof_attn_args args;
     mha_exec_fill_args(plan, t, &args);
     void *params[] = {&args};
-    rc = cuda_check(c->drv,
-                    c->drv->LaunchKernel(plan->func, plan->grid[0], plan->grid[1], plan->grid[2],
-                                         plan->block[0], plan->block[1], plan->block[2],
-                                         (unsigned)plan->smem, s, params, NULL),
-                    "cuLaunchKernel(attention)", err);
+    rc = cuda_launch(c->drv, plan->func, plan->grid, plan->block, (unsigned)plan->smem, s, params,
+                     c->pdl, "cuLaunchKernel(attention)", err);
     if (rc || !plan->config.split)
         return rc;
-    return cuda_check(c->drv,
-                      c->drv->LaunchKernel(plan->combine, plan->combine_grid[0],
-                                           plan->combine_grid[1], plan->combine_grid[2],
-                                           plan->combine_block[0], plan->combine_block[1],
-                                           plan->combine_block[2], 0, s, params, NULL),
-                      "cuLaunchKernel(attention combine)", err);
+    return cuda_launch(c->drv, plan->combine, plan->combine_grid, plan->combine_block, 0, s,
+                       params, c->pdl, "cuLaunchKernel(attention combine)", err);
 }

@@ -401,6 +401,7 @@ __device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
 
 extern "C" __global__ void __launch_bounds__(kThreads)
 stof_attention_block(const stof_attn_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t *sQ = reinterpret_cast<elem_t *>(smem_raw);
     elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][BLOCK_N][kPitch]
@@ -519,6 +520,7 @@ constexpr int kCombineThreads = STOF_ATTN_COMBINE_THREADS;
 
 extern "C" __global__ void __launch_bounds__(kCombineThreads)
 stof_attention_combine(const stof_attn_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     const int h = blockIdx.y, b = blockIdx.z;
     const int wb = a.fmt_batch == 1 ? 0 : b;
     const int first = __ldg(a.split_ptr + wb);

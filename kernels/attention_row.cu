@@ -138,6 +138,7 @@ __device__ __forceinline__ void store_row(elem_t *out, const float2 (&acc)[kPair
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
 stof_attention_row(const stof_attn_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     __shared__ __align__(16) float s_query[WARPS_PER_BLOCK][HEAD_DIM];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y, b = blockIdx.z;

@@ -24,6 +24,19 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(x);
 }
 
+// Programmatic dependent launch (sm_90+; the host launches every kernel of
+// this folder so, see cuda_launch). First thing in every kernel: let the
+// next kernel of the stream be scheduled now (its blocks will wait below,
+// so they cannot overtake), then wait until the previous kernel has
+// completed and its writes are visible, before anything is read. Both
+// instructions do nothing when the launch was an ordinary one.
+__device__ __forceinline__ void grid_dependency_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -80,6 +80,7 @@ template <int V> __device__ __forceinline__ void store_chunk(elem_t *p, const fl
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_embed_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES, "ABI mismatch");
     const int chunks = a.hidden / VEC;
     const long long total = a.tokens * chunks;

@@ -286,6 +286,7 @@ __device__ __forceinline__ void store_slab(const stof_gemm_chain_args &a, const 
 
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_chain(const stof_gemm_chain_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_gemm_chain_args) == STOF_GEMM_CHAIN_ARGS_BYTES, "ABI mismatch");
     extern __shared__ uint4 smem_raw[];
     tiles t;

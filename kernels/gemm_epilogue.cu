@@ -152,6 +152,7 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
 
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_epilogue(const stof_gemm_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES, "ABI mismatch");
     extern __shared__ uint4 smem_raw[];
     elem_t *smem = reinterpret_cast<elem_t *>(smem_raw);

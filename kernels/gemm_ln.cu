@@ -227,6 +227,7 @@ __device__ __forceinline__ void norm_row(const stof_gemm_ln_args &a, float *rowb
 // ---- the kernel ---------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(kThreads) stof_gemm_ln(const stof_gemm_ln_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_gemm_ln_args) == STOF_GEMM_LN_ARGS_BYTES, "ABI mismatch");
     extern __shared__ uint4 smem_raw[];
     float *rowbuf = reinterpret_cast<float *>(smem_raw);               // [ROWS][ROW_N]

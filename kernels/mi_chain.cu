@@ -127,6 +127,7 @@ __device__ __forceinline__ float row_sum(float v, float (*red)[ROWS][kWarpsPerRo
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_mi_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_mi_args) == STOF_MI_ARGS_BYTES, "ABI mismatch");
 #if NORM != STOF_NORM_NONE
     __shared__ float red[2][ROWS][kWarpsPerRow];

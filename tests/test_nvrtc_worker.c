@@ -21,6 +21,16 @@ static nvrtc_request util_request(const char *salt) {
     return req;
 }
 
+/* util.cu with salt through nvrtc_worker_compile; the cubin is dropped. */
+static int worker_compile_util(const char *salt, int *handled, stof_error *err) {
+    nvrtc_request req = util_request(salt);
+    void *bin = NULL;
+    size_t size = 0;
+    int rc = nvrtc_worker_compile(&req, &bin, &size, handled, err);
+    free(bin);
+    return rc;
+}
+
 static void test_off_by_default(void) {
     nvrtc_request req = util_request(NULL);
     void *bin = NULL;
@@ -131,14 +141,10 @@ static void test_killed_worker_replaced(void) {
     for (char *tok = strtok(line, " \n"); tok; tok = strtok(NULL, " \n"))
         killed += kill((pid_t)atoi(tok), SIGKILL) == 0;
     CHECK(killed >= 1);
-    nvrtc_request req = util_request("-DSTOF_TEST_SALT=2");
-    void *bin = NULL;
-    size_t size = 0;
     int handled = 0;
     stof_error err = {0};
-    int rc = nvrtc_worker_compile(&req, &bin, &size, &handled, &err);
+    int rc = worker_compile_util("-DSTOF_TEST_SALT=2", &handled, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);
-    free(bin);
     nvrtc_workers_status(&after);
     CHECK(handled && after.on && after.started > before.started);
 }
@@ -149,13 +155,9 @@ static void test_idle_workers_end(void) {
     nvrtc_workers_info before, after;
     nvrtc_workers_status(&before);
     usleep(800 * 1000);
-    nvrtc_request req = util_request("-DSTOF_TEST_SALT=4");
-    void *bin = NULL;
-    size_t size = 0;
     int handled = 0;
     stof_error err = {0};
-    int rc = nvrtc_worker_compile(&req, &bin, &size, &handled, &err);
-    free(bin);
+    int rc = worker_compile_util("-DSTOF_TEST_SALT=4", &handled, &err);
     nvrtc_workers_status(&after);
     CHECK_MSG(rc == STOF_OK && handled, "%s", err.msg);
     /* the workers of before had ended (or were ending): a new one took it */
@@ -169,20 +171,19 @@ static void test_broken_worker_turns_off(const char *exe, const char *env, const
     if (env)
         setenv(env, "1", 1);
     nvrtc_workers_enable(exe);
-    nvrtc_request req = util_request("-DSTOF_TEST_SALT=3");
-    void *bin = NULL;
-    size_t size = 0;
     int handled = 1;
     stof_error err = {0};
-    int rc = nvrtc_worker_compile(&req, &bin, &size, &handled, &err);
+    int rc = worker_compile_util("-DSTOF_TEST_SALT=3", &handled, &err);
     CHECK(rc == STOF_OK && handled == 0);
     nvrtc_workers_info wi;
     nvrtc_workers_status(&wi);
     CHECK_MSG(!wi.on && strstr(wi.why_off, why), "%s: on %d, why '%s'", exe, wi.on, wi.why_off);
     /* nvrtc_get still compiles, here */
+    nvrtc_request req = util_request("-DSTOF_TEST_SALT=3");
     nvrtc_cache cache;
     nvrtc_cache_init(&cache, "");
     const void *cubin;
+    size_t size;
     CHECK(nvrtc_get(&cache, &req, &cubin, &size, &err) == STOF_OK);
     nvrtc_cache_free(&cache);
     if (env)

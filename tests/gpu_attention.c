@@ -719,6 +719,18 @@ static void timing(gpu *g) {
     const tshape big = {"bigbird{}", 16, 4096};
     time_shape(g, &big, timed, (int)(sizeof timed / sizeof timed[0]));
 
+    /* the same kernel on an all-allowed mask: its dense throughput, the
+     * ceiling a sparse mask can approach */
+    static const setting dense_timed[] = {
+        {"32x32w2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0},
+        {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0},
+        {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0},
+        {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0},
+        {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0},
+    };
+    const tshape dense = {"full{}", 16, 4096};
+    time_shape(g, &dense, dense_timed, (int)(sizeof dense_timed / sizeof dense_timed[0]));
+
     /* split rows: off vs automatic, same kernel settings */
     static const setting split_timed[] = {
         {"auto-nosplit", -1, 0, 0, 0, 0, 0, -1},

@@ -244,6 +244,35 @@ static int is_block_size(int v) {
            v % MASK_FORMAT_BLOCK_QUANTUM == 0;
 }
 
+int mha_exec_wgmma_arch(const char *arch) {
+    return arch && strcmp(arch, "sm_90") == 0;
+}
+
+void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out, size_t n) {
+    int wg = c->kernel == MHA_KERNEL_BLOCK_WISE && c->wgmma && mha_exec_wgmma_arch(arch);
+    snprintf(out, n, "%s%s", arch, wg ? "a" : "");
+}
+
+/* The wgmma build's shapes: whole warpgroups of 16-row warps, and N of the
+ * two products (BLOCK_N, head_dim) among the instruction shapes it has
+ * (kernels/wgmma.cuh). */
+static int check_wgmma_config(const mha_exec_config *c, stof_error *err) {
+    if (c->block_m % 64 || c->num_warps * 16 != c->block_m)
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: the wgmma build needs BLOCK_M a multiple of 64 and 16 rows "
+                       "a warp, got BLOCK_M %d with %d warps",
+                       c->block_m, c->num_warps);
+    if (c->block_n != 16 && c->block_n != 32 && c->block_n != 64 && c->block_n != 128)
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: the wgmma build takes BLOCK_N 16, 32, 64 or 128, got %d",
+                       c->block_n);
+    if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 128)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "attention: the wgmma build takes head_dim 32, 64, 80 or 128, got %d",
+                       c->head_dim);
+    return STOF_OK;
+}
+
 static int check_block_config(const mha_exec_config *c, int smem_limit, stof_error *err) {
     if (!is_block_size(c->block_m) || !is_block_size(c->block_n))
         return err_set(err, STOF_ERR_INVALID,
@@ -262,6 +291,9 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the block-wise kernel pipelines %d to %d K/V stages, got %d",
                        MHA_EXEC_MIN_STAGES, MHA_EXEC_MAX_STAGES, c->stages);
+    int rc = c->wgmma ? check_wgmma_config(c, err) : STOF_OK;
+    if (rc)
+        return rc;
     size_t smem = mha_exec_block_smem(c->block_m, c->block_n, c->stages, c->head_dim,
                                       (int)stof_dtype_size(c->dtype));
     if (smem_limit > 0 && smem > (size_t)smem_limit)
@@ -296,7 +328,7 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch) {
     memset(r, 0, sizeof *r);
-    snprintf(r->arch, sizeof r->arch, "%s", arch);
+    mha_exec_config_arch(c, arch, r->arch, sizeof r->arch);
     int n = 0;
     snprintf(r->opts[n++], sizeof r->opts[0], "-DHEAD_DIM=%d", c->head_dim);
     snprintf(r->opts[n++], sizeof r->opts[0], "-DSTOF_DTYPE=%d", (int)c->dtype);
@@ -308,6 +340,8 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
         snprintf(r->opts[n++], sizeof r->opts[0], "-DSTAGES=%d", c->stages);
         if (c->split) /* absent otherwise: the plain build keeps its cache key */
             snprintf(r->opts[n++], sizeof r->opts[0], "-DSPLIT=1");
+        if (c->wgmma)
+            snprintf(r->opts[n++], sizeof r->opts[0], "-DWGMMA=1");
     } else {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DROWS_PER_WARP=%d", c->rows_per_warp);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DWARPS_PER_BLOCK=%d", c->warps_per_block);
@@ -574,6 +608,7 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
         cfg->block_m = force->block_m;
         cfg->block_n = force->block_n;
         cfg->num_warps = force->num_warps;
+        cfg->wgmma = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->block_m && force->wgmma;
         snprintf(reason, reason_size, "forced");
         if (cfg->kernel != MHA_KERNEL_BLOCK_WISE || cfg->block_m) {
             set_stages(cfg, force, lim);
@@ -624,7 +659,7 @@ static int same_config(const mha_exec_config *a, const mha_exec_config *b) {
         return 0;
     if (a->kernel == MHA_KERNEL_BLOCK_WISE)
         return a->block_m == b->block_m && a->block_n == b->block_n &&
-               a->num_warps == b->num_warps && a->stages == b->stages;
+               a->num_warps == b->num_warps && a->stages == b->stages && a->wgmma == b->wgmma;
     return a->rows_per_warp == b->rows_per_warp && a->warps_per_block == b->warps_per_block;
 }
 
@@ -896,6 +931,10 @@ static void set_launch_shape(mha_exec_plan *plan) {
 static int plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
                        const mha_exec_force *force, stof_error *err) {
     int rc = mha_exec_config_check(&plan->config, c->info.smem_per_block_optin, err);
+    if (!rc && plan->config.wgmma && !mha_exec_wgmma_arch(c->arch))
+        rc = err_set(err, STOF_ERR_UNSUPPORTED,
+                     "attention: the wgmma build runs on sm_90 GPUs only, this one is %s",
+                     c->arch);
     if (!rc)
         rc = plan->config.kernel == MHA_KERNEL_BLOCK_WISE
                  ? upload_bsr(c, plan, folded, force ? force->split_chunk : 0, err)
@@ -1212,10 +1251,11 @@ size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n) {
     int k;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
         k = snprintf(buf, n,
-                     "block-wise BLOCK_M=%d BLOCK_N=%d warps=%d stages=%d smem=%zuB "
+                     "block-wise%s BLOCK_M=%d BLOCK_N=%d warps=%d stages=%d smem=%zuB "
                      "grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d bitmaps), "
                      "fmt_batch %d%s; %s",
-                     cfg->block_m, cfg->block_n, cfg->num_warps, cfg->stages, plan->smem,
+                     cfg->wgmma ? " wgmma" : "", cfg->block_m, cfg->block_n, cfg->num_warps,
+                     cfg->stages, plan->smem,
                      plan->grid[0], plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype),
                      cfg->head_dim, cfg->relpos ? " relpos" : "", plan->n_loaded_blocks,
                      plan->n_partial_blocks, plan->n_bitmaps, plan->fmt_batch, split,

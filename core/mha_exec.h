@@ -67,7 +67,17 @@ typedef struct mha_exec_config {
     int rows_per_warp, warps_per_block;  /* row-wise */
     int split;                           /* block-wise: the work-list build (-DSPLIT=1), set
                                             by the plan when it splits rows */
+    int wgmma;                           /* block-wise: the Hopper build (-DWGMMA=1, warpgroup
+                                            MMA, compiled for sm_90a): sm_90 devices only,
+                                            BLOCK_M = 16 warps, a multiple of 64 */
 } mha_exec_config;
+
+/* The arch a configuration compiles for on a device of `arch`: the wgmma
+ * build needs the architecture-specific target (sm_90 -> sm_90a). */
+void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out, size_t n);
+/* Whether the wgmma build can run on a device of `arch` ("sm_90" only:
+ * sm_90a code runs on no other architecture). */
+int mha_exec_wgmma_arch(const char *arch);
 
 #define MHA_EXEC_MIN_STAGES 2
 #define MHA_EXEC_MAX_STAGES 4
@@ -203,6 +213,7 @@ typedef struct mha_exec_force {
     int split_chunk; /* block-wise rows cut into work items: 0 = automatic
                         (mha_exec_split_chunk), -1 = never, N > 0 = chunks of N
                         loaded blocks (every longer row is cut) */
+    int wgmma;       /* block-wise with explicit sizes: 1 = the wgmma build */
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from

@@ -70,6 +70,12 @@
 #ifndef SPLIT
 #define SPLIT 0
 #endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA
+#include "wgmma.cuh"
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -81,7 +87,9 @@ constexpr int kNT = BLOCK_N / 8;                 // 8-column tiles of S
 constexpr int kKD = HEAD_DIM / 16;               // k steps of Q K^T
 constexpr int kDT = HEAD_DIM / 8;                // 8-column tiles of O (= 16-byte chunks of a row)
 constexpr int kKN = BLOCK_N / 16;                // k steps of P V
-constexpr int kPitch = HEAD_DIM + 8;             // shared row pitch, elements
+// Shared tiles: rows padded by 8 elements for ldmatrix (mma.sync build),
+// or unpadded core matrices for wgmma (see tile_off).
+constexpr int kPitch = WGMMA ? HEAD_DIM : HEAD_DIM + 8;
 constexpr int kMaskWords = (BLOCK_N + 31) / 32;  // uint32 words per bitmap row
 
 // Q fragments stay in registers unless that would push the accumulators
@@ -92,7 +100,7 @@ constexpr int kMaskWords = (BLOCK_N + 31) / 32;  // uint32 words per bitmap row
 #ifndef KEEP_Q_REGS
 #define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + BLOCK_N / 2 + HEAD_DIM / 4) <= 128)
 #endif
-constexpr bool kKeepQ = KEEP_Q_REGS;
+constexpr bool kKeepQ = KEEP_Q_REGS && !WGMMA;  // wgmma reads Q from shared memory
 
 static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
 static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 16 up to 256");
@@ -101,6 +109,8 @@ static_assert(BLOCK_M % NUM_WARPS == 0 && kWarpRows % 16 == 0,
               "each warp owns whole 16-row tiles: BLOCK_M / NUM_WARPS must be a multiple of 16");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
 static_assert(SPLIT == 0 || SPLIT == 1, "SPLIT: 0 (grid over block rows) or 1 (work list)");
+static_assert(!WGMMA || (NUM_WARPS % 4 == 0 && kWarpRows == 16),
+              "WGMMA: whole warpgroups, 16 rows a warp (BLOCK_M = 16 NUM_WARPS, a multiple of 64)");
 
 constexpr int kStageElems = BLOCK_N * kPitch;    // one K (or V) stage
 
@@ -113,6 +123,16 @@ struct warp_pos {
 
 // ---- tile loads --------------------------------------------------------------------
 
+// Element (r, c) of a [rows][HEAD_DIM] shared tile. The wgmma build keeps
+// core matrices (8 rows x 8 elements, 128 contiguous bytes; see wgmma.cuh).
+__device__ __forceinline__ int tile_off(int r, int c) {
+#if WGMMA
+    return ((r >> 3) * kDT + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+#else
+    return r * kPitch + c;
+#endif
+}
+
 // ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a
 // padded shared tile, cooperatively by the whole block; rows >= valid_rows
 // are zero-filled. Asynchronous: the caller commits and waits.
@@ -121,10 +141,17 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
                                                 int valid_rows) {
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < ROWS * kDT; idx += kThreads) {
+#if WGMMA
+        // eight consecutive threads fill one core matrix (128 contiguous
+        // bytes: no bank conflict), i.e. the chunk at idx * 8
+        static_assert(ROWS % 8 == 0, "wgmma tiles: whole 8-row groups");
+        const int r = (idx / (8 * kDT)) * 8 + (idx & 7), c = (idx >> 3) % kDT;
+#else
         const int r = idx / kDT, c = idx % kDT;
+#endif
         const bool valid = r < valid_rows;
         const elem_t *src = valid ? gmem + r * stride + c * 8 : gmem;
-        cp_async_16(smem + r * kPitch + c * 8, src, valid);
+        cp_async_16(smem + tile_off(r, c * 8), src, valid);
     }
 }
 
@@ -165,6 +192,26 @@ __device__ __forceinline__ void load_q_frag(unsigned (&qf)[4], const elem_t *sQ,
 
 // ---- S = Q K^T -------------------------------------------------------------------
 
+#if WGMMA
+// The warpgroup's 64 rows of Q times the stage's BLOCK_N keys: HEAD_DIM / 16
+// products into S, both operands K-major in shared memory.
+__device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
+                                               const unsigned (&)[kMT][kKD][4],
+                                               const elem_t *sQ, const elem_t *sK,
+                                               const warp_pos &w) {
+    float(&d)[BLOCK_N / 2] = reinterpret_cast<float(&)[BLOCK_N / 2]>(s[0]);
+    const elem_t *qa = sQ + (w.warp / 4) * 64 * HEAD_DIM;  // the warpgroup's row groups
+    constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
+    stof::wg::fence();
+#pragma unroll
+    for (int kd = 0; kd < kKD; ++kd)  // 16 head-dim columns = 2 core matrices = 128 elements
+        stof::wg::wg_mma<BLOCK_N>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
+                                      stof::wg::desc(sK + kd * 128, kLbo, kSbo), kd > 0);
+    stof::wg::commit();
+    stof::wg::wait<0>();
+    stof::wg::wg_mma<BLOCK_N>::keep(d);
+}
+#else
 __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
                                                const unsigned (&qf)[kMT][kKD][4],
                                                const elem_t *sQ, const elem_t *sK,
@@ -202,6 +249,7 @@ __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
         }
     }
 }
+#endif
 
 // ---- mask, scale and bias ------------------------------------------------------------
 
@@ -293,6 +341,35 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
 
 // ---- O += P V -----------------------------------------------------------------------
 
+#if WGMMA
+// O += P V for the warpgroup: P from registers (its C fragments are the A
+// fragments), V MN-major from shared memory, BLOCK_N / 16 products.
+__device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float (&p)[kMT][kNT][4],
+                                           const elem_t *sV, const warp_pos &) {
+    unsigned a[kKN][4];
+#pragma unroll
+    for (int kn = 0; kn < kKN; ++kn) {
+        a[kn][0] = pack2<elem_t>(p[0][2 * kn][0], p[0][2 * kn][1]);
+        a[kn][1] = pack2<elem_t>(p[0][2 * kn][2], p[0][2 * kn][3]);
+        a[kn][2] = pack2<elem_t>(p[0][2 * kn + 1][0], p[0][2 * kn + 1][1]);
+        a[kn][3] = pack2<elem_t>(p[0][2 * kn + 1][2], p[0][2 * kn + 1][3]);
+    }
+    float(&d)[HEAD_DIM / 2] = reinterpret_cast<float(&)[HEAD_DIM / 2]>(o[0]);
+    constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
+    stof::wg::fence();
+#pragma unroll
+    for (int kn = 0; kn < kKN; ++kn)  // 16 keys = 2 row groups = 16 HEAD_DIM elements
+        stof::wg::wg_mma<HEAD_DIM>::rs_tb(d, a[kn], stof::wg::desc(sV + kn * 16 * HEAD_DIM, kLbo, kSbo),
+                                          1);
+    stof::wg::commit();
+    stof::wg::wait<0>();
+    stof::wg::wg_mma<HEAD_DIM>::keep(d);
+#pragma unroll
+    for (int kn = 0; kn < kKN; ++kn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) stof::wg::keep(a[kn][e]);
+}
+#else
 __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float (&p)[kMT][kNT][4],
                                            const elem_t *sV, const warp_pos &w) {
 #pragma unroll
@@ -322,6 +399,7 @@ __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float 
         }
     }
 }
+#endif
 
 // ---- O / l -> global -----------------------------------------------------------------
 
@@ -345,7 +423,7 @@ __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], floa
             for (int dt = 0; dt < kDT; ++dt) {
                 const float x = empty ? 0.0f : o[mt][dt][half * 2] * inv;
                 const float y = empty ? 0.0f : o[mt][dt][half * 2 + 1] * inv;
-                *reinterpret_cast<unsigned *>(sO + r * kPitch + dt * 8 + 2 * w.t) =
+                *reinterpret_cast<unsigned *>(sO + tile_off(r, dt * 8 + 2 * w.t)) =
                     pack2<elem_t>(x, y);
             }
         }
@@ -356,7 +434,7 @@ __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], floa
         const int r = w.row0 + idx / kDT, c = idx % kDT;
         if (r < valid_rows)
             *reinterpret_cast<uint4 *>(out + r * out_stride + c * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * kPitch + c * 8);
+                *reinterpret_cast<const uint4 *>(sO + tile_off(r, c * 8));
     }
 }
 
@@ -471,6 +549,9 @@ stof_attention_block(const stof_attn_args a) {
         // This block's K, V (and Q) have landed, and every warp is done
         // with the stage block it - 1 used: it may be refilled (see the top).
         cp_async_wait<STAGES - 2>();
+#if WGMMA
+        stof::wg::fence_proxy_async();  // cp.async wrote them; wgmma reads them
+#endif
         __syncthreads();
         if (kKeepQ && it == start) {
 #pragma unroll

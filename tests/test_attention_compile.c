@@ -164,6 +164,39 @@ static int list_split_variants(variant *v, int cap) {
     return n;
 }
 
+/* The wgmma builds (sm_90 only, compiled for sm_90a): dtype x every head_dim
+ * x wgmma_settings at STAGES 2, then relpos, split and deeper-ring ones. */
+static const int wgmma_settings[][3] = {{64, 16, 4},  {64, 32, 4},   {64, 64, 4},
+                                        {64, 128, 4}, {128, 64, 8}, {128, 128, 8}};
+#define N_WGMMA ((int)(sizeof wgmma_settings / sizeof wgmma_settings[0]))
+
+static int list_wgmma_variants(variant *v, int cap) {
+    int n = 0;
+    for (int d = 0; d < 2; d++)
+        for (int h = 0; h < 4; h++)
+            for (int s = 0; s < N_WGMMA; s++) {
+                mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = head_dims[h],
+                                       .dtype = dtypes[d], .block_m = wgmma_settings[s][0],
+                                       .block_n = wgmma_settings[s][1],
+                                       .num_warps = wgmma_settings[s][2], .stages = 2,
+                                       .wgmma = 1};
+                stof_error err = {0};
+                if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
+                    v[n++] = (variant){.cfg = cfg, .arch = "sm_90"};
+            }
+    static const mha_exec_config extra[] = {
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
+         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2, .wgmma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .relpos = 1,
+         .block_m = 128, .block_n = 32, .num_warps = 8, .stages = 3, .split = 1, .wgmma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
+         .block_n = 32, .num_warps = 4, .stages = 4, .split = 1, .wgmma = 1},
+    };
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
+        v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
+    return n;
+}
+
 /* The variant list: on sm_90 both kernels x dtype x head_dim x relpos, the
  * block-wise kernel at every setting of block_settings (with relpos at the
  * first two); on sm_80 the row-wise kernel and the first block setting; all
@@ -197,6 +230,7 @@ static int list_variants(variant *v, int cap) {
     if (n < cap)
         v[n++] = (variant){.cfg = many, .arch = "sm_90"};
     n += list_deep_variants(v + n, cap - n);
+    n += list_wgmma_variants(v + n, cap - n);
     return n + list_split_variants(v + n, cap - n);
 }
 
@@ -226,7 +260,7 @@ static int compile_all(variant *v, int n) {
 }
 
 static void test_variants_compile(void) {
-    enum { CAP = 400 };
+    enum { CAP = 500 };
     variant *v = calloc(CAP, sizeof *v);
     CHECK(v != NULL);
     if (!v)
@@ -237,11 +271,15 @@ static void test_variants_compile(void) {
     printf("compiled %d of %d attention kernel variants in %.1f s (%d threads)\n", ok, n,
            now_s() - t0, N_WORKERS);
     CHECK(n >= 180);
-    int splits = 0;
-    for (int i = 0; i < n; i++)
+    int splits = 0, wgmma = 0;
+    for (int i = 0; i < n; i++) {
         splits += v[i].cfg.split;
-    printf("  of which %d split-row builds (kernel + %s)\n", splits, STOF_ATTN_COMBINE_KERNEL);
+        wgmma += v[i].cfg.wgmma;
+    }
+    printf("  of which %d split-row builds (kernel + %s), %d wgmma builds (sm_90a)\n", splits,
+           STOF_ATTN_COMBINE_KERNEL, wgmma);
     CHECK(splits >= 20);
+    CHECK(wgmma >= 40);
     free(v);
 }
 

@@ -355,7 +355,7 @@ __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float 
         a[kn][3] = pack2<elem_t>(p[0][2 * kn + 1][2], p[0][2 * kn + 1][3]);
     }
     float(&d)[HEAD_DIM / 2] = reinterpret_cast<float(&)[HEAD_DIM / 2]>(o[0]);
-    constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
+    constexpr unsigned kLbo = 16 * HEAD_DIM, kSbo = 128;  // MN-major: LBO steps along K
     stof::wg::fence();
 #pragma unroll
     for (int kn = 0; kn < kKN; ++kn)  // 16 keys = 2 row groups = 16 HEAD_DIM elements

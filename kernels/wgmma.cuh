@@ -20,12 +20,14 @@
 // contiguous): the leading byte offset (LBO) is the K step, 128, the stride
 // byte offset (SBO) the 8-row step, 16 D. V is the B operand of P V with
 // its N dim (the head dim) contiguous: "MN-major", read with the transpose
-// flag, where LBO steps along N and SBO along K: the same two numbers.
+// flag, where the roles swap: LBO steps along K (8 keys: 16 D bytes) and
+// SBO along N (128). (Checked on an H200 with a standalone product against
+// a CPU reference: the other assignments give wrong sums or fault.)
 //
 // Element type: STOF_DTYPE (1 fp16, 2 bf16), as for every kernel here.
 #pragma once
 
-#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "wgmma needs the sm_90a target (-arch=sm_90a)"
 #endif
 

@@ -145,6 +145,8 @@ typedef struct stof_attention_desc {
     int measure; /* 0: the analytical choice only; N > 0: at plan time, time Eq. 2's N best
                     block-wise settings and a few fixed ones (and row-wise when Eq. 1 chose
                     it) on scratch buffers and keep the fastest */
+    int wgmma;   /* forced block-wise sizes: 1 = the Hopper build (warpgroup MMA; sm_90
+                    GPUs, BLOCK_M = 16 num_warps, a multiple of 64) */
 } stof_attention_desc;
 
 typedef struct stof_attention stof_attention;

@@ -11,8 +11,9 @@
 //   for each loaded key block:
 //       prefetch K, V of the block STAGES - 1 ahead (cp.async, the stage freed last)
 //       S = Q K^T                                  (mma.sync, fp32)
-//       S = mask(S): partial blocks by bitmap, columns past k_len, scale, bias
-//       online softmax: m, l per row; O *= exp2(m_old - m_new); P = exp2(S - m)
+//       S = mask(S): partial blocks by bitmap, columns past k_len (full blocks:
+//           nothing), and with a T5 bias scale and bias
+//       online softmax: m, l per row; O *= exp2(c (m_old - m_new)); P = exp2(c (S - m))
 //       O += P V                                   (mma.sync, P in the dtype)
 //   O /= l, rows with no allowed key write zeros
 //
@@ -252,17 +253,34 @@ __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
 #endif
 
 // ---- mask, scale and bias ------------------------------------------------------------
+//
+// Scores reach the softmax in one of two units. Without a bias and with a
+// positive scale they stay raw dot products: the softmax folds the scale
+// into its exponent (exp2(s c - m c), one FFMA) and takes maxima of raw
+// scores, which order like scaled ones. A full block away from the k_len
+// edge then needs no work at all here, which is most blocks: per score the
+// loop body is the max, one FFMA, one exp2 and one add. With the T5 bias (or
+// a scale <= 0) scores are scaled here, the bias added, and the softmax
+// uses c = 1. Either way m is kept in the softmax's units and turned into
+// base-2 units (m c) where it leaves the kernel (split rows' partials).
 
-// Turns raw dot products into base-2 scores; disallowed pairs become -inf:
-// a partial block's bitmap (mask_idx >= 0; a full block skips the test),
-// and on the last block column the keys past k_len (zero-filled rows that
-// must not count). Rows past q_len are computed on zero queries and never
-// stored.
+// Whether this launch pre-scales scores (uniform over the grid).
+__device__ __forceinline__ bool prescaled(const stof_attn_args &a) {
+    return HAS_RELPOS || !(a.scale_log2 > 0.0f);
+}
+
+// Disallowed pairs become -inf: a partial block's bitmap (mask_idx >= 0; a
+// full block skips the test), and on the last block column the keys past
+// k_len (zero-filled rows that must not count). Pre-scaled launches also
+// scale and add the bias here. Rows past q_len are computed on zero
+// queries and never stored.
 __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const stof_attn_args &a,
                                                const warp_pos &w, int row_base, int bc,
-                                               int mask_idx, int h) {
+                                               int mask_idx, int h, bool prescale) {
     const int col0 = bc * BLOCK_N;
     const bool edge = col0 + BLOCK_N > a.k_len;
+    if (!prescale && mask_idx < 0 && !edge) return;  // a full block: nothing to mask
+    const float mul = prescale ? a.scale_log2 : 1.0f;
     // A full block (mask_idx < 0) points at bitmap 0 and ignores it. Never
     // a null pointer: the compiler may issue the bitmap load before the
     // test that discards it (seen at 128x16 with one warp: a read of
@@ -286,7 +304,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
                     const int c = nt * 8 + 2 * w.t + e;  // column within the key block
                     bool ok = (bits[c >> 5] >> (c & 31)) & 1u;
                     if (edge) ok = ok && col0 + c < a.k_len;
-                    float x = s[mt][nt][half * 2 + e] * a.scale_log2;
+                    float x = s[mt][nt][half * 2 + e] * mul;
 #if HAS_RELPOS
                     if (ok && row_base + r < a.q_len)
                         x += relpos_bias_log2<elem_t>(a, row_base + r, col0 + c, h);
@@ -302,9 +320,11 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
 
 // Each thread holds two rows per m tile (g and g + 8), spread over the four
 // threads of a quad: the row maximum is reduced across the quad; the row sum
-// l stays a per-thread partial sum until the end. S becomes P in place.
+// l stays a per-thread partial sum until the end. S becomes P in place;
+// c > 0 is the scale still to apply (see above), m is in score units.
 __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
-                                               float (&l)[kMT][2], float (&o)[kMT][kDT][4]) {
+                                               float (&l)[kMT][2], float (&o)[kMT][kDT][4],
+                                               float c) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -316,15 +336,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[mt][half], mx);
-            const float ref = softmax_ref(m_new);
-            const float alpha = exp2f(m[mt][half] - ref);  // 0 while the row was empty
+            const float neg_ref = -softmax_ref(m_new) * c;
+            const float alpha = exp2f(fmaf(m[mt][half], c, neg_ref));  // 0 while the row was empty
             m[mt][half] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float p = exp2f(s[mt][nt][half * 2 + e] - ref);
+                    const float p = exp2f(fmaf(s[mt][nt][half * 2 + e], c, neg_ref));
                     s[mt][nt][half * 2 + e] = p;
                     sum += p;
                 }
@@ -454,7 +474,7 @@ __device__ __forceinline__ long long partial_unit(const stof_attn_args &a, int s
 // never reads); a row that saw no allowed key has m = -inf, l = 0, O = 0.
 __device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
                                               const float (&m)[kMT][2], const float (&l)[kMT][2],
-                                              float *po, float *pml, const warp_pos &w) {
+                                              float *po, float *pml, const warp_pos &w, float c) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -468,7 +488,7 @@ __device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
                 *reinterpret_cast<float2 *>(po + r * HEAD_DIM + dt * 8 + 2 * w.t) =
                     make_float2(o[mt][dt][half * 2], o[mt][dt][half * 2 + 1]);
             if (w.t == 0)
-                *reinterpret_cast<float2 *>(pml + 2 * r) = make_float2(m[mt][half], sum);
+                *reinterpret_cast<float2 *>(pml + 2 * r) = make_float2(m[mt][half] * c, sum);
         }
     }
 }
@@ -544,6 +564,8 @@ stof_attention_block(const stof_attn_args a) {
     }
     unsigned qf[kMT][kKD][4];
 
+    const bool prescale = prescaled(a);
+    const float c = prescale ? 1.0f : a.scale_log2;  // the scale the softmax still applies
     int stage = 0;  // (it - start) % STAGES: where this block's K, V are
     for (int it = start; it < end; ++it) {
         // This block's K, V (and Q) have landed, and every warp is done
@@ -567,8 +589,8 @@ stof_attention_block(const stof_attn_args a) {
 
         float s[kMT][kNT][4];
         compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
-        mask_and_scale(s, a, w, row_base, cur.col, cur.mask, h);
-        online_softmax(s, m, l, o);
+        mask_and_scale(s, a, w, row_base, cur.col, cur.mask, h, prescale);
+        online_softmax(s, m, l, o, c);
         compute_pv(o, s, sV + stage * kStageElems, w);
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }
@@ -580,7 +602,7 @@ stof_attention_block(const stof_attn_args a) {
     if (slot >= 0) {
         const long long u = partial_unit(a, slot, b, h);
         store_partial(o, m, l, a.partial_o + u * (BLOCK_M * HEAD_DIM),
-                      a.partial_ml + u * (2 * BLOCK_M), w);
+                      a.partial_ml + u * (2 * BLOCK_M), w, c);
         return;
     }
 #endif

@@ -135,13 +135,19 @@ __device__ __forceinline__ int tile_off(int r, int c) {
 }
 
 // ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a
-// padded shared tile, cooperatively by the whole block; rows >= valid_rows
-// are zero-filled. Asynchronous: the caller commits and waits.
+// shared tile, cooperatively by the whole block; rows >= valid_rows are
+// zero-filled. Asynchronous: the caller commits and waits. A fixed,
+// fully unrolled trip count: a generic strided loop cost more integer
+// instructions per key block than the softmax does.
 template <int ROWS>
 __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem, long long stride,
                                                 int valid_rows) {
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < ROWS * kDT; idx += kThreads) {
+    constexpr int kChunks = ROWS * kDT;  // 16-byte chunks
+    constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        if (kChunks % kThreads != 0 && idx >= kChunks) break;
 #if WGMMA
         // eight consecutive threads fill one core matrix (128 contiguous
         // bytes: no bank conflict), i.e. the chunk at idx * 8

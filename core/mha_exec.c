@@ -1352,13 +1352,14 @@ void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
 /* 16-byte vector accesses need 16-byte aligned rows. */
 static int check_tensor(const char *name, CUdeviceptr ptr, int64_t batch_stride,
                         int64_t row_stride, stof_error *err) {
-    if (!ptr || ptr % 16 || batch_stride % 8 || row_stride % 8 || row_stride <= 0)
+    if (!ptr || ptr % 16 || batch_stride % 8 || row_stride % 8 || row_stride <= 0 ||
+        row_stride > STOF_ATTN_MAX_ROW_STRIDE)
         return err_set(err, STOF_ERR_INVALID,
                        "attention: %s must be a 16-byte aligned device pointer with strides "
-                       "that are positive multiples of 8 elements (pointer 0x%llx, batch stride "
-                       "%lld, row stride %lld)",
-                       name, (unsigned long long)ptr, (long long)batch_stride,
-                       (long long)row_stride);
+                       "that are positive multiples of 8 elements, the row stride at most %lld "
+                       "(pointer 0x%llx, batch stride %lld, row stride %lld)",
+                       name, (long long)STOF_ATTN_MAX_ROW_STRIDE, (unsigned long long)ptr,
+                       (long long)batch_stride, (long long)row_stride);
     return STOF_OK;
 }
 

@@ -86,6 +86,10 @@ typedef struct stof_attn_split {
     stof_i32 reserved;
 } stof_attn_split;
 
+/* The largest row stride (elements) of q, k, v, o: the kernels form a
+ * row's offset within a tile (at most 256 rows) in 32-bit arithmetic. */
+#define STOF_ATTN_MAX_ROW_STRIDE (1LL << 22)
+
 typedef struct stof_attn_args {
     /* tensors (device pointers) */
     const void *q, *k, *v;

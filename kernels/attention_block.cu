@@ -140,7 +140,7 @@ __device__ __forceinline__ int tile_off(int r, int c) {
 // fully unrolled trip count: a generic strided loop cost more integer
 // instructions per key block than the softmax does.
 template <int ROWS>
-__device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem, long long stride,
+__device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem, int stride,
                                                 int valid_rows) {
     constexpr int kChunks = ROWS * kDT;  // 16-byte chunks
     constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
@@ -157,7 +157,8 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
         const int r = idx / kDT, c = idx % kDT;
 #endif
         const bool valid = r < valid_rows;
-        const elem_t *src = valid ? gmem + r * stride + c * 8 : gmem;
+        // r * stride fits 32 bits (STOF_ATTN_MAX_ROW_STRIDE): one wide add a chunk
+        const elem_t *src = valid ? gmem + (r * stride + c * 8) : gmem;
         cp_async_16(smem + tile_off(r, c * 8), src, valid);
     }
 }
@@ -166,10 +167,10 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
 __device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage, const elem_t *k,
                                               const elem_t *v, const stof_attn_args &a, int bc) {
     const int col0 = bc * BLOCK_N;
-    load_tile_async<BLOCK_N>(sK + stage * kStageElems, k + col0 * a.k_row_stride, a.k_row_stride,
-                             a.k_len - col0);
-    load_tile_async<BLOCK_N>(sV + stage * kStageElems, v + col0 * a.v_row_stride, a.v_row_stride,
-                             a.k_len - col0);
+    load_tile_async<BLOCK_N>(sK + stage * kStageElems, k + col0 * a.k_row_stride,
+                             (int)a.k_row_stride, a.k_len - col0);
+    load_tile_async<BLOCK_N>(sV + stage * kStageElems, v + col0 * a.v_row_stride,
+                             (int)a.v_row_stride, a.k_len - col0);
 }
 
 // ---- the load list ------------------------------------------------------------------
@@ -545,7 +546,7 @@ stof_attention_block(const stof_attn_args a) {
                   h * HEAD_DIM;
 
     // Prologue: groups 0 .. STAGES-2 hold blocks 0 .. STAGES-2 (Q with block 0).
-    if (start < end) load_tile_async<BLOCK_M>(sQ, q, a.q_row_stride, a.q_len - row_base);
+    if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j) {
         if (start + j < end)

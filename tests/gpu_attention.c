@@ -47,7 +47,7 @@ typedef struct tcase {
     int batch, heads, q_len, k_len;
     int causal, cross;
     int relpos, bidirectional; /* T5 bias: 32 buckets, max distance 128 */
-    float scale;               /* 0: 1/sqrt(head_dim) */
+    float scale;               /* 0: 1/sqrt(head_dim); negative: the kernels' pre-scaled path */
 } tcase;
 
 static const tcase cases[] = {
@@ -77,6 +77,7 @@ static const tcase cases[] = {
     {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f},
     {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f},
     {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f},
+    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -403,7 +404,7 @@ static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype 
     mha_exec_problem p = {.mask = m, .causal = tc->causal, .batch = tc->batch,
                           .heads = tc->heads, .head_dim = D, .q_len = tc->q_len,
                           .k_len = tc->k_len, .dtype = t,
-                          .scale = tc->scale > 0 ? tc->scale : 1.0f / sqrtf((float)D),
+                          .scale = tc->scale != 0 ? tc->scale : 1.0f / sqrtf((float)D),
                           .relpos = tc->relpos, .relpos_buckets = RELPOS_BUCKETS,
                           .relpos_max_distance = RELPOS_MAX_DISTANCE,
                           .relpos_bidirectional = tc->bidirectional};

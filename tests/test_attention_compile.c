@@ -468,6 +468,60 @@ static void test_configs(void) {
                   r2.req.options[i]);
 }
 
+/* The wgmma build: its shapes, its target (sm_90a on an sm_90 device, never
+ * elsewhere), its option and cache key. */
+static void test_wgmma_configs(void) {
+    stof_error err = {0};
+    mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
+                         .block_m = 128, .block_n = 64, .num_warps = 8, .stages = 2, .wgmma = 1};
+    CHECK_EQ_INT(mha_exec_config_check(&c, 227 * 1024, &err), STOF_OK);
+    c.num_warps = 4; /* 32 rows a warp: the build needs 16 */
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "16 rows a warp");
+    c.block_m = 32;
+    c.num_warps = 2; /* half a warpgroup */
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "multiple of 64");
+    c.block_m = 64;
+    c.num_warps = 4;
+    c.block_n = 48; /* a multiple of 16, but no instruction shape of the build */
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "BLOCK_N 16, 32");
+    c.block_n = 32;
+    CHECK_EQ_INT(mha_exec_config_check(&c, 0, &err), STOF_OK);
+    c.wgmma = 0; /* the mma.sync build takes 32 rows a warp and BLOCK_N 48 */
+    c.num_warps = 2;
+    c.block_n = 48;
+    CHECK_EQ_INT(mha_exec_config_check(&c, 0, &err), STOF_OK);
+
+    CHECK(mha_exec_wgmma_arch("sm_90"));
+    CHECK(!mha_exec_wgmma_arch("sm_80"));
+    CHECK(!mha_exec_wgmma_arch("sm_89"));
+    CHECK(!mha_exec_wgmma_arch(NULL));
+    c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
+                          .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2, .wgmma = 1};
+    char arch[16];
+    mha_exec_config_arch(&c, "sm_90", arch, sizeof arch);
+    CHECK(strcmp(arch, "sm_90a") == 0);
+    mha_exec_config_arch(&c, "sm_80", arch, sizeof arch);
+    CHECK(strcmp(arch, "sm_80") == 0); /* the plan refuses it there (plan_finish) */
+    mha_exec_request r, plain;
+    mha_exec_request_init(&r, &c, "sm_90");
+    CHECK(strcmp(r.req.arch, "sm_90a") == 0);
+    CHECK(!strcmp(r.req.options[r.req.n_options - 1], "-DWGMMA=1"));
+    c.wgmma = 0;
+    mha_exec_request_init(&plain, &c, "sm_90");
+    CHECK(strcmp(plain.req.arch, "sm_90") == 0);
+    CHECK(nvrtc_key(&r.req) != nvrtc_key(&plain.req));
+    for (int i = 0; i < plain.req.n_options; i++)
+        CHECK_MSG(strncmp(plain.req.options[i], "-DWGMMA", 7) != 0, "mma.sync build got %s",
+                  plain.req.options[i]);
+    /* a split wgmma build compiles through NVRTC (an sm_90a cubin) */
+    nvrtc_cache cache;
+    nvrtc_cache_init(&cache, "");
+    c.wgmma = 1;
+    c.split = 1;
+    compile_config(&cache, &c, "sm_90");
+    nvrtc_cache_free(&cache);
+}
+
 /* Blocks per SM and the automatic depth on an H100's limits (228 KiB an SM,
  * 227 KiB a block, 64 warps; 1 KiB reserved per block). */
 static void test_stages(void) {
@@ -996,6 +1050,7 @@ int main(void) {
     test_validate();
     test_fold();
     test_configs();
+    test_wgmma_configs();
     test_stages();
     test_args();
     test_split();

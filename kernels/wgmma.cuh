@@ -79,171 +79,58 @@ __device__ __forceinline__ void keep(unsigned &r) { asm volatile("" : "+r"(r)::"
 // acc = 0 overwrites D (scale-d false).
 template <int N> struct wg_mma;
 
-template <> struct wg_mma<16> {
-    static __device__ __forceinline__ void ss(float (&d)[8], unsigned long long da,
-                                              unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n16k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-            : "l"(da), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void rs_tb(float (&d)[8], const unsigned (&a)[4],
-                                                 unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n16k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void keep(float (&d)[8]) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    }
-};
+// The accumulator operands: "%0, ..., %(R-1)" in the instruction text and
+// "+f"(d[0]) ... "+f"(d[R-1]) as constraints, for R = N / 2.
+#define STOF_WG_REGS_8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define STOF_WG_REGS_16 STOF_WG_REGS_8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define STOF_WG_REGS_32 STOF_WG_REGS_16 ", %16, %17, %18, %19, %20, %21, %22, %23, "   \
+                                        "%24, %25, %26, %27, %28, %29, %30, %31"
+#define STOF_WG_REGS_40 STOF_WG_REGS_32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define STOF_WG_REGS_64 STOF_WG_REGS_40 ", %40, %41, %42, %43, %44, %45, %46, %47, "   \
+                                        "%48, %49, %50, %51, %52, %53, %54, %55, "   \
+                                        "%56, %57, %58, %59, %60, %61, %62, %63"
+#define STOF_WG_D8(i)                                                                      \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),           \
+        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define STOF_WG_D16(i) STOF_WG_D8(i), STOF_WG_D8(i + 8)
+#define STOF_WG_D32(i) STOF_WG_D16(i), STOF_WG_D16(i + 16)
+#define STOF_WG_D40(i) STOF_WG_D32(i), STOF_WG_D8(i + 32)
+#define STOF_WG_D64(i) STOF_WG_D32(i), STOF_WG_D32(i + 32)
 
-template <> struct wg_mma<32> {
-    static __device__ __forceinline__ void ss(float (&d)[16], unsigned long long da,
-                                              unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-            : "l"(da), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void rs_tb(float (&d)[16], const unsigned (&a)[4],
-                                                 unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void keep(float (&d)[16]) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    }
-};
+// wg_mma<N> for R = N / 2 accumulators; O0..O5 name the operands after
+// them ("%R" .. "%(R+5)"): ss takes descA O0, descB O1, acc O2; rs_tb takes
+// A in O0..O3, descB O4, acc O5.
+#define STOF_WG_MMA(N, R, O0, O1, O2, O3, O4, O5)                                          \
+    template <> struct wg_mma<N> {                                                         \
+        static __device__ __forceinline__ void ss(float (&d)[R], unsigned long long da,    \
+                                                  unsigned long long db, int acc) {        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " O2 ", 0;\n"                   \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." STOF_WG_AB     \
+                         "." STOF_WG_AB " {" STOF_WG_REGS_##R "}, " O0 ", " O1             \
+                         ", p, 1, 1, 0, 0;\n}\n"                                          \
+                         : STOF_WG_D##R(0)                                                 \
+                         : "l"(da), "l"(db), "r"(acc));                                    \
+        }                                                                                  \
+        static __device__ __forceinline__ void rs_tb(float (&d)[R], const unsigned (&a)[4], \
+                                                     unsigned long long db, int acc) {     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " O5 ", 0;\n"                   \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." STOF_WG_AB     \
+                         "." STOF_WG_AB " {" STOF_WG_REGS_##R "}, {" O0 ", " O1 ", " O2   \
+                         ", " O3 "}, " O4 ", p, 1, 1, 1;\n}\n"                             \
+                         : STOF_WG_D##R(0)                                                 \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)); \
+        }                                                                                  \
+        static __device__ __forceinline__ void keep(float (&d)[R]) {                       \
+            _Pragma("unroll") for (int i = 0; i < R; ++i)                                  \
+                asm volatile("" : "+f"(d[i])::"memory");                                   \
+        }                                                                                  \
+    };
 
-template <> struct wg_mma<64> {
-    static __device__ __forceinline__ void ss(float (&d)[32], unsigned long long da,
-                                              unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-            : "l"(da), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void rs_tb(float (&d)[32], const unsigned (&a)[4],
-                                                 unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void keep(float (&d)[32]) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    }
-};
+STOF_WG_MMA(16, 8, "%8", "%9", "%10", "%11", "%12", "%13")
+STOF_WG_MMA(32, 16, "%16", "%17", "%18", "%19", "%20", "%21")
+STOF_WG_MMA(64, 32, "%32", "%33", "%34", "%35", "%36", "%37")
+STOF_WG_MMA(80, 40, "%40", "%41", "%42", "%43", "%44", "%45")
+STOF_WG_MMA(128, 64, "%64", "%65", "%66", "%67", "%68", "%69")
 
-template <> struct wg_mma<80> {
-    static __device__ __forceinline__ void ss(float (&d)[40], unsigned long long da,
-                                              unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n80k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-            : "l"(da), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void rs_tb(float (&d)[40], const unsigned (&a)[4],
-                                                 unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n80k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, %44, p, 1, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void keep(float (&d)[40]) {
-#pragma unroll
-        for (int i = 0; i < 40; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    }
-};
-
-template <> struct wg_mma<128> {
-    static __device__ __forceinline__ void ss(float (&d)[64], unsigned long long da,
-                                              unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "l"(da), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void rs_tb(float (&d)[64], const unsigned (&a)[4],
-                                                 unsigned long long db, int acc) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32." STOF_WG_AB "." STOF_WG_AB " "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-    }
-    static __device__ __forceinline__ void keep(float (&d)[64]) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    }
-};
 }  // namespace wg
 }  // namespace stof

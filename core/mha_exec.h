@@ -84,7 +84,8 @@ int mha_exec_wgmma_arch(const char *arch);
 
 /* Dynamic shared memory of the block-wise kernel: Q [block_m] and a ring of
  * `stages` K and V tiles [stages][block_n], rows of head_dim + 8 elements:
- * (block_m + 2 stages block_n) (head_dim + 8) dtype_bytes. */
+ * (block_m + 2 stages block_n) (head_dim + 8) dtype_bytes. (The wgmma build
+ * keeps unpadded rows and uses 8 / (head_dim + 8) of it less.) */
 size_t mha_exec_block_smem(int block_m, int block_n, int stages, int head_dim, int dtype_bytes);
 /* Thread blocks of the block-wise kernel one SM holds (shared memory, with
  * the 1 KiB the hardware reserves per block on sm_80+, and warps), at most

@@ -45,6 +45,15 @@
 // of this file, stof_attention_combine, merges the slices of each split row
 // (log-sum-exp) and writes O. A SPLIT=0 build has neither: it is the plain
 // kernel, launched over block rows.
+//
+// The Hopper build (-DWGMMA=1, compiled for sm_90a; see wgmma.cuh): each
+// warpgroup of four warps computes Q K^T and P V for its 64 rows with
+// warpgroup MMAs, Q, K and V in unpadded core-matrix tiles (tile_off), P
+// from registers. Masking, the softmax, the pipeline and the split rows are
+// the code above, since the accumulators share mma.sync's fragment layout.
+// It waits for each product before going on (no overlap of one block's
+// softmax with another's products), which is why it does not beat the
+// mma.sync build yet.
 #include "attention_common.cuh"
 
 #ifndef HEAD_DIM

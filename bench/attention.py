@@ -15,7 +15,6 @@ import argparse
 import datetime
 import math
 import os
-import statistics
 import subprocess
 import sys
 
@@ -25,6 +24,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import stof  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stof_cli as sc  # noqa: E402
+
 MASKS = ["sliding_window", "dilated", "longformer", "bigbird"]
 SHAPES = [(1, 128), (1, 512), (8, 512), (8, 1024), (16, 2048), (1, 4096), (16, 4096)]
 HEADS, HEAD_DIM = 12, 64
@@ -32,18 +34,7 @@ MEASURE = 6  # plan-time timing of the selector's best candidates (0: analytical
 
 
 def median_ms(fn, warmup=5, reps=30):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return sc.time_ms(fn, warmup, reps)
 
 
 def flex_block_mask(dense, seq):

@@ -36,7 +36,6 @@ import gc
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import zlib
@@ -85,23 +84,6 @@ def short_error(e, n=160):
 
 
 # ---- timing ---------------------------------------------------------------------------------
-
-def time_ms(fn, warmup, reps):
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
 
 def cuda_graph(fn):
     """fn captured once into a CUDA graph (after warm-up runs on a side stream, which is where
@@ -188,7 +170,7 @@ def torch_variant(variant, model, sd, ids, dec_ids, dense, seq, args):
     out = fn().clone()
     torch.cuda.synchronize()
     first_s = time.time() - t0
-    ms = time_ms(fn, max(args.warmup, 3), args.reps)
+    ms = sc.time_ms(fn, max(args.warmup, 3), args.reps)
     return ms, first_s, out
 
 

@@ -1,11 +1,12 @@
 """Driving the stof command from the benchmarks: runs, tunes, their printed numbers, masks.
 
-Shared by bench/parity.py and bench/e2e.py. Pure Python; torch is imported only by the
+Shared by bench/parity.py, bench/e2e.py and bench/attention.py. Pure Python; torch is imported only by the
 functions that make tensors (inputs, masks, files).
 """
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -238,3 +239,21 @@ def random_ids(vocab, batch, seq, seed):
     import torch
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.long)
+
+
+def time_ms(fn, warmup, reps):
+    """Median of reps CUDA-event timings of fn (ms), after warmup calls."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)

@@ -1,14 +1,11 @@
-import sys, os, math, torch, statistics
+import sys, os, math, torch
 sys.path.insert(0, "python")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stof
+import stof_cli as sc
 ctx = stof.Context()
 def med(fn, reps=20):
-    for _ in range(3): fn()
-    torch.cuda.synchronize(); ts=[]
-    for _ in range(reps):
-        a,b=torch.cuda.Event(enable_timing=True),torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return sc.time_ms(fn, 3, reps)
 import torch.nn.functional as F
 import numpy as np
 cases=[("bigbird",16,4096),("sliding_window",16,4096),("bigbird",8,1024),("bigbird",1,128)]

@@ -68,7 +68,8 @@ int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_att
     mha_exec_problem p = problem_of(desc);
     mha_exec_force force = {.kernel = (int)desc->kernel, .block_m = desc->block_m,
                             .block_n = desc->block_n, .num_warps = desc->num_warps,
-                            .measure = desc->measure, .wgmma = desc->wgmma};
+                            .measure = desc->measure, .wgmma = desc->wgmma,
+                            .gather = desc->gather};
     stof_attention *a = err_calloc(1, sizeof *a, &err);
     if (!a)
         return api_remember(STOF_ERR_NOMEM, &err);

@@ -188,14 +188,22 @@ int mha_exec_fold_mask(const mha_exec_problem *p, mask **out, stof_error *err) {
 
 /* ---- kernel configurations ----------------------------------------------------------- */
 
-size_t mha_exec_block_smem(int block_m, int block_n, int stages, int head_dim, int dtype_bytes) {
-    return ((size_t)block_m + 2 * (size_t)stages * (size_t)block_n) *
+int mha_exec_gather(const mha_exec_config *c) {
+    return c->gather > 1 ? c->gather : 1;
+}
+
+int mha_exec_tile_n(const mha_exec_config *c) {
+    return c->block_n * mha_exec_gather(c);
+}
+
+size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, int dtype_bytes) {
+    return ((size_t)block_m + 2 * (size_t)stages * (size_t)tile_n) *
            ((size_t)head_dim + MHA_EXEC_SMEM_PAD) * (size_t)dtype_bytes;
 }
 
-int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stages, int head_dim,
+int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stages, int head_dim,
                                int dtype_bytes, const mha_device_limits *lim) {
-    size_t smem = mha_exec_block_smem(block_m, block_n, stages, head_dim, dtype_bytes);
+    size_t smem = mha_exec_block_smem(block_m, tile_n, stages, head_dim, dtype_bytes);
     if (num_warps < 1 || smem > (size_t)lim->smem_per_block)
         return 0;
     size_t by_smem = (size_t)lim->smem_per_sm / (smem + MHA_EXEC_SMEM_RESERVED);
@@ -207,7 +215,7 @@ int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stag
 /* Registers are left out: they are known only after compiling, and at the
  * settings the selector runs (mha_exec_block_regs_ok) shared memory is
  * what limits residency once the ring is deeper than 2. */
-int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, int dtype_bytes,
+int mha_exec_auto_stages(int block_m, int tile_n, int num_warps, int head_dim, int dtype_bytes,
                          const mha_device_limits *lim) {
     /* Resident blocks first, depth second: on an H200 a deeper ring that
      * costs resident blocks was slower (16x16 w1: 1.76 ms at 2 stages, 1.84
@@ -217,7 +225,7 @@ int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, 
      * that one block's prologue and epilogue overlap another's loop). */
     int best = MHA_EXEC_MIN_STAGES, best_ctas = -1;
     for (int s = MHA_EXEC_MIN_STAGES; s <= MHA_EXEC_MAX_STAGES; s++) {
-        int ctas = mha_exec_block_ctas_per_sm(block_m, block_n, num_warps, s, head_dim,
+        int ctas = mha_exec_block_ctas_per_sm(block_m, tile_n, num_warps, s, head_dim,
                                               dtype_bytes, lim);
         if (ctas >= 1 && ctas >= best_ctas && (s == MHA_EXEC_MIN_STAGES || ctas >= 2)) {
             best = s;
@@ -228,15 +236,15 @@ int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, 
 }
 
 /* Per thread, the block-wise kernel holds O (rows/16 x head_dim/2 fp32
- * registers) and S (rows/16 x block_n/2); past MHA_EXEC_FRAG_REGS of those
+ * registers) and S (rows/16 x tile_n/2); past MHA_EXEC_FRAG_REGS of those
  * ptxas spills on sm_90 (measured with -Xptxas -v over the settings of the
  * selector's table; kernels/attention_block.cu keeps Q in registers only
  * when it still fits). */
-int mha_exec_block_regs_ok(int block_m, int block_n, int num_warps, int head_dim) {
+int mha_exec_block_regs_ok(int block_m, int tile_n, int num_warps, int head_dim) {
     if (num_warps < 1 || block_m % num_warps)
         return 0;
     int tiles = block_m / num_warps / 16;
-    return tiles * (head_dim / 2 + block_n / 2) <= MHA_EXEC_FRAG_REGS;
+    return tiles * (head_dim / 2 + tile_n / 2) <= MHA_EXEC_FRAG_REGS;
 }
 
 static int is_block_size(int v) {
@@ -254,18 +262,20 @@ void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out,
 }
 
 /* The wgmma build's shapes: whole warpgroups of 16-row warps, and N of the
- * two products (BLOCK_N, head_dim) among the instruction shapes it has
- * (kernels/wgmma.cuh). */
+ * two products (the tile's keys, head_dim) among the instruction shapes it
+ * has (kernels/wgmma.cuh). */
 static int check_wgmma_config(const mha_exec_config *c, stof_error *err) {
     if (c->block_m % 64 || c->num_warps * 16 != c->block_m)
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the wgmma build needs BLOCK_M a multiple of 64 and 16 rows "
                        "a warp, got BLOCK_M %d with %d warps",
                        c->block_m, c->num_warps);
-    if (c->block_n != 16 && c->block_n != 32 && c->block_n != 64 && c->block_n != 128)
+    int tn = mha_exec_tile_n(c);
+    if (tn != 16 && tn != 32 && tn != 64 && tn != 128)
         return err_set(err, STOF_ERR_INVALID,
-                       "attention: the wgmma build takes BLOCK_N 16, 32, 64 or 128, got %d",
-                       c->block_n);
+                       "attention: the wgmma build takes tiles of 16, 32, 64 or 128 keys "
+                       "(BLOCK_N x gather), got %d",
+                       tn);
     if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 128)
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: the wgmma build takes head_dim 32, 64, 80 or 128, got %d",
@@ -291,16 +301,22 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the block-wise kernel pipelines %d to %d K/V stages, got %d",
                        MHA_EXEC_MIN_STAGES, MHA_EXEC_MAX_STAGES, c->stages);
+    int g = mha_exec_gather(c);
+    if ((g != 1 && g != 2 && g != 4) || c->block_n * g > MASK_FORMAT_MAX_BLOCK)
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: gather takes 1, 2 or 4 key blocks a tile of at most %d keys, "
+                       "got %d x BLOCK_N %d",
+                       MASK_FORMAT_MAX_BLOCK, c->gather, c->block_n);
     int rc = c->wgmma ? check_wgmma_config(c, err) : STOF_OK;
     if (rc)
         return rc;
-    size_t smem = mha_exec_block_smem(c->block_m, c->block_n, c->stages, c->head_dim,
+    size_t smem = mha_exec_block_smem(c->block_m, mha_exec_tile_n(c), c->stages, c->head_dim,
                                       (int)stof_dtype_size(c->dtype));
     if (smem_limit > 0 && smem > (size_t)smem_limit)
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "attention: BLOCK_M %d, BLOCK_N %d, %d stages, head_dim %d need %zu B of "
-                       "shared memory, the device allows %d B per block",
-                       c->block_m, c->block_n, c->stages, c->head_dim, smem, smem_limit);
+                       "attention: BLOCK_M %d, BLOCK_N %d x gather %d, %d stages, head_dim %d "
+                       "need %zu B of shared memory, the device allows %d B per block",
+                       c->block_m, c->block_n, g, c->stages, c->head_dim, smem, smem_limit);
     return STOF_OK;
 }
 
@@ -342,6 +358,8 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
             snprintf(r->opts[n++], sizeof r->opts[0], "-DSPLIT=1");
         if (c->wgmma)
             snprintf(r->opts[n++], sizeof r->opts[0], "-DWGMMA=1");
+        if (mha_exec_gather(c) > 1)
+            snprintf(r->opts[n++], sizeof r->opts[0], "-DGATHER=%d", mha_exec_gather(c));
     } else {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DROWS_PER_WARP=%d", c->rows_per_warp);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DWARPS_PER_BLOCK=%d", c->warps_per_block);
@@ -589,7 +607,7 @@ static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
     else if (force && force->stages)
         cfg->stages = force->stages;
     else
-        cfg->stages = mha_exec_auto_stages(cfg->block_m, cfg->block_n, cfg->num_warps,
+        cfg->stages = mha_exec_auto_stages(cfg->block_m, mha_exec_tile_n(cfg), cfg->num_warps,
                                            cfg->head_dim, (int)stof_dtype_size(cfg->dtype), lim);
 }
 
@@ -609,6 +627,9 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
         cfg->block_n = force->block_n;
         cfg->num_warps = force->num_warps;
         cfg->wgmma = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->block_m && force->wgmma;
+        cfg->gather = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->block_m && force->gather > 1
+                          ? force->gather
+                          : 1;
         snprintf(reason, reason_size, "forced");
         if (cfg->kernel != MHA_KERNEL_BLOCK_WISE || cfg->block_m) {
             set_stages(cfg, force, lim);
@@ -659,7 +680,8 @@ static int same_config(const mha_exec_config *a, const mha_exec_config *b) {
         return 0;
     if (a->kernel == MHA_KERNEL_BLOCK_WISE)
         return a->block_m == b->block_m && a->block_n == b->block_n &&
-               a->num_warps == b->num_warps && a->stages == b->stages && a->wgmma == b->wgmma;
+               a->num_warps == b->num_warps && a->stages == b->stages && a->wgmma == b->wgmma &&
+               mha_exec_gather(a) == mha_exec_gather(b);
     return a->rows_per_warp == b->rows_per_warp && a->warps_per_block == b->warps_per_block;
 }
 
@@ -672,15 +694,18 @@ static void add_candidate(mha_exec_config *out, int cap, int *n, const mha_exec_
         out[(*n)++] = *c;
 }
 
-/* The block-wise setting (bm, bn, w) on top of base (head_dim, dtype,
- * relpos), at the forced or automatic depth. */
+/* The block-wise setting (bm, bn, w, gather) on top of base (head_dim,
+ * dtype, relpos), at the forced or automatic depth. */
 static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn, int w,
-                                    const mha_exec_force *force, const mha_device_limits *lim) {
+                                    int gather, const mha_exec_force *force,
+                                    const mha_device_limits *lim) {
     mha_exec_config c = *base;
     c.kernel = MHA_KERNEL_BLOCK_WISE;
     c.block_m = bm;
     c.block_n = bn;
     c.num_warps = w;
+    c.gather = gather;
+    c.wgmma = 0;
     set_stages(&c, force, lim);
     return c;
 }
@@ -714,17 +739,17 @@ int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
             break;
         taken[i] = 1;
         mha_exec_config c = block_config(&first, sel->table[i].block_m, sel->table[i].block_n,
-                                         sel->table[i].num_warps, force, lim);
+                                         sel->table[i].num_warps, 1, force, lim);
         add_candidate(out, cap, n, &c);
     }
     free(sel);
-    static const int fixed[MHA_EXEC_MEASURE_N_FIXED][3] = MHA_EXEC_MEASURE_FIXED;
+    static const int fixed[MHA_EXEC_MEASURE_N_FIXED][4] = MHA_EXEC_MEASURE_FIXED;
     for (int k = 0; k < MHA_EXEC_MEASURE_N_FIXED; k++) {
-        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2], force,
-                                         lim);
+        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2],
+                                         fixed[k][3], force, lim);
         stof_error ignored = {0};
         if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK &&
-            mha_exec_block_regs_ok(c.block_m, c.block_n, c.num_warps, c.head_dim))
+            mha_exec_block_regs_ok(c.block_m, mha_exec_tile_n(&c), c.num_warps, c.head_dim))
             add_candidate(out, cap, n, &c);
     }
     return STOF_OK;
@@ -751,7 +776,7 @@ static int split_chunk_for(const mha_exec_problem *p, const mha_exec_config *cfg
                            const mask_bsr *f, const mha_device_limits *lim, int force_chunk) {
     if (force_chunk)
         return force_chunk > 0 ? force_chunk : 0;
-    int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
+    int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, mha_exec_tile_n(cfg), cfg->num_warps,
                                             cfg->stages, cfg->head_dim,
                                             (int)stof_dtype_size(cfg->dtype), lim);
     return mha_exec_split_chunk(f, p->batch, p->heads, (per_sm > 0 ? per_sm : 1) * lim->sm_count);
@@ -903,7 +928,7 @@ static void set_launch_shape(mha_exec_plan *plan) {
     const mha_exec_problem *p = &plan->problem;
     const mha_exec_config *cfg = &plan->config;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE) {
-        plan->smem = mha_exec_block_smem(cfg->block_m, cfg->block_n, cfg->stages, cfg->head_dim,
+        plan->smem = mha_exec_block_smem(cfg->block_m, mha_exec_tile_n(cfg), cfg->stages, cfg->head_dim,
                                          (int)stof_dtype_size(cfg->dtype));
         if (!cfg->split)
             plan->grid[0] = (unsigned)((p->q_len + cfg->block_m - 1) / cfg->block_m);
@@ -1111,8 +1136,9 @@ static int time_plan(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_scrat
 /* One line naming a configuration, for reasons. */
 static void config_name(const mha_exec_config *cfg, char *buf, size_t n) {
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
-        snprintf(buf, n, "block %dx%d w%d s%d", cfg->block_m, cfg->block_n, cfg->num_warps,
-                 cfg->stages);
+        snprintf(buf, n, "block %dx%d%s w%d s%d", cfg->block_m, cfg->block_n,
+                 mha_exec_gather(cfg) == 4 ? "x4" : mha_exec_gather(cfg) == 2 ? "x2" : "",
+                 cfg->num_warps, cfg->stages);
     else
         snprintf(buf, n, "row-wise %dx%d", cfg->rows_per_warp, cfg->warps_per_block);
 }
@@ -1251,11 +1277,11 @@ size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n) {
     int k;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
         k = snprintf(buf, n,
-                     "block-wise%s BLOCK_M=%d BLOCK_N=%d warps=%d stages=%d smem=%zuB "
-                     "grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d bitmaps), "
-                     "fmt_batch %d%s; %s",
-                     cfg->wgmma ? " wgmma" : "", cfg->block_m, cfg->block_n, cfg->num_warps,
-                     cfg->stages, plan->smem,
+                     "block-wise%s BLOCK_M=%d BLOCK_N=%d gather=%d warps=%d stages=%d "
+                     "smem=%zuB grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d "
+                     "bitmaps), fmt_batch %d%s; %s",
+                     cfg->wgmma ? " wgmma" : "", cfg->block_m, cfg->block_n,
+                     mha_exec_gather(cfg), cfg->num_warps, cfg->stages, plan->smem,
                      plan->grid[0], plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype),
                      cfg->head_dim, cfg->relpos ? " relpos" : "", plan->n_loaded_blocks,
                      plan->n_partial_blocks, plan->n_bitmaps, plan->fmt_batch, split,

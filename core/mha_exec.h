@@ -70,7 +70,17 @@ typedef struct mha_exec_config {
     int wgmma;                           /* block-wise: the Hopper build (-DWGMMA=1, warpgroup
                                             MMA, compiled for sm_90a): sm_90 devices only,
                                             BLOCK_M = 16 warps, a multiple of 64 */
+    int gather;                          /* block-wise: load-list entries computed per
+                                            iteration as one tile of gather x BLOCK_N keys
+                                            (-DGATHER; 2 or 4; 0 and 1 mean one) */
 } mha_exec_config;
+
+#define MHA_EXEC_MAX_GATHER 4
+/* Entries a block-wise iteration takes (config.gather, 0 read as 1). */
+int mha_exec_gather(const mha_exec_config *c);
+/* Keys a block-wise iteration computes: BLOCK_N x gather (the tile size
+ * shared memory, registers and residency depend on). */
+int mha_exec_tile_n(const mha_exec_config *c);
 
 /* The arch a configuration compiles for on a device of `arch`: the wgmma
  * build needs the architecture-specific target (sm_90 -> sm_90a). */
@@ -83,25 +93,26 @@ int mha_exec_wgmma_arch(const char *arch);
 #define MHA_EXEC_MAX_STAGES 4
 
 /* Dynamic shared memory of the block-wise kernel: Q [block_m] and a ring of
- * `stages` K and V tiles [stages][block_n], rows of head_dim + 8 elements:
- * (block_m + 2 stages block_n) (head_dim + 8) dtype_bytes. (The wgmma build
- * keeps unpadded rows and uses 8 / (head_dim + 8) of it less.) */
-size_t mha_exec_block_smem(int block_m, int block_n, int stages, int head_dim, int dtype_bytes);
+ * `stages` K and V tiles [stages][tile_n], rows of head_dim + 8 elements:
+ * (block_m + 2 stages tile_n) (head_dim + 8) dtype_bytes. (The wgmma build
+ * keeps unpadded rows and uses 8 / (head_dim + 8) of it less.) tile_n is
+ * mha_exec_tile_n: BLOCK_N times the gathered entries; likewise below. */
+size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, int dtype_bytes);
 /* Thread blocks of the block-wise kernel one SM holds (shared memory, with
  * the 1 KiB the hardware reserves per block on sm_80+, and warps), at most
  * 32; 0 when one does not fit smem_per_block. */
-int mha_exec_block_ctas_per_sm(int block_m, int block_n, int num_warps, int stages, int head_dim,
+int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stages, int head_dim,
                                int dtype_bytes, const mha_device_limits *lim);
 /* The automatic pipeline depth of a block-wise setting: the deepest STAGES
  * in 2..4 that keeps as many resident blocks per SM as 2 stages do (and at
  * least 2 of them); measured on an H200, a deeper ring that costs resident
  * blocks is slower. A measured plan (force->measure) settles the rest. */
-int mha_exec_auto_stages(int block_m, int block_n, int num_warps, int head_dim, int dtype_bytes,
+int mha_exec_auto_stages(int block_m, int tile_n, int num_warps, int head_dim, int dtype_bytes,
                          const mha_device_limits *lim);
 /* Whether a block-wise setting keeps its accumulators in registers (no
  * spills in ptxas -v on sm_90): the automatic choice skips the others; a
  * forced setting still runs, only slower. */
-int mha_exec_block_regs_ok(int block_m, int block_n, int num_warps, int head_dim);
+int mha_exec_block_regs_ok(int block_m, int tile_n, int num_warps, int head_dim);
 /* The configuration is well formed (sizes, divisibility, warps, head_dim,
  * dtype) and, when smem_limit > 0, its shared memory fits. */
 int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *err);
@@ -215,6 +226,7 @@ typedef struct mha_exec_force {
                         (mha_exec_split_chunk), -1 = never, N > 0 = chunks of N
                         loaded blocks (every longer row is cut) */
     int wgmma;       /* block-wise with explicit sizes: 1 = the wgmma build */
+    int gather;      /* block-wise with explicit sizes: entries a tile (0, 1: one) */
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from
@@ -226,10 +238,14 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
                     const mha_exec_force *force, mha_exec_config *cfg, char *reason,
                     size_t reason_size, stof_error *err);
 
-/* The fixed block-wise settings (BLOCK_M, BLOCK_N, num_warps) a measured
- * plan always tries besides Eq. 2's best ones, when they fit. */
-#define MHA_EXEC_MEASURE_FIXED {{64, 32, 4}, {64, 64, 4}, {128, 64, 8}, {32, 32, 2}}
-#define MHA_EXEC_MEASURE_N_FIXED 4
+/* The fixed block-wise settings (BLOCK_M, BLOCK_N, num_warps, gather) a
+ * measured plan always tries besides Eq. 2's best ones, when they fit. The
+ * gathered ones are for masks finer than a good tile (BigBird's 32-wide
+ * random blocks): 32-granular formats computed 64 or 128 keys at a time. */
+#define MHA_EXEC_MEASURE_FIXED                                                          \
+    {{64, 32, 4, 1}, {64, 64, 4, 1}, {128, 64, 8, 1}, {32, 32, 2, 1}, {32, 32, 2, 2},   \
+     {32, 32, 2, 4}, {64, 32, 4, 2}}
+#define MHA_EXEC_MEASURE_N_FIXED 7
 /* Most candidates a measured plan times. */
 #define MHA_EXEC_MAX_MEASURED (MHA_SELECT_MAX_CANDIDATES + MHA_EXEC_MEASURE_N_FIXED + 1)
 

@@ -147,6 +147,8 @@ typedef struct stof_attention_desc {
                     it) on scratch buffers and keep the fastest */
     int wgmma;   /* forced block-wise sizes: 1 = the Hopper build (warpgroup MMA; sm_90
                     GPUs, BLOCK_M = 16 num_warps, a multiple of 64) */
+    int gather;  /* forced block-wise sizes: 2 or 4 = compute that many of a block row's
+                    key blocks (any columns) per iteration as one tile (0: one) */
 } stof_attention_desc;
 
 typedef struct stof_attention stof_attention;

@@ -17,11 +17,11 @@
 //       O += P V                                   (mma.sync, P in the dtype)
 //   O /= l, rows with no allowed key write zeros
 //
-// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][BLOCK_N][HEAD_DIM + 8]
+// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][GATHER BLOCK_N][HEAD_DIM + 8]
 // (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
 // different banks); the Q tile is reused to stage O for 16-byte stores.
 // The host sizes it (mha_exec_block_smem):
-//   (BLOCK_M + 2 STAGES BLOCK_N) (HEAD_DIM + 8) element bytes.
+//   (BLOCK_M + 2 STAGES GATHER BLOCK_N) (HEAD_DIM + 8) element bytes.
 //
 // The pipeline. Block i of the row (i = 0, 1, ...) lives in stage
 // i % STAGES and travels in cp.async group i: the prologue commits groups
@@ -54,6 +54,18 @@
 // It waits for each product before going on (no overlap of one block's
 // softmax with another's products), which is why it does not beat the
 // mma.sync build yet.
+//
+// Gathered key blocks (-DGATHER=G, G = 2 or 4). A mask whose structure is
+// finer than a good tile (BigBird's 32-wide random blocks) forces a small
+// BLOCK_N, and then the per-block work (barrier, load issue, the row
+// maximum's shuffles, the rescale of O) is paid every 32 keys. With GATHER
+// the kernel takes G consecutive entries of the same load list per
+// iteration and computes them as one tile of G BLOCK_N keys: each entry is
+// copied into its own BLOCK_N rows of the stage (any columns, not
+// contiguous), masked by its own bitmap, and the softmax and P V see one
+// wide tile. Entries past the end of the list are zero rows, all masked.
+// The format is unchanged (BLOCK_N granular); every "block" above reads
+// "group of G entries".
 #include "attention_common.cuh"
 
 #ifndef HEAD_DIM
@@ -83,6 +95,9 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+#ifndef GATHER
+#define GATHER 1
+#endif
 #if WGMMA
 #include "wgmma.cuh"
 #endif
@@ -93,10 +108,11 @@ using namespace stof::attn;
 constexpr int kThreads = NUM_WARPS * 32;
 constexpr int kWarpRows = BLOCK_M / NUM_WARPS;   // query rows per warp
 constexpr int kMT = kWarpRows / 16;              // 16-row mma tiles per warp
-constexpr int kNT = BLOCK_N / 8;                 // 8-column tiles of S
+constexpr int kTileN = GATHER * BLOCK_N;         // keys per iteration (GATHER entries)
+constexpr int kNT = kTileN / 8;                  // 8-column tiles of S
 constexpr int kKD = HEAD_DIM / 16;               // k steps of Q K^T
 constexpr int kDT = HEAD_DIM / 8;                // 8-column tiles of O (= 16-byte chunks of a row)
-constexpr int kKN = BLOCK_N / 16;                // k steps of P V
+constexpr int kKN = kTileN / 16;                 // k steps of P V
 // Shared tiles: rows padded by 8 elements for ldmatrix (mma.sync build),
 // or unpadded core matrices for wgmma (see tile_off).
 constexpr int kPitch = WGMMA ? HEAD_DIM : HEAD_DIM + 8;
@@ -105,10 +121,10 @@ constexpr int kMaskWords = (BLOCK_N + 31) / 32;  // uint32 words per bitmap row
 // Q fragments stay in registers unless that would push the accumulators
 // out of them (many rows per warp with a wide head): then they are read
 // from shared memory again at every key block. Per thread, O takes
-// kMT * HEAD_DIM / 2 registers, S kMT * BLOCK_N / 2 and Q kMT * HEAD_DIM / 4;
+// kMT * HEAD_DIM / 2 registers, S kMT * kTileN / 2 and Q kMT * HEAD_DIM / 4;
 // ptxas (sm_90) keeps everything in registers up to about 128 of those.
 #ifndef KEEP_Q_REGS
-#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + BLOCK_N / 2 + HEAD_DIM / 4) <= 128)
+#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + kTileN / 2 + HEAD_DIM / 4) <= 128)
 #endif
 constexpr bool kKeepQ = KEEP_Q_REGS && !WGMMA;  // wgmma reads Q from shared memory
 
@@ -117,12 +133,14 @@ static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 16
 static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up to 256");
 static_assert(BLOCK_M % NUM_WARPS == 0 && kWarpRows % 16 == 0,
               "each warp owns whole 16-row tiles: BLOCK_M / NUM_WARPS must be a multiple of 16");
+static_assert(GATHER == 1 || GATHER == 2 || GATHER == 4, "GATHER: 1, 2 or 4 entries a tile");
+static_assert(kTileN <= 256, "GATHER * BLOCK_N: at most 256 keys a tile");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
 static_assert(SPLIT == 0 || SPLIT == 1, "SPLIT: 0 (grid over block rows) or 1 (work list)");
 static_assert(!WGMMA || (NUM_WARPS % 4 == 0 && kWarpRows == 16),
               "WGMMA: whole warpgroups, 16 rows a warp (BLOCK_M = 16 NUM_WARPS, a multiple of 64)");
 
-constexpr int kStageElems = BLOCK_N * kPitch;    // one K (or V) stage
+constexpr int kStageElems = kTileN * kPitch;     // one K (or V) stage
 
 // The per-warp view of the query tile.
 struct warp_pos {
@@ -172,31 +190,55 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
     }
 }
 
-// K and V of key block column bc into stage `stage` of the ring.
-__device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage, const elem_t *k,
-                                              const elem_t *v, const stof_attn_args &a, int bc) {
-    const int col0 = bc * BLOCK_N;
-    load_tile_async<BLOCK_N>(sK + stage * kStageElems, k + col0 * a.k_row_stride,
-                             (int)a.k_row_stride, a.k_len - col0);
-    load_tile_async<BLOCK_N>(sV + stage * kStageElems, v + col0 * a.v_row_stride,
-                             (int)a.v_row_stride, a.k_len - col0);
-}
-
 // ---- the load list ------------------------------------------------------------------
 
-// One entry of the BSR load list: the key block column and its bitmap
-// (-1: a full block). Past the end: column 0, full (never used).
-struct block_ref {
-    int col, mask;
+// GATHER consecutive entries of the BSR load list from entry `it` on: their
+// key block columns and bitmaps (-1: a full block). Past the end: column -1
+// (no keys), mask -1.
+struct key_cols {
+    int col[GATHER];
+};
+struct key_group {
+    int col[GATHER], mask[GATHER];
 };
 
-__device__ __forceinline__ block_ref load_block_ref(const stof_attn_args &a, int it, int end) {
-    block_ref r = {0, -1};
-    if (it < end) {
-        r.col = __ldg(a.load_col_idx + it);
-        r.mask = __ldg(a.load_mask_idx + it);
+__device__ __forceinline__ key_cols load_cols(const stof_attn_args &a, int it, int end) {
+    key_cols r;
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j) r.col[j] = it + j < end ? __ldg(a.load_col_idx + it + j) : -1;
+    return r;
+}
+
+__device__ __forceinline__ key_group load_group(const stof_attn_args &a, int it, int end) {
+    key_group r;
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j) {
+        const bool in = it + j < end;
+        r.col[j] = in ? __ldg(a.load_col_idx + it + j) : -1;
+        r.mask[j] = in ? __ldg(a.load_mask_idx + it + j) : -1;
     }
     return r;
+}
+
+// Keys of entry column `col` that exist (below k_len; none past the list's end).
+__device__ __forceinline__ int keys_in(const stof_attn_args &a, int col) {
+    return col >= 0 ? a.k_len - col * BLOCK_N : 0;
+}
+
+// K and V of the group's key blocks into stage `stage` of the ring, entry j
+// in rows j BLOCK_N ..; missing keys are zero rows.
+__device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage, const elem_t *k,
+                                              const elem_t *v, const stof_attn_args &a,
+                                              const key_cols &g) {
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j) {
+        const int col0 = g.col[j] >= 0 ? g.col[j] * BLOCK_N : 0;
+        const int off = stage * kStageElems + j * BLOCK_N * kPitch;
+        load_tile_async<BLOCK_N>(sK + off, k + col0 * a.k_row_stride, (int)a.k_row_stride,
+                                 keys_in(a, g.col[j]));
+        load_tile_async<BLOCK_N>(sV + off, v + col0 * a.v_row_stride, (int)a.v_row_stride,
+                                 keys_in(a, g.col[j]));
+    }
 }
 
 // The A fragments of the warp's Q rows for k step kd.
@@ -210,23 +252,23 @@ __device__ __forceinline__ void load_q_frag(unsigned (&qf)[4], const elem_t *sQ,
 // ---- S = Q K^T -------------------------------------------------------------------
 
 #if WGMMA
-// The warpgroup's 64 rows of Q times the stage's BLOCK_N keys: HEAD_DIM / 16
+// The warpgroup's 64 rows of Q times the stage's kTileN keys: HEAD_DIM / 16
 // products into S, both operands K-major in shared memory.
 __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
                                                const unsigned (&)[kMT][kKD][4],
                                                const elem_t *sQ, const elem_t *sK,
                                                const warp_pos &w) {
-    float(&d)[BLOCK_N / 2] = reinterpret_cast<float(&)[BLOCK_N / 2]>(s[0]);
+    float(&d)[kTileN / 2] = reinterpret_cast<float(&)[kTileN / 2]>(s[0]);
     const elem_t *qa = sQ + (w.warp / 4) * 64 * HEAD_DIM;  // the warpgroup's row groups
     constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
     stof::wg::fence();
 #pragma unroll
     for (int kd = 0; kd < kKD; ++kd)  // 16 head-dim columns = 2 core matrices = 128 elements
-        stof::wg::wg_mma<BLOCK_N>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
+        stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
                                       stof::wg::desc(sK + kd * 128, kLbo, kSbo), kd > 0);
     stof::wg::commit();
     stof::wg::wait<0>();
-    stof::wg::wg_mma<BLOCK_N>::keep(d);
+    stof::wg::wg_mma<kTileN>::keep(d);
 }
 #else
 __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
@@ -285,47 +327,58 @@ __device__ __forceinline__ bool prescaled(const stof_attn_args &a) {
     return HAS_RELPOS || !(a.scale_log2 > 0.0f);
 }
 
-// Disallowed pairs become -inf: a partial block's bitmap (mask_idx >= 0; a
-// full block skips the test), and on the last block column the keys past
-// k_len (zero-filled rows that must not count). Pre-scaled launches also
-// scale and add the bias here. Rows past q_len are computed on zero
-// queries and never stored.
+// Disallowed pairs become -inf: a partial block's bitmap (mask >= 0; a
+// full block skips the test), keys past k_len (zero-filled rows that must
+// not count) and, in a gathered tile, the entries past the list's end.
+// Pre-scaled launches also scale and add the bias here. Rows past q_len
+// are computed on zero queries and never stored.
 __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const stof_attn_args &a,
-                                               const warp_pos &w, int row_base, int bc,
-                                               int mask_idx, int h, bool prescale) {
-    const int col0 = bc * BLOCK_N;
-    const bool edge = col0 + BLOCK_N > a.k_len;
-    if (!prescale && mask_idx < 0 && !edge) return;  // a full block: nothing to mask
+                                               const warp_pos &w, int row_base,
+                                               const key_group &g, int h, bool prescale) {
+    int lim[GATHER];  // keys of entry j that exist
+    bool work = prescale;
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j) {
+        lim[j] = keys_in(a, g.col[j]);
+        work = work || g.mask[j] >= 0 || lim[j] < BLOCK_N;
+    }
+    if (!work) return;  // full blocks away from the edge: nothing to mask
     const float mul = prescale ? a.scale_log2 : 1.0f;
-    // A full block (mask_idx < 0) points at bitmap 0 and ignores it. Never
-    // a null pointer: the compiler may issue the bitmap load before the
-    // test that discards it (seen at 128x16 with one warp: a read of
-    // address 0x20), and the host always uploads at least one bitmap.
-    const bool partial = mask_idx >= 0;
-    const stof_u32 *bitmap =
-        a.part_masks + (long long)(partial ? mask_idx : 0) * (BLOCK_M * kMaskWords);
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int j = 0; j < GATHER; ++j) {
+        // A full block (mask < 0) points at bitmap 0 and ignores it. Never
+        // a null pointer: the compiler may issue the bitmap load before the
+        // test that discards it (seen at 128x16 with one warp: a read of
+        // address 0x20), and the host always uploads at least one bitmap.
+        const bool partial = g.mask[j] >= 0;
+        const bool edge = lim[j] < BLOCK_N;
+        const stof_u32 *bitmap =
+            a.part_masks + (long long)(partial ? g.mask[j] : 0) * (BLOCK_M * kMaskWords);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = w.row0 + mt * 16 + w.g + half * 8;  // row within the block tile
-            stof_u32 bits[kMaskWords];
+        for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-            for (int k = 0; k < kMaskWords; ++k)
-                bits[k] = partial ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
+            for (int half = 0; half < 2; ++half) {
+                const int r = w.row0 + mt * 16 + w.g + half * 8;  // row within the block tile
+                stof_u32 bits[kMaskWords];
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
+                for (int k = 0; k < kMaskWords; ++k)
+                    bits[k] = partial ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = nt * 8 + 2 * w.t + e;  // column within the key block
-                    bool ok = (bits[c >> 5] >> (c & 31)) & 1u;
-                    if (edge) ok = ok && col0 + c < a.k_len;
-                    float x = s[mt][nt][half * 2 + e] * mul;
+                for (int jt = 0; jt < BLOCK_N / 8; ++jt) {
+                    const int nt = j * (BLOCK_N / 8) + jt;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int c = jt * 8 + 2 * w.t + e;  // column within the key block
+                        bool ok = (bits[c >> 5] >> (c & 31)) & 1u;
+                        if (edge) ok = ok && c < lim[j];
+                        float x = s[mt][nt][half * 2 + e] * mul;
 #if HAS_RELPOS
-                    if (ok && row_base + r < a.q_len)
-                        x += relpos_bias_log2<elem_t>(a, row_base + r, col0 + c, h);
+                        if (ok && row_base + r < a.q_len)
+                            x += relpos_bias_log2<elem_t>(a, row_base + r,
+                                                          g.col[j] * BLOCK_N + c, h);
 #endif
-                    s[mt][nt][half * 2 + e] = ok ? x : STOF_NEG_INF;
+                        s[mt][nt][half * 2 + e] = ok ? x : STOF_NEG_INF;
+                    }
                 }
             }
         }
@@ -379,7 +432,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
 
 #if WGMMA
 // O += P V for the warpgroup: P from registers (its C fragments are the A
-// fragments), V MN-major from shared memory, BLOCK_N / 16 products.
+// fragments), V MN-major from shared memory, kTileN / 16 products.
 __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float (&p)[kMT][kNT][4],
                                            const elem_t *sV, const warp_pos &) {
     unsigned a[kKN][4];
@@ -518,8 +571,8 @@ stof_attention_block(const stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t *sQ = reinterpret_cast<elem_t *>(smem_raw);
-    elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][BLOCK_N][kPitch]
-    elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][BLOCK_N][kPitch]
+    elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][kTileN][kPitch]
+    elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][kTileN][kPitch]
 
     const int h = blockIdx.y, b = blockIdx.z;
 #if SPLIT
@@ -558,15 +611,15 @@ stof_attention_block(const stof_attn_args a) {
     if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j) {
-        if (start + j < end)
-            load_kv_async(sK, sV, j, k, v, a, load_block_ref(a, start + j, end).col);
+        if (start + j * GATHER < end)
+            load_kv_async(sK, sV, j, k, v, a, load_cols(a, start + j * GATHER, end));
         cp_async_commit();
     }
-    // The column of the next block to prefetch, read one iteration early so
+    // The columns of the next block to prefetch, read one iteration early so
     // that no dependent global load sits between the barrier and the
     // cp.async issue. (A ring of STAGES entries cost registers and spilled
     // at 64x32 D=128; the current block's entry is an L1 hit anyway.)
-    int next_col = load_block_ref(a, start + STAGES - 1, end).col;
+    key_cols next = load_cols(a, start + (STAGES - 1) * GATHER, end);
 
     float o[kMT][kDT][4], m[kMT][2], l[kMT][2];
 #pragma unroll
@@ -583,7 +636,7 @@ stof_attention_block(const stof_attn_args a) {
     const bool prescale = prescaled(a);
     const float c = prescale ? 1.0f : a.scale_log2;  // the scale the softmax still applies
     int stage = 0;  // (it - start) % STAGES: where this block's K, V are
-    for (int it = start; it < end; ++it) {
+    for (int it = start; it < end; it += GATHER) {
         // This block's K, V (and Q) have landed, and every warp is done
         // with the stage block it - 1 used: it may be refilled (see the top).
         cp_async_wait<STAGES - 2>();
@@ -598,14 +651,14 @@ stof_attention_block(const stof_attn_args a) {
                 for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
         }
         const int refill = stage == 0 ? STAGES - 1 : stage - 1;
-        if (it + STAGES - 1 < end) load_kv_async(sK, sV, refill, k, v, a, next_col);
+        if (it + (STAGES - 1) * GATHER < end) load_kv_async(sK, sV, refill, k, v, a, next);
         cp_async_commit();
-        next_col = load_block_ref(a, it + STAGES, end).col;
-        const block_ref cur = load_block_ref(a, it, end);
+        next = load_cols(a, it + STAGES * GATHER, end);
+        const key_group cur = load_group(a, it, end);
 
         float s[kMT][kNT][4];
         compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
-        mask_and_scale(s, a, w, row_base, cur.col, cur.mask, h, prescale);
+        mask_and_scale(s, a, w, row_base, cur, h, prescale);
         online_softmax(s, m, l, o, c);
         compute_pv(o, s, sV + stage * kStageElems, w);
         stage = stage == STAGES - 1 ? 0 : stage + 1;

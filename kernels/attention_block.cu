@@ -385,6 +385,62 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
     }
 }
 
+// ---- the warp's view of a partial block ------------------------------------------------
+
+// How the warp's own rows see partial block `mask` (>= 0): 0 no allowed
+// key (the warp skips the block: its scores would all be -inf, which the
+// online softmax leaves unchanged), 1 every key allowed (no mask pass), 2
+// mixed. With BLOCK_M above the mask's structure (BigBird's 32-row random
+// blocks in a 64-row tile) many blocks are partial only because of the
+// other warps' rows: the block's K and V are loaded once for the rows that
+// need them, and the warps that do not skip the math. Bitmap words are
+// read again in the mask pass (L1 hits).
+__device__ __forceinline__ int warp_view(const stof_attn_args &a, const warp_pos &w, int mask) {
+    const stof_u32 *bitmap = a.part_masks + (long long)mask * (BLOCK_M * kMaskWords);
+    stof_u32 any = 0, all = ~0u;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = w.row0 + mt * 16 + w.g + half * 8;
+#pragma unroll
+            for (int k = 0; k < kMaskWords; ++k) {
+                const stof_u32 word = __ldg(bitmap + r * kMaskWords + k);
+                // the bits of real columns: all 32 but in a last, short word
+                const stof_u32 real = (k == kMaskWords - 1 && BLOCK_N % 32)
+                                          ? (1u << (BLOCK_N % 32)) - 1u
+                                          : ~0u;
+                any |= word;
+                all &= word | ~real;
+            }
+        }
+    if (!__any_sync(0xffffffffu, any != 0)) return 0;
+    return __all_sync(0xffffffffu, all == ~0u) ? 1 : 2;
+}
+
+// The group as this warp sees it: entries with no allowed key for its rows
+// become missing (col -1, all masked), all-allowed ones full. False when
+// nothing is left: the warp skips the iteration's math. (The wgmma build
+// computes a warpgroup's rows together and skips nothing.)
+__device__ __forceinline__ bool warp_group_view(const stof_attn_args &a, const warp_pos &w,
+                                                key_group &g) {
+#if WGMMA
+    return true;
+#else
+    bool some = false;
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j) {
+        if (g.mask[j] >= 0) {
+            const int v = warp_view(a, w, g.mask[j]);
+            if (v == 0) g.col[j] = -1;
+            if (v == 1) g.mask[j] = -1;
+        }
+        some = some || g.col[j] >= 0;
+    }
+    return some;
+#endif
+}
+
 // ---- online softmax -------------------------------------------------------------
 
 // Each thread holds two rows per m tile (g and g + 8), spread over the four
@@ -654,13 +710,15 @@ stof_attention_block(const stof_attn_args a) {
         if (it + (STAGES - 1) * GATHER < end) load_kv_async(sK, sV, refill, k, v, a, next);
         cp_async_commit();
         next = load_cols(a, it + STAGES * GATHER, end);
-        const key_group cur = load_group(a, it, end);
+        key_group cur = load_group(a, it, end);
 
-        float s[kMT][kNT][4];
-        compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
-        mask_and_scale(s, a, w, row_base, cur, h, prescale);
-        online_softmax(s, m, l, o, c);
-        compute_pv(o, s, sV + stage * kStageElems, w);
+        if (warp_group_view(a, w, cur)) {
+            float s[kMT][kNT][4];
+            compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
+            mask_and_scale(s, a, w, row_base, cur, h, prescale);
+            online_softmax(s, m, l, o, c);
+            compute_pv(o, s, sV + stage * kStageElems, w);
+        }
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }
     // Only empty groups can still be pending (every real block was waited

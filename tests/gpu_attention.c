@@ -739,6 +739,9 @@ static void timing(gpu *g) {
         {"wg128x64w8", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 0, 0, 0, 1, 0},
         {"wg128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 1, 0},
         {"32x32w2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0},
+        {"128x32w8", MHA_KERNEL_BLOCK_WISE, 128, 32, 8, 0, 0, 0, 0, 0},
+        {"64x32w2", MHA_KERNEL_BLOCK_WISE, 64, 32, 2, 0, 0, 0, 0, 0},
+        {"64x16w4g2", MHA_KERNEL_BLOCK_WISE, 64, 16, 4, 0, 0, 0, 0, 2},
         {"32x32w2g2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 2},
         {"32x32w2g4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 4},
         {"32x32w2g4s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, 4},
@@ -842,12 +845,18 @@ int main(int argc, char **argv) {
     g.drv = g.ctx->drv;
     printf("GPU: %s (%s, %d SMs, %d B smem/block opt-in)\n", g.ctx->info.name, g.ctx->arch,
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
-    /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing */
+    /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing; "time": only it */
     int quick = argc > 1 && !strcmp(argv[1], "quick");
     /* "sweep [SETTING]": only the template sweep, at both sizes (one setting,
      * "64x32w2", when named) */
     int sweep = argc > 1 && !strcmp(argv[1], "sweep");
     int notime = argc > 1 && (!strcmp(argv[1], "notime") || quick || sweep);
+    /* "time": the timing alone */
+    if (argc > 1 && !strcmp(argv[1], "time")) {
+        timing(&g);
+        mha_exec_ctx_free(g.ctx);
+        return check_summary("gpu_attention");
+    }
     static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
     static const int dims[] = {64, 128};
     double t0 = util_now();

@@ -514,7 +514,6 @@ static void attn_force(const exec_segment *s, mha_exec_force *f) {
             f->block_m = s->values[0];
             f->block_n = s->values[1];
             f->num_warps = s->values[2];
-            f->gather = s->values[3];
         }
     }
 }
@@ -606,8 +605,7 @@ static int attn_folded(const graph *g, const exec_segment *s, mha_exec_problem *
 static void attn_choice(const mha_exec_config *c, exec_choice *out) {
     memset(out, 0, sizeof *out);
     if (c->kernel == MHA_KERNEL_BLOCK_WISE) {
-        *out = (exec_choice){FUSION_T_ATTENTION_BLOCK,
-                             {c->block_m, c->block_n, c->num_warps, mha_exec_gather(c)}};
+        *out = (exec_choice){FUSION_T_ATTENTION_BLOCK, {c->block_m, c->block_n, c->num_warps}};
     } else {
         *out = (exec_choice){FUSION_T_ATTENTION_ROW, {c->rows_per_warp, c->warps_per_block}};
     }

@@ -743,10 +743,10 @@ int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
         add_candidate(out, cap, n, &c);
     }
     free(sel);
-    static const int fixed[MHA_EXEC_MEASURE_N_FIXED][4] = MHA_EXEC_MEASURE_FIXED;
+    static const int fixed[MHA_EXEC_MEASURE_N_FIXED][3] = MHA_EXEC_MEASURE_FIXED;
     for (int k = 0; k < MHA_EXEC_MEASURE_N_FIXED; k++) {
-        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2],
-                                         fixed[k][3], force, lim);
+        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2], 1,
+                                         force, lim);
         stof_error ignored = {0};
         if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK &&
             mha_exec_block_regs_ok(c.block_m, mha_exec_tile_n(&c), c.num_warps, c.head_dim))

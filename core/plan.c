@@ -387,11 +387,11 @@ static int key_listed(const char *const *keys, const char *k) {
     return 0;
 }
 
-/* `it` (at where.key) is an object holding the listed keys, once each: a
- * missing key (unless its bit is set in `optional`), an unknown one (a typo
- * in a hand edit) or a duplicate is an error. */
-static int rd_shape_opt(rd *r, const cJSON *it, const char *where, const char *key,
-                        const char *const *keys, unsigned optional) {
+/* `it` (at where.key) is an object holding exactly the listed keys, once
+ * each: a missing key, an unknown one (a typo in a hand edit) or a duplicate
+ * is an error. */
+static int rd_shape_of(rd *r, const cJSON *it, const char *where, const char *key,
+                       const char *const *keys) {
     char path[256];
     path_join(path, sizeof path, where, key);
     if (!cJSON_IsObject(it))
@@ -404,15 +404,9 @@ static int rd_shape_opt(rd *r, const cJSON *it, const char *where, const char *k
                 return rd_fail(r, path, c->string, "the key appears twice");
     }
     for (int i = 0; keys[i]; i++)
-        if (!((optional >> i) & 1u) && !cJSON_GetObjectItemCaseSensitive(it, keys[i]))
+        if (!cJSON_GetObjectItemCaseSensitive(it, keys[i]))
             return rd_fail(r, path, keys[i], "missing");
     return STOF_OK;
-}
-
-/* Every listed key required. */
-static int rd_shape_of(rd *r, const cJSON *it, const char *where, const char *key,
-                       const char *const *keys) {
-    return rd_shape_opt(r, it, where, key, keys, 0);
 }
 
 static const cJSON *get(const cJSON *obj, const char *key) {
@@ -709,20 +703,15 @@ static int rd_kernel(rd *r, const cJSON *o, const char *where, const char *key, 
     k->tmpl = t->id;
     k->n_values = t->n_params;
     const char *keys[FUSION_MAX_PARAMS + 1] = {NULL};
-    unsigned optional = 0;
-    for (int i = 0; i < t->n_params; i++) {
+    for (int i = 0; i < t->n_params; i++)
         keys[i] = t->params[i].name;
-        optional |= (unsigned)t->params[i].optional << i;
-    }
     char path[256];
     path_join(path, sizeof path, where, "params");
     const cJSON *params = get(o, "params");
-    rc = rd_shape_opt(r, params, where, "params", keys, optional);
+    rc = rd_shape_of(r, params, where, "params", keys);
     for (int i = 0; !rc && i < t->n_params; i++) {
         const fusion_param *fp = &t->params[i];
-        k->values[i] = fp->values[0]; /* an optional one the plan predates */
-        if (get(params, fp->name))
-            rc = rd_int32(r, params, path, fp->name, INT32_MIN, INT32_MAX, &k->values[i]);
+        rc = rd_int32(r, params, path, fp->name, INT32_MIN, INT32_MAX, &k->values[i]);
         int found = 0;
         for (int v = 0; !rc && v < fp->n_values; v++)
             found |= fp->values[v] == k->values[i];

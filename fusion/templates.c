@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "ops/mask_format.h"
 #include "ops/mha_select.h"
 #include "ops/ops.h"
 
@@ -94,24 +93,18 @@ static int mi_chain_check(const fusion_dims *d, const int *v, int limit, stof_er
     return check_smem(what, (int64_t)v[0] * d->n * 4, limit, err);
 }
 
-/* BLOCK_M, BLOCK_N, WARPS, GATHER: the selector's own model (Eq. 2), one
- * place, on the tile the kernel computes (GATHER blocks of BLOCK_N keys). */
+/* BLOCK_M, BLOCK_N, WARPS: the selector's own model (Eq. 2), one place. */
 static int attention_block_check(const fusion_dims *d, const int *v, int limit,
                                  stof_error *err) {
     mha_problem p = {d->batch, d->heads, d->head_dim, d->q_len, d->k_len, d->elem_bytes, NULL};
     mha_device_limits lim = {1, limit, limit, 64, 1024, NULL};
     mha_candidate c;
-    int gather = v[3] > 1 ? v[3] : 1;
-    if (v[1] * gather > MASK_FORMAT_MAX_BLOCK)
-        return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "%d gathered blocks of %d keys: more than %d keys a tile", gather, v[1],
-                       MASK_FORMAT_MAX_BLOCK);
-    mha_score_candidate(&p, &lim, v[0], v[1] * gather, v[2], &c);
+    mha_score_candidate(&p, &lim, v[0], v[1], v[2], &c);
     if (c.verdict != MHA_FEASIBLE)
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "%dx%d blocks (x%d gathered) with %d warps: %s (needs %lld bytes of "
-                       "shared memory, limit %d)", v[0], v[1], gather, v[2],
-                       mha_verdict_name(c.verdict), (long long)c.req_smem, limit);
+                       "%dx%d blocks with %d warps: %s (needs %lld bytes of shared "
+                       "memory, limit %d)", v[0], v[1], v[2], mha_verdict_name(c.verdict),
+                       (long long)c.req_smem, limit);
     return STOF_OK;
 }
 
@@ -129,9 +122,7 @@ static int embedding_check(const fusion_dims *d, const int *v, int limit, stof_e
 #define OPT(t) {(t), FUSION_OPT}
 #define ANY(t) {(t), FUSION_ANY}
 #define PATTERN(...) {sizeof((fusion_slot[]){__VA_ARGS__}) / sizeof(fusion_slot), {__VA_ARGS__}}
-#define PARAM(name, ...) {name, sizeof((int[]){__VA_ARGS__}) / sizeof(int), {__VA_ARGS__}, 0}
-#define OPT_PARAM(name, ...) \
-    {name, sizeof((int[]){__VA_ARGS__}) / sizeof(int), {__VA_ARGS__}, 1}
+#define PARAM(name, ...) {name, sizeof((int[]){__VA_ARGS__}) / sizeof(int), {__VA_ARGS__}}
 
 static const fusion_template template_table[FUSION_T_COUNT] = {
     [FUSION_T_GEMM_EPILOGUE] = {FUSION_T_GEMM_EPILOGUE, "gemm_epilogue", "gemm_epilogue.cu", 0,
@@ -168,8 +159,8 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
     [FUSION_T_ATTENTION_BLOCK] = {FUSION_T_ATTENTION_BLOCK, "attention_block",
         "attention_block.cu", 0,
         1, {PATTERN(ONE(TOK(ATTENTION)))},
-        4, {PARAM("BLOCK_M", 16, 32, 64, 128), PARAM("BLOCK_N", 16, 32, 64, 128),
-            PARAM("WARPS", 1, 2, 4, 8), OPT_PARAM("GATHER", 1, 2, 4)},
+        3, {PARAM("BLOCK_M", 16, 32, 64, 128), PARAM("BLOCK_N", 16, 32, 64, 128),
+            PARAM("WARPS", 1, 2, 4, 8)},
         attention_block_check},
     [FUSION_T_EMBEDDING] = {FUSION_T_EMBEDDING, "embedding", "embedding.cu", 0,
         1, {PATTERN(ONE(TOK(EMBEDDING)))},

@@ -68,14 +68,11 @@ typedef struct fusion_pattern {
     fusion_slot slots[FUSION_MAX_SLOTS];
 } fusion_pattern;
 
-/* A tunable parameter; the kernel sees it as -DNAME=value. A parameter
- * added after plans were first written is `optional`: a plan that lacks it
- * reads values[0], the behaviour from before it existed. */
+/* A tunable parameter; the kernel sees it as -DNAME=value. */
 typedef struct fusion_param {
     const char *name;
     int n_values;
     int values[FUSION_MAX_VALUES];
-    int optional;
 } fusion_param;
 
 /* The sizes of a matched segment that its settings' feasibility depends on

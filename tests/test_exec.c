@@ -707,7 +707,7 @@ static void test_choices(void) {
         return;
     }
     int attn = (int)(segment_of(p, 4) - p->segs), qkv = (int)(segment_of(p, 2) - p->segs);
-    int block[] = {64, 64, 4, 1};
+    int block[] = {64, 64, 4};
     CHECK_EQ_INT(exec_plan_set_choice(p, attn, FUSION_T_ATTENTION_BLOCK, block, &err), STOF_OK);
     int set = 0;
     for (int s = 0; s < p->n_segs; s++)

@@ -621,18 +621,11 @@ static void test_templates(void) {
     expect_setting(FUSION_T_GEMM_CHAIN, &d, ch_regs, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "registers a thread");
     /* attention: Eq. 2's shared memory, and whole 16-row tiles per warp */
-    int at_ok[] = {64, 64, 4, 1}, at_big[] = {128, 128, 4, 1}, at_warps[] = {32, 64, 4, 1};
+    int at_ok[] = {64, 64, 4}, at_big[] = {128, 128, 4}, at_warps[] = {32, 64, 4};
     expect_setting(FUSION_T_ATTENTION_BLOCK, &d, at_ok, 49152, STOF_OK, NULL);
     expect_setting(FUSION_T_ATTENTION_BLOCK, &d, at_big, 49152, STOF_ERR_UNSUPPORTED,
                    "needs 98304 bytes");
     expect_setting(FUSION_T_ATTENTION_BLOCK, &d, at_warps, 49152, STOF_ERR_UNSUPPORTED, NULL);
-    /* gathered blocks: shared memory of the whole tile, at most 256 keys */
-    int at_g2[] = {32, 32, 2, 2}, at_g4_big[] = {64, 64, 4, 4}, at_g4_wide[] = {32, 128, 2, 4};
-    expect_setting(FUSION_T_ATTENTION_BLOCK, &d, at_g2, 49152, STOF_OK, NULL);
-    expect_setting(FUSION_T_ATTENTION_BLOCK, &d, at_g4_big, 49152, STOF_ERR_UNSUPPORTED,
-                   "x4 gathered");
-    expect_setting(FUSION_T_ATTENTION_BLOCK, &d, at_g4_wide, 227 * 1024, STOF_ERR_UNSUPPORTED,
-                   "more than 256 keys a tile");
     /* MI chains: vectors must divide the row; rows of a reduction in smem */
     fusion_dims odd_row = d;
     odd_row.n = 770;

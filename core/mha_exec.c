@@ -280,6 +280,11 @@ static int check_wgmma_config(const mha_exec_config *c, stof_error *err) {
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: the wgmma build takes head_dim 32, 64, 80 or 128, got %d",
                        c->head_dim);
+    if (c->stages < MHA_EXEC_WGMMA_MIN_STAGES)
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: the wgmma build pipelines at least %d K/V stages (one block's "
+                       "P V overlaps the next one's softmax), got %d",
+                       MHA_EXEC_WGMMA_MIN_STAGES, c->stages);
     return STOF_OK;
 }
 
@@ -609,6 +614,8 @@ static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
     else
         cfg->stages = mha_exec_auto_stages(cfg->block_m, mha_exec_tile_n(cfg), cfg->num_warps,
                                            cfg->head_dim, (int)stof_dtype_size(cfg->dtype), lim);
+    if (cfg->wgmma && !(force && force->stages) && cfg->stages < MHA_EXEC_WGMMA_MIN_STAGES)
+        cfg->stages = MHA_EXEC_WGMMA_MIN_STAGES;
 }
 
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,

@@ -95,6 +95,9 @@ int mha_exec_wgmma_arch(const char *arch);
 
 #define MHA_EXEC_MIN_STAGES 2
 #define MHA_EXEC_MAX_STAGES 4
+/* The wgmma build keeps the previous block's V stage while the next block
+ * loads: at least 3 (the automatic depth is raised to it). */
+#define MHA_EXEC_WGMMA_MIN_STAGES 3
 
 /* Dynamic shared memory of the block-wise kernel: Q [block_m] and a ring of
  * `stages` K and V tiles [stages][tile_n], rows of head_dim + 8 elements:

@@ -153,6 +153,11 @@ static_assert(!WGMMA || (NUM_WARPS % 4 == 0 && kWarpRows == 16),
               "WGMMA: whole warpgroups, 16 rows a warp (BLOCK_M = 16 NUM_WARPS, a multiple of 64)");
 
 constexpr int kStageElems = kTileN * kPitch;     // one K (or V) stage
+// Blocks loaded ahead of the one being computed: all stages but its own,
+// and in the wgmma build but the previous block's too (its P V runs during
+// this block's softmax, so its V stage is still being read).
+constexpr int kAhead = WGMMA ? STAGES - 2 : STAGES - 1;
+static_assert(kAhead >= 1, "the wgmma build pipelines at least 3 K/V stages");
 
 // The per-warp view of the query tile.
 struct warp_pos {
@@ -265,22 +270,23 @@ __device__ __forceinline__ void load_q_frag(unsigned (&qf)[4], const elem_t *sQ,
 
 #if WGMMA
 // The warpgroup's 64 rows of Q times the stage's kTileN keys: HEAD_DIM / 16
-// products into S, both operands K-major in shared memory.
-__device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
-                                               const unsigned (&)[kMT][kKD][4],
-                                               const elem_t *sQ, const elem_t *sK,
-                                               const warp_pos &w) {
+// products into S, both operands K-major in shared memory. Issued and
+// committed as one group, not waited for (the loop does: wg_wait, then
+// keep_s before S is read).
+__device__ __forceinline__ void issue_scores(float (&s)[kMT][kNT][4], const elem_t *sQ,
+                                             const elem_t *sK, const warp_pos &w) {
     float(&d)[kTileN / 2] = reinterpret_cast<float(&)[kTileN / 2]>(s[0]);
     const elem_t *qa = sQ + (w.warp / 4) * 64 * HEAD_DIM;  // the warpgroup's row groups
     constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
-    stof::wg::fence();
 #pragma unroll
     for (int kd = 0; kd < kKD; ++kd)  // 16 head-dim columns = 2 core matrices = 128 elements
         stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
                                       stof::wg::desc(sK + kd * 128, kLbo, kSbo), kd > 0);
     stof::wg::commit();
-    stof::wg::wait<0>();
-    stof::wg::wg_mma<kTileN>::keep(d);
+}
+
+__device__ __forceinline__ void keep_s(float (&s)[kMT][kNT][4]) {
+    stof::wg::wg_mma<kTileN>::keep(reinterpret_cast<float(&)[kTileN / 2]>(s[0]));
 }
 #else
 __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
@@ -459,9 +465,12 @@ __device__ __forceinline__ bool warp_group_view(const stof_attn_args &a, const w
 // threads of a quad: the row maximum is reduced across the quad; the row sum
 // l stays a per-thread partial sum until the end. S becomes P in place;
 // c > 0 is the scale still to apply (see above), m is in score units.
-__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
-                                               float (&l)[kMT][2], float (&o)[kMT][kDT][4],
-                                               float c) {
+// softmax_step updates m, l and turns S into P; O still has to be scaled
+// by alpha (rescale_o): the pipelined wgmma loop does that once the
+// previous block's P V has landed in O.
+__device__ __forceinline__ void softmax_step(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
+                                             float (&l)[kMT][2], float (&alpha_out)[kMT][2],
+                                             float c) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -487,23 +496,33 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
                 }
             }
             l[mt][half] = l[mt][half] * alpha + sum;
-#pragma unroll
-            for (int dt = 0; dt < kDT; ++dt) {
-                o[mt][dt][half * 2] *= alpha;
-                o[mt][dt][half * 2 + 1] *= alpha;
-            }
+            alpha_out[mt][half] = alpha;
         }
     }
+}
+
+__device__ __forceinline__ void rescale_o(float (&o)[kMT][kDT][4], const float (&alpha)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] *= alpha[mt][e >> 1];
+}
+
+__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
+                                               float (&l)[kMT][2], float (&o)[kMT][kDT][4],
+                                               float c) {
+    float alpha[kMT][2];
+    softmax_step(s, m, l, alpha, c);
+    rescale_o(o, alpha);
 }
 
 // ---- O += P V -----------------------------------------------------------------------
 
 #if WGMMA
-// O += P V for the warpgroup: P from registers (its C fragments are the A
-// fragments), V MN-major from shared memory, kTileN / 16 products.
-__device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float (&p)[kMT][kNT][4],
-                                           const elem_t *sV, const warp_pos &) {
-    unsigned a[kKN][4];
+// P (fp32 C fragments) as the A fragments of P V, in the dtype.
+__device__ __forceinline__ void pack_p(const float (&p)[kMT][kNT][4], unsigned (&a)[kKN][4]) {
 #pragma unroll
     for (int kn = 0; kn < kKN; ++kn) {
         a[kn][0] = pack2<elem_t>(p[0][2 * kn][0], p[0][2 * kn][1]);
@@ -511,16 +530,24 @@ __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float 
         a[kn][2] = pack2<elem_t>(p[0][2 * kn + 1][0], p[0][2 * kn + 1][1]);
         a[kn][3] = pack2<elem_t>(p[0][2 * kn + 1][2], p[0][2 * kn + 1][3]);
     }
+}
+
+// O += P V for the warpgroup: P from registers, V MN-major from shared
+// memory, kTileN / 16 products, committed as one group and not waited for:
+// O and the P fragments stay untouched until wg_wait, then keep_pv.
+__device__ __forceinline__ void issue_pv(float (&o)[kMT][kDT][4], const unsigned (&a)[kKN][4],
+                                         const elem_t *sV) {
     float(&d)[HEAD_DIM / 2] = reinterpret_cast<float(&)[HEAD_DIM / 2]>(o[0]);
     constexpr unsigned kLbo = 16 * HEAD_DIM, kSbo = 128;  // MN-major: LBO steps along K
-    stof::wg::fence();
 #pragma unroll
     for (int kn = 0; kn < kKN; ++kn)  // 16 keys = 2 row groups = 16 HEAD_DIM elements
-        stof::wg::wg_mma<HEAD_DIM>::rs_tb(d, a[kn], stof::wg::desc(sV + kn * 16 * HEAD_DIM, kLbo, kSbo),
-                                          1);
+        stof::wg::wg_mma<HEAD_DIM>::rs_tb(d, a[kn],
+                                          stof::wg::desc(sV + kn * 16 * HEAD_DIM, kLbo, kSbo), 1);
     stof::wg::commit();
-    stof::wg::wait<0>();
-    stof::wg::wg_mma<HEAD_DIM>::keep(d);
+}
+
+__device__ __forceinline__ void keep_pv(float (&o)[kMT][kDT][4], unsigned (&a)[kKN][4]) {
+    stof::wg::wg_mma<HEAD_DIM>::keep(reinterpret_cast<float(&)[HEAD_DIM / 2]>(o[0]));
 #pragma unroll
     for (int kn = 0; kn < kKN; ++kn)
 #pragma unroll
@@ -632,6 +659,50 @@ __device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
 
 #endif
 
+// ---- the pipeline ------------------------------------------------------------------
+
+// The top of every iteration: this block's K, V (and Q) have landed and are
+// published, and every warp is done with the stage refilled here (see the
+// top of the file); the columns of the block after the refilled one are
+// read one iteration early, so that no dependent global load sits between
+// the barrier and the cp.async issue. Returns this block's load-list group.
+// The first iteration also loads the warp's Q fragments (kKeepQ).
+__device__ __forceinline__ key_group pipeline_step(const stof_attn_args &a, elem_t *sK,
+                                                   elem_t *sV, const elem_t *k, const elem_t *v,
+                                                   int it, int start, int end, int stage,
+                                                   key_cols &next, const elem_t *sQ,
+                                                   const warp_pos &w, unsigned (&qf)[kMT][kKD][4]) {
+    cp_async_wait<kAhead - 1>();
+#if WGMMA
+    stof::wg::fence_proxy_async();  // cp.async wrote them; wgmma reads them
+#endif
+    __syncthreads();
+    if (kKeepQ && it == start) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
+    }
+    const int refill = (stage + kAhead) % STAGES;
+    if (it + kAhead * GATHER < end) load_kv_async(sK, sV, refill, k, v, a, next);
+    cp_async_commit();
+    next = load_cols(a, it + (kAhead + 1) * GATHER, end);
+    return load_group(a, it, end);
+}
+
+#if WGMMA
+// S into registers of its own (a real copy, not one the compiler may fold
+// away): the softmax then never writes a wgmma accumulator.
+__device__ __forceinline__ void to_scores(const float (&s)[kMT][kNT][4], float (&p)[kMT][kNT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;" : "=f"(p[mt][nt][e]) : "f"(s[mt][nt][e]));
+}
+#endif
+
 // ---- the kernel ------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(kThreads)
@@ -675,19 +746,18 @@ stof_attention_block(const stof_attn_args a) {
     elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
                   h * HEAD_DIM;
 
-    // Prologue: groups 0 .. STAGES-2 hold blocks 0 .. STAGES-2 (Q with block 0).
+    // Prologue: groups 0 .. kAhead-1 hold blocks 0 .. kAhead-1 (Q with block 0).
     if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
 #pragma unroll
-    for (int j = 0; j < STAGES - 1; ++j) {
+    for (int j = 0; j < kAhead; ++j) {
         if (start + j * GATHER < end)
             load_kv_async(sK, sV, j, k, v, a, load_cols(a, start + j * GATHER, end));
         cp_async_commit();
     }
-    // The columns of the next block to prefetch, read one iteration early so
-    // that no dependent global load sits between the barrier and the
-    // cp.async issue. (A ring of STAGES entries cost registers and spilled
-    // at 64x32 D=128; the current block's entry is an L1 hit anyway.)
-    key_cols next = load_cols(a, start + (STAGES - 1) * GATHER, end);
+    // The columns of the next block to prefetch (see pipeline_step). (A ring
+    // of STAGES entries cost registers and spilled at 64x32 D=128; the
+    // current block's entry is an L1 hit anyway.)
+    key_cols next = load_cols(a, start + kAhead * GATHER, end);
 
     float o[kMT][kDT][4], m[kMT][2], l[kMT][2];
 #pragma unroll
@@ -704,26 +774,57 @@ stof_attention_block(const stof_attn_args a) {
     const bool prescale = prescaled(a);
     const float c = prescale ? 1.0f : a.scale_log2;  // the scale the softmax still applies
     int stage = 0;  // (it - start) % STAGES: where this block's K, V are
-    for (int it = start; it < end; it += GATHER) {
-        // This block's K, V (and Q) have landed, and every warp is done
-        // with the stage block it - 1 used: it may be refilled (see the top).
-        cp_async_wait<STAGES - 2>();
 #if WGMMA
-        stof::wg::fence_proxy_async();  // cp.async wrote them; wgmma reads them
-#endif
-        __syncthreads();
-        if (kKeepQ && it == start) {
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
+    // Block j's S = Q K^T and block j-1's O += P V go out together; the
+    // softmax of block j runs while the tensor cores do that P V, and O is
+    // rescaled once it has landed. The first block (no P V before it) is
+    // peeled off, so that every wait in the loop is unconditional: ptxas
+    // serializes the products if a path could leave one in flight while O
+    // is written, and it does the same if the softmax writes the registers
+    // S was computed in (hence the copy, to_scores).
+    if (start < end) {
+        unsigned pf[kKN][4];  // the previous block's P, as A fragments of its P V
+        int prev_stage = stage;
+        {
+            key_group cur = pipeline_step(a, sK, sV, k, v, start, start, end, stage, next, sQ, w, qf);
+            float s[kMT][kNT][4];
+            stof::wg::fence();
+            issue_scores(s, sQ, sK + stage * kStageElems, w);
+            stof::wg::wait<0>();
+            keep_s(s);
+            mask_and_scale(s, a, w, row_base, cur, h, prescale);
+            float alpha[kMT][2];  // 0: O is still zero
+            softmax_step(s, m, l, alpha, c);
+            pack_p(s, pf);
+            stage = STAGES == 1 ? 0 : 1;
         }
-        const int refill = stage == 0 ? STAGES - 1 : stage - 1;
-        if (it + (STAGES - 1) * GATHER < end) load_kv_async(sK, sV, refill, k, v, a, next);
-        cp_async_commit();
-        next = load_cols(a, it + STAGES * GATHER, end);
-        key_group cur = load_group(a, it, end);
-
+        for (int it = start + GATHER; it < end; it += GATHER) {
+            key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf);
+            float s[kMT][kNT][4], p[kMT][kNT][4];
+            stof::wg::fence();
+            issue_scores(s, sQ, sK + stage * kStageElems, w);
+            issue_pv(o, pf, sV + prev_stage * kStageElems);
+            stof::wg::wait<1>();  // S has landed; P V may still run
+            keep_s(s);
+            to_scores(s, p);
+            mask_and_scale(p, a, w, row_base, cur, h, prescale);
+            float alpha[kMT][2];
+            softmax_step(p, m, l, alpha, c);
+            stof::wg::wait<0>();
+            keep_pv(o, pf);
+            rescale_o(o, alpha);
+            pack_p(p, pf);
+            prev_stage = stage;
+            stage = stage == STAGES - 1 ? 0 : stage + 1;
+        }
+        stof::wg::fence();
+        issue_pv(o, pf, sV + prev_stage * kStageElems);
+        stof::wg::wait<0>();
+        keep_pv(o, pf);
+    }
+#else
+    for (int it = start; it < end; it += GATHER) {
+        key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf);
         if (warp_group_view(a, w, cur)) {
             float s[kMT][kNT][4];
             compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
@@ -733,6 +834,7 @@ stof_attention_block(const stof_attn_args a) {
         }
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }
+#endif
     // Only empty groups can still be pending (every real block was waited
     // for); reading sQ (Q fragments) and writing it (O staging) touch the
     // warp's own rows only.

@@ -113,16 +113,16 @@ static const setting settings[] = {
     {"16x16w1c4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 4, 0, 0},
     {"128x64w4c3", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, 3, 0, 0},
     {"eq2c2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 2, 0, 0},
-    {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, -1, 1, 0},
+    {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0, -1, 1, 0},
     {"wg64x16s3", MHA_KERNEL_BLOCK_WISE, 64, 16, 4, 3, 0, -1, 1, 0},
-    {"wg128x128", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 2, 0, -1, 1, 0},
-    {"wg64x32c3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 3, 1, 0},
+    {"wg128x64s3", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 3, 0, -1, 1, 0},
+    {"wg64x32c3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, 3, 1, 0},
     {"32x32w2g2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, -1, 0, 2},
     {"32x32w2g4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, -1, 0, 4},
     {"16x16w1g4s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0, -1, 0, 4},
     {"64x32w4g2c3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 3, 0, 2},
     {"32x32w2g4c5", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, 5, 0, 4},
-    {"wg64x32g2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, -1, 1, 2},
+    {"wg64x32g2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, -1, 1, 2},
 };
 #define N_SETTINGS ((int)(sizeof settings / sizeof settings[0]))
 

@@ -165,7 +165,7 @@ static int list_split_variants(variant *v, int cap) {
 }
 
 /* The wgmma builds (sm_90 only, compiled for sm_90a): dtype x every head_dim
- * x wgmma_settings at STAGES 2, then relpos, split and deeper-ring ones. */
+ * x wgmma_settings at STAGES 3, then relpos, split and deeper-ring ones. */
 static const int wgmma_settings[][3] = {{64, 16, 4},  {64, 32, 4},   {64, 64, 4},
                                         {64, 128, 4}, {128, 64, 8}, {128, 128, 8}};
 #define N_WGMMA ((int)(sizeof wgmma_settings / sizeof wgmma_settings[0]))
@@ -178,7 +178,7 @@ static int list_wgmma_variants(variant *v, int cap) {
                 mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = head_dims[h],
                                        .dtype = dtypes[d], .block_m = wgmma_settings[s][0],
                                        .block_n = wgmma_settings[s][1],
-                                       .num_warps = wgmma_settings[s][2], .stages = 2,
+                                       .num_warps = wgmma_settings[s][2], .stages = 3,
                                        .wgmma = 1};
                 stof_error err = {0};
                 if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
@@ -186,7 +186,7 @@ static int list_wgmma_variants(variant *v, int cap) {
             }
     static const mha_exec_config extra[] = {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
-         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2, .wgmma = 1},
+         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3, .wgmma = 1},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .relpos = 1,
          .block_m = 128, .block_n = 32, .num_warps = 8, .stages = 3, .split = 1, .wgmma = 1},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
@@ -226,9 +226,9 @@ static int list_gather_variants(variant *v, int cap) {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 32,
          .block_n = 32, .num_warps = 2, .stages = 3, .split = 1, .gather = 2},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .block_m = 64,
-         .block_n = 32, .num_warps = 4, .stages = 2, .wgmma = 1, .gather = 4},
+         .block_n = 32, .num_warps = 4, .stages = 3, .wgmma = 1, .gather = 4},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .block_m = 64,
-         .block_n = 16, .num_warps = 4, .stages = 2, .split = 1, .wgmma = 1, .gather = 2},
+         .block_n = 16, .num_warps = 4, .stages = 3, .split = 1, .wgmma = 1, .gather = 2},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
         v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
@@ -546,7 +546,7 @@ static void test_configs(void) {
 static void test_wgmma_configs(void) {
     stof_error err = {0};
     mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
-                         .block_m = 128, .block_n = 64, .num_warps = 8, .stages = 2, .wgmma = 1};
+                         .block_m = 128, .block_n = 64, .num_warps = 8, .stages = 3, .wgmma = 1};
     CHECK_EQ_INT(mha_exec_config_check(&c, 227 * 1024, &err), STOF_OK);
     c.num_warps = 4; /* 32 rows a warp: the build needs 16 */
     expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "16 rows a warp");
@@ -566,6 +566,9 @@ static void test_wgmma_configs(void) {
     expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "got 256");
     c.block_n = 32;
     c.gather = 0;
+    c.stages = 2; /* the previous block's V stays while the next one loads */
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "at least 3 K/V stages");
+    c.stages = 3;
     c.wgmma = 0; /* the mma.sync build takes 32 rows a warp and BLOCK_N 48 */
     c.num_warps = 2;
     c.block_n = 48;
@@ -576,7 +579,7 @@ static void test_wgmma_configs(void) {
     CHECK(!mha_exec_wgmma_arch("sm_89"));
     CHECK(!mha_exec_wgmma_arch(NULL));
     c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
-                          .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2, .wgmma = 1};
+                          .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3, .wgmma = 1};
     char arch[16];
     mha_exec_config_arch(&c, "sm_90", arch, sizeof arch);
     CHECK(strcmp(arch, "sm_90a") == 0);
@@ -593,6 +596,20 @@ static void test_wgmma_configs(void) {
     for (int i = 0; i < plain.req.n_options; i++)
         CHECK_MSG(strncmp(plain.req.options[i], "-DWGMMA", 7) != 0, "mma.sync build got %s",
                   plain.req.options[i]);
+    /* forced without a depth, the wgmma build gets at least 3 stages */
+    {
+        mha_device_limits lim;
+        CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+        mha_exec_problem p = base_problem(2, 256, 256);
+        mha_exec_force f = {.kernel = MHA_KERNEL_BLOCK_WISE, .block_m = 64, .block_n = 64,
+                            .num_warps = 4, .wgmma = 1};
+        mha_exec_config got;
+        char reason[128];
+        CHECK_EQ_INT(mha_exec_choose(&p, NULL, &lim, &f, &got, reason, sizeof reason, &err),
+                     STOF_OK);
+        CHECK(got.wgmma && got.stages >= MHA_EXEC_WGMMA_MIN_STAGES);
+        CHECK_EQ_INT(mha_exec_config_check(&got, lim.smem_per_block, &err), STOF_OK);
+    }
     /* a split wgmma build compiles through NVRTC (an sm_90a cubin) */
     nvrtc_cache cache;
     nvrtc_cache_init(&cache, "");

@@ -701,17 +701,17 @@ static void add_candidate(mha_exec_config *out, int cap, int *n, const mha_exec_
         out[(*n)++] = *c;
 }
 
-/* The block-wise setting (bm, bn, w, gather) on top of base (head_dim,
- * dtype, relpos), at the forced or automatic depth. */
+/* The plain block-wise setting (bm, bn, w) on top of base (head_dim,
+ * dtype, relpos), at the forced or automatic depth: measured candidates
+ * are never gathered nor wgmma (both forced only). */
 static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn, int w,
-                                    int gather, const mha_exec_force *force,
-                                    const mha_device_limits *lim) {
+                                    const mha_exec_force *force, const mha_device_limits *lim) {
     mha_exec_config c = *base;
     c.kernel = MHA_KERNEL_BLOCK_WISE;
     c.block_m = bm;
     c.block_n = bn;
     c.num_warps = w;
-    c.gather = gather;
+    c.gather = 1;
     c.wgmma = 0;
     set_stages(&c, force, lim);
     return c;
@@ -746,17 +746,17 @@ int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
             break;
         taken[i] = 1;
         mha_exec_config c = block_config(&first, sel->table[i].block_m, sel->table[i].block_n,
-                                         sel->table[i].num_warps, 1, force, lim);
+                                         sel->table[i].num_warps, force, lim);
         add_candidate(out, cap, n, &c);
     }
     free(sel);
     static const int fixed[MHA_EXEC_MEASURE_N_FIXED][3] = MHA_EXEC_MEASURE_FIXED;
     for (int k = 0; k < MHA_EXEC_MEASURE_N_FIXED; k++) {
-        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2], 1,
-                                         force, lim);
+        mha_exec_config c = block_config(&first, fixed[k][0], fixed[k][1], fixed[k][2], force,
+                                         lim);
         stof_error ignored = {0};
         if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK &&
-            mha_exec_block_regs_ok(c.block_m, mha_exec_tile_n(&c), c.num_warps, c.head_dim))
+            mha_exec_block_regs_ok(c.block_m, c.block_n, c.num_warps, c.head_dim))
             add_candidate(out, cap, n, &c);
     }
     return STOF_OK;
@@ -935,8 +935,8 @@ static void set_launch_shape(mha_exec_plan *plan) {
     const mha_exec_problem *p = &plan->problem;
     const mha_exec_config *cfg = &plan->config;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE) {
-        plan->smem = mha_exec_block_smem(cfg->block_m, mha_exec_tile_n(cfg), cfg->stages, cfg->head_dim,
-                                         (int)stof_dtype_size(cfg->dtype));
+        plan->smem = mha_exec_block_smem(cfg->block_m, mha_exec_tile_n(cfg), cfg->stages,
+                                         cfg->head_dim, (int)stof_dtype_size(cfg->dtype));
         if (!cfg->split)
             plan->grid[0] = (unsigned)((p->q_len + cfg->block_m - 1) / cfg->block_m);
         plan->block[0] = (unsigned)cfg->num_warps * 32u;
@@ -1143,9 +1143,8 @@ static int time_plan(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_scrat
 /* One line naming a configuration, for reasons. */
 static void config_name(const mha_exec_config *cfg, char *buf, size_t n) {
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
-        snprintf(buf, n, "block %dx%d%s w%d s%d", cfg->block_m, cfg->block_n,
-                 mha_exec_gather(cfg) == 4 ? "x4" : mha_exec_gather(cfg) == 2 ? "x2" : "",
-                 cfg->num_warps, cfg->stages);
+        snprintf(buf, n, "block %dx%d g%d w%d s%d", cfg->block_m, cfg->block_n,
+                 mha_exec_gather(cfg), cfg->num_warps, cfg->stages);
     else
         snprintf(buf, n, "row-wise %dx%d", cfg->rows_per_warp, cfg->warps_per_block);
 }

@@ -440,11 +440,11 @@ __device__ __forceinline__ int warp_view(const stof_attn_args &a, const warp_pos
 
 // The group as this warp sees it: entries with no allowed key for its rows
 // become missing (col -1, all masked), all-allowed ones full. False when
-// nothing is left: the warp skips the iteration's math. (The wgmma build
-// computes a warpgroup's rows together and skips nothing.)
+// nothing is left: the warp skips the iteration's math. (The wgmma build,
+// which computes a warpgroup's rows together, does not call it.)
 __device__ __forceinline__ bool warp_group_view(const stof_attn_args &a, const warp_pos &w,
                                                 key_group &g) {
-#if WGMMA || !WARP_SKIP
+#if !WARP_SKIP
     return true;
 #else
     bool some = false;
@@ -798,7 +798,7 @@ stof_attention_block(const stof_attn_args a) {
             float alpha[kMT][2];  // 0: O is still zero
             softmax_step(s, m, l, alpha, c);
             pack_p(s, pf);
-            stage = STAGES == 1 ? 0 : 1;
+            stage = 1;  // STAGES >= 3
         }
         for (int it = start + GATHER; it < end; it += GATHER) {
             key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf);

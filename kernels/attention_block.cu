@@ -131,6 +131,13 @@ constexpr int kKN = kTileN / 16;                 // k steps of P V
 // or unpadded core matrices for wgmma (see tile_off).
 constexpr int kPitch = WGMMA ? HEAD_DIM : HEAD_DIM + 8;
 constexpr int kMaskWords = (BLOCK_N + 31) / 32;  // uint32 words per bitmap row
+// The wgmma build's tiles use the 128-byte swizzle where rows are whole
+// 64-element (128-byte) pieces: a warp then copies whole rows of global
+// memory (one L2 request per 128-byte line; the core-matrix layout below
+// took two per line, half lines each, and the L2 ran at 77% of its
+// request rate on dense 128x64 tiles) and the copies land without bank
+// conflicts. Other head sizes (32, 80) keep the unswizzled core matrices.
+constexpr bool kSwizzle = WGMMA && HEAD_DIM % 64 == 0;
 
 // Q fragments stay in registers unless that would push the accumulators
 // out of them (many rows per warp with a wide head): then they are read
@@ -171,13 +178,17 @@ struct warp_pos {
 // ---- tile loads --------------------------------------------------------------------
 
 // Element (r, c) of a [rows][HEAD_DIM] shared tile. The wgmma build keeps
-// core matrices (8 rows x 8 elements, 128 contiguous bytes; see wgmma.cuh).
+// 8-row atoms (see wgmma.cuh): swizzled, atom (r / 8, c / 64) is 1024
+// bytes of 8 rows x 64 elements in which the 16-byte chunk c / 8 % 8 of
+// row r sits at chunk (c / 8 ^ r) % 8; unswizzled, core matrices (8 rows x
+// 8 elements, 128 contiguous bytes). Tiles start 1024-byte aligned.
 __device__ __forceinline__ int tile_off(int r, int c) {
-#if WGMMA
-    return ((r >> 3) * kDT + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
-#else
+    if (kSwizzle)
+        return ((r >> 3) * (HEAD_DIM / 64) + (c >> 6)) * 512 + (r & 7) * 64 +
+               ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+    if (WGMMA)
+        return ((r >> 3) * kDT + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
     return r * kPitch + c;
-#endif
 }
 
 // ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a
@@ -194,14 +205,14 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
     for (int i = 0; i < kIters; ++i) {
         const int idx = threadIdx.x + i * kThreads;
         if (kChunks % kThreads != 0 && idx >= kChunks) break;
-#if WGMMA
-        // eight consecutive threads fill one core matrix (128 contiguous
-        // bytes: no bank conflict), i.e. the chunk at idx * 8
-        static_assert(ROWS % 8 == 0, "wgmma tiles: whole 8-row groups");
-        const int r = (idx / (8 * kDT)) * 8 + (idx & 7), c = (idx >> 3) % kDT;
-#else
-        const int r = idx / kDT, c = idx % kDT;
-#endif
+        static_assert(!WGMMA || ROWS % 8 == 0, "wgmma tiles: whole 8-row groups");
+        int r = idx / kDT, c = idx % kDT;  // consecutive threads along a row
+        if (WGMMA && !kSwizzle) {
+            // eight consecutive threads fill one core matrix (128 contiguous
+            // bytes: no bank conflict), i.e. the chunk at idx * 8
+            r = (idx / (8 * kDT)) * 8 + (idx & 7);
+            c = (idx >> 3) % kDT;
+        }
         const bool valid = r < valid_rows;
         // r * stride fits 32 bits (STOF_ATTN_MAX_ROW_STRIDE): one wide add a chunk
         const elem_t *src = valid ? gmem + (r * stride + c * 8) : gmem;
@@ -279,11 +290,21 @@ __device__ __forceinline__ void issue_scores(float (&s)[kMT][kNT][4], const elem
                                              const elem_t *sK, const warp_pos &w) {
     float(&d)[kTileN / 2] = reinterpret_cast<float(&)[kTileN / 2]>(s[0]);
     const elem_t *qa = sQ + (w.warp / 4) * 64 * HEAD_DIM;  // the warpgroup's row groups
-    constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
 #pragma unroll
-    for (int kd = 0; kd < kKD; ++kd)  // 16 head-dim columns = 2 core matrices = 128 elements
-        stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
-                                      stof::wg::desc(sK + kd * 128, kLbo, kSbo), kd > 0);
+    for (int kd = 0; kd < kKD; ++kd) {
+        if (kSwizzle) {
+            // 16 head-dim columns: 32 bytes into the rows of atom column kd / 4
+            constexpr unsigned kSbo = 1024 * (HEAD_DIM / 64);  // 8-row step
+            const int off = (kd >> 2) * 512 + (kd & 3) * 16;
+            stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc_sw128(qa + off, 16, kSbo),
+                                          stof::wg::desc_sw128(sK + off, 16, kSbo), kd > 0);
+        } else {
+            // 16 head-dim columns = 2 core matrices = 128 elements
+            constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
+            stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
+                                          stof::wg::desc(sK + kd * 128, kLbo, kSbo), kd > 0);
+        }
+    }
     stof::wg::commit();
 }
 
@@ -540,11 +561,16 @@ __device__ __forceinline__ void pack_p(const float (&p)[kMT][kNT][4], unsigned (
 __device__ __forceinline__ void issue_pv(float (&o)[kMT][kDT][4], const unsigned (&a)[kKN][4],
                                          const elem_t *sV) {
     float(&d)[HEAD_DIM / 2] = reinterpret_cast<float(&)[HEAD_DIM / 2]>(o[0]);
-    constexpr unsigned kLbo = 16 * HEAD_DIM, kSbo = 128;  // MN-major: LBO steps along K
 #pragma unroll
-    for (int kn = 0; kn < kKN; ++kn)  // 16 keys = 2 row groups = 16 HEAD_DIM elements
-        stof::wg::wg_mma<HEAD_DIM>::rs_tb(d, a[kn],
-                                          stof::wg::desc(sV + kn * 16 * HEAD_DIM, kLbo, kSbo), 1);
+    for (int kn = 0; kn < kKN; ++kn) {  // 16 keys = 2 row groups = 16 HEAD_DIM elements
+        const elem_t *vk = sV + kn * 16 * HEAD_DIM;
+        // MN-major: swizzled, LBO steps along N (64-column atoms) and SBO
+        // along K (8 keys); unswizzled, the other way round
+        const unsigned long long db =
+            kSwizzle ? stof::wg::desc_sw128(vk, 1024, 1024 * (HEAD_DIM / 64))
+                     : stof::wg::desc(vk, 16 * HEAD_DIM, 128);
+        stof::wg::wg_mma<HEAD_DIM>::rs_tb(d, a[kn], db, 1);
+    }
     stof::wg::commit();
 }
 
@@ -711,7 +737,12 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 stof_attention_block(const stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    elem_t *sQ = reinterpret_cast<elem_t *>(smem_raw);
+    // Swizzled tiles start on a 1024-byte boundary: the host's size keeps
+    // 8 padding elements a row that the wgmma build does not use, which is
+    // more than the 1008 bytes this can skip.
+    elem_t *sQ = reinterpret_cast<elem_t *>(
+        kSwizzle ? smem_raw + ((1024 - (unsigned)__cvta_generic_to_shared(smem_raw)) & 1023)
+                 : smem_raw);
     elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][kTileN][kPitch]
     elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][kTileN][kPitch]
 

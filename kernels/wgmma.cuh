@@ -11,9 +11,11 @@
 // softmax to P V without shared memory.
 //
 // Operands in shared memory are described by a 64-bit descriptor and must
-// be in the canonical "core matrix" layout: a core matrix is 8 rows of 16
-// bytes stored as 128 contiguous bytes. The tiles here are [rows][D]
-// element matrices with no swizzle: element (r, c) lives at
+// be in one of the canonical layouts. Head sizes that are multiples of 64
+// use the 128-byte swizzle (desc_sw128 below). The others use "core
+// matrices": a core matrix is 8 rows of 16 bytes stored as 128 contiguous
+// bytes, and the tiles are [rows][D] element matrices with no swizzle:
+// element (r, c) lives at
 //   ((r / 8) * (D / 8) + c / 8) * 64 + (r % 8) * 8 + c % 8
 // so stepping one core matrix along c is +128 bytes and along r (8 rows)
 // is +16 D bytes. For Q K^T both operands are "K-major" (the head dim is
@@ -48,6 +50,16 @@ __device__ __forceinline__ unsigned long long desc(const void *smem, unsigned lb
     const unsigned long long addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     return ((addr & 0x3FFFFull) >> 4) | (static_cast<unsigned long long>(lbo >> 4) << 16) |
            (static_cast<unsigned long long>(sbo >> 4) << 32);
+}
+
+// The same for a tile in the 128-byte swizzle (layout type 1 in bits 62-63):
+// rows of 128 bytes in 8-row atoms of 1024 bytes, the 16-byte chunk j of
+// row r stored at chunk j ^ (r % 8). K-major, the start address steps 32
+// bytes along K within a row and SBO is the 8-row step (LBO unused); MN-
+// major, LBO is the step between 64-element atoms along N, SBO along K.
+__device__ __forceinline__ unsigned long long desc_sw128(const void *smem, unsigned lbo,
+                                                         unsigned sbo) {
+    return desc(smem, lbo, sbo) | (1ull << 62);
 }
 
 // Orders this thread's register writes (accumulators, A fragments) before

@@ -232,7 +232,9 @@ typedef struct mha_exec_force {
     int split_chunk; /* block-wise rows cut into work items: 0 = automatic
                         (mha_exec_split_chunk), -1 = never, N > 0 = chunks of N
                         loaded blocks (every longer row is cut) */
-    int wgmma;       /* block-wise with explicit sizes: 1 = the wgmma build */
+    int wgmma;       /* block-wise: 1 = the wgmma build, -1 = the mma.sync one, 0 =
+                        automatic (wgmma on sm_90 for whole warpgroups of 16-row
+                        warps and head sizes that are multiples of 64) */
     int gather;      /* block-wise with explicit sizes: entries a tile (0, 1: one) */
 } mha_exec_force;
 
@@ -246,10 +248,13 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
                     size_t reason_size, stof_error *err);
 
 /* The fixed block-wise settings (BLOCK_M, BLOCK_N, num_warps) a measured
- * plan always tries besides Eq. 2's best ones, when they fit. (No gathered
- * ones: on an H200 they won nothing measurable, see config.gather.) */
-#define MHA_EXEC_MEASURE_FIXED {{64, 32, 4}, {64, 64, 4}, {128, 64, 8}, {32, 32, 2}}
-#define MHA_EXEC_MEASURE_N_FIXED 4
+ * plan always tries besides Eq. 2's best ones, when they fit, each in its
+ * automatic build: on sm_90 the whole-warpgroup ones (64x64 with 4 warps,
+ * 128x64 with 8) run the wgmma build, 128x64 with 4 warps stays mma.sync.
+ * (No gathered ones: on an H200 they won nothing measurable.) */
+#define MHA_EXEC_MEASURE_FIXED \
+    {{64, 32, 4}, {64, 64, 4}, {128, 64, 8}, {32, 32, 2}, {128, 64, 4}}
+#define MHA_EXEC_MEASURE_N_FIXED 5
 /* Most candidates a measured plan times. */
 #define MHA_EXEC_MAX_MEASURED (MHA_SELECT_MAX_CANDIDATES + MHA_EXEC_MEASURE_N_FIXED + 1)
 

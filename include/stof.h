@@ -145,8 +145,10 @@ typedef struct stof_attention_desc {
     int measure; /* 0: the analytical choice only; N > 0: at plan time, time Eq. 2's N best
                     block-wise settings and a few fixed ones (and row-wise when Eq. 1 chose
                     it) on scratch buffers and keep the fastest */
-    int wgmma;   /* forced block-wise sizes: 1 = the Hopper build (warpgroup MMA; sm_90
-                    GPUs, BLOCK_M = 16 num_warps, a multiple of 64) */
+    int wgmma;   /* block-wise: 1 = the Hopper build (warpgroup MMA; sm_90 GPUs, BLOCK_M =
+                    16 num_warps, a multiple of 64), -1 = the mma.sync build, 0 = automatic
+                    (the Hopper build on sm_90 where the sizes allow it and head_dim is a
+                    multiple of 64) */
     int gather;  /* forced block-wise sizes: 2 or 4 = compute that many of a block row's
                     key blocks (any columns) per iteration as one tile (0: one) */
 } stof_attention_desc;

@@ -153,7 +153,7 @@ class Attention:
 
     def __init__(self, ctx, batch, heads, head_dim, q_len, k_len=None, dtype="fp16",
                  mask=None, causal=False, scale=0.0, relpos=None, kernel=None,
-                 block_m=0, block_n=0, num_warps=0, measure=0, wgmma=False, gather=0):
+                 block_m=0, block_n=0, num_warps=0, measure=0, wgmma=None, gather=0):
         d = _AttentionDesc()
         d.batch, d.heads, d.head_dim = batch, heads, head_dim
         d.q_len, d.k_len = q_len, k_len or q_len
@@ -167,7 +167,8 @@ class Attention:
         d.kernel = _KERNELS[kernel]
         d.block_m, d.block_n, d.num_warps = block_m, block_n, num_warps
         d.measure = measure  # > 0: time that many of Eq. 2's best settings (+ a few) at plan time
-        d.wgmma = int(wgmma)  # forced sizes: the Hopper (warpgroup MMA) build
+        # the Hopper (warpgroup MMA) build: True, False (mma.sync) or None (automatic)
+        d.wgmma = 0 if wgmma is None else (1 if wgmma else -1)
         d.gather = gather  # forced sizes: 2 or 4 key blocks computed as one tile
         self.desc, self._ctx, self._mask = d, ctx, mask
         self._h = ctypes.c_void_p()

@@ -137,7 +137,9 @@ static const setting measured_settings[] = {
 static mha_exec_force force_of(const setting *s) {
     mha_exec_force f = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
                         .num_warps = s->num_warps, .stages = s->stages, .measure = s->measure,
-                        .split_chunk = s->split, .wgmma = s->wgmma, .gather = s->gather};
+                        .split_chunk = s->split, .gather = s->gather,
+                        /* explicit either way: mma.sync settings stay mma.sync on sm_90 */
+                        .wgmma = s->wgmma ? 1 : -1};
     return f;
 }
 

@@ -763,15 +763,47 @@ static int candidates_of(const char *spec, int batch, int s, int d, const mha_ex
     return rc ? 0 : n;
 }
 
+/* The build a forced size takes by default: wgmma on sm_90 for whole
+ * warpgroups and head sizes that are multiples of 64, mma.sync otherwise or
+ * when asked for. */
+static int build_of(const char *arch, int bm, int bn, int w, int head_dim, int wgmma,
+                    int stages) {
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch(arch, &lim, &err), STOF_OK);
+    mha_exec_problem p = {.batch = 2, .heads = 2, .head_dim = head_dim, .q_len = 512,
+                          .k_len = 512, .dtype = STOF_F16};
+    mha_exec_force f = {.kernel = MHA_KERNEL_BLOCK_WISE, .block_m = bm, .block_n = bn,
+                        .num_warps = w, .wgmma = wgmma, .stages = stages};
+    mha_exec_config c;
+    char why[256];
+    CHECK_EQ_INT(mha_exec_choose(&p, NULL, &lim, &f, &c, why, sizeof why, &err), STOF_OK);
+    if (c.wgmma)
+        CHECK(c.stages >= MHA_EXEC_WGMMA_MIN_STAGES);
+    return c.wgmma;
+}
+
+static void test_automatic_build(void) {
+    CHECK_EQ_INT(build_of("sm_90", 128, 64, 8, 64, 0, 0), 1);
+    CHECK_EQ_INT(build_of("sm_90", 64, 32, 4, 128, 0, 0), 1);
+    CHECK_EQ_INT(build_of("sm_90", 128, 64, 4, 64, 0, 0), 0);  /* 32 rows a warp */
+    CHECK_EQ_INT(build_of("sm_90", 32, 32, 2, 64, 0, 0), 0);   /* not a warpgroup */
+    CHECK_EQ_INT(build_of("sm_90", 128, 64, 8, 80, 0, 0), 0);  /* unswizzled head size */
+    CHECK_EQ_INT(build_of("sm_90", 128, 64, 8, 64, -1, 0), 0); /* mma.sync asked for */
+    CHECK_EQ_INT(build_of("sm_90", 128, 64, 8, 64, 0, 2), 0);  /* a forced 2-stage ring */
+    CHECK_EQ_INT(build_of("sm_90", 128, 64, 8, 80, 1, 0), 1);  /* asked for */
+    CHECK_EQ_INT(build_of("sm_80", 128, 64, 8, 64, 0, 0), 0);
+}
+
 static void test_candidates(void) {
     mha_device_limits lim;
     stof_error err = {0};
     CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
     mha_exec_config c[MHA_EXEC_MAX_MEASURED];
-    /* BigBird: block-wise; Eq. 2's 6 best plus the 4 fixed ones (some may coincide) */
+    /* BigBird: block-wise; Eq. 2's 6 best plus the 5 fixed ones (some may coincide) */
     mha_exec_force force = {.kernel = -1, .measure = 6};
     int n = candidates_of("bigbird{}", 16, 4096, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
-    CHECK(n >= 7 && n <= 10);
+    CHECK(n >= 7 && n <= 11);
     CHECK_EQ_INT(count_kind(c, n, MHA_KERNEL_ROW_WISE), 0);
     int fixed_seen = 0, gathered = 0;
     for (int i = 0; i < n; i++) {
@@ -785,13 +817,22 @@ static void test_candidates(void) {
     CHECK_EQ_INT(fixed_seen, 2);
     CHECK_EQ_INT(gathered, 0); /* forced only */
 
-    /* measure = 1 at D=128: (64, 32, 4) and (32, 32, 2) stay, all at the automatic depth */
+    /* measure = 1 at D=128: (64, 32, 4) and (32, 32, 2) stay, all at the automatic depth
+     * (raised to the wgmma build's least for its whole-warpgroup settings on sm_90) */
     force.measure = 1;
     n = candidates_of("bigbird{}", 2, 1024, 128, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
-    CHECK(n >= 2 && n <= 5);
-    for (int i = 0; i < n; i++)
-        CHECK_EQ_INT(c[i].stages, mha_exec_auto_stages(c[i].block_m, mha_exec_tile_n(&c[i]),
-                                                       c[i].num_warps, 128, 2, &lim));
+    CHECK(n >= 2 && n <= 6);
+    int wgmma_seen = 0;
+    for (int i = 0; i < n; i++) {
+        int depth = mha_exec_auto_stages(c[i].block_m, mha_exec_tile_n(&c[i]), c[i].num_warps,
+                                         128, 2, &lim);
+        if (c[i].wgmma && depth < MHA_EXEC_WGMMA_MIN_STAGES)
+            depth = MHA_EXEC_WGMMA_MIN_STAGES;
+        CHECK_EQ_INT(c[i].stages, depth);
+        CHECK_EQ_INT(c[i].wgmma, c[i].num_warps * 16 == c[i].block_m && c[i].block_m % 64 == 0);
+        wgmma_seen += c[i].wgmma;
+    }
+    CHECK(wgmma_seen >= 2); /* (64, 32, 4) and (128, 64, 8) at least */
 
     /* a forced depth applies to every block-wise candidate */
     force.stages = 3;
@@ -1159,6 +1200,7 @@ int main(void) {
     test_split();
     test_ctx();
     test_choose_offline();
+    test_automatic_build();
     test_candidates();
     test_variants_compile();
     return check_summary("test_attention_compile");

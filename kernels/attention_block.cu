@@ -48,14 +48,16 @@
 //
 // The Hopper build (-DWGMMA=1, compiled for sm_90a; see wgmma.cuh): each
 // warpgroup of four warps computes Q K^T and P V for its 64 rows with
-// warpgroup MMAs, Q, K and V in unpadded core-matrix tiles (tile_off), P
+// warpgroup MMAs, Q, K and V in unpadded tiles (tile_off: 128-byte swizzled
+// for head sizes that are multiples of 64, core matrices otherwise), P
 // from registers. Masking, the softmax, the pipeline and the split rows are
 // the code above, since the accumulators share mma.sync's fragment layout.
 // One block's P V runs while the next block's softmax does (see the loop);
-// the two warpgroups of a 128-row tile do not take turns (no ping-pong),
-// and on an H200 it stays behind the mma.sync build (dense 16x12x4096:
-// 266 TFLOP/s at 128x64 with 8 warps against 282 for mma.sync at 128x64
-// with 4; 244 before the overlap).
+// the two warpgroups of a 128-row tile do not take turns (no ping-pong).
+// On an H200, dense 16x12x2048 at 128x64 with 8 warps: 368 TFLOP/s (250
+// with core-matrix tiles, whose half-row copies doubled the L2 requests),
+// against 267 for mma.sync at 128x64 with 4 warps; so the host picks this
+// build by default on sm_90 where the sizes allow it.
 //
 // Gathered key blocks (-DGATHER=G, G = 2 or 4). A mask whose structure is
 // finer than a good tile (BigBird's 32-wide random blocks) forces a small

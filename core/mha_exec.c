@@ -618,17 +618,17 @@ static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
         cfg->stages = MHA_EXEC_WGMMA_MIN_STAGES;
 }
 
-/* Whether the automatic build of cfg (block-wise sizes set) is the wgmma
- * one: on sm_90, for whole warpgroups of 16-row warps, one block a tile
- * and a head size that is a multiple of 64 (the swizzled tiles), where the
- * configuration passes its checks at its (raised) depth. There it ran
- * dense 16x12x2048 tiles at 363 against 185 TFLOP/s (128x64, 8 warps) and
- * 354 against 225 (64x64, 4 warps) on an H200. */
+/* Whether the automatic build of a block-wise cfg (sizes set) is the wgmma
+ * one: on sm_90, one block a tile and a head size that is a multiple of 64
+ * (the swizzled tiles), where the configuration passes its checks at its
+ * (raised or forced) depth, i.e. whole warpgroups of 16-row warps and a
+ * ring of at least MHA_EXEC_WGMMA_MIN_STAGES. There it ran dense
+ * 16x12x2048 tiles at 363 against 185 TFLOP/s (128x64, 8 warps) and 354
+ * against 225 (64x64, 4 warps) on an H200. */
 static int wgmma_by_default(const mha_exec_config *cfg, const mha_exec_force *force,
                             const mha_device_limits *lim) {
-    if (cfg->kernel != MHA_KERNEL_BLOCK_WISE || !lim || !mha_exec_wgmma_arch(lim->arch) ||
-        cfg->head_dim % 64 || mha_exec_gather(cfg) != 1 || cfg->num_warps * 16 != cfg->block_m ||
-        (force && force->stages && force->stages < MHA_EXEC_WGMMA_MIN_STAGES))
+    if (!lim || !mha_exec_wgmma_arch(lim->arch) || cfg->head_dim % 64 ||
+        mha_exec_gather(cfg) != 1)
         return 0;
     mha_exec_config t = *cfg;
     t.wgmma = 1;

@@ -32,6 +32,15 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool v
                  : "memory");
 }
 
+// The same to a shared-window address (smem_addr), for callers that keep
+// theirs in registers.
+__device__ __forceinline__ void cp_async_16_s(unsigned smem, const void *gmem, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -92,6 +92,15 @@ typedef struct variant {
     char msg[1400];
 } variant;
 
+/* Appends cfg for arch at v[n] when it passes its checks within an H100's
+ * 227 KiB of shared memory and there is room; returns the new count. */
+static int add_if_valid(variant *v, int n, int cap, mha_exec_config cfg, const char *arch) {
+    stof_error err = {0};
+    if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
+        v[n++] = (variant){.cfg = cfg, .arch = arch};
+    return n;
+}
+
 typedef struct worker {
     variant *v;
     int n, stride, first;
@@ -121,9 +130,7 @@ static int list_deep_variants(variant *v, int cap) {
                                                .block_m = deep_settings[s][0],
                                                .block_n = deep_settings[s][1],
                                                .num_warps = deep_settings[s][2], .stages = st};
-                        stof_error err = {0};
-                        if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
-                            v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                        n = add_if_valid(v, n, cap, cfg, archs[a]);
                     }
     mha_exec_config rp = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
                           .relpos = 1, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3};
@@ -147,9 +154,7 @@ static int list_split_variants(variant *v, int cap) {
                                            .block_n = split_settings[s][1],
                                            .num_warps = split_settings[s][2], .stages = 2,
                                            .split = 1};
-                    stof_error err = {0};
-                    if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
-                        v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                    n = add_if_valid(v, n, cap, cfg, archs[a]);
                 }
     mha_exec_config rp = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16,
                           .relpos = 1, .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2,
@@ -180,9 +185,7 @@ static int list_wgmma_variants(variant *v, int cap) {
                                        .block_n = wgmma_settings[s][1],
                                        .num_warps = wgmma_settings[s][2], .stages = 3,
                                        .wgmma = 1};
-                stof_error err = {0};
-                if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
-                    v[n++] = (variant){.cfg = cfg, .arch = "sm_90"};
+                n = add_if_valid(v, n, cap, cfg, "sm_90");
             }
     static const mha_exec_config extra[] = {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
@@ -216,9 +219,7 @@ static int list_gather_variants(variant *v, int cap) {
                                            .block_n = gather_settings[s][1],
                                            .num_warps = gather_settings[s][2], .stages = 2,
                                            .gather = gather_settings[s][3]};
-                    stof_error err = {0};
-                    if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
-                        v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                    n = add_if_valid(v, n, cap, cfg, archs[a]);
                 }
     static const mha_exec_config extra[] = {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
@@ -257,10 +258,7 @@ static int list_variants(variant *v, int cap) {
                         cfg.block_m = block_settings[s][0];
                         cfg.block_n = block_settings[s][1];
                         cfg.num_warps = block_settings[s][2];
-                        stof_error err = {0};
-                        /* only what fits an H100's 227 KiB */
-                        if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
-                            v[n++] = (variant){.cfg = cfg, .arch = archs[a]};
+                        n = add_if_valid(v, n, cap, cfg, archs[a]);
                     }
                 }
     mha_exec_config many = {.kernel = MHA_KERNEL_ROW_WISE, .head_dim = 64, .dtype = STOF_F16,

@@ -26,8 +26,6 @@
 #define MHA_EXEC_FRAG_REGS 160           /* see mha_exec_block_regs_ok */
 #define MHA_EXEC_SMEM_RESERVED 1024      /* shared memory the SM reserves per block (sm_80+) */
 #define MHA_EXEC_MAX_CTAS_PER_SM 32      /* resident blocks per SM (sm_80, sm_90) */
-#define MHA_EXEC_REGS_PER_SM 65536       /* 32-bit registers per SM (sm_80 .. sm_90) */
-#define MHA_EXEC_REGS_PER_TILE 64        /* see mha_exec_block_min_blocks */
 
 /* ---- problems ----------------------------------------------------------------- */
 
@@ -249,31 +247,6 @@ int mha_exec_block_regs_ok(int block_m, int tile_n, int num_warps, int head_dim)
     return tiles * (head_dim / 2 + tile_n / 2) <= MHA_EXEC_FRAG_REGS;
 }
 
-/* Registers a thread of the block-wise kernel is given room for: its
- * fragments (O and S, and Q where attention_block.cu keeps it in
- * registers: mma.sync builds whose O, S and Q come to at most 128) and 64
- * more per 16-row tile for addresses, the softmax state and temporaries. */
-static int block_regs_planned(const mha_exec_config *c) {
-    int tiles = c->block_m / c->num_warps / 16;
-    int head = c->head_dim, tile_n = mha_exec_tile_n(c);
-    int frags = tiles * (head / 2 + tile_n / 2);
-    if (!c->wgmma && frags + tiles * head / 4 <= 128)
-        frags += tiles * head / 4;
-    return frags + MHA_EXEC_REGS_PER_TILE * tiles;
-}
-
-int mha_exec_block_min_blocks(const mha_exec_config *c, const mha_device_limits *lim) {
-    if (c->kernel != MHA_KERNEL_BLOCK_WISE || c->num_warps < 1 || c->block_m % c->num_warps ||
-        c->block_m / c->num_warps < 16 || c->stages < 1)
-        return 0;
-    int by_smem = mha_exec_block_ctas_per_sm(c->block_m, mha_exec_tile_n(c), c->num_warps,
-                                             c->stages, c->head_dim,
-                                             (int)stof_dtype_size(c->dtype), lim);
-    int by_regs = MHA_EXEC_REGS_PER_SM / (c->num_warps * 32 * block_regs_planned(c));
-    int n = by_smem < by_regs ? by_smem : by_regs;
-    return n > 1 ? n : 0;
-}
-
 static int is_block_size(int v) {
     return v >= MASK_FORMAT_BLOCK_QUANTUM && v <= MASK_FORMAT_MAX_BLOCK &&
            v % MASK_FORMAT_BLOCK_QUANTUM == 0;
@@ -392,8 +365,6 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
             snprintf(r->opts[n++], sizeof r->opts[0], "-DWGMMA=1");
         if (mha_exec_gather(c) > 1)
             snprintf(r->opts[n++], sizeof r->opts[0], "-DGATHER=%d", mha_exec_gather(c));
-        if (c->min_blocks > 1)
-            snprintf(r->opts[n++], sizeof r->opts[0], "-DMIN_BLOCKS=%d", c->min_blocks);
     } else {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DROWS_PER_WARP=%d", c->rows_per_warp);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DWARPS_PER_BLOCK=%d", c->warps_per_block);
@@ -674,7 +645,6 @@ static void set_build(mha_exec_config *cfg, const mha_exec_force *force,
     cfg->wgmma = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->block_m &&
                  (want > 0 || (want == 0 && wgmma_by_default(cfg, force, lim)));
     set_stages(cfg, force, lim);
-    cfg->min_blocks = lim ? mha_exec_block_min_blocks(cfg, lim) : 0;
 }
 
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,

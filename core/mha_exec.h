@@ -77,9 +77,6 @@ typedef struct mha_exec_config {
                                             ran 0.83 ms gathered by 2 and 1.25 by 4 against
                                             0.81 plain (32-row tiles are bound by their
                                             K/V traffic, not by per-block work) */
-    int min_blocks;                      /* block-wise: -DMIN_BLOCKS, the resident blocks per
-                                            SM ptxas fits the registers to (0: its own
-                                            choice); mha_exec_block_min_blocks */
 } mha_exec_config;
 
 #define MHA_EXEC_MAX_GATHER 4
@@ -119,16 +116,6 @@ int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stage
  * blocks is slower. A measured plan (force->measure) settles the rest. */
 int mha_exec_auto_stages(int block_m, int tile_n, int num_warps, int head_dim, int dtype_bytes,
                          const mha_device_limits *lim);
-/* The resident blocks per SM a block-wise setting's registers are fitted
- * to (-DMIN_BLOCKS, __launch_bounds__' second argument): as many as shared
- * memory and warps allow, but no more than leave each thread room for its
- * fragments and 64 registers per 16-row tile; 0 where that is one block.
- * Left to itself ptxas took 141 registers a thread for the wgmma build of
- * 128x64 tiles with 8 warps, one resident block where shared memory holds
- * three; fitted to two it takes 127 without spilling, and dense
- * 16x12x4096 runs at 361 TFLOP/s against 272 on an H200. Tighter fits
- * spilled (ptxas -v over the selector's settings, sm_90). */
-int mha_exec_block_min_blocks(const mha_exec_config *c, const mha_device_limits *lim);
 /* Whether a block-wise setting keeps its accumulators in registers (no
  * spills in ptxas -v on sm_90): the automatic choice skips the others; a
  * forced setting still runs, only slower. */
@@ -142,7 +129,7 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 typedef struct mha_exec_request {
     nvrtc_request req;
     char arch[16];
-    char opts[12][48];
+    char opts[10][48];
 } mha_exec_request;
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
 

@@ -114,12 +114,6 @@
 #ifndef WARP_SKIP
 #define WARP_SKIP (BLOCK_M >= 64 && NUM_WARPS > 1)
 #endif
-// Resident blocks per SM the registers are fitted to (__launch_bounds__):
-// the host passes what shared memory allows where the fragments still fit
-// (mha_exec_block_min_blocks); 1 leaves the choice to ptxas.
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
 #if WGMMA
 #include "wgmma.cuh"
 #endif
@@ -840,7 +834,7 @@ __device__ __forceinline__ void to_scores(const float (&s)[kMT][kNT][4], float (
 
 // ---- the kernel ------------------------------------------------------------------------
 
-extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(kThreads)
 stof_attention_block(const stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];

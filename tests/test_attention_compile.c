@@ -93,13 +93,9 @@ typedef struct variant {
 } variant;
 
 /* Appends cfg for arch at v[n] when it passes its checks within an H100's
- * 227 KiB of shared memory and there is room, with the register fit the
- * host gives it on that architecture; returns the new count. */
+ * 227 KiB of shared memory and there is room; returns the new count. */
 static int add_if_valid(variant *v, int n, int cap, mha_exec_config cfg, const char *arch) {
     stof_error err = {0};
-    mha_device_limits lim;
-    if (mha_limits_for_arch(arch, &lim, &err) == STOF_OK)
-        cfg.min_blocks = mha_exec_block_min_blocks(&cfg, &lim);
     if (mha_exec_config_check(&cfg, 227 * 1024, &err) == STOF_OK && n < cap)
         v[n++] = (variant){.cfg = cfg, .arch = arch};
     return n;
@@ -661,51 +657,6 @@ static void test_stages(void) {
     }
 }
 
-/* The register fit (-DMIN_BLOCKS) on an H100's limits, worked by hand. */
-static void test_min_blocks(void) {
-    mha_device_limits lim;
-    stof_error err = {0};
-    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
-    mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
-                         .block_m = 128, .block_n = 64, .num_warps = 8, .stages = 3,
-                         .wgmma = 1};
-    /* 73728 B -> 3 blocks by shared memory; O 32 + S 32 + 64 = 128 registers
-     * -> 65536 / (256 * 128) = 2 */
-    CHECK_EQ_INT(mha_exec_block_min_blocks(&c, &lim), 2);
-    /* 32x32 w2: 23040 B -> 9; O 32 + S 16 + Q 16 + 64 = 128 -> 8 */
-    c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
-                          .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 2};
-    CHECK_EQ_INT(mha_exec_block_min_blocks(&c, &lim), 8);
-    /* 64x64 w4: 46080 B -> 4; 32 + 32 + 16 + 64 = 144 -> 3 */
-    c.block_m = 64, c.block_n = 64, c.num_warps = 4;
-    CHECK_EQ_INT(mha_exec_block_min_blocks(&c, &lim), 3);
-    /* 128x128 w8: 32 + 64 + 16 + 64 = 176 -> one block: no bound */
-    c.block_m = 128, c.block_n = 128, c.num_warps = 8;
-    CHECK_EQ_INT(mha_exec_block_min_blocks(&c, &lim), 0);
-    /* 64x16 w1 (4 tiles a warp): O 128 + S 32 (Q stays in shared memory) +
-     * 4 * 64 = 416 -> 4 by registers, 12 by shared memory -> 4 */
-    c.block_m = 64, c.block_n = 16, c.num_warps = 1;
-    CHECK_EQ_INT(mha_exec_block_min_blocks(&c, &lim), 4);
-    /* the row-wise kernel has no such bound */
-    c = (mha_exec_config){.kernel = MHA_KERNEL_ROW_WISE, .head_dim = 64, .dtype = STOF_F16,
-                          .rows_per_warp = 1, .warps_per_block = 4};
-    CHECK_EQ_INT(mha_exec_block_min_blocks(&c, &lim), 0);
-    /* the option reaches the compiler only when set */
-    c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
-                          .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 2,
-                          .min_blocks = 8};
-    mha_exec_request r;
-    mha_exec_request_init(&r, &c, "sm_90");
-    int seen = 0;
-    for (int i = 0; i < r.req.n_options; i++)
-        seen += strcmp(r.req.options[i], "-DMIN_BLOCKS=8") == 0;
-    CHECK_EQ_INT(seen, 1);
-    c.min_blocks = 0;
-    mha_exec_request_init(&r, &c, "sm_90");
-    for (int i = 0; i < r.req.n_options; i++)
-        CHECK_MSG(strncmp(r.req.options[i], "-DMIN_BLOCKS", 12) != 0, "%s", r.req.options[i]);
-}
-
 /* The selector's choices for the GPU test's problems on an H100 compile,
  * and a very sparse mask goes row-wise. */
 static void test_choose_offline(void) {
@@ -1243,7 +1194,6 @@ int main(void) {
     test_configs();
     test_wgmma_configs();
     test_stages();
-    test_min_blocks();
     test_args();
     test_split();
     test_ctx();

@@ -75,8 +75,8 @@ typedef struct mha_exec_config {
                                             (-DGATHER; 2 or 4; 0 and 1 mean one). Forced
                                             only: on an H200, BigBird 16x12x4096 at 32x32
                                             ran 0.83 ms gathered by 2 and 1.25 by 4 against
-                                            0.81 plain (32-row tiles are bound by their
-                                            K/V traffic, not by per-block work) */
+                                            0.81 plain: per-block work is not what bounds
+                                            32-row tiles (see attention_block.cu) */
 } mha_exec_config;
 
 #define MHA_EXEC_MAX_GATHER 4

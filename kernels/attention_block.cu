@@ -72,8 +72,9 @@
 // "group of G entries". Measured on an H200 it did not pay where it was
 // meant to (BigBird 16x12x4096 at 32x32: 0.83 ms by 2, 1.25 ms by 4, 0.81
 // plain; dense 32-row tiles run at the same 184 TFLOP/s with 32 or 64 keys
-// an iteration): a 32-row tile is bound by its K/V traffic (L2 at 75% of
-// its peak in ncu), not by per-block work. So plans use it only when forced.
+// an iteration), so per-block work is not what bounds a 32-row tile; nor
+// is L2 (the plain tile pulls 5.4 TB/s of the 8.8 the L2 delivers to its
+// access pattern, bench/bounds.py). Plans use it only when forced.
 #include "attention_common.cuh"
 
 #ifndef HEAD_DIM

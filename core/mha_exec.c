@@ -932,17 +932,22 @@ static int upload_csr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     return rc;
 }
 
-/* bucket[j - i + q_len - 1] for every relative position, by op_relpos_bucket. */
+/* bucket[j - i + q_len - 1] for every relative position, by op_relpos_bucket,
+ * then for each position the last one of its run of equal buckets (see
+ * attention_abi.cuh). */
 static int upload_buckets(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err) {
     const mha_exec_problem *p = &plan->problem;
     size_t n = (size_t)p->q_len + (size_t)p->k_len - 1;
-    int32_t *bucket = err_malloc(n * sizeof *bucket, err);
+    int32_t *bucket = err_malloc(2 * n * sizeof *bucket, err);
     if (!bucket)
         return STOF_ERR_NOMEM;
     for (size_t r = 0; r < n; r++)
         bucket[r] = op_relpos_bucket((int)r - (p->q_len - 1), p->relpos_bidirectional,
                                      p->relpos_buckets, p->relpos_max_distance);
-    int rc = upload(c, &plan->d_relpos_bucket, bucket, n * sizeof *bucket, err);
+    int32_t *run_end = bucket + n;
+    for (size_t r = n; r-- > 0;)
+        run_end[r] = r + 1 < n && bucket[r + 1] == bucket[r] ? run_end[r + 1] : (int32_t)r;
+    int rc = upload(c, &plan->d_relpos_bucket, bucket, 2 * n * sizeof *bucket, err);
     free(bucket);
     return rc;
 }

@@ -34,10 +34,12 @@
  * (i, j) in head h gets relpos_table[bucket(j - i) * heads + h] added
  * (table [buckets][heads] in the model dtype). The bucket of every relative
  * position is computed once on the host by op_relpos_bucket (the one copy of
- * T5's formula) into relpos_bucket[j - i + q_len - 1] (q_len + k_len - 1
+ * T5's formula) into relpos_bucket[j - i + q_len - 1] (n = q_len + k_len - 1
  * entries): the kernel reads a table instead of evaluating a float32 logf
  * per pair, and no device copy of the formula can round differently from
- * the reference at a bucket boundary. The bucket parameters are kept here
+ * the reference at a bucket boundary. n more entries follow: relpos_bucket
+ * [n + p] is the last position of the run of equal buckets that holds p,
+ * so a kernel can tell in one read that a whole tile takes one bucket. The bucket parameters are kept here
  * for describing and checking.
  *
  * Split block rows (block-wise kernel built with -DSPLIT=1, flash-decoding
@@ -107,7 +109,7 @@ typedef struct stof_attn_args {
     const stof_i32 *col_idx;
     /* T5 relative position bias */
     const void *relpos_table;       /* [relpos_buckets][heads], model dtype */
-    const stof_i32 *relpos_bucket;  /* [q_len + k_len - 1]: bucket of j - i */
+    const stof_i32 *relpos_bucket;  /* [2 (q_len + k_len - 1)]: bucket of j - i, runs */
     /* split block rows (SPLIT=1 only; see above) */
     const stof_i32 *work_ptr;       /* [fmt_batch + 1] */
     const stof_attn_work *work;

@@ -448,6 +448,32 @@ __device__ __forceinline__ bool prescaled(const stof_attn_args &a) {
     return HAS_RELPOS || !(a.scale_log2 > 0.0f);
 }
 
+#if HAS_RELPOS
+// Whether the T5 bias of key block `col` (keys [0, lim) of it) is the same
+// for all the warp's rows, and then that bias. T5's buckets are
+// logarithmic: every distance past max_distance shares one bucket (a side),
+// so most blocks of a long sparse row (BigBird's random and global blocks)
+// are far from the diagonal and take one bias: one load for the block
+// instead of two dependent loads a score. The host appends to the bucket
+// table, for each position, the last position of its run of equal buckets
+// (attention_abi.cuh); the block is uniform when the run of its lowest
+// position covers its highest.
+__device__ __forceinline__ bool uniform_relpos_log2(const stof_attn_args &a, const warp_pos &w,
+                                                    int row_base, int col, int lim, int h,
+                                                    float &bias) {
+    bias = 0.0f;
+    if (col < 0 || lim <= 0) return false;
+    const int n = a.q_len + a.k_len - 1;
+    const int i0 = row_base + w.row0, i1 = min(i0 + kWarpRows, a.q_len) - 1;
+    if (i1 < i0) return false;  // rows past q_len only: never stored
+    const int j0 = col * BLOCK_N, j1 = j0 + min(lim, BLOCK_N) - 1;
+    const int lo = j0 - i1 + a.q_len - 1, hi = j1 - i0 + a.q_len - 1;  // in [0, n)
+    if (__ldg(a.relpos_bucket + n + lo) < hi) return false;
+    bias = relpos_bias_log2<elem_t>(a, i1, j0, h);
+    return true;
+}
+#endif
+
 // Disallowed pairs become -inf: a partial block's bitmap (mask >= 0; a
 // full block skips the test), keys past k_len (zero-filled rows that must
 // not count) and, in a gathered tile, the entries past the list's end.
@@ -465,6 +491,13 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
     }
     if (!work) return;  // full blocks away from the edge: nothing to mask
     const float mul = prescale ? a.scale_log2 : 1.0f;
+#if HAS_RELPOS
+    float bias[GATHER];  // the entry's bias where it is one number for the warp's rows
+    bool uniform[GATHER];
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j)
+        uniform[j] = uniform_relpos_log2(a, w, row_base, g.col[j], lim[j], h, bias[j]);
+#endif
 #pragma unroll
     for (int j = 0; j < GATHER; ++j) {
         // A full block (mask < 0) points at bitmap 0 and ignores it. Never
@@ -494,7 +527,9 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
                         if (edge) ok = ok && c < lim[j];
                         float x = s[mt][nt][half * 2 + e] * mul;
 #if HAS_RELPOS
-                        if (ok && row_base + r < a.q_len)
+                        if (uniform[j])
+                            x += bias[j];
+                        else if (ok && row_base + r < a.q_len)
                             x += relpos_bias_log2<elem_t>(a, row_base + r,
                                                           g.col[j] * BLOCK_N + c, h);
 #endif

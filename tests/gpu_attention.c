@@ -77,6 +77,7 @@ static const tcase cases[] = {
     {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f},
     {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f},
     {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f},
+    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f},
     {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))

@@ -933,21 +933,25 @@ static int upload_csr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
 }
 
 /* bucket[j - i + q_len - 1] for every relative position, by op_relpos_bucket,
- * then for each position the last one of its run of equal buckets (see
- * attention_abi.cuh). */
+ * then the end of the first run of equal buckets and the start of the last
+ * (see attention_abi.cuh). */
 static int upload_buckets(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err) {
     const mha_exec_problem *p = &plan->problem;
     size_t n = (size_t)p->q_len + (size_t)p->k_len - 1;
-    int32_t *bucket = err_malloc(2 * n * sizeof *bucket, err);
+    int32_t *bucket = err_malloc((n + 2) * sizeof *bucket, err);
     if (!bucket)
         return STOF_ERR_NOMEM;
     for (size_t r = 0; r < n; r++)
         bucket[r] = op_relpos_bucket((int)r - (p->q_len - 1), p->relpos_bidirectional,
                                      p->relpos_buckets, p->relpos_max_distance);
-    int32_t *run_end = bucket + n;
-    for (size_t r = n; r-- > 0;)
-        run_end[r] = r + 1 < n && bucket[r + 1] == bucket[r] ? run_end[r + 1] : (int32_t)r;
-    int rc = upload(c, &plan->d_relpos_bucket, bucket, 2 * n * sizeof *bucket, err);
+    size_t first_end = 0, last_start = n - 1;
+    while (first_end + 1 < n && bucket[first_end + 1] == bucket[0])
+        first_end++;
+    while (last_start > 0 && bucket[last_start - 1] == bucket[n - 1])
+        last_start--;
+    bucket[n] = (int32_t)first_end;
+    bucket[n + 1] = (int32_t)last_start;
+    int rc = upload(c, &plan->d_relpos_bucket, bucket, (n + 2) * sizeof *bucket, err);
     free(bucket);
     return rc;
 }

@@ -37,9 +37,11 @@
  * T5's formula) into relpos_bucket[j - i + q_len - 1] (n = q_len + k_len - 1
  * entries): the kernel reads a table instead of evaluating a float32 logf
  * per pair, and no device copy of the formula can round differently from
- * the reference at a bucket boundary. n more entries follow: relpos_bucket
- * [n + p] is the last position of the run of equal buckets that holds p,
- * so a kernel can tell in one read that a whole tile takes one bucket. The bucket parameters are kept here
+ * the reference at a bucket boundary. Two entries follow: relpos_bucket[n]
+ * is the last position of the first run of equal buckets and
+ * relpos_bucket[n + 1] the first of the last run (the far distances, which
+ * T5 puts in one bucket a side), so a kernel can tell without a load that a
+ * whole tile takes one bias. The bucket parameters are kept here
  * for describing and checking.
  *
  * Split block rows (block-wise kernel built with -DSPLIT=1, flash-decoding
@@ -109,7 +111,7 @@ typedef struct stof_attn_args {
     const stof_i32 *col_idx;
     /* T5 relative position bias */
     const void *relpos_table;       /* [relpos_buckets][heads], model dtype */
-    const stof_i32 *relpos_bucket;  /* [2 (q_len + k_len - 1)]: bucket of j - i, runs */
+    const stof_i32 *relpos_bucket;  /* [q_len + k_len + 1]: bucket of j - i; far runs */
     /* split block rows (SPLIT=1 only; see above) */
     const stof_i32 *work_ptr;       /* [fmt_batch + 1] */
     const stof_attn_work *work;

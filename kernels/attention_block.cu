@@ -448,29 +448,52 @@ __device__ __forceinline__ bool prescaled(const stof_attn_args &a) {
     return HAS_RELPOS || !(a.scale_log2 > 0.0f);
 }
 
+// The T5 bias far from the diagonal. T5's buckets are logarithmic: every
+// distance past max_distance shares one bucket (a side), so most blocks of
+// a long sparse row (BigBird's random and global blocks) take one bias for
+// all their scores. The host appends to the bucket table the last position
+// of its first run of equal buckets and the first of its last run
+// (attention_abi.cuh); the kernel reads both runs' biases once, and a block
+// inside either run needs no load at all (the others read two dependent
+// loads a score: on BigBird 16x12x2048 with 32x32 tiles, where the L1 is
+// mostly shared memory, that made the T5 kernel 1.7x slower than without
+// the bias).
+struct relpos_far {
 #if HAS_RELPOS
-// Whether the T5 bias of key block `col` (keys [0, lim) of it) is the same
-// for all the warp's rows, and then that bias. T5's buckets are
-// logarithmic: every distance past max_distance shares one bucket (a side),
-// so most blocks of a long sparse row (BigBird's random and global blocks)
-// are far from the diagonal and take one bias: one load for the block
-// instead of two dependent loads a score. The host appends to the bucket
-// table, for each position, the last position of its run of equal buckets
-// (attention_abi.cuh); the block is uniform when the run of its lowest
-// position covers its highest.
+    int first_end, last_start;  // positions j - i + q_len - 1
+    float first, last;          // their biases, times log2(e)
+#endif
+};
+
+__device__ __forceinline__ relpos_far load_relpos_far(const stof_attn_args &a, int h) {
+    relpos_far f;
+#if HAS_RELPOS
+    const int n = a.q_len + a.k_len - 1;
+    f.first_end = __ldg(a.relpos_bucket + n);
+    f.last_start = __ldg(a.relpos_bucket + n + 1);
+    f.first = relpos_bias_log2<elem_t>(a, a.q_len - 1, 0, h);  // position 0
+    f.last = relpos_bias_log2<elem_t>(a, 0, a.k_len - 1, h);   // position n - 1
+#else
+    (void)a;
+    (void)h;
+#endif
+    return f;
+}
+
+#if HAS_RELPOS
+// Whether key block `col` (keys [0, lim) of it) lies inside one of the far
+// runs for all the warp's rows, and then its bias.
 __device__ __forceinline__ bool uniform_relpos_log2(const stof_attn_args &a, const warp_pos &w,
-                                                    int row_base, int col, int lim, int h,
-                                                    float &bias) {
+                                                    int row_base, int col, int lim,
+                                                    const relpos_far &far, float &bias) {
     bias = 0.0f;
     if (col < 0 || lim <= 0) return false;
-    const int n = a.q_len + a.k_len - 1;
     const int i0 = row_base + w.row0, i1 = min(i0 + kWarpRows, a.q_len) - 1;
     if (i1 < i0) return false;  // rows past q_len only: never stored
     const int j0 = col * BLOCK_N, j1 = j0 + min(lim, BLOCK_N) - 1;
-    const int lo = j0 - i1 + a.q_len - 1, hi = j1 - i0 + a.q_len - 1;  // in [0, n)
-    if (__ldg(a.relpos_bucket + n + lo) < hi) return false;
-    bias = relpos_bias_log2<elem_t>(a, i1, j0, h);
-    return true;
+    const int lo = j0 - i1 + a.q_len - 1, hi = j1 - i0 + a.q_len - 1;
+    bias = hi <= far.first_end ? far.first : far.last;
+    return hi <= far.first_end || lo >= far.last_start;
 }
 #endif
 
@@ -481,7 +504,8 @@ __device__ __forceinline__ bool uniform_relpos_log2(const stof_attn_args &a, con
 // are computed on zero queries and never stored.
 __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const stof_attn_args &a,
                                                const warp_pos &w, int row_base,
-                                               const key_group &g, int h, bool prescale) {
+                                               const key_group &g, int h, bool prescale,
+                                               const relpos_far &far) {
     int lim[GATHER];  // keys of entry j that exist
     bool work = prescale;
 #pragma unroll
@@ -496,7 +520,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
     bool uniform[GATHER];
 #pragma unroll
     for (int j = 0; j < GATHER; ++j)
-        uniform[j] = uniform_relpos_log2(a, w, row_base, g.col[j], lim[j], h, bias[j]);
+        uniform[j] = uniform_relpos_log2(a, w, row_base, g.col[j], lim[j], far, bias[j]);
 #endif
 #pragma unroll
     for (int j = 0; j < GATHER; ++j) {
@@ -943,6 +967,7 @@ stof_attention_block(const stof_attn_args a) {
     unsigned qf[kMT][kKD][4];
 
     const bool prescale = prescaled(a);
+    const relpos_far far = load_relpos_far(a, h);
     const float c = prescale ? 1.0f : a.scale_log2;  // the scale the softmax still applies
     int stage = 0;  // (it - start) % STAGES: where this block's K, V are
 #if WGMMA
@@ -963,7 +988,7 @@ stof_attention_block(const stof_attn_args a) {
             issue_scores(s, sQ, sK + stage * kStageElems, w);
             stof::wg::wait<0>();
             keep_s(s);
-            mask_and_scale(s, a, w, row_base, cur, h, prescale);
+            mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
             float alpha[kMT][2];  // 0: O is still zero
             softmax_step(s, m, l, alpha, c);
             pack_p(s, pf);
@@ -978,7 +1003,7 @@ stof_attention_block(const stof_attn_args a) {
             stof::wg::wait<1>();  // S has landed; P V may still run
             keep_s(s);
             to_scores(s, p);
-            mask_and_scale(p, a, w, row_base, cur, h, prescale);
+            mask_and_scale(p, a, w, row_base, cur, h, prescale, far);
             float alpha[kMT][2];
             const bool moved = softmax_step(p, m, l, alpha, c);
             stof::wg::wait<0>();
@@ -999,7 +1024,7 @@ stof_attention_block(const stof_attn_args a) {
         if (warp_group_view(a, w, cur)) {
             float s[kMT][kNT][4];
             compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
-            mask_and_scale(s, a, w, row_base, cur, h, prescale);
+            mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
             online_softmax(s, m, l, o, c);
             compute_pv(o, s, sV + stage * kStageElems, w);
         }

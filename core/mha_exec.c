@@ -21,6 +21,7 @@
 #include "ops/ops.h"
 
 #define MHA_EXEC_MAX_THREADS 1024
+#define MHA_EXEC_RELPOS_MID_MAX 2048     /* T5 biases the block-wise kernel keeps in shared memory */
 #define MHA_EXEC_MAX_GRID_YZ 65535
 #define MHA_EXEC_SMEM_PAD 8              /* elements of padding per shared row */
 #define MHA_EXEC_FRAG_REGS 160           /* see mha_exec_block_regs_ok */
@@ -201,6 +202,12 @@ size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, in
            ((size_t)head_dim + MHA_EXEC_SMEM_PAD) * (size_t)dtype_bytes;
 }
 
+size_t mha_exec_config_smem(const mha_exec_config *c) {
+    return mha_exec_block_smem(c->block_m, mha_exec_tile_n(c), c->stages, c->head_dim,
+                               (int)stof_dtype_size(c->dtype)) +
+           (size_t)c->relpos_mid * sizeof(float);
+}
+
 int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stages, int head_dim,
                                int dtype_bytes, const mha_device_limits *lim) {
     size_t smem = mha_exec_block_smem(block_m, tile_n, stages, head_dim, dtype_bytes);
@@ -315,8 +322,7 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
     int rc = c->wgmma ? check_wgmma_config(c, err) : STOF_OK;
     if (rc)
         return rc;
-    size_t smem = mha_exec_block_smem(c->block_m, mha_exec_tile_n(c), c->stages, c->head_dim,
-                                      (int)stof_dtype_size(c->dtype));
+    size_t smem = mha_exec_config_smem(c);
     if (smem_limit > 0 && smem > (size_t)smem_limit)
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: BLOCK_M %d, BLOCK_N %d x gather %d, %d stages, head_dim %d "
@@ -359,6 +365,8 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
         snprintf(r->opts[n++], sizeof r->opts[0], "-DBLOCK_N=%d", c->block_n);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DNUM_WARPS=%d", c->num_warps);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DSTAGES=%d", c->stages);
+        if (c->relpos && c->relpos_mid)
+            snprintf(r->opts[n++], sizeof r->opts[0], "-DRELPOS_MID=%d", c->relpos_mid);
         if (c->split) /* absent otherwise: the plain build keeps its cache key */
             snprintf(r->opts[n++], sizeof r->opts[0], "-DSPLIT=1");
         if (c->wgmma)
@@ -647,6 +655,44 @@ static void set_build(mha_exec_config *cfg, const mha_exec_force *force,
     set_stages(cfg, force, lim);
 }
 
+/* The bucket of position r = j - i + q_len - 1, by op_relpos_bucket. */
+static int32_t relpos_bucket_at(const mha_exec_problem *p, size_t r) {
+    return op_relpos_bucket((int)r - (p->q_len - 1), p->relpos_bidirectional, p->relpos_buckets,
+                            p->relpos_max_distance);
+}
+
+/* The last position of the first run of equal buckets and the first of the
+ * last run: T5's far distances, one bucket a side (attention_abi.cuh). */
+static void relpos_far_runs(const mha_exec_problem *p, size_t *first_end, size_t *last_start) {
+    size_t n = (size_t)p->q_len + (size_t)p->k_len - 1;
+    int32_t first = relpos_bucket_at(p, 0), last = relpos_bucket_at(p, n - 1);
+    size_t e = 0, s = n - 1;
+    while (e + 1 < n && relpos_bucket_at(p, e + 1) == first)
+        e++;
+    while (s > 0 && relpos_bucket_at(p, s - 1) == last)
+        s--;
+    *first_end = e;
+    *last_start = s;
+}
+
+/* The capacity of the block-wise kernel's shared table of the biases
+ * between the far runs (-DRELPOS_MID): the count rounded up to a power of
+ * two (few builds), 0 where there is none or it would be large (the kernel
+ * then reads those biases from global memory). */
+static int relpos_mid_capacity(const mha_exec_problem *p) {
+    if (!p->relpos || p->q_len < 1 || p->k_len < 1)
+        return 0;
+    size_t first_end, last_start;
+    relpos_far_runs(p, &first_end, &last_start);
+    size_t mid = last_start > first_end ? last_start - first_end - 1 : 0;
+    if (mid == 0 || mid > MHA_EXEC_RELPOS_MID_MAX)
+        return 0;
+    int cap = 16;
+    while ((size_t)cap < mid)
+        cap *= 2;
+    return cap;
+}
+
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
                     const mha_exec_force *force, mha_exec_config *cfg, char *reason,
                     size_t reason_size, stof_error *err) {
@@ -654,6 +700,7 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
     cfg->head_dim = p->head_dim;
     cfg->dtype = p->dtype;
     cfg->relpos = p->relpos;
+    cfg->relpos_mid = relpos_mid_capacity(p);
     cfg->rows_per_warp = force && force->rows_per_warp ? force->rows_per_warp : 1;
     cfg->warps_per_block = force && force->warps_per_block ? force->warps_per_block : 4;
     int forced = force && force->kernel >= 0;
@@ -932,9 +979,8 @@ static int upload_csr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     return rc;
 }
 
-/* bucket[j - i + q_len - 1] for every relative position, by op_relpos_bucket,
- * then the end of the first run of equal buckets and the start of the last
- * (see attention_abi.cuh). */
+/* bucket[j - i + q_len - 1] for every relative position, then the far runs'
+ * ends (relpos_far_runs). */
 static int upload_buckets(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err) {
     const mha_exec_problem *p = &plan->problem;
     size_t n = (size_t)p->q_len + (size_t)p->k_len - 1;
@@ -942,13 +988,9 @@ static int upload_buckets(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err)
     if (!bucket)
         return STOF_ERR_NOMEM;
     for (size_t r = 0; r < n; r++)
-        bucket[r] = op_relpos_bucket((int)r - (p->q_len - 1), p->relpos_bidirectional,
-                                     p->relpos_buckets, p->relpos_max_distance);
-    size_t first_end = 0, last_start = n - 1;
-    while (first_end + 1 < n && bucket[first_end + 1] == bucket[0])
-        first_end++;
-    while (last_start > 0 && bucket[last_start - 1] == bucket[n - 1])
-        last_start--;
+        bucket[r] = relpos_bucket_at(p, r);
+    size_t first_end, last_start;
+    relpos_far_runs(p, &first_end, &last_start);
     bucket[n] = (int32_t)first_end;
     bucket[n + 1] = (int32_t)last_start;
     int rc = upload(c, &plan->d_relpos_bucket, bucket, (n + 2) * sizeof *bucket, err);
@@ -971,8 +1013,7 @@ static void set_launch_shape(mha_exec_plan *plan) {
     const mha_exec_problem *p = &plan->problem;
     const mha_exec_config *cfg = &plan->config;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE) {
-        plan->smem = mha_exec_block_smem(cfg->block_m, mha_exec_tile_n(cfg), cfg->stages,
-                                         cfg->head_dim, (int)stof_dtype_size(cfg->dtype));
+        plan->smem = mha_exec_config_smem(cfg);
         if (!cfg->split)
             plan->grid[0] = (unsigned)((p->q_len + cfg->block_m - 1) / cfg->block_m);
         plan->block[0] = (unsigned)cfg->num_warps * 32u;

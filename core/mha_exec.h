@@ -62,6 +62,9 @@ typedef struct mha_exec_config {
     int head_dim;
     stof_dtype dtype;
     int relpos;
+    int relpos_mid;                      /* block-wise, relpos: the capacity of the shared
+                                            table of biases between T5's far runs
+                                            (-DRELPOS_MID; 0: none, read from global) */
     int block_m, block_n, num_warps;     /* block-wise */
     int stages;                          /* block-wise: K/V pipeline depth, 2..4 */
     int rows_per_warp, warps_per_block;  /* row-wise */
@@ -105,6 +108,8 @@ int mha_exec_wgmma_arch(const char *arch);
  * keeps unpadded rows and uses 8 / (head_dim + 8) of it less.) tile_n is
  * mha_exec_tile_n: BLOCK_N times the gathered entries; likewise below. */
 size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, int dtype_bytes);
+/* The same for a block-wise config, its relpos table included. */
+size_t mha_exec_config_smem(const mha_exec_config *c);
 /* Thread blocks of the block-wise kernel one SM holds (shared memory, with
  * the 1 KiB the hardware reserves per block on sm_80+, and warps), at most
  * 32; 0 when one does not fit smem_per_block. */
@@ -129,7 +134,7 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 typedef struct mha_exec_request {
     nvrtc_request req;
     char arch[16];
-    char opts[10][48];
+    char opts[12][48];
 } mha_exec_request;
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
 

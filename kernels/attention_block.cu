@@ -20,8 +20,9 @@
 // Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][GATHER BLOCK_N][HEAD_DIM + 8]
 // (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
 // different banks); the Q tile is reused to stage O for 16-byte stores.
-// The host sizes it (mha_exec_block_smem):
-//   (BLOCK_M + 2 STAGES GATHER BLOCK_N) (HEAD_DIM + 8) element bytes.
+// The host sizes it (mha_exec_config_smem):
+//   (BLOCK_M + 2 STAGES GATHER BLOCK_N) (HEAD_DIM + 8) element bytes,
+// and 4 RELPOS_MID bytes more for the T5 bias table (relpos_far).
 //
 // The pipeline. Block i of the row (i = 0, 1, ...) lives in stage
 // i % STAGES and travels in cp.async group i: the prologue commits groups
@@ -448,37 +449,68 @@ __device__ __forceinline__ bool prescaled(const stof_attn_args &a) {
     return HAS_RELPOS || !(a.scale_log2 > 0.0f);
 }
 
-// The T5 bias far from the diagonal. T5's buckets are logarithmic: every
-// distance past max_distance shares one bucket (a side), so most blocks of
-// a long sparse row (BigBird's random and global blocks) take one bias for
-// all their scores. The host appends to the bucket table the last position
-// of its first run of equal buckets and the first of its last run
-// (attention_abi.cuh); the kernel reads both runs' biases once, and a block
-// inside either run needs no load at all (the others read two dependent
-// loads a score: on BigBird 16x12x2048 with 32x32 tiles, where the L1 is
-// mostly shared memory, that made the T5 kernel 1.7x slower than without
-// the bias).
+// The T5 bias by distance. T5's buckets are logarithmic: every distance
+// past max_distance shares one bucket (a side), so most blocks of a long
+// sparse row (BigBird's random and global blocks) take one bias for all
+// their scores. The host appends to the bucket table the last position of
+// its first run of equal buckets and the first of its last run
+// (attention_abi.cuh); each CTA reads the two runs' biases once, and with
+// -DRELPOS_MID=C (the host's capacity, a power of two) the biases of the
+// positions between them into a shared table. A block inside a far run
+// then adds one number, the blocks near the diagonal one shared load a
+// score. (Reading bucket and table from global memory, two dependent loads
+// a score, made the T5 kernel 1.7x slower than without the bias on BigBird
+// 16x12x2048 with 32x32 tiles: the L1 there is mostly shared memory.)
+#ifndef RELPOS_MID
+#define RELPOS_MID 0
+#endif
+static_assert(RELPOS_MID == 0 || (HAS_RELPOS && RELPOS_MID % 4 == 0),
+              "RELPOS_MID: the relpos build's table capacity, a multiple of 4");
+
 struct relpos_far {
 #if HAS_RELPOS
     int first_end, last_start;  // positions j - i + q_len - 1
     float first, last;          // their biases, times log2(e)
+    int mid_len;                // positions first_end + 1 .. in `mid` (0: none)
+    const float *mid;
 #endif
 };
 
-__device__ __forceinline__ relpos_far load_relpos_far(const stof_attn_args &a, int h) {
+// Called by every thread of the block before the first barrier of the loop
+// (which publishes the shared table).
+__device__ __forceinline__ relpos_far load_relpos_far(const stof_attn_args &a, int h,
+                                                      float *shared_mid) {
     relpos_far f;
 #if HAS_RELPOS
     const int n = a.q_len + a.k_len - 1;
     f.first_end = __ldg(a.relpos_bucket + n);
     f.last_start = __ldg(a.relpos_bucket + n + 1);
-    f.first = relpos_bias_log2<elem_t>(a, a.q_len - 1, 0, h);  // position 0
-    f.last = relpos_bias_log2<elem_t>(a, 0, a.k_len - 1, h);   // position n - 1
+    f.first = relpos_bias_log2_at<elem_t>(a, 0, h);
+    f.last = relpos_bias_log2_at<elem_t>(a, n - 1, h);
+    const int mid = f.last_start - f.first_end - 1;
+    f.mid_len = RELPOS_MID && mid > 0 && mid <= RELPOS_MID ? mid : 0;
+    f.mid = shared_mid;
+    for (int i = threadIdx.x; i < f.mid_len; i += kThreads)
+        shared_mid[i] = relpos_bias_log2_at<elem_t>(a, f.first_end + 1 + i, h);
 #else
     (void)a;
     (void)h;
+    (void)shared_mid;
 #endif
     return f;
 }
+
+#if HAS_RELPOS
+// The bias of query row i, key j.
+__device__ __forceinline__ float relpos_near_log2(const stof_attn_args &a, const relpos_far &far,
+                                                  int i, int j, int h) {
+    const int pos = j - i + a.q_len - 1;
+    if (pos <= far.first_end) return far.first;
+    if (pos >= far.last_start) return far.last;
+    const int k = pos - far.first_end - 1;
+    return k < far.mid_len ? far.mid[k] : relpos_bias_log2_at<elem_t>(a, pos, h);
+}
+#endif
 
 #if HAS_RELPOS
 // Whether key block `col` (keys [0, lim) of it) lies inside one of the far
@@ -554,8 +586,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
                         if (uniform[j])
                             x += bias[j];
                         else if (ok && row_base + r < a.q_len)
-                            x += relpos_bias_log2<elem_t>(a, row_base + r,
-                                                          g.col[j] * BLOCK_N + c, h);
+                            x += relpos_near_log2(a, far, row_base + r, g.col[j] * BLOCK_N + c, h);
 #endif
                         s[mt][nt][half * 2 + e] = ok ? x : STOF_NEG_INF;
                     }
@@ -906,6 +937,7 @@ stof_attention_block(const stof_attn_args a) {
                  : smem_raw);
     elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][kTileN][kPitch]
     elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][kTileN][kPitch]
+                                               // then float [RELPOS_MID] (relpos_far)
 
     const int h = blockIdx.y, b = blockIdx.z;
 #if SPLIT
@@ -967,7 +999,8 @@ stof_attention_block(const stof_attn_args a) {
     unsigned qf[kMT][kKD][4];
 
     const bool prescale = prescaled(a);
-    const relpos_far far = load_relpos_far(a, h);
+    const relpos_far far =
+        load_relpos_far(a, h, reinterpret_cast<float *>(sV + STAGES * kStageElems));
     const float c = prescale ? 1.0f : a.scale_log2;  // the scale the softmax still applies
     int stage = 0;  // (it - start) % STAGES: where this block's K, V are
 #if WGMMA

@@ -136,11 +136,16 @@ template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned u)
 // that discards them (as it did with a partial-block bitmap), and they must
 // not leave the table.
 template <typename T>
-__device__ __forceinline__ float relpos_bias_log2(const stof_attn_args &a, int i, int j, int h) {
-    const int pos = min(max(j - i + a.q_len - 1, 0), a.q_len + a.k_len - 2);
+__device__ __forceinline__ float relpos_bias_log2_at(const stof_attn_args &a, int pos, int h) {
+    pos = min(max(pos, 0), a.q_len + a.k_len - 2);
     const int bucket = __ldg(a.relpos_bucket + pos);
     const T *table = static_cast<const T *>(a.relpos_table);
     return to_float(table[bucket * a.heads + h]) * kLog2e;
+}
+
+template <typename T>
+__device__ __forceinline__ float relpos_bias_log2(const stof_attn_args &a, int i, int j, int h) {
+    return relpos_bias_log2_at<T>(a, j - i + a.q_len - 1, h);
 }
 
 // ---- online softmax helpers --------------------------------------------------

@@ -133,7 +133,8 @@ static int list_deep_variants(variant *v, int cap) {
                         n = add_if_valid(v, n, cap, cfg, archs[a]);
                     }
     mha_exec_config rp = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
-                          .relpos = 1, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3};
+                          .relpos = 1, .relpos_mid = 256, .block_m = 64, .block_n = 32,
+                          .num_warps = 4, .stages = 3};
     if (n < cap)
         v[n++] = (variant){.cfg = rp, .arch = "sm_90"};
     return n;
@@ -157,8 +158,8 @@ static int list_split_variants(variant *v, int cap) {
                     n = add_if_valid(v, n, cap, cfg, archs[a]);
                 }
     mha_exec_config rp = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16,
-                          .relpos = 1, .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2,
-                          .split = 1};
+                          .relpos = 1, .relpos_mid = 512, .block_m = 64, .block_n = 64,
+                          .num_warps = 4, .stages = 2, .split = 1};
     if (n < cap)
         v[n++] = (variant){.cfg = rp, .arch = "sm_90"};
     mha_exec_config deep = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
@@ -189,7 +190,8 @@ static int list_wgmma_variants(variant *v, int cap) {
             }
     static const mha_exec_config extra[] = {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
-         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3, .wgmma = 1},
+         .relpos_mid = 256, .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3,
+         .wgmma = 1},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .relpos = 1,
          .block_m = 128, .block_n = 32, .num_warps = 8, .stages = 3, .split = 1, .wgmma = 1},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,

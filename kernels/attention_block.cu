@@ -490,8 +490,24 @@ __device__ __forceinline__ relpos_far load_relpos_far(const stof_attn_args &a, i
     const int mid = f.last_start - f.first_end - 1;
     f.mid_len = RELPOS_MID && mid > 0 && mid <= RELPOS_MID ? mid : 0;
     f.mid = shared_mid;
-    for (int i = threadIdx.x; i < f.mid_len; i += kThreads)
-        shared_mid[i] = relpos_bias_log2_at<elem_t>(a, f.first_end + 1 + i, h);
+#if RELPOS_MID
+    // All buckets first, then all biases: two round trips to L2, not two an
+    // entry (at (1, 128), where a call is a few microseconds, the serial
+    // loop cost 2 us a CTA).
+    constexpr int kFill = (RELPOS_MID + kThreads - 1) / kThreads;
+    int bucket[kFill];
+#pragma unroll
+    for (int k = 0; k < kFill; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        bucket[k] = i < f.mid_len ? __ldg(a.relpos_bucket + f.first_end + 1 + i) : 0;
+    }
+    const elem_t *table = static_cast<const elem_t *>(a.relpos_table);
+#pragma unroll
+    for (int k = 0; k < kFill; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        if (i < f.mid_len) shared_mid[i] = stof::to_float(table[bucket[k] * a.heads + h]) * kLog2e;
+    }
+#endif
 #else
     (void)a;
     (void)h;

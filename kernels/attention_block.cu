@@ -526,9 +526,7 @@ __device__ __forceinline__ float relpos_near_log2(const stof_attn_args &a, const
     const int k = pos - far.first_end - 1;
     return k < far.mid_len ? far.mid[k] : relpos_bias_log2_at<elem_t>(a, pos, h);
 }
-#endif
 
-#if HAS_RELPOS
 // Whether key block `col` (keys [0, lim) of it) lies inside one of the far
 // runs for all the warp's rows, and then its bias.
 __device__ __forceinline__ bool uniform_relpos_log2(const stof_attn_args &a, const warp_pos &w,

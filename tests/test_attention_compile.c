@@ -795,6 +795,54 @@ static void test_automatic_build(void) {
     CHECK_EQ_INT(build_of("sm_80", 128, 64, 8, 64, 0, 0), 0);
 }
 
+/* The T5 bias table of the block-wise kernel: T5's far runs (one bucket a
+ * side past max_distance) leave 2 max_distance - 1 positions between them
+ * when both sides reach that far, fewer on short sequences; none without
+ * relpos or when the table would be too large. The shared memory and the
+ * compile options carry it. */
+static int relpos_mid_of(int q_len, int k_len, int relpos, int bidirectional, int max_distance,
+                         size_t *smem_extra, int *has_opt) {
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    mha_exec_problem p = {.batch = 1, .heads = 2, .head_dim = 64, .q_len = q_len,
+                          .k_len = k_len, .dtype = STOF_F16, .relpos = relpos,
+                          .relpos_buckets = 32, .relpos_max_distance = max_distance,
+                          .relpos_bidirectional = bidirectional};
+    mha_exec_force f = {.kernel = MHA_KERNEL_BLOCK_WISE, .block_m = 32, .block_n = 32,
+                        .num_warps = 2};
+    mha_exec_config c;
+    char why[256];
+    CHECK_EQ_INT(mha_exec_choose(&p, NULL, &lim, &f, &c, why, sizeof why, &err), STOF_OK);
+    *smem_extra = mha_exec_config_smem(&c) -
+                  mha_exec_block_smem(c.block_m, mha_exec_tile_n(&c), c.stages, c.head_dim, 2);
+    mha_exec_request r;
+    mha_exec_request_init(&r, &c, "sm_90");
+    *has_opt = 0;
+    for (int i = 0; i < r.req.n_options; i++)
+        *has_opt |= strncmp(r.req.options[i], "-DRELPOS_MID=", 13) == 0;
+    return c.relpos_mid;
+}
+
+static void test_relpos_table(void) {
+    size_t extra;
+    int opt;
+    /* bidirectional, 128: distances -127 .. 127 between the runs */
+    CHECK_EQ_INT(relpos_mid_of(2048, 2048, 1, 1, 128, &extra, &opt), 256);
+    CHECK(extra == 256 * sizeof(float) && opt);
+    /* unidirectional: the future is one bucket, the past far run starts at -128 */
+    CHECK_EQ_INT(relpos_mid_of(2048, 2048, 1, 0, 128, &extra, &opt), 128);
+    CHECK(extra == 128 * sizeof(float) && opt);
+    /* short sequences: fewer positions, a smaller power of two */
+    CHECK_EQ_INT(relpos_mid_of(40, 40, 1, 1, 128, &extra, &opt), 64);
+    /* too far apart for the table: read from global memory */
+    CHECK_EQ_INT(relpos_mid_of(8192, 8192, 1, 1, 4096, &extra, &opt), 0);
+    CHECK(extra == 0 && !opt);
+    /* no bias, no table */
+    CHECK_EQ_INT(relpos_mid_of(2048, 2048, 0, 1, 128, &extra, &opt), 0);
+    CHECK(extra == 0 && !opt);
+}
+
 static void test_candidates(void) {
     mha_device_limits lim;
     stof_error err = {0};
@@ -1201,6 +1249,7 @@ int main(void) {
     test_ctx();
     test_choose_offline();
     test_automatic_build();
+    test_relpos_table();
     test_candidates();
     test_variants_compile();
     return check_summary("test_attention_compile");

@@ -62,3 +62,7 @@ int device_query(int ordinal, stof_device_info *info, stof_error *err) {
 void device_arch_name(const stof_device_info *info, char *buf, size_t n) {
     snprintf(buf, n, "sm_%d%d", info->cc_major, info->cc_minor);
 }
+
+int device_wgmma_arch(const char *arch) {
+    return arch && strcmp(arch, "sm_90") == 0;
+}

@@ -202,8 +202,10 @@ size_t gemm_exec_smem(const gemm_exec_problem *p, const int *v) {
     /* the ring of STAGES x (rows + columns) x BLOCK_K operand tiles */
     const size_t ring = (size_t)v[4] * (size_t)(v[0] + v[1]) * (size_t)v[2] * e;
     switch (p->tmpl) {
-    case FUSION_T_GEMM_EPILOGUE:
-        return ring;
+    case FUSION_T_GEMM_EPILOGUE: /* + the wgmma build's alignment (gemm_abi.cuh) */
+        return ring + (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4])
+                           ? STOF_GEMM_WGMMA_SLACK
+                           : 0);
     case FUSION_T_GEMM_LN: /* + the fp32 rows */
         return ring + (size_t)v[0] * (size_t)p->n * sizeof(float);
     case FUSION_T_GEMM_CHAIN: /* + the activated chunk, + two slabs of w2 */
@@ -311,10 +313,16 @@ static void add_opt(gemm_exec_request *r, const char *name, long long value) {
     }
 }
 
+int gemm_exec_wgmma(const gemm_exec_problem *p, const int *v, const char *arch) {
+    return p->tmpl == FUSION_T_GEMM_EPILOGUE && !p->weight_kn && device_wgmma_arch(arch) &&
+           stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]);
+}
+
 void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, const int *values,
                             const char *arch) {
     memset(r, 0, sizeof *r);
-    snprintf(r->arch, sizeof r->arch, "%s", arch);
+    const int wgmma = gemm_exec_wgmma(p, values, arch);
+    snprintf(r->arch, sizeof r->arch, "%s%s", arch, wgmma ? "a" : "");
     r->req.arch = r->arch;
     const fusion_template *t = fusion_template_get(p->tmpl);
     r->req.source = t ? t->kernel : "?";
@@ -327,6 +335,8 @@ void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, co
         add_opt(r, "HAS_BIAS", p->epi.has_bias != 0);
         add_opt(r, "ACT", (int)p->epi.act);
         add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+        if (wgmma)
+            add_opt(r, "WGMMA", 1);
         break;
     case FUSION_T_GEMM_LN:
         add_opt(r, "ROW_N", p->n);
@@ -493,7 +503,7 @@ size_t gemm_exec_plan_describe(const gemm_exec_plan *plan, char *buf, size_t n) 
     static const char *const norms[] = {"", " layernorm", " rmsnorm"};
     int k = snprintf(buf, n,
                      "%s %s M=%lld %s=%lld K=%lld%s%s%s%s%s%s%s%s%s [%s] smem=%zuB "
-                     "grid=%ux%ux%u block=%u %s",
+                     "grid=%ux%ux%u block=%u %s%s",
                      t->name, stof_dtype_name(p->dtype), (long long)p->m, chain ? "F" : "N",
                      (long long)p->n, (long long)p->k, p->weight_kn ? " w[K,N]" : "",
                      p->epi.has_bias ? " bias" : "",
@@ -505,7 +515,8 @@ size_t gemm_exec_plan_describe(const gemm_exec_plan *plan, char *buf, size_t n) 
                                             : (p->has_type ? " type" : ""))
                          : "",
                      second, setting, plan->smem, plan->grid[0], plan->grid[1], plan->grid[2],
-                     plan->block[0], plan->arch);
+                     plan->block[0], plan->arch,
+                     gemm_exec_wgmma(p, plan->values, plan->arch) ? " wgmma" : "");
     return k < 0 ? 0 : (size_t)k;
 }
 

@@ -80,7 +80,8 @@ int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limi
 
 /* Dynamic shared memory of a setting, bytes, exactly the template's model
  * (fusion/templates.c): gemm_epilogue STAGES x (BLOCK_M + BLOCK_N) x
- * BLOCK_K elements; gemm_ln that plus ROWS x N fp32; gemm_chain STAGES x
+ * BLOCK_K elements (+ STOF_GEMM_WGMMA_SLACK bytes where the setting could be
+ * the wgmma build); gemm_ln that plus ROWS x N fp32; gemm_chain STAGES x
  * (BLOCK_M + BLOCK_F) x BLOCK_K + BLOCK_M x BLOCK_F + 2 x BLOCK_F x 64
  * elements; the others use none. */
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *values);
@@ -89,8 +90,16 @@ size_t gemm_exec_smem(const gemm_exec_problem *p, const int *values);
  * at 227 KiB for every valid problem of the GPU test; callers still check). */
 void gemm_exec_default_values(const gemm_exec_problem *p, int *values);
 
+/* Whether a setting of p builds with wgmma on a device of `arch`: a
+ * gemm_epilogue of [N, K] weights whose setting is whole warpgroups
+ * (gemm_abi.cuh's stof_gemm_wgmma_shape), on sm_90. There it always does:
+ * the search measures the two builds as different settings (BLOCK_K 32 or
+ * fewer than 3 stages keep mma.sync). */
+int gemm_exec_wgmma(const gemm_exec_problem *p, const int *values, const char *arch);
+
 /* The NVRTC request compiling a setting: the template's parameters as
- * -DNAME=value, then STOF_DTYPE and the flags. It points into itself: keep
+ * -DNAME=value, then STOF_DTYPE and the flags (and -DWGMMA=1 for sm_90a where
+ * gemm_exec_wgmma says so). It points into itself: keep
  * it in place (do not copy) while req is used. */
 #define GEMM_EXEC_MAX_OPTS 16
 typedef struct gemm_exec_request {

@@ -260,7 +260,7 @@ static int is_block_size(int v) {
 }
 
 int mha_exec_wgmma_arch(const char *arch) {
-    return arch && strcmp(arch, "sm_90") == 0;
+    return device_wgmma_arch(arch);
 }
 
 void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out, size_t n) {

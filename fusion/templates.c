@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "kernels/gemm_abi.cuh"
 #include "ops/mha_select.h"
 #include "ops/ops.h"
 
@@ -47,9 +48,13 @@ static int check_divides(const char *name, int v, int64_t n, stof_error *err) {
     return STOF_OK;
 }
 
-/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES */
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES. A setting of whole warpgroups
+ * may run as the wgmma build, whose tiles start on a 1024-byte boundary
+ * (gemm_abi.cuh): it counts the slack for that on every architecture. */
 static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes;
+    int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes +
+                   (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
+                                                                        : 0);
     char what[96];
     snprintf(what, sizeof what, "%dx%dx%d tiles in %d stages", v[0], v[1], v[2], v[4]);
     int rc = check_smem(what, smem, limit, err);
@@ -128,7 +133,7 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
     [FUSION_T_GEMM_EPILOGUE] = {FUSION_T_GEMM_EPILOGUE, "gemm_epilogue", "gemm_epilogue.cu", 0,
         1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
         5, {PARAM("BLOCK_M", 64, 128), PARAM("BLOCK_N", 64, 128, 256), PARAM("BLOCK_K", 32, 64),
-            PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3, 4)},
+            PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3, 4, 6)},
         gemm_epilogue_check},
     [FUSION_T_CUBLASLT] = {FUSION_T_CUBLASLT, "cublaslt", "cublaslt", 0,
         2, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(TOK(RELU) | FUSION_TOK_GELU_TANH)),

@@ -30,10 +30,41 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // so they cannot overtake), then wait until the previous kernel has
 // completed and its writes are visible, before anything is read. Both
 // instructions do nothing when the launch was an ordinary one.
-__device__ __forceinline__ void grid_dependency_begin() {
+//
+// The two halves are there for kernels with work that depends on nothing
+// the previous kernel writes, to do in between: the GEMMs ask L2 for their
+// weights there (prefetch_l2), overlapping the previous kernel's tail.
+__device__ __forceinline__ void grid_dependency_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_begin() {
+    grid_dependency_launch();
+    grid_dependency_wait();
+}
+
+// Asks L2 for rows rows of row_bytes bytes (a multiple of 16, rows 16-byte
+// aligned) stride_bytes apart, split over the block's threads, without
+// waiting (sm_90's bulk prefetch; nothing elsewhere). It returns no data,
+// so it may run before grid_dependency_wait() even on memory the previous
+// kernel writes: L2 is where every write lands, and a line it fetched early
+// is updated there like any other.
+__device__ __forceinline__ void prefetch_l2(const void *base, long long stride_bytes, int rows,
+                                            int row_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
+                         static_cast<const char *>(base) + r * stride_bytes),
+                     "r"(row_bytes)
+                     : "memory");
 #endif
 }
 

@@ -116,6 +116,29 @@ STOF_GEMM_ABI_FN int stof_gemm_warps_m(int bm, int bn, int warps) {
     return best;
 }
 
+/* The settings (BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES) gemm_epilogue.cu
+ * can build with Hopper's wgmma (-DWGMMA=1, sm_90a): whole warpgroups of 4
+ * warps tiling the block in pieces of 64 rows, each piece's columns one
+ * wgmma N (32, 64, 128 or 256), BLOCK_K 64 (rows of 128 bytes in the
+ * 128-byte swizzle) and at least 3 stages (the ring prefetches STAGES - 2
+ * slices). The tiles start on a 1024-byte boundary, so such a setting needs
+ * STOF_GEMM_WGMMA_SLACK bytes of shared memory beyond its ring, whichever
+ * build runs. */
+#define STOF_GEMM_WGMMA_SLACK 1024
+STOF_GEMM_ABI_FN int stof_gemm_wgmma_cols(int bm, int bn, int warps) {
+    return warps % 4 == 0 && bm % 64 == 0 && bm >= 64 && (warps / 4) % (bm / 64) == 0 &&
+                   bn % ((warps / 4) / (bm / 64)) == 0
+               ? bn / ((warps / 4) / (bm / 64))
+               : 0;
+}
+STOF_GEMM_ABI_FN int stof_gemm_wgmma_shape(int bm, int bn, int bk, int warps, int stages) {
+    return bk == 64 && stages >= 3 &&
+           (stof_gemm_wgmma_cols(bm, bn, warps) == 32 ||
+            stof_gemm_wgmma_cols(bm, bn, warps) == 64 ||
+            stof_gemm_wgmma_cols(bm, bn, warps) == 128 ||
+            stof_gemm_wgmma_cols(bm, bn, warps) == 256);
+}
+
 /* mi_chain.cu: for every row r < rows of ROW_N elements,
  *   s = x[r] (+ bias) (+ residual[r]), then the activation (ACT), then
  *   pre_norm[r] = s (STORE_PRE_NORM), y[r] = norm(s) (NORM: 0 none,

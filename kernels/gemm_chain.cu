@@ -286,7 +286,17 @@ __device__ __forceinline__ void store_slab(const stof_gemm_chain_args &a, const 
 
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_chain(const stof_gemm_chain_args a) {
-    stof::grid_dependency_begin();  // before any read (common.cuh)
+    stof::grid_dependency_launch();  // common.cuh
+    // Every block reads all of w1 and w2: the first asks L2 for them before
+    // waiting for the previous kernel (prefetch_l2).
+    if (blockIdx.x == 0) {
+        constexpr int e = (int)sizeof(elem_t);
+        stof::prefetch_l2(a.w1, a.w1_row_stride * (long long)e, WEIGHT_KN ? a.k : a.f,
+                          (WEIGHT_KN ? a.f : a.k) * e);
+        stof::prefetch_l2(a.w2, a.w2_row_stride * (long long)e, WEIGHT_KN ? a.f : a.n,
+                          (WEIGHT_KN ? a.n : a.f) * e);
+    }
+    stof::grid_dependency_wait();  // before any read
     static_assert(sizeof(stof_gemm_chain_args) == STOF_GEMM_CHAIN_ARGS_BYTES, "ABI mismatch");
     extern __shared__ uint4 smem_raw[];
     tiles t;

@@ -61,6 +61,9 @@
 #ifndef HAS_RESIDUAL
 #define HAS_RESIDUAL 0
 #endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -68,6 +71,7 @@ using namespace stof::gemm;
 
 constexpr int kThreads = WARPS * 32;
 
+#if !WGMMA
 // The warp grid (gemm_common.cuh): of the splits of WARPS into kWarpsM x
 // kWarpsN (kWarpsM 1, 2 or 4), the one whose warp tile is closest to
 // square, among those whose tiles are whole 16 x 16 mma pairs.
@@ -78,6 +82,7 @@ constexpr int kWarpN = grid_t::kWarpN;  // warp tile columns
 constexpr int kMT = grid_t::kMT;        // 16-row mma tiles per warp
 constexpr int kNT = grid_t::kNT;        // 8-column mma tiles per warp (even)
 constexpr int kKSteps = BLOCK_K / 16;
+#endif
 
 static_assert(BLOCK_K % 16 == 0, "BLOCK_K must be a multiple of 16");
 static_assert(STAGES >= 2, "STAGES must be at least 2");
@@ -86,7 +91,6 @@ static_assert(STAGES >= 2, "STAGES must be at least 2");
 // [BLOCK_N][BLOCK_K] (W [N, K]) or [BLOCK_K][BLOCK_N] (W [K, N]).
 constexpr int kATile = BLOCK_M * BLOCK_K;
 constexpr int kBTile = BLOCK_N * BLOCK_K;
-constexpr int kBCols = WEIGHT_KN ? BLOCK_N : BLOCK_K;  // columns of a w tile row
 static_assert((kATile / 8) % kThreads == 0 && (kBTile / 8) % kThreads == 0,
               "every thread copies the same number of 16-byte chunks");
 
@@ -105,21 +109,43 @@ __device__ __forceinline__ void load_slice(const stof_gemm_args &a, elem_t *sa, 
 #endif
 }
 
+#if !WGMMA
+constexpr int kBCols = WEIGHT_KN ? BLOCK_N : BLOCK_K;  // columns of a w tile row
+
 // One stage's BLOCK_K slice into the accumulators.
 __device__ __forceinline__ void mma_slice(float (&acc)[kMT][kNT][4], const elem_t *sa,
                                           const elem_t *sb, int wm0, int wn0, int lane) {
     mma_tile<kMT, kNT, kKSteps, BLOCK_K / 8, kBCols / 8, WEIGHT_KN != 0>(acc, sa, sb, wm0, wn0,
                                                                           lane);
 }
+#endif
+
+// The blocks of the first row tile ask L2 for their column tile of w, all of
+// K, before waiting for the previous kernel: together the whole weight,
+// once, while that kernel finishes.
+__device__ __forceinline__ void prefetch_weight(const stof_gemm_args &a, int m0, int n0) {
+    if (m0 != 0)
+        return;
+    const int cols = a.n - n0 < BLOCK_N ? a.n - n0 : BLOCK_N;
+    const long long stride = a.w_row_stride * (long long)sizeof(elem_t);
+#if WEIGHT_KN
+    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + n0, stride, a.k,
+                      cols * (int)sizeof(elem_t));
+#else
+    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + (long long)n0 * a.w_row_stride, stride,
+                      cols, a.k * (int)sizeof(elem_t));
+#endif
+}
 
 // + bias, activation, + residual on the fragments, rounded and stored as
 // pairs (c0 c1 at row g, c2 c3 at row g + 8; columns 2t, 2t + 1).
-__device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&acc)[kMT][kNT][4],
+template <int MT, int NT>
+__device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&acc)[MT][NT][4],
                                          int row0, int col0, int lane) {
     elem_t *y = static_cast<elem_t *>(a.y);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
         const int col = col0 + nt * 8 + 2 * t;
         if (col >= a.n)
             continue;
@@ -129,7 +155,7 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
             static_cast<const elem_t *>(a.bias) + col));
 #endif
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row0 + mt * 16 + g + 8 * h;
@@ -150,9 +176,106 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
     }
 }
 
+#if WGMMA
+// ---- the wgmma build (sm_90a) ------------------------------------------------------
+//
+// The block's WARPS / 4 warpgroups tile it in pieces of 64 rows (kWgM of
+// them along M, the rest along N) by kWgCols columns (gemm_abi.cuh's
+// stof_gemm_wgmma_shape). Each piece is one m64nNk16 accumulator (N =
+// kWgCols) whose per-thread layout is that of kWgCols / 8 mma.sync C
+// fragments of the warp's 16 rows, so the epilogue above runs on it
+// unchanged (kMT = 1).
+//
+// Both operands are K-major in shared memory: load_tile's swizzle of 64-wide
+// rows (8 chunks, chunk ^ row % 8, 8-row atoms of 1024 bytes) is exactly the
+// 128-byte swizzle wgmma reads (wgmma.cuh's desc_sw128), so BLOCK_K is 64
+// and every tile starts on a 1024-byte boundary (the host allots 1024 bytes
+// of slack, STOF_GEMM_WGMMA_SLACK, for aligning the base).
+//
+// The pipeline keeps one group of wgmma in flight: in iteration kt the
+// block waits for slice kt's copies, refills the stage slice kt - 2 was read
+// from, issues slice kt's products and waits until slice kt - 1's are done.
+// Every thread passed that wait for slice kt - 2 in iteration kt - 1, before
+// this iteration's barrier, so the refilled stage is free in every
+// warpgroup; slices are thus prefetched STAGES - 2 ahead.
+#include "wgmma.cuh"
+
+static_assert(!WEIGHT_KN, "the wgmma build takes [N, K] weights (K-major B)");
+static_assert(stof_gemm_wgmma_shape(BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES),
+              "whole warpgroups of 64 rows, each one wgmma N of 32, 64, 128 or 256 columns");
+constexpr int kWgM = BLOCK_M / 64;  // warpgroups along M (then along N)
+constexpr int kWgCols = stof_gemm_wgmma_cols(BLOCK_M, BLOCK_N, WARPS);
+
+// Slice st of the stage into the warpgroup's accumulators: 4 k steps of 16
+// (32 bytes into the swizzled rows), issued and committed as one group.
+__device__ __forceinline__ void issue_slice(float (&d)[kWgCols / 2], const elem_t *sa,
+                                            const elem_t *sb, int wg_m, int wg_n) {
+    const elem_t *ta = sa + wg_m * 64 * BLOCK_K;
+    const elem_t *tb = sb + wg_n * kWgCols * BLOCK_K;
+    stof::wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_K / 16; ++ks)
+        stof::wg::wg_mma<kWgCols>::ss(d, stof::wg::desc_sw128(ta + ks * 16, 16, 1024),
+                                      stof::wg::desc_sw128(tb + ks * 16, 16, 1024), 1);
+    stof::wg::commit();
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_epilogue(const stof_gemm_args a) {
-    stof::grid_dependency_begin();  // before any read (common.cuh)
+    stof::grid_dependency_launch();  // common.cuh
+    static_assert(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES, "ABI mismatch");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t *sa = reinterpret_cast<elem_t *>(
+        smem_raw + ((1024 - (unsigned)__cvta_generic_to_shared(smem_raw)) & 1023));
+    elem_t *sb = sa + STAGES * kATile;  // [STAGES][kBTile]
+
+    // Column tiles vary fastest over the launch order, so a wave of blocks
+    // shares a few row tiles of x and the weight stays in L2.
+    const int n_tiles = (a.n + BLOCK_N - 1) / BLOCK_N;
+    const int tile = blockIdx.x + blockIdx.y * gridDim.x;
+    const int m0 = (tile / n_tiles) * BLOCK_M, n0 = (tile % n_tiles) * BLOCK_N;
+    prefetch_weight(a, m0, n0);
+    stof::grid_dependency_wait();  // before any read
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
+
+    float d[kWgCols / 2];
+#pragma unroll
+    for (int i = 0; i < kWgCols / 2; ++i)
+        d[i] = 0.0f;
+
+    const int slices = (a.k + BLOCK_K - 1) / BLOCK_K;
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < slices)
+            load_slice(a, sa + s * kATile, sb + s * kBTile, m0, n0, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < slices; ++kt) {
+        cp_async_wait<STAGES - 3>();
+        stof::wg::fence_proxy_async();  // cp.async wrote the stage; wgmma reads it
+        __syncthreads();
+        const int next = kt + STAGES - 2;
+        if (next < slices) {
+            const int st = next % STAGES;
+            load_slice(a, sa + st * kATile, sb + st * kBTile, m0, n0, next);
+        }
+        cp_async_commit();
+        const int st = kt % STAGES;
+        issue_slice(d, sa + st * kATile, sb + st * kBTile, wg_m, wg_n);
+        stof::wg::wait<1>();
+    }
+    stof::wg::wait<0>();
+    stof::wg::wg_mma<kWgCols>::keep(d);
+    cp_async_wait<0>();
+
+    epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d),
+             m0 + wg_m * 64 + (warp & 3) * 16, n0 + wg_n * kWgCols, lane);
+}
+#else
+extern "C" __global__ void __launch_bounds__(kThreads)
+    stof_gemm_epilogue(const stof_gemm_args a) {
+    stof::grid_dependency_launch();  // common.cuh
     static_assert(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES, "ABI mismatch");
     extern __shared__ uint4 smem_raw[];
     elem_t *smem = reinterpret_cast<elem_t *>(smem_raw);
@@ -161,6 +284,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int m0 = blockIdx.x * BLOCK_M, n0 = blockIdx.y * BLOCK_N;
+    prefetch_weight(a, m0, n0);
+    stof::grid_dependency_wait();  // before any read
     const int wm0 = (warp / kWarpsN) * kWarpM, wn0 = (warp % kWarpsN) * kWarpN;
 
     float acc[kMT][kNT][4];
@@ -189,3 +314,4 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 
     epilogue(a, acc, m0 + wm0, n0 + wn0, lane);
 }
+#endif

@@ -227,7 +227,13 @@ __device__ __forceinline__ void norm_row(const stof_gemm_ln_args &a, float *rowb
 // ---- the kernel ---------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(kThreads) stof_gemm_ln(const stof_gemm_ln_args a) {
-    stof::grid_dependency_begin();  // before any read (common.cuh)
+    stof::grid_dependency_launch();  // common.cuh
+    // Every block reads all of w: the first asks L2 for it before waiting
+    // for the previous kernel (prefetch_l2).
+    if (blockIdx.x == 0)
+        stof::prefetch_l2(a.w, a.w_row_stride * (long long)sizeof(elem_t), WEIGHT_KN ? a.k : a.n,
+                          (WEIGHT_KN ? a.n : a.k) * (int)sizeof(elem_t));
+    stof::grid_dependency_wait();  // before any read
     static_assert(sizeof(stof_gemm_ln_args) == STOF_GEMM_LN_ARGS_BYTES, "ABI mismatch");
     extern __shared__ uint4 smem_raw[];
     float *rowbuf = reinterpret_cast<float *>(smem_raw);               // [ROWS][ROW_N]

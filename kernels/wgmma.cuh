@@ -1,5 +1,6 @@
 // Hopper warpgroup matrix multiply (wgmma, sm_90a): the pieces the
-// block-wise attention kernel's -DWGMMA=1 build uses.
+// -DWGMMA=1 builds of the block-wise attention kernel and of gemm_epilogue.cu
+// use.
 //
 // A warpgroup is four consecutive warps (128 threads) that issue one
 // m64nNk16 product together: 64 rows of A (16 per warp) times a 16 x N B
@@ -82,7 +83,7 @@ __device__ __forceinline__ void fence_proxy_async() {
 // wgmma reads them asynchronously, after its own instruction.
 __device__ __forceinline__ void keep(unsigned &r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// m64nNk16 products, D (+)= A B, for the N the kernels use.
+// m64nNk16 products, D (+)= A B, for the N the kernels use (256: the GEMM).
 //   ss:    A and B from shared memory, both K-major;
 //   rs_tb: A from registers, B from shared memory MN-major (transposed);
 //   keep:  after wait(), pins the accumulators there: the compiler sees
@@ -101,6 +102,15 @@ template <int N> struct wg_mma;
 #define STOF_WG_REGS_64 STOF_WG_REGS_40 ", %40, %41, %42, %43, %44, %45, %46, %47, "   \
                                         "%48, %49, %50, %51, %52, %53, %54, %55, "   \
                                         "%56, %57, %58, %59, %60, %61, %62, %63"
+#define STOF_WG_REGS_128 STOF_WG_REGS_64 ", %64, %65, %66, %67, %68, %69, %70, %71, "   \
+                                         "%72, %73, %74, %75, %76, %77, %78, %79, "   \
+                                         "%80, %81, %82, %83, %84, %85, %86, %87, "   \
+                                         "%88, %89, %90, %91, %92, %93, %94, %95, "   \
+                                         "%96, %97, %98, %99, %100, %101, %102, %103, " \
+                                         "%104, %105, %106, %107, %108, %109, %110, "  \
+                                         "%111, %112, %113, %114, %115, %116, %117, "  \
+                                         "%118, %119, %120, %121, %122, %123, %124, "  \
+                                         "%125, %126, %127"
 #define STOF_WG_D8(i)                                                                      \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),           \
         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -108,6 +118,7 @@ template <int N> struct wg_mma;
 #define STOF_WG_D32(i) STOF_WG_D16(i), STOF_WG_D16(i + 16)
 #define STOF_WG_D40(i) STOF_WG_D32(i), STOF_WG_D8(i + 32)
 #define STOF_WG_D64(i) STOF_WG_D32(i), STOF_WG_D32(i + 32)
+#define STOF_WG_D128(i) STOF_WG_D64(i), STOF_WG_D64(i + 64)
 
 // wg_mma<N> for R = N / 2 accumulators; O0..O5 name the operands after
 // them ("%R" .. "%(R+5)"): ss takes descA O0, descB O1, acc O2; rs_tb takes
@@ -143,6 +154,7 @@ STOF_WG_MMA(32, 16, "%16", "%17", "%18", "%19", "%20", "%21")
 STOF_WG_MMA(64, 32, "%32", "%33", "%34", "%35", "%36", "%37")
 STOF_WG_MMA(80, 40, "%40", "%41", "%42", "%43", "%44", "%45")
 STOF_WG_MMA(128, 64, "%64", "%65", "%66", "%67", "%68", "%69")
+STOF_WG_MMA(256, 128, "%128", "%129", "%130", "%131", "%132", "%133")
 
 }  // namespace wg
 }  // namespace stof

@@ -4,7 +4,8 @@
  * gemm_epilogue: every M in {1, 7, 64, 1000, 4096} (none a multiple of
  * every tile), N in {768, 2304, 3072}, K in {768, 1024, 3072, 4096}, both
  * weight layouts, fp16 and bf16, with the plain and one rotating epilogue
- * on three tile settings; then every epilogue the template declares (bias x
+ * on five tile settings rotating (on sm_90 the four of whole warpgroups run
+ * as the wgmma build with [N, K] weights); then every epilogue the template declares (bias x
  * {none, gelu, gelu_tanh, relu} x add = 16) in both layouts on two shapes,
  * and the residual added in place (residual == y). Inputs are fresh seeded
  * uniform values rounded to the dtype, outputs poisoned with NaN before
@@ -37,7 +38,7 @@
  * and 100 (VEC 4); bad ids give zero rows and an error naming the token.
  *
  * One line per case, the failures again at the end. Then gemm_epilogue is
- * timed at M = 4096, N = 3072, K = 768, fp16, three settings; gemm_ln at
+ * timed at M = 4096, N = 3072, K = 768, fp16, five settings; gemm_ln at
  * M = 4096, N = K = 768 against gemm_epilogue + mi_chain; gemm_chain at
  * M = 128, K = N = 768, F = 3072 against gemm_epilogue twice (medians of
  * 20, informational). Exit 77 with "SKIPPED: <reason>" when there is no GPU.
@@ -58,11 +59,13 @@
 
 /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES */
 static const int gemm_settings[][5] = {
-    {128, 128, 32, 8, 3}, {64, 64, 64, 4, 4}, {128, 256, 64, 8, 4}};
-#define N_GEMM_SETTINGS 3
+    {128, 128, 32, 8, 3}, {64, 64, 64, 4, 4}, {128, 256, 64, 8, 4}, {64, 128, 64, 8, 6},
+    {128, 128, 64, 8, 3}};
+#define N_GEMM_SETTINGS 5
 static const int time_settings[][5] = {
-    {128, 128, 32, 8, 4}, {128, 256, 32, 8, 3}, {128, 128, 64, 4, 3}};
-#define N_TIME_SETTINGS 3
+    {128, 128, 32, 8, 4}, {128, 256, 32, 8, 3}, {128, 128, 64, 4, 3}, {128, 256, 64, 8, 4},
+    {64, 64, 64, 4, 6}};
+#define N_TIME_SETTINGS 5
 
 /* A plan, or a failed case (recorded) and NULL. */
 static gemm_exec_plan *make_plan(gpu *g, const gemm_exec_problem *p, const int *values,
@@ -202,6 +205,7 @@ static void test_gemm_epilogues(gpu *g, util_rng *rng) {
                     run_gemm(g, &s, kn, epilogue_of(e), (e + kn) % N_GEMM_SETTINGS, 0);
             fusion_epilogue full = {1, FUSION_ACT_GELU, 1, FUSION_NORM_NONE};
             run_gemm(g, &s, 0, full, 0, 1);
+            run_gemm(g, &s, 0, full, 2, 1);
             run_gemm(g, &s, 1, full, 2, 1);
             free_set(g, &s);
             free_weights(g, &wt);

@@ -605,7 +605,7 @@ static void test_templates(void) {
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, small, 49152, STOF_OK, NULL);
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, H100_SMEM, STOF_OK, NULL);
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, 49152, STOF_ERR_UNSUPPORTED,
-                   "needs 196608 bytes of shared memory (limit 49152)");
+                   "needs 197632 bytes of shared memory (limit 49152)");
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, regs, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "256 registers a thread");
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, odd, H100_SMEM, STOF_ERR_INVALID,

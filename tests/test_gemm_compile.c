@@ -516,11 +516,15 @@ static void test_check(void) {
     stof_error err = {0};
     gemm_exec_problem g = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_NONE, 0);
     int big[FUSION_MAX_PARAMS] = {128, 256, 64, 8, 4};
-    /* 4 x (128 + 256) x 64 x 2 = 196608 bytes: an H100 but not an A100 */
-    CHECK_EQ_INT(gemm_exec_smem(&g, big), 196608);
+    /* 4 x (128 + 256) x 64 x 2 = 196608 bytes and the 1024 of the wgmma
+     * build's alignment: an H100 but not an A100 */
+    CHECK_EQ_INT(gemm_exec_smem(&g, big), 196608 + 1024);
     expect(gemm_exec_check(&g, big, SMEM_H100, &err), STOF_OK, &err, NULL);
     expect(gemm_exec_check(&g, big, SMEM_A100, &err), STOF_ERR_UNSUPPORTED, &err,
-           "196608 bytes of shared memory");
+           "197632 bytes of shared memory");
+    /* BLOCK_K 32: mma.sync only, no slack */
+    int narrow_k[FUSION_MAX_PARAMS] = {128, 256, 32, 8, 4};
+    CHECK_EQ_INT(gemm_exec_smem(&g, narrow_k), 4 * 384 * 32 * 2);
     /* the kernel's dynamic shared memory is the template's model exactly */
     fusion_dims d;
     gemm_exec_dims(&g, &d);
@@ -640,6 +644,40 @@ static int has_option(const gemm_exec_request *r, const char *opt) {
     return 0;
 }
 
+/* gemm_epilogue builds with wgmma on sm_90 exactly when the setting is whole
+ * warpgroups (BLOCK_K 64, 3 or more stages, 64-row pieces of one wgmma N)
+ * and the weight is [N, K]; the request then targets sm_90a. */
+static void test_request_wgmma(void) {
+    gemm_exec_problem g = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_GELU, 0);
+    /* 2 x 1 warpgroups of 64 x 256; one of 64 x 64; 1 x 2 of 64 x 64; 2 x 1 of 64 x 128 */
+    const int yes[][5] = {{128, 256, 64, 8, 4}, {64, 64, 64, 4, 6}, {64, 128, 64, 8, 3},
+                          {128, 128, 64, 8, 3}};
+    const int no[][5] = {{128, 256, 32, 8, 4},  /* BLOCK_K 32 */
+                         {64, 64, 64, 4, 2},    /* two stages */
+                         {128, 128, 64, 4, 3}}; /* one warpgroup, 128 rows */
+    for (int i = 0; i < 4; i++) {
+        CHECK_MSG(gemm_exec_wgmma(&g, yes[i], "sm_90"), "setting %d", i);
+        CHECK(!gemm_exec_wgmma(&g, yes[i], "sm_80"));
+        gemm_exec_request r;
+        gemm_exec_request_init(&r, &g, yes[i], "sm_90");
+        CHECK(strcmp(r.req.arch, "sm_90a") == 0 && has_option(&r, "-DWGMMA=1"));
+        gemm_exec_request_init(&r, &g, yes[i], "sm_80");
+        CHECK(strcmp(r.req.arch, "sm_80") == 0 && !has_option(&r, "-DWGMMA=1"));
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(!gemm_exec_wgmma(&g, no[i], "sm_90"), "setting %d", i);
+        gemm_exec_request r;
+        gemm_exec_request_init(&r, &g, no[i], "sm_90");
+        CHECK(strcmp(r.req.arch, "sm_90") == 0 && !has_option(&r, "-DWGMMA=1"));
+    }
+    /* GPT-2's [K, N] weight keeps mma.sync */
+    gemm_exec_problem kn = gemm_problem(STOF_F16, 1, 1, FUSION_ACT_GELU, 0);
+    CHECK(!gemm_exec_wgmma(&kn, yes[0], "sm_90"));
+    /* the other templates never */
+    gemm_exec_problem ln = {.tmpl = FUSION_T_GEMM_LN, .dtype = STOF_F16};
+    CHECK(!gemm_exec_wgmma(&ln, yes[0], "sm_90"));
+}
+
 static void test_request(void) {
     gemm_exec_problem g = gemm_problem(STOF_BF16, 1, 1, FUSION_ACT_GELU_TANH, 1);
     int vals[FUSION_MAX_PARAMS] = {64, 128, 32, 4, 2};
@@ -667,6 +705,7 @@ static void test_request(void) {
     CHECK(has_option(&r, "-DROW_N=1000") && has_option(&r, "-DNORM=2") &&
           has_option(&r, "-DSTORE_PRE_NORM=1") && has_option(&r, "-DROWS=2") &&
           has_option(&r, "-DTHREADS=64") && has_option(&r, "-DVEC=4"));
+    test_request_wgmma();
     CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_EMBEDDING), "stof_embedding") == 0);
     CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMM_LN), "stof_gemm_ln") == 0);
     CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMM_CHAIN), "stof_gemm_chain") == 0);

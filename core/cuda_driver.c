@@ -90,15 +90,30 @@ int cuda_check(const cuda_driver *drv, CUresult rc, const char *what, stof_error
 int cuda_launch(const cuda_driver *drv, CUfunction f, const unsigned *grid, const unsigned *block,
                 unsigned smem, CUstream s, void **params, int pdl, const char *what,
                 stof_error *err) {
-    if (!pdl)
+    return cuda_launch_cluster(drv, f, grid, block, smem, s, params, pdl, 1, what, err);
+}
+
+int cuda_launch_cluster(const cuda_driver *drv, CUfunction f, const unsigned *grid,
+                        const unsigned *block, unsigned smem, CUstream s, void **params, int pdl,
+                        unsigned cluster_x, const char *what, stof_error *err) {
+    if (!pdl && cluster_x <= 1)
         return cuda_check(drv,
                           drv->LaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
                                             block[2], smem, s, params, NULL),
                           what, err);
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchAttribute attr[2];
+    unsigned n_attrs = 0;
+    memset(attr, 0, sizeof attr);
+    if (pdl) {
+        attr[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr[n_attrs++].value.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attr[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr[n_attrs].value.clusterDim.x = cluster_x;
+        attr[n_attrs].value.clusterDim.y = 1;
+        attr[n_attrs++].value.clusterDim.z = 1;
+    }
     CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDimX = grid[0];
@@ -109,7 +124,7 @@ int cuda_launch(const cuda_driver *drv, CUfunction f, const unsigned *grid, cons
     cfg.blockDimZ = block[2];
     cfg.sharedMemBytes = smem;
     cfg.hStream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = n_attrs;
     return cuda_check(drv, drv->LaunchKernelEx(&cfg, f, params, NULL), what, err);
 }

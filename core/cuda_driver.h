@@ -85,6 +85,12 @@ int cuda_driver_get(const cuda_driver **out, stof_error *err);
 int cuda_launch(const cuda_driver *drv, CUfunction f, const unsigned *grid, const unsigned *block,
                 unsigned smem, CUstream s, void **params, int pdl, const char *what,
                 stof_error *err);
+/* The same in clusters of cluster_x consecutive blocks along x (sm_90+;
+ * grid[0] a multiple of it), so that they can read each other's shared
+ * memory; cluster_x = 1 is cuda_launch. */
+int cuda_launch_cluster(const cuda_driver *drv, CUfunction f, const unsigned *grid,
+                        const unsigned *block, unsigned smem, CUstream s, void **params, int pdl,
+                        unsigned cluster_x, const char *what, stof_error *err);
 
 /* Turns a CUresult into a stof status and message naming the call. */
 int cuda_check(const cuda_driver *drv, CUresult rc, const char *what, stof_error *err);

@@ -692,6 +692,9 @@ static int gx_builds(const graph *g, const exec_segment *s, const mha_device_lim
     if (mode == EXEC_BUILDS_PLANNED && (rc = gemm_exec_check(&p, values, lim->smem_per_block,
                                                              err)) != STOF_OK)
         return rc;
+    /* no kernel to build in either mode */
+    if ((rc = gemm_exec_check_arch(&p, values, lim->arch, err)) != STOF_OK)
+        return rc;
     out[0].attention = 0;
     gemm_exec_request_init(&out[0].r.gemm, &p, values, lim->arch);
     *n = 1;

@@ -265,6 +265,7 @@ void gemm_exec_default_values(const gemm_exec_problem *p, int *v) {
         v[2] = 32;
         v[3] = p->m <= 64 ? 4 : 8;
         v[4] = 3;
+        v[5] = 1;
         break;
     case FUSION_T_MI_CHAIN:
         /* ROWS, THREADS, VEC: a warp a row (4 rows a block) while a thread
@@ -316,6 +317,16 @@ static void add_opt(gemm_exec_request *r, const char *name, long long value) {
 int gemm_exec_wgmma(const gemm_exec_problem *p, const int *v, const char *arch) {
     return p->tmpl == FUSION_T_GEMM_EPILOGUE && !p->weight_kn && device_wgmma_arch(arch) &&
            stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]);
+}
+
+int gemm_exec_check_arch(const gemm_exec_problem *p, const int *v, const char *arch,
+                         stof_error *err) {
+    if (p->tmpl != FUSION_T_GEMM_EPILOGUE || v[5] <= 1 || gemm_exec_wgmma(p, v, arch))
+        return STOF_OK;
+    return err_set(err, STOF_ERR_UNSUPPORTED,
+                   "gemm_epilogue: SPLIT_K %d runs on the wgmma build, which needs sm_90 and "
+                   "[N, K] weights (this is %s%s)",
+                   v[5], arch, p->weight_kn ? " with [K, N] weights" : "");
 }
 
 void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, const int *values,
@@ -402,8 +413,8 @@ static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     const int *v = plan->values;
     plan->grid[1] = plan->grid[2] = plan->block[1] = plan->block[2] = 1;
     switch (p->tmpl) {
-    case FUSION_T_GEMM_EPILOGUE:
-        plan->grid[0] = (unsigned)ceil_div(p->m, v[0]); /* row tiles: x has room for 2^31 */
+    case FUSION_T_GEMM_EPILOGUE: /* a cluster of SPLIT_K blocks a tile */
+        plan->grid[0] = (unsigned)(ceil_div(p->m, v[0]) * v[5]); /* x has room for 2^31 */
         plan->grid[1] = (unsigned)ceil_div(p->n, v[1]);
         plan->block[0] = (unsigned)v[3] * 32;
         break;
@@ -443,7 +454,8 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
     else
         gemm_exec_default_values(p, plan->values);
     snprintf(plan->arch, sizeof plan->arch, "%s", c->arch);
-    if ((rc = gemm_exec_check(p, plan->values, c->info.smem_per_block_optin, err)) ||
+    if ((rc = gemm_exec_check_arch(p, plan->values, c->arch, err)) ||
+        (rc = gemm_exec_check(p, plan->values, c->info.smem_per_block_optin, err)) ||
         (rc = cuda_check(c->drv, c->drv->CtxSetCurrent(c->cu), "cuCtxSetCurrent", err))) {
         free(plan);
         return rc;
@@ -733,8 +745,12 @@ static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUst
     void *params[] = {args};
     char what[64];
     snprintf(what, sizeof what, "cuLaunchKernel(%s)", tmpl_name(plan->problem.tmpl));
-    return cuda_launch(c->drv, plan->func, plan->grid, plan->block, (unsigned)plan->smem, s,
-                       params, c->pdl, what, err);
+    return cuda_launch_cluster(c->drv, plan->func, plan->grid, plan->block,
+                               (unsigned)plan->smem, s, params, c->pdl,
+                               plan->problem.tmpl == FUSION_T_GEMM_EPILOGUE
+                                   ? (unsigned)plan->values[5]
+                                   : 1,
+                               what, err);
 }
 
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,

@@ -97,6 +97,11 @@ void gemm_exec_default_values(const gemm_exec_problem *p, int *values);
  * fewer than 3 stages keep mma.sync). */
 int gemm_exec_wgmma(const gemm_exec_problem *p, const int *values, const char *arch);
 
+/* What gemm_exec_check cannot see: a split of K (SPLIT_K > 1) runs on the
+ * wgmma build only; STOF_ERR_UNSUPPORTED elsewhere. */
+int gemm_exec_check_arch(const gemm_exec_problem *p, const int *values, const char *arch,
+                         stof_error *err);
+
 /* The NVRTC request compiling a setting: the template's parameters as
  * -DNAME=value, then STOF_DTYPE and the flags (and -DWGMMA=1 for sm_90a where
  * gemm_exec_wgmma says so). It points into itself: keep

@@ -390,8 +390,10 @@ static int key_listed(const char *const *keys, const char *k) {
 /* `it` (at where.key) is an object holding exactly the listed keys, once
  * each: a missing key, an unknown one (a typo in a hand edit) or a duplicate
  * is an error. */
-static int rd_shape_of(rd *r, const cJSON *it, const char *where, const char *key,
-                       const char *const *keys) {
+/* An object with exactly the keys `keys` (NULL-terminated), the first
+ * n_required of them required, the others optional (n_required < 0: all). */
+static int rd_shape_opt(rd *r, const cJSON *it, const char *where, const char *key,
+                        const char *const *keys, int n_required) {
     char path[256];
     path_join(path, sizeof path, where, key);
     if (!cJSON_IsObject(it))
@@ -403,10 +405,15 @@ static int rd_shape_of(rd *r, const cJSON *it, const char *where, const char *ke
             if (d->string && strcmp(d->string, c->string) == 0)
                 return rd_fail(r, path, c->string, "the key appears twice");
     }
-    for (int i = 0; keys[i]; i++)
+    for (int i = 0; keys[i] && (n_required < 0 || i < n_required); i++)
         if (!cJSON_GetObjectItemCaseSensitive(it, keys[i]))
             return rd_fail(r, path, keys[i], "missing");
     return STOF_OK;
+}
+
+static int rd_shape_of(rd *r, const cJSON *it, const char *where, const char *key,
+                       const char *const *keys) {
+    return rd_shape_opt(r, it, where, key, keys, -1);
 }
 
 static const cJSON *get(const cJSON *obj, const char *key) {
@@ -708,9 +715,14 @@ static int rd_kernel(rd *r, const cJSON *o, const char *where, const char *key, 
     char path[256];
     path_join(path, sizeof path, where, "params");
     const cJSON *params = get(o, "params");
-    rc = rd_shape_of(r, params, where, "params", keys);
+    rc = rd_shape_opt(r, params, where, "params", keys,
+                      t->plan_optional_from > 0 ? t->plan_optional_from : -1);
     for (int i = 0; !rc && i < t->n_params; i++) {
         const fusion_param *fp = &t->params[i];
+        if (t->plan_optional_from > 0 && i >= t->plan_optional_from && !get(params, fp->name)) {
+            k->values[i] = fp->values[0];
+            continue;
+        }
         rc = rd_int32(r, params, path, fp->name, INT32_MIN, INT32_MAX, &k->values[i]);
         int found = 0;
         for (int v = 0; !rc && v < fp->n_values; v++)

@@ -48,9 +48,27 @@ static int check_divides(const char *name, int v, int64_t n, stof_error *err) {
     return STOF_OK;
 }
 
-/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES. A setting of whole warpgroups
- * may run as the wgmma build, whose tiles start on a 1024-byte boundary
- * (gemm_abi.cuh): it counts the slack for that on every architecture. */
+/* A split of K over a cluster of SPLIT_K blocks (gemm_epilogue.cu): the
+ * wgmma build's, each block of the cluster finishing an equal share of the
+ * warpgroup's 8-column tiles, its fp32 partials parked in the operand ring. */
+static int gemm_split_check(const fusion_dims *d, const int *v, stof_error *err) {
+    if (v[5] == 1)
+        return STOF_OK;
+    const int cols = stof_gemm_wgmma_cols(v[0], v[1], v[3]);
+    if (!stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) || (cols / 8) % v[5] ||
+        (int64_t)v[0] * v[1] * 4 > (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "SPLIT_K %d: a split of K runs on the wgmma build (BLOCK_K 64, 3 or more "
+                       "stages, whole warpgroups) whose warpgroup's column tiles it divides, "
+                       "not %dx%dx%d on %d warps",
+                       v[5], v[0], v[1], v[2], v[3]);
+    return STOF_OK;
+}
+
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K. A setting of whole
+ * warpgroups may run as the wgmma build, whose tiles start on a 1024-byte
+ * boundary (gemm_abi.cuh): it counts the slack for that on every
+ * architecture. */
 static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes +
                    (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
@@ -58,7 +76,9 @@ static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, st
     char what[96];
     snprintf(what, sizeof what, "%dx%dx%d tiles in %d stages", v[0], v[1], v[2], v[4]);
     int rc = check_smem(what, smem, limit, err);
-    return rc ? rc : check_acc_regs(what, v[0], v[1], v[3], err);
+    if (!rc)
+        rc = check_acc_regs(what, v[0], v[1], v[3], err);
+    return rc ? rc : gemm_split_check(d, v, err);
 }
 
 /* ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. A block owns ROWS whole output rows
@@ -132,9 +152,10 @@ static int embedding_check(const fusion_dims *d, const int *v, int limit, stof_e
 static const fusion_template template_table[FUSION_T_COUNT] = {
     [FUSION_T_GEMM_EPILOGUE] = {FUSION_T_GEMM_EPILOGUE, "gemm_epilogue", "gemm_epilogue.cu", 0,
         1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
-        5, {PARAM("BLOCK_M", 64, 128), PARAM("BLOCK_N", 64, 128, 256), PARAM("BLOCK_K", 32, 64),
-            PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3, 4, 6)},
-        gemm_epilogue_check},
+        6, {PARAM("BLOCK_M", 64, 128), PARAM("BLOCK_N", 32, 64, 128, 256),
+            PARAM("BLOCK_K", 32, 64), PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3, 4, 6),
+            PARAM("SPLIT_K", 1, 2, 4)},
+        gemm_epilogue_check, 5},
     [FUSION_T_CUBLASLT] = {FUSION_T_CUBLASLT, "cublaslt", "cublaslt", 0,
         2, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(TOK(RELU) | FUSION_TOK_GELU_TANH)),
             PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), ONE(TOK(ADD)))},

@@ -104,6 +104,9 @@ typedef struct fusion_template {
      * parameter, in order) cannot run with smem_limit bytes of shared memory
      * per block. */
     int (*check)(const fusion_dims *d, const int *values, int smem_limit, stof_error *err);
+    /* Parameters from this index on came after plans were first written: a
+     * plan without one means its first value (0: every parameter required). */
+    int plan_optional_from;
 } fusion_template;
 
 const fusion_template *fusion_template_get(fusion_template_id id);

@@ -64,6 +64,9 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+#ifndef SPLIT_K
+#define SPLIT_K 1
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -120,34 +123,37 @@ __device__ __forceinline__ void mma_slice(float (&acc)[kMT][kNT][4], const elem_
 }
 #endif
 
-// The blocks of the first row tile ask L2 for their column tile of w, all of
-// K, before waiting for the previous kernel: together the whole weight,
-// once, while that kernel finishes.
-__device__ __forceinline__ void prefetch_weight(const stof_gemm_args &a, int m0, int n0) {
-    if (m0 != 0)
+// The blocks of the first row tile ask L2 for their column tile of w, over
+// their range [k0, k1) of K, before waiting for the previous kernel:
+// together the whole weight, once, while that kernel finishes.
+__device__ __forceinline__ void prefetch_weight(const stof_gemm_args &a, int m0, int n0, int k0,
+                                                int k1) {
+    if (m0 != 0 || k0 >= k1)
         return;
     const int cols = a.n - n0 < BLOCK_N ? a.n - n0 : BLOCK_N;
     const long long stride = a.w_row_stride * (long long)sizeof(elem_t);
 #if WEIGHT_KN
-    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + n0, stride, a.k,
-                      cols * (int)sizeof(elem_t));
+    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + (long long)k0 * a.w_row_stride + n0,
+                      stride, k1 - k0, cols * (int)sizeof(elem_t));
 #else
-    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + (long long)n0 * a.w_row_stride, stride,
-                      cols, a.k * (int)sizeof(elem_t));
+    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + (long long)n0 * a.w_row_stride + k0,
+                      stride, cols, (k1 - k0) * (int)sizeof(elem_t));
 #endif
 }
 
 // + bias, activation, + residual on the fragments, rounded and stored as
 // pairs (c0 c1 at row g, c2 c3 at row g + 8; columns 2t, 2t + 1).
+// Only the column tiles nt_begin <= nt < nt_end (all by default).
 template <int MT, int NT>
 __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&acc)[MT][NT][4],
-                                         int row0, int col0, int lane) {
+                                         int row0, int col0, int lane, int nt_begin = 0,
+                                         int nt_end = NT) {
     elem_t *y = static_cast<elem_t *>(a.y);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int col = col0 + nt * 8 + 2 * t;
-        if (col >= a.n)
+        if (col >= a.n || nt < nt_begin || nt >= nt_end)
             continue;
         float2 b = make_float2(0.0f, 0.0f);
 #if HAS_BIAS
@@ -220,6 +226,77 @@ __device__ __forceinline__ void issue_slice(float (&d)[kWgCols / 2], const elem_
     stof::wg::commit();
 }
 
+#if SPLIT_K > 1
+// ---- split K over a cluster ----------------------------------------------------------
+//
+// With SPLIT_K > 1 the host launches clusters of SPLIT_K consecutive blocks
+// along x that share one output tile, block r of a cluster (its rank) taking
+// the r-th share of the K slices. Few output tiles (small M) then still
+// spread the weight's stream over SPLIT_K times as many SMs, and the partial
+// sums meet in distributed shared memory instead of a second kernel: every
+// block parks its fp32 accumulators in its own (drained) operand ring, the
+// cluster synchronizes, and block r sums every block's partials of the r-th
+// share of the warpgroup's column tiles and runs the epilogue on them. A
+// last cluster barrier keeps every ring alive until its readers are done.
+static_assert((kWgCols / 8) % SPLIT_K == 0, "SPLIT_K divides a warpgroup's column tiles");
+static_assert(BLOCK_M * BLOCK_N * 4 <= STAGES * (kATile + kBTile) * (int)sizeof(elem_t),
+              "the partial sums fit the operand ring");
+
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every block of the cluster; orders shared-memory writes
+// before the barrier with reads after it, across the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// 4 floats at the same shared-memory offset in block `rank` of the cluster.
+__device__ __forceinline__ float4 ld_cluster4(const float4 *local, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"(smem_addr(local)), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote)
+                 : "memory");
+    return v;
+}
+
+// Parks d in part (float4 j of thread t at part[j * kThreads + t], so a
+// warp's stores are contiguous), then sums the cluster's partials of this
+// block's share of the column tiles into d. Returns that share's first tile.
+__device__ __forceinline__ int reduce_cluster(float (&d)[kWgCols / 2], float4 *part,
+                                              unsigned rank) {
+    constexpr int kTiles = kWgCols / 8, kShare = kTiles / SPLIT_K;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+        part[j * kThreads + threadIdx.x] =
+            make_float4(d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+    cluster_sync();
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+        if (j / kShare != (int)rank)
+            continue;
+#pragma unroll
+        for (int q = 1; q < SPLIT_K; ++q) {
+            const float4 v = ld_cluster4(part + j * kThreads + threadIdx.x, (rank + q) % SPLIT_K);
+            d[4 * j] += v.x;
+            d[4 * j + 1] += v.y;
+            d[4 * j + 2] += v.z;
+            d[4 * j + 3] += v.w;
+        }
+    }
+    return (int)rank * kShare;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_epilogue(const stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh
@@ -232,9 +309,18 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     // Column tiles vary fastest over the launch order, so a wave of blocks
     // shares a few row tiles of x and the weight stays in L2.
     const int n_tiles = (a.n + BLOCK_N - 1) / BLOCK_N;
-    const int tile = blockIdx.x + blockIdx.y * gridDim.x;
+    const int tile = blockIdx.x / SPLIT_K + blockIdx.y * (gridDim.x / SPLIT_K);
     const int m0 = (tile / n_tiles) * BLOCK_M, n0 = (tile % n_tiles) * BLOCK_N;
-    prefetch_weight(a, m0, n0);
+    // This block's slices [s0, s1) of K (all of them without a split).
+    const int total = (a.k + BLOCK_K - 1) / BLOCK_K;
+#if SPLIT_K > 1
+    const unsigned rank = cluster_rank();
+    const int per = (total + SPLIT_K - 1) / SPLIT_K;
+    const int s0 = min(total, (int)rank * per), s1 = min(total, s0 + per);
+#else
+    const int s0 = 0, s1 = total;
+#endif
+    prefetch_weight(a, m0, n0, s0 * BLOCK_K, min(a.k, s1 * BLOCK_K));
     stof::grid_dependency_wait();  // before any read
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
@@ -244,11 +330,11 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kWgCols / 2; ++i)
         d[i] = 0.0f;
 
-    const int slices = (a.k + BLOCK_K - 1) / BLOCK_K;
+    const int slices = s1 - s0;
 #pragma unroll
     for (int s = 0; s < STAGES - 2; ++s) {
         if (s < slices)
-            load_slice(a, sa + s * kATile, sb + s * kBTile, m0, n0, s);
+            load_slice(a, sa + s * kATile, sb + s * kBTile, m0, n0, s0 + s);
         cp_async_commit();
     }
     for (int kt = 0; kt < slices; ++kt) {
@@ -258,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         const int next = kt + STAGES - 2;
         if (next < slices) {
             const int st = next % STAGES;
-            load_slice(a, sa + st * kATile, sb + st * kBTile, m0, n0, next);
+            load_slice(a, sa + st * kATile, sb + st * kBTile, m0, n0, s0 + next);
         }
         cp_async_commit();
         const int st = kt % STAGES;
@@ -269,10 +355,19 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     stof::wg::wg_mma<kWgCols>::keep(d);
     cp_async_wait<0>();
 
-    epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d),
-             m0 + wg_m * 64 + (warp & 3) * 16, n0 + wg_n * kWgCols, lane);
+    const int row0 = m0 + wg_m * 64 + (warp & 3) * 16, col0 = n0 + wg_n * kWgCols;
+#if SPLIT_K > 1
+    __syncthreads();  // every warpgroup's products are done with the ring
+    const int nt0 = reduce_cluster(d, reinterpret_cast<float4 *>(sa), rank);
+    epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d), row0, col0, lane, nt0,
+             nt0 + kWgCols / 8 / SPLIT_K);
+    cluster_sync();  // the other blocks may still read this one's partials
+#else
+    epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d), row0, col0, lane);
+#endif
 }
 #else
+static_assert(SPLIT_K == 1, "a split of K over a cluster is the wgmma build's");
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_epilogue(const stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh
@@ -284,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int m0 = blockIdx.x * BLOCK_M, n0 = blockIdx.y * BLOCK_N;
-    prefetch_weight(a, m0, n0);
+    prefetch_weight(a, m0, n0, 0, a.k);
     stof::grid_dependency_wait();  // before any read
     const int wm0 = (warp / kWarpsN) * kWarpM, wn0 = (warp % kWarpsN) * kWarpN;
 

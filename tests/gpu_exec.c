@@ -222,7 +222,7 @@ typedef struct gpu {
 } gpu;
 
 static int apply_choice(exec_plan *p, choice ch, stof_error *err) {
-    static const int tiles[] = {64, 64, 64, 4, 4}, algo3[] = {3};
+    static const int tiles[] = {64, 64, 64, 4, 4, 1}, algo3[] = {3};
     for (int s = 0; s < p->n_segs; s++) {
         const exec_segment *sg = &p->segs[s];
         int rc = STOF_OK;

@@ -58,13 +58,18 @@
 #include "gpu_gemm_common.h"
 
 /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES */
-static const int gemm_settings[][5] = {
-    {128, 128, 32, 8, 3}, {64, 64, 64, 4, 4}, {128, 256, 64, 8, 4}, {64, 128, 64, 8, 6},
-    {128, 128, 64, 8, 3}};
-#define N_GEMM_SETTINGS 5
-static const int time_settings[][5] = {
-    {128, 128, 32, 8, 4}, {128, 256, 32, 8, 3}, {128, 128, 64, 4, 3}, {128, 256, 64, 8, 4},
-    {64, 64, 64, 4, 6}};
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K. On sm_90 (with [N, K]
+ * weights) all but the first are the wgmma build; the last two split K over
+ * clusters of 4 and 2 blocks. Elsewhere those two cannot run and are skipped
+ * (the plan says so). */
+static const int gemm_settings[][6] = {
+    {128, 128, 32, 8, 3, 1}, {64, 64, 64, 4, 4, 1}, {128, 256, 64, 8, 4, 1},
+    {64, 128, 64, 8, 6, 1},  {128, 128, 64, 8, 3, 1}, {64, 32, 64, 4, 6, 4},
+    {128, 64, 64, 8, 4, 2}};
+#define N_GEMM_SETTINGS 7
+static const int time_settings[][6] = {
+    {128, 128, 32, 8, 4, 1}, {128, 256, 32, 8, 3, 1}, {128, 128, 64, 4, 3, 1},
+    {128, 256, 64, 8, 4, 1}, {64, 64, 64, 4, 6, 1}};
 #define N_TIME_SETTINGS 5
 
 /* A plan, or a failed case (recorded) and NULL. */
@@ -93,15 +98,20 @@ static void run_gemm(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
     const gweights *wt = s->wt;
     const int N = wt->N;
     char label[160];
-    snprintf(label, sizeof label, "gemm %s M=%d N=%d K=%d %s %s%s%s %dx%dx%d w%d s%d",
-             stof_dtype_name(wt->dt), s->M, N, wt->K, weight_kn ? "W[K,N]" : "W[N,K]",
-             epi.has_bias ? "bias" : "-", act_label(epi.act),
-             epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "",
-             gemm_settings[setting][0], gemm_settings[setting][1], gemm_settings[setting][2],
-             gemm_settings[setting][3], gemm_settings[setting][4]);
+    const int *set = gemm_settings[setting];
     gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = wt->dt, .m = s->M, .n = N,
                            .k = wt->K, .epi = epi, .weight_kn = weight_kn};
-    gemm_exec_plan *plan = make_plan(g, &p, gemm_settings[setting], label);
+    const int wgmma = gemm_exec_wgmma(&p, set, g->ctx->arch);
+    snprintf(label, sizeof label, "gemm %s M=%d N=%d K=%d %s %s%s%s %dx%dx%d w%d s%d sk%d%s",
+             stof_dtype_name(wt->dt), s->M, N, wt->K, weight_kn ? "W[K,N]" : "W[N,K]",
+             epi.has_bias ? "bias" : "-", act_label(epi.act),
+             epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "", set[0], set[1],
+             set[2], set[3], set[4], set[5], wgmma ? " wgmma" : "");
+    if (set[5] > 1 && !wgmma) {
+        printf("%-72s skipped: a split of K needs the wgmma build (sm_90, W[N,K])\n", label);
+        return;
+    }
+    gemm_exec_plan *plan = make_plan(g, &p, set, label);
     if (!plan)
         return;
     size_t mn = (size_t)s->M * N;
@@ -1150,8 +1160,9 @@ static void *warm_worker(void *arg) {
 
 static void warm_add(warm_item *items, int cap, int *n, const gemm_exec_problem *p,
                      const int *values, const char *arch) {
-    if (*n >= cap)
-        return;
+    if (*n >= cap || (p->tmpl == FUSION_T_GEMM_EPILOGUE && values && values[5] > 1 &&
+                      !gemm_exec_wgmma(p, values, arch)))
+        return; /* a split of K that cannot run here (run_gemm skips it) */
     warm_item *it = &items[*n];
     it->p = *p;
     if (values)

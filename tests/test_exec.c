@@ -715,12 +715,12 @@ static void test_choices(void) {
             set += p->segs[s].tmpl == FUSION_T_ATTENTION_BLOCK && !p->segs[s].auto_attention &&
                    p->segs[s].has_values && p->segs[s].values[0] == 64;
     CHECK_EQ_INT(set, 4); /* every layer of the class */
-    int gemm[] = {64, 128, 32, 4, 3};
+    int gemm[] = {64, 128, 32, 4, 3, 1};
     CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, gemm, &err), STOF_OK);
     CHECK(p->segs[qkv].has_values && p->segs[qkv].values[1] == 128);
     CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, NULL, &err), STOF_OK);
     CHECK(!p->segs[qkv].has_values);
-    int off[] = {64, 100, 32, 4, 3};
+    int off[] = {64, 100, 32, 4, 3, 1};
     CHECK_EQ_INT(exec_plan_set_choice(p, qkv, FUSION_T_GEMM_EPILOGUE, off, &err),
                  STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "BLOCK_N = 100 is not in its space");

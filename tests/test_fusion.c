@@ -600,8 +600,9 @@ static void test_templates(void) {
     /* bert-base sizes, fp16, 512 tokens */
     fusion_dims d = {.m = 512, .n = 768, .k = 768, .n2 = 768, .elem_bytes = 2, .row_reduce = 1,
                      .batch = 1, .heads = 12, .head_dim = 64, .q_len = 512, .k_len = 512};
-    int small[] = {64, 64, 32, 4, 2}, big[] = {128, 256, 64, 8, 4}, regs[] = {128, 256, 32, 4, 2};
-    int odd[] = {96, 64, 32, 4, 2};
+    int small[] = {64, 64, 32, 4, 2, 1}, big[] = {128, 256, 64, 8, 4, 1},
+        regs[] = {128, 256, 32, 4, 2, 1};
+    int odd[] = {96, 64, 32, 4, 2, 1};
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, small, 49152, STOF_OK, NULL);
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, H100_SMEM, STOF_OK, NULL);
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, 49152, STOF_ERR_UNSUPPORTED,
@@ -658,7 +659,7 @@ static void test_templates(void) {
     /* Settings decode in order, the last parameter fastest. */
     int v[FUSION_MAX_PARAMS];
     fusion_template_setting(fusion_template_get(FUSION_T_GEMM_EPILOGUE), 1, v);
-    CHECK(v[0] == 64 && v[1] == 64 && v[2] == 32 && v[3] == 4 && v[4] == 3);
+    CHECK(v[0] == 64 && v[1] == 32 && v[2] == 32 && v[3] == 4 && v[4] == 2 && v[5] == 2);
 }
 
 int main(void) {

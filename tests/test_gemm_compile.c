@@ -27,9 +27,10 @@ static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
 
 /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: the default, a small deep one,
  * the largest (192 KiB of shared memory, 128 accumulators a thread). */
-static const int gemm_settings[][5] = {
-    {128, 128, 32, 8, 3}, {64, 64, 64, 4, 4}, {128, 256, 64, 8, 4}};
-#define N_GEMM_SETTINGS 3
+static const int gemm_settings[][6] = {
+    {128, 128, 32, 8, 3, 1}, {64, 64, 64, 4, 4, 1}, {128, 256, 64, 8, 4, 1},
+    {64, 32, 64, 4, 6, 4}, {128, 64, 64, 8, 4, 2}};
+#define N_GEMM_SETTINGS 5
 
 /* ---- compiling ----------------------------------------------------------------------- */
 
@@ -136,8 +137,9 @@ static void add(variant *v, int cap, int *n, const gemm_exec_problem *p, const i
 }
 
 /* gemm_epilogue: sm_90 every epilogue (bias x 4 activations x residual) in
- * both layouts, both dtypes, at every tile setting; sm_80 the same at the
- * first setting, the others with the plain and the full epilogue. */
+ * both layouts, both dtypes, at every tile setting (a split of K: [N, K]
+ * only); sm_80 the same at the first setting, the others with the plain and
+ * the full epilogue (no split of K). */
 static void list_gemm(variant *v, int cap, int *n) {
     for (int a = 0; a < 2; a++)
         for (int d = 0; d < 2; d++)
@@ -154,6 +156,9 @@ static void list_gemm(variant *v, int cap, int *n) {
                                 memcpy(vals, gemm_settings[s], sizeof gemm_settings[s]);
                                 gemm_exec_problem p =
                                     gemm_problem(dtypes[d], kn, bias, (fusion_act)act, res);
+                                /* a split of K builds only as the wgmma kernel */
+                                if (vals[5] > 1 && !gemm_exec_wgmma(&p, vals, archs[a]))
+                                    continue;
                                 add(v, cap, n, &p, vals, archs[a]);
                             }
 }
@@ -515,7 +520,7 @@ static void test_check_fused(void) {
 static void test_check(void) {
     stof_error err = {0};
     gemm_exec_problem g = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_NONE, 0);
-    int big[FUSION_MAX_PARAMS] = {128, 256, 64, 8, 4};
+    int big[FUSION_MAX_PARAMS] = {128, 256, 64, 8, 4, 1};
     /* 4 x (128 + 256) x 64 x 2 = 196608 bytes and the 1024 of the wgmma
      * build's alignment: an H100 but not an A100 */
     CHECK_EQ_INT(gemm_exec_smem(&g, big), 196608 + 1024);
@@ -523,7 +528,7 @@ static void test_check(void) {
     expect(gemm_exec_check(&g, big, SMEM_A100, &err), STOF_ERR_UNSUPPORTED, &err,
            "197632 bytes of shared memory");
     /* BLOCK_K 32: mma.sync only, no slack */
-    int narrow_k[FUSION_MAX_PARAMS] = {128, 256, 32, 8, 4};
+    int narrow_k[FUSION_MAX_PARAMS] = {128, 256, 32, 8, 4, 1};
     CHECK_EQ_INT(gemm_exec_smem(&g, narrow_k), 4 * 384 * 32 * 2);
     /* the kernel's dynamic shared memory is the template's model exactly */
     fusion_dims d;
@@ -538,20 +543,32 @@ static void test_check(void) {
         if (rc == STOF_OK) {
             ok_settings++;
             CHECK_EQ_INT(gemm_exec_check(&g, vals, (int)smem - 1, &err), STOF_ERR_UNSUPPORTED);
-        } else {
+        } else if (!strstr(err.msg, "a split of K")) {
             CHECK_CONTAINS(err.msg, "accumulators");
         }
     }
     CHECK(ok_settings > 40);
     /* 128 x 256 accumulators on 4 warps: 256 registers a thread */
-    int regs[FUSION_MAX_PARAMS] = {128, 256, 32, 4, 2};
+    int regs[FUSION_MAX_PARAMS] = {128, 256, 32, 4, 2, 1};
     expect(gemm_exec_check(&g, regs, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
            "registers a thread");
     int off[FUSION_MAX_PARAMS] = {32, 64, 32, 4, 2};
     expect(gemm_exec_check(&g, off, SMEM_H100, &err), STOF_ERR_INVALID, &err,
            "BLOCK_M = 32 is not in its space");
-    int stages[FUSION_MAX_PARAMS] = {64, 64, 32, 4, 5};
+    int stages[FUSION_MAX_PARAMS] = {64, 64, 32, 4, 5, 1};
     expect(gemm_exec_check(&g, stages, SMEM_H100, &err), STOF_ERR_INVALID, &err, "STAGES = 5");
+    /* a split of K: the wgmma build's, dividing a warpgroup's 8-column tiles */
+    int split4[FUSION_MAX_PARAMS] = {64, 32, 64, 4, 6, 4};
+    expect(gemm_exec_check(&g, split4, SMEM_H100, &err), STOF_OK, &err, NULL);
+    int split_mma[FUSION_MAX_PARAMS] = {128, 256, 32, 8, 4, 2};
+    expect(gemm_exec_check(&g, split_mma, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "a split of K runs on the wgmma build");
+    int split_two_stages[FUSION_MAX_PARAMS] = {64, 64, 64, 4, 2, 2};
+    expect(gemm_exec_check(&g, split_two_stages, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "a split of K");
+    int split3[FUSION_MAX_PARAMS] = {64, 64, 64, 4, 3, 3};
+    expect(gemm_exec_check(&g, split3, SMEM_H100, &err), STOF_ERR_INVALID, &err,
+           "SPLIT_K = 3 is not in its space");
 
     test_check_fused();
 
@@ -650,11 +667,11 @@ static int has_option(const gemm_exec_request *r, const char *opt) {
 static void test_request_wgmma(void) {
     gemm_exec_problem g = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_GELU, 0);
     /* 2 x 1 warpgroups of 64 x 256; one of 64 x 64; 1 x 2 of 64 x 64; 2 x 1 of 64 x 128 */
-    const int yes[][5] = {{128, 256, 64, 8, 4}, {64, 64, 64, 4, 6}, {64, 128, 64, 8, 3},
-                          {128, 128, 64, 8, 3}};
-    const int no[][5] = {{128, 256, 32, 8, 4},  /* BLOCK_K 32 */
-                         {64, 64, 64, 4, 2},    /* two stages */
-                         {128, 128, 64, 4, 3}}; /* one warpgroup, 128 rows */
+    const int yes[][6] = {{128, 256, 64, 8, 4, 1}, {64, 64, 64, 4, 6, 1},
+                          {64, 128, 64, 8, 3, 1}, {128, 128, 64, 8, 3, 2}};
+    const int no[][6] = {{128, 256, 32, 8, 4, 1},  /* BLOCK_K 32 */
+                         {64, 64, 64, 4, 2, 1},    /* two stages */
+                         {128, 128, 64, 4, 3, 1}}; /* one warpgroup, 128 rows */
     for (int i = 0; i < 4; i++) {
         CHECK_MSG(gemm_exec_wgmma(&g, yes[i], "sm_90"), "setting %d", i);
         CHECK(!gemm_exec_wgmma(&g, yes[i], "sm_80"));
@@ -680,7 +697,7 @@ static void test_request_wgmma(void) {
 
 static void test_request(void) {
     gemm_exec_problem g = gemm_problem(STOF_BF16, 1, 1, FUSION_ACT_GELU_TANH, 1);
-    int vals[FUSION_MAX_PARAMS] = {64, 128, 32, 4, 2};
+    int vals[FUSION_MAX_PARAMS] = {64, 128, 32, 4, 2, 1};
     gemm_exec_request r;
     gemm_exec_request_init(&r, &g, vals, "sm_90");
     CHECK(strcmp(r.req.source, "gemm_epilogue.cu") == 0);

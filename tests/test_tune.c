@@ -581,19 +581,19 @@ static void test_builds(void) {
     stof_error err = {0};
     CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
     int op = find_op(&m.g, OP_GEMM, 0);
-    /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: a default-like one, and one
-     * far past the accumulator registers of a thread */
-    static const int fits[5] = {64, 128, 32, 4, 3}, too_big[5] = {128, 256, 64, 4, 4};
+    /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K: a default-like one,
+     * and one far past the accumulator registers of a thread */
+    static const int fits[6] = {64, 128, 32, 4, 3, 1}, too_big[6] = {128, 256, 64, 4, 4, 1};
     exec_segment s;
     exec_build b[EXEC_MAX_BUILDS], all[EXEC_MAX_BUILDS];
     int n = 0, n_all = 0;
-    lone_segment(&m.g, op, FUSION_T_GEMM_EPILOGUE, fits, 5, &s);
+    lone_segment(&m.g, op, FUSION_T_GEMM_EPILOGUE, fits, 6, &s);
     CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err), STOF_OK);
     CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_ALL, all, &n_all, &err), STOF_OK);
     CHECK(n == 1 && n_all == 1 && !b[0].attention);
     if (n == 1 && n_all == 1)
         CHECK(nvrtc_key(exec_build_request(&b[0])) == nvrtc_key(exec_build_request(&all[0])));
-    lone_segment(&m.g, op, FUSION_T_GEMM_EPILOGUE, too_big, 5, &s);
+    lone_segment(&m.g, op, FUSION_T_GEMM_EPILOGUE, too_big, 6, &s);
     CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err),
                  STOF_ERR_UNSUPPORTED);
     CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_ALL, b, &n, &err), STOF_OK);

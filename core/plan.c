@@ -387,11 +387,10 @@ static int key_listed(const char *const *keys, const char *k) {
     return 0;
 }
 
-/* `it` (at where.key) is an object holding exactly the listed keys, once
- * each: a missing key, an unknown one (a typo in a hand edit) or a duplicate
- * is an error. */
-/* An object with exactly the keys `keys` (NULL-terminated), the first
- * n_required of them required, the others optional (n_required < 0: all). */
+/* `it` (at where.key) is an object holding the listed keys (NULL-terminated),
+ * once each: a missing key among the first n_required (n_required < 0: all
+ * of them), an unknown one (a typo in a hand edit) or a duplicate is an
+ * error. */
 static int rd_shape_opt(rd *r, const cJSON *it, const char *where, const char *key,
                         const char *const *keys, int n_required) {
     char path[256];

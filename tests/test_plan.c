@@ -377,6 +377,49 @@ static const plan_segment *tunable_segment(const plan *p, char *pathbuf, size_t 
     return NULL;
 }
 
+/* SPLIT_K came after the first plans: a gemm_epilogue kernel without it
+ * reads as SPLIT_K 1; with it, only values of its space are accepted. */
+static void test_optional_param(const fixture *f) {
+    plan p;
+    if (make_plan(f, &h100, NULL, &p))
+        return;
+    char *valid = plan_text(&p);
+    int k = -1;
+    for (int i = 0; i < p.sequences[1].n_segments && k < 0; i++)
+        if (p.sequences[1].segments[i].kernel.tmpl == FUSION_T_GEMM_EPILOGUE)
+            k = i;
+    plan_free(&p);
+    CHECK_MSG(valid && k >= 0, "no gemm_epilogue segment in the plan");
+    if (!valid || k < 0) {
+        free(valid);
+        return;
+    }
+    char path[96];
+    snprintf(path, sizeof path, "sequences/1/segments/%d/params", k);
+    cJSON *root = cJSON_Parse(valid);
+    cJSON *params = at_path(root, path);
+    CHECK(params && cJSON_GetObjectItemCaseSensitive(params, "SPLIT_K"));
+    cJSON_DeleteItemFromObjectCaseSensitive(params, "SPLIT_K");
+    char *text = cJSON_Print(root);
+    stof_error err = {0};
+    int rc = plan_from_json(text, strlen(text), "old.json", &p, &err);
+    CHECK_MSG(rc == STOF_OK, "a plan without SPLIT_K: %s", err.msg);
+    if (rc == STOF_OK) {
+        const plan_kernel *kn = &p.sequences[1].segments[k].kernel;
+        CHECK(kn->n_values == 6 && kn->values[5] == 1);
+        plan_free(&p);
+    }
+    free(text);
+    cJSON_Delete(root);
+    snprintf(path, sizeof path, "sequences/1/segments/%d/params/SPLIT_K", k);
+    expect_edit(valid, EDIT_SET, path, NULL, cJSON_CreateNumber(3),
+                "3 is not in the space of gemm_epilogue");
+    /* the others stay required */
+    snprintf(path, sizeof path, "sequences/1/segments/%d/params/BLOCK_K", k);
+    expect_edit(valid, EDIT_DELETE, path, NULL, NULL, "params.BLOCK_K: missing");
+    free(valid);
+}
+
 static void test_format_errors(const fixture *f) {
     plan p;
     if (make_plan(f, &h100, NULL, &p))
@@ -603,6 +646,7 @@ int main(void) {
         test_roundtrip(&f);
         test_mismatch(&f);
         test_format_errors(&f);
+        test_optional_param(&f);
         test_fuzz(&f);
     }
     fixture_free(&f);

@@ -138,7 +138,8 @@ static void add(variant *v, int cap, int *n, const gemm_exec_problem *p, const i
 
 /* gemm_epilogue: sm_90 every epilogue (bias x 4 activations x residual) in
  * both layouts, both dtypes, at every tile setting (a split of K: [N, K]
- * only); sm_80 the same at the first setting, the others with the plain and
+ * only, the plain and the full epilogue, which are the same code around
+ * it); sm_80 the same at the first setting, the others with the plain and
  * the full epilogue (no split of K). */
 static void list_gemm(variant *v, int cap, int *n) {
     for (int a = 0; a < 2; a++)
@@ -150,7 +151,8 @@ static void list_gemm(variant *v, int cap, int *n) {
                             for (int res = 0; res < 2; res++) {
                                 int full = bias && res && act == FUSION_ACT_GELU_TANH;
                                 int plain = !bias && !res && act == FUSION_ACT_NONE;
-                                if (a == 0 && s > 0 && !full && !plain)
+                                if ((a == 0 && s > 0 && !full && !plain) ||
+                                    (gemm_settings[s][5] > 1 && !full && !plain))
                                     continue;
                                 int vals[FUSION_MAX_PARAMS] = {0};
                                 memcpy(vals, gemm_settings[s], sizeof gemm_settings[s]);

@@ -259,12 +259,8 @@ static int is_block_size(int v) {
            v % MASK_FORMAT_BLOCK_QUANTUM == 0;
 }
 
-int mha_exec_wgmma_arch(const char *arch) {
-    return device_wgmma_arch(arch);
-}
-
 void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out, size_t n) {
-    int wg = c->kernel == MHA_KERNEL_BLOCK_WISE && c->wgmma && mha_exec_wgmma_arch(arch);
+    int wg = c->kernel == MHA_KERNEL_BLOCK_WISE && c->wgmma && device_wgmma_arch(arch);
     snprintf(out, n, "%s%s", arch, wg ? "a" : "");
 }
 
@@ -635,7 +631,7 @@ static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
  * against 225 (64x64, 4 warps) on an H200. */
 static int wgmma_by_default(const mha_exec_config *cfg, const mha_exec_force *force,
                             const mha_device_limits *lim) {
-    if (!lim || !mha_exec_wgmma_arch(lim->arch) || cfg->head_dim % 64 ||
+    if (!lim || !device_wgmma_arch(lim->arch) || cfg->head_dim % 64 ||
         mha_exec_gather(cfg) != 1)
         return 0;
     mha_exec_config t = *cfg;
@@ -1040,7 +1036,7 @@ static void set_launch_shape(mha_exec_plan *plan) {
 static int plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
                        const mha_exec_force *force, stof_error *err) {
     int rc = mha_exec_config_check(&plan->config, c->info.smem_per_block_optin, err);
-    if (!rc && plan->config.wgmma && !mha_exec_wgmma_arch(c->arch))
+    if (!rc && plan->config.wgmma && !device_wgmma_arch(c->arch))
         rc = err_set(err, STOF_ERR_UNSUPPORTED,
                      "attention: the wgmma build runs on sm_90 GPUs only, this one is %s",
                      c->arch);

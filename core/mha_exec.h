@@ -92,9 +92,6 @@ int mha_exec_tile_n(const mha_exec_config *c);
 /* The arch a configuration compiles for on a device of `arch`: the wgmma
  * build needs the architecture-specific target (sm_90 -> sm_90a). */
 void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out, size_t n);
-/* Whether the wgmma build can run on a device of `arch` ("sm_90" only:
- * sm_90a code runs on no other architecture). */
-int mha_exec_wgmma_arch(const char *arch);
 
 #define MHA_EXEC_MIN_STAGES 2
 #define MHA_EXEC_MAX_STAGES 4

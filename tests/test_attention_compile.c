@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "core/device.h"
 #include "core/mha_exec.h"
 #include "core/nvrtc.h"
 #include "ops/mask.h"
@@ -574,10 +575,10 @@ static void test_wgmma_configs(void) {
     c.block_n = 48;
     CHECK_EQ_INT(mha_exec_config_check(&c, 0, &err), STOF_OK);
 
-    CHECK(mha_exec_wgmma_arch("sm_90"));
-    CHECK(!mha_exec_wgmma_arch("sm_80"));
-    CHECK(!mha_exec_wgmma_arch("sm_89"));
-    CHECK(!mha_exec_wgmma_arch(NULL));
+    CHECK(device_wgmma_arch("sm_90"));
+    CHECK(!device_wgmma_arch("sm_80"));
+    CHECK(!device_wgmma_arch("sm_89"));
+    CHECK(!device_wgmma_arch(NULL));
     c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
                           .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3, .wgmma = 1};
     char arch[16];

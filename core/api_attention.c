@@ -69,7 +69,7 @@ int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_att
     mha_exec_force force = {.kernel = (int)desc->kernel, .block_m = desc->block_m,
                             .block_n = desc->block_n, .num_warps = desc->num_warps,
                             .measure = desc->measure, .wgmma = desc->wgmma,
-                            .gather = desc->gather};
+                            .gather = desc->gather, .tma = desc->tma};
     stof_attention *a = err_calloc(1, sizeof *a, &err);
     if (!a)
         return api_remember(STOF_ERR_NOMEM, &err);

@@ -62,7 +62,8 @@
     X(EventRecord, "cuEventRecord", cuEventRecord)                        \
     X(EventSynchronize, "cuEventSynchronize", cuEventSynchronize)         \
     X(EventElapsedTime, "cuEventElapsedTime", cuEventElapsedTime)         \
-    X(EventDestroy, "cuEventDestroy", cuEventDestroy)
+    X(EventDestroy, "cuEventDestroy", cuEventDestroy)                     \
+    X(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", cuTensorMapEncodeTiled)
 
 typedef struct cuda_driver {
 #define CUDA_DRIVER_FIELD(field, sym, decl) __typeof__(&decl) field;

@@ -66,3 +66,9 @@ void device_arch_name(const stof_device_info *info, char *buf, size_t n) {
 int device_wgmma_arch(const char *arch) {
     return arch && strcmp(arch, "sm_90") == 0;
 }
+
+int device_tma_arch(const char *arch) {
+    int cc = 0;
+    char rest = 0;
+    return arch && sscanf(arch, "sm_%d%c", &cc, &rest) == 1 && cc >= 90;
+}

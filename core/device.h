@@ -13,5 +13,8 @@ void device_arch_name(const stof_device_info *info, char *buf, size_t n);
  * on a device of `arch`: "sm_90" only, as sm_90a code runs on no other
  * architecture. They compile for the architecture-specific target sm_90a. */
 int device_wgmma_arch(const char *arch);
+/* Whether a device of `arch` ("sm_NN") has the tensor memory accelerator:
+ * sm_90 and later. */
+int device_tma_arch(const char *arch);
 
 #endif

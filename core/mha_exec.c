@@ -202,10 +202,19 @@ size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, in
            ((size_t)head_dim + MHA_EXEC_SMEM_PAD) * (size_t)dtype_bytes;
 }
 
+int mha_exec_tma_shape(const mha_exec_config *c) {
+    return c->kernel == MHA_KERNEL_BLOCK_WISE && !c->wgmma && c->head_dim % 64 == 0 &&
+           stof_dtype_size(c->dtype) == 2;
+}
+
 size_t mha_exec_config_smem(const mha_exec_config *c) {
-    return mha_exec_block_smem(c->block_m, mha_exec_tile_n(c), c->stages, c->head_dim,
-                               (int)stof_dtype_size(c->dtype)) +
-           (size_t)c->relpos_mid * sizeof(float);
+    size_t e = stof_dtype_size(c->dtype), relpos = (size_t)c->relpos_mid * sizeof(float);
+    if (c->tma)
+        return 1024 + 2 * (size_t)c->stages * (size_t)mha_exec_tile_n(c) * (size_t)c->head_dim * e +
+               (size_t)c->block_m * ((size_t)c->head_dim + MHA_EXEC_SMEM_PAD) * e + relpos +
+               8 * (size_t)c->stages;
+    return mha_exec_block_smem(c->block_m, mha_exec_tile_n(c), c->stages, c->head_dim, (int)e) +
+           relpos;
 }
 
 int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stages, int head_dim,
@@ -318,6 +327,11 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
     int rc = c->wgmma ? check_wgmma_config(c, err) : STOF_OK;
     if (rc)
         return rc;
+    if (c->tma && !mha_exec_tma_shape(c))
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "attention: the TMA build is the mma.sync one (not wgmma) for head_dim a "
+                       "multiple of 64, got head_dim %d%s",
+                       c->head_dim, c->wgmma ? " with wgmma" : "");
     size_t smem = mha_exec_config_smem(c);
     if (smem_limit > 0 && smem > (size_t)smem_limit)
         return err_set(err, STOF_ERR_UNSUPPORTED,
@@ -367,6 +381,8 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
             snprintf(r->opts[n++], sizeof r->opts[0], "-DSPLIT=1");
         if (c->wgmma)
             snprintf(r->opts[n++], sizeof r->opts[0], "-DWGMMA=1");
+        if (c->tma)
+            snprintf(r->opts[n++], sizeof r->opts[0], "-DTMA=1");
         if (mha_exec_gather(c) > 1)
             snprintf(r->opts[n++], sizeof r->opts[0], "-DGATHER=%d", mha_exec_gather(c));
     } else {
@@ -636,18 +652,23 @@ static int wgmma_by_default(const mha_exec_config *cfg, const mha_exec_force *fo
         return 0;
     mha_exec_config t = *cfg;
     t.wgmma = 1;
+    t.tma = 0;
     set_stages(&t, force, lim);
     stof_error ignored = {0};
     return mha_exec_config_check(&t, lim->smem_per_block, &ignored) == STOF_OK;
 }
 
-/* The build (force->wgmma: 1 wgmma, -1 mma.sync, 0 wgmma_by_default) and
- * the pipeline depth of a configuration whose sizes are set. */
+/* The build (force->wgmma: 1 wgmma, -1 mma.sync, 0 wgmma_by_default; then
+ * for mma.sync force->tma: 1 TMA, -1 cp.async, 0 TMA where the device has
+ * it) and the pipeline depth of a configuration whose sizes are set. */
 static void set_build(mha_exec_config *cfg, const mha_exec_force *force,
                       const mha_device_limits *lim) {
     int want = force ? force->wgmma : 0;
     cfg->wgmma = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->block_m &&
                  (want > 0 || (want == 0 && wgmma_by_default(cfg, force, lim)));
+    int want_tma = force ? force->tma : 0;
+    cfg->tma = cfg->block_m && mha_exec_tma_shape(cfg) &&
+               (want_tma > 0 || (want_tma == 0 && lim && device_tma_arch(lim->arch)));
     set_stages(cfg, force, lim);
 }
 
@@ -759,7 +780,7 @@ static int same_config(const mha_exec_config *a, const mha_exec_config *b) {
     if (a->kernel == MHA_KERNEL_BLOCK_WISE)
         return a->block_m == b->block_m && a->block_n == b->block_n &&
                a->num_warps == b->num_warps && a->stages == b->stages && a->wgmma == b->wgmma &&
-               mha_exec_gather(a) == mha_exec_gather(b);
+               a->tma == b->tma && mha_exec_gather(a) == mha_exec_gather(b);
     return a->rows_per_warp == b->rows_per_warp && a->warps_per_block == b->warps_per_block;
 }
 
@@ -1039,6 +1060,10 @@ static int plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     if (!rc && plan->config.wgmma && !device_wgmma_arch(c->arch))
         rc = err_set(err, STOF_ERR_UNSUPPORTED,
                      "attention: the wgmma build runs on sm_90 GPUs only, this one is %s",
+                     c->arch);
+    if (!rc && plan->config.tma && !device_tma_arch(c->arch))
+        rc = err_set(err, STOF_ERR_UNSUPPORTED,
+                     "attention: the TMA build runs on sm_90 and later GPUs, this one is %s",
                      c->arch);
     if (!rc)
         rc = plan->config.kernel == MHA_KERNEL_BLOCK_WISE
@@ -1356,11 +1381,12 @@ size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n) {
     int k;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
         k = snprintf(buf, n,
-                     "block-wise%s BLOCK_M=%d BLOCK_N=%d gather=%d warps=%d stages=%d "
+                     "block-wise%s BLOCK_M=%d BLOCK_N=%d gather=%d warps=%d stages=%d%s "
                      "smem=%zuB grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d "
                      "bitmaps), fmt_batch %d%s; %s",
                      cfg->wgmma ? " wgmma" : "", cfg->block_m, cfg->block_n,
-                     mha_exec_gather(cfg), cfg->num_warps, cfg->stages, plan->smem,
+                     mha_exec_gather(cfg), cfg->num_warps, cfg->stages, cfg->tma ? " tma" : "",
+                     plan->smem,
                      plan->grid[0], plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype),
                      cfg->head_dim, cfg->relpos ? " relpos" : "", plan->n_loaded_blocks,
                      plan->n_partial_blocks, plan->n_bitmaps, plan->fmt_batch, split,
@@ -1468,6 +1494,38 @@ static int check_tensor(const char *name, CUdeviceptr ptr, int64_t batch_stride,
     return STOF_OK;
 }
 
+/* The tensor map of K or V for the TMA build (attention_abi.cuh): 16-bit
+ * elements, dims (heads * head_dim, k_len, batches), boxes 64 x BLOCK_N x 1
+ * in the 128-byte swizzle, rows outside the tensor read as zeros. A batch
+ * stride of 0 (one tensor for every batch) is one batch, *batch_step 0. */
+static int encode_kv_map(const cuda_driver *drv, const mha_exec_plan *plan, const char *name,
+                         CUdeviceptr ptr, int64_t batch_stride, int64_t row_stride,
+                         stof_attn_tmap *map, stof_i32 *batch_step, stof_error *err) {
+    const mha_exec_problem *p = &plan->problem;
+    const int one = batch_stride == 0 || p->batch == 1;
+    const cuuint64_t e = 2, row_bytes = (cuuint64_t)row_stride * e;
+    const cuuint64_t dims[3] = {(cuuint64_t)p->heads * (cuuint64_t)p->head_dim,
+                                (cuuint64_t)p->k_len, one ? 1 : (cuuint64_t)p->batch};
+    const cuuint64_t strides[2] = {row_bytes,
+                                   one ? row_bytes * (cuuint64_t)p->k_len
+                                       : (cuuint64_t)batch_stride * e};
+    const cuuint32_t box[3] = {64, (cuuint32_t)plan->config.block_n, 1};
+    const cuuint32_t unit[3] = {1, 1, 1};
+    _Static_assert(sizeof(CUtensorMap) == sizeof(stof_attn_tmap), "tensor map size");
+    CUresult r = drv->TensorMapEncodeTiled(
+        (CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)(uintptr_t)ptr, dims,
+        strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "cuTensorMapEncodeTiled(attention %s, batch stride %lld)",
+                 name, (long long)batch_stride);
+        return cuda_check(drv, r, what, err);
+    }
+    *batch_step = one ? 0 : 1;
+    return STOF_OK;
+}
+
 int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
                  CUstream s, stof_error *err) {
     int rc;
@@ -1481,6 +1539,12 @@ int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
                        "attention: the plan has a relative position bias but no table was given");
     stof_attn_args args;
     mha_exec_fill_args(plan, t, &args);
+    if (plan->config.tma &&
+        ((rc = encode_kv_map(c->drv, plan, "k", t->k, t->k_batch_stride, t->k_row_stride,
+                             &args.tmap_k, &args.k_tma_batch, err)) ||
+         (rc = encode_kv_map(c->drv, plan, "v", t->v, t->v_batch_stride, t->v_row_stride,
+                             &args.tmap_v, &args.v_tma_batch, err))))
+        return rc;
     void *params[] = {&args};
     rc = cuda_launch(c->drv, plan->func, plan->grid, plan->block, (unsigned)plan->smem, s, params,
                      c->pdl, "cuLaunchKernel(attention)", err);

@@ -80,6 +80,10 @@ typedef struct mha_exec_config {
                                             ran 0.83 ms gathered by 2 and 1.25 by 4 against
                                             0.81 plain: per-block work is not what bounds
                                             32-row tiles (see attention_block.cu) */
+    int tma;                             /* block-wise mma.sync build: K and V tiles by the
+                                            tensor memory accelerator (-DTMA=1; sm_90 and
+                                            later, head_dim a multiple of 64), one thread
+                                            issuing each tile, instead of cp.async by all */
 } mha_exec_config;
 
 #define MHA_EXEC_MAX_GATHER 4
@@ -99,13 +103,20 @@ void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out,
  * loads: at least 3 (the automatic depth is raised to it). */
 #define MHA_EXEC_WGMMA_MIN_STAGES 3
 
+/* Whether configuration c may take the TMA build: block-wise, the mma.sync
+ * build, a head size that is a multiple of 64, 16-bit elements. */
+int mha_exec_tma_shape(const mha_exec_config *c);
+
 /* Dynamic shared memory of the block-wise kernel: Q [block_m] and a ring of
  * `stages` K and V tiles [stages][tile_n], rows of head_dim + 8 elements:
  * (block_m + 2 stages tile_n) (head_dim + 8) dtype_bytes. (The wgmma build
  * keeps unpadded rows and uses 8 / (head_dim + 8) of it less.) tile_n is
  * mha_exec_tile_n: BLOCK_N times the gathered entries; likewise below. */
 size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, int dtype_bytes);
-/* The same for a block-wise config, its relpos table included. */
+/* The same for a block-wise config, its relpos table included. The TMA
+ * build's K and V rows are unpadded and 1024-byte aligned, and its stages
+ * have a barrier each: 1024 + 2 stages tile_n head_dim + block_m (head_dim
+ * + 8) element bytes, + 8 stages. */
 size_t mha_exec_config_smem(const mha_exec_config *c);
 /* Thread blocks of the block-wise kernel one SM holds (shared memory, with
  * the 1 KiB the hardware reserves per block on sm_80+, and warps), at most
@@ -238,6 +249,9 @@ typedef struct mha_exec_force {
                         automatic (wgmma on sm_90 for whole warpgroups of 16-row
                         warps and head sizes that are multiples of 64) */
     int gather;      /* block-wise with explicit sizes: entries a tile (0, 1: one) */
+    int tma;         /* block-wise mma.sync builds: 1 = K and V by the tensor memory
+                        accelerator, -1 = by cp.async, 0 = automatic (TMA where the device
+                        and the shape allow it) */
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from
@@ -347,7 +361,8 @@ void mha_exec_tensors_cross(mha_exec_tensors *t, CUdeviceptr q, CUdeviceptr kv, 
 
 /* Fills the argument block and launches on stream s (asynchronous): the
  * kernel, then for a split plan the combine kernel on the same stream.
- * Checks alignment (16-byte pointers, strides multiples of 8 elements). A
+ * Checks alignment (16-byte pointers, strides multiples of 8 elements); a
+ * TMA plan's tensor maps for K and V are encoded here, for these tensors. A
  * split plan's workspace is the plan's own: runs of one plan must not
  * overlap (one stream, or ordered by events). */
 int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,

@@ -59,7 +59,18 @@
  * Then stof_attention_combine, grid (split rows, heads, batch), merges the
  * slots first_slot .. first_slot + n_slots - 1 of splits[split_ptr[fb] + x]
  * (log-sum-exp) into the final O. Slots are numbered across the stored
- * batches, so a per-batch format's workspace needs no batch term. */
+ * batches, so a per-batch format's workspace needs no batch term.
+ *
+ * Tensor maps (block-wise kernel built with -DTMA=1, sm_90+, head sizes that
+ * are multiples of 64). The host encodes K and V as 3-D tensors of 16-bit
+ * elements: dims (heads * HEAD_DIM, k_len, batches), strides (row, batch)
+ * in bytes, boxes of 64 x BLOCK_N x 1 in the 128-byte swizzle. Key block c
+ * of head h, batch b is the box at (h HEAD_DIM + 64 p, c BLOCK_N,
+ * b k_tma_batch) for p < HEAD_DIM / 64; rows past k_len come back as zeros.
+ * A tensor whose batch stride is 0 (one K for every batch) is encoded with
+ * one batch and k_tma_batch 0. The maps sit in the argument block, which
+ * the kernel takes as a __grid_constant__ parameter so that their address
+ * is the parameter's own. Other builds leave these fields zero. */
 #ifndef STOF_KERNELS_ATTENTION_ABI_CUH
 #define STOF_KERNELS_ATTENTION_ABI_CUH
 
@@ -68,13 +79,23 @@ typedef int stof_i32;
 typedef unsigned int stof_u32;
 typedef long long stof_i64;
 #define STOF_ABI_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#define STOF_ABI_ALIGN64 alignas(64)
+typedef unsigned long long stof_u64;
 #else
 #include <stdint.h>
 typedef int32_t stof_i32;
 typedef uint32_t stof_u32;
 typedef int64_t stof_i64;
 #define STOF_ABI_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#define STOF_ABI_ALIGN64 _Alignas(64)
+typedef uint64_t stof_u64;
 #endif
+
+/* A tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
+ * aligned), as the host's cuTensorMapEncodeTiled writes it. */
+typedef struct stof_attn_tmap {
+    STOF_ABI_ALIGN64 stof_u64 opaque[16];
+} stof_attn_tmap;
 
 /* One work item of a split launch (16 bytes, read as one int4). */
 typedef struct stof_attn_work {
@@ -125,12 +146,17 @@ typedef struct stof_attn_args {
     stof_i32 relpos_buckets, relpos_max_distance, relpos_bidirectional;
     stof_i32 n_slots;               /* split pieces in the work list (all stored batches) */
     stof_i32 reserved;              /* keeps the 4-byte count even */
+    /* K/V by tensor maps (block-wise -DTMA=1 builds only; see below) */
+    stof_i32 k_tma_batch, v_tma_batch; /* batch b reads the map's batch b times this (0:
+                                          one K, V for every batch) */
+    stof_attn_tmap tmap_k, tmap_v;
 } stof_attn_args;
 
-#define STOF_ATTN_ARGS_BYTES (26 * 8 + 10 * 4)
+#define STOF_ATTN_ARGS_BYTES (26 * 8 + 12 * 4 + 2 * 128)
 STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_args) == STOF_ATTN_ARGS_BYTES,
                        "stof_attn_args layout changed: host and kernels must agree");
 STOF_ABI_STATIC_ASSERT(sizeof(void *) == 8, "stof needs 64-bit pointers");
+STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_tmap) == 128, "a tensor map is 128 bytes");
 STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_work) == 16 && sizeof(stof_attn_split) == 16,
                        "work items are read as int4");
 

@@ -108,6 +108,9 @@
 #ifndef GATHER
 #define GATHER 1
 #endif
+#ifndef TMA
+#define TMA 0
+#endif
 // Warps skip partial blocks their rows have no key in (warp_view). Off
 // where it buys nothing (one warp: its rows are the block's) or cost more
 // than it saved: at 32x32 with 2 warps the branch made ptxas spill and
@@ -118,6 +121,9 @@
 #endif
 #if WGMMA
 #include "wgmma.cuh"
+#endif
+#if TMA
+#include "tma.cuh"
 #endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
@@ -164,8 +170,13 @@ static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
 static_assert(SPLIT == 0 || SPLIT == 1, "SPLIT: 0 (grid over block rows) or 1 (work list)");
 static_assert(!WGMMA || (NUM_WARPS % 4 == 0 && kWarpRows == 16),
               "WGMMA: whole warpgroups, 16 rows a warp (BLOCK_M = 16 NUM_WARPS, a multiple of 64)");
+static_assert(!TMA || (!WGMMA && HEAD_DIM % 64 == 0 && sizeof(elem_t) == 2),
+              "TMA: the mma.sync build, head sizes that are multiples of 64");
 
-constexpr int kStageElems = kTileN * kPitch;     // one K (or V) stage
+// K and V stages: rows of kPitch elements, or with TMA the copy engine's
+// layout, [HEAD_DIM / 64][kTileN][64] in the 128-byte swizzle (kv_off).
+constexpr int kKVPitch = TMA ? HEAD_DIM : kPitch;
+constexpr int kStageElems = kTileN * kKVPitch;   // one K (or V) stage
 // Blocks loaded ahead of the one being computed: all stages but its own,
 // and in the wgmma build but the previous block's too (its P V runs during
 // this block's softmax, so its V stage is still being read).
@@ -193,6 +204,16 @@ __device__ __forceinline__ int tile_off(int r, int c) {
     if (WGMMA)
         return ((r >> 3) * kDT + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
     return r * kPitch + c;
+}
+
+// Element (key, c) of a K or V stage. With TMA: piece c / 64 holds the
+// stage's kTileN rows of 128 bytes, whose 16-byte chunk c / 8 % 8 sits at
+// chunk (c / 8 ^ key) % 8 (the 128-byte swizzle; stages start 1024-byte
+// aligned), so ldmatrix's eight row addresses still fall in different banks.
+__device__ __forceinline__ int kv_off(int key, int c) {
+    if (TMA)
+        return (c >> 6) * (kTileN * 64) + key * 64 + ((((c >> 3) ^ key) & 7) << 3) + (c & 7);
+    return tile_off(key, c);
 }
 
 // ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a
@@ -352,6 +373,33 @@ __device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage,
     }
 }
 
+#if TMA
+// Bytes a stage's copies bring: K and V, every box whole (rows past k_len
+// and entries past the list's end arrive as zeros and count too).
+constexpr unsigned kStageBytes = 2u * kStageElems * sizeof(elem_t);
+
+// K and V of the group's key blocks into stage `stage`, by one thread: a
+// tensor copy per 64-column piece of each entry, all counted on the
+// stage's barrier. An entry past the list's end reads rows at k_len, out
+// of the tensor: zeros.
+__device__ __forceinline__ void load_kv_tma(elem_t *sK, elem_t *sV, int stage,
+                                            const stof_attn_args &a, const key_cols &g, int h,
+                                            int b, unsigned bar) {
+    stof::tma::arrive_expect(bar, kStageBytes);
+#pragma unroll
+    for (int j = 0; j < GATHER; ++j) {
+        const int row = g.col[j] >= 0 ? g.col[j] * BLOCK_N : a.k_len;
+#pragma unroll
+        for (int p = 0; p < HEAD_DIM / 64; ++p) {
+            const int off = stage * kStageElems + p * (kTileN * 64) + j * (BLOCK_N * 64);
+            const int x = h * HEAD_DIM + p * 64;
+            stof::tma::copy_3d(smem_addr(sK + off), &a.tmap_k, x, row, b * a.k_tma_batch, bar);
+            stof::tma::copy_3d(smem_addr(sV + off), &a.tmap_v, x, row, b * a.v_tma_batch, bar);
+        }
+    }
+}
+#endif
+
 // The A fragments of the warp's Q rows for k step kd.
 __device__ __forceinline__ void load_q_frag(unsigned (&qf)[4], const elem_t *sQ,
                                             const warp_pos &w, int mt, int kd) {
@@ -421,7 +469,7 @@ __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
             unsigned b[4];
             const int key = np * 16 + (w.lane & 7) + (w.lane >> 4) * 8;
             const int col = kd * 16 + ((w.lane >> 3) & 1) * 8;
-            ldmatrix_x4(b, sK + key * kPitch + col);
+            ldmatrix_x4(b, sK + kv_off(key, col));
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma_16816<elem_t>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -807,7 +855,7 @@ __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float 
             unsigned b[4];
             const int key = kn * 16 + (w.lane & 7) + ((w.lane >> 3) & 1) * 8;
             const int col = dp * 16 + (w.lane >> 4) * 8;
-            ldmatrix_x4_trans(b, sV + key * kPitch + col);
+            ldmatrix_x4_trans(b, sV + kv_off(key, col));
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma_16816<elem_t>(o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -924,6 +972,36 @@ __device__ __forceinline__ key_group pipeline_step(const stof_attn_args &a, elem
     return load_group(a, it, end);
 }
 
+#if TMA
+// The same with the copy engine: the barrier at the top now only says that
+// every warp is done with the stage refilled here (and, the first time,
+// publishes Q); the block's own K and V are waited for on its stage's
+// barrier after the refill is issued. phases holds each stage's parity.
+__device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, elem_t *sK,
+                                                       elem_t *sV, int it, int start, int end,
+                                                       int stage, key_cols &next,
+                                                       const elem_t *sQ, const warp_pos &w,
+                                                       unsigned (&qf)[kMT][kKD][4], unsigned bar0,
+                                                       unsigned &phases, int h, int b) {
+    if (it == start) cp_async_wait<0>();  // Q, this thread's copies
+    __syncthreads();
+    if (kKeepQ && it == start) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
+    }
+    const int refill = (stage + kAhead) % STAGES;
+    if (threadIdx.x == 0 && it + kAhead * GATHER < end)
+        load_kv_tma(sK, sV, refill, a, next, h, b, bar0 + 8 * refill);
+    next = load_cols(a, it + (kAhead + 1) * GATHER, end);
+    const key_group cur = load_group(a, it, end);
+    stof::tma::wait(bar0 + 8 * stage, (phases >> stage) & 1u);
+    phases ^= 1u << stage;
+    return cur;
+}
+#endif
+
 #if WGMMA
 // S into registers of its own (a real copy, not one the compiler may fold
 // away): the softmax then never writes a wgmma accumulator.
@@ -940,9 +1018,21 @@ __device__ __forceinline__ void to_scores(const float (&s)[kMT][kNT][4], float (
 // ---- the kernel ------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(kThreads)
-stof_attention_block(const stof_attn_args a) {
+stof_attention_block(const __grid_constant__ stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
+#if TMA
+    // K and V stages first, on a 1024-byte boundary (the swizzle's atoms),
+    // then Q, the relpos table and the stages' barriers. The host's size
+    // has the 1008 bytes this can skip.
+    elem_t *sK = reinterpret_cast<elem_t *>(
+        smem_raw + ((1024 - (unsigned)__cvta_generic_to_shared(smem_raw)) & 1023));
+    elem_t *sV = sK + STAGES * kStageElems;
+    elem_t *sQ = sV + STAGES * kStageElems;    // [BLOCK_M][kPitch]
+    float *s_relpos = reinterpret_cast<float *>(sQ + BLOCK_M * kPitch);
+    const unsigned bar0 = smem_addr(s_relpos + RELPOS_MID);  // [STAGES] 8-byte barriers
+    unsigned phases = 0;
+#else
     // Swizzled tiles start on a 1024-byte boundary: the host's size keeps
     // 8 padding elements a row that the wgmma build does not use, which is
     // more than the 1008 bytes this can skip.
@@ -951,7 +1041,8 @@ stof_attention_block(const stof_attn_args a) {
                  : smem_raw);
     elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][kTileN][kPitch]
     elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][kTileN][kPitch]
-                                               // then float [RELPOS_MID] (relpos_far)
+    float *s_relpos = reinterpret_cast<float *>(sV + STAGES * kStageElems);  // (relpos_far)
+#endif
 
     const int h = blockIdx.y, b = blockIdx.z;
 #if SPLIT
@@ -981,10 +1072,30 @@ stof_attention_block(const stof_attn_args a) {
 
     const elem_t *q = static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
                       row_base * a.q_row_stride + h * HEAD_DIM;
+#if !TMA  // (the TMA build addresses K and V through its tensor maps)
     const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride + h * HEAD_DIM;
     const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride + h * HEAD_DIM;
+#endif
     elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
                   h * HEAD_DIM;
+#if TMA
+    // Prologue: the barriers, Q by cp.async, blocks 0 .. kAhead-1 by copies.
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) stof::tma::barrier_init(bar0 + 8 * s);
+        stof::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
+    cp_async_commit();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int j = 0; j < kAhead; ++j)
+            if (start + j * GATHER < end)
+                load_kv_tma(sK, sV, j, a, load_cols(a, start + j * GATHER, end), h, b,
+                            bar0 + 8 * j);
+    }
+#else
     const kv_thread kt = make_kv_thread(a, k, v, sK, sV);
 
     // Prologue: groups 0 .. kAhead-1 hold blocks 0 .. kAhead-1 (Q with block 0).
@@ -995,6 +1106,7 @@ stof_attention_block(const stof_attn_args a) {
             load_kv_async(sK, sV, j, k, v, a, load_cols(a, start + j * GATHER, end), kt);
         cp_async_commit();
     }
+#endif
     // The columns of the next block to prefetch (see pipeline_step). (A ring
     // of STAGES entries cost registers and spilled at 64x32 D=128; the
     // current block's entry is an L1 hit anyway.)
@@ -1014,7 +1126,7 @@ stof_attention_block(const stof_attn_args a) {
 
     const bool prescale = prescaled(a);
     const relpos_far far =
-        load_relpos_far(a, h, reinterpret_cast<float *>(sV + STAGES * kStageElems));
+        load_relpos_far(a, h, s_relpos);
     const float c = prescale ? 1.0f : a.scale_log2;  // the scale the softmax still applies
     int stage = 0;  // (it - start) % STAGES: where this block's K, V are
 #if WGMMA
@@ -1067,7 +1179,12 @@ stof_attention_block(const stof_attn_args a) {
     }
 #else
     for (int it = start; it < end; it += GATHER) {
+#if TMA
+        key_group cur = pipeline_step_tma(a, sK, sV, it, start, end, stage, next, sQ, w, qf, bar0,
+                                          phases, h, b);
+#else
         key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf, kt);
+#endif
         if (warp_group_view(a, w, cur)) {
             float s[kMT][kNT][4];
             compute_scores(s, qf, sQ, sK + stage * kStageElems, w);

@@ -239,6 +239,40 @@ static int list_gather_variants(variant *v, int cap) {
     return n;
 }
 
+/* The TMA builds (sm_90, mma.sync): dtype x head_dim 64, 128 x
+ * tma_settings at STAGES 2 and 3, then relpos, split and gathered ones. */
+static const int tma_settings[][3] = {{32, 32, 2}, {32, 32, 1}, {64, 32, 4}, {64, 64, 4},
+                                      {128, 64, 4}, {16, 16, 1}};
+#define N_TMA ((int)(sizeof tma_settings / sizeof tma_settings[0]))
+
+static int list_tma_variants(variant *v, int cap) {
+    int n = 0;
+    for (int d = 0; d < 2; d++)
+        for (int h = 1; h <= 3; h += 2)
+            for (int s = 0; s < N_TMA; s++) {
+                mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = head_dims[h],
+                                       .dtype = dtypes[d], .block_m = tma_settings[s][0],
+                                       .block_n = tma_settings[s][1],
+                                       .num_warps = tma_settings[s][2], .stages = 2 + s % 2,
+                                       .tma = 1};
+                n = add_if_valid(v, n, cap, cfg, "sm_90");
+            }
+    static const mha_exec_config extra[] = {
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
+         .relpos_mid = 256, .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 3,
+         .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .relpos = 1,
+         .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 2, .split = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 32,
+         .block_n = 32, .num_warps = 2, .stages = 4, .split = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_BF16, .block_m = 32,
+         .block_n = 32, .num_warps = 2, .stages = 3, .gather = 2, .tma = 1},
+    };
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
+        v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
+    return n;
+}
+
 /* The variant list: on sm_90 both kernels x dtype x head_dim x relpos, the
  * block-wise kernel at every setting of block_settings (with relpos at the
  * first two); on sm_80 the row-wise kernel and the first block setting; all
@@ -271,6 +305,7 @@ static int list_variants(variant *v, int cap) {
     n += list_deep_variants(v + n, cap - n);
     n += list_wgmma_variants(v + n, cap - n);
     n += list_gather_variants(v + n, cap - n);
+    n += list_tma_variants(v + n, cap - n);
     return n + list_split_variants(v + n, cap - n);
 }
 
@@ -311,15 +346,18 @@ static void test_variants_compile(void) {
     printf("compiled %d of %d attention kernel variants in %.1f s (%d threads)\n", ok, n,
            now_s() - t0, N_WORKERS);
     CHECK(n >= 180);
-    int splits = 0, wgmma = 0;
+    int splits = 0, wgmma = 0, tma = 0;
     for (int i = 0; i < n; i++) {
         splits += v[i].cfg.split;
         wgmma += v[i].cfg.wgmma;
+        tma += v[i].cfg.tma;
     }
-    printf("  of which %d split-row builds (kernel + %s), %d wgmma builds (sm_90a)\n", splits,
-           STOF_ATTN_COMBINE_KERNEL, wgmma);
+    printf("  of which %d split-row builds (kernel + %s), %d wgmma builds (sm_90a), %d TMA "
+           "builds\n",
+           splits, STOF_ATTN_COMBINE_KERNEL, wgmma, tma);
     CHECK(splits >= 20);
     CHECK(wgmma >= 40);
+    CHECK(tma >= 24);
     free(v);
 }
 
@@ -544,6 +582,57 @@ static void test_configs(void) {
 
 /* The wgmma build: its shapes, its target (sm_90a on an sm_90 device, never
  * elsewhere), its option and cache key. */
+/* The TMA build: which configurations take it by default (sm_90+, mma.sync,
+ * head sizes that are multiples of 64), its checks, option and shared
+ * memory (unpadded K/V stages, 1024-byte alignment, a barrier a stage). */
+static int tma_choice(const char *arch, int head_dim, int bm, int bn, int w, int force_tma,
+                      int force_wgmma) {
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch(arch, &lim, &err), STOF_OK);
+    mha_exec_problem p = {.batch = 2, .heads = 2, .head_dim = head_dim, .q_len = 256,
+                          .k_len = 256, .dtype = STOF_F16, .scale = 0.125f};
+    mha_exec_force f = {.kernel = MHA_KERNEL_BLOCK_WISE, .block_m = bm, .block_n = bn,
+                        .num_warps = w, .tma = force_tma, .wgmma = force_wgmma};
+    mha_exec_config c;
+    char why[256];
+    CHECK_EQ_INT(mha_exec_choose(&p, NULL, &lim, &f, &c, why, sizeof why, &err), STOF_OK);
+    return c.tma;
+}
+
+static void test_tma_configs(void) {
+    CHECK(tma_choice("sm_90", 64, 32, 32, 2, 0, 0));
+    CHECK(tma_choice("sm_90", 128, 64, 32, 4, 0, -1));
+    CHECK(!tma_choice("sm_90", 128, 64, 32, 4, 0, 0)); /* the wgmma build by default */
+    CHECK(!tma_choice("sm_90", 64, 32, 32, 2, -1, 0)); /* forced off */
+    CHECK(!tma_choice("sm_90", 80, 32, 32, 2, 0, 0));  /* 160-byte rows: cp.async */
+    CHECK(!tma_choice("sm_80", 64, 32, 32, 2, 0, 0));  /* no TMA before sm_90 */
+    CHECK(tma_choice("sm_80", 64, 32, 32, 2, 1, 0));   /* forced: the plan refuses it */
+    CHECK(device_tma_arch("sm_90") && device_tma_arch("sm_100") && device_tma_arch("sm_120"));
+    CHECK(!device_tma_arch("sm_89") && !device_tma_arch("sm_90a") && !device_tma_arch(NULL));
+
+    stof_error err = {0};
+    mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
+                         .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 3, .tma = 1};
+    CHECK_EQ_INT(mha_exec_config_check(&c, 227 * 1024, &err), STOF_OK);
+    CHECK_EQ_INT((int)mha_exec_config_smem(&c), 1024 + 2 * 3 * 32 * 64 * 2 + 32 * 72 * 2 + 8 * 3);
+    c.relpos = 1;
+    c.relpos_mid = 128;
+    CHECK_EQ_INT((int)mha_exec_config_smem(&c),
+                 1024 + 2 * 3 * 32 * 64 * 2 + 32 * 72 * 2 + 128 * 4 + 8 * 3);
+    mha_exec_request r;
+    mha_exec_request_init(&r, &c, "sm_90");
+    CHECK(strcmp(r.req.arch, "sm_90") == 0); /* not the architecture-specific target */
+    CHECK(!strcmp(r.req.options[r.req.n_options - 1], "-DTMA=1"));
+    c.head_dim = 80;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_UNSUPPORTED, &err, "multiple of 64");
+    c.head_dim = 64;
+    c.block_m = 64;
+    c.num_warps = 4;
+    c.wgmma = 1;
+    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_UNSUPPORTED, &err, "with wgmma");
+}
+
 static void test_wgmma_configs(void) {
     stof_error err = {0};
     mha_exec_config c = {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16,
@@ -815,8 +904,9 @@ static int relpos_mid_of(int q_len, int k_len, int relpos, int bidirectional, in
     mha_exec_config c;
     char why[256];
     CHECK_EQ_INT(mha_exec_choose(&p, NULL, &lim, &f, &c, why, sizeof why, &err), STOF_OK);
-    *smem_extra = mha_exec_config_smem(&c) -
-                  mha_exec_block_smem(c.block_m, mha_exec_tile_n(&c), c.stages, c.head_dim, 2);
+    mha_exec_config no_table = c;
+    no_table.relpos_mid = 0;
+    *smem_extra = mha_exec_config_smem(&c) - mha_exec_config_smem(&no_table);
     mha_exec_request r;
     mha_exec_request_init(&r, &c, "sm_90");
     *has_opt = 0;
@@ -1244,6 +1334,7 @@ int main(void) {
     test_fold();
     test_configs();
     test_wgmma_configs();
+    test_tma_configs();
     test_stages();
     test_args();
     test_split();

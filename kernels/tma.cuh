@@ -1,0 +1,63 @@
+// Hopper's tensor memory accelerator (sm_90+) as the attention kernel uses
+// it: tile copies global -> shared described by a tensor map the host
+// encodes (cuTensorMapEncodeTiled; see attention_abi.cuh), completing on a
+// shared-memory barrier that counts the bytes it expects.
+//
+// One thread issues a whole tile: the address arithmetic, the row loop and
+// the zero fill of rows outside the tensor are the copy engine's, so a
+// block-wise attention iteration spends a handful of instructions on its
+// K and V instead of a few per 16-byte chunk per thread.
+#pragma once
+
+namespace stof {
+namespace tma {
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// A barrier that one arrival (with the bytes it expects) completes, once
+// those bytes have landed. Before any other thread uses it: a __syncthreads.
+__device__ __forceinline__ void barrier_init(unsigned bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+// Makes the initialized barriers visible to the copy engine.
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// The one arrival of this phase, announcing `bytes` of copies.
+__device__ __forceinline__ void arrive_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+// Waits for the phase of parity `parity` to complete (its bytes landed and
+// visible to the waiting thread).
+__device__ __forceinline__ void wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// The box of a 3-D tensor map at (c0, c1, c2) into shared memory at dst,
+// counted on bar. The map lives in kernel parameter space (a
+// __grid_constant__ argument): its generic address is what the copy takes.
+__device__ __forceinline__ void copy_3d(unsigned dst, const void *map, int c0, int c1, int c2,
+                                        unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
+}  // namespace tma
+}  // namespace stof

@@ -382,7 +382,7 @@ constexpr unsigned kStageBytes = 2u * kStageElems * sizeof(elem_t);
 // tensor copy per 64-column piece of each entry, all counted on the
 // stage's barrier. An entry past the list's end reads rows at k_len, out
 // of the tensor: zeros.
-__device__ __forceinline__ void load_kv_tma(elem_t *sK, elem_t *sV, int stage,
+__device__ __forceinline__ void load_kv_tma(unsigned sk, unsigned sv, int stage,
                                             const stof_attn_args &a, const key_cols &g, int h,
                                             int b, unsigned bar) {
     stof::tma::arrive_expect(bar, kStageBytes);
@@ -391,12 +391,39 @@ __device__ __forceinline__ void load_kv_tma(elem_t *sK, elem_t *sV, int stage,
         const int row = g.col[j] >= 0 ? g.col[j] * BLOCK_N : a.k_len;
 #pragma unroll
         for (int p = 0; p < HEAD_DIM / 64; ++p) {
-            const int off = stage * kStageElems + p * (kTileN * 64) + j * (BLOCK_N * 64);
+            const unsigned off =
+                (stage * kStageElems + p * (kTileN * 64) + j * (BLOCK_N * 64)) * sizeof(elem_t);
             const int x = h * HEAD_DIM + p * 64;
-            stof::tma::copy_3d(smem_addr(sK + off), &a.tmap_k, x, row, b * a.k_tma_batch, bar);
-            stof::tma::copy_3d(smem_addr(sV + off), &a.tmap_v, x, row, b * a.v_tma_batch, bar);
+            stof::tma::copy_3d(sk + off, &a.tmap_k, x, row, b * a.k_tma_batch, bar);
+            stof::tma::copy_3d(sv + off, &a.tmap_v, x, row, b * a.v_tma_batch, bar);
         }
     }
+}
+
+// The ldmatrix addresses of the K and V loads in a TMA stage, at a cost of
+// one XOR per k step. A lane's 16-byte chunk at k step 0 is its row's line
+// plus chunk (b ^ row) % 8 (kv_off); step kd of a 64-column piece is chunk
+// + 2 kd = chunk ^ 2 kd (the chunk's low bit is b), i.e. bits 5-6 of the
+// address toggled, and with stages 1024-byte aligned the XOR commutes with
+// adding the stage, whole 16-row groups (2048 bytes) and pieces. So each
+// lane keeps one offset for K and one for V.
+struct kv_lanes {
+    unsigned k, v;  // bytes from a stage's start
+};
+
+__device__ __forceinline__ kv_lanes make_kv_lanes(int lane) {
+    const int row = lane & 7;
+    kv_lanes r;
+    // K (B of Q K^T): keys row + 8 (lane / 16), columns 8 ((lane / 8) % 2) ..
+    r.k = (row + (lane >> 4) * 8) * 128 + ((((lane >> 3) & 1) ^ row) << 4);
+    // V (B of P V, transposed): keys row + 8 ((lane / 8) % 2), columns 8 (lane / 16) ..
+    r.v = (row + ((lane >> 3) & 1) * 8) * 128 + (((lane >> 4) ^ row) << 4);
+    return r;
+}
+
+// Shared address of k step kd (16 columns) in a stage at lane address base.
+__device__ __forceinline__ unsigned kv_step(unsigned base, int kd) {
+    return (base ^ ((kd & 3) << 5)) + (kd >> 2) * (kTileN * 128);
 }
 #endif
 
@@ -478,6 +505,45 @@ __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
         }
     }
 }
+
+#if TMA
+// compute_scores on a TMA stage: k is the stage's K plus this lane's offset.
+__device__ __forceinline__ void compute_scores_tma(float (&s)[kMT][kNT][4],
+                                                   const unsigned (&qf)[kMT][kKD][4],
+                                                   const elem_t *sQ, unsigned k,
+                                                   const warp_pos &w) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < kKD; ++kd) {
+        unsigned a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            if (kKeepQ) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kd][e];
+            } else {
+                load_q_frag(a[mt], sQ, w, mt, kd);
+            }
+        }
+        const unsigned base = kv_step(k, kd);
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+            unsigned b[4];
+            ldmatrix_x4_s(b, base + np * 2048);  // keys np*16 ..
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<elem_t>(s[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<elem_t>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+#endif
 #endif
 
 // ---- mask, scale and bias ------------------------------------------------------------
@@ -729,6 +795,27 @@ __device__ __forceinline__ bool warp_group_view(const stof_attn_args &a, const w
 // larger scores, and it changes no result. (Letting m lag behind by up to
 // 8 in exp2 units, P <= 256, skipped more, but on an H200 it bought 2% on
 // dense 64x64 wgmma tiles for 7% more error against an fp64 reference.)
+// Pairwise reductions of n values (x is overwritten): log2(n) dependent
+// steps instead of n, which the fixed-latency stalls of a 32-key block's
+// softmax are made of.
+template <int N>
+__device__ __forceinline__ float tree_max(float (&x)[N]) {
+#pragma unroll
+    for (int w = 1; w < N; w *= 2)
+#pragma unroll
+        for (int i = 0; i + w < N; i += 2 * w) x[i] = fmaxf(x[i], x[i + w]);
+    return x[0];
+}
+
+template <int N>
+__device__ __forceinline__ float tree_sum(float (&x)[N]) {
+#pragma unroll
+    for (int w = 1; w < N; w *= 2)
+#pragma unroll
+        for (int i = 0; i + w < N; i += 2 * w) x[i] += x[i + w];
+    return x[0];
+}
+
 __device__ __forceinline__ bool softmax_step(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
                                              float (&l)[kMT][2], float (&alpha_out)[kMT][2],
                                              float c) {
@@ -738,10 +825,11 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kMT][kNT][4], float (&m)
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float mx = STOF_NEG_INF;
+            float part[kNT];
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
-                mx = fmaxf(mx, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
+                part[nt] = fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]);
+            float mx = tree_max(part);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             m_new[mt][half] = fmaxf(m[mt][half], mx);
@@ -760,17 +848,15 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kMT][kNT][4], float (&m)
                 m[mt][half] = m_new[mt][half];
             }
             const float neg_ref = -softmax_ref(m[mt][half]) * c;
-            float sum = 0.0f;
+            float part[kNT];
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2f(fmaf(s[mt][nt][half * 2 + e], c, neg_ref));
-                    s[mt][nt][half * 2 + e] = p;
-                    sum += p;
-                }
+                for (int e = 0; e < 2; ++e)
+                    s[mt][nt][half * 2 + e] = exp2f(fmaf(s[mt][nt][half * 2 + e], c, neg_ref));
+                part[nt] = s[mt][nt][half * 2] + s[mt][nt][half * 2 + 1];
             }
-            l[mt][half] = l[mt][half] * alpha + sum;
+            l[mt][half] = l[mt][half] * alpha + tree_sum(part);
             alpha_out[mt][half] = alpha;
         }
     }
@@ -856,6 +942,34 @@ __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float 
             const int key = kn * 16 + (w.lane & 7) + ((w.lane >> 3) & 1) * 8;
             const int col = dp * 16 + (w.lane >> 4) * 8;
             ldmatrix_x4_trans(b, sV + kv_off(key, col));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<elem_t>(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_16816<elem_t>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+#endif
+
+#if TMA
+// compute_pv on a TMA stage: v is the stage's V plus this lane's offset.
+__device__ __forceinline__ void compute_pv_tma(float (&o)[kMT][kDT][4],
+                                               const float (&p)[kMT][kNT][4], unsigned v) {
+#pragma unroll
+    for (int kn = 0; kn < kKN; ++kn) {
+        unsigned a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            a[mt][0] = pack2<elem_t>(p[mt][2 * kn][0], p[mt][2 * kn][1]);
+            a[mt][1] = pack2<elem_t>(p[mt][2 * kn][2], p[mt][2 * kn][3]);
+            a[mt][2] = pack2<elem_t>(p[mt][2 * kn + 1][0], p[mt][2 * kn + 1][1]);
+            a[mt][3] = pack2<elem_t>(p[mt][2 * kn + 1][2], p[mt][2 * kn + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDT / 2; ++dp) {
+            unsigned b[4];
+            ldmatrix_x4_trans_s(b, kv_step(v, dp) + kn * 2048);  // keys kn*16 ..
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma_16816<elem_t>(o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -977,8 +1091,8 @@ __device__ __forceinline__ key_group pipeline_step(const stof_attn_args &a, elem
 // every warp is done with the stage refilled here (and, the first time,
 // publishes Q); the block's own K and V are waited for on its stage's
 // barrier after the refill is issued. phases holds each stage's parity.
-__device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, elem_t *sK,
-                                                       elem_t *sV, int it, int start, int end,
+__device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, unsigned sk,
+                                                       unsigned sv, int it, int start, int end,
                                                        int stage, key_cols &next,
                                                        const elem_t *sQ, const warp_pos &w,
                                                        unsigned (&qf)[kMT][kKD][4], unsigned bar0,
@@ -993,7 +1107,7 @@ __device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, 
     }
     const int refill = (stage + kAhead) % STAGES;
     if (threadIdx.x == 0 && it + kAhead * GATHER < end)
-        load_kv_tma(sK, sV, refill, a, next, h, b, bar0 + 8 * refill);
+        load_kv_tma(sk, sv, refill, a, next, h, b, bar0 + 8 * refill);
     next = load_cols(a, it + (kAhead + 1) * GATHER, end);
     const key_group cur = load_group(a, it, end);
     stof::tma::wait(bar0 + 8 * stage, (phases >> stage) & 1u);
@@ -1017,7 +1131,10 @@ __device__ __forceinline__ void to_scores(const float (&s)[kMT][kNT][4], float (
 
 // ---- the kernel ------------------------------------------------------------------------
 
-extern "C" __global__ void __launch_bounds__(kThreads)
+#ifndef MIN_CTAS
+#define MIN_CTAS 1
+#endif
+extern "C" __global__ void __launch_bounds__(kThreads, MIN_CTAS)
 stof_attention_block(const __grid_constant__ stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1030,7 +1147,14 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     elem_t *sV = sK + STAGES * kStageElems;
     elem_t *sQ = sV + STAGES * kStageElems;    // [BLOCK_M][kPitch]
     float *s_relpos = reinterpret_cast<float *>(sQ + BLOCK_M * kPitch);
-    const unsigned bar0 = smem_addr(s_relpos + RELPOS_MID);  // [STAGES] 8-byte barriers
+    // Shared addresses, computed once (asm: not rebuilt from the window's
+    // base in every iteration): K, V and the [STAGES] 8-byte barriers.
+    unsigned sk = smem_addr(sK), sv = smem_addr(sV), bar0 = smem_addr(s_relpos + RELPOS_MID);
+    asm volatile("mov.b32 %0, %0;" : "+r"(sk));
+    asm volatile("mov.b32 %0, %0;" : "+r"(sv));
+    asm volatile("mov.b32 %0, %0;" : "+r"(bar0));
+    const kv_lanes lanes = make_kv_lanes(threadIdx.x % 32);
+    const unsigned sk_lane = sk + lanes.k, sv_lane = sv + lanes.v;
     unsigned phases = 0;
 #else
     // Swizzled tiles start on a 1024-byte boundary: the host's size keeps
@@ -1092,7 +1216,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
 #pragma unroll
         for (int j = 0; j < kAhead; ++j)
             if (start + j * GATHER < end)
-                load_kv_tma(sK, sV, j, a, load_cols(a, start + j * GATHER, end), h, b,
+                load_kv_tma(sk, sv, j, a, load_cols(a, start + j * GATHER, end), h, b,
                             bar0 + 8 * j);
     }
 #else
@@ -1180,17 +1304,26 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
 #else
     for (int it = start; it < end; it += GATHER) {
 #if TMA
-        key_group cur = pipeline_step_tma(a, sK, sV, it, start, end, stage, next, sQ, w, qf, bar0,
+        key_group cur = pipeline_step_tma(a, sk, sv, it, start, end, stage, next, sQ, w, qf, bar0,
                                           phases, h, b);
 #else
         key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf, kt);
 #endif
         if (warp_group_view(a, w, cur)) {
             float s[kMT][kNT][4];
+#if TMA
+            const unsigned stage_off = stage * (kStageElems * (unsigned)sizeof(elem_t));
+            compute_scores_tma(s, qf, sQ, sk_lane + stage_off, w);
+#else
             compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
+#endif
             mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
             online_softmax(s, m, l, o, c);
+#if TMA
+            compute_pv_tma(o, s, sv_lane + stage_off);
+#else
             compute_pv(o, s, sV + stage * kStageElems, w);
+#endif
         }
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }

@@ -66,6 +66,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void *
                  : "r"(smem_addr(smem)));
 }
 
+// The same from shared-window addresses (smem_addr) the caller computes.
+__device__ __forceinline__ void ldmatrix_x4_s(unsigned (&r)[4], unsigned smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans_s(unsigned (&r)[4], unsigned smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem));
+}
+
 // ---- mma.sync m16n8k16, fp32 accumulate --------------------------------------
 //
 // Fragments (g = lane / 4, t = lane % 4):

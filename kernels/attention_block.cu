@@ -796,10 +796,11 @@ __device__ __forceinline__ bool warp_group_view(const stof_attn_args &a, const w
 // 8 in exp2 units, P <= 256, skipped more, but on an H200 it bought 2% on
 // dense 64x64 wgmma tiles for 7% more error against an fp64 reference.)
 // Pairwise reductions of n values (x is overwritten): log2(n) dependent
-// steps instead of n, which the fixed-latency stalls of a 32-key block's
-// softmax are made of.
+// steps instead of n, which is what the fixed-latency stalls of a 32-key
+// block's softmax were made of.
+
 template <int N>
-__device__ __forceinline__ float tree_max(float (&x)[N]) {
+__device__ __forceinline__ float pairwise_max(float (&x)[N]) {
 #pragma unroll
     for (int w = 1; w < N; w *= 2)
 #pragma unroll
@@ -808,7 +809,7 @@ __device__ __forceinline__ float tree_max(float (&x)[N]) {
 }
 
 template <int N>
-__device__ __forceinline__ float tree_sum(float (&x)[N]) {
+__device__ __forceinline__ float pairwise_sum(float (&x)[N]) {
 #pragma unroll
     for (int w = 1; w < N; w *= 2)
 #pragma unroll
@@ -816,20 +817,40 @@ __device__ __forceinline__ float tree_sum(float (&x)[N]) {
     return x[0];
 }
 
+// The maximum of the thread's scores of row `half` of tile mt.
+__device__ __forceinline__ float row_max(const float (&s)[kMT][kNT][4], int mt, int half) {
+    float part[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) part[nt] = fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]);
+    return pairwise_max(part);
+}
+
+// Row `half` of tile mt: scores to P = exp2(s c + neg_ref); their sum.
+__device__ __forceinline__ float row_exp(float (&s)[kMT][kNT][4], int mt, int half, float c,
+                                         float neg_ref) {
+    float part[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            s[mt][nt][half * 2 + e] = exp2f(fmaf(s[mt][nt][half * 2 + e], c, neg_ref));
+        part[nt] = s[mt][nt][half * 2] + s[mt][nt][half * 2 + 1];
+    }
+    return pairwise_sum(part);
+}
+
+// nmc is -m c per row (0 while the row is empty: see softmax_ref), the
+// exponent's offset; it changes only with m, so it is kept, not rebuilt.
 __device__ __forceinline__ bool softmax_step(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
-                                             float (&l)[kMT][2], float (&alpha_out)[kMT][2],
-                                             float c) {
+                                             float (&l)[kMT][2], float (&nmc)[kMT][2],
+                                             float (&alpha_out)[kMT][2], float c) {
     float m_new[kMT][2];
     bool move = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float part[kNT];
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
-                part[nt] = fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]);
-            float mx = tree_max(part);
+            float mx = row_max(s, mt, half);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             m_new[mt][half] = fmaxf(m[mt][half], mx);
@@ -843,20 +864,11 @@ __device__ __forceinline__ bool softmax_step(float (&s)[kMT][kNT][4], float (&m)
         for (int half = 0; half < 2; ++half) {
             float alpha = 1.0f;
             if (move) {
-                // 0 while the row was empty
-                alpha = exp2f(fmaf(m[mt][half], c, -softmax_ref(m_new[mt][half]) * c));
+                nmc[mt][half] = -softmax_ref(m_new[mt][half]) * c;
+                alpha = exp2f(fmaf(m[mt][half], c, nmc[mt][half]));  // 0 while the row was empty
                 m[mt][half] = m_new[mt][half];
             }
-            const float neg_ref = -softmax_ref(m[mt][half]) * c;
-            float part[kNT];
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    s[mt][nt][half * 2 + e] = exp2f(fmaf(s[mt][nt][half * 2 + e], c, neg_ref));
-                part[nt] = s[mt][nt][half * 2] + s[mt][nt][half * 2 + 1];
-            }
-            l[mt][half] = l[mt][half] * alpha + tree_sum(part);
+            l[mt][half] = l[mt][half] * alpha + row_exp(s, mt, half, c, nmc[mt][half]);
             alpha_out[mt][half] = alpha;
         }
     }
@@ -873,10 +885,10 @@ __device__ __forceinline__ void rescale_o(float (&o)[kMT][kDT][4], const float (
 }
 
 __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
-                                               float (&l)[kMT][2], float (&o)[kMT][kDT][4],
-                                               float c) {
+                                               float (&l)[kMT][2], float (&nmc)[kMT][2],
+                                               float (&o)[kMT][kDT][4], float c) {
     float alpha[kMT][2];
-    if (softmax_step(s, m, l, alpha, c))
+    if (softmax_step(s, m, l, nmc, alpha, c))
         rescale_o(o, alpha);
 }
 
@@ -1131,10 +1143,14 @@ __device__ __forceinline__ void to_scores(const float (&s)[kMT][kNT][4], float (
 
 // ---- the kernel ------------------------------------------------------------------------
 
-#ifndef MIN_CTAS
-#define MIN_CTAS 1
+// -DMIN_CTAS=N: ptxas plans registers for N resident CTAs an SM
+// (__launch_bounds__' second argument); unset, it chooses alone.
+#ifdef MIN_CTAS
+#define STOF_ATTN_BOUNDS __launch_bounds__(kThreads, MIN_CTAS)
+#else
+#define STOF_ATTN_BOUNDS __launch_bounds__(kThreads)
 #endif
-extern "C" __global__ void __launch_bounds__(kThreads, MIN_CTAS)
+extern "C" __global__ void STOF_ATTN_BOUNDS
 stof_attention_block(const __grid_constant__ stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1236,7 +1252,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     // current block's entry is an L1 hit anyway.)
     key_cols next = load_cols(a, start + kAhead * GATHER, end);
 
-    float o[kMT][kDT][4], m[kMT][2], l[kMT][2];
+    float o[kMT][kDT][4], m[kMT][2], l[kMT][2], nmc[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -1245,6 +1261,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
         m[mt][0] = m[mt][1] = STOF_NEG_INF;
         l[mt][0] = l[mt][1] = 0.0f;
+        nmc[mt][0] = nmc[mt][1] = 0.0f;
     }
     unsigned qf[kMT][kKD][4];
 
@@ -1273,7 +1290,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             keep_s(s);
             mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
             float alpha[kMT][2];  // 0: O is still zero
-            softmax_step(s, m, l, alpha, c);
+            softmax_step(s, m, l, nmc, alpha, c);
             pack_p(s, pf);
             stage = 1;  // STAGES >= 3
         }
@@ -1288,7 +1305,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             to_scores(s, p);
             mask_and_scale(p, a, w, row_base, cur, h, prescale, far);
             float alpha[kMT][2];
-            const bool moved = softmax_step(p, m, l, alpha, c);
+            const bool moved = softmax_step(p, m, l, nmc, alpha, c);
             stof::wg::wait<0>();
             keep_pv(o, pf);
             if (moved) rescale_o(o, alpha);
@@ -1318,7 +1335,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
 #endif
             mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
-            online_softmax(s, m, l, o, c);
+            online_softmax(s, m, l, nmc, o, c);
 #if TMA
             compute_pv_tma(o, s, sv_lane + stage_off);
 #else

@@ -60,6 +60,21 @@
 // against 267 for mma.sync at 128x64 with 4 warps; so the host picks this
 // build by default on sm_90 where the sizes allow it.
 //
+// K and V by the tensor memory accelerator (-DTMA=1, the mma.sync build on
+// sm_90+, head sizes that are multiples of 64; see tma.cuh). Thread 0
+// issues each stage's K and V as tensor copies (the host's maps, in the
+// argument block) that complete on the stage's mbarrier; Q still comes by
+// cp.async. The stages hold [HEAD_DIM / 64][rows][64] in the 128-byte
+// swizzle and start 1024-byte aligned, K and V first, then Q, the relpos
+// table and the barriers. The barrier at the top of an iteration then only
+// frees the stage to refill; the block's own data is waited for on its
+// stage's mbarrier. With the copies off the warps' instruction streams
+// (an iteration of a 32x32 tile with 2 warps issued eight cp.async a thread
+// and their address arithmetic) and the ldmatrix addresses reduced to one
+// XOR a k step (kv_lanes), on an H200 BigBird 16x12x4096 at 32x32 with 2
+// warps went from 0.80 ms (158 useful TFLOP/s) to 0.62 (206), and dense
+// 32x32 tiles from 186 to 254-261 TFLOP/s.
+//
 // Gathered key blocks (-DGATHER=G, G = 2 or 4). A mask whose structure is
 // finer than a good tile (BigBird's 32-wide random blocks) forces a small
 // BLOCK_N, and then the per-block work (barrier, load issue, the row
@@ -1143,14 +1158,12 @@ __device__ __forceinline__ void to_scores(const float (&s)[kMT][kNT][4], float (
 
 // ---- the kernel ------------------------------------------------------------------------
 
-// -DMIN_CTAS=N: ptxas plans registers for N resident CTAs an SM
-// (__launch_bounds__' second argument); unset, it chooses alone.
-#ifdef MIN_CTAS
-#define STOF_ATTN_BOUNDS __launch_bounds__(kThreads, MIN_CTAS)
-#else
-#define STOF_ATTN_BOUNDS __launch_bounds__(kThreads)
-#endif
-extern "C" __global__ void STOF_ATTN_BOUNDS
+// No minimum of resident CTAs in the launch bounds: with one, ptxas gave
+// the wgmma build at 128x64 153 registers instead of 127 (one CTA an SM
+// fewer) and the TMA build at 32x32 124 instead of 96; on an H200 BigBird
+// 16x12x4096 ran 0.627 ms at 124, 0.617 at 96, 0.653 when forced to 9 or
+// 10 CTAs an SM.
+extern "C" __global__ void __launch_bounds__(kThreads)
 stof_attention_block(const __grid_constant__ stof_attn_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];

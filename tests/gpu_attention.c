@@ -48,37 +48,39 @@ typedef struct tcase {
     int causal, cross;
     int relpos, bidirectional; /* T5 bias: 32 buckets, max distance 128 */
     float scale;               /* 0: 1/sqrt(head_dim); negative: the kernels' pre-scaled path */
+    int shared_kv;             /* cross only: one K, V for every batch (batch stride 0) */
 } tcase;
 
 static const tcase cases[] = {
-    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0},
-    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0},
-    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0},
-    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0},
-    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0},
-    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0},
-    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0},
-    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0},
+    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0},
+    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0},
+    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0, 0},
+    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0},
+    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0},
+    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0},
     {"scattered", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 2, 2, 257,
-     257, 0, 0, 0, 0, 0},
+     257, 0, 0, 0, 0, 0, 0},
     {"scattered+causal", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 1, 2,
-     100, 100, 1, 0, 0, 0, 0},
-    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0},
+     100, 100, 1, 0, 0, 0, 0, 0},
+    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0},
     {"key_padding [0,77]", SRC_SPEC, "key_padding{lengths=[0, 77]}", 2, 2, 100, 100, 0, 0, 0, 0,
-     0},
+     0, 0},
     {"key_padding [100,37,1]", SRC_SPEC, "key_padding{lengths=[100, 37, 1]}", 3, 2, 100, 100, 0,
-     0, 0, 0, 0},
+     0, 0, 0, 0, 0},
     {"per_batch(sliding,bigbird)", SRC_SPEC, "per_batch(sliding_window{band=8}, bigbird{})", 2, 2,
-     257, 257, 0, 0, 0, 0, 0},
-    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0},
-    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0},
-    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0},
-    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0},
-    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f},
-    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f},
-    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f},
-    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f},
-    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f},
+     257, 257, 0, 0, 0, 0, 0, 0},
+    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0},
+    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0},
+    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0},
+    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0},
+    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0},
+    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f, 0},
+    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0},
+    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f, 0},
+    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0},
+    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -339,6 +341,8 @@ static void case_tensors(const tcase *tc, const mha_exec_problem *p, const dbufs
         mha_exec_tensors_cross(t, db->q, db->kv, db->o, p, 2);
     else
         mha_exec_tensors_packed(t, db->kv, db->o, p, 2);
+    if (tc->shared_kv)
+        t->k_batch_stride = t->v_batch_stride = 0;
     t->relpos_table = db->table;
 }
 
@@ -543,6 +547,11 @@ static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t 
     fill_random(d.q, nq, dtype, &rng);
     fill_random(d.k, nk, dtype, &rng);
     fill_random(d.v, nk, dtype, &rng);
+    if (tc->shared_kv) /* every batch reads batch 0's K and V: the reference sees copies */
+        for (int b = 1; b < d.B; b++) {
+            memcpy(d.k + (size_t)b * (nk / d.B), d.k, nk / d.B * sizeof *d.k);
+            memcpy(d.v + (size_t)b * (nk / d.B), d.v, nk / d.B * sizeof *d.v);
+        }
     fill_random(d.table, (size_t)RELPOS_BUCKETS * d.H, dtype, &rng);
     mha_exec_problem p = case_problem(tc, m, dtype, D);
     reference(tc, m, p.scale, &d);
@@ -830,8 +839,8 @@ static void timing(gpu *g) {
  * unidirectional relative-position bias, at two sizes (the larger one a
  * t5-base decoder at batch 8). */
 static const tcase sweep_cases[] = {
-    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f},
-    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f},
+    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0},
+    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0},
 };
 
 /* only: a setting's name ("128x16w1") to run that one alone, or NULL. */

@@ -203,8 +203,8 @@ size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, in
 }
 
 int mha_exec_tma_shape(const mha_exec_config *c) {
-    return c->kernel == MHA_KERNEL_BLOCK_WISE && !c->wgmma && c->head_dim % 64 == 0 &&
-           stof_dtype_size(c->dtype) == 2;
+    return c->kernel == MHA_KERNEL_BLOCK_WISE && c->head_dim % 64 == 0 &&
+           (!c->wgmma || c->head_dim == 64) && stof_dtype_size(c->dtype) == 2;
 }
 
 size_t mha_exec_config_smem(const mha_exec_config *c) {
@@ -329,8 +329,8 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
         return rc;
     if (c->tma && !mha_exec_tma_shape(c))
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "attention: the TMA build is the mma.sync one (not wgmma) for head_dim a "
-                       "multiple of 64, got head_dim %d%s",
+                       "attention: the TMA build takes head_dim a multiple of 64 (with wgmma: "
+                       "64), got head_dim %d%s",
                        c->head_dim, c->wgmma ? " with wgmma" : "");
     size_t smem = mha_exec_config_smem(c);
     if (smem_limit > 0 && smem > (size_t)smem_limit)
@@ -659,8 +659,9 @@ static int wgmma_by_default(const mha_exec_config *cfg, const mha_exec_force *fo
 }
 
 /* The build (force->wgmma: 1 wgmma, -1 mma.sync, 0 wgmma_by_default; then
- * for mma.sync force->tma: 1 TMA, -1 cp.async, 0 TMA where the device has
- * it) and the pipeline depth of a configuration whose sizes are set. */
+ * force->tma: 1 TMA, -1 cp.async, 0 TMA where the device has it and the
+ * shape takes it) and the pipeline depth of a configuration whose sizes
+ * are set. */
 static void set_build(mha_exec_config *cfg, const mha_exec_force *force,
                       const mha_device_limits *lim) {
     int want = force ? force->wgmma : 0;

@@ -80,9 +80,9 @@ typedef struct mha_exec_config {
                                             ran 0.83 ms gathered by 2 and 1.25 by 4 against
                                             0.81 plain: per-block work is not what bounds
                                             32-row tiles (see attention_block.cu) */
-    int tma;                             /* block-wise mma.sync build: K and V tiles by the
-                                            tensor memory accelerator (-DTMA=1; sm_90 and
-                                            later, head_dim a multiple of 64), one thread
+    int tma;                             /* block-wise: K and V tiles by the tensor memory
+                                            accelerator (-DTMA=1; sm_90 and later, head_dim a
+                                            multiple of 64, with wgmma 64), one thread
                                             issuing each tile, instead of cp.async by all */
 } mha_exec_config;
 
@@ -103,8 +103,9 @@ void mha_exec_config_arch(const mha_exec_config *c, const char *arch, char *out,
  * loads: at least 3 (the automatic depth is raised to it). */
 #define MHA_EXEC_WGMMA_MIN_STAGES 3
 
-/* Whether configuration c may take the TMA build: block-wise, the mma.sync
- * build, a head size that is a multiple of 64, 16-bit elements. */
+/* Whether configuration c may take the TMA build: block-wise, a head size
+ * that is a multiple of 64 (the wgmma build: 64, where its swizzled tiles
+ * are the copies' layout), 16-bit elements. */
 int mha_exec_tma_shape(const mha_exec_config *c);
 
 /* Dynamic shared memory of the block-wise kernel: Q [block_m] and a ring of
@@ -249,9 +250,9 @@ typedef struct mha_exec_force {
                         automatic (wgmma on sm_90 for whole warpgroups of 16-row
                         warps and head sizes that are multiples of 64) */
     int gather;      /* block-wise with explicit sizes: entries a tile (0, 1: one) */
-    int tma;         /* block-wise mma.sync builds: 1 = K and V by the tensor memory
-                        accelerator, -1 = by cp.async, 0 = automatic (TMA where the device
-                        and the shape allow it) */
+    int tma;         /* block-wise: 1 = K and V by the tensor memory accelerator, -1 = by
+                        cp.async, 0 = automatic (TMA where the device and the shape allow
+                        it) */
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from

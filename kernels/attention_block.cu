@@ -60,11 +60,12 @@
 // against 267 for mma.sync at 128x64 with 4 warps; so the host picks this
 // build by default on sm_90 where the sizes allow it.
 //
-// K and V by the tensor memory accelerator (-DTMA=1, the mma.sync build on
-// sm_90+, head sizes that are multiples of 64; see tma.cuh). Thread 0
-// issues each stage's K and V as tensor copies (the host's maps, in the
-// argument block) that complete on the stage's mbarrier; Q still comes by
-// cp.async. The stages hold [HEAD_DIM / 64][rows][64] in the 128-byte
+// K and V by the tensor memory accelerator (-DTMA=1, sm_90+, head sizes
+// that are multiples of 64; in the wgmma build 64, whose swizzled tiles
+// are the copies' layout; see tma.cuh). Thread 0 issues each stage's K and
+// V as tensor copies (the host's maps, in the argument block) that
+// complete on the stage's mbarrier; Q still comes by cp.async (and in the
+// wgmma build crosses a proxy fence once). The stages hold [HEAD_DIM / 64][rows][64] in the 128-byte
 // swizzle and start 1024-byte aligned, K and V first, then Q, the relpos
 // table and the barriers. The barrier at the top of an iteration then only
 // frees the stage to refill; the block's own data is waited for on its
@@ -185,8 +186,9 @@ static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
 static_assert(SPLIT == 0 || SPLIT == 1, "SPLIT: 0 (grid over block rows) or 1 (work list)");
 static_assert(!WGMMA || (NUM_WARPS % 4 == 0 && kWarpRows == 16),
               "WGMMA: whole warpgroups, 16 rows a warp (BLOCK_M = 16 NUM_WARPS, a multiple of 64)");
-static_assert(!TMA || (!WGMMA && HEAD_DIM % 64 == 0 && sizeof(elem_t) == 2),
-              "TMA: the mma.sync build, head sizes that are multiples of 64");
+static_assert(!TMA || (HEAD_DIM % 64 == 0 && sizeof(elem_t) == 2 && (!WGMMA || HEAD_DIM == 64)),
+              "TMA: head sizes that are multiples of 64 (the wgmma build: 64, where its "
+              "swizzled tiles are the copies' layout)");
 
 // K and V stages: rows of kPitch elements, or with TMA the copy engine's
 // layout, [HEAD_DIM / 64][kTileN][64] in the 128-byte swizzle (kv_off).
@@ -1124,7 +1126,12 @@ __device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, 
                                                        const elem_t *sQ, const warp_pos &w,
                                                        unsigned (&qf)[kMT][kKD][4], unsigned bar0,
                                                        unsigned &phases, int h, int b) {
-    if (it == start) cp_async_wait<0>();  // Q, this thread's copies
+    if (it == start) {
+        cp_async_wait<0>();  // Q, this thread's copies
+#if WGMMA
+        stof::wg::fence_proxy_async();  // cp.async wrote Q; wgmma reads it
+#endif
+    }
     __syncthreads();
     if (kKeepQ && it == start) {
 #pragma unroll
@@ -1182,8 +1189,10 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     asm volatile("mov.b32 %0, %0;" : "+r"(sk));
     asm volatile("mov.b32 %0, %0;" : "+r"(sv));
     asm volatile("mov.b32 %0, %0;" : "+r"(bar0));
+#if !WGMMA  // (wgmma reads the stages through descriptors)
     const kv_lanes lanes = make_kv_lanes(threadIdx.x % 32);
     const unsigned sk_lane = sk + lanes.k, sv_lane = sv + lanes.v;
+#endif
     unsigned phases = 0;
 #else
     // Swizzled tiles start on a 1024-byte boundary: the host's size keeps
@@ -1295,7 +1304,12 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
         unsigned pf[kKN][4];  // the previous block's P, as A fragments of its P V
         int prev_stage = stage;
         {
+#if TMA
+            key_group cur = pipeline_step_tma(a, sk, sv, start, start, end, stage, next, sQ, w, qf,
+                                              bar0, phases, h, b);
+#else
             key_group cur = pipeline_step(a, sK, sV, k, v, start, start, end, stage, next, sQ, w, qf, kt);
+#endif
             float s[kMT][kNT][4];
             stof::wg::fence();
             issue_scores(s, sQ, sK + stage * kStageElems, w);
@@ -1308,7 +1322,12 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             stage = 1;  // STAGES >= 3
         }
         for (int it = start + GATHER; it < end; it += GATHER) {
+#if TMA
+            key_group cur = pipeline_step_tma(a, sk, sv, it, start, end, stage, next, sQ, w, qf,
+                                              bar0, phases, h, b);
+#else
             key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf, kt);
+#endif
             float s[kMT][kNT][4], p[kMT][kNT][4];
             stof::wg::fence();
             issue_scores(s, sQ, sK + stage * kStageElems, w);

@@ -171,7 +171,8 @@ class Attention:
         # the Hopper (warpgroup MMA) build: True, False (mma.sync) or None (automatic)
         d.wgmma = 0 if wgmma is None else (1 if wgmma else -1)
         d.gather = gather  # forced sizes: 2 or 4 key blocks computed as one tile
-        # K, V tiles by the tensor memory accelerator: True, False (cp.async) or None (automatic)
+        # K, V tiles by the tensor memory accelerator (sm_90+): True, False (cp.async) or
+        # None (automatic)
         d.tma = 0 if tma is None else (1 if tma else -1)
         self.desc, self._ctx, self._mask = d, ctx, mask
         self._h = ctypes.c_void_p()

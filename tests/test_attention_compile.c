@@ -267,6 +267,18 @@ static int list_tma_variants(variant *v, int cap) {
          .block_n = 32, .num_warps = 2, .stages = 4, .split = 1, .tma = 1},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_BF16, .block_m = 32,
          .block_n = 32, .num_warps = 2, .stages = 3, .gather = 2, .tma = 1},
+        /* the wgmma build at head size 64 */
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
+         .block_n = 64, .num_warps = 4, .stages = 3, .wgmma = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .block_m = 128,
+         .block_n = 64, .num_warps = 8, .stages = 3, .wgmma = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
+         .block_n = 16, .num_warps = 4, .stages = 4, .wgmma = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
+         .relpos_mid = 256, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3,
+         .split = 1, .wgmma = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
+         .block_n = 32, .num_warps = 4, .stages = 3, .wgmma = 1, .gather = 2, .tma = 1},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
         v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
@@ -603,7 +615,8 @@ static int tma_choice(const char *arch, int head_dim, int bm, int bn, int w, int
 static void test_tma_configs(void) {
     CHECK(tma_choice("sm_90", 64, 32, 32, 2, 0, 0));
     CHECK(tma_choice("sm_90", 128, 64, 32, 4, 0, -1));
-    CHECK(!tma_choice("sm_90", 128, 64, 32, 4, 0, 0)); /* the wgmma build by default */
+    CHECK(tma_choice("sm_90", 64, 64, 32, 4, 0, 0));   /* wgmma at 64: its tiles are TMA's */
+    CHECK(!tma_choice("sm_90", 128, 64, 32, 4, 0, 0)); /* wgmma at 128: cp.async */
     CHECK(!tma_choice("sm_90", 64, 32, 32, 2, -1, 0)); /* forced off */
     CHECK(!tma_choice("sm_90", 80, 32, 32, 2, 0, 0));  /* 160-byte rows: cp.async */
     CHECK(!tma_choice("sm_80", 64, 32, 32, 2, 0, 0));  /* no TMA before sm_90 */
@@ -630,6 +643,8 @@ static void test_tma_configs(void) {
     c.block_m = 64;
     c.num_warps = 4;
     c.wgmma = 1;
+    CHECK_EQ_INT(mha_exec_config_check(&c, 0, &err), STOF_OK);
+    c.head_dim = 128;
     expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_UNSUPPORTED, &err, "with wgmma");
 }
 

@@ -233,6 +233,57 @@ __device__ __forceinline__ int kv_off(int key, int c) {
     return tile_off(key, c);
 }
 
+// The ldmatrix addresses of the K and V loads in a TMA stage, at a cost of
+// one XOR per k step. A lane's 16-byte chunk at k step 0 is its row's line
+// plus chunk (b ^ row) % 8 (kv_off); step kd of a 64-column piece is chunk
+// + 2 kd = chunk ^ 2 kd (the chunk's low bit is b), i.e. bits 5-6 of the
+// address toggled, and with stages 1024-byte aligned the XOR commutes with
+// adding the stage, whole 16-row groups (2048 bytes) and pieces. So each
+// lane keeps one offset for K and one for V.
+struct kv_lanes {
+    unsigned k, v;  // bytes from a stage's start
+};
+
+__device__ __forceinline__ kv_lanes make_kv_lanes(int lane) {
+    const int row = lane & 7;
+    kv_lanes r;
+    // K (B of Q K^T): keys row + 8 (lane / 16), columns 8 ((lane / 8) % 2) ..
+    r.k = (row + (lane >> 4) * 8) * 128 + ((((lane >> 3) & 1) ^ row) << 4);
+    // V (B of P V, transposed): keys row + 8 ((lane / 8) % 2), columns 8 (lane / 16) ..
+    r.v = (row + ((lane >> 3) & 1) * 8) * 128 + (((lane >> 4) ^ row) << 4);
+    return r;
+}
+
+// Shared address of k step kd (16 columns) in a stage at lane address base.
+__device__ __forceinline__ unsigned kv_step(unsigned base, int kd) {
+    return (base ^ ((kd & 3) << 5)) + (kd >> 2) * (kTileN * 128);
+}
+
+// A K or V stage as the mma.sync loads see it: the tile (cp.async stages),
+// or with TMA the stage's shared address plus this lane's offset (kv_lanes).
+struct kv_view {
+    const elem_t *tile;
+    unsigned lane;
+};
+
+// The shared address of the B fragments (ldmatrix x4) of keys np*16 ..
+// at k step kd of Q K^T: n tiles 2np and 2np+1, both k halves.
+__device__ __forceinline__ unsigned k_frag(const kv_view &k, const warp_pos &w, int kd, int np) {
+    if (TMA) return kv_step(k.lane, kd) + np * 2048;
+    const int key = np * 16 + (w.lane & 7) + (w.lane >> 4) * 8;
+    const int col = kd * 16 + ((w.lane >> 3) & 1) * 8;
+    return smem_addr(k.tile + kv_off(key, col));
+}
+
+// The same for V rows (keys) kn*16 .. x columns dp*16 .. of P V, loaded
+// transposed into the B fragments of O tiles 2dp and 2dp+1.
+__device__ __forceinline__ unsigned v_frag(const kv_view &v, const warp_pos &w, int kn, int dp) {
+    if (TMA) return kv_step(v.lane, dp) + kn * 2048;
+    const int key = kn * 16 + (w.lane & 7) + ((w.lane >> 3) & 1) * 8;
+    const int col = dp * 16 + (w.lane >> 4) * 8;
+    return smem_addr(v.tile + kv_off(key, col));
+}
+
 // ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a
 // shared tile, cooperatively by the whole block; rows >= valid_rows are
 // zero-filled. Asynchronous: the caller commits and waits. A fixed,
@@ -417,31 +468,6 @@ __device__ __forceinline__ void load_kv_tma(unsigned sk, unsigned sv, int stage,
     }
 }
 
-// The ldmatrix addresses of the K and V loads in a TMA stage, at a cost of
-// one XOR per k step. A lane's 16-byte chunk at k step 0 is its row's line
-// plus chunk (b ^ row) % 8 (kv_off); step kd of a 64-column piece is chunk
-// + 2 kd = chunk ^ 2 kd (the chunk's low bit is b), i.e. bits 5-6 of the
-// address toggled, and with stages 1024-byte aligned the XOR commutes with
-// adding the stage, whole 16-row groups (2048 bytes) and pieces. So each
-// lane keeps one offset for K and one for V.
-struct kv_lanes {
-    unsigned k, v;  // bytes from a stage's start
-};
-
-__device__ __forceinline__ kv_lanes make_kv_lanes(int lane) {
-    const int row = lane & 7;
-    kv_lanes r;
-    // K (B of Q K^T): keys row + 8 (lane / 16), columns 8 ((lane / 8) % 2) ..
-    r.k = (row + (lane >> 4) * 8) * 128 + ((((lane >> 3) & 1) ^ row) << 4);
-    // V (B of P V, transposed): keys row + 8 ((lane / 8) % 2), columns 8 (lane / 16) ..
-    r.v = (row + ((lane >> 3) & 1) * 8) * 128 + (((lane >> 4) ^ row) << 4);
-    return r;
-}
-
-// Shared address of k step kd (16 columns) in a stage at lane address base.
-__device__ __forceinline__ unsigned kv_step(unsigned base, int kd) {
-    return (base ^ ((kd & 3) << 5)) + (kd >> 2) * (kTileN * 128);
-}
 #endif
 
 // The A fragments of the warp's Q rows for k step kd.
@@ -487,7 +513,7 @@ __device__ __forceinline__ void keep_s(float (&s)[kMT][kNT][4]) {
 #else
 __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
                                                const unsigned (&qf)[kMT][kKD][4],
-                                               const elem_t *sQ, const elem_t *sK,
+                                               const elem_t *sQ, const kv_view &k,
                                                const warp_pos &w) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -509,11 +535,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
         }
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
-            // n tiles 2np and 2np+1 (16 keys), both k halves of step kd
             unsigned b[4];
-            const int key = np * 16 + (w.lane & 7) + (w.lane >> 4) * 8;
-            const int col = kd * 16 + ((w.lane >> 3) & 1) * 8;
-            ldmatrix_x4(b, sK + kv_off(key, col));
+            ldmatrix_x4_s(b, k_frag(k, w, kd, np));
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma_16816<elem_t>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -522,45 +545,6 @@ __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
         }
     }
 }
-
-#if TMA
-// compute_scores on a TMA stage: k is the stage's K plus this lane's offset.
-__device__ __forceinline__ void compute_scores_tma(float (&s)[kMT][kNT][4],
-                                                   const unsigned (&qf)[kMT][kKD][4],
-                                                   const elem_t *sQ, unsigned k,
-                                                   const warp_pos &w) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-#pragma unroll
-    for (int kd = 0; kd < kKD; ++kd) {
-        unsigned a[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            if (kKeepQ) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kd][e];
-            } else {
-                load_q_frag(a[mt], sQ, w, mt, kd);
-            }
-        }
-        const unsigned base = kv_step(k, kd);
-#pragma unroll
-        for (int np = 0; np < kNT / 2; ++np) {
-            unsigned b[4];
-            ldmatrix_x4_s(b, base + np * 2048);  // keys np*16 ..
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma_16816<elem_t>(s[mt][2 * np], a[mt], b[0], b[1]);
-                mma_16816<elem_t>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
-        }
-    }
-}
-#endif
 #endif
 
 // ---- mask, scale and bias ------------------------------------------------------------
@@ -951,7 +935,7 @@ __device__ __forceinline__ void keep_pv(float (&o)[kMT][kDT][4], unsigned (&a)[k
 }
 #else
 __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float (&p)[kMT][kNT][4],
-                                           const elem_t *sV, const warp_pos &w) {
+                                           const kv_view &v, const warp_pos &w) {
 #pragma unroll
     for (int kn = 0; kn < kKN; ++kn) {
         // P's C fragments of n tiles 2kn, 2kn+1 are the A fragment of k step kn
@@ -965,40 +949,8 @@ __device__ __forceinline__ void compute_pv(float (&o)[kMT][kDT][4], const float 
         }
 #pragma unroll
         for (int dp = 0; dp < kDT / 2; ++dp) {
-            // V rows kn*16.. (keys) x columns dp*16.. (dims), transposed into
-            // the B fragments of O tiles 2dp and 2dp+1
             unsigned b[4];
-            const int key = kn * 16 + (w.lane & 7) + ((w.lane >> 3) & 1) * 8;
-            const int col = dp * 16 + (w.lane >> 4) * 8;
-            ldmatrix_x4_trans(b, sV + kv_off(key, col));
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma_16816<elem_t>(o[mt][2 * dp], a[mt], b[0], b[1]);
-                mma_16816<elem_t>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
-            }
-        }
-    }
-}
-#endif
-
-#if TMA
-// compute_pv on a TMA stage: v is the stage's V plus this lane's offset.
-__device__ __forceinline__ void compute_pv_tma(float (&o)[kMT][kDT][4],
-                                               const float (&p)[kMT][kNT][4], unsigned v) {
-#pragma unroll
-    for (int kn = 0; kn < kKN; ++kn) {
-        unsigned a[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            a[mt][0] = pack2<elem_t>(p[mt][2 * kn][0], p[mt][2 * kn][1]);
-            a[mt][1] = pack2<elem_t>(p[mt][2 * kn][2], p[mt][2 * kn][3]);
-            a[mt][2] = pack2<elem_t>(p[mt][2 * kn + 1][0], p[mt][2 * kn + 1][1]);
-            a[mt][3] = pack2<elem_t>(p[mt][2 * kn + 1][2], p[mt][2 * kn + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < kDT / 2; ++dp) {
-            unsigned b[4];
-            ldmatrix_x4_trans_s(b, kv_step(v, dp) + kn * 2048);  // keys kn*16 ..
+            ldmatrix_x4_trans_s(b, v_frag(v, w, kn, dp));
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma_16816<elem_t>(o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -1362,17 +1314,14 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             float s[kMT][kNT][4];
 #if TMA
             const unsigned stage_off = stage * (kStageElems * (unsigned)sizeof(elem_t));
-            compute_scores_tma(s, qf, sQ, sk_lane + stage_off, w);
+            const kv_view kk = {sK, sk_lane + stage_off}, vv = {sV, sv_lane + stage_off};
 #else
-            compute_scores(s, qf, sQ, sK + stage * kStageElems, w);
+            const kv_view kk = {sK + stage * kStageElems, 0}, vv = {sV + stage * kStageElems, 0};
 #endif
+            compute_scores(s, qf, sQ, kk, w);
             mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
             online_softmax(s, m, l, nmc, o, c);
-#if TMA
-            compute_pv_tma(o, s, sv_lane + stage_off);
-#else
-            compute_pv(o, s, sV + stage * kStageElems, w);
-#endif
+            compute_pv(o, s, vv, w);
         }
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }

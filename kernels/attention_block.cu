@@ -1037,6 +1037,15 @@ __device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
 
 // ---- the pipeline ------------------------------------------------------------------
 
+// The warp's Q fragments for every k step, kept in registers (kKeepQ).
+__device__ __forceinline__ void load_q_frags(unsigned (&qf)[kMT][kKD][4], const elem_t *sQ,
+                                             const warp_pos &w) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
+}
+
 // The top of every iteration: this block's K, V (and Q) have landed and are
 // published, and every warp is done with the stage refilled here (see the
 // top of the file); the columns of the block after the refilled one are
@@ -1054,12 +1063,7 @@ __device__ __forceinline__ key_group pipeline_step(const stof_attn_args &a, elem
     stof::wg::fence_proxy_async();  // cp.async wrote them; wgmma reads them
 #endif
     __syncthreads();
-    if (kKeepQ && it == start) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
-    }
+    if (kKeepQ && it == start) load_q_frags(qf, sQ, w);
     const int refill = (stage + kAhead) % STAGES;
     if (it + kAhead * GATHER < end) load_kv_async(sK, sV, refill, k, v, a, next, kt);
     cp_async_commit();
@@ -1085,12 +1089,7 @@ __device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, 
 #endif
     }
     __syncthreads();
-    if (kKeepQ && it == start) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int kd = 0; kd < kKD; ++kd) load_q_frag(qf[mt][kd], sQ, w, mt, kd);
-    }
+    if (kKeepQ && it == start) load_q_frags(qf, sQ, w);
     const int refill = (stage + kAhead) % STAGES;
     if (threadIdx.x == 0 && it + kAhead * GATHER < end)
         load_kv_tma(sk, sv, refill, a, next, h, b, bar0 + 8 * refill);

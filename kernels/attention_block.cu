@@ -191,7 +191,7 @@ static_assert(!TMA || (HEAD_DIM % 64 == 0 && sizeof(elem_t) == 2 && (!WGMMA || H
               "swizzled tiles are the copies' layout)");
 
 // K and V stages: rows of kPitch elements, or with TMA the copy engine's
-// layout, [HEAD_DIM / 64][kTileN][64] in the 128-byte swizzle (kv_off).
+// layout, [HEAD_DIM / 64][kTileN][64] in the 128-byte swizzle (kv_lanes).
 constexpr int kKVPitch = TMA ? HEAD_DIM : kPitch;
 constexpr int kStageElems = kTileN * kKVPitch;   // one K (or V) stage
 // Blocks loaded ahead of the one being computed: all stages but its own,
@@ -223,19 +223,12 @@ __device__ __forceinline__ int tile_off(int r, int c) {
     return r * kPitch + c;
 }
 
-// Element (key, c) of a K or V stage. With TMA: piece c / 64 holds the
-// stage's kTileN rows of 128 bytes, whose 16-byte chunk c / 8 % 8 sits at
-// chunk (c / 8 ^ key) % 8 (the 128-byte swizzle; stages start 1024-byte
-// aligned), so ldmatrix's eight row addresses still fall in different banks.
-__device__ __forceinline__ int kv_off(int key, int c) {
-    if (TMA)
-        return (c >> 6) * (kTileN * 64) + key * 64 + ((((c >> 3) ^ key) & 7) << 3) + (c & 7);
-    return tile_off(key, c);
-}
-
 // The ldmatrix addresses of the K and V loads in a TMA stage, at a cost of
-// one XOR per k step. A lane's 16-byte chunk at k step 0 is its row's line
-// plus chunk (b ^ row) % 8 (kv_off); step kd of a 64-column piece is chunk
+// one XOR per k step. Piece c / 64 of a stage holds its kTileN rows of 128
+// bytes, whose 16-byte chunk c / 8 % 8 sits at chunk (c / 8 ^ key) % 8 (the
+// 128-byte swizzle; stages start 1024-byte aligned), so ldmatrix's eight
+// row addresses fall in different banks. A lane's chunk at k step 0 is its
+// row's line plus chunk (b ^ row) % 8; step kd of a 64-column piece is chunk
 // + 2 kd = chunk ^ 2 kd (the chunk's low bit is b), i.e. bits 5-6 of the
 // address toggled, and with stages 1024-byte aligned the XOR commutes with
 // adding the stage, whole 16-row groups (2048 bytes) and pieces. So each
@@ -272,7 +265,7 @@ __device__ __forceinline__ unsigned k_frag(const kv_view &k, const warp_pos &w, 
     if (TMA) return kv_step(k.lane, kd) + np * 2048;
     const int key = np * 16 + (w.lane & 7) + (w.lane >> 4) * 8;
     const int col = kd * 16 + ((w.lane >> 3) & 1) * 8;
-    return smem_addr(k.tile + kv_off(key, col));
+    return smem_addr(k.tile + tile_off(key, col));
 }
 
 // The same for V rows (keys) kn*16 .. x columns dp*16 .. of P V, loaded
@@ -281,7 +274,7 @@ __device__ __forceinline__ unsigned v_frag(const kv_view &v, const warp_pos &w, 
     if (TMA) return kv_step(v.lane, dp) + kn * 2048;
     const int key = kn * 16 + (w.lane & 7) + ((w.lane >> 3) & 1) * 8;
     const int col = dp * 16 + (w.lane >> 4) * 8;
-    return smem_addr(v.tile + kv_off(key, col));
+    return smem_addr(v.tile + tile_off(key, col));
 }
 
 // ROWS rows of HEAD_DIM elements from global (row pitch `stride`) into a

@@ -52,31 +52,28 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 // ---- ldmatrix ------------------------------------------------------------------
 
-// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(smem)));
-}
-
-// The same, each matrix transposed (V tiles as the B operand of P V).
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(smem)));
-}
-
-// The same from shared-window addresses (smem_addr) the caller computes.
+// Four 8x8 b16 matrices; lane l gives the row address (a shared-window
+// address, smem_addr) of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4_s(unsigned (&r)[4], unsigned smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem));
 }
 
+// The same, each matrix transposed (V tiles as the B operand of P V).
 __device__ __forceinline__ void ldmatrix_x4_trans_s(unsigned (&r)[4], unsigned smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem));
+}
+
+// The two from generic pointers into shared memory.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void *smem) {
+    ldmatrix_x4_s(r, smem_addr(smem));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void *smem) {
+    ldmatrix_x4_trans_s(r, smem_addr(smem));
 }
 
 // ---- mma.sync m16n8k16, fp32 accumulate --------------------------------------

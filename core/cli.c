@@ -17,7 +17,7 @@ static void usage(FILE *f) {
             "  stof graph SCRIPT [--set k=v ...]  the model's operators: index, kind, class,\n"
             "                                     shapes, FLOPs and bytes\n"
             "  stof run SCRIPT [--set k=v ...] [--scheme S ...] [--reps N] [--seed N]\n"
-            "           [--check | --no-check] [VALUES]\n"
+            "           [--check | --no-check] [--profile] [VALUES]\n"
             "                                     run the model on the GPU: its segments and\n"
             "                                     kernels, memory, latency (eager and CUDA graph),\n"
             "                                     checksum, error against the CPU reference\n"
@@ -26,6 +26,8 @@ static void usage(FILE *f) {
             "                                     (\"14:2238\") or binary, or \"default\" or\n"
             "                                     \"unfused\"; once for every layer class, or\n"
             "                                     once per class in order (T5: encoder, decoder)\n"
+            "                                     --profile: each segment's time inside the\n"
+            "                                     forward pass, summed over its layers\n"
             "  stof run --cpu SCRIPT [--set k=v ...] [--seed N] [VALUES]\n"
             "                                     run the fp32 CPU reference, print a checksum\n"
             "    VALUES: --weights FILE.safetensors  every weight from a checkpoint (Hugging\n"
@@ -45,9 +47,11 @@ static void usage(FILE *f) {
             "                                     cache) and write the plan. Without a GPU:\n"
             "                                     an unmeasured plan of the initial scheme for\n"
             "                                     --arch (default sm_90), kernels precompiled\n"
-            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check] [VALUES]\n"
+            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check]\n"
+            "           [--profile] [VALUES]\n"
             "                                     run a tuned plan (no tuning) and compare its\n"
-            "                                     latency with the one it recorded\n"
+            "                                     latency with the one it recorded (--profile:\n"
+            "                                     segment by segment too)\n"
             "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
             "                                     segments, kernels, times, search statistics\n"
             "  stof mha-select SCRIPT [--set k=v ...] [--arch sm_XX]\n"
@@ -86,7 +90,8 @@ static int known_option(const char *opt) {
                                   "--px",     "--block",  "--mask-index", "--arch",
                                   "--scheme", "--reps",   "--check",  "--no-check",
                                   "-o",       "--output", "--budget", "--time-limit",
-                                  "--script", "--weights", "--inputs", "--save-output"};
+                                  "--script", "--weights", "--inputs", "--save-output",
+                                  "--profile"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(opt, names[i]) == 0)
             return 1;
@@ -101,6 +106,10 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
     }
     if (strcmp(opt, "--cpu") == 0) {
         a->cpu = 1;
+        return 0;
+    }
+    if (strcmp(opt, "--profile") == 0) {
+        a->profile = 1;
         return 0;
     }
     if (strcmp(opt, "--check") == 0 || strcmp(opt, "--no-check") == 0) {

@@ -28,6 +28,7 @@ typedef struct cli_args {
     int n_schemes;
     int reps;            /* --reps N: timed runs (median) */
     int check;           /* CLI_CHECK_AUTO, or --check / --no-check */
+    int profile;         /* --profile: stof run times every segment in the pass */
     const char *sub;     /* the subcommand word of `stof plan show` */
     const char *output;  /* -o FILE */
     long budget;         /* --budget N: most settings measured (0: no limit) */

@@ -324,6 +324,95 @@ static void compare_with_plan(const plan *p, double eager_ms, double graph_ms) {
            recorded > 0 ? 100.0 * (graph_ms - recorded) / recorded : 0.0);
 }
 
+/* What plan p recorded for segment index of the sequence whose first op is
+ * first, timed alone when tuned; -1 when it has no such record. */
+static double recorded_segment_ms(const plan *p, int first, int index) {
+    if (!p || !p->device.measured)
+        return -1;
+    for (int q = 0; q < p->n_sequences; q++)
+        for (int i = 0; i < p->sequences[q].n_instances; i++)
+            if (p->sequences[q].instances[i] == first)
+                return index < p->sequences[q].n_segments ? p->sequences[q].segments[index].ms
+                                                          : -1;
+    return -1;
+}
+
+/* One profile row: segment position k of class cls, summed over the
+ * sequences of the class; returns its in-pass milliseconds. */
+static double print_profile_row(const run_state *r, const plan *pf, const double *seg_ms,
+                                int cls, int k, double total) {
+    const exec_plan *p = r->plan;
+    double ms = 0, alone = 0;
+    int runs = 0, rep = -1;
+    for (int s = 0; s < p->n_segs; s++) {
+        const exec_segment *sg = &p->segs[s];
+        if (p->seqs[sg->seq].cls != cls || sg->index != k)
+            continue;
+        if (rep < 0)
+            rep = s;
+        ms += seg_ms[s];
+        runs++;
+        double rec = recorded_segment_ms(pf, p->seqs[sg->seq].first, k);
+        alone = alone < 0 || rec < 0 ? -1 : alone + rec;
+    }
+    const exec_segment *sg = &p->segs[rep];
+    char kinds[256] = "", alone_text[48] = "";
+    size_t len = 0;
+    for (int o = 0; o < sg->n && len < sizeof kinds; o++)
+        len += (size_t)snprintf(kinds + len, sizeof kinds - len, "%s%s", o ? " " : "",
+                                op_describe(p->g->ops[sg->first + o].kind)->name);
+    if (alone >= 0)
+        snprintf(alone_text, sizeof alone_text, "  alone when tuned %.3f ms", alone);
+    printf("  #%-4d %-32s %-16s x%-3d %8.3f ms %5.1f%%%s\n", sg->first, kinds,
+           fusion_template_get(exec_model_template(r->model, rep))->name, runs, ms,
+           total > 0 ? 100 * ms / total : 0.0, alone_text);
+    return ms;
+}
+
+/* --profile: every segment's time inside the forward pass, one row per
+ * segment position of each sequence class (summed over its layers), beside
+ * the time the plan pf (may be NULL) recorded for it alone. */
+static int print_profile(const cli_args *a, const run_state *r, const plan *pf, double eager_ms,
+                         double graph_ms) {
+    const exec_plan *p = r->plan;
+    stof_error err = {0};
+    double *seg_ms = calloc((size_t)(p->n_segs ? p->n_segs : 1), sizeof *seg_ms);
+    if (!seg_ms) {
+        fprintf(stderr, "stof: out of memory\n");
+        return 1;
+    }
+    if (exec_model_profile(r->model, a->reps, seg_ms, &err)) {
+        fprintf(stderr, "stof: --profile: %s\n", err.msg);
+        free(seg_ms);
+        return 1;
+    }
+    double total = 0;
+    for (int s = 0; s < p->n_segs; s++)
+        total += seg_ms[s];
+    printf("profile: each segment inside the forward pass (median of %d eager passes, an event "
+           "between segments)\n", a->reps);
+    char who[160];
+    for (int i = 0; i < p->n_seqs; i++) {
+        if (p->seqs[i].cls != i)
+            continue;
+        if (p->seqs[i].layer >= 0)
+            class_layers(p->seqs, p->n_seqs, i, who, sizeof who);
+        else
+            exec_seq_name(&p->seqs[i], who, sizeof who);
+        printf("%s:\n", who);
+        int n_pos = 0;
+        for (int s = 0; s < p->n_segs; s++)
+            if (p->segs[s].seq == i && p->segs[s].index + 1 > n_pos)
+                n_pos = p->segs[s].index + 1;
+        for (int k = 0; k < n_pos; k++)
+            print_profile_row(r, pf, seg_ms, i, k, total);
+    }
+    printf("profile: segments add up to %.3f ms; the pass without events: eager %.3f ms, CUDA "
+           "graph %.3f ms\n", total, eager_ms, graph_ms);
+    free(seg_ms);
+    return 0;
+}
+
 /* From the GPU context on: the model of r->plan made, run, timed, checked.
  * p (may be NULL) is the plan file it came from, checked against the GPU.
  * Frees r. */
@@ -424,6 +513,8 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
     bad |= check_reference(a, r, n, flops);
     if (pf)
         compare_with_plan(pf, eager_ms, graph_ms);
+    if (a->profile)
+        bad |= print_profile(a, r, pf, eager_ms, graph_ms);
     run_free(r);
     return bad;
 }
@@ -520,6 +611,10 @@ int cli_run_plan(const cli_args *a) {
 }
 
 int cli_cmd_run(const cli_args *a) {
+    if (a->cpu && a->profile) {
+        fprintf(stderr, "stof: --profile times the GPU's kernels: it does not go with --cpu\n");
+        return 1;
+    }
     if (cli_is_plan(a->script))
         return cli_run_plan(a);
     return a->cpu ? run_cpu(a) : run_gpu(a);

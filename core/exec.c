@@ -279,19 +279,25 @@ int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src
     return STOF_OK;
 }
 
-/* Every segment's kernel on the model's stream, in order. */
-static int launch_all(exec_model *m, stof_error *err) {
-    char name[256];
-    for (int s = 0; s < m->plan->n_segs; s++) {
-        const exec_seg_rt *rt = &m->rt[s];
-        int rc = rt->launcher->launch(m, rt, m->stream, err);
-        if (rc) {
-            const exec_segment *sg = &m->plan->segs[s];
-            return err_prefix(err, "%s: ",
-                              exec_segment_name(m->plan->g, sg->first, sg->n, name, sizeof name));
-        }
+/* Segment s's kernels on the model's stream; errors name the segment. */
+static int launch_segment(exec_model *m, int s, stof_error *err) {
+    const exec_seg_rt *rt = &m->rt[s];
+    int rc = rt->launcher->launch(m, rt, m->stream, err);
+    if (rc) {
+        char name[256];
+        const exec_segment *sg = &m->plan->segs[s];
+        return err_prefix(err, "%s: ",
+                          exec_segment_name(m->plan->g, sg->first, sg->n, name, sizeof name));
     }
     return STOF_OK;
+}
+
+/* Every segment's kernel on the model's stream, in order. */
+static int launch_all(exec_model *m, stof_error *err) {
+    int rc = STOF_OK;
+    for (int s = 0; !rc && s < m->plan->n_segs; s++)
+        rc = launch_segment(m, s, err);
+    return rc;
 }
 
 static int sync_stream(exec_model *m, stof_error *err) {
@@ -363,6 +369,12 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The median of v[0..n-1] (n >= 1); sorts v. */
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, stof_error *err) {
     *median_ms = 0;
     if (reps < 1)
@@ -390,11 +402,71 @@ int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, s
     }
     if (!rc)
         rc = sync_stream(m, err);
-    if (!rc) {
-        qsort(ms, (size_t)reps, sizeof *ms, cmp_double);
-        *median_ms = reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
-    }
+    if (!rc)
+        *median_ms = median_of(ms, reps);
     free(ms);
+    return rc;
+}
+
+/* Median of column s of a reps x n table (scratch: reps doubles). */
+static double column_median(const double *t, int reps, int n, int s, double *scratch) {
+    for (int r = 0; r < reps; r++)
+        scratch[r] = t[(size_t)r * (size_t)n + (size_t)s];
+    return median_of(scratch, reps);
+}
+
+/* One eager forward pass with event ev[s] before segment s and ev[n] after
+ * the last; row gets each segment's elapsed milliseconds. */
+static int profile_once(exec_model *m, CUevent *ev, double *row, stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    const exec_plan *p = m->plan;
+    int rc = cuda_check(drv, drv->EventRecord(ev[0], m->stream), "cuEventRecord", err);
+    for (int s = 0; !rc && s < p->n_segs; s++) {
+        rc = launch_segment(m, s, err);
+        if (!rc)
+            rc = cuda_check(drv, drv->EventRecord(ev[s + 1], m->stream), "cuEventRecord", err);
+    }
+    if (!rc)
+        rc = cuda_check(drv, drv->EventSynchronize(ev[p->n_segs]), "cuEventSynchronize", err);
+    for (int s = 0; !rc && s < p->n_segs; s++) {
+        float t = 0;
+        rc = cuda_check(drv, drv->EventElapsedTime(&t, ev[s], ev[s + 1]), "cuEventElapsedTime",
+                        err);
+        row[s] = t;
+    }
+    return rc;
+}
+
+int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err) {
+    const exec_plan *p = m->plan;
+    const cuda_driver *drv = m->ctx->drv;
+    for (int s = 0; s < p->n_segs; s++)
+        seg_ms[s] = 0;
+    if (reps < 1)
+        return err_set(err, STOF_ERR_INVALID, "profiling needs at least one run, got %d", reps);
+    int n = p->n_segs;
+    CUevent *ev = err_calloc((size_t)n + 1, sizeof *ev, err);
+    double *table = err_malloc(sizeof *table * (size_t)reps * (size_t)(n ? n : 1), err);
+    double *scratch = err_malloc(sizeof *scratch * (size_t)reps, err);
+    int rc = ev && table && scratch ? STOF_OK : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = cuda_check(drv, drv->CtxSetCurrent(m->ctx->gemm->cu), "cuCtxSetCurrent", err);
+    for (int k = 0; !rc && k <= n; k++)
+        rc = cuda_check(drv, drv->EventCreate(&ev[k], CU_EVENT_DEFAULT), "cuEventCreate", err);
+    if (!rc)
+        rc = launch_all(m, err); /* warm-up */
+    for (int r = 0; !rc && r < reps; r++)
+        rc = profile_once(m, ev, table + (size_t)r * (size_t)n, err);
+    if (!rc)
+        rc = sync_stream(m, err);
+    for (int s = 0; !rc && s < n; s++)
+        seg_ms[s] = column_median(table, reps, n, s, scratch);
+    for (int k = 0; ev && k <= n; k++)
+        if (ev[k])
+            drv->EventDestroy(ev[k]);
+    free(ev);
+    free(table);
+    free(scratch);
     return rc;
 }
 

@@ -54,7 +54,12 @@ endif()
 execute_process(COMMAND ${STOF} info OUTPUT_VARIABLE info_out ERROR_QUIET WORKING_DIRECTORY ${SRC})
 if(info_out MATCHES "GPU: none")
   expect(run_needs_gpu 1 "GPU execution needs a GPU.*stof run --cpu" run scripts/bert.lua ${small})
+else()
+  expect(run_profile 0 "layers 0-3:\n  #[0-9]+ .* x4 .*profile: segments add up to [0-9.]+ ms"
+         run scripts/bert.lua ${small} --profile --reps 3 --no-check)
 endif()
+expect(run_profile_cpu 1 "--profile times the GPU's kernels: it does not go with --cpu"
+       run --cpu scripts/bert.lua ${small} --profile)
 # Schemes are checked before the GPU is touched: the validator's reason on any machine.
 expect(run_scheme_length 1 "--scheme 3:0 for layers 0-3 \\(14 ops\\):.*has 3 ops but the sequence has 14"
        run scripts/bert.lua ${small} --scheme 3:0)

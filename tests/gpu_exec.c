@@ -256,6 +256,30 @@ static void print_schemes(const exec_plan *p) {
     }
 }
 
+/* exec_model_profile: a positive, finite time for every segment, adding up
+ * to more than half the eager pass (when it was timed: eager_ms > 0). */
+static int check_profile(exec_model *m, const exec_plan *p, const model_case *mc,
+                         const config *cf, double eager_ms) {
+    stof_error err = {0};
+    double *seg = calloc((size_t)p->n_segs, sizeof *seg);
+    int ok = seg && exec_model_profile(m, 3, seg, &err) == STOF_OK;
+    CHECK_MSG(ok, "%s / %s: profile: %s", mc->label, cf->name, seg ? err.msg : "out of memory");
+    double sum = 0;
+    for (int s = 0; ok && s < p->n_segs; s++) {
+        CHECK_MSG(seg[s] > 0 && isfinite(seg[s]), "%s / %s: profile: segment %d took %g ms",
+                  mc->label, cf->name, s, seg[s]);
+        ok &= seg[s] > 0 && isfinite(seg[s]);
+        sum += seg[s];
+    }
+    if (ok && eager_ms > 0) {
+        CHECK_MSG(sum > 0.5 * eager_ms, "%s / %s: profile: segments add up to %.3f ms, the "
+                  "eager pass takes %.3f", mc->label, cf->name, sum, eager_ms);
+        ok &= sum > 0.5 * eager_ms;
+    }
+    free(seg);
+    return ok;
+}
+
 static void run_config(gpu *gp, const model_case *mc, const graph *g, const config *cf,
                        const float *ref) {
     n_runs++;
@@ -316,6 +340,7 @@ static void run_config(gpu *gp, const model_case *mc, const graph *g, const conf
             CHECK_MSG(0, "%s / %s: timing: %s", mc->label, cf->name, err.msg);
             ok = 0;
         }
+        ok &= check_profile(m, p, mc, cf, eager_ms);
         int attn_row = 0, attn_block = 0, expected = 0;
         for (int s = 0; s < p->n_segs; s++) {
             fusion_template_id t = exec_model_template(m, s);

@@ -684,6 +684,23 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
         // address 0x20), and the host always uploads at least one bitmap.
         const bool partial = g.mask[j] >= 0;
         const bool edge = lim[j] < BLOCK_N;
+#if HAS_RELPOS
+        if (uniform[j] && !partial && !edge) {
+            // A full block inside a far run (most blocks of a long row):
+            // one FFMA a score, none of the per-score tests below, which
+            // made the T5 kernel 1.9x slower than the plain one.
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int jt = 0; jt < BLOCK_N / 8; ++jt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float &x = s[mt][j * (BLOCK_N / 8) + jt][e];
+                        x = fmaf(x, mul, bias[j]);
+                    }
+            continue;
+        }
+#endif
         const stof_u32 *bitmap =
             a.part_masks + (long long)(partial ? g.mask[j] : 0) * (BLOCK_M * kMaskWords);
 #pragma unroll

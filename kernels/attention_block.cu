@@ -687,8 +687,10 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
 #if HAS_RELPOS
         if (uniform[j] && !partial && !edge) {
             // A full block inside a far run (most blocks of a long row):
-            // one FFMA a score, none of the per-score tests below, which
-            // made the T5 kernel 1.9x slower than the plain one.
+            // one FFMA a score, none of the per-score tests below. (With
+            // them, t5-base's BigBird encoder attention at 16 x 12 x 2048
+            // took 0.50 ms a layer against 0.43, its causal decoder
+            // self-attention 0.76 against 0.53.)
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

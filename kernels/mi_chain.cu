@@ -137,57 +137,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
     const int part = threadIdx.x % kTPR;
     const bool active = row < a.rows;
 
-    // s = act(x + bias + residual), in registers. Every chunk's loads go
-    // out before any of them is used, so that a thread has all of its bytes
-    // in flight at once (one chunk after another, a thread of the bias+GELU
-    // chain over 3072 columns waited for memory twice).
+    // s = act(x + bias + residual), in registers
     float v[kPer][VEC];
-#if HAS_BIAS
-    float b[kPer][VEC];
-#endif
-#if HAS_RESIDUAL
-    float r[kPer][VEC];
-#endif
     const elem_t *x = static_cast<const elem_t *>(a.x) + row * a.x_row_stride;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const int col = (part + i * kTPR) * VEC;
         const bool ok = active && (kRowChunks % kTPR == 0 || col < ROW_N);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
+        for (int e = 0; e < VEC; ++e)
             v[i][e] = 0.0f;
-#if HAS_BIAS
-            b[i][e] = 0.0f;
-#endif
-#if HAS_RESIDUAL
-            r[i][e] = 0.0f;
-#endif
-        }
         if (!ok)
             continue;
         load_vec(x + col, v[i]);
 #if HAS_BIAS
-        load_vec(static_cast<const elem_t *>(a.bias) + col, b[i]);
+        float b[VEC];
+        load_vec(static_cast<const elem_t *>(a.bias) + col, b);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            v[i][e] += b[e];
 #endif
 #if HAS_RESIDUAL
-        load_vec(static_cast<const elem_t *>(a.residual) + row * a.r_row_stride + col, r[i]);
-#endif
-    }
+        float r[VEC];
+        load_vec(static_cast<const elem_t *>(a.residual) + row * a.r_row_stride + col, r);
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-        const int col = (part + i * kTPR) * VEC;
-        if (!active || (kRowChunks % kTPR != 0 && col >= ROW_N))
-            continue;  // stays 0: out of the row's sums
+        for (int e = 0; e < VEC; ++e)
+            v[i][e] += r[e];
+#endif
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-#if HAS_BIAS
-            v[i][e] += b[i][e];
-#endif
-#if HAS_RESIDUAL
-            v[i][e] += r[i][e];
-#endif
+        for (int e = 0; e < VEC; ++e)
             v[i][e] = stof_activate<ACT>(v[i][e]);
-        }
 #if STORE_PRE_NORM
         store_vec(static_cast<elem_t *>(a.pre_norm) + row * a.p_row_stride + col, v[i]);
 #endif

@@ -580,6 +580,7 @@ struct relpos_far {
     int first_end, last_start;  // positions j - i + q_len - 1
     float first, last;          // their biases, times log2(e)
     int mid_len;                // positions first_end + 1 .. in `mid` (0: none)
+    bool complete;              // every position between the runs is in `mid`
     const float *mid;
 #endif
 };
@@ -597,6 +598,7 @@ __device__ __forceinline__ relpos_far load_relpos_far(const stof_attn_args &a, i
     f.last = relpos_bias_log2_at<elem_t>(a, n - 1, h);
     const int mid = f.last_start - f.first_end - 1;
     f.mid_len = RELPOS_MID && mid > 0 && mid <= RELPOS_MID ? mid : 0;
+    f.complete = RELPOS_MID && mid <= RELPOS_MID;
     f.mid = shared_mid;
 #if RELPOS_MID
     // All buckets first, then all biases: two round trips to L2, not two an
@@ -633,6 +635,16 @@ __device__ __forceinline__ float relpos_near_log2(const stof_attn_args &a, const
     if (pos >= far.last_start) return far.last;
     const int k = pos - far.first_end - 1;
     return k < far.mid_len ? far.mid[k] : relpos_bias_log2_at<elem_t>(a, pos, h);
+}
+
+// The bias at position pos when far.complete, without a branch: the runs'
+// ends are selected, every other position read from the shared table (the
+// clamped read stays inside it, and is discarded at the ends).
+__device__ __forceinline__ float relpos_table_log2(const relpos_far &far, int pos) {
+    const int k = pos - far.first_end - 1;
+    float v = far.mid[min(max(k, 0), max(far.mid_len - 1, 0))];
+    v = k >= far.mid_len ? far.last : v;
+    return k < 0 ? far.first : v;
 }
 
 // Whether key block `col` (keys [0, lim) of it) lies inside one of the far
@@ -685,21 +697,37 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
         const bool partial = g.mask[j] >= 0;
         const bool edge = lim[j] < BLOCK_N;
 #if HAS_RELPOS
-        if (uniform[j] && !partial && !edge) {
-            // A full block inside a far run (most blocks of a long row):
-            // one FFMA a score, none of the per-score tests below. (With
-            // them, t5-base's BigBird encoder attention at 16 x 12 x 2048
-            // took 0.50 ms a layer against 0.43, its causal decoder
-            // self-attention 0.76 against 0.53.)
+        if (!partial && !edge && (uniform[j] || far.complete)) {
+            // A full block: scale and bias, none of the per-score tests
+            // below. Inside a far run (most blocks of a long row) that is one
+            // FFMA a score; near the diagonal one table read more. (With the
+            // tests, t5-base's BigBird encoder attention at 16 x 12 x 2048
+            // took 0.50 ms a layer against 0.43 with the far runs' path, its
+            // causal decoder self-attention 0.76 against 0.53.)
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                for (int jt = 0; jt < BLOCK_N / 8; ++jt)
+                for (int half = 0; half < 2; ++half) {
+                    const int pos0 = g.col[j] * BLOCK_N - (row_base + w.row0 + mt * 16 + w.g +
+                                                           half * 8) + a.q_len - 1;
+                    if (uniform[j]) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float &x = s[mt][j * (BLOCK_N / 8) + jt][e];
-                        x = fmaf(x, mul, bias[j]);
+                        for (int jt = 0; jt < BLOCK_N / 8; ++jt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                float &x = s[mt][j * (BLOCK_N / 8) + jt][half * 2 + e];
+                                x = fmaf(x, mul, bias[j]);
+                            }
+                    } else {
+#pragma unroll
+                        for (int jt = 0; jt < BLOCK_N / 8; ++jt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                float &x = s[mt][j * (BLOCK_N / 8) + jt][half * 2 + e];
+                                x = fmaf(x, mul, relpos_table_log2(far, pos0 + jt * 8 + 2 * w.t + e));
+                            }
                     }
+                }
             continue;
         }
 #endif
@@ -726,6 +754,9 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
 #if HAS_RELPOS
                         if (uniform[j])
                             x += bias[j];
+                        else if (far.complete)
+                            x += relpos_table_log2(far, g.col[j] * BLOCK_N + c - (row_base + r) +
+                                                            a.q_len - 1);
                         else if (ok && row_base + r < a.q_len)
                             x += relpos_near_log2(a, far, row_base + r, g.col[j] * BLOCK_N + c, h);
 #endif

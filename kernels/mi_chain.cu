@@ -126,27 +126,6 @@ __device__ __forceinline__ float row_sum(float v, float (*red)[ROWS][kWarpsPerRo
     return v;
 }
 
-// One chunk of the chain, its bias and residual loaded: v + bias + residual,
-// then the activation.
-__device__ __forceinline__ void chain_chunk(float (&v)[VEC], const float (&b)[VEC],
-                                            const float (&r)[VEC]) {
-#if HAS_BIAS
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-        v[e] += b[e];
-#endif
-#if HAS_RESIDUAL
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-        v[e] += r[e];
-#endif
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-        v[e] = stof_activate<ACT>(v[e]);
-    (void)b;
-    (void)r;
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_mi_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_mi_args) == STOF_MI_ARGS_BYTES, "ABI mismatch");
@@ -158,14 +137,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
     const int part = threadIdx.x % kTPR;
     const bool active = row < a.rows;
 
-    // s = act(x + bias + residual), in registers. Without a norm, every
-    // chunk's loads go out before any is used, so that a thread has all its
-    // bytes in flight at once (bias + GELU over 3072 columns: 7% faster).
-    // With one, each chunk is finished as it lands: holding every chunk's
-    // bias and residual took the 768-column LayerNorm chains from 54 to 94
-    // registers and made them up to 14% slower.
-    constexpr bool kLoadsFirst = NORM == STOF_NORM_NONE;
-    float v[kPer][VEC], b[kPer][VEC], r[kPer][VEC];
+    // s = act(x + bias + residual), in registers
+    float v[kPer][VEC];
     const elem_t *x = static_cast<const elem_t *>(a.x) + row * a.x_row_stride;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
@@ -173,30 +146,30 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
         const bool ok = active && (kRowChunks % kTPR == 0 || col < ROW_N);
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-            v[i][e] = b[i][e] = r[i][e] = 0.0f;
+            v[i][e] = 0.0f;
         if (!ok)
             continue;
         load_vec(x + col, v[i]);
 #if HAS_BIAS
-        load_vec(static_cast<const elem_t *>(a.bias) + col, b[i]);
+        float b[VEC];
+        load_vec(static_cast<const elem_t *>(a.bias) + col, b);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            v[i][e] += b[e];
 #endif
 #if HAS_RESIDUAL
-        load_vec(static_cast<const elem_t *>(a.residual) + row * a.r_row_stride + col, r[i]);
-#endif
-        if constexpr (!kLoadsFirst) {
-            chain_chunk(v[i], b[i], r[i]);
-#if STORE_PRE_NORM
-            store_vec(static_cast<elem_t *>(a.pre_norm) + row * a.p_row_stride + col, v[i]);
-#endif
-        }
-    }
-    if constexpr (kLoadsFirst) {
+        float r[VEC];
+        load_vec(static_cast<const elem_t *>(a.residual) + row * a.r_row_stride + col, r);
 #pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-            const int col = (part + i * kTPR) * VEC;
-            if (active && (kRowChunks % kTPR == 0 || col < ROW_N))
-                chain_chunk(v[i], b[i], r[i]);
-        }
+        for (int e = 0; e < VEC; ++e)
+            v[i][e] += r[e];
+#endif
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            v[i][e] = stof_activate<ACT>(v[i][e]);
+#if STORE_PRE_NORM
+        store_vec(static_cast<elem_t *>(a.pre_norm) + row * a.p_row_stride + col, v[i]);
+#endif
     }
 
     // statistics: elements outside the row hold 0 and stay out of the sums

@@ -389,8 +389,8 @@ static int print_profile(const cli_args *a, const run_state *r, const plan *pf, 
     double total = 0;
     for (int s = 0; s < p->n_segs; s++)
         total += seg_ms[s];
-    printf("profile: each segment inside the forward pass (median of %d eager passes, an event "
-           "between segments)\n", a->reps);
+    printf("profile: each segment inside the forward pass (median of %d CUDA-graph replays, an "
+           "event between segments)\n", a->reps);
     char who[160];
     for (int i = 0; i < p->n_seqs; i++) {
         if (p->seqs[i].cls != i)

@@ -318,34 +318,56 @@ int exec_model_run(exec_model *m, stof_error *err) {
     return rc;
 }
 
-int exec_model_capture(exec_model *m, stof_error *err) {
-    if (m->graph_exec)
-        return STOF_OK;
+/* The forward pass on the model's stream with event ev[s] recorded before
+ * segment s and ev[n] after the last. */
+static int record_segments(exec_model *m, CUevent *ev, stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
+    int rc = cuda_check(drv, drv->EventRecord(ev[0], m->stream), "cuEventRecord", err);
+    for (int s = 0; !rc && s < m->plan->n_segs; s++) {
+        rc = launch_segment(m, s, err);
+        if (!rc)
+            rc = cuda_check(drv, drv->EventRecord(ev[s + 1], m->stream), "cuEventRecord", err);
+    }
+    return rc;
+}
+
+/* One forward pass captured into a CUDA graph: launch_all, or with events
+ * ev (not NULL) record_segments, whose events become event nodes. On
+ * success *exec replays it and *captured is destroyed with it; on failure
+ * nothing is left. */
+static int capture_pass(exec_model *m, CUevent *ev, CUgraph *captured, CUgraphExec *exec,
+                        stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    *captured = NULL;
+    *exec = NULL;
     int rc = cuda_check(drv, drv->CtxSetCurrent(m->ctx->gemm->cu), "cuCtxSetCurrent", err);
     if (!rc)
         rc = cuda_check(drv, drv->StreamBeginCapture(m->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                         "cuStreamBeginCapture", err);
     if (rc)
         return rc;
-    rc = launch_all(m, err);
+    rc = ev ? record_segments(m, ev, err) : launch_all(m, err);
     /* end the capture whatever happened: the stream must not stay capturing */
-    CUgraph captured = NULL;
-    int end = cuda_check(drv, drv->StreamEndCapture(m->stream, &captured), "cuStreamEndCapture",
+    int end = cuda_check(drv, drv->StreamEndCapture(m->stream, captured), "cuStreamEndCapture",
                          rc ? NULL : err);
     if (!rc)
         rc = end;
     if (!rc)
-        rc = cuda_check(drv, drv->GraphInstantiate(&m->graph_exec, captured, 0),
+        rc = cuda_check(drv, drv->GraphInstantiate(exec, *captured, 0),
                         "cuGraphInstantiateWithFlags", err);
     if (rc) {
-        m->graph_exec = NULL;
-        if (captured)
-            drv->GraphDestroy(captured);
-        return rc;
+        *exec = NULL;
+        if (*captured)
+            drv->GraphDestroy(*captured);
+        *captured = NULL;
     }
-    m->graph = captured;
-    return STOF_OK;
+    return rc;
+}
+
+int exec_model_capture(exec_model *m, stof_error *err) {
+    if (m->graph_exec)
+        return STOF_OK;
+    return capture_pass(m, NULL, &m->graph, &m->graph_exec, err);
 }
 
 static int replay_async(exec_model *m, stof_error *err) {
@@ -415,20 +437,15 @@ static double column_median(const double *t, int reps, int n, int s, double *scr
     return median_of(scratch, reps);
 }
 
-/* One eager forward pass with event ev[s] before segment s and ev[n] after
- * the last; row gets each segment's elapsed milliseconds. */
-static int profile_once(exec_model *m, CUevent *ev, double *row, stof_error *err) {
+/* One replay of the profile graph; row gets each segment's milliseconds. */
+static int profile_once(exec_model *m, CUevent *ev, CUgraphExec exec, double *row,
+                        stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
-    const exec_plan *p = m->plan;
-    int rc = cuda_check(drv, drv->EventRecord(ev[0], m->stream), "cuEventRecord", err);
-    for (int s = 0; !rc && s < p->n_segs; s++) {
-        rc = launch_segment(m, s, err);
-        if (!rc)
-            rc = cuda_check(drv, drv->EventRecord(ev[s + 1], m->stream), "cuEventRecord", err);
-    }
+    int n = m->plan->n_segs;
+    int rc = cuda_check(drv, drv->GraphLaunch(exec, m->stream), "cuGraphLaunch", err);
     if (!rc)
-        rc = cuda_check(drv, drv->EventSynchronize(ev[p->n_segs]), "cuEventSynchronize", err);
-    for (int s = 0; !rc && s < p->n_segs; s++) {
+        rc = cuda_check(drv, drv->EventSynchronize(ev[n]), "cuEventSynchronize", err);
+    for (int s = 0; !rc && s < n; s++) {
         float t = 0;
         rc = cuda_check(drv, drv->EventElapsedTime(&t, ev[s], ev[s + 1]), "cuEventElapsedTime",
                         err);
@@ -448,19 +465,27 @@ int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err)
     CUevent *ev = err_calloc((size_t)n + 1, sizeof *ev, err);
     double *table = err_malloc(sizeof *table * (size_t)reps * (size_t)(n ? n : 1), err);
     double *scratch = err_malloc(sizeof *scratch * (size_t)reps, err);
+    CUgraph captured = NULL;
+    CUgraphExec exec = NULL;
     int rc = ev && table && scratch ? STOF_OK : STOF_ERR_NOMEM;
     if (!rc)
         rc = cuda_check(drv, drv->CtxSetCurrent(m->ctx->gemm->cu), "cuCtxSetCurrent", err);
     for (int k = 0; !rc && k <= n; k++)
         rc = cuda_check(drv, drv->EventCreate(&ev[k], CU_EVENT_DEFAULT), "cuEventCreate", err);
     if (!rc)
-        rc = launch_all(m, err); /* warm-up */
+        rc = capture_pass(m, ev, &captured, &exec, err);
+    if (!rc) /* warm-up */
+        rc = profile_once(m, ev, exec, table, err);
     for (int r = 0; !rc && r < reps; r++)
-        rc = profile_once(m, ev, table + (size_t)r * (size_t)n, err);
+        rc = profile_once(m, ev, exec, table + (size_t)r * (size_t)n, err);
     if (!rc)
         rc = sync_stream(m, err);
     for (int s = 0; !rc && s < n; s++)
         seg_ms[s] = column_median(table, reps, n, s, scratch);
+    if (exec)
+        drv->GraphExecDestroy(exec);
+    if (captured)
+        drv->GraphDestroy(captured);
     for (int k = 0; ev && k <= n; k++)
         if (ev[k])
             drv->EventDestroy(ev[k]);

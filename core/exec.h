@@ -213,13 +213,14 @@ int exec_model_replay(exec_model *m, stof_error *err);
  * of the time between two events around one forward pass, after one
  * warm-up. */
 int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, stof_error *err);
-/* Where the forward pass's time goes: the median over reps eager runs (after
- * one warm-up) of each segment's time in place, between an event recorded
- * before its kernels and one after (seg_ms: plan->n_segs values, in
- * execution order). Unlike a segment timed alone, it runs on the inputs the
- * previous segments just wrote, with the L2 and clocks the pass leaves. The
- * events between kernels cost the programmatic overlap of neighbours, so
- * the segments add up to about the eager time, above the graph's. */
+/* Where the forward pass's time goes: each segment's time in place, the
+ * median over reps replays (after one warm-up) of the forward pass captured
+ * as a CUDA graph with an event node before every segment and one after
+ * the last (seg_ms: plan->n_segs values, in execution order). Unlike a
+ * segment timed alone, it runs on the inputs the previous segments just
+ * wrote, with the L2 and clocks the pass leaves, and without host launch
+ * costs. The event nodes cost the programmatic overlap of neighbours, so
+ * the segments add up to a little more than the graph's time. */
 int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err);
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);

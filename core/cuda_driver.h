@@ -60,6 +60,7 @@
     X(GraphDestroy, "cuGraphDestroy", cuGraphDestroy)                     \
     X(EventCreate, "cuEventCreate", cuEventCreate)                        \
     X(EventRecord, "cuEventRecord", cuEventRecord)                        \
+    X(EventRecordWithFlags, "cuEventRecordWithFlags", cuEventRecordWithFlags) \
     X(EventSynchronize, "cuEventSynchronize", cuEventSynchronize)         \
     X(EventElapsedTime, "cuEventElapsedTime", cuEventElapsedTime)         \
     X(EventDestroy, "cuEventDestroy", cuEventDestroy)                     \

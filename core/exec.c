@@ -318,15 +318,23 @@ int exec_model_run(exec_model *m, stof_error *err) {
     return rc;
 }
 
-/* The forward pass on the model's stream with event ev[s] recorded before
- * segment s and ev[n] after the last. */
-static int record_segments(exec_model *m, CUevent *ev, stof_error *err) {
+/* Records ev on the capturing stream as an event node of the graph (an
+ * ordinary record inside a capture only orders the graph's own nodes, and
+ * the event cannot be waited for or timed). */
+static int record_node(exec_model *m, CUevent ev, stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
-    int rc = cuda_check(drv, drv->EventRecord(ev[0], m->stream), "cuEventRecord", err);
+    return cuda_check(drv, drv->EventRecordWithFlags(ev, m->stream, CU_EVENT_RECORD_EXTERNAL),
+                      "cuEventRecordWithFlags(external)", err);
+}
+
+/* Captures the forward pass with event ev[s] recorded before segment s and
+ * ev[n] after the last. */
+static int record_segments(exec_model *m, CUevent *ev, stof_error *err) {
+    int rc = record_node(m, ev[0], err);
     for (int s = 0; !rc && s < m->plan->n_segs; s++) {
         rc = launch_segment(m, s, err);
         if (!rc)
-            rc = cuda_check(drv, drv->EventRecord(ev[s + 1], m->stream), "cuEventRecord", err);
+            rc = record_node(m, ev[s + 1], err);
     }
     return rc;
 }

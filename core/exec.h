@@ -219,8 +219,9 @@ int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, s
  * the last (seg_ms: plan->n_segs values, in execution order). Unlike a
  * segment timed alone, it runs on the inputs the previous segments just
  * wrote, with the L2 and clocks the pass leaves, and without host launch
- * costs. The event nodes cost the programmatic overlap of neighbours, so
- * the segments add up to a little more than the graph's time. */
+ * costs. The event nodes cost the programmatic overlap of neighbours and a
+ * few microseconds each, so the segments add up to more than the graph's
+ * time: about the same at large shapes, far more at (1, 128). */
 int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err);
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);

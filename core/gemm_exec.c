@@ -753,10 +753,39 @@ static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUst
                                what, err);
 }
 
+/* The tensor map of x or w for the wgmma build (gemm_abi.cuh): rows of k
+ * 16-bit elements row_stride apart, boxes of 64 x box_rows in the 128-byte
+ * swizzle, rows and k past the tensor read as zeros. */
+static int encode_map(const cuda_driver *drv, const char *name, const void *ptr, int64_t rows,
+                      int64_t k, int64_t row_stride, int box_rows, stof_attn_tmap *map,
+                      stof_error *err) {
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)row_stride * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, unit[2] = {1, 1};
+    _Static_assert(sizeof(CUtensorMap) == sizeof(stof_attn_tmap), "tensor map size");
+    CUresult r = drv->TensorMapEncodeTiled(
+        (CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)ptr, dims, strides, box,
+        unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r == CUDA_SUCCESS)
+        return STOF_OK;
+    char what[128];
+    snprintf(what, sizeof what, "cuTensorMapEncodeTiled(gemm_epilogue %s, %lld x %lld, stride %lld)",
+             name, (long long)rows, (long long)k, (long long)row_stride);
+    return cuda_check(drv, r, what, err);
+}
+
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
                    CUstream s, stof_error *err) {
     stof_gemm_args a;
+    const gemm_exec_problem *p = &plan->problem;
     int rc = gemm_exec_gemm_args(plan, t, &a, err);
+    if (!rc && gemm_exec_wgmma(p, plan->values, plan->arch) &&
+        ((rc = encode_map(c->drv, "x", a.x, p->m, p->k, a.x_row_stride, plan->values[0],
+                          &a.tmap_x, err)) ||
+         (rc = encode_map(c->drv, "w", a.w, p->n, p->k, a.w_row_stride, plan->values[1],
+                          &a.tmap_w, err))))
+        return rc;
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 

@@ -15,6 +15,8 @@
 #ifndef STOF_KERNELS_GEMM_ABI_CUH
 #define STOF_KERNELS_GEMM_ABI_CUH
 
+#include "attention_abi.cuh" /* stof_attn_tmap */
+
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 typedef int stof_i32;
 typedef long long stof_i64;
@@ -33,15 +35,22 @@ typedef int64_t stof_i64;
  *   0 none, 1 GELU erf, 2 GELU tanh, 3 ReLU), + residual[m, n]
  *   (HAS_RESIDUAL). residual must not overlap x or w; it may be y itself
  *   (every element is read and then written by the same thread).
- *   Rows m >= M are neither read nor written; N and K are multiples of 8. */
+ *   Rows m >= M are neither read nor written; N and K are multiples of 8.
+ * The wgmma build (-DWGMMA=1) reads x and w by the tensor memory
+ * accelerator: tmap_x and tmap_w are their tensor maps (16-bit elements,
+ * dims (K, M) and (K, N), boxes 64 x BLOCK_M and 64 x BLOCK_N in the
+ * 128-byte swizzle; gemm_exec encodes them at launch). Other builds ignore
+ * them. */
 typedef struct stof_gemm_args {
     const void *x, *w, *bias, *residual;
     void *y;
     stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride;
     stof_i32 m, n, k, pad_;
+    stof_attn_tmap tmap_x, tmap_w; /* the same 128-byte maps as the attention's */
 } stof_gemm_args;
 
-#define STOF_GEMM_ARGS_BYTES (9 * 8 + 4 * 4)
+/* the fields above, padded to the maps' 64-byte alignment, then the maps */
+#define STOF_GEMM_ARGS_BYTES (128 + 2 * 128)
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES,
                             "stof_gemm_args layout changed: host and kernels must agree");
 

@@ -192,18 +192,29 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
 // fragments of the warp's 16 rows, so the epilogue above runs on it
 // unchanged (kMT = 1).
 //
-// Both operands are K-major in shared memory: load_tile's swizzle of 64-wide
-// rows (8 chunks, chunk ^ row % 8, 8-row atoms of 1024 bytes) is exactly the
-// 128-byte swizzle wgmma reads (wgmma.cuh's desc_sw128), so BLOCK_K is 64
-// and every tile starts on a 1024-byte boundary (the host allots 1024 bytes
-// of slack, STOF_GEMM_WGMMA_SLACK, for aligning the base).
+// Both operands are K-major in shared memory, in the 128-byte swizzle
+// wgmma reads (wgmma.cuh's desc_sw128: 64-wide rows of 8 chunks, chunk ^
+// row % 8, 8-row atoms of 1024 bytes), so BLOCK_K is 64 and every tile
+// starts on a 1024-byte boundary (the host allots 1024 bytes of slack,
+// STOF_GEMM_WGMMA_SLACK, for aligning the base). The tensor memory
+// accelerator writes the tiles in that layout: one thread issues a slice
+// as two box copies (x and w, tensor maps in the argument block) counted on
+// the stage's barrier, instead of every thread computing and issuing a few
+// 16-byte copies. At small M the per-thread copies were most of the
+// kernel's instructions. Rows and k past the tensors arrive as zeros.
 //
 // The pipeline keeps one group of wgmma in flight: in iteration kt the
-// block waits for slice kt's copies, refills the stage slice kt - 2 was read
-// from, issues slice kt's products and waits until slice kt - 1's are done.
-// Every thread passed that wait for slice kt - 2 in iteration kt - 1, before
-// this iteration's barrier, so the refilled stage is free in every
-// warpgroup; slices are thus prefetched STAGES - 2 ahead.
+// block waits for slice kt's barrier, refills the stage slice kt - 2 was
+// read from, issues slice kt's products and waits until slice kt - 1's are
+// done. Every thread passed that wait for slice kt - 2 in iteration kt - 1,
+// before this iteration's barrier, so the refilled stage is free in every
+// warpgroup; slices are thus prefetched STAGES - 2 ahead. Stage st's
+// barrier completes once per use: use u (slice st + u STAGES of the
+// block's range) waits for parity u & 1.
+//
+// The weight does not depend on the previous kernel: the prologue's w
+// boxes are issued before griddepcontrol.wait, the x boxes after it.
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 static_assert(!WEIGHT_KN, "the wgmma build takes [N, K] weights (K-major B)");
@@ -211,6 +222,20 @@ static_assert(stof_gemm_wgmma_shape(BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES),
               "whole warpgroups of 64 rows, each one wgmma N of 32, 64, 128 or 256 columns");
 constexpr int kWgM = BLOCK_M / 64;  // warpgroups along M (then along N)
 constexpr int kWgCols = stof_gemm_wgmma_cols(BLOCK_M, BLOCK_N, WARPS);
+constexpr unsigned kSliceBytes = (kATile + kBTile) * sizeof(elem_t);  // every box whole
+
+// Slice kt into one stage, by one thread: tma_slice_w arms the stage's
+// barrier for the whole slice and copies w's box, tma_slice_x copies x's
+// box onto the same barrier (sa, sb, bar: shared-memory addresses).
+__device__ __forceinline__ void tma_slice_w(const stof_gemm_args &a, unsigned sb, unsigned bar,
+                                            int n0, int kt) {
+    stof::tma::arrive_expect(bar, kSliceBytes);
+    stof::tma::copy_2d(sb, &a.tmap_w, kt * BLOCK_K, n0, bar);
+}
+__device__ __forceinline__ void tma_slice_x(const stof_gemm_args &a, unsigned sa, unsigned bar,
+                                            int m0, int kt) {
+    stof::tma::copy_2d(sa, &a.tmap_x, kt * BLOCK_K, m0, bar);
+}
 
 // Slice st of the stage into the warpgroup's accumulators: 4 k steps of 16
 // (32 bytes into the swizzled rows), issued and committed as one group.
@@ -298,13 +323,15 @@ __device__ __forceinline__ int reduce_cluster(float (&d)[kWgCols / 2], float4 *p
 #endif
 
 extern "C" __global__ void __launch_bounds__(kThreads)
-    stof_gemm_epilogue(const stof_gemm_args a) {
+    stof_gemm_epilogue(const __grid_constant__ stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh
     static_assert(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES, "ABI mismatch");
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ __align__(8) unsigned long long stage_bar[STAGES];
     elem_t *sa = reinterpret_cast<elem_t *>(
         smem_raw + ((1024 - (unsigned)__cvta_generic_to_shared(smem_raw)) & 1023));
     elem_t *sb = sa + STAGES * kATile;  // [STAGES][kBTile]
+    const unsigned sa0 = smem_addr(sa), sb0 = smem_addr(sb), bar0 = smem_addr(stage_bar);
 
     // Column tiles vary fastest over the launch order, so a wave of blocks
     // shares a few row tiles of x and the weight stays in L2.
@@ -320,8 +347,27 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 #else
     const int s0 = 0, s1 = total;
 #endif
-    prefetch_weight(a, m0, n0, s0 * BLOCK_K, min(a.k, s1 * BLOCK_K));
-    stof::grid_dependency_wait();  // before any read
+    const int slices = s1 - s0;
+    constexpr unsigned kA = kATile * sizeof(elem_t), kB = kBTile * sizeof(elem_t);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s)
+            stof::tma::barrier_init(bar0 + 8 * s);
+        stof::tma::fence_barrier_init();
+#pragma unroll
+        for (int s = 0; s < STAGES - 2; ++s)
+            if (s < slices)
+                tma_slice_w(a, sb0 + s * kB, bar0 + 8 * s, n0, s0 + s);
+    }
+    prefetch_weight(a, m0, n0, (s0 + STAGES - 2) * BLOCK_K, min(a.k, s1 * BLOCK_K));
+    stof::grid_dependency_wait();  // before reading x
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 2; ++s)
+            if (s < slices)
+                tma_slice_x(a, sa0 + s * kA, bar0 + 8 * s, m0, s0 + s);
+    }
+    __syncthreads();  // the barriers are initialized before anyone waits on them
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
 
@@ -330,30 +376,21 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kWgCols / 2; ++i)
         d[i] = 0.0f;
 
-    const int slices = s1 - s0;
-#pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < slices)
-            load_slice(a, sa + s * kATile, sb + s * kBTile, m0, n0, s0 + s);
-        cp_async_commit();
-    }
     for (int kt = 0; kt < slices; ++kt) {
-        cp_async_wait<STAGES - 3>();
-        stof::wg::fence_proxy_async();  // cp.async wrote the stage; wgmma reads it
-        __syncthreads();
-        const int next = kt + STAGES - 2;
-        if (next < slices) {
-            const int st = next % STAGES;
-            load_slice(a, sa + st * kATile, sb + st * kBTile, m0, n0, s0 + next);
-        }
-        cp_async_commit();
         const int st = kt % STAGES;
+        stof::tma::wait(bar0 + 8 * st, (kt / STAGES) & 1);
+        __syncthreads();  // every warpgroup is done with slice kt - 2's stage
+        const int next = kt + STAGES - 2;
+        if (threadIdx.x == 0 && next < slices) {
+            const int nst = next % STAGES;
+            tma_slice_w(a, sb0 + nst * kB, bar0 + 8 * nst, n0, s0 + next);
+            tma_slice_x(a, sa0 + nst * kA, bar0 + 8 * nst, m0, s0 + next);
+        }
         issue_slice(d, sa + st * kATile, sb + st * kBTile, wg_m, wg_n);
         stof::wg::wait<1>();
     }
     stof::wg::wait<0>();
     stof::wg::wg_mma<kWgCols>::keep(d);
-    cp_async_wait<0>();
 
     const int row0 = m0 + wg_m * 64 + (warp & 3) * 16, col0 = n0 + wg_n * kWgCols;
 #if SPLIT_K > 1

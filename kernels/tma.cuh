@@ -1,7 +1,8 @@
-// Hopper's tensor memory accelerator (sm_90+) as the attention kernel uses
-// it: tile copies global -> shared described by a tensor map the host
-// encodes (cuTensorMapEncodeTiled; see attention_abi.cuh), completing on a
-// shared-memory barrier that counts the bytes it expects.
+// Hopper's tensor memory accelerator (sm_90+) as the attention kernel and
+// gemm_epilogue's wgmma build use it: tile copies global -> shared
+// described by a tensor map the host encodes (cuTensorMapEncodeTiled; see
+// attention_abi.cuh), completing on a shared-memory barrier that counts the
+// bytes it expects.
 //
 // One thread issues a whole tile: the address arithmetic, the row loop and
 // the zero fill of rows outside the tensor are the copy engine's, so a
@@ -56,6 +57,17 @@ __device__ __forceinline__ void copy_3d(unsigned dst, const void *map, int c0, i
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
+// The box of a 2-D tensor map at (c0, c1) (c0 the inner coordinate), as
+// copy_3d.
+__device__ __forceinline__ void copy_2d(unsigned dst, const void *map, int c0, int c1,
+                                        unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
 

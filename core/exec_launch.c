@@ -636,7 +636,7 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
         if (rc)
             return rc;
         out[0] = (exec_choice){s->tmpl, {0}};
-        gemm_exec_default_values(&p, out[0].values);
+        gemm_exec_default_values(&p, lim ? lim->arch : NULL, out[0].values);
         *n = 1;
         return STOF_OK;
     }
@@ -688,7 +688,7 @@ static int gx_builds(const graph *g, const exec_segment *s, const mha_device_lim
     if (s->has_values)
         memcpy(values, s->values, sizeof values);
     else
-        gemm_exec_default_values(&p, values);
+        gemm_exec_default_values(&p, lim->arch, values);
     if (mode == EXEC_BUILDS_PLANNED && (rc = gemm_exec_check(&p, values, lim->smem_per_block,
                                                              err)) != STOF_OK)
         return rc;

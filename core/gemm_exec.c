@@ -237,7 +237,25 @@ static void first_feasible(const gemm_exec_problem *p, const int (*candidates)[5
     }
 }
 
-void gemm_exec_default_values(const gemm_exec_problem *p, int *v) {
+/* gemm_epilogue at a few hundred rows or fewer, where the wgmma build runs:
+ * 64 x 32 tiles of one warpgroup, 6 stages, and K split over a cluster
+ * until about 192 blocks share the weight's stream (each block keeping at
+ * least two slices of K). 128 x 128 tiles would leave most SMs idle: at
+ * M = 128, N = 3072 they are 24 blocks. 0 where it does not apply. */
+#define GEMM_EXEC_SMALL_M 256
+#define GEMM_EXEC_SMALL_M_BLOCKS 192
+static int small_m_values(const gemm_exec_problem *p, const char *arch, int *v) {
+    const int small[6] = {64, 32, 64, 4, 6, 1};
+    if (p->m > GEMM_EXEC_SMALL_M || !arch || !gemm_exec_wgmma(p, small, arch))
+        return 0;
+    memcpy(v, small, sizeof small);
+    const int64_t tiles = ((p->m + 63) / 64) * ((p->n + 31) / 32), slices = (p->k + 63) / 64;
+    while (v[5] < 4 && tiles * v[5] < GEMM_EXEC_SMALL_M_BLOCKS && slices >= 4 * v[5])
+        v[5] *= 2;
+    return 1;
+}
+
+void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int *v) {
     /* gemm_ln: ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. Many rows: 32-row
      * blocks of 8 warps (16 x 64 warp tiles... as the warp grid picks);
      * fewer rows: 16-row blocks, so that more blocks share the GPU; then
@@ -258,6 +276,8 @@ void gemm_exec_default_values(const gemm_exec_problem *p, int *v) {
         first_feasible(p, chain, 3, p->m >= 4096 ? 0 : 1, v);
         break;
     case FUSION_T_GEMM_EPILOGUE:
+        if (small_m_values(p, arch, v))
+            break;
         /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: 128 x 128 tiles, 8 warps of
          * 64 x 32, 3 stages (48 KiB); small M wastes less with 64-row tiles */
         v[0] = p->m <= 64 ? 64 : 128;
@@ -452,7 +472,7 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
         memcpy(plan->values, values, (size_t)fusion_template_get(p->tmpl)->n_params *
                                          sizeof *values);
     else
-        gemm_exec_default_values(p, plan->values);
+        gemm_exec_default_values(p, c->arch, plan->values);
     snprintf(plan->arch, sizeof plan->arch, "%s", c->arch);
     if ((rc = gemm_exec_check_arch(p, plan->values, c->arch, err)) ||
         (rc = gemm_exec_check(p, plan->values, c->info.smem_per_block_optin, err)) ||

@@ -86,9 +86,11 @@ int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limi
  * elements; the others use none. */
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *values);
 
-/* A setting that runs well for p without tuning (it passes gemm_exec_check
- * at 227 KiB for every valid problem of the GPU test; callers still check). */
-void gemm_exec_default_values(const gemm_exec_problem *p, int *values);
+/* A setting that runs well for p without tuning on a device of `arch` (NULL:
+ * any; only a wgmma-capable arch gets split-K defaults). It passes
+ * gemm_exec_check at 227 KiB for every valid problem of the GPU test;
+ * callers still check. */
+void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int *values);
 
 /* Whether a setting of p builds with wgmma on a device of `arch`: a
  * gemm_epilogue of [N, K] weights whose setting is whole warpgroups

@@ -1168,7 +1168,7 @@ static void warm_add(warm_item *items, int cap, int *n, const gemm_exec_problem 
     if (values)
         memcpy(it->values, values, sizeof it->values);
     else
-        gemm_exec_default_values(p, it->values);
+        gemm_exec_default_values(p, arch, it->values);
     gemm_exec_request r;
     gemm_exec_request_init(&r, &it->p, it->values, arch);
     it->key = nvrtc_key(&r.req);

@@ -622,7 +622,7 @@ static void test_defaults_fused(void) {
             const gemm_exec_problem *ps[] = {&ln, &ch};
             for (int t = 0; t < 2; t++) {
                 int vals[FUSION_MAX_PARAMS];
-                gemm_exec_default_values(ps[t], vals);
+                gemm_exec_default_values(ps[t], "sm_90", vals);
                 stof_error err = {0};
                 int rc = gemm_exec_check(ps[t], vals, SMEM_H100, &err);
                 CHECK_MSG(rc == STOF_OK, "default for %s M=%lld N=%lld: %s",
@@ -632,26 +632,63 @@ static void test_defaults_fused(void) {
         }
 }
 
+/* At a few hundred rows on sm_90, gemm_epilogue's default is the wgmma
+ * build's 64 x 32 tile with K split until about 192 blocks run (bert-base's
+ * four GEMMs at M = 128); elsewhere the 128 x 128 tile. */
+static void test_defaults_small_m(void) {
+    static const struct {
+        int64_t m, n, k;
+        const char *arch;
+        int weight_kn, want[6];
+    } cases[] = {
+        {128, 2304, 768, "sm_90", 0, {64, 32, 64, 4, 6, 2}},
+        {128, 768, 768, "sm_90", 0, {64, 32, 64, 4, 6, 4}},
+        {128, 3072, 768, "sm_90", 0, {64, 32, 64, 4, 6, 1}},
+        {128, 768, 3072, "sm_90", 0, {64, 32, 64, 4, 6, 4}},
+        {1, 768, 256, "sm_90", 0, {64, 32, 64, 4, 6, 2}}, /* 4 slices of K: 2 a block */
+        {1, 768, 128, "sm_90", 0, {64, 32, 64, 4, 6, 1}},
+        {128, 768, 768, "sm_80", 0, {128, 128, 32, 8, 3, 1}},
+        {128, 768, 768, "sm_90", 1, {128, 128, 32, 8, 3, 1}}, /* [K, N]: no wgmma */
+        {4096, 768, 768, "sm_90", 0, {128, 128, 32, 8, 3, 1}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16,
+                               .m = cases[i].m, .n = cases[i].n, .k = cases[i].k,
+                               .weight_kn = cases[i].weight_kn};
+        int vals[FUSION_MAX_PARAMS];
+        gemm_exec_default_values(&p, cases[i].arch, vals);
+        CHECK_MSG(memcmp(vals, cases[i].want, sizeof cases[i].want) == 0,
+                  "case %zu: default %dx%dx%d w%d s%d split %d", i, vals[0], vals[1], vals[2],
+                  vals[3], vals[4], vals[5]);
+        stof_error err = {0};
+        CHECK_EQ_INT(gemm_exec_check(&p, vals, SMEM_H100, &err), STOF_OK);
+    }
+}
+
 static void test_defaults(void) {
     test_defaults_fused();
     static const int64_t ms[] = {1, 7, 64, 1000, 4096};
     static const int64_t ns[] = {512, 768, 1000, 1024, 2304, 3072, 4096, 8192};
-    for (int i = 0; i < 5; i++)
-        for (int j = 0; j < 8; j++)
-            for (int t = 0; t < 3; t++) {
-                fusion_template_id id = t == 0 ? FUSION_T_GEMM_EPILOGUE
-                                        : t == 1 ? FUSION_T_MI_CHAIN
-                                                 : FUSION_T_EMBEDDING;
-                gemm_exec_problem p = {.tmpl = id, .dtype = STOF_BF16, .m = ms[i], .n = ns[j],
-                                       .k = 1024, .eps = 1e-6f, .seq_len = 1, .vocab = 5};
-                p.epi.norm = t == 1 ? FUSION_NORM_LAYERNORM : FUSION_NORM_NONE;
-                int vals[FUSION_MAX_PARAMS];
-                gemm_exec_default_values(&p, vals);
-                stof_error err = {0};
-                int rc = gemm_exec_check(&p, vals, SMEM_H100, &err);
-                CHECK_MSG(rc == STOF_OK, "default for template %d M=%lld N=%lld: %s", t,
-                          (long long)ms[i], (long long)ns[j], err.msg);
-            }
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 5; i++)
+            for (int j = 0; j < 8; j++)
+                for (int t = 0; t < 3; t++) {
+                    fusion_template_id id = t == 0 ? FUSION_T_GEMM_EPILOGUE
+                                            : t == 1 ? FUSION_T_MI_CHAIN
+                                                     : FUSION_T_EMBEDDING;
+                    gemm_exec_problem p = {.tmpl = id, .dtype = STOF_BF16, .m = ms[i], .n = ns[j],
+                                           .k = 1024, .eps = 1e-6f, .seq_len = 1, .vocab = 5};
+                    p.epi.norm = t == 1 ? FUSION_NORM_LAYERNORM : FUSION_NORM_NONE;
+                    int vals[FUSION_MAX_PARAMS];
+                    gemm_exec_default_values(&p, archs[a], vals);
+                    stof_error err = {0};
+                    int rc = gemm_exec_check(&p, vals, SMEM_H100, &err);
+                    if (rc == STOF_OK)
+                        rc = gemm_exec_check_arch(&p, vals, archs[a], &err);
+                    CHECK_MSG(rc == STOF_OK, "default for template %d M=%lld N=%lld on %s: %s", t,
+                              (long long)ms[i], (long long)ns[j], archs[a], err.msg);
+                }
+    test_defaults_small_m();
 }
 
 /* ---- requests and argument blocks ---------------------------------------------------------- */

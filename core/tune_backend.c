@@ -817,11 +817,13 @@ void tune_backend_free(tune_backend *b) {
 
 static int default_setting(void *ud, const search_segment *seg, fusion_template_id *tmpl,
                            int *values);
+static int template_default(void *ud, const search_segment *seg, int *values);
 
 search_backend tune_backend_search(tune_backend *b) {
     return (search_backend){.ud = b, .measure = tune_backend_measure,
                             .prepare = tune_backend_prepare,
-                            .default_setting = default_setting};
+                            .default_setting = default_setting,
+                            .template_default = template_default};
 }
 
 tune_backend_stats tune_backend_get_stats(const tune_backend *b) {
@@ -863,20 +865,19 @@ static void segment_of(const search_segment *seg, const int *values, exec_segmen
 
 static int is_attention(fusion_template_id t);
 
-/* search_backend.default_setting: what the executor runs the segment with
- * when given nothing (its first template that runs it with that template's
- * default values; for attention the selector's kernel), as an offline plan
- * has it. The search measures it when the time limit leaves no room to. */
-static int default_setting(void *ud, const search_segment *seg, fusion_template_id *tmpl,
-                           int *values) {
-    const tune_backend *b = ud;
+/* What the executor runs seg with when given no values: under the first
+ * template that runs it (executor_template) or under seg->tmpl, that
+ * template's default values; for attention the selector's kernel. */
+static int default_of(const tune_backend *b, const search_segment *seg, int executor_template,
+                      fusion_template_id *tmpl, int *values) {
     int none[FUSION_MAX_PARAMS] = {0};
     exec_segment s;
     exec_choice c;
-    int got = 0;
+    int got = 0, rc = STOF_OK;
     segment_of(seg, none, &s);
     s.has_values = 0;
-    int rc = exec_segment_template(seg->g, s.first, s.n, &s.match, &s.tmpl, NULL);
+    if (executor_template)
+        rc = exec_segment_template(seg->g, s.first, s.n, &s.match, &s.tmpl, NULL);
     s.auto_attention = is_attention(s.tmpl);
     if (!rc)
         rc = exec_segment_candidates(seg->g, &s, &b->lim, 0, &c, 1, &got, NULL);
@@ -887,6 +888,22 @@ static int default_setting(void *ud, const search_segment *seg, fusion_template_
     *tmpl = c.tmpl;
     memcpy(values, c.values, sizeof c.values);
     return STOF_OK;
+}
+
+/* search_backend.default_setting: as an offline plan has it. The search
+ * measures it when the time limit leaves no room to. */
+static int default_setting(void *ud, const search_segment *seg, fusion_template_id *tmpl,
+                           int *values) {
+    return default_of(ud, seg, 1, tmpl, values);
+}
+
+/* search_backend.template_default: seg->tmpl's default values (for
+ * attention, the selector's choice, which may be the other attention
+ * template: then none). */
+static int template_default(void *ud, const search_segment *seg, int *values) {
+    fusion_template_id tmpl;
+    int rc = default_of(ud, seg, 0, &tmpl, values);
+    return rc || tmpl == seg->tmpl ? rc : STOF_ERR_UNSUPPORTED;
 }
 
 /* A model that holds only what the launcher rows read: the context, the

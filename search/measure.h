@@ -70,6 +70,11 @@ typedef struct search_backend {
      * the search measures this one first for each segment left. */
     int (*default_setting)(void *ud, const search_segment *seg, fusion_template_id *tmpl,
                            int *values);
+    /* Optional (NULL: none). The setting seg->tmpl runs seg with when given
+     * none (that template's default); STOF_OK when there is one. A new
+     * segment measures each template's default first, before the random
+     * draws of its order. */
+    int (*template_default)(void *ud, const search_segment *seg, int *values);
 } search_backend;
 
 /* Longest signature and key text, terminating zero included. */

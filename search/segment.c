@@ -63,8 +63,8 @@ static int seg_options(search_ctx *c, search_seg *s, stof_error *err) {
  * try every template once. Drawn blindly, a template with few settings
  * (cuBLASLt's 4 against the ~70 of an own GEMM kernel) was often never
  * tried in a short search, and a 768x768 GEMM stayed 2.7x slower than it
- * needed to be. */
-static void seg_templates_first(search_seg *s) {
+ * needed to be. Returns how many options went to the front. */
+static int seg_templates_first(search_seg *s) {
     int seen[FUSION_T_COUNT] = {0}, front = 0;
     for (int i = 0; i < s->n_order; i++) {
         int t = s->order[i].tmpl;
@@ -75,12 +75,57 @@ static void seg_templates_first(search_seg *s) {
         memmove(&s->order[front + 1], &s->order[front], sizeof o * (size_t)(i - front));
         s->order[front++] = o;
     }
+    return front;
+}
+
+/* The index of template tmpl's option with these values in s's order at or
+ * after `from`; -1 when there is none. */
+static int seg_find_option(const search_seg *s, int from, fusion_template_id tmpl,
+                           const int *want) {
+    const fusion_template *t = fusion_template_get(tmpl);
+    for (int i = from; t && i < s->n_order; i++) {
+        int values[FUSION_MAX_PARAMS];
+        if (s->order[i].tmpl != (int)tmpl)
+            continue;
+        fusion_template_setting(t, s->order[i].setting, values);
+        if (memcmp(values, want, sizeof *values * (size_t)t->n_params) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static void seg_swap(search_seg *s, int i, int j) {
+    search_option o = s->order[i];
+    s->order[i] = s->order[j];
+    s->order[j] = o;
+}
+
+/* Swaps each template's default (search_backend.template_default) into the
+ * place seg_templates_first gave that template's first option, so a
+ * segment's first samples are what the executor would run, one per
+ * template, before the random draws. A random first setting of a GEMM
+ * template was usually far from its best at small M (24 blocks of 128 x
+ * 128 at M = 128), and stage 1 judged fusions by a few such samples. */
+static void seg_defaults_first(const search_ctx *c, int q, search_seg *s, int n_front) {
+    if (!c->backend.template_default)
+        return;
+    for (int f = 0; f < n_front; f++) {
+        const fusion_template_id tmpl = (fusion_template_id)s->order[f].tmpl;
+        int want[FUSION_MAX_PARAMS] = {0};
+        search_segment view = seg_view(c, q, s, tmpl);
+        if (c->backend.template_default(c->backend.ud, &view, want) != STOF_OK)
+            continue;
+        const int i = seg_find_option(s, f, tmpl, want);
+        if (i > f)
+            seg_swap(s, i, f);
+    }
 }
 
 /* Fisher-Yates with a generator seeded by the run's seed and the segment's
  * signature (under its first template): the same segment always gets the
  * same order within a run, whichever scheme it turns up in. Then every
- * template's first option goes to the front (seg_templates_first). */
+ * template's first option goes to the front (seg_templates_first), its
+ * default where the backend has one (seg_defaults_first). */
 static void seg_shuffle(const search_ctx *c, int q, search_seg *s) {
     if (s->n_order < 2)
         return;
@@ -94,7 +139,7 @@ static void seg_shuffle(const search_ctx *c, int q, search_seg *s) {
         s->order[i] = s->order[j];
         s->order[j] = tmp;
     }
-    seg_templates_first(s);
+    seg_defaults_first(c, q, s, seg_templates_first(s));
 }
 
 int search_seg_new(search_ctx *c, int q, int first, int last, search_seg **out,
@@ -333,17 +378,7 @@ void search_seg_default_next(search_ctx *c, int q, search_seg *s) {
     search_segment view = seg_view(c, q, s, s->order[s->cursor].tmpl);
     if (c->backend.default_setting(c->backend.ud, &view, &tmpl, want) != STOF_OK)
         return;
-    const fusion_template *t = fusion_template_get(tmpl);
-    for (int i = s->cursor; t && i < s->n_order; i++) {
-        int values[FUSION_MAX_PARAMS];
-        if (s->order[i].tmpl != (int)tmpl)
-            continue;
-        fusion_template_setting(t, s->order[i].setting, values);
-        if (memcmp(values, want, sizeof *values * (size_t)t->n_params) != 0)
-            continue;
-        search_option o = s->order[i];
-        s->order[i] = s->order[s->cursor];
-        s->order[s->cursor] = o;
-        return;
-    }
+    const int i = seg_find_option(s, s->cursor, tmpl, want);
+    if (i >= 0)
+        seg_swap(s, i, s->cursor);
 }

@@ -64,6 +64,7 @@ typedef struct synth {
         char sig[SEARCH_SIG_MAX];
         int n;
         unsigned char tmpls[64];
+        unsigned char is_default[64]; /* synth_template_default's values */
     } *sigs;
     int n_sigs;
     double clock_step_s;         /* the clock also moves this much at each reading */
@@ -95,7 +96,9 @@ static void synth_count(synth *s, const char *key) {
     s->counts[s->n_keys++] = 1;
 }
 
-static void synth_trace_template(synth *s, const search_segment *seg) {
+static int is_template_default(const search_segment *seg, const int *values);
+
+static void synth_trace_template(synth *s, const search_segment *seg, const int *values) {
     /* the signature names the template: under one fixed template it names
      * the segment alone */
     search_segment any = *seg;
@@ -112,8 +115,32 @@ static void synth_trace_template(synth *s, const search_segment *seg) {
         s->n_sigs++;
     }
     struct sig_trace *t = &s->sigs[i];
-    if (t->n < (int)sizeof t->tmpls)
+    if (t->n < (int)sizeof t->tmpls) {
+        t->is_default[t->n] = (unsigned char)is_template_default(seg, values);
         t->tmpls[t->n++] = (unsigned char)seg->tmpl;
+    }
+}
+
+/* The first measurement of each template of every segment was that
+ * template's default, or (want 0) at least one was not. */
+static void check_defaults_first(const synth *s, int want) {
+    int firsts = 0, defaults = 0;
+    for (int i = 0; i < s->n_sigs; i++) {
+        const struct sig_trace *t = &s->sigs[i];
+        int seen[FUSION_T_COUNT] = {0};
+        for (int k = 0; k < t->n; k++) {
+            if (seen[t->tmpls[k]]++)
+                continue;
+            firsts++;
+            defaults += t->is_default[k];
+            CHECK_MSG(!want || t->is_default[k], "%s: template %d first measured off its default",
+                      t->sig, t->tmpls[k]);
+        }
+    }
+    CHECK(firsts > 0);
+    if (!want)
+        CHECK_MSG(defaults < firsts, "%d of %d first measurements were defaults unasked",
+                  defaults, firsts);
 }
 
 /* Every segment tried each of its templates before it tried one twice: the
@@ -219,19 +246,35 @@ static int synth_prepared(const synth *s, uint64_t h) {
 
 /* The default setting of the test backend: the last feasible setting of
  * the first template that matches (seldom the first of a shuffled order). */
+/* A template's synthetic default: its last setting that passes its check. */
+static int synth_template_default(void *ud, const search_segment *seg, int *values) {
+    (void)ud;
+    const fusion_template *tp = fusion_template_get(seg->tmpl);
+    for (long i = fusion_template_settings(tp) - 1; i >= 0; i--) {
+        fusion_template_setting(tp, i, values);
+        if (fusion_template_check(tp, &seg->dims, values, SEARCH_DEFAULT_SMEM, NULL) == STOF_OK)
+            return STOF_OK;
+    }
+    return STOF_ERR_UNSUPPORTED;
+}
+
+static int is_template_default(const search_segment *seg, const int *values) {
+    int want[FUSION_MAX_PARAMS] = {0};
+    const size_t n = (size_t)fusion_template_get(seg->tmpl)->n_params;
+    return synth_template_default(NULL, seg, want) == STOF_OK &&
+           memcmp(want, values, sizeof *values * n) == 0;
+}
+
+/* The segment's default: that of its first template that has one. */
 static int synth_default(void *ud, const search_segment *seg, fusion_template_id *tmpl,
                          int *values) {
     for (int t = 0; t < FUSION_T_COUNT; t++) {
-        const fusion_template *tp = fusion_template_get((fusion_template_id)t);
-        if (!fusion_match_has(seg->match, (fusion_template_id)t))
-            continue;
-        for (long i = fusion_template_settings(tp) - 1; i >= 0; i--) {
-            fusion_template_setting(tp, i, values);
-            if (fusion_template_check(tp, &seg->dims, values, SEARCH_DEFAULT_SMEM, NULL) ==
-                STOF_OK) {
-                *tmpl = (fusion_template_id)t;
-                return STOF_OK;
-            }
+        search_segment view = *seg;
+        view.tmpl = (fusion_template_id)t;
+        if (fusion_match_has(seg->match, view.tmpl) &&
+            synth_template_default(ud, &view, values) == STOF_OK) {
+            *tmpl = view.tmpl;
+            return STOF_OK;
         }
     }
     return STOF_ERR_UNSUPPORTED;
@@ -255,7 +298,7 @@ static int synth_measure(void *ud, const search_segment *seg, const int *values,
     synth_key(seg, values, key, sizeof key);
     s->measured_unprepared += !synth_prepared(s, util_hash_str(UTIL_HASH_SEED, key));
     synth_count(s, key);
-    synth_trace_template(s, seg);
+    synth_trace_template(s, seg, values);
     s->trace = util_hash_str(s->trace ? s->trace : UTIL_HASH_SEED, key);
     s->calls++;
     s->now += s->per_call_s;
@@ -960,6 +1003,7 @@ static void full_run(const char *script, const char *const *params, int n_params
         check_moves(&m, &s, init, &r);
         check_result_sums(&m, &r);
         check_templates_first(&s);
+        check_defaults_first(&s, 0);
         double unfused = best_unfused_ms(&m, &s);
         CHECK_MSG(r.total_ms < unfused, "%s: %.6f ms tuned, %.6f ms unfused at best", script,
                   r.total_ms, unfused);
@@ -1289,6 +1333,35 @@ static void test_time_too_short(void) {
     model_free(&m);
 }
 
+/* A backend with template defaults: every segment measures each template's
+ * default before any other setting of it, and the templates still come
+ * first. */
+static void test_template_defaults_first(void) {
+    model m;
+    if (bert_small(&m, "seq=128") != STOF_OK) {
+        model_free(&m);
+        return;
+    }
+    synth s = {0};
+    search_options o = synth_options(&s, 42);
+    search_backend b = synth_backend(&s);
+    b.template_default = synth_template_default;
+    search_result r;
+    stof_error err = {0};
+    int rc = search_run(&m.g, m.seqs, m.n_seqs, &b, &o, &r, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc == STOF_OK) {
+        CHECK_EQ_INT(s.bad_values, 0);
+        CHECK_EQ_INT(synth_max_count(&s), 1);
+        check_templates_first(&s);
+        check_defaults_first(&s, 1);
+        check_result_sums(&m, &r);
+        search_result_free(&r);
+    }
+    synth_free(&s);
+    model_free(&m);
+}
+
 /* ==== stage 2 ================================================================================================ */
 
 static void expect_shares(const double *reward, const int *room, int n, int total, int round,
@@ -1411,6 +1484,7 @@ int main(void) {
     test_prepare();
     test_budget_and_time();
     test_time_too_short();
+    test_template_defaults_first();
     test_allocate();
     test_rewards();
     return check_summary("test_search");

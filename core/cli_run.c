@@ -498,6 +498,11 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
     printf("setup %.2f s (kernels compiled or loaded, weights uploaded)\n", setup);
     printf("latency: eager %.3f ms, CUDA graph %.3f ms (median of %d; %.1f TFLOP/s)\n",
            eager_ms, graph_ms, a->reps, graph_ms > 0 ? flops / (graph_ms * 1e-3) * 1e-12 : 0.0);
+    exec_graph_edges ge;
+    if (exec_model_graph_edges(r->model, &ge, &err))
+        return fail(r, &err);
+    printf("CUDA graph: %zu dependencies, %zu of them programmatic (the next kernel may start "
+           "before its predecessor ends)\n", ge.edges, ge.programmatic);
     int same = memcmp(r->eager, r->replayed, sizeof *r->eager * (size_t)n) == 0;
     double sum, sum_sq;
     ref_checksum(r->eager, n, &sum, &sum_sq);

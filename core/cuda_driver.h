@@ -58,6 +58,7 @@
     X(GraphLaunch, "cuGraphLaunch", cuGraphLaunch)                        \
     X(GraphExecDestroy, "cuGraphExecDestroy", cuGraphExecDestroy)         \
     X(GraphDestroy, "cuGraphDestroy", cuGraphDestroy)                     \
+    X(GraphGetEdges, "cuGraphGetEdges", cuGraphGetEdges)                  \
     X(EventCreate, "cuEventCreate", cuEventCreate)                        \
     X(EventRecord, "cuEventRecord", cuEventRecord)                        \
     X(EventRecordWithFlags, "cuEventRecordWithFlags", cuEventRecordWithFlags) \

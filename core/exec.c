@@ -378,6 +378,32 @@ int exec_model_capture(exec_model *m, stof_error *err) {
     return capture_pass(m, NULL, &m->graph, &m->graph_exec, err);
 }
 
+int exec_model_graph_edges(const exec_model *m, exec_graph_edges *out, stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    memset(out, 0, sizeof *out);
+    if (!m->graph)
+        return err_set(err, STOF_ERR_INVALID, "no CUDA graph captured yet");
+    size_t n = 0;
+    int rc = cuda_check(drv, drv->GraphGetEdges(m->graph, NULL, NULL, NULL, &n),
+                        "cuGraphGetEdges", err);
+    if (rc || n == 0)
+        return rc;
+    CUgraphNode *from = err_malloc(sizeof *from * n * 2, err);
+    CUgraphEdgeData *data = err_calloc(n, sizeof *data, err);
+    if (!from || !data)
+        rc = STOF_ERR_NOMEM;
+    if (!rc)
+        rc = cuda_check(drv, drv->GraphGetEdges(m->graph, from, from + n, data, &n),
+                        "cuGraphGetEdges", err);
+    for (size_t i = 0; !rc && i < n; i++)
+        out->programmatic += data[i].type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    if (!rc)
+        out->edges = n;
+    free(from);
+    free(data);
+    return rc;
+}
+
 static int replay_async(exec_model *m, stof_error *err) {
     if (!m->graph_exec)
         return err_set(err, STOF_ERR_INVALID, "the forward pass was not captured "

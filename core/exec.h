@@ -207,6 +207,13 @@ void exec_model_free(exec_model *m);
 int exec_model_run(exec_model *m, stof_error *err);
 /* Captures one forward pass into a CUDA graph (once; later calls keep it). */
 int exec_model_capture(exec_model *m, stof_error *err);
+/* The captured graph's dependencies, and how many of them are programmatic
+ * (a kernel launched as a programmatic dependent launch may start before
+ * the one it depends on has finished; exec_model_capture first). */
+typedef struct exec_graph_edges {
+    size_t edges, programmatic;
+} exec_graph_edges;
+int exec_model_graph_edges(const exec_model *m, exec_graph_edges *out, stof_error *err);
 /* Replays the captured graph and waits for it. */
 int exec_model_replay(exec_model *m, stof_error *err);
 /* Median over reps runs (eager launches, or graph replays when use_graph)

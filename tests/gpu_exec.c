@@ -218,6 +218,7 @@ static int make_configs(const graph *g, const exec_seq *seqs, int n, config *out
 typedef struct gpu {
     exec_ctx *ctx;
     int notime;
+    int pdl;  /* kernels launched as programmatic dependent launches (sm_90, STOF_PDL unset) */
     int dead; /* a CUDA error left the context unusable */
 } gpu;
 
@@ -278,6 +279,26 @@ static int check_profile(exec_model *m, const exec_plan *p, const model_case *mc
     }
     free(seg);
     return ok;
+}
+
+/* exec_model_graph_edges: one dependency at least, and with programmatic
+ * dependent launch on (sm_90, STOF_PDL unset) some of them programmatic
+ * unless every kernel is cuBLASLt's; with it off, none. */
+static int check_graph_edges(const exec_model *m, const exec_plan *p, const model_case *mc,
+                             const config *cf, int pdl) {
+    stof_error err = {0};
+    exec_graph_edges e;
+    int ok = exec_model_graph_edges(m, &e, &err) == STOF_OK;
+    CHECK_MSG(ok, "%s / %s: graph edges: %s", mc->label, cf->name, err.msg);
+    int own = 0;
+    for (int s = 0; s < p->n_segs; s++)
+        own += exec_model_template(m, s) != FUSION_T_CUBLASLT;
+    int want_some = pdl && own > 1;
+    int good = ok && e.edges > 0 && e.programmatic <= e.edges &&
+               (want_some ? e.programmatic > 0 : pdl || e.programmatic == 0);
+    CHECK_MSG(!ok || good, "%s / %s: %zu dependencies, %zu programmatic (PDL %s)", mc->label,
+              cf->name, e.edges, e.programmatic, pdl ? "on" : "off");
+    return ok && good;
 }
 
 static void run_config(gpu *gp, const model_case *mc, const graph *g, const config *cf,
@@ -341,6 +362,7 @@ static void run_config(gpu *gp, const model_case *mc, const graph *g, const conf
             ok = 0;
         }
         ok &= check_profile(m, p, mc, cf, graph_ms);
+        ok &= check_graph_edges(m, p, mc, cf, gp->pdl);
         int attn_row = 0, attn_block = 0, expected = 0;
         for (int s = 0; s < p->n_segs; s++) {
             fusion_template_id t = exec_model_template(m, s);
@@ -547,7 +569,9 @@ int main(int argc, char **argv) {
     if (rc)
         return check_summary("gpu_exec");
     gp.notime = argc > 1 && strcmp(argv[1], "notime") == 0;
+    const char *pdl = getenv("STOF_PDL");
     const stof_device_info *d = exec_ctx_device(gp.ctx);
+    gp.pdl = d->cc_major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     printf("GPU: %s (%s, %d SMs)\n", d->name, exec_ctx_arch(gp.ctx), d->sm_count);
     for (int c = 0; c < N_CASES && !gp.dead; c++)
         run_case(&gp, &cases[c]);

@@ -283,7 +283,9 @@ static int check_profile(exec_model *m, const exec_plan *p, const model_case *mc
 
 /* exec_model_graph_edges: one dependency at least, and with programmatic
  * dependent launch on (sm_90, STOF_PDL unset) some of them programmatic
- * unless every kernel is cuBLASLt's; with it off, none. */
+ * unless every kernel is cuBLASLt's; with it off, none in a plan without
+ * cuBLASLt (which may chain its own kernels programmatically, a GEMM and
+ * its split-K reduction). */
 static int check_graph_edges(const exec_model *m, const exec_plan *p, const model_case *mc,
                              const config *cf, int pdl) {
     stof_error err = {0};
@@ -293,9 +295,9 @@ static int check_graph_edges(const exec_model *m, const exec_plan *p, const mode
     int own = 0;
     for (int s = 0; s < p->n_segs; s++)
         own += exec_model_template(m, s) != FUSION_T_CUBLASLT;
-    int want_some = pdl && own > 1;
+    int want_some = pdl && own > 1, want_none = !pdl && own == p->n_segs;
     int good = ok && e.edges > 0 && e.programmatic <= e.edges &&
-               (want_some ? e.programmatic > 0 : pdl || e.programmatic == 0);
+               (!want_some || e.programmatic > 0) && (!want_none || e.programmatic == 0);
     CHECK_MSG(!ok || good, "%s / %s: %zu dependencies, %zu programmatic (PDL %s)", mc->label,
               cf->name, e.edges, e.programmatic, pdl ? "on" : "off");
     return ok && good;

@@ -790,8 +790,9 @@ static int encode_map(const cuda_driver *drv, const char *name, const void *ptr,
     if (r == CUDA_SUCCESS)
         return STOF_OK;
     char what[128];
-    snprintf(what, sizeof what, "cuTensorMapEncodeTiled(gemm_epilogue %s, %lld x %lld, stride %lld)",
-             name, (long long)rows, (long long)k, (long long)row_stride);
+    snprintf(what, sizeof what,
+             "cuTensorMapEncodeTiled(gemm_epilogue %s, %lld x %lld, stride %lld)", name,
+             (long long)rows, (long long)k, (long long)row_stride);
     return cuda_check(drv, r, what, err);
 }
 

@@ -49,6 +49,7 @@
     X(FuncGetAttribute, "cuFuncGetAttribute", cuFuncGetAttribute)         \
     X(LaunchKernel, "cuLaunchKernel", cuLaunchKernel)                     \
     X(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx)               \
+    X(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", cuOccupancyMaxActiveClusters) \
     X(StreamCreate, "cuStreamCreate", cuStreamCreate)                     \
     X(StreamDestroy, "cuStreamDestroy", cuStreamDestroy)                  \
     X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)      \

@@ -107,13 +107,14 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
     return STOF_OK;
 }
 
-/* gemm_epilogue, cublaslt (gemm [bias] [act] [add]) and gemm_ln (gemm
- * [bias] [add] norm, the norm's input stored when the match says so). */
+/* gemm_epilogue (gemm [bias] [act] [add] [norm]), cublaslt (gemm [bias]
+ * [act] [add]) and gemm_ln (gemm [bias] [add] norm); the norm's input
+ * stored when the match says so. */
 static int gemm_read_seg(const graph *g, int first, int n, const fusion_match *m,
                          fusion_template_id tmpl, gemm_exec_problem *p, gemm_roles *r,
                          stof_error *err) {
     int rc = gemm_read(g, first, n, tmpl, &m->epi[0], p, r, err);
-    if (!rc && tmpl == FUSION_T_GEMM_LN)
+    if (!rc && (tmpl == FUSION_T_GEMM_LN || tmpl == FUSION_T_GEMM_EPILOGUE))
         p->store_pre_norm = m->store_pre_norm;
     return rc;
 }
@@ -338,7 +339,10 @@ static int gemm_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof
     rt->t.gemm = (gemm_exec_gemm_tensors){.x = ptr_of(m, r.x), .w = ptr_of(m, r.w),
                                           .bias = ptr_of(m, r.bias),
                                           .residual = ptr_of(m, r.residual),
-                                          .y = ptr_of(m, s->out)};
+                                          .y = ptr_of(m, s->out),
+                                          .gamma = ptr_of(m, r.gamma),
+                                          .beta = ptr_of(m, r.beta),
+                                          .pre_norm = ptr_of(m, s->pre_norm)};
     return STOF_OK;
 }
 

@@ -80,11 +80,22 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
     return rc;
 }
 
+/* The order exec_segment_template tries templates in: gemm_ln before
+ * gemm_epilogue, so that a GEMM closing with a norm, which both match, gets
+ * by default the kernel that runs on every architecture (gemm_epilogue's
+ * norm is its sm_90 build's; the search measures both); then by id. */
+static fusion_template_id default_order(int i) {
+    if (i == 0)
+        return FUSION_T_GEMM_LN;
+    return (fusion_template_id)(i <= FUSION_T_GEMM_LN ? i - 1 : i);
+}
+
 int exec_segment_template(const graph *g, int first, int n, const fusion_match *m,
                           fusion_template_id *t, stof_error *err) {
     char why[768] = "", name[256];
     size_t len = 0;
-    for (int k = 0; k < FUSION_T_COUNT; k++) {
+    for (int i = 0; i < FUSION_T_COUNT; i++) {
+        const fusion_template_id k = default_order(i);
         if (!fusion_match_has(m, (fusion_template_id)k))
             continue;
         /* the launcher's own reason: the segment's name comes once in front */

@@ -39,21 +39,29 @@ static int validate_gemm_sizes(const char *what, int64_t m, int64_t n, int64_t k
     return STOF_OK;
 }
 
-static int validate_gemm(const gemm_exec_problem *p, stof_error *err) {
-    int rc = validate_gemm_sizes("gemm_epilogue", p->m, p->n, p->k, err);
-    if (rc)
-        return rc;
-    if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
-        return err_set(err, STOF_ERR_INVALID,
-                       "gemm_epilogue has no norm in its epilogue (that is gemm_ln)");
-    return STOF_OK;
-}
-
 static int validate_eps(const char *what, float eps, stof_error *err) {
     if (!(isfinite(eps) && eps > 0.0f))
         return err_set(err, STOF_ERR_INVALID, "%s: eps must be positive, got %g", what,
                        (double)eps);
     return STOF_OK;
+}
+
+/* A closing norm is the wgmma build's (gemm_exec_check_arch, the template's
+ * check); here only what holds for every setting. */
+static int validate_gemm(const gemm_exec_problem *p, stof_error *err) {
+    int rc = validate_gemm_sizes("gemm_epilogue", p->m, p->n, p->k, err);
+    if (rc)
+        return rc;
+    if (p->store_pre_norm && p->epi.norm == FUSION_NORM_NONE)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemm_epilogue: store_pre_norm without a norm (the output is the "
+                       "pre-norm)");
+    if (p->epi.norm != FUSION_NORM_NONE && p->weight_kn)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "gemm_epilogue: a norm runs on the wgmma build, which takes [N, K] "
+                       "weights (this one is [K, N]; gemm_ln takes both)");
+    return p->epi.norm != FUSION_NORM_NONE ? validate_eps("gemm_epilogue", p->eps, err)
+                                           : STOF_OK;
 }
 
 static int validate_ln(const gemm_exec_problem *p, stof_error *err) {
@@ -156,7 +164,8 @@ void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d) {
     d->n2 = p->tmpl == FUSION_T_GEMM_CHAIN ? p->n2 : 0;
     d->elem_bytes = (int)stof_dtype_size(p->dtype);
     d->row_reduce = p->tmpl == FUSION_T_GEMM_LN ||
-                    (p->tmpl == FUSION_T_MI_CHAIN && p->epi.norm != FUSION_NORM_NONE);
+                    ((p->tmpl == FUSION_T_MI_CHAIN || p->tmpl == FUSION_T_GEMM_EPILOGUE) &&
+                     p->epi.norm != FUSION_NORM_NONE);
 }
 
 /* mi_chain values: ROWS, THREADS, VEC. Elements a thread holds. */
@@ -255,6 +264,37 @@ static int small_m_values(const gemm_exec_problem *p, const char *arch, int *v) 
     return 1;
 }
 
+/* gemm_epilogue closing with a norm (the wgmma build): 64-row tiles of one
+ * warpgroup at a few hundred rows or fewer (128 rows of two above), 6
+ * stages (4 where the ring would not fit), the first of 128, 64 and 256
+ * columns whose cluster has room, and K split over it while fewer than
+ * about 192 blocks run, the cluster keeps room and every block at least
+ * four slices: at M = 128, N = K = 768 that is 24 blocks of 64 x 128, K in
+ * halves. 0 where no setting fits. */
+static int norm_values(const gemm_exec_problem *p, int *v) {
+    static const int widths[] = {128, 64, 256};
+    const int64_t slices = (p->k + 63) / 64;
+    for (int i = 0; i < 3; i++) {
+        const int small = p->m <= GEMM_EXEC_SMALL_M;
+        const int s[6] = {small ? 64 : 128, widths[i], 64, small ? 4 : 8, 6, 1};
+        memcpy(v, s, sizeof s);
+        if (p->n % v[1] || p->n / v[1] > STOF_GEMM_MAX_CLUSTER)
+            continue;
+        const int64_t tiles = p->n / v[1], blocks = (p->m + v[0] - 1) / v[0] * tiles;
+        while (v[5] < 8 && blocks * v[5] < GEMM_EXEC_SMALL_M_BLOCKS &&
+               tiles * v[5] * 2 <= STOF_GEMM_MAX_CLUSTER && slices >= 8 * v[5] &&
+               (stof_gemm_wgmma_cols(v[0], v[1], v[3]) / 8) % (v[5] * 2) == 0)
+            v[5] *= 2;
+        stof_error err = {0};
+        if (gemm_exec_check(p, v, GEMM_EXEC_DEFAULT_SMEM, &err) == STOF_OK)
+            return 1;
+        v[4] = 4;
+        if (gemm_exec_check(p, v, GEMM_EXEC_DEFAULT_SMEM, &err) == STOF_OK)
+            return 1;
+    }
+    return 0;
+}
+
 void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int *v) {
     /* gemm_ln: ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. Many rows: 32-row
      * blocks of 8 warps (16 x 64 warp tiles... as the warp grid picks);
@@ -276,7 +316,7 @@ void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int 
         first_feasible(p, chain, 3, p->m >= 4096 ? 0 : 1, v);
         break;
     case FUSION_T_GEMM_EPILOGUE:
-        if (small_m_values(p, arch, v))
+        if (p->epi.norm != FUSION_NORM_NONE ? norm_values(p, v) : small_m_values(p, arch, v))
             break;
         /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: 128 x 128 tiles, 8 warps of
          * 64 x 32, 3 stages (48 KiB); small M wastes less with 64-row tiles */
@@ -341,12 +381,22 @@ int gemm_exec_wgmma(const gemm_exec_problem *p, const int *v, const char *arch) 
 
 int gemm_exec_check_arch(const gemm_exec_problem *p, const int *v, const char *arch,
                          stof_error *err) {
-    if (p->tmpl != FUSION_T_GEMM_EPILOGUE || v[5] <= 1 || gemm_exec_wgmma(p, v, arch))
+    const int norm = p->epi.norm != FUSION_NORM_NONE;
+    if (p->tmpl != FUSION_T_GEMM_EPILOGUE || (v[5] <= 1 && !norm) ||
+        gemm_exec_wgmma(p, v, arch))
         return STOF_OK;
+    char what[32];
+    snprintf(what, sizeof what, norm ? "a norm" : "SPLIT_K %d", v[5]);
     return err_set(err, STOF_ERR_UNSUPPORTED,
-                   "gemm_epilogue: SPLIT_K %d runs on the wgmma build, which needs sm_90 and "
-                   "[N, K] weights (this is %s%s)",
-                   v[5], arch, p->weight_kn ? " with [K, N] weights" : "");
+                   "gemm_epilogue: %s runs on the wgmma build, which needs sm_90 and [N, K] "
+                   "weights (this is %s%s)",
+                   what, arch, p->weight_kn ? " with [K, N] weights" : "");
+}
+
+int gemm_exec_cluster(const gemm_exec_problem *p, const int *v) {
+    if (p->tmpl != FUSION_T_GEMM_EPILOGUE)
+        return 1;
+    return v[5] * (p->epi.norm != FUSION_NORM_NONE ? (int)(p->n / v[1]) : 1);
 }
 
 void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, const int *values,
@@ -368,6 +418,11 @@ void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, co
         add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
         if (wgmma)
             add_opt(r, "WGMMA", 1);
+        if (p->epi.norm != FUSION_NORM_NONE) {
+            add_opt(r, "NORM", (int)p->epi.norm);
+            add_opt(r, "NORM_TILES", p->n / values[1]);
+            add_opt(r, "STORE_PRE_NORM", p->store_pre_norm != 0);
+        }
         break;
     case FUSION_T_GEMM_LN:
         add_opt(r, "ROW_N", p->n);
@@ -433,9 +488,14 @@ static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     const int *v = plan->values;
     plan->grid[1] = plan->grid[2] = plan->block[1] = plan->block[2] = 1;
     switch (p->tmpl) {
-    case FUSION_T_GEMM_EPILOGUE: /* a cluster of SPLIT_K blocks a tile */
-        plan->grid[0] = (unsigned)(ceil_div(p->m, v[0]) * v[5]); /* x has room for 2^31 */
+    case FUSION_T_GEMM_EPILOGUE: /* a cluster of SPLIT_K blocks a tile, with a norm a
+                                  * cluster of such groups a row tile (x has room for 2^31) */
+        plan->grid[0] = (unsigned)(ceil_div(p->m, v[0]) * v[5]);
         plan->grid[1] = (unsigned)ceil_div(p->n, v[1]);
+        if (p->epi.norm != FUSION_NORM_NONE) {
+            plan->grid[0] *= plan->grid[1];
+            plan->grid[1] = 1;
+        }
         plan->block[0] = (unsigned)v[3] * 32;
         break;
     case FUSION_T_GEMM_LN:    /* ROWS whole rows a block */
@@ -456,6 +516,46 @@ static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
         break;
     }
     }
+}
+
+/* A cluster of more than 8 blocks needs sm_90's non-portable sizes, and
+ * one of any size must fit on the GPU (the blocks of a cluster share one GPC):
+ * asked of the driver, so that a setting that cannot launch fails here. */
+static int cluster_fits(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
+                        stof_error *err) {
+    int rc;
+    if (cluster > 8 &&
+        (rc = cuda_check(c->drv,
+                         c->drv->FuncSetAttribute(
+                             plan->func, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                         "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", err)))
+        return rc;
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = (unsigned)cluster;
+    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = plan->grid[0];
+    cfg.gridDimY = plan->grid[1];
+    cfg.gridDimZ = plan->grid[2];
+    cfg.blockDimX = plan->block[0];
+    cfg.blockDimY = plan->block[1];
+    cfg.blockDimZ = plan->block[2];
+    cfg.sharedMemBytes = (unsigned)plan->smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if ((rc = cuda_check(c->drv, c->drv->OccupancyMaxActiveClusters(&clusters, plan->func, &cfg),
+                         "cuOccupancyMaxActiveClusters", err)))
+        return rc;
+    if (clusters < 1)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "%s: a cluster of %d blocks of %u threads with %zu bytes of shared "
+                       "memory each does not fit on this GPU",
+                       tmpl_name(plan->problem.tmpl), cluster, plan->block[0], plan->smem);
+    return STOF_OK;
 }
 
 int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const int *values,
@@ -485,6 +585,8 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
     gemm_exec_request r;
     gemm_exec_request_init(&r, p, plan->values, c->arch);
     rc = get_function(c, &r, gemm_exec_kernel_name(p->tmpl), plan->smem, &plan->func, err);
+    if (!rc && gemm_exec_cluster(p, plan->values) > 1)
+        rc = cluster_fits(c, plan, gemm_exec_cluster(p, plan->values), err);
     if (!rc && p->tmpl == FUSION_T_EMBEDDING) {
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
                         "cuMemAlloc(embedding error flag)", err);
@@ -593,6 +695,8 @@ int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
     const gemm_exec_problem *p = &plan->problem;
     const char *what = "gemm_epilogue";
     gemm_exec_gemm_tensors s = *t;
+    const int norm = p->epi.norm != FUSION_NORM_NONE;
+    const int layernorm = p->epi.norm == FUSION_NORM_LAYERNORM;
     int rc;
     memset(a, 0, sizeof *a);
     if ((rc = wrong_plan(plan, FUSION_T_GEMM_EPILOGUE, err)) ||
@@ -601,20 +705,29 @@ int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
         (rc = check_tensor(what, "y", s.y, &s.y_row_stride, p->n, err)) ||
         (p->epi.has_bias && (rc = check_ptr(what, "bias", s.bias, err))) ||
         (p->epi.has_residual &&
-         (rc = check_tensor(what, "residual", s.residual, &s.r_row_stride, p->n, err))))
+         (rc = check_tensor(what, "residual", s.residual, &s.r_row_stride, p->n, err))) ||
+        (norm && (rc = check_ptr(what, "gamma", s.gamma, err))) ||
+        (layernorm && (rc = check_ptr(what, "beta", s.beta, err))) ||
+        (p->store_pre_norm &&
+         (rc = check_tensor(what, "pre_norm", s.pre_norm, &s.p_row_stride, p->n, err))))
         return rc;
     a->x = PTR(s.x);
     a->w = PTR(s.w);
     a->bias = p->epi.has_bias ? PTR(s.bias) : NULL;
     a->residual = p->epi.has_residual ? PTR(s.residual) : NULL;
+    a->gamma = norm ? PTR(s.gamma) : NULL;
+    a->beta = layernorm ? PTR(s.beta) : NULL;
     a->y = PTR(s.y);
+    a->pre_norm = p->store_pre_norm ? PTR(s.pre_norm) : NULL;
     a->x_row_stride = s.x_row_stride;
     a->w_row_stride = s.w_row_stride;
     a->r_row_stride = p->epi.has_residual ? s.r_row_stride : 0;
     a->y_row_stride = s.y_row_stride;
+    a->p_row_stride = p->store_pre_norm ? s.p_row_stride : 0;
     a->m = (int32_t)p->m;
     a->n = (int32_t)p->n;
     a->k = (int32_t)p->k;
+    a->eps = norm ? p->eps : 0.0f;
     return STOF_OK;
 }
 
@@ -767,10 +880,8 @@ static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUst
     snprintf(what, sizeof what, "cuLaunchKernel(%s)", tmpl_name(plan->problem.tmpl));
     return cuda_launch_cluster(c->drv, plan->func, plan->grid, plan->block,
                                (unsigned)plan->smem, s, params, c->pdl,
-                               plan->problem.tmpl == FUSION_T_GEMM_EPILOGUE
-                                   ? (unsigned)plan->values[5]
-                                   : 1,
-                               what, err);
+                               (unsigned)gemm_exec_cluster(&plan->problem, plan->values), what,
+                               err);
 }
 
 /* The tensor map of x or w for the wgmma build (gemm_abi.cuh): rows of k

@@ -99,10 +99,14 @@ void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int 
  * fewer than 3 stages keep mma.sync). */
 int gemm_exec_wgmma(const gemm_exec_problem *p, const int *values, const char *arch);
 
-/* What gemm_exec_check cannot see: a split of K (SPLIT_K > 1) runs on the
- * wgmma build only; STOF_ERR_UNSUPPORTED elsewhere. */
+/* What gemm_exec_check cannot see: a split of K (SPLIT_K > 1) and a closing
+ * norm run on the wgmma build only; STOF_ERR_UNSUPPORTED elsewhere. */
 int gemm_exec_check_arch(const gemm_exec_problem *p, const int *values, const char *arch,
                          stof_error *err);
+
+/* The blocks of a cluster a setting launches: gemm_epilogue's SPLIT_K, times
+ * N / BLOCK_N with a norm (whole rows a cluster); 1 for the others. */
+int gemm_exec_cluster(const gemm_exec_problem *p, const int *values);
 
 /* The NVRTC request compiling a setting: the template's parameters as
  * -DNAME=value, then STOF_DTYPE and the flags (and -DWGMMA=1 for sm_90a where
@@ -159,7 +163,8 @@ size_t gemm_exec_plan_describe(const gemm_exec_plan *plan, char *buf, size_t n);
  * 16-byte aligned. Tensors the plan does not use are ignored. */
 typedef struct gemm_exec_gemm_tensors {
     CUdeviceptr x, w, bias, residual, y; /* x [M,K], w [N,K] or [K,N], bias [N], r, y [M,N] */
-    int64_t x_row_stride, w_row_stride, r_row_stride, y_row_stride;
+    CUdeviceptr gamma, beta, pre_norm;   /* with a norm: gamma, beta [N], pre_norm [M,N] */
+    int64_t x_row_stride, w_row_stride, r_row_stride, y_row_stride, p_row_stride;
 } gemm_exec_gemm_tensors;
 
 /* gemm_ln: x [M,K], w [N,K] or [K,N], bias, gamma, beta [N], residual,

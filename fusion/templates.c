@@ -65,20 +65,37 @@ static int gemm_split_check(const fusion_dims *d, const int *v, stof_error *err)
     return STOF_OK;
 }
 
+/* A closing norm (gemm_epilogue.cu's wgmma build): a cluster of SPLIT_K
+ * blocks for each of the N / BLOCK_N column tiles holds whole rows. */
+static int gemm_norm_check(const fusion_dims *d, const int *v, stof_error *err) {
+    if (d->n % v[1] || d->n / v[1] * v[5] > STOF_GEMM_MAX_CLUSTER ||
+        !stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]))
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "a norm over rows of %lld needs a cluster holding whole rows: the wgmma "
+                       "build (BLOCK_K 64, 3 or more stages, whole warpgroups), BLOCK_N "
+                       "dividing the row and at most %d blocks (N / BLOCK_N x SPLIT_K), not "
+                       "%dx%dx%d on %d warps with SPLIT_K %d",
+                       (long long)d->n, STOF_GEMM_MAX_CLUSTER, v[0], v[1], v[2], v[3], v[5]);
+    return STOF_OK;
+}
+
 /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K. A setting of whole
  * warpgroups may run as the wgmma build, whose tiles start on a 1024-byte
  * boundary (gemm_abi.cuh): it counts the slack for that on every
- * architecture. */
+ * architecture, and with a norm the statistics' static arrays. */
 static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes +
                    (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
-                                                                        : 0);
+                                                                        : 0) +
+                   (d->row_reduce ? STOF_GEMM_NORM_SMEM : 0);
     char what[96];
     snprintf(what, sizeof what, "%dx%dx%d tiles in %d stages", v[0], v[1], v[2], v[4]);
     int rc = check_smem(what, smem, limit, err);
     if (!rc)
         rc = check_acc_regs(what, v[0], v[1], v[3], err);
-    return rc ? rc : gemm_split_check(d, v, err);
+    if (!rc)
+        rc = gemm_split_check(d, v, err);
+    return rc || !d->row_reduce ? rc : gemm_norm_check(d, v, err);
 }
 
 /* ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. A block owns ROWS whole output rows
@@ -150,8 +167,9 @@ static int embedding_check(const fusion_dims *d, const int *v, int limit, stof_e
 #define PARAM(name, ...) {name, sizeof((int[]){__VA_ARGS__}) / sizeof(int), {__VA_ARGS__}}
 
 static const fusion_template template_table[FUSION_T_COUNT] = {
-    [FUSION_T_GEMM_EPILOGUE] = {FUSION_T_GEMM_EPILOGUE, "gemm_epilogue", "gemm_epilogue.cu", 0,
-        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
+    [FUSION_T_GEMM_EPILOGUE] = {FUSION_T_GEMM_EPILOGUE, "gemm_epilogue", "gemm_epilogue.cu",
+        FUSION_TF_STORES_PRE_NORM,
+        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)), OPT(NORM))},
         6, {PARAM("BLOCK_M", 64, 128), PARAM("BLOCK_N", 32, 64, 128, 256),
             PARAM("BLOCK_K", 32, 64), PARAM("WARPS", 4, 8), PARAM("STAGES", 2, 3, 4, 6, 8),
             PARAM("SPLIT_K", 1, 2, 4, 8)},

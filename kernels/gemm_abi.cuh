@@ -40,17 +40,31 @@ typedef int64_t stof_i64;
  * accelerator: tmap_x and tmap_w are their tensor maps (16-bit elements,
  * dims (K, M) and (K, N), boxes 64 x BLOCK_M and 64 x BLOCK_N in the
  * 128-byte swizzle; gemm_exec encodes them at launch). Other builds ignore
- * them. */
+ * them.
+ * The wgmma build may close the epilogue with a row norm (NORM as in
+ * gemm_ln: y = norm(s), s = residual + act(x w^T + bias), pre_norm = s with
+ * STORE_PRE_NORM) when a cluster of SPLIT_K x NORM_TILES blocks holds whole
+ * rows: N = NORM_TILES x BLOCK_N. gamma, beta, pre_norm, p_row_stride and
+ * eps serve that build only; y and pre_norm may be residual itself. */
 typedef struct stof_gemm_args {
-    const void *x, *w, *bias, *residual;
-    void *y;
-    stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride;
-    stof_i32 m, n, k, pad_;
+    const void *x, *w, *bias, *residual, *gamma, *beta;
+    void *y, *pre_norm;
+    stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride, p_row_stride;
+    stof_i32 m, n, k;
+    float eps;
     stof_attn_tmap tmap_x, tmap_w; /* the same 128-byte maps as the attention's */
 } stof_gemm_args;
 
-/* the fields above, padded to the maps' 64-byte alignment, then the maps */
+/* the fields above (120 bytes), padded to the maps' 64-byte alignment, then
+ * the maps */
 #define STOF_GEMM_ARGS_BYTES (128 + 2 * 128)
+
+/* The norm build of gemm_epilogue: at most this many blocks a cluster (16
+ * needs the non-portable cluster size sm_90 allows), and the static shared
+ * memory it keeps beside the ring for the rows' statistics (at most 128
+ * rows: two partial sums from each of two warpgroups, one pair to share). */
+#define STOF_GEMM_MAX_CLUSTER 16
+#define STOF_GEMM_NORM_SMEM (2 * 2 * 128 * 4 + 128 * 8)
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES,
                             "stof_gemm_args layout changed: host and kernels must agree");
 

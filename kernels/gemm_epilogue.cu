@@ -1,4 +1,6 @@
-// GEMM with a fused epilogue: y = residual + act(x w^T + bias) on tensor cores.
+// GEMM with a fused epilogue: y = residual + act(x w^T + bias) on tensor cores;
+// the wgmma build may close it with a row norm over a cluster that holds
+// whole rows (NORM, see "a row norm over the cluster" below).
 //
 // One thread block computes a BLOCK_M x BLOCK_N tile of y; grid
 // (ceil(M / BLOCK_M), N / BLOCK_N rounded up). Its WARPS warps form a
@@ -66,6 +68,15 @@
 #endif
 #ifndef SPLIT_K
 #define SPLIT_K 1
+#endif
+#ifndef NORM
+#define NORM 0
+#endif
+#ifndef STORE_PRE_NORM
+#define STORE_PRE_NORM 0
+#endif
+#ifndef NORM_TILES
+#define NORM_TILES 1
 #endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
@@ -251,8 +262,8 @@ __device__ __forceinline__ void issue_slice(float (&d)[kWgCols / 2], const elem_
     stof::wg::commit();
 }
 
-#if SPLIT_K > 1
-// ---- split K over a cluster ----------------------------------------------------------
+#if SPLIT_K > 1 || NORM
+// ---- clusters: split K, whole rows ---------------------------------------------------
 //
 // With SPLIT_K > 1 the host launches clusters of SPLIT_K consecutive blocks
 // along x that share one output tile, block r of a cluster (its rank) taking
@@ -263,9 +274,15 @@ __device__ __forceinline__ void issue_slice(float (&d)[kWgCols / 2], const elem_
 // cluster synchronizes, and block r sums every block's partials of the r-th
 // share of the warpgroup's column tiles and runs the epilogue on them. A
 // last cluster barrier keeps every ring alive until its readers are done.
+//
+// With NORM a cluster is NORM_TILES such groups, one per column tile of
+// the same rows: rank r takes column tile r / SPLIT_K and K share
+// r % SPLIT_K, and the cluster holds whole rows for the norm (below).
 static_assert((kWgCols / 8) % SPLIT_K == 0, "SPLIT_K divides a warpgroup's column tiles");
-static_assert(BLOCK_M * BLOCK_N * 4 <= STAGES * (kATile + kBTile) * (int)sizeof(elem_t),
+static_assert(SPLIT_K == 1 ||
+                  BLOCK_M * BLOCK_N * 4 <= STAGES * (kATile + kBTile) * (int)sizeof(elem_t),
               "the partial sums fit the operand ring");
+static_assert(SPLIT_K * NORM_TILES <= STOF_GEMM_MAX_CLUSTER, "blocks a cluster");
 
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
@@ -293,12 +310,16 @@ __device__ __forceinline__ float4 ld_cluster4(const float4 *local, unsigned rank
                  : "memory");
     return v;
 }
+#endif
+
+#if SPLIT_K > 1
 
 // Parks d in part (float4 j of thread t at part[j * kThreads + t], so a
-// warp's stores are contiguous), then sums the cluster's partials of this
-// block's share of the column tiles into d. Returns that share's first tile.
+// warp's stores are contiguous), then sums the partials of the blocks
+// group .. group + SPLIT_K - 1 (this one is group + rank) of this block's
+// share of the column tiles into d. Returns that share's first tile.
 __device__ __forceinline__ int reduce_cluster(float (&d)[kWgCols / 2], float4 *part,
-                                              unsigned rank) {
+                                              unsigned rank, unsigned group) {
     constexpr int kTiles = kWgCols / 8, kShare = kTiles / SPLIT_K;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j)
@@ -311,7 +332,8 @@ __device__ __forceinline__ int reduce_cluster(float (&d)[kWgCols / 2], float4 *p
             continue;
 #pragma unroll
         for (int q = 1; q < SPLIT_K; ++q) {
-            const float4 v = ld_cluster4(part + j * kThreads + threadIdx.x, (rank + q) % SPLIT_K);
+            const float4 v =
+                ld_cluster4(part + j * kThreads + threadIdx.x, group + (rank + q) % SPLIT_K);
             d[4 * j] += v.x;
             d[4 * j + 1] += v.y;
             d[4 * j + 2] += v.z;
@@ -319,6 +341,183 @@ __device__ __forceinline__ int reduce_cluster(float (&d)[kWgCols / 2], float4 *p
         }
     }
     return (int)rank * kShare;
+}
+#endif
+
+#if NORM
+// ---- a row norm over the cluster -----------------------------------------------------
+//
+// After the split's reduction each block owns kOwnCols = BLOCK_N / SPLIT_K
+// columns of its rows, wholly summed: in a thread, the column tiles nt0 ..
+// nt0 + kShare - 1 of its warpgroup's accumulator at rows g and g + 8 of
+// its warp's 16. The block turns them into s (bias, activation, residual)
+// in place, then takes per row the mean of its columns and the sum of the
+// squared deviations from that mean (two passes over registers: no
+// cancellation), shares the pair in shared memory and, after a cluster
+// barrier, merges the pairs of all kBlocks blocks (Chan, Golub and LeVeque;
+// every block owns as many columns: mean = the mean of the means, M2 =
+// sum M2_b + kOwnCols sum (mean_b - mean)^2) into the row's statistics.
+// RMSNorm takes the sum of squares about 0 the same way. The caller's last
+// cluster barrier keeps the pairs alive until every block has read them.
+static_assert(NORM == STOF_NORM_LAYERNORM || NORM == STOF_NORM_RMSNORM, "NORM is 1 or 2");
+constexpr int kBlocks = SPLIT_K * NORM_TILES;  // a cluster: whole rows
+constexpr int kWgN = WARPS / 4 / kWgM;         // warpgroups along N
+constexpr int kOwnCols = BLOCK_N / SPLIT_K;
+static_assert(BLOCK_M <= 128 && kWgN <= 2, "the statistics' arrays (STOF_GEMM_NORM_SMEM)");
+
+// 2 floats at the same shared-memory offset in block `rank` of the cluster.
+__device__ __forceinline__ float2 ld_cluster2(const float2 *local, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"(smem_addr(local)), "r"(rank));
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(remote)
+                 : "memory");
+    return v;
+}
+
+// v[h]: a thread's partial sums of rows r and r + 8 (block-local); returns
+// in v the block's sums: over the quad of lanes sharing the rows, then over
+// the warpgroups along N through red ([kWgN][BLOCK_M]).
+__device__ __forceinline__ void block_row_sums(float (&v)[2], float (*red)[BLOCK_M], int wg_n,
+                                               int r, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        v[h] += __shfl_xor_sync(0xffffffffu, v[h], 1);
+        v[h] += __shfl_xor_sync(0xffffffffu, v[h], 2);
+    }
+    if ((lane & 3) == 0) {
+        red[wg_n][r] = v[0];
+        red[wg_n][r + 8] = v[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWgN; ++w)
+            sum += red[w][r + 8 * h];
+        v[h] = sum;
+    }
+}
+
+// The epilogue with the norm: d's tiles nt0 .. nt0 + kShare - 1 at rows
+// row0 + g (+ 8) (block-local r0 + g) and columns col0 + 8 j + 2 t (+ 1).
+__device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d)[kWgCols / 2],
+                                              int row0, int col0, int r0, int wg_n, int lane,
+                                              int nt0) {
+    __shared__ float red[2][kWgN][BLOCK_M];
+    __shared__ float2 stat[BLOCK_M];
+    constexpr int kShare = kWgCols / 8 / SPLIT_K;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < kWgCols / 8; ++j) {
+        if (j < nt0 || j >= nt0 + kShare)
+            continue;
+        [[maybe_unused]] const int col = col0 + j * 8 + 2 * t;
+        float2 b = make_float2(0.0f, 0.0f);
+#if HAS_BIAS
+        b = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
+            static_cast<const elem_t *>(a.bias) + col));
+#endif
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            [[maybe_unused]] const int row = row0 + g + 8 * h;
+            float v0 = stof_activate<ACT>(d[4 * j + 2 * h] + b.x);
+            float v1 = stof_activate<ACT>(d[4 * j + 2 * h + 1] + b.y);
+#if HAS_RESIDUAL
+            if (row < a.m) {
+                const float2 r = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
+                    static_cast<const elem_t *>(a.residual) + (long long)row * a.r_row_stride +
+                    col));
+                v0 += r.x;
+                v1 += r.y;
+            }
+#endif
+            d[4 * j + 2 * h] = v0;
+            d[4 * j + 2 * h + 1] = v1;
+#if STORE_PRE_NORM
+            if (row < a.m)
+                *reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.pre_norm) +
+                                              (long long)row * a.p_row_stride + col) =
+                    pack2<elem_t>(v0, v1);
+#endif
+        }
+    }
+    float mean_b[2] = {0.0f, 0.0f};
+#if NORM == STOF_NORM_LAYERNORM
+#pragma unroll
+    for (int j = 0; j < kWgCols / 8; ++j)
+        if (j >= nt0 && j < nt0 + kShare)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                mean_b[h] += d[4 * j + 2 * h] + d[4 * j + 2 * h + 1];
+    block_row_sums(mean_b, red[0], wg_n, r0 + g, lane);
+    mean_b[0] *= 1.0f / kOwnCols;
+    mean_b[1] *= 1.0f / kOwnCols;
+#endif
+    float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kWgCols / 8; ++j)
+        if (j >= nt0 && j < nt0 + kShare)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float dx = d[4 * j + e] - mean_b[e >> 1];
+                sq[e >> 1] += dx * dx;
+            }
+    block_row_sums(sq, red[1], wg_n, r0 + g, lane);
+    if (wg_n == 0 && t == 0) {
+        stat[r0 + g] = make_float2(mean_b[0], sq[0]);
+        stat[r0 + g + 8] = make_float2(mean_b[1], sq[1]);
+    }
+    cluster_sync();
+    float mean[2], rstd[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float2 st[kBlocks];
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kBlocks; ++q) {
+            st[q] = ld_cluster2(stat + r0 + g + 8 * h, q);
+            sum += st[q].x;
+        }
+        const float mu = sum * (1.0f / kBlocks);
+        float m2 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kBlocks; ++q) {
+            const float dm = st[q].x - mu;
+            m2 += st[q].y + kOwnCols * dm * dm;
+        }
+        mean[h] = mu;
+        rstd[h] = rsqrtf(m2 * (1.0f / (NORM_TILES * BLOCK_N)) + a.eps);
+    }
+#pragma unroll
+    for (int j = 0; j < kWgCols / 8; ++j) {
+        if (j < nt0 || j >= nt0 + kShare)
+            continue;
+        const int col = col0 + j * 8 + 2 * t;
+        const float2 gm = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
+            static_cast<const elem_t *>(a.gamma) + col));
+        float2 bt = make_float2(0.0f, 0.0f);
+#if NORM == STOF_NORM_LAYERNORM
+        bt = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
+            static_cast<const elem_t *>(a.beta) + col));
+#endif
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + g + 8 * h;
+            if (row >= a.m)
+                continue;
+            const float y0 = (d[4 * j + 2 * h] - mean[h]) * rstd[h] * gm.x + bt.x;
+            const float y1 = (d[4 * j + 2 * h + 1] - mean[h]) * rstd[h] * gm.y + bt.y;
+            *reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.y) +
+                                          (long long)row * a.y_row_stride + col) =
+                pack2<elem_t>(y0, y1);
+        }
+    }
 }
 #endif
 
@@ -341,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     // This block's slices [s0, s1) of K (all of them without a split).
     const int total = (a.k + BLOCK_K - 1) / BLOCK_K;
 #if SPLIT_K > 1
-    const unsigned rank = cluster_rank();
+    const unsigned crank = cluster_rank(), rank = crank % SPLIT_K;  // rank: the K share
     const int per = (total + SPLIT_K - 1) / SPLIT_K;
     const int s0 = min(total, (int)rank * per), s1 = min(total, s0 + per);
 #else
@@ -392,19 +591,27 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     stof::wg::wait<0>();
     stof::wg::wg_mma<kWgCols>::keep(d);
 
-    const int row0 = m0 + wg_m * 64 + (warp & 3) * 16, col0 = n0 + wg_n * kWgCols;
+    const int r0 = wg_m * 64 + (warp & 3) * 16;  // the warp's first row in the block
+    const int row0 = m0 + r0, col0 = n0 + wg_n * kWgCols;
 #if SPLIT_K > 1
     __syncthreads();  // every warpgroup's products are done with the ring
-    const int nt0 = reduce_cluster(d, reinterpret_cast<float4 *>(sa), rank);
+    const int nt0 = reduce_cluster(d, reinterpret_cast<float4 *>(sa), rank, crank - rank);
+#else
+    const int nt0 = 0;
+#endif
+#if NORM
+    norm_epilogue(a, d, row0, col0, r0, wg_n, lane, nt0);
+#else
     epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d), row0, col0, lane, nt0,
              nt0 + kWgCols / 8 / SPLIT_K);
-    cluster_sync();  // the other blocks may still read this one's partials
-#else
-    epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d), row0, col0, lane);
+#endif
+#if SPLIT_K > 1 || NORM
+    cluster_sync();  // the other blocks may still read this one's partials and statistics
 #endif
 }
 #else
-static_assert(SPLIT_K == 1, "a split of K over a cluster is the wgmma build's");
+static_assert(SPLIT_K == 1 && !NORM, "a split of K and a norm over a cluster are the wgmma "
+                                     "build's");
 extern "C" __global__ void __launch_bounds__(kThreads)
     stof_gemm_epilogue(const stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh

@@ -12,8 +12,9 @@
  * segment cuBLASLt matches on cublaslt, and the same with ALGO 3: it runs,
  * or model creation says STOF_ERR_UNSUPPORTED when cuBLASLt's heuristic
  * offered fewer algorithms), and schemes fusing gemm [bias] add norm into
- * gemm_ln and the FFN (gemm [bias] act gemm [bias] [add]) into gemm_chain:
- * each with at least one segment per layer on that template.
+ * gemm_ln, the same on gemm_epilogue's norm build (sm_90 only: clusters
+ * holding whole rows) and the FFN (gemm [bias] act gemm [bias] [add]) into
+ * gemm_chain: each with at least one segment per layer on that template.
  *
  * Checked per run: the model builds and runs; the output has no NaN or
  * infinity and its relative error ||gpu - cpu|| / ||cpu|| is below 1e-2
@@ -34,6 +35,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/device.h"
 #include "core/exec.h"
 #include "core/lua_api.h"
 #include "core/safetensors.h"
@@ -74,8 +76,10 @@ typedef enum choice {
     CHOICE_ATTN_BLOCK,
     CHOICE_GEMM_TILES,
     CHOICE_CUBLASLT,      /* every segment cuBLASLt matches and runs, its favourite algorithm */
-    CHOICE_CUBLASLT_ALGO3 /* the same with ALGO 3: runs, or STOF_ERR_UNSUPPORTED when the
-                             heuristic offered fewer than 4 algorithms */
+    CHOICE_CUBLASLT_ALGO3, /* the same with ALGO 3: runs, or STOF_ERR_UNSUPPORTED when the
+                              heuristic offered fewer than 4 algorithms */
+    CHOICE_GEMM_NORM       /* every gemm_ln segment on gemm_epilogue's norm build (sm_90),
+                              its default setting */
 } choice;
 
 typedef struct config {
@@ -183,12 +187,19 @@ static int make_configs(const graph *g, const exec_seq *seqs, int n, config *out
             out[k].schemes[reps[c]] = def[c];
     }
     /* gemm [bias] add norm as gemm_ln; the FFN as gemm_chain */
-    static const struct { const char *name; fusion_template_id t; } fused[] = {
-        {"gemm_ln (gemm [bias] add norm)", FUSION_T_GEMM_LN},
-        {"gemm_chain (the FFN)", FUSION_T_GEMM_CHAIN},
+    static const struct {
+        const char *name;
+        fusion_template_id t;
+        choice ch;
+        fusion_template_id expect;
+    } fused[] = {
+        {"gemm_ln (gemm [bias] add norm)", FUSION_T_GEMM_LN, CHOICE_NONE, FUSION_T_GEMM_LN},
+        {"gemm_epilogue's norm (gemm [bias] add norm)", FUSION_T_GEMM_LN, CHOICE_GEMM_NORM,
+         FUSION_T_GEMM_EPILOGUE},
+        {"gemm_chain (the FFN)", FUSION_T_GEMM_CHAIN, CHOICE_NONE, FUSION_T_GEMM_CHAIN},
     };
     for (size_t f = 0; f < sizeof fused / sizeof fused[0] && k < max; f++, k++) {
-        out[k] = (config){"", new_schemes(n), CHOICE_NONE, (int)fused[f].t};
+        out[k] = (config){"", new_schemes(n), fused[f].ch, (int)fused[f].expect};
         snprintf(out[k].name, sizeof out[k].name, "%s", fused[f].name);
         for (int c = 0; c < n_classes; c++)
             fuse_into(g, &seqs[reps[c]], fused[f].t, &out[k].schemes[reps[c]]);
@@ -232,6 +243,8 @@ static int apply_choice(exec_plan *p, choice ch, stof_error *err) {
             rc = exec_plan_set_choice(
                 p, s, ch == CHOICE_ATTN_ROW ? FUSION_T_ATTENTION_ROW : FUSION_T_ATTENTION_BLOCK,
                 NULL, err);
+        else if (ch == CHOICE_GEMM_NORM && sg->tmpl == FUSION_T_GEMM_LN)
+            rc = exec_plan_set_choice(p, s, FUSION_T_GEMM_EPILOGUE, NULL, err);
         else if (ch == CHOICE_GEMM_TILES && sg->tmpl == FUSION_T_GEMM_EPILOGUE)
             rc = exec_plan_set_choice(p, s, FUSION_T_GEMM_EPILOGUE, tiles, err);
         else if ((ch == CHOICE_CUBLASLT || ch == CHOICE_CUBLASLT_ALGO3) &&
@@ -305,6 +318,11 @@ static int check_graph_edges(const exec_model *m, const exec_plan *p, const mode
 
 static void run_config(gpu *gp, const model_case *mc, const graph *g, const config *cf,
                        const float *ref) {
+    if (cf->choice == CHOICE_GEMM_NORM && !device_wgmma_arch(exec_ctx_arch(gp->ctx))) {
+        printf("  %s: skipped, the norm build runs on sm_90 (this is %s)\n", cf->name,
+               exec_ctx_arch(gp->ctx));
+        return;
+    }
     n_runs++;
     stof_error err = {0};
     exec_plan *p = NULL;

@@ -23,6 +23,12 @@
  * Weights are scaled by sqrt(3 / K) so that x w^T, bias and residual are of
  * one size. Reference rows and tolerances as for gemm_epilogue.
  *
+ * gemm_epilogue closing with a norm (sm_90: its wgmma build over clusters
+ * holding whole rows): M in {1, 7, 128, 1000}, N in {512, 768, 1024}, K in
+ * {768, 3072}, four cases each as for gemm_ln plus an erf GELU before the
+ * residual on some, six tile settings (K whole and split) rotating; same
+ * reference and tolerances.
+ *
  * gemm_chain (the FFN): M in {1, 16, 100, 512}, (K, F, N) in {(768, 3072,
  * 768), (512, 2048, 512), (1024, 2048, 768)}, fp16 and bf16, every
  * activation with and without the residual (the biases, the weight layout
@@ -51,6 +57,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/device.h"
 #include "core/gemm_exec.h"
 #include "core/util.h"
 
@@ -309,20 +316,38 @@ static void launch_failed(const char *label, const stof_error *err) {
     recap_add("%s: launch: %.160s", label, err->msg);
 }
 
-/* One gemm_ln case on a set (x, residual and x w^T of the reference rows
- * from make_set); dpre holds M x N. in_place: y is the residual itself. */
+/* Launches a GEMM closing with a norm: gemm_ln, or gemm_epilogue's norm
+ * build (the same tensors). */
+static int launch_norm(gpu *g, const gemm_exec_plan *plan, const gemm_exec_ln_tensors *t,
+                       stof_error *err) {
+    if (plan->problem.tmpl == FUSION_T_GEMM_LN)
+        return gemm_exec_gemm_ln(g->ctx, plan, t, 0, err);
+    gemm_exec_gemm_tensors e = {.x = t->x, .w = t->w, .bias = t->bias, .residual = t->residual,
+                                .y = t->y, .gamma = t->gamma, .beta = t->beta,
+                                .pre_norm = t->pre_norm};
+    return gemm_exec_gemm(g->ctx, plan, &e, 0, err);
+}
+
+/* One case of a GEMM closing with a norm (gemm_ln, or gemm_epilogue with
+ * its activation before the residual) on a set (x, residual and x w^T of
+ * the reference rows from make_set); dpre holds M x N. in_place: y is the
+ * residual itself. */
 static void run_ln(gpu *g, gset *s, const lnparams *lp, CUdeviceptr dpre,
                    const gemm_exec_problem *p, const int *values, int in_place) {
     const gweights *wt = s->wt;
     const int N = wt->N;
-    char label[200];
-    snprintf(label, sizeof label, "gemm_ln %s M=%d N=%d K=%d %s %s%s%s%s %dx%dx%d w%d s%d",
-             stof_dtype_name(wt->dt), s->M, N, wt->K, p->weight_kn ? "W[K,N]" : "W[N,K]",
-             p->epi.has_bias ? "bias" : "-",
+    const int ln = p->tmpl == FUSION_T_GEMM_LN;
+    char label[200], split[16] = "";
+    if (!ln)
+        snprintf(split, sizeof split, " sk%d", values[5]);
+    snprintf(label, sizeof label, "%s %s M=%d N=%d K=%d %s %s%s%s%s%s %dx%dx%d w%d s%d%s",
+             ln ? "gemm_ln" : "gemm+norm", stof_dtype_name(wt->dt), s->M, N, wt->K,
+             p->weight_kn ? "W[K,N]" : "W[N,K]", p->epi.has_bias ? "bias" : "-",
+             act_label(p->epi.act),
              p->epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "",
              p->epi.norm == FUSION_NORM_LAYERNORM ? "+layernorm" : "+rmsnorm",
              p->store_pre_norm ? "+pre" : "", values[0], values[1], values[2], values[3],
-             values[4]);
+             values[4], split);
     gemm_exec_plan *plan = make_plan(g, p, values, label);
     if (!plan)
         return;
@@ -336,7 +361,7 @@ static void run_ln(gpu *g, gset *s, const lnparams *lp, CUdeviceptr dpre,
                                  "cuMemcpyHtoD(y = residual)")
                       : poison(g, s->dy, mn);
     rc = rc || poison(g, dpre, mn);
-    if (!rc && (rc = gemm_exec_gemm_ln(g->ctx, plan, &t, 0, &err)) != STOF_OK)
+    if (!rc && (rc = launch_norm(g, plan, &t, &err)) != STOF_OK)
         launch_failed(label, &err);
     double *pre = malloc((size_t)N * sizeof *pre), *y = malloc((size_t)N * sizeof *y);
     uint16_t *hpre = malloc(mn * 2);
@@ -351,6 +376,7 @@ static void run_ln(gpu *g, gset *s, const lnparams *lp, CUdeviceptr dpre,
                 pre[n] = s->acc[(size_t)i * N + n];
                 if (p->epi.has_bias)
                     pre[n] += wt->bias[n];
+                pre[n] = act_ref(p->epi.act, pre[n]);
                 if (p->epi.has_residual)
                     pre[n] += s->res[(size_t)r * N + n];
             }
@@ -424,6 +450,82 @@ static void test_gemm_ln(gpu *g, util_rng *rng) {
                 }
                 free_weights(g, &wt);
             }
+            free_lnparams(g, &lp);
+        }
+}
+
+/* ---- gemm_epilogue closing with a norm (the wgmma build's clusters) ---------------------- */
+
+/* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K: one warpgroup or two
+ * (across or along N), K whole or split; clusters of N / BLOCK_N x SPLIT_K
+ * blocks (a setting whose cluster N does not fit is passed over). */
+static const int norm_settings[][6] = {
+    {64, 128, 64, 4, 6, 2}, {64, 64, 64, 4, 6, 1},  {64, 256, 64, 8, 4, 4},
+    {128, 128, 64, 8, 4, 1}, {64, 128, 64, 8, 6, 1}, {64, 256, 64, 4, 4, 2}};
+#define N_NORM_SETTINGS 6
+static const int norm_Ms[] = {1, 7, 128, 1000};
+static const int norm_Ks[] = {768, 3072};
+
+/* Case v of a shape of gemm_epilogue closing with a norm: layernorm and
+ * rmsnorm, with bias but on v = 3, erf GELU before the residual on one case
+ * in four, the residual, the pre-norm store and the dtype varying with the
+ * shape; the first setting from a rotating start whose cluster fits N. */
+static void norm_case(int ni, int ki, int mi, int v, gemm_exec_problem *p, int *values) {
+    *p = (gemm_exec_problem){.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = test_dts[(ni + ki) % 2],
+                             .m = norm_Ms[mi], .n = ln_Ns[ni], .k = norm_Ks[ki]};
+    p->epi.norm = v & 1 ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM;
+    p->epi.has_bias = v != 3;
+    p->epi.act = (mi + v) % 4 == 2 ? FUSION_ACT_GELU : FUSION_ACT_NONE;
+    p->epi.has_residual = (mi + ki + v) % 4 != 3;
+    p->store_pre_norm = (ni + mi + v) % 2;
+    p->eps = v & 1 ? 1e-6f : 1e-5f;
+    memset(values, 0, FUSION_MAX_PARAMS * sizeof *values);
+    for (int i = 0; i < N_NORM_SETTINGS; i++) {
+        memcpy(values, norm_settings[(ni + 2 * ki + 3 * mi + v + i) % N_NORM_SETTINGS],
+               sizeof norm_settings[0]);
+        stof_error err = {0};
+        if (gemm_exec_check(p, values, 227 * 1024, &err) == STOF_OK)
+            return;
+    }
+}
+
+/* gemm_epilogue's norm on sm_90 only (elsewhere the plan refuses it, which
+ * test_gemm_compile checks): every M of norm_Ms, N of the gemm_ln lists and
+ * K of norm_Ks, four cases each (norm_case); then the residual updated in
+ * place. Same weights, sets and tolerances as gemm_ln. */
+static void test_gemm_norm(gpu *g, util_rng *rng) {
+    if (!device_wgmma_arch(g->ctx->arch)) {
+        printf("%-72s skipped: the norm build runs on sm_90 (this is %s)\n", "gemm+norm",
+               g->ctx->arch);
+        return;
+    }
+    for (int ni = 0; ni < 3 && !g->dead; ni++)
+        for (int ki = 0; ki < 2 && !g->dead; ki++) {
+            const int N = ln_Ns[ni], K = norm_Ks[ki];
+            const stof_dtype dt = test_dts[(ni + ki) % 2];
+            lnparams lp;
+            gweights wt;
+            int bad = make_lnparams(g, &lp, N, dt, rng);
+            bad = bad || make_weights_scaled(g, &wt, N, K, dt, sqrt(3.0 / K), rng);
+            for (int mi = 0; mi < 4 && !bad && !g->dead; mi++) {
+                gset s;
+                CUdeviceptr dpre = 0;
+                if (!make_set(g, &s, &wt, norm_Ms[mi], rng) &&
+                    !dalloc(g, &dpre, (size_t)norm_Ms[mi] * N * 2))
+                    for (int v = 0; v < 4 && !g->dead; v++) {
+                        gemm_exec_problem p;
+                        int values[FUSION_MAX_PARAMS];
+                        norm_case(ni, ki, mi, v, &p, values);
+                        run_ln(g, &s, &lp, dpre, &p, values, 0);
+                        if (mi == 2 && v == 0 && !g->dead) {
+                            p.epi.has_residual = 1;
+                            run_ln(g, &s, &lp, dpre, &p, values, 1);
+                        }
+                    }
+                dfree(g, &dpre);
+                free_set(g, &s);
+            }
+            free_weights(g, &wt);
             free_lnparams(g, &lp);
         }
 }
@@ -1245,6 +1347,20 @@ static void compile_ahead(gpu *g) {
                             warm_add(items, CAP, &n, &p, vals, arch);
                         }
                     }
+        for (int ni = 0; d == 0 && ni < 3; ni++) /* norm_case picks its dtype */
+            for (int ki = 0; ki < 2; ki++)
+                for (int mi = 0; mi < 4; mi++)
+                    for (int v = 0; v < 4; v++) {
+                        gemm_exec_problem p;
+                        int vals[FUSION_MAX_PARAMS];
+                        norm_case(ni, ki, mi, v, &p, vals);
+                        if (gemm_exec_wgmma(&p, vals, arch))
+                            warm_add(items, CAP, &n, &p, vals, arch);
+                        if (mi == 2 && v == 0 && gemm_exec_wgmma(&p, vals, arch)) {
+                            p.epi.has_residual = 1;
+                            warm_add(items, CAP, &n, &p, vals, arch);
+                        }
+                    }
         for (int si = 0; si < 3; si++)
             for (int mi = 0; mi < 4; mi++)
                 for (int v = 0; v < CHAIN_VARIANTS; v++) {
@@ -1304,6 +1420,8 @@ int main(int argc, char **argv) {
         test_gemm_shapes(&g, &rng);
     if (!g.dead)
         test_gemm_ln(&g, &rng);
+    if (!g.dead)
+        test_gemm_norm(&g, &rng);
     if (!g.dead)
         test_gemm_chain(&g, &rng);
     printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache)\n",

@@ -364,7 +364,8 @@ static void test_bert(void) {
               fusion_match_has(&m[1], FUSION_T_ATTENTION_BLOCK));
         CHECK(m[1].dims.heads == 8 && m[1].dims.head_dim == 64 && m[1].dims.q_len == 64 &&
               m[1].dims.k_len == 64 && m[1].dims.batch == 1);
-        CHECK_EQ_INT(m[2].templates, 1u << FUSION_T_GEMM_LN);
+        /* a GEMM closing with a norm: gemm_ln, or gemm_epilogue's cluster build */
+        CHECK_EQ_INT(m[2].templates, 1u << FUSION_T_GEMM_LN | 1u << FUSION_T_GEMM_EPILOGUE);
         CHECK(m[2].epi[0].has_bias && m[2].epi[0].has_residual &&
               m[2].epi[0].norm == FUSION_NORM_LAYERNORM && !m[2].store_pre_norm);
         CHECK_EQ_INT(m[3].templates, 1u << FUSION_T_GEMM_CHAIN);
@@ -422,7 +423,8 @@ static void test_gpt2(void) {
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 6, 2, &m, NULL), STOF_OK);
     CHECK(m.store_pre_norm && m.templates == 1u << FUSION_T_MI_CHAIN);
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 4, 4, &m, NULL), STOF_OK);
-    CHECK(m.store_pre_norm && m.templates == 1u << FUSION_T_GEMM_LN);
+    CHECK(m.store_pre_norm &&
+          m.templates == (1u << FUSION_T_GEMM_LN | 1u << FUSION_T_GEMM_EPILOGUE));
     /* GPT-2's tanh GELU fits cuBLASLt's epilogue. */
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 8, 3, &m, NULL), STOF_OK);
     CHECK(fusion_match_has(&m, FUSION_T_CUBLASLT) && m.epi[0].act == FUSION_ACT_GELU_TANH);
@@ -473,7 +475,8 @@ static void test_t5(void) {
     /* gemm add (no bias) with rmsnorm after: gemm_ln with norm = rmsnorm */
     fusion_match m;
     CHECK_EQ_INT(fusion_match_segment(&g, enc + 3, 3, &m, NULL), STOF_OK);
-    CHECK(m.templates == 1u << FUSION_T_GEMM_LN && !m.epi[0].has_bias &&
+    CHECK(m.templates == (1u << FUSION_T_GEMM_LN | 1u << FUSION_T_GEMM_EPILOGUE) &&
+          !m.epi[0].has_bias &&
           m.epi[0].has_residual && m.epi[0].norm == FUSION_NORM_RMSNORM && m.store_pre_norm);
     /* gemm relu gemm add: the FFN with its residual */
     CHECK_EQ_INT(fusion_match_segment(&g, enc + 6, 4, &m, NULL), STOF_OK);
@@ -591,7 +594,7 @@ static void test_templates(void) {
     CHECK(fusion_template_get(FUSION_T_COUNT) == NULL);
     char buf[128];
     fusion_template_pattern_str(fusion_template_get(FUSION_T_GEMM_EPILOGUE), buf, sizeof buf);
-    CHECK(strcmp(buf, "gemm [bias] [gelu|relu|gelu_tanh] [add]") == 0);
+    CHECK(strcmp(buf, "gemm [bias] [gelu|relu|gelu_tanh] [add] [layernorm|rmsnorm]") == 0);
     fusion_template_pattern_str(fusion_template_get(FUSION_T_CUBLASLT), buf, sizeof buf);
     CHECK(strcmp(buf, "gemm [bias] [relu|gelu_tanh]; gemm [bias] add") == 0);
     size_t need = fusion_template_pattern_str(fusion_template_get(FUSION_T_MI_CHAIN), buf, 8);
@@ -603,14 +606,33 @@ static void test_templates(void) {
     int small[] = {64, 64, 32, 4, 2, 1}, big[] = {128, 256, 64, 8, 4, 1},
         regs[] = {128, 256, 32, 4, 2, 1};
     int odd[] = {96, 64, 32, 4, 2, 1};
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, small, 49152, STOF_OK, NULL);
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, H100_SMEM, STOF_OK, NULL);
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, 49152, STOF_ERR_UNSUPPORTED,
+    fusion_dims plain = d;
+    plain.row_reduce = 0;
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &plain, small, 49152, STOF_OK, NULL);
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &plain, big, H100_SMEM, STOF_OK, NULL);
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &plain, big, 49152, STOF_ERR_UNSUPPORTED,
                    "needs 197632 bytes of shared memory (limit 49152)");
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, regs, H100_SMEM, STOF_ERR_UNSUPPORTED,
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &plain, regs, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "256 registers a thread");
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, odd, H100_SMEM, STOF_ERR_INVALID,
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &plain, odd, H100_SMEM, STOF_ERR_INVALID,
                    "BLOCK_M = 96 is not in its space");
+    /* gemm_epilogue closing with a norm: a cluster of N / BLOCK_N x SPLIT_K
+     * blocks holds whole rows, on the wgmma build; the statistics' arrays
+     * count beside the ring */
+    int norm_ok[] = {64, 128, 64, 4, 6, 2}, norm_wide[] = {64, 64, 64, 4, 6, 2},
+        norm_mma[] = {64, 128, 32, 4, 3, 1}, norm_odd[] = {64, 256, 64, 8, 3, 1};
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_ok, H100_SMEM, STOF_OK, NULL);
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, 49152, STOF_ERR_UNSUPPORTED,
+                   "needs 200704 bytes of shared memory (limit 49152)");
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_wide, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "at most 16 blocks (N / BLOCK_N x SPLIT_K), not 64x64x64 on 4 warps with "
+                   "SPLIT_K 2");
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_mma, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "the wgmma build");
+    fusion_dims rows1000 = d;
+    rows1000.n = 1000;
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &rows1000, norm_odd, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "BLOCK_N dividing the row");
     /* gemm_ln keeps ROWS x 768 fp32 rows resident */
     int ln_small[] = {16, 64, 32, 4, 2}, ln_big[] = {64, 128, 64, 8, 3};
     expect_setting(FUSION_T_GEMM_LN, &d, ln_small, 100000, STOF_OK, NULL);

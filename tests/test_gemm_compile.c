@@ -321,6 +321,41 @@ static void list_embedding(variant *v, int cap, int *n) {
                     }
 }
 
+/* gemm_epilogue closing with a norm (sm_90 only, the wgmma build over
+ * clusters holding whole rows): layernorm and rmsnorm, both dtypes, rows of
+ * 512, 768 and 1024, the flags (bias, erf GELU, residual, pre-norm store)
+ * rotating over five settings (one warpgroup or two, across or along N, K
+ * whole or split). */
+static const int norm_settings[][6] = {{64, 128, 64, 4, 6, 2}, {64, 64, 64, 4, 6, 1},
+                                       {64, 256, 64, 8, 4, 4}, {128, 128, 64, 8, 4, 1},
+                                       {64, 128, 64, 8, 6, 1}};
+
+static gemm_exec_problem norm_problem(stof_dtype dt, int64_t n, int flags) {
+    gemm_exec_problem p = gemm_problem(dt, 0, flags & 1, (flags >> 1) & 1 ? FUSION_ACT_GELU
+                                                                          : FUSION_ACT_NONE,
+                                       (flags >> 2) & 1);
+    p.n = n;
+    p.epi.norm = (flags >> 3) & 1 ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM;
+    p.store_pre_norm = (flags >> 4) & 1;
+    p.eps = 1e-5f;
+    return p;
+}
+
+static void list_norm(variant *v, int cap, int *n) {
+    static const int64_t widths[] = {512, 768, 1024};
+    int turn = 0;
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 5; s++)
+            for (int w = 0; w < 3; w++, turn++) {
+                gemm_exec_problem p = norm_problem(dtypes[d], widths[w], (turn * 11) % 32);
+                int vals[FUSION_MAX_PARAMS] = {0};
+                memcpy(vals, norm_settings[s], sizeof norm_settings[s]);
+                stof_error err = {0};
+                if (gemm_exec_check(&p, vals, SMEM_H100, &err) == STOF_OK)
+                    add(v, cap, n, &p, vals, "sm_90");
+            }
+}
+
 static void test_variants_compile(void) {
     enum { CAP = 768 };
     variant *v = calloc(CAP, sizeof *v);
@@ -332,19 +367,22 @@ static void test_variants_compile(void) {
     int n_gemm = n;
     list_ln(v, CAP, &n);
     int n_ln = n - n_gemm;
+    list_norm(v, CAP, &n);
+    int n_norm = n - n_gemm - n_ln;
     list_chain(v, CAP, &n);
-    int n_chain = n - n_gemm - n_ln;
+    int n_chain = n - n_gemm - n_ln - n_norm;
     list_mi(v, CAP, &n);
-    int n_mi = n - n_gemm - n_ln - n_chain;
+    int n_mi = n - n_gemm - n_ln - n_norm - n_chain;
     list_embedding(v, CAP, &n);
     double t0 = util_now();
     int ok = compile_all(v, n);
-    printf("compiled %d of %d variants (%d gemm_epilogue, %d gemm_ln, %d gemm_chain, "
-           "%d mi_chain, %d embedding) in %.1f s\n",
-           ok, n, n_gemm, n_ln, n_chain, n_mi, n - n_gemm - n_ln - n_chain - n_mi,
-           util_now() - t0);
+    printf("compiled %d of %d variants (%d gemm_epilogue, %d gemm_ln, %d gemm_epilogue with a "
+           "norm, %d gemm_chain, %d mi_chain, %d embedding) in %.1f s\n",
+           ok, n, n_gemm, n_ln, n_norm, n_chain, n_mi,
+           n - n_gemm - n_ln - n_norm - n_chain - n_mi, util_now() - t0);
     CHECK(n_gemm >= 200);
     CHECK(n_ln >= 30);
+    CHECK(n_norm >= 20);
     CHECK(n_chain >= 20);
     CHECK(n < CAP);
     free(v);
@@ -371,9 +409,29 @@ static void test_validate(void) {
     p.m = 0;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "M = 0");
     p.m = 1;
+    /* a closing norm: eps positive, [N, K] weights, and the pre-norm store
+     * only with a norm; the wgmma build only (check_arch) */
     p.epi.norm = FUSION_NORM_LAYERNORM;
-    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "gemm_ln");
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "eps must be positive");
+    p.eps = 1e-5f;
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
+    p.weight_kn = 1;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "gemm_ln takes both");
+    p.weight_kn = 0;
+    const int norm_vals[6] = {64, 128, 64, 4, 6, 2}, mma_vals[6] = {64, 128, 32, 4, 3, 1};
+    expect(gemm_exec_check_arch(&p, norm_vals, "sm_90", &err), STOF_OK, &err, NULL);
+    expect(gemm_exec_check_arch(&p, norm_vals, "sm_80", &err), STOF_ERR_UNSUPPORTED, &err,
+           "a norm runs on the wgmma build");
+    expect(gemm_exec_check_arch(&p, mma_vals, "sm_90", &err), STOF_ERR_UNSUPPORTED, &err,
+           "a norm runs on the wgmma build");
+    expect(gemm_exec_check(&p, mma_vals, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "cluster holding whole rows");
+    CHECK_EQ_INT(gemm_exec_cluster(&p, norm_vals), 12); /* 768 / 128 column tiles x 2 */
     p.epi.norm = FUSION_NORM_NONE;
+    CHECK_EQ_INT(gemm_exec_cluster(&p, norm_vals), 2);
+    p.store_pre_norm = 1;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "store_pre_norm without");
+    p.store_pre_norm = 0;
     p.dtype = STOF_F32;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
     p.dtype = STOF_BF16;
@@ -665,8 +723,46 @@ static void test_defaults_small_m(void) {
     }
 }
 
+/* gemm_epilogue with a norm: one warpgroup of 64 rows at a few hundred
+ * rows (two of 128 above), 6 stages, 128 columns unless the row needs
+ * another width, K split while the cluster has room; feasible at every
+ * size the models have. */
+static void test_defaults_norm(void) {
+    static const struct {
+        int64_t m, n, k;
+        int want[6];
+    } cases[] = {
+        {128, 768, 768, {64, 128, 64, 4, 6, 2}},    /* 24 blocks, K in halves */
+        {128, 768, 3072, {64, 128, 64, 4, 6, 2}},   /* cluster 12 */
+        {128, 1024, 4096, {64, 128, 64, 4, 6, 2}},  /* cluster 16 */
+        {128, 512, 2048, {64, 128, 64, 4, 6, 4}},   /* cluster 16 */
+        {4096, 768, 768, {128, 128, 64, 8, 6, 1}},  /* 192 blocks already: K whole */
+        {7, 1000, 768, {64, 0, 0, 0, 0, 0}},        /* no width divides 1000: none */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16,
+                               .m = cases[i].m, .n = cases[i].n, .k = cases[i].k, .eps = 1e-5f};
+        p.epi.norm = FUSION_NORM_LAYERNORM;
+        p.epi.has_residual = 1;
+        int vals[FUSION_MAX_PARAMS];
+        gemm_exec_default_values(&p, "sm_90", vals);
+        stof_error err = {0};
+        int rc = gemm_exec_check(&p, vals, SMEM_H100, &err);
+        if (cases[i].want[1] == 0) {
+            CHECK_MSG(rc != STOF_OK, "case %zu: a default for rows of 1000", i);
+            continue;
+        }
+        CHECK_MSG(memcmp(vals, cases[i].want, sizeof cases[i].want) == 0,
+                  "case %zu: default %dx%dx%d w%d s%d split %d", i, vals[0], vals[1], vals[2],
+                  vals[3], vals[4], vals[5]);
+        CHECK_MSG(rc == STOF_OK, "case %zu: %s", i, err.msg);
+        CHECK_EQ_INT(gemm_exec_check_arch(&p, vals, "sm_90", &err), STOF_OK);
+    }
+}
+
 static void test_defaults(void) {
     test_defaults_fused();
+    test_defaults_norm();
     static const int64_t ms[] = {1, 7, 64, 1000, 4096};
     static const int64_t ns[] = {512, 768, 1000, 1024, 2304, 3072, 4096, 8192};
     for (int a = 0; a < 2; a++)

@@ -152,6 +152,23 @@ __device__ __forceinline__ void prefetch_weight(const stof_gemm_args &a, int m0,
 #endif
 }
 
+// The epilogue's value of the pair (c0, c1) at row, columns col and col + 1:
+// act(c + bias) + residual (b: the pair's bias, 0 without one; the residual
+// only for rows < M).
+__device__ __forceinline__ float2 epilogue_pair(const stof_gemm_args &a, float c0, float c1,
+                                                float2 b, int row, int col) {
+    float2 v = make_float2(stof_activate<ACT>(c0 + b.x), stof_activate<ACT>(c1 + b.y));
+#if HAS_RESIDUAL
+    if (row < a.m) {
+        const float2 r = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
+            static_cast<const elem_t *>(a.residual) + (long long)row * a.r_row_stride + col));
+        v.x += r.x;
+        v.y += r.y;
+    }
+#endif
+    return v;
+}
+
 // + bias, activation, + residual on the fragments, rounded and stored as
 // pairs (c0 c1 at row g, c2 c3 at row g + 8; columns 2t, 2t + 1).
 // Only the column tiles nt_begin <= nt < nt_end (all by default).
@@ -178,17 +195,10 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
                 const int row = row0 + mt * 16 + g + 8 * h;
                 if (row >= a.m)
                     continue;
-                float v0 = stof_activate<ACT>(acc[mt][nt][2 * h] + b.x);
-                float v1 = stof_activate<ACT>(acc[mt][nt][2 * h + 1] + b.y);
-#if HAS_RESIDUAL
-                const float2 r = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-                    static_cast<const elem_t *>(a.residual) + (long long)row * a.r_row_stride +
-                    col));
-                v0 += r.x;
-                v1 += r.y;
-#endif
+                const float2 v =
+                    epilogue_pair(a, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1], b, row, col);
                 *reinterpret_cast<unsigned *>(y + (long long)row * a.y_row_stride + col) =
-                    pack2<elem_t>(v0, v1);
+                    pack2<elem_t>(v.x, v.y);
             }
     }
 }
@@ -417,7 +427,7 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
     for (int j = 0; j < kWgCols / 8; ++j) {
         if (j < nt0 || j >= nt0 + kShare)
             continue;
-        [[maybe_unused]] const int col = col0 + j * 8 + 2 * t;
+        const int col = col0 + j * 8 + 2 * t;
         float2 b = make_float2(0.0f, 0.0f);
 #if HAS_BIAS
         b = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
@@ -425,25 +435,15 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
 #endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            [[maybe_unused]] const int row = row0 + g + 8 * h;
-            float v0 = stof_activate<ACT>(d[4 * j + 2 * h] + b.x);
-            float v1 = stof_activate<ACT>(d[4 * j + 2 * h + 1] + b.y);
-#if HAS_RESIDUAL
-            if (row < a.m) {
-                const float2 r = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-                    static_cast<const elem_t *>(a.residual) + (long long)row * a.r_row_stride +
-                    col));
-                v0 += r.x;
-                v1 += r.y;
-            }
-#endif
-            d[4 * j + 2 * h] = v0;
-            d[4 * j + 2 * h + 1] = v1;
+            const int row = row0 + g + 8 * h;
+            const float2 v = epilogue_pair(a, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], b, row, col);
+            d[4 * j + 2 * h] = v.x;
+            d[4 * j + 2 * h + 1] = v.y;
 #if STORE_PRE_NORM
             if (row < a.m)
                 *reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.pre_norm) +
                                               (long long)row * a.p_row_stride + col) =
-                    pack2<elem_t>(v0, v1);
+                    pack2<elem_t>(v.x, v.y);
 #endif
         }
     }

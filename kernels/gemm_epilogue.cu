@@ -307,12 +307,19 @@ __device__ __forceinline__ void cluster_sync() {
                  "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// 4 floats at the same shared-memory offset in block `rank` of the cluster.
-__device__ __forceinline__ float4 ld_cluster4(const float4 *local, unsigned rank) {
+// The address of the same shared-memory offset as `local` in block `rank`
+// of the cluster.
+__device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned rank) {
     unsigned remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                  : "=r"(remote)
                  : "r"(smem_addr(local)), "r"(rank));
+    return remote;
+}
+
+// 4 floats at the same shared-memory offset in block `rank` of the cluster.
+__device__ __forceinline__ float4 ld_cluster4(const float4 *local, unsigned rank) {
+    const unsigned remote = cluster_addr(local, rank);
     float4 v;
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
@@ -377,10 +384,7 @@ static_assert(BLOCK_M <= 128 && kWgN <= 2, "the statistics' arrays (STOF_GEMM_NO
 
 // 2 floats at the same shared-memory offset in block `rank` of the cluster.
 __device__ __forceinline__ float2 ld_cluster2(const float2 *local, unsigned rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote)
-                 : "r"(smem_addr(local)), "r"(rank));
+    const unsigned remote = cluster_addr(local, rank);
     float2 v;
     asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
                  : "=f"(v.x), "=f"(v.y)

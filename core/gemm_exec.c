@@ -274,8 +274,8 @@ static int small_m_values(const gemm_exec_problem *p, const char *arch, int *v) 
 static int norm_values(const gemm_exec_problem *p, int *v) {
     static const int widths[] = {128, 64, 256};
     const int64_t slices = (p->k + 63) / 64;
+    const int small = p->m <= GEMM_EXEC_SMALL_M;
     for (int i = 0; i < 3; i++) {
-        const int small = p->m <= GEMM_EXEC_SMALL_M;
         const int s[6] = {small ? 64 : 128, widths[i], 64, small ? 4 : 8, 6, 1};
         memcpy(v, s, sizeof s);
         if (p->n % v[1] || p->n / v[1] > STOF_GEMM_MAX_CLUSTER)
@@ -585,8 +585,9 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
     gemm_exec_request r;
     gemm_exec_request_init(&r, p, plan->values, c->arch);
     rc = get_function(c, &r, gemm_exec_kernel_name(p->tmpl), plan->smem, &plan->func, err);
-    if (!rc && gemm_exec_cluster(p, plan->values) > 1)
-        rc = cluster_fits(c, plan, gemm_exec_cluster(p, plan->values), err);
+    const int cluster = gemm_exec_cluster(p, plan->values);
+    if (!rc && cluster > 1)
+        rc = cluster_fits(c, plan, cluster, err);
     if (!rc && p->tmpl == FUSION_T_EMBEDDING) {
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
                         "cuMemAlloc(embedding error flag)", err);

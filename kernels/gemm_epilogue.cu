@@ -152,6 +152,21 @@ __device__ __forceinline__ void prefetch_weight(const stof_gemm_args &a, int m0,
 #endif
 }
 
+// Elements at and at + 1 of a tensor in the model dtype, as floats.
+__device__ __forceinline__ float2 load_pair(const void *base, long long at) {
+    return unpack2<elem_t>(
+        *reinterpret_cast<const unsigned *>(static_cast<const elem_t *>(base) + at));
+}
+
+// The bias of columns col and col + 1 (zeros without one).
+__device__ __forceinline__ float2 bias_pair(const stof_gemm_args &a, int col) {
+#if HAS_BIAS
+    return load_pair(a.bias, col);
+#else
+    return make_float2(0.0f, 0.0f);
+#endif
+}
+
 // The epilogue's value of the pair (c0, c1) at row, columns col and col + 1:
 // act(c + bias) + residual (b: the pair's bias, 0 without one; the residual
 // only for rows < M).
@@ -160,8 +175,7 @@ __device__ __forceinline__ float2 epilogue_pair(const stof_gemm_args &a, float c
     float2 v = make_float2(stof_activate<ACT>(c0 + b.x), stof_activate<ACT>(c1 + b.y));
 #if HAS_RESIDUAL
     if (row < a.m) {
-        const float2 r = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-            static_cast<const elem_t *>(a.residual) + (long long)row * a.r_row_stride + col));
+        const float2 r = load_pair(a.residual, (long long)row * a.r_row_stride + col);
         v.x += r.x;
         v.y += r.y;
     }
@@ -183,11 +197,7 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
         const int col = col0 + nt * 8 + 2 * t;
         if (col >= a.n || nt < nt_begin || nt >= nt_end)
             continue;
-        float2 b = make_float2(0.0f, 0.0f);
-#if HAS_BIAS
-        b = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-            static_cast<const elem_t *>(a.bias) + col));
-#endif
+        const float2 b = bias_pair(a, col);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -432,11 +442,7 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
         if (j < nt0 || j >= nt0 + kShare)
             continue;
         const int col = col0 + j * 8 + 2 * t;
-        float2 b = make_float2(0.0f, 0.0f);
-#if HAS_BIAS
-        b = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-            static_cast<const elem_t *>(a.bias) + col));
-#endif
+        const float2 b = bias_pair(a, col);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + g + 8 * h;
@@ -503,12 +509,10 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
         if (j < nt0 || j >= nt0 + kShare)
             continue;
         const int col = col0 + j * 8 + 2 * t;
-        const float2 gm = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-            static_cast<const elem_t *>(a.gamma) + col));
+        const float2 gm = load_pair(a.gamma, col);
         float2 bt = make_float2(0.0f, 0.0f);
 #if NORM == STOF_NORM_LAYERNORM
-        bt = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(
-            static_cast<const elem_t *>(a.beta) + col));
+        bt = load_pair(a.beta, col);
 #endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -496,7 +496,8 @@ static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
             plan->grid[0] *= plan->grid[1];
             plan->grid[1] = 1;
         }
-        plan->block[0] = (unsigned)v[3] * 32;
+        /* the wgmma build adds a warp that issues the copies (gemm_epilogue.cu) */
+        plan->block[0] = (unsigned)v[3] * 32 + (gemm_exec_wgmma(p, v, plan->arch) ? 32u : 0u);
         break;
     case FUSION_T_GEMM_LN:    /* ROWS whole rows a block */
     case FUSION_T_GEMM_CHAIN: /* BLOCK_M rows a block */

@@ -83,7 +83,12 @@ using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
 using namespace stof::gemm;
 
-constexpr int kThreads = WARPS * 32;
+constexpr int kThreads = WARPS * 32;  // the warps that compute
+#if WGMMA
+constexpr int kBlockThreads = kThreads + 32;  // + the wgmma build's producer warp
+#else
+constexpr int kBlockThreads = kThreads;
+#endif
 
 #if !WGMMA
 // The warp grid (gemm_common.cuh): of the splits of WARPS into kWarpsM x
@@ -234,16 +239,20 @@ __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&
 // 16-byte copies. At small M the per-thread copies were most of the
 // kernel's instructions. Rows and k past the tensors arrive as zeros.
 //
-// The pipeline keeps one group of wgmma in flight: in iteration kt the
-// block waits for slice kt's barrier, refills the stage slice kt - 2 was
-// read from, issues slice kt's products and waits until slice kt - 1's are
-// done. Every thread passed that wait for slice kt - 2 in iteration kt - 1,
-// before this iteration's barrier, so the refilled stage is free in every
-// warpgroup; slices are thus prefetched STAGES - 2 ahead. Stage st's
-// barrier completes once per use: use u (slice st + u STAGES of the
-// block's range) waits for parity u & 1.
+// The block is warp-specialized: one producer warp beyond the WARPS that
+// compute (kBlockThreads) issues every copy from one lane, so no compute
+// warp ever waits for another or for a copy's issue. Each stage has two
+// barriers: `full` completes when its slice has landed (the producer's one
+// arrival with the slice's bytes), `empty` when every compute warp is done
+// reading it (WARPS arrivals). A compute warpgroup waits for slice kt's
+// full barrier, issues its products, waits until slice kt - 1's are done
+// (one group of wgmma in flight) and hands slice kt - 1's stage back; the
+// producer waits for a stage's empty barrier before refilling it, so
+// slices land up to STAGES - 1 ahead of the products. Use u of a stage
+// (slice st + u STAGES of the block's range) waits for full parity u & 1,
+// and its refill for empty parity (u - 1) & 1.
 //
-// The weight does not depend on the previous kernel: the prologue's w
+// The weight does not depend on the previous kernel: the first STAGES w
 // boxes are issued before griddepcontrol.wait, the x boxes after it.
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -280,6 +289,47 @@ __device__ __forceinline__ void issue_slice(float (&d)[kWgCols / 2], const elem_
         stof::wg::wg_mma<kWgCols>::ss(d, stof::wg::desc_sw128(ta + ks * 16, 16, 1024),
                                       stof::wg::desc_sw128(tb + ks * 16, 16, 1024), 1);
     stof::wg::commit();
+}
+
+// The compute warps only: a named barrier the producer warp takes no part in.
+__device__ __forceinline__ void compute_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+}
+
+// The producer warp's lane 0: every slice of [s0, s0 + slices) into the
+// ring, the first STAGES' w boxes already issued (before the grid
+// dependency wait), their x boxes now.
+__device__ __forceinline__ void produce(const stof_gemm_args &a, unsigned sa0, unsigned sb0,
+                                       unsigned full0, unsigned empty0, int m0, int n0, int s0,
+                                       int slices) {
+    constexpr unsigned kA = kATile * sizeof(elem_t), kB = kBTile * sizeof(elem_t);
+    for (int kt = 0; kt < slices && kt < STAGES; ++kt)
+        tma_slice_x(a, sa0 + kt * kA, full0 + 8 * kt, m0, s0 + kt);
+    for (int kt = STAGES; kt < slices; ++kt) {
+        const int st = kt % STAGES;
+        stof::tma::wait(empty0 + 8 * st, ((kt / STAGES) - 1) & 1);
+        tma_slice_w(a, sb0 + st * kB, full0 + 8 * st, n0, s0 + kt);
+        tma_slice_x(a, sa0 + st * kA, full0 + 8 * st, m0, s0 + kt);
+    }
+}
+
+// A compute warpgroup's products over the block's slices into d.
+__device__ __forceinline__ void consume(float (&d)[kWgCols / 2], const elem_t *sa,
+                                        const elem_t *sb, unsigned full0, unsigned empty0,
+                                        int slices, int wg_m, int wg_n, int lane) {
+#pragma unroll
+    for (int i = 0; i < kWgCols / 2; ++i)
+        d[i] = 0.0f;
+    for (int kt = 0; kt < slices; ++kt) {
+        const int st = kt % STAGES;
+        stof::tma::wait(full0 + 8 * st, (kt / STAGES) & 1);
+        issue_slice(d, sa + st * kATile, sb + st * kBTile, wg_m, wg_n);
+        stof::wg::wait<1>();
+        if (kt > 0 && lane == 0)
+            stof::tma::arrive(empty0 + 8 * ((kt - 1) % STAGES));
+    }
+    stof::wg::wait<0>();
+    stof::wg::wg_mma<kWgCols>::keep(d);
 }
 
 #if SPLIT_K > 1 || NORM
@@ -417,7 +467,7 @@ __device__ __forceinline__ void block_row_sums(float (&v)[2], float (*red)[BLOCK
         red[wg_n][r] = v[0];
         red[wg_n][r + 8] = v[1];
     }
-    __syncthreads();
+    compute_sync();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float sum = 0.0f;
@@ -529,16 +579,22 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(kThreads)
+// Cluster barriers the compute warps take after the mainloop (the split's
+// reduction, the norm's statistics, the last one keeping the shared memory
+// alive), which the producer warp takes too.
+constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0) + 1;
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
     stof_gemm_epilogue(const __grid_constant__ stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh
     static_assert(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES, "ABI mismatch");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    __shared__ __align__(8) unsigned long long stage_bar[STAGES];
+    __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
     elem_t *sa = reinterpret_cast<elem_t *>(
         smem_raw + ((1024 - (unsigned)__cvta_generic_to_shared(smem_raw)) & 1023));
     elem_t *sb = sa + STAGES * kATile;  // [STAGES][kBTile]
-    const unsigned sa0 = smem_addr(sa), sb0 = smem_addr(sb), bar0 = smem_addr(stage_bar);
+    const unsigned sa0 = smem_addr(sa), sb0 = smem_addr(sb);
+    const unsigned full0 = smem_addr(full_bar), empty0 = smem_addr(empty_bar);
 
     // Column tiles vary fastest over the launch order, so a wave of blocks
     // shares a few row tiles of x and the weight stays in L2.
@@ -555,54 +611,41 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int s0 = 0, s1 = total;
 #endif
     const int slices = s1 - s0;
-    constexpr unsigned kA = kATile * sizeof(elem_t), kB = kBTile * sizeof(elem_t);
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s)
-            stof::tma::barrier_init(bar0 + 8 * s);
-        stof::tma::fence_barrier_init();
-#pragma unroll
-        for (int s = 0; s < STAGES - 2; ++s)
-            if (s < slices)
-                tma_slice_w(a, sb0 + s * kB, bar0 + 8 * s, n0, s0 + s);
-    }
-    prefetch_weight(a, m0, n0, (s0 + STAGES - 2) * BLOCK_K, min(a.k, s1 * BLOCK_K));
-    stof::grid_dependency_wait();  // before reading x
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES - 2; ++s)
-            if (s < slices)
-                tma_slice_x(a, sa0 + s * kA, bar0 + 8 * s, m0, s0 + s);
-    }
-    __syncthreads();  // the barriers are initialized before anyone waits on them
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
-
-    float d[kWgCols / 2];
+    if (threadIdx.x == kThreads) {  // the producer's lane 0
 #pragma unroll
-    for (int i = 0; i < kWgCols / 2; ++i)
-        d[i] = 0.0f;
-
-    for (int kt = 0; kt < slices; ++kt) {
-        const int st = kt % STAGES;
-        stof::tma::wait(bar0 + 8 * st, (kt / STAGES) & 1);
-        __syncthreads();  // every warpgroup is done with slice kt - 2's stage
-        const int next = kt + STAGES - 2;
-        if (threadIdx.x == 0 && next < slices) {
-            const int nst = next % STAGES;
-            tma_slice_w(a, sb0 + nst * kB, bar0 + 8 * nst, n0, s0 + next);
-            tma_slice_x(a, sa0 + nst * kA, bar0 + 8 * nst, m0, s0 + next);
+        for (int s = 0; s < STAGES; ++s) {
+            stof::tma::barrier_init(full0 + 8 * s);
+            stof::tma::barrier_init(empty0 + 8 * s, WARPS);
         }
-        issue_slice(d, sa + st * kATile, sb + st * kBTile, wg_m, wg_n);
-        stof::wg::wait<1>();
+        stof::tma::fence_barrier_init();
+        for (int s = 0; s < STAGES && s < slices; ++s)
+            tma_slice_w(a, sb0 + s * (kBTile * (unsigned)sizeof(elem_t)), full0 + 8 * s, n0,
+                        s0 + s);
     }
-    stof::wg::wait<0>();
-    stof::wg::wg_mma<kWgCols>::keep(d);
+    prefetch_weight(a, m0, n0, (s0 + STAGES) * BLOCK_K, min(a.k, s1 * BLOCK_K));
+    stof::grid_dependency_wait();  // before reading x (and the epilogue's inputs)
+    __syncthreads();               // the barriers are initialized before anyone waits on them
+
+    if (warp == WARPS) {
+        if (lane == 0)
+            produce(a, sa0, sb0, full0, empty0, m0, n0, s0, slices);
+        __syncwarp();
+#if SPLIT_K > 1 || NORM
+#pragma unroll
+        for (int i = 0; i < kClusterSyncs; ++i)
+            cluster_sync();
+#endif
+        return;
+    }
+    const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
+    float d[kWgCols / 2];
+    consume(d, sa, sb, full0, empty0, slices, wg_m, wg_n, lane);
 
     const int r0 = wg_m * 64 + (warp & 3) * 16;  // the warp's first row in the block
     const int row0 = m0 + r0, col0 = n0 + wg_n * kWgCols;
 #if SPLIT_K > 1
-    __syncthreads();  // every warpgroup's products are done with the ring
+    compute_sync();  // every warpgroup's products are done with the ring
     const int nt0 = reduce_cluster(d, reinterpret_cast<float4 *>(sa), rank, crank - rank);
 #else
     const int nt0 = 0;

@@ -17,10 +17,11 @@ __device__ __forceinline__ unsigned smem_u32(const void *p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// A barrier that one arrival (with the bytes it expects) completes, once
-// those bytes have landed. Before any other thread uses it: a __syncthreads.
-__device__ __forceinline__ void barrier_init(unsigned bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+// A barrier that `count` arrivals complete: by default one (with the bytes
+// it expects), once those bytes have landed. Before any other thread uses
+// it: a __syncthreads.
+__device__ __forceinline__ void barrier_init(unsigned bar, unsigned count = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 
 // Makes the initialized barriers visible to the copy engine.
@@ -32,6 +33,11 @@ __device__ __forceinline__ void fence_barrier_init() {
 __device__ __forceinline__ void arrive_expect(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                  : "memory");
+}
+
+// One plain arrival (no bytes): a consumer handing a stage back.
+__device__ __forceinline__ void arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
 // Waits for the phase of parity `parity` to complete (its bytes landed and

@@ -44,7 +44,9 @@
  * and 100 (VEC 4); bad ids give zero rows and an error naming the token.
  *
  * One line per case, the failures again at the end. Then gemm_epilogue is
- * timed at M = 4096, N = 3072, K = 768, fp16, five settings; gemm_ln at
+ * timed at BERT-base's FFN shapes (M = 4096 and 128; N, K = 3072, 768 and
+ * 768, 3072), fp16, in its default setting and at 4096 rows in six more
+ * (STOF_GEMM_TIME_SETTINGS replaces those; see timing()); gemm_ln at
  * M = 4096, N = K = 768 against gemm_epilogue + mi_chain; gemm_chain at
  * M = 128, K = N = 768, F = 3072 against gemm_epilogue twice (medians of
  * 20, informational). Exit 77 with "SKIPPED: <reason>" when there is no GPU.
@@ -75,9 +77,9 @@ static const int gemm_settings[][6] = {
     {128, 64, 64, 8, 4, 2}};
 #define N_GEMM_SETTINGS 7
 static const int time_settings[][6] = {
-    {128, 128, 32, 8, 4, 1}, {128, 256, 32, 8, 3, 1}, {128, 128, 64, 4, 3, 1},
-    {128, 256, 64, 8, 4, 1}, {64, 64, 64, 4, 6, 1}};
-#define N_TIME_SETTINGS 5
+    {128, 128, 32, 8, 3, 1}, {128, 128, 64, 8, 3, 1}, {128, 128, 64, 8, 4, 1},
+    {128, 256, 64, 8, 3, 1}, {128, 256, 64, 8, 4, 1}, {64, 256, 64, 4, 4, 1}};
+#define N_TIME_SETTINGS 6
 
 /* A plan, or a failed case (recorded) and NULL. */
 static gemm_exec_plan *make_plan(gpu *g, const gemm_exec_problem *p, const int *values,
@@ -991,8 +993,11 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void timing(gpu *g, util_rng *rng) {
-    const int M = 4096, N = 3072, K = 768, RUNS = 20;
+/* One GEMM shape timed in every setting of the list (and first in the
+ * default setting, values NULL): medians of 20 runs after 3 warm-ups. */
+static void timing_shape(gpu *g, util_rng *rng, int M, int N, int K, const int (*settings)[6],
+                         int n_settings) {
+    const int RUNS = 20;
     printf("\ntiming gemm_epilogue fp16 M=%d N=%d K=%d W[N,K], no epilogue (median of %d):\n", M,
            N, K, RUNS);
     gweights wt;
@@ -1010,15 +1015,17 @@ static void timing(gpu *g, util_rng *rng) {
     if (check_cu(g, g->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate") ||
         check_cu(g, g->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate"))
         goto done;
-    for (int st = 0; st < N_TIME_SETTINGS && !g->dead; st++) {
+    for (int st = -1; st < n_settings && !g->dead; st++) {
         gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16, .m = M, .n = N,
                                .k = K};
-        char label[96];
-        const int *v = time_settings[st];
-        snprintf(label, sizeof label, "  %dx%dx%d w%d s%d", v[0], v[1], v[2], v[3], v[4]);
-        gemm_exec_plan *plan = make_plan(g, &p, v, label);
+        const int *v = st < 0 ? NULL : settings[st];
+        gemm_exec_plan *plan = make_plan(g, &p, v, "timing");
         if (!plan)
             continue;
+        const int *pv = plan->values;
+        char label[96];
+        snprintf(label, sizeof label, "  %dx%dx%d w%d s%d k%d%s", pv[0], pv[1], pv[2], pv[3],
+                 pv[4], pv[5], v ? "" : " (default)");
         gemm_exec_gemm_tensors t = {.x = s.dx, .w = wt.dw_nk, .y = s.dy};
         stof_error err = {0};
         float ms[20];
@@ -1038,7 +1045,7 @@ static void timing(gpu *g, util_rng *rng) {
         } else {
             qsort(ms, (size_t)RUNS, sizeof ms[0], cmp_float);
             double med = ms[RUNS / 2];
-            printf("%s: %.3f ms  %.1f TFLOP/s\n", label, med,
+            printf("%-40s %.4f ms  %.1f TFLOP/s\n", label, med,
                    2.0 * M * N * K / (med * 1e-3) / 1e12);
         }
         gemm_exec_plan_free(g->ctx, plan);
@@ -1049,6 +1056,29 @@ done:
             g->drv->EventDestroy(ev[i]);
     free_set(g, &s);
     free_weights(g, &wt);
+}
+
+/* BERT-base's FFN shapes at 4096 and at 128 rows. STOF_GEMM_TIME_SETTINGS
+ * ("BMxBNxBKwWsSkK ...", e.g. "128x128x64w8s3k1 64x32x64w4s6k4") replaces the
+ * list of settings, for exploring. */
+static void timing(gpu *g, util_rng *rng) {
+    static const int shapes[][3] = {{4096, 3072, 768}, {4096, 768, 3072}, {128, 3072, 768},
+                                    {128, 768, 3072}};
+    int custom[16][6], n_custom = 0;
+    const char *env = getenv("STOF_GEMM_TIME_SETTINGS");
+    for (const char *c = env; c && *c && n_custom < 16;) {
+        int *v = custom[n_custom], used = 0;
+        if (sscanf(c, " %dx%dx%dw%ds%dk%d%n", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &used) <
+                6 ||
+            used == 0)
+            break;
+        n_custom++;
+        c += used;
+    }
+    for (int i = 0; i < 4 && !g->dead; i++)
+        timing_shape(g, rng, shapes[i][0], shapes[i][1], shapes[i][2],
+                     n_custom ? (const int(*)[6])custom : time_settings,
+                     n_custom ? n_custom : (shapes[i][0] > 256 ? N_TIME_SETTINGS : 0));
 }
 
 /* The fused kernels against their two-kernel equivalents (informational):

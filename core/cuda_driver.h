@@ -50,6 +50,8 @@
     X(LaunchKernel, "cuLaunchKernel", cuLaunchKernel)                     \
     X(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx)               \
     X(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", cuOccupancyMaxActiveClusters) \
+    X(OccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", \
+      cuOccupancyMaxActiveBlocksPerMultiprocessor)                        \
     X(StreamCreate, "cuStreamCreate", cuStreamCreate)                     \
     X(StreamDestroy, "cuStreamDestroy", cuStreamDestroy)                  \
     X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)      \

@@ -519,6 +519,32 @@ static void set_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     }
 }
 
+int gemm_exec_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {
+    return gemm_exec_wgmma(p, v, arch) && v[5] <= 1 && p->epi.norm == FUSION_NORM_NONE;
+}
+
+/* The persistent build's grid: as many blocks as the GPU holds at once (the
+ * driver's occupancy for this kernel, block size and shared memory), at
+ * most one a tile; each block loops over its tiles. */
+static int persistent_grid(gemm_exec_ctx *c, gemm_exec_plan *plan, stof_error *err) {
+    int per_sm = 0, rc;
+    if ((rc = cuda_check(c->drv,
+                         c->drv->OccupancyMaxActiveBlocksPerMultiprocessor(
+                             &per_sm, plan->func, (int)plan->block[0], plan->smem),
+                         "cuOccupancyMaxActiveBlocksPerMultiprocessor", err)))
+        return rc;
+    if (per_sm < 1)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "gemm_epilogue: a block of %u threads with %zu bytes of shared memory "
+                       "does not fit on this GPU",
+                       plan->block[0], plan->smem);
+    const int64_t tiles = (int64_t)plan->grid[0] * plan->grid[1];
+    const int64_t resident = (int64_t)per_sm * (c->info.sm_count > 0 ? c->info.sm_count : 1);
+    plan->grid[0] = (unsigned)(tiles < resident ? tiles : resident);
+    plan->grid[1] = 1;
+    return STOF_OK;
+}
+
 /* A cluster of more than 8 blocks needs sm_90's non-portable sizes, and
  * one of any size must fit on the GPU (the blocks of a cluster share one GPC):
  * asked of the driver, so that a setting that cannot launch fails here. */
@@ -589,6 +615,8 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
     const int cluster = gemm_exec_cluster(p, plan->values);
     if (!rc && cluster > 1)
         rc = cluster_fits(c, plan, cluster, err);
+    if (!rc && gemm_exec_persistent(p, plan->values, c->arch))
+        rc = persistent_grid(c, plan, err);
     if (!rc && p->tmpl == FUSION_T_EMBEDDING) {
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
                         "cuMemAlloc(embedding error flag)", err);

@@ -296,40 +296,48 @@ __device__ __forceinline__ void compute_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
 }
 
-// The producer warp's lane 0: every slice of [s0, s0 + slices) into the
-// ring, the first STAGES' w boxes already issued (before the grid
-// dependency wait), their x boxes now.
-__device__ __forceinline__ void produce(const stof_gemm_args &a, unsigned sa0, unsigned sb0,
-                                       unsigned full0, unsigned empty0, int m0, int n0, int s0,
-                                       int slices) {
+// The producer warp's lane 0: the slices [s0, s0 + slices) of one tile
+// into the ring, g the block's count of slices before them (stage g %
+// STAGES, use g / STAGES). In the block's first tile (first) the first
+// STAGES slices' w boxes went out before the grid dependency wait: only
+// their x boxes are left. Returns the count after the tile.
+__device__ __forceinline__ int produce(const stof_gemm_args &a, unsigned sa0, unsigned sb0,
+                                      unsigned full0, unsigned empty0, int m0, int n0, int s0,
+                                      int slices, int g, bool first) {
     constexpr unsigned kA = kATile * sizeof(elem_t), kB = kBTile * sizeof(elem_t);
-    for (int kt = 0; kt < slices && kt < STAGES; ++kt)
-        tma_slice_x(a, sa0 + kt * kA, full0 + 8 * kt, m0, s0 + kt);
-    for (int kt = STAGES; kt < slices; ++kt) {
-        const int st = kt % STAGES;
-        stof::tma::wait(empty0 + 8 * st, ((kt / STAGES) - 1) & 1);
-        tma_slice_w(a, sb0 + st * kB, full0 + 8 * st, n0, s0 + kt);
+    for (int kt = 0; kt < slices; ++kt, ++g) {
+        const int st = g % STAGES;
+        if (!first || kt >= STAGES) {
+            if (g >= STAGES)
+                stof::tma::wait(empty0 + 8 * st, ((g / STAGES) - 1) & 1);
+            tma_slice_w(a, sb0 + st * kB, full0 + 8 * st, n0, s0 + kt);
+        }
         tma_slice_x(a, sa0 + st * kA, full0 + 8 * st, m0, s0 + kt);
     }
+    return g;
 }
 
-// A compute warpgroup's products over the block's slices into d.
-__device__ __forceinline__ void consume(float (&d)[kWgCols / 2], const elem_t *sa,
-                                        const elem_t *sb, unsigned full0, unsigned empty0,
-                                        int slices, int wg_m, int wg_n, int lane) {
+// A compute warpgroup's products over one tile's slices into d (g as in
+// produce), every stage handed back once read. Returns the count after it.
+__device__ __forceinline__ int consume(float (&d)[kWgCols / 2], const elem_t *sa,
+                                       const elem_t *sb, unsigned full0, unsigned empty0,
+                                       int slices, int g, int wg_m, int wg_n, int lane) {
 #pragma unroll
     for (int i = 0; i < kWgCols / 2; ++i)
         d[i] = 0.0f;
-    for (int kt = 0; kt < slices; ++kt) {
-        const int st = kt % STAGES;
-        stof::tma::wait(full0 + 8 * st, (kt / STAGES) & 1);
+    for (int kt = 0; kt < slices; ++kt, ++g) {
+        const int st = g % STAGES;
+        stof::tma::wait(full0 + 8 * st, (g / STAGES) & 1);
         issue_slice(d, sa + st * kATile, sb + st * kBTile, wg_m, wg_n);
         stof::wg::wait<1>();
         if (kt > 0 && lane == 0)
-            stof::tma::arrive(empty0 + 8 * ((kt - 1) % STAGES));
+            stof::tma::arrive(empty0 + 8 * ((g - 1) % STAGES));
     }
     stof::wg::wait<0>();
     stof::wg::wg_mma<kWgCols>::keep(d);
+    if (slices > 0 && lane == 0)
+        stof::tma::arrive(empty0 + 8 * ((g - 1) % STAGES));
+    return g;
 }
 
 #if SPLIT_K > 1 || NORM
@@ -597,9 +605,18 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     const unsigned full0 = smem_addr(full_bar), empty0 = smem_addr(empty_bar);
 
     // Column tiles vary fastest over the launch order, so a wave of blocks
-    // shares a few row tiles of x and the weight stays in L2.
+    // shares a few row tiles of x and the weight stays in L2. A cluster
+    // takes one tile (or one row tile's N); otherwise the grid is at most
+    // the blocks the GPU holds at once and each takes tiles tile, tile +
+    // step, ... (the host sizes it).
     const int n_tiles = (a.n + BLOCK_N - 1) / BLOCK_N;
+#if SPLIT_K > 1 || NORM
     const int tile = blockIdx.x / SPLIT_K + blockIdx.y * (gridDim.x / SPLIT_K);
+    const int tiles = tile + 1, step = 1;
+#else
+    const int tile = blockIdx.x, step = gridDim.x;
+    const int tiles = (a.m + BLOCK_M - 1) / BLOCK_M * n_tiles;
+#endif
     const int m0 = (tile / n_tiles) * BLOCK_M, n0 = (tile % n_tiles) * BLOCK_N;
     // This block's slices [s0, s1) of K (all of them without a split).
     const int total = (a.k + BLOCK_K - 1) / BLOCK_K;
@@ -619,17 +636,22 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
             stof::tma::barrier_init(empty0 + 8 * s, WARPS);
         }
         stof::tma::fence_barrier_init();
-        for (int s = 0; s < STAGES && s < slices; ++s)
+        for (int s = 0; s < STAGES && s < slices && tile < tiles; ++s)
             tma_slice_w(a, sb0 + s * (kBTile * (unsigned)sizeof(elem_t)), full0 + 8 * s, n0,
                         s0 + s);
     }
-    prefetch_weight(a, m0, n0, (s0 + STAGES) * BLOCK_K, min(a.k, s1 * BLOCK_K));
+    if (tile < tiles)
+        prefetch_weight(a, m0, n0, (s0 + STAGES) * BLOCK_K, min(a.k, s1 * BLOCK_K));
     stof::grid_dependency_wait();  // before reading x (and the epilogue's inputs)
     __syncthreads();               // the barriers are initialized before anyone waits on them
 
     if (warp == WARPS) {
-        if (lane == 0)
-            produce(a, sa0, sb0, full0, empty0, m0, n0, s0, slices);
+        if (lane == 0) {
+            int g = 0;
+            for (int t = tile; t < tiles; t += step)
+                g = produce(a, sa0, sb0, full0, empty0, (t / n_tiles) * BLOCK_M,
+                            (t % n_tiles) * BLOCK_N, s0, slices, g, t == tile);
+        }
         __syncwarp();
 #if SPLIT_K > 1 || NORM
 #pragma unroll
@@ -639,10 +661,10 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
         return;
     }
     const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
-    float d[kWgCols / 2];
-    consume(d, sa, sb, full0, empty0, slices, wg_m, wg_n, lane);
-
     const int r0 = wg_m * 64 + (warp & 3) * 16;  // the warp's first row in the block
+    float d[kWgCols / 2];
+#if SPLIT_K > 1 || NORM
+    consume(d, sa, sb, full0, empty0, slices, 0, wg_m, wg_n, lane);
     const int row0 = m0 + r0, col0 = n0 + wg_n * kWgCols;
 #if SPLIT_K > 1
     compute_sync();  // every warpgroup's products are done with the ring
@@ -656,8 +678,16 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d), row0, col0, lane, nt0,
              nt0 + kWgCols / 8 / SPLIT_K);
 #endif
-#if SPLIT_K > 1 || NORM
     cluster_sync();  // the other blocks may still read this one's partials and statistics
+#else
+    // Persistent: the block's tiles one after another; the producer fills
+    // the ring with the next tile's slices while this one's epilogue runs.
+    int g = 0;
+    for (int t = tile; t < tiles; t += step) {
+        g = consume(d, sa, sb, full0, empty0, slices, g, wg_m, wg_n, lane);
+        epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d),
+                 (t / n_tiles) * BLOCK_M + r0, (t % n_tiles) * BLOCK_N + wg_n * kWgCols, lane);
+    }
 #endif
 }
 #else

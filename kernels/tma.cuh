@@ -90,12 +90,10 @@ __device__ __forceinline__ void copy_2d_multicast(unsigned dst, const void *map,
 }
 
 // One plain arrival on the barrier at shared::cluster address `remote`
-// (another block's, from mapa). CTA-scope release, as for a local arrival:
-// what it hands back is shared memory read by this block's wgmma, complete
-// before the arrival; a cluster-scope release would also wait for the
-// block's earlier global stores, on every slice.
+// (another block's, from mapa), released to the cluster.
 __device__ __forceinline__ void arrive_cluster(unsigned remote) {
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+                 : "memory");
 }
 
 }  // namespace tma

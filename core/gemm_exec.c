@@ -393,11 +393,10 @@ int gemm_exec_check_arch(const gemm_exec_problem *p, const int *v, const char *a
                    what, arch, p->weight_kn ? " with [K, N] weights" : "");
 }
 
-int gemm_exec_cluster(const gemm_exec_problem *p, const int *v, const char *arch) {
+int gemm_exec_cluster(const gemm_exec_problem *p, const int *v) {
     if (p->tmpl != FUSION_T_GEMM_EPILOGUE)
         return 1;
-    return v[5] * (p->epi.norm != FUSION_NORM_NONE ? (int)(p->n / v[1]) : 1) *
-           gemm_exec_multicast(p, v, arch);
+    return v[5] * (p->epi.norm != FUSION_NORM_NONE ? (int)(p->n / v[1]) : 1);
 }
 
 void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, const int *values,
@@ -419,8 +418,6 @@ void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, co
         add_opt(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
         if (wgmma)
             add_opt(r, "WGMMA", 1);
-        if (gemm_exec_multicast(p, values, arch) > 1)
-            add_opt(r, "MCAST", gemm_exec_multicast(p, values, arch));
         if (p->epi.norm != FUSION_NORM_NONE) {
             add_opt(r, "NORM", (int)p->epi.norm);
             add_opt(r, "NORM_TILES", p->n / values[1]);
@@ -526,19 +523,33 @@ int gemm_exec_persistent(const gemm_exec_problem *p, const int *v, const char *a
     return gemm_exec_wgmma(p, v, arch) && v[5] <= 1 && p->epi.norm == FUSION_NORM_NONE;
 }
 
-int gemm_exec_multicast(const gemm_exec_problem *p, const int *v, const char *arch) {
-    const int64_t row_tiles = (p->m + v[0] - 1) / v[0];
-    return gemm_exec_persistent(p, v, arch) && row_tiles >= 2 && row_tiles % 2 == 0 &&
-                   (v[1] / 2) % 8 == 0
-               ? 2
-               : 1;
+/* The persistent build's grid: as many blocks as the GPU holds at once (the
+ * driver's occupancy for this kernel, block size and shared memory), at
+ * most one a tile; each block loops over its tiles. */
+static int persistent_grid(gemm_exec_ctx *c, gemm_exec_plan *plan, stof_error *err) {
+    int per_sm = 0, rc;
+    if ((rc = cuda_check(c->drv,
+                         c->drv->OccupancyMaxActiveBlocksPerMultiprocessor(
+                             &per_sm, plan->func, (int)plan->block[0], plan->smem),
+                         "cuOccupancyMaxActiveBlocksPerMultiprocessor", err)))
+        return rc;
+    if (per_sm < 1)
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "gemm_epilogue: a block of %u threads with %zu bytes of shared memory "
+                       "does not fit on this GPU",
+                       plan->block[0], plan->smem);
+    const int64_t tiles = (int64_t)plan->grid[0] * plan->grid[1];
+    const int64_t resident = (int64_t)per_sm * (c->info.sm_count > 0 ? c->info.sm_count : 1);
+    plan->grid[0] = (unsigned)(tiles < resident ? tiles : resident);
+    plan->grid[1] = 1;
+    return STOF_OK;
 }
 
-/* How many clusters of `cluster` blocks of the plan's kernel the GPU holds
- * at once (the blocks of a cluster share one GPC), asked of the driver; more
- * than 8 blocks need sm_90's non-portable sizes. */
-static int active_clusters(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
-                           int *clusters, stof_error *err) {
+/* A cluster of more than 8 blocks needs sm_90's non-portable sizes, and
+ * one of any size must fit on the GPU (the blocks of a cluster share one GPC):
+ * asked of the driver, so that a setting that cannot launch fails here. */
+static int cluster_fits(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
+                        stof_error *err) {
     int rc;
     if (cluster > 8 &&
         (rc = cuda_check(c->drv,
@@ -562,52 +573,15 @@ static int active_clusters(gemm_exec_ctx *c, const gemm_exec_plan *plan, int clu
     cfg.sharedMemBytes = (unsigned)plan->smem;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    *clusters = 0;
-    return cuda_check(c->drv, c->drv->OccupancyMaxActiveClusters(clusters, plan->func, &cfg),
-                      "cuOccupancyMaxActiveClusters", err);
-}
-
-/* A cluster of any size must fit on the GPU: a setting that cannot launch
- * fails here. */
-static int cluster_fits(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
-                        stof_error *err) {
-    int clusters = 0, rc = active_clusters(c, plan, cluster, &clusters, err);
-    if (!rc && clusters < 1)
+    int clusters = 0;
+    if ((rc = cuda_check(c->drv, c->drv->OccupancyMaxActiveClusters(&clusters, plan->func, &cfg),
+                         "cuOccupancyMaxActiveClusters", err)))
+        return rc;
+    if (clusters < 1)
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "%s: a cluster of %d blocks of %u threads with %zu bytes of shared "
                        "memory each does not fit on this GPU",
                        tmpl_name(plan->problem.tmpl), cluster, plan->block[0], plan->smem);
-    return rc;
-}
-
-/* The persistent build's grid: as many blocks as the GPU holds at once (the
- * driver's occupancy for this kernel, block size and shared memory), at
- * most one a tile; each block loops over its tiles. */
-static int persistent_grid(gemm_exec_ctx *c, gemm_exec_plan *plan, int mcast,
-                           stof_error *err) {
-    int per_sm = 0, rc;
-    int64_t resident = 0;
-    if (mcast > 1) { /* clusters of mcast blocks: as many as fit at once */
-        int clusters = 0;
-        if ((rc = active_clusters(c, plan, mcast, &clusters, err)))
-            return rc;
-        resident = (int64_t)clusters * mcast;
-    } else {
-        if ((rc = cuda_check(c->drv,
-                             c->drv->OccupancyMaxActiveBlocksPerMultiprocessor(
-                                 &per_sm, plan->func, (int)plan->block[0], plan->smem),
-                             "cuOccupancyMaxActiveBlocksPerMultiprocessor", err)))
-            return rc;
-        resident = (int64_t)per_sm * (c->info.sm_count > 0 ? c->info.sm_count : 1);
-    }
-    if (resident < 1)
-        return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "gemm_epilogue: a block of %u threads with %zu bytes of shared memory "
-                       "does not fit on this GPU",
-                       plan->block[0], plan->smem);
-    const int64_t tiles = (int64_t)plan->grid[0] * plan->grid[1];
-    plan->grid[0] = (unsigned)(tiles < resident ? tiles : resident);
-    plan->grid[1] = 1;
     return STOF_OK;
 }
 
@@ -638,11 +612,11 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
     gemm_exec_request r;
     gemm_exec_request_init(&r, p, plan->values, c->arch);
     rc = get_function(c, &r, gemm_exec_kernel_name(p->tmpl), plan->smem, &plan->func, err);
-    const int cluster = gemm_exec_cluster(p, plan->values, c->arch);
+    const int cluster = gemm_exec_cluster(p, plan->values);
     if (!rc && cluster > 1)
         rc = cluster_fits(c, plan, cluster, err);
     if (!rc && gemm_exec_persistent(p, plan->values, c->arch))
-        rc = persistent_grid(c, plan, gemm_exec_multicast(p, plan->values, c->arch), err);
+        rc = persistent_grid(c, plan, err);
     if (!rc && p->tmpl == FUSION_T_EMBEDDING) {
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
                         "cuMemAlloc(embedding error flag)", err);
@@ -936,9 +910,8 @@ static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUst
     snprintf(what, sizeof what, "cuLaunchKernel(%s)", tmpl_name(plan->problem.tmpl));
     return cuda_launch_cluster(c->drv, plan->func, plan->grid, plan->block,
                                (unsigned)plan->smem, s, params, c->pdl,
-                               (unsigned)gemm_exec_cluster(&plan->problem, plan->values,
-                                                           plan->arch),
-                               what, err);
+                               (unsigned)gemm_exec_cluster(&plan->problem, plan->values), what,
+                               err);
 }
 
 /* The tensor map of x or w for the wgmma build (gemm_abi.cuh): rows of k
@@ -972,8 +945,7 @@ int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec
     if (!rc && gemm_exec_wgmma(p, plan->values, plan->arch) &&
         ((rc = encode_map(c->drv, "x", a.x, p->m, p->k, a.x_row_stride, plan->values[0],
                           &a.tmap_x, err)) ||
-         (rc = encode_map(c->drv, "w", a.w, p->n, p->k, a.w_row_stride,
-                          plan->values[1] / gemm_exec_multicast(p, plan->values, plan->arch),
+         (rc = encode_map(c->drv, "w", a.w, p->n, p->k, a.w_row_stride, plan->values[1],
                           &a.tmap_w, err))))
         return rc;
     return rc ? rc : launch(c, plan, &a, s, err);

@@ -104,22 +104,14 @@ int gemm_exec_wgmma(const gemm_exec_problem *p, const int *values, const char *a
  * the driver), each looping over tiles. */
 int gemm_exec_persistent(const gemm_exec_problem *p, const int *values, const char *arch);
 
-/* The persistent build's multicast (MCAST): 2 where the row tiles pair up
- * (an even count) and half a column tile is whole 8-row swizzle atoms. A
- * cluster of 2 blocks then takes two row tiles of one column tile, each
- * block loading half of the weight's box for both (gemm_epilogue.cu). 1
- * elsewhere. */
-int gemm_exec_multicast(const gemm_exec_problem *p, const int *values, const char *arch);
-
 /* What gemm_exec_check cannot see: a split of K (SPLIT_K > 1) and a closing
  * norm run on the wgmma build only; STOF_ERR_UNSUPPORTED elsewhere. */
 int gemm_exec_check_arch(const gemm_exec_problem *p, const int *values, const char *arch,
                          stof_error *err);
 
-/* The blocks of a cluster a setting launches on `arch`: gemm_epilogue's
- * SPLIT_K, times N / BLOCK_N with a norm (whole rows a cluster), times its
- * multicast; 1 for the others. */
-int gemm_exec_cluster(const gemm_exec_problem *p, const int *values, const char *arch);
+/* The blocks of a cluster a setting launches: gemm_epilogue's SPLIT_K, times
+ * N / BLOCK_N with a norm (whole rows a cluster); 1 for the others. */
+int gemm_exec_cluster(const gemm_exec_problem *p, const int *values);
 
 /* The NVRTC request compiling a setting: the template's parameters as
  * -DNAME=value, then STOF_DTYPE and the flags (and -DWGMMA=1 for sm_90a where

@@ -78,9 +78,6 @@
 #ifndef NORM_TILES
 #define NORM_TILES 1
 #endif
-#ifndef MCAST
-#define MCAST 1
-#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -270,20 +267,10 @@ constexpr unsigned kSliceBytes = (kATile + kBTile) * sizeof(elem_t);  // every b
 // Slice kt into one stage, by one thread: tma_slice_w arms the stage's
 // barrier for the whole slice and copies w's box, tma_slice_x copies x's
 // box onto the same barrier (sa, sb, bar: shared-memory addresses).
-// With MCAST = 2, block r of the cluster copies rows r / 2 .. of w's box
-// (the host's map has boxes of BLOCK_N / 2 rows) into both blocks: each
-// barrier still expects the whole slice.
 __device__ __forceinline__ void tma_slice_w(const stof_gemm_args &a, unsigned sb, unsigned bar,
-                                            int n0, int kt, unsigned crank) {
+                                            int n0, int kt) {
     stof::tma::arrive_expect(bar, kSliceBytes);
-#if MCAST > 1
-    constexpr int kPart = BLOCK_N / MCAST;
-    stof::tma::copy_2d_multicast(sb + crank * kPart * BLOCK_K * (unsigned)sizeof(elem_t),
-                                 &a.tmap_w, kt * BLOCK_K, n0 + (int)crank * kPart, bar,
-                                 (unsigned short)((1u << MCAST) - 1));
-#else
     stof::tma::copy_2d(sb, &a.tmap_w, kt * BLOCK_K, n0, bar);
-#endif
 }
 __device__ __forceinline__ void tma_slice_x(const stof_gemm_args &a, unsigned sa, unsigned bar,
                                             int m0, int kt) {
@@ -304,32 +291,6 @@ __device__ __forceinline__ void issue_slice(float (&d)[kWgCols / 2], const elem_
     stof::wg::commit();
 }
 
-// ---- clusters ---------------------------------------------------------------------------
-
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// Every thread of every block of the cluster; orders shared-memory writes
-// before the barrier with reads after it, across the cluster.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// The shared::cluster address of shared-memory address `local` (this
-// block's) in block `rank` of the cluster.
-__device__ __forceinline__ unsigned cluster_map(unsigned local, unsigned rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    return remote;
-}
-__device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned rank) {
-    return cluster_map(smem_addr(local), rank);
-}
-
 // The compute warps only: a named barrier the producer warp takes no part in.
 __device__ __forceinline__ void compute_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
@@ -342,30 +303,18 @@ __device__ __forceinline__ void compute_sync() {
 // their x boxes are left. Returns the count after the tile.
 __device__ __forceinline__ int produce(const stof_gemm_args &a, unsigned sa0, unsigned sb0,
                                       unsigned full0, unsigned empty0, int m0, int n0, int s0,
-                                      int slices, int g, bool first, unsigned crank) {
+                                      int slices, int g, bool first) {
     constexpr unsigned kA = kATile * sizeof(elem_t), kB = kBTile * sizeof(elem_t);
     for (int kt = 0; kt < slices; ++kt, ++g) {
         const int st = g % STAGES;
         if (!first || kt >= STAGES) {
             if (g >= STAGES)
                 stof::tma::wait(empty0 + 8 * st, ((g / STAGES) - 1) & 1);
-            tma_slice_w(a, sb0 + st * kB, full0 + 8 * st, n0, s0 + kt, crank);
+            tma_slice_w(a, sb0 + st * kB, full0 + 8 * st, n0, s0 + kt);
         }
         tma_slice_x(a, sa0 + st * kA, full0 + 8 * st, m0, s0 + kt);
     }
     return g;
-}
-
-// Hands stage st back: one arrival from this warp on its empty barrier, in
-// every block of the cluster with MCAST (each block's copies fill both).
-__device__ __forceinline__ void release(unsigned empty0, int st) {
-#if MCAST > 1
-#pragma unroll
-    for (int r = 0; r < MCAST; ++r)
-        stof::tma::arrive_cluster(cluster_map(empty0 + 8 * st, r));
-#else
-    stof::tma::arrive(empty0 + 8 * st);
-#endif
 }
 
 // A compute warpgroup's products over one tile's slices into d (g as in
@@ -382,12 +331,12 @@ __device__ __forceinline__ int consume(float (&d)[kWgCols / 2], const elem_t *sa
         issue_slice(d, sa + st * kATile, sb + st * kBTile, wg_m, wg_n);
         stof::wg::wait<1>();
         if (kt > 0 && lane == 0)
-            release(empty0, (g - 1) % STAGES);
+            stof::tma::arrive(empty0 + 8 * ((g - 1) % STAGES));
     }
     stof::wg::wait<0>();
     stof::wg::wg_mma<kWgCols>::keep(d);
     if (slices > 0 && lane == 0)
-        release(empty0, (g - 1) % STAGES);
+        stof::tma::arrive(empty0 + 8 * ((g - 1) % STAGES));
     return g;
 }
 
@@ -413,6 +362,28 @@ static_assert(SPLIT_K == 1 ||
               "the partial sums fit the operand ring");
 static_assert(SPLIT_K * NORM_TILES <= STOF_GEMM_MAX_CLUSTER, "blocks a cluster");
 
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every block of the cluster; orders shared-memory writes
+// before the barrier with reads after it, across the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The address of the same shared-memory offset as `local` in block `rank`
+// of the cluster.
+__device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"(smem_addr(local)), "r"(rank));
+    return remote;
+}
 
 // 4 floats at the same shared-memory offset in block `rank` of the cluster.
 __device__ __forceinline__ float4 ld_cluster4(const float4 *local, unsigned rank) {
@@ -618,11 +589,8 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
 
 // Cluster barriers the compute warps take after the mainloop (the split's
 // reduction, the norm's statistics, the last one keeping the shared memory
-// and barriers alive), which the producer warp takes too.
-constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0) + (SPLIT_K > 1 || NORM || MCAST > 1);
-static_assert(MCAST == 1 || (MCAST == 2 && SPLIT_K == 1 && !NORM && (BLOCK_N / 2) % 8 == 0),
-              "a multicast pair of blocks takes the persistent build, half a column tile "
-              "whole 8-row atoms");
+// alive), which the producer warp takes too.
+constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0) + 1;
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     stof_gemm_epilogue(const __grid_constant__ stof_gemm_args a) {
@@ -637,22 +605,19 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     const unsigned full0 = smem_addr(full_bar), empty0 = smem_addr(empty_bar);
 
     // Column tiles vary fastest over the launch order, so a wave of blocks
-    // shares a few row tiles of x and the weight stays in L2. A split or
-    // norm cluster takes one tile (or one row tile's N). Otherwise the grid
-    // is at most the blocks the GPU holds at once, each taking the units
-    // tile, tile + step, ... (the host sizes it); a unit is MCAST row tiles
-    // of one column tile, block r of a multicast pair taking row tile r.
+    // shares a few row tiles of x and the weight stays in L2. A cluster
+    // takes one tile (or one row tile's N); otherwise the grid is at most
+    // the blocks the GPU holds at once and each takes tiles tile, tile +
+    // step, ... (the host sizes it).
     const int n_tiles = (a.n + BLOCK_N - 1) / BLOCK_N;
 #if SPLIT_K > 1 || NORM
     const int tile = blockIdx.x / SPLIT_K + blockIdx.y * (gridDim.x / SPLIT_K);
     const int tiles = tile + 1, step = 1;
 #else
-    const int tile = blockIdx.x / MCAST, step = gridDim.x / MCAST;
-    const int tiles = ((a.m + BLOCK_M - 1) / BLOCK_M + MCAST - 1) / MCAST * n_tiles;
+    const int tile = blockIdx.x, step = gridDim.x;
+    const int tiles = (a.m + BLOCK_M - 1) / BLOCK_M * n_tiles;
 #endif
-    const unsigned mrank = MCAST > 1 ? cluster_rank() : 0;  // the row tile in a unit
-    auto m0_of = [&](int t) { return ((t / n_tiles) * MCAST + (int)mrank) * BLOCK_M; };
-    const int m0 = m0_of(tile), n0 = (tile % n_tiles) * BLOCK_N;
+    const int m0 = (tile / n_tiles) * BLOCK_M, n0 = (tile % n_tiles) * BLOCK_N;
     // This block's slices [s0, s1) of K (all of them without a split).
     const int total = (a.k + BLOCK_K - 1) / BLOCK_K;
 #if SPLIT_K > 1
@@ -668,17 +633,13 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             stof::tma::barrier_init(full0 + 8 * s);
-            stof::tma::barrier_init(empty0 + 8 * s, WARPS * MCAST);
+            stof::tma::barrier_init(empty0 + 8 * s, WARPS);
         }
         stof::tma::fence_barrier_init();
-    }
-#if MCAST > 1
-    cluster_sync();  // both blocks' barriers are initialized before either copies into both
-#endif
-    if (threadIdx.x == kThreads)
         for (int s = 0; s < STAGES && s < slices && tile < tiles; ++s)
             tma_slice_w(a, sb0 + s * (kBTile * (unsigned)sizeof(elem_t)), full0 + 8 * s, n0,
-                        s0 + s, mrank);
+                        s0 + s);
+    }
     if (tile < tiles)
         prefetch_weight(a, m0, n0, (s0 + STAGES) * BLOCK_K, min(a.k, s1 * BLOCK_K));
     stof::grid_dependency_wait();  // before reading x (and the epilogue's inputs)
@@ -688,13 +649,15 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
         if (lane == 0) {
             int g = 0;
             for (int t = tile; t < tiles; t += step)
-                g = produce(a, sa0, sb0, full0, empty0, m0_of(t), (t % n_tiles) * BLOCK_N, s0,
-                            slices, g, t == tile, mrank);
+                g = produce(a, sa0, sb0, full0, empty0, (t / n_tiles) * BLOCK_M,
+                            (t % n_tiles) * BLOCK_N, s0, slices, g, t == tile);
         }
         __syncwarp();
+#if SPLIT_K > 1 || NORM
 #pragma unroll
         for (int i = 0; i < kClusterSyncs; ++i)
             cluster_sync();
+#endif
         return;
     }
     const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;
@@ -722,12 +685,9 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     int g = 0;
     for (int t = tile; t < tiles; t += step) {
         g = consume(d, sa, sb, full0, empty0, slices, g, wg_m, wg_n, lane);
-        epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d), m0_of(t) + r0,
-                 (t % n_tiles) * BLOCK_N + wg_n * kWgCols, lane);
+        epilogue(a, reinterpret_cast<const float(&)[1][kWgCols / 8][4]>(d),
+                 (t / n_tiles) * BLOCK_M + r0, (t % n_tiles) * BLOCK_N + wg_n * kWgCols, lane);
     }
-#if MCAST > 1
-    cluster_sync();  // the other block may still copy into this one or arrive on its barriers
-#endif
 #endif
 }
 #else

@@ -77,24 +77,5 @@ __device__ __forceinline__ void copy_2d(unsigned dst, const void *map, int c0, i
         : "memory");
 }
 
-// copy_2d's box written at the same shared-memory offset dst in every block
-// of the cluster whose bit is set in `mask` (ctarank), counted on each
-// one's barrier at offset bar.
-__device__ __forceinline__ void copy_2d_multicast(unsigned dst, const void *map, int c0, int c1,
-                                                  unsigned bar, unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-        : "memory");
-}
-
-// One plain arrival on the barrier at shared::cluster address `remote`
-// (another block's, from mapa), released to the cluster.
-__device__ __forceinline__ void arrive_cluster(unsigned remote) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
-                 : "memory");
-}
-
 }  // namespace tma
 }  // namespace stof

@@ -1,9 +1,8 @@
 /* gemm_epilogue, gemm_ln, gemm_chain, mi_chain and embedding on the GPU
  * against fp64 CPU references written here, independent of the kernels.
  *
- * gemm_epilogue: every M in {1, 7, 64, 1000, 2900, 4096} (none a multiple of
- * every tile; on sm_90 1000 and 4096 pair their row tiles for the
- * multicast build, 2900's 23 of 128 rows do not), N in {768, 2304, 3072}, K in {768, 1024, 3072, 4096}, both
+ * gemm_epilogue: every M in {1, 7, 64, 1000, 4096} (none a multiple of
+ * every tile), N in {768, 2304, 3072}, K in {768, 1024, 3072, 4096}, both
  * weight layouts, fp16 and bf16, with the plain and one rotating epilogue
  * on five tile settings rotating (on sm_90 the four of whole warpgroups run
  * as the wgmma build with [N, K] weights); then every epilogue the template declares (bias x
@@ -175,7 +174,7 @@ static fusion_epilogue epilogue_of(int i) {
 }
 
 static void test_gemm_shapes(gpu *g, util_rng *rng) {
-    static const int Ms[] = {1, 7, 64, 1000, 2900, 4096};
+    static const int Ms[] = {1, 7, 64, 1000, 4096};
     static const int Ns[] = {768, 2304, 3072};
     static const int Ks[] = {768, 1024, 3072, 4096};
     static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
@@ -188,7 +187,7 @@ static void test_gemm_shapes(gpu *g, util_rng *rng) {
                     free_weights(g, &wt);
                     return;
                 }
-                for (int mi = 0; mi < 6 && !g->dead; mi++) {
+                for (int mi = 0; mi < 5 && !g->dead; mi++) {
                     gset s;
                     if (!make_set(g, &s, &wt, Ms[mi], rng))
                         for (int kn = 0; kn < 2 && !g->dead; kn++) {

@@ -426,9 +426,9 @@ static void test_validate(void) {
            "a norm runs on the wgmma build");
     expect(gemm_exec_check(&p, mma_vals, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
            "cluster holding whole rows");
-    CHECK_EQ_INT(gemm_exec_cluster(&p, norm_vals, "sm_90"), 12); /* 768 / 128 column tiles x 2 */
+    CHECK_EQ_INT(gemm_exec_cluster(&p, norm_vals), 12); /* 768 / 128 column tiles x 2 */
     p.epi.norm = FUSION_NORM_NONE;
-    CHECK_EQ_INT(gemm_exec_cluster(&p, norm_vals, "sm_90"), 2);
+    CHECK_EQ_INT(gemm_exec_cluster(&p, norm_vals), 2);
     p.store_pre_norm = 1;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "store_pre_norm without");
     p.store_pre_norm = 0;

@@ -318,8 +318,16 @@ void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int 
     case FUSION_T_GEMM_EPILOGUE:
         if (p->epi.norm != FUSION_NORM_NONE ? norm_values(p, v) : small_m_values(p, arch, v))
             break;
-        /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: 128 x 128 tiles, 8 warps of
-         * 64 x 32, 3 stages (48 KiB); small M wastes less with 64-row tiles */
+        /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES: 128 x 128 tiles of 8 warps.
+         * On sm_90 the persistent wgmma build with 64-wide slices in 3 stages
+         * (97 KiB: two blocks an SM); elsewhere 64 x 32 warp tiles, 32-wide
+         * slices in 3 stages (48 KiB), and small M wastes less with 64-row
+         * tiles. */
+        static const int hopper[6] = {128, 128, 64, 8, 3, 1};
+        if (arch && gemm_exec_wgmma(p, hopper, arch)) {
+            memcpy(v, hopper, sizeof hopper);
+            break;
+        }
         v[0] = p->m <= 64 ? 64 : 128;
         v[1] = 128;
         v[2] = 32;

@@ -692,7 +692,8 @@ static void test_defaults_fused(void) {
 
 /* At a few hundred rows on sm_90, gemm_epilogue's default is the wgmma
  * build's 64 x 32 tile with K split until about 192 blocks run (bert-base's
- * four GEMMs at M = 128); elsewhere the 128 x 128 tile. */
+ * four GEMMs at M = 128), above them its persistent 128 x 128 x 64 tile;
+ * elsewhere (sm_80, [K, N] weights) mma.sync's 128 x 128 x 32 tile. */
 static void test_defaults_small_m(void) {
     static const struct {
         int64_t m, n, k;
@@ -707,7 +708,9 @@ static void test_defaults_small_m(void) {
         {1, 768, 128, "sm_90", 0, {64, 32, 64, 4, 6, 1}},
         {128, 768, 768, "sm_80", 0, {128, 128, 32, 8, 3, 1}},
         {128, 768, 768, "sm_90", 1, {128, 128, 32, 8, 3, 1}}, /* [K, N]: no wgmma */
-        {4096, 768, 768, "sm_90", 0, {128, 128, 32, 8, 3, 1}},
+        {4096, 768, 768, "sm_90", 0, {128, 128, 64, 8, 3, 1}}, /* persistent wgmma */
+        {4096, 768, 768, "sm_80", 0, {128, 128, 32, 8, 3, 1}},
+        {4096, 768, 768, "sm_90", 1, {128, 128, 32, 8, 3, 1}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         gemm_exec_problem p = {.tmpl = FUSION_T_GEMM_EPILOGUE, .dtype = STOF_F16,

@@ -587,10 +587,12 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
 }
 #endif
 
+#if SPLIT_K > 1 || NORM
 // Cluster barriers the compute warps take after the mainloop (the split's
 // reduction, the norm's statistics, the last one keeping the shared memory
 // alive), which the producer warp takes too.
 constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0) + 1;
+#endif
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     stof_gemm_epilogue(const __grid_constant__ stof_gemm_args a) {

@@ -172,50 +172,57 @@ __device__ __forceinline__ float2 bias_pair(const stof_gemm_args &a, int col) {
 #endif
 }
 
-// The epilogue's value of the pair (c0, c1) at row, columns col and col + 1:
-// act(c + bias) + residual (b: the pair's bias, 0 without one; the residual
-// only for rows < M).
-__device__ __forceinline__ float2 epilogue_pair(const stof_gemm_args &a, float c0, float c1,
-                                                float2 b, int row, int col) {
+// The epilogue's value of the pair (c0, c1): act(c + bias) + residual (b:
+// the pair's bias, 0 without one; r: the residual's pair, NULL for a row
+// past M, ignored without a residual).
+__device__ __forceinline__ float2 epilogue_pair(float c0, float c1, float2 b, const elem_t *r) {
     float2 v = make_float2(stof_activate<ACT>(c0 + b.x), stof_activate<ACT>(c1 + b.y));
 #if HAS_RESIDUAL
-    if (row < a.m) {
-        const float2 r = load_pair(a.residual, (long long)row * a.r_row_stride + col);
-        v.x += r.x;
-        v.y += r.y;
+    if (r) {
+        const float2 rv = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(r));
+        v.x += rv.x;
+        v.y += rv.y;
     }
 #endif
     return v;
 }
 
+// Row `row`'s element at column col of a tensor with that row stride.
+__device__ __forceinline__ const elem_t *row_at(const void *base, long long stride, int row,
+                                                int col) {
+    return static_cast<const elem_t *>(base) + (long long)row * stride + col;
+}
+
 // + bias, activation, + residual on the fragments, rounded and stored as
 // pairs (c0 c1 at row g, c2 c3 at row g + 8; columns 2t, 2t + 1).
-// Only the column tiles nt_begin <= nt < nt_end (all by default).
+// Only the column tiles nt_begin <= nt < nt_end (all by default). A thread
+// touches 2 MT rows: their addresses are computed once, the column tiles
+// are offsets from them (the per-pair 64-bit arithmetic was most of the
+// epilogue's instructions).
 template <int MT, int NT>
 __device__ __forceinline__ void epilogue(const stof_gemm_args &a, const float (&acc)[MT][NT][4],
                                          int row0, int col0, int lane, int nt_begin = 0,
                                          int nt_end = NT) {
-    elem_t *y = static_cast<elem_t *>(a.y);
     const int g = lane >> 2, t = lane & 3;
+    const int c0 = col0 + 2 * t;  // the thread's first column
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int col = col0 + nt * 8 + 2 * t;
-        if (col >= a.n || nt < nt_begin || nt >= nt_end)
-            continue;
-        const float2 b = bias_pair(a, col);
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mt * 16 + g + 8 * h;
+            if (row >= a.m)
+                continue;
+            elem_t *y = static_cast<elem_t *>(a.y) + (long long)row * a.y_row_stride + c0;
+            const elem_t *r = row_at(a.residual, a.r_row_stride, row, c0);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + mt * 16 + g + 8 * h;
-                if (row >= a.m)
+            for (int nt = 0; nt < NT; ++nt) {
+                if (c0 + nt * 8 >= a.n || nt < nt_begin || nt >= nt_end)
                     continue;
-                const float2 v =
-                    epilogue_pair(a, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1], b, row, col);
-                *reinterpret_cast<unsigned *>(y + (long long)row * a.y_row_stride + col) =
-                    pack2<elem_t>(v.x, v.y);
+                const float2 v = epilogue_pair(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1],
+                                               bias_pair(a, c0 + nt * 8), r + nt * 8);
+                *reinterpret_cast<unsigned *>(y + nt * 8) = pack2<elem_t>(v.x, v.y);
             }
-    }
+        }
 }
 
 #if WGMMA
@@ -504,7 +511,9 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + g + 8 * h;
-            const float2 v = epilogue_pair(a, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], b, row, col);
+            const float2 v =
+                epilogue_pair(d[4 * j + 2 * h], d[4 * j + 2 * h + 1], b,
+                              row < a.m ? row_at(a.residual, a.r_row_stride, row, col) : nullptr);
             d[4 * j + 2 * h] = v.x;
             d[4 * j + 2 * h + 1] = v.y;
 #if STORE_PRE_NORM
@@ -695,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 #else
 static_assert(SPLIT_K == 1 && !NORM, "a split of K and a norm over a cluster are the wgmma "
                                      "build's");
-extern "C" __global__ void __launch_bounds__(kThreads)
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
     stof_gemm_epilogue(const stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh
     static_assert(sizeof(stof_gemm_args) == STOF_GEMM_ARGS_BYTES, "ABI mismatch");

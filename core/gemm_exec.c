@@ -531,6 +531,18 @@ int gemm_exec_persistent(const gemm_exec_problem *p, const int *v, const char *a
     return gemm_exec_wgmma(p, v, arch) && v[5] <= 1 && p->epi.norm == FUSION_NORM_NONE;
 }
 
+/* A block (cluster 1) or a cluster of the plan's blocks that the GPU cannot
+ * hold: the error saying so. */
+static int does_not_fit(const gemm_exec_plan *plan, int cluster, stof_error *err) {
+    char what[48] = "a block";
+    if (cluster > 1)
+        snprintf(what, sizeof what, "a cluster of %d blocks", cluster);
+    return err_set(err, STOF_ERR_UNSUPPORTED,
+                   "%s: %s of %u threads with %zu bytes of shared memory each does not fit on "
+                   "this GPU",
+                   tmpl_name(plan->problem.tmpl), what, plan->block[0], plan->smem);
+}
+
 /* The persistent build's grid: as many blocks as the GPU holds at once (the
  * driver's occupancy for this kernel, block size and shared memory), at
  * most one a tile; each block loops over its tiles. */
@@ -542,10 +554,7 @@ static int persistent_grid(gemm_exec_ctx *c, gemm_exec_plan *plan, stof_error *e
                          "cuOccupancyMaxActiveBlocksPerMultiprocessor", err)))
         return rc;
     if (per_sm < 1)
-        return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "gemm_epilogue: a block of %u threads with %zu bytes of shared memory "
-                       "does not fit on this GPU",
-                       plan->block[0], plan->smem);
+        return does_not_fit(plan, 1, err);
     const int64_t tiles = (int64_t)plan->grid[0] * plan->grid[1];
     const int64_t resident = (int64_t)per_sm * (c->info.sm_count > 0 ? c->info.sm_count : 1);
     plan->grid[0] = (unsigned)(tiles < resident ? tiles : resident);
@@ -585,12 +594,7 @@ static int cluster_fits(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluste
     if ((rc = cuda_check(c->drv, c->drv->OccupancyMaxActiveClusters(&clusters, plan->func, &cfg),
                          "cuOccupancyMaxActiveClusters", err)))
         return rc;
-    if (clusters < 1)
-        return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "%s: a cluster of %d blocks of %u threads with %zu bytes of shared "
-                       "memory each does not fit on this GPU",
-                       tmpl_name(plan->problem.tmpl), cluster, plan->block[0], plan->smem);
-    return STOF_OK;
+    return clusters < 1 ? does_not_fit(plan, cluster, err) : STOF_OK;
 }
 
 int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const int *values,

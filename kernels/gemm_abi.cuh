@@ -143,8 +143,10 @@ STOF_GEMM_ABI_FN int stof_gemm_warps_m(int bm, int bn, int warps) {
  * can build with Hopper's wgmma (-DWGMMA=1, sm_90a): whole warpgroups of 4
  * warps tiling the block in pieces of 64 rows, each piece's columns one
  * wgmma N (32, 64, 128 or 256), BLOCK_K 64 (rows of 128 bytes in the
- * 128-byte swizzle) and at least 3 stages (the ring prefetches STAGES - 2
- * slices). The tiles start on a 1024-byte boundary, so such a setting needs
+ * 128-byte swizzle) and at least 3 stages (the ring holds STAGES - 1
+ * slices ahead of the products). Its blocks have one warp more than
+ * WARPS, which issues the copies (gemm_exec adds it to the launch). The
+ * tiles start on a 1024-byte boundary, so such a setting needs
  * STOF_GEMM_WGMMA_SLACK bytes of shared memory beyond its ring, whichever
  * build runs. */
 #define STOF_GEMM_WGMMA_SLACK 1024

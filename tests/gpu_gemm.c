@@ -412,6 +412,17 @@ static void run_ln(gpu *g, gset *s, const lnparams *lp, CUdeviceptr dpre,
     gemm_exec_plan_free(g->ctx, plan);
 }
 
+/* run_ln's case, then (with_in_place, unless the GPU died) the same case
+ * with a residual, written in place. */
+static void run_ln_and_in_place(gpu *g, gset *s, const lnparams *lp, CUdeviceptr dpre,
+                                gemm_exec_problem *p, const int *values, int with_in_place) {
+    run_ln(g, s, lp, dpre, p, values, 0);
+    if (with_in_place && !g->dead) {
+        p->epi.has_residual = 1;
+        run_ln(g, s, lp, dpre, p, values, 1);
+    }
+}
+
 /* Every M x N x K of the lists, both dtypes, LN_VARIANTS cases each (the
  * norms with and without bias); weights scaled by sqrt(3 / K) so that x w^T,
  * the bias and the residual are of one size (a lost term shows). Then the
@@ -441,11 +452,8 @@ static void test_gemm_ln(gpu *g, util_rng *rng) {
                             gemm_exec_problem p;
                             int values[FUSION_MAX_PARAMS];
                             ln_case(d, ni, ki, mi, v, &p, values);
-                            run_ln(g, &s, &lp, dpre, &p, values, 0);
-                            if (ki == 1 && mi == 2 && v == 0 && !g->dead) {
-                                p.epi.has_residual = 1;
-                                run_ln(g, &s, &lp, dpre, &p, values, 1);
-                            }
+                            run_ln_and_in_place(g, &s, &lp, dpre, &p, values,
+                                                ki == 1 && mi == 2 && v == 0);
                         }
                     dfree(g, &dpre);
                     free_set(g, &s);
@@ -518,11 +526,7 @@ static void test_gemm_norm(gpu *g, util_rng *rng) {
                         gemm_exec_problem p;
                         int values[FUSION_MAX_PARAMS];
                         norm_case(ni, ki, mi, v, &p, values);
-                        run_ln(g, &s, &lp, dpre, &p, values, 0);
-                        if (mi == 2 && v == 0 && !g->dead) {
-                            p.epi.has_residual = 1;
-                            run_ln(g, &s, &lp, dpre, &p, values, 1);
-                        }
+                        run_ln_and_in_place(g, &s, &lp, dpre, &p, values, mi == 2 && v == 0);
                     }
                 dfree(g, &dpre);
                 free_set(g, &s);

@@ -211,10 +211,12 @@ size_t gemm_exec_smem(const gemm_exec_problem *p, const int *v) {
     /* the ring of STAGES x (rows + columns) x BLOCK_K operand tiles */
     const size_t ring = (size_t)v[4] * (size_t)(v[0] + v[1]) * (size_t)v[2] * e;
     switch (p->tmpl) {
-    case FUSION_T_GEMM_EPILOGUE: /* + the wgmma build's alignment (gemm_abi.cuh) */
-        return ring + (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4])
-                           ? STOF_GEMM_WGMMA_SLACK
-                           : 0);
+    case FUSION_T_GEMM_EPILOGUE: /* + the wgmma build's alignment and staging (gemm_abi.cuh) */
+        return ring +
+               (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
+                                                                    : 0) +
+               (size_t)stof_gemm_store_smem(v[0], v[1], v[2], v[3], v[4], v[5],
+                                            p->epi.norm != FUSION_NORM_NONE);
     case FUSION_T_GEMM_LN: /* + the fp32 rows */
         return ring + (size_t)v[0] * (size_t)p->n * sizeof(float);
     case FUSION_T_GEMM_CHAIN: /* + the activated chunk, + two slabs of w2 */
@@ -926,40 +928,53 @@ static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUst
                                err);
 }
 
-/* The tensor map of x or w for the wgmma build (gemm_abi.cuh): rows of k
- * 16-bit elements row_stride apart, boxes of 64 x box_rows in the 128-byte
- * swizzle, rows and k past the tensor read as zeros. */
+/* A tensor map of the wgmma build (gemm_abi.cuh): rows of `cols` 16-bit
+ * elements row_stride apart, boxes of box_cols x box_rows in the swizzle of
+ * box_cols' 128 or 64 bytes; loads past the tensor read zeros, stores past
+ * it are dropped. */
 static int encode_map(const cuda_driver *drv, const char *name, const void *ptr, int64_t rows,
-                      int64_t k, int64_t row_stride, int box_rows, stof_attn_tmap *map,
-                      stof_error *err) {
-    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+                      int64_t cols, int64_t row_stride, int box_cols, int box_rows,
+                      stof_attn_tmap *map, stof_error *err) {
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)row_stride * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, unit[2] = {1, 1};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, unit[2] = {1, 1};
     _Static_assert(sizeof(CUtensorMap) == sizeof(stof_attn_tmap), "tensor map size");
     CUresult r = drv->TensorMapEncodeTiled(
         (CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)ptr, dims, strides, box,
-        unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        box_cols * 2 == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS)
         return STOF_OK;
     char what[128];
     snprintf(what, sizeof what,
              "cuTensorMapEncodeTiled(gemm_epilogue %s, %lld x %lld, stride %lld)", name,
-             (long long)rows, (long long)k, (long long)row_stride);
+             (long long)rows, (long long)cols, (long long)row_stride);
     return cuda_check(drv, r, what, err);
+}
+
+/* The wgmma build's tensor maps: x and w, and y for the persistent build. */
+static int encode_maps(const gemm_exec_ctx *c, const gemm_exec_plan *plan, stof_gemm_args *a,
+                       stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const int *v = plan->values;
+    int rc = encode_map(c->drv, "x", a->x, p->m, p->k, a->x_row_stride, 64, v[0], &a->tmap_x,
+                        err);
+    if (!rc)
+        rc = encode_map(c->drv, "w", a->w, p->n, p->k, a->w_row_stride, 64, v[1], &a->tmap_w,
+                        err);
+    if (!rc && gemm_exec_persistent(p, v, plan->arch))
+        rc = encode_map(c->drv, "y", a->y, p->m, p->n, a->y_row_stride,
+                        stof_gemm_store_cols(v[0], v[1], v[3]), 64, &a->tmap_y, err);
+    return rc;
 }
 
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
                    CUstream s, stof_error *err) {
     stof_gemm_args a;
-    const gemm_exec_problem *p = &plan->problem;
     int rc = gemm_exec_gemm_args(plan, t, &a, err);
-    if (!rc && gemm_exec_wgmma(p, plan->values, plan->arch) &&
-        ((rc = encode_map(c->drv, "x", a.x, p->m, p->k, a.x_row_stride, plan->values[0],
-                          &a.tmap_x, err)) ||
-         (rc = encode_map(c->drv, "w", a.w, p->n, p->k, a.w_row_stride, plan->values[1],
-                          &a.tmap_w, err))))
-        return rc;
+    if (!rc && gemm_exec_wgmma(&plan->problem, plan->values, plan->arch))
+        rc = encode_maps(c, plan, &a, err);
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 

@@ -82,11 +82,13 @@ static int gemm_norm_check(const fusion_dims *d, const int *v, stof_error *err) 
 /* BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K. A setting of whole
  * warpgroups may run as the wgmma build, whose tiles start on a 1024-byte
  * boundary (gemm_abi.cuh): it counts the slack for that on every
- * architecture, and with a norm the statistics' static arrays. */
+ * architecture, the persistent build's staging buffers, and with a norm
+ * the statistics' static arrays. */
 static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes +
                    (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
                                                                         : 0) +
+                   stof_gemm_store_smem(v[0], v[1], v[2], v[3], v[4], v[5], d->row_reduce) +
                    (d->row_reduce ? STOF_GEMM_NORM_SMEM : 0);
     char what[96];
     snprintf(what, sizeof what, "%dx%dx%d tiles in %d stages", v[0], v[1], v[2], v[4]);

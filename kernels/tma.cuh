@@ -77,5 +77,32 @@ __device__ __forceinline__ void copy_2d(unsigned dst, const void *map, int c0, i
         : "memory");
 }
 
+// The box of a 2-D tensor map at (c0, c1) from shared memory at src, a
+// bulk group of its own once committed. Parts of the box past the
+// tensor's dims are not written. The writing threads must have made src
+// visible to the async proxy (fence.proxy.async) first.
+__device__ __forceinline__ void store_2d(const void *map, unsigned src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+                 ::"l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+
+// Closes the bulk group of the stores issued since the last commit.
+__device__ __forceinline__ void store_commit() {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed store groups are still
+// reading their shared memory (the source may be overwritten then).
+template <int N> __device__ __forceinline__ void store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Waits until all of this thread's committed store groups are complete
+// (written to global memory).
+__device__ __forceinline__ void store_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 }  // namespace tma
 }  // namespace stof

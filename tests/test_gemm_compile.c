@@ -581,12 +581,22 @@ static void test_check(void) {
     stof_error err = {0};
     gemm_exec_problem g = gemm_problem(STOF_F16, 0, 1, FUSION_ACT_NONE, 0);
     int big[FUSION_MAX_PARAMS] = {128, 256, 64, 8, 4, 1};
-    /* 4 x (128 + 256) x 64 x 2 = 196608 bytes and the 1024 of the wgmma
-     * build's alignment: an H100 but not an A100 */
-    CHECK_EQ_INT(gemm_exec_smem(&g, big), 196608 + 1024);
+    /* 4 x (128 + 256) x 64 x 2 = 196608 bytes, the 1024 of the wgmma
+     * build's alignment and the persistent build's staging, 64 x 32
+     * elements for each of 2 warpgroups: an H100 but not an A100 */
+    CHECK_EQ_INT(gemm_exec_smem(&g, big), 196608 + 1024 + 2 * 64 * 32 * 2);
     expect(gemm_exec_check(&g, big, SMEM_H100, &err), STOF_OK, &err, NULL);
     expect(gemm_exec_check(&g, big, SMEM_A100, &err), STOF_ERR_UNSUPPORTED, &err,
-           "197632 bytes of shared memory");
+           "205824 bytes of shared memory");
+    /* a split of K, or a norm, stores from the fragments: no staging */
+    int big_split[FUSION_MAX_PARAMS] = {128, 256, 64, 8, 4, 2};
+    CHECK_EQ_INT(gemm_exec_smem(&g, big_split), 196608 + 1024);
+    gemm_exec_problem normed = g;
+    normed.epi.norm = FUSION_NORM_LAYERNORM;
+    CHECK_EQ_INT(gemm_exec_smem(&normed, big), 196608 + 1024);
+    /* two blocks of the large-M default still fit an SM (2 x 105 KiB) */
+    int dflt[FUSION_MAX_PARAMS] = {128, 128, 64, 8, 3, 1};
+    CHECK_EQ_INT(gemm_exec_smem(&g, dflt), 3 * 256 * 64 * 2 + 1024 + 2 * 64 * 32 * 2);
     /* BLOCK_K 32: mma.sync only, no slack */
     int narrow_k[FUSION_MAX_PARAMS] = {128, 256, 32, 8, 4, 1};
     CHECK_EQ_INT(gemm_exec_smem(&g, narrow_k), 4 * 384 * 32 * 2);

@@ -965,7 +965,7 @@ static int encode_maps(const gemm_exec_ctx *c, const gemm_exec_plan *plan, stof_
                         err);
     if (!rc && gemm_exec_persistent(p, v, plan->arch))
         rc = encode_map(c->drv, "y", a->y, p->m, p->n, a->y_row_stride,
-                        stof_gemm_store_cols(v[0], v[1], v[3]), 64, &a->tmap_y, err);
+                        stof_gemm_store_cols(v[0], v[1], v[3]), 16, &a->tmap_y, err);
     return rc;
 }
 

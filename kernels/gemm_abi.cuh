@@ -41,7 +41,7 @@ typedef int64_t stof_i64;
  * dims (K, M) and (K, N), boxes 64 x BLOCK_M and 64 x BLOCK_N in the
  * 128-byte swizzle; gemm_exec encodes them at launch). Without a split of
  * K or a norm it also stores y by tmap_y (dims (N, M), boxes
- * stof_gemm_store_cols x 64, see stof_gemm_store_smem). Other builds ignore
+ * stof_gemm_store_cols x 16, see stof_gemm_store_smem). Other builds ignore
  * them.
  * The wgmma build may close the epilogue with a row norm (NORM as in
  * gemm_ln: y = norm(s), s = residual + act(x w^T + bias), pre_norm = s with
@@ -169,20 +169,19 @@ STOF_GEMM_ABI_FN int stof_gemm_wgmma_shape(int bm, int bn, int bk, int warps, in
 
 /* The wgmma build without a split of K or a norm (the persistent one)
  * stores its output through shared memory by the tensor memory
- * accelerator: each warpgroup stages 64 rows x stof_gemm_store_cols
- * columns at a time (16-bit elements, in the 64-byte swizzle of tmap_y's
- * box) and one thread copies them out, so a tile's stores are whole
- * sectors written while the warpgroup goes on to its next tile. Its shared
- * memory beyond the ring and the slack: stof_gemm_store_smem. 32 columns
- * (4 KiB a warpgroup) rather than 64 keep two blocks of 128 x 128 x 64 in
- * 3 stages on an SM. */
+ * accelerator: each warp stages 16 rows x stof_gemm_store_cols columns at
+ * a time (16-bit elements, in the 64-byte swizzle of tmap_y's box) and one
+ * lane copies them out, so a tile's stores are whole sectors written while
+ * the warp goes on to its next tile. Its shared memory beyond the ring and
+ * the slack: stof_gemm_store_smem (1 KiB a warp, which keeps two blocks of
+ * 128 x 128 x 64 in 3 stages on an SM). */
 STOF_GEMM_ABI_FN int stof_gemm_store_cols(int bm, int bn, int warps) {
     return stof_gemm_wgmma_cols(bm, bn, warps) ? 32 : 0;
 }
 STOF_GEMM_ABI_FN int stof_gemm_store_smem(int bm, int bn, int bk, int warps, int stages,
                                           int split_k, int norm) {
     return stof_gemm_wgmma_shape(bm, bn, bk, warps, stages) && split_k <= 1 && !norm
-               ? warps / 4 * 64 * stof_gemm_store_cols(bm, bn, warps) * 2
+               ? warps * 16 * stof_gemm_store_cols(bm, bn, warps) * 2
                : 0;
 }
 

@@ -350,56 +350,50 @@ __device__ __forceinline__ int consume(float (&d)[kWgCols / 2], const elem_t *sa
 #if SPLIT_K == 1 && !NORM
 // ---- the persistent build's stores ---------------------------------------------------
 //
-// (gemm_abi.cuh: stof_gemm_store_cols, stof_gemm_store_smem.) A warpgroup's
-// 64 x kWgCols tile leaves in chunks of 64 x kStoreCols. Its threads write
-// their epilogue values into the warpgroup's staging buffer in the swizzle
-// of tmap_y's box, and its first thread copies the chunk out as one bulk
-// group. Stored straight from the fragments, each warp store wrote 16
-// bytes to each of 8 rows, and the stores took a third of the kernel's
-// time at K = 768. The buffer is reused once its copy has read it (the
-// next chunk, or the next tile's first, waits for that), so a tile's
-// copies run while the warpgroup goes on to its next products.
+// (gemm_abi.cuh: stof_gemm_store_cols, stof_gemm_store_smem.) A warp's 16
+// x kWgCols share of its warpgroup's tile leaves in chunks of 16 x 32: its
+// threads write their epilogue values into the warp's staging buffer in
+// the 64-byte swizzle of tmap_y's box, and lane 0 copies the chunk out as
+// one bulk group. Stored straight from the fragments, each warp store
+// wrote 16 bytes to each of 8 rows, and the stores took a third of the
+// kernel's time at K = 768. The buffer is reused once its copy has read it
+// (the warp's next chunk, or its next tile's first, waits for that), so a
+// tile's copies run while the warp goes on to its next products, and no
+// warp waits for another.
 constexpr int kStoreCols = stof_gemm_store_cols(BLOCK_M, BLOCK_N, WARPS);
-constexpr int kStoreTile = 64 * kStoreCols;  // elements a warpgroup stages
-static_assert(kStoreCols == 32 || kStoreCols == 64, "rows of 64 or 128 bytes");
+constexpr int kStoreTile = 16 * kStoreCols;  // elements a warp stages
+static_assert(kStoreCols == 32, "rows of 64 bytes");
 static_assert(stof_gemm_store_smem(BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K, NORM) ==
-                  WARPS / 4 * kStoreTile * (int)sizeof(elem_t),
+                  WARPS * kStoreTile * (int)sizeof(elem_t),
               "the host's staging model");
 
-// Byte offset o of the buffer in the 64- or 128-byte swizzle: the 16-byte
-// chunk index XOR the 128-byte span's index within the pattern (4 or 8
-// spans). A warp store of the fragment layout then hits 32 distinct banks.
+// Byte offset o of a buffer in the 64-byte swizzle (the 16-byte chunk index
+// XOR bits 7-8 of the offset; buffers start on 512-byte boundaries). A warp
+// store of the fragment layout then hits 32 distinct banks.
 __device__ __forceinline__ unsigned store_swizzle(unsigned o) {
-    constexpr unsigned kMask = kStoreCols * sizeof(elem_t) / 16 - 1;
-    return o ^ (((o >> 7) & kMask) << 4);
+    return o ^ (((o >> 7) & 3u) << 4);
 }
 
-// The warpgroup's 128 threads only (named barrier 2 + wg).
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
-}
-
-// The epilogue of a warpgroup's tile at (row0, col0) through its staging
-// buffer (stage, at shared address stage0); wq: the warp within the group.
-// Rows past M and columns past N are computed from whatever the fragments
-// hold and clipped by the copy; their residual is not read.
+// The epilogue of a warp's 16 rows at (row0, col0) of the output through
+// its staging buffer (stage, at shared address stage0). Rows past M and
+// columns past N are computed from whatever the fragments hold and clipped
+// by the copy; their residual is not read.
 __device__ __forceinline__ void epilogue_store(const stof_gemm_args &a,
                                                const float (&d)[kWgCols / 2],
                                                unsigned char *stage, unsigned stage0, int row0,
-                                               int col0, int wg, int wq, int lane) {
+                                               int col0, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    const bool leader = wq == 0 && lane == 0;
     const elem_t *r[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int row = row0 + wq * 16 + g + 8 * h;
+        const int row = row0 + g + 8 * h;
         r[h] = row < a.m ? row_at(a.residual, a.r_row_stride, row, col0 + 2 * t) : nullptr;
     }
 #pragma unroll
     for (int ch = 0; ch < kWgCols / kStoreCols; ++ch) {
-        if (leader)
+        if (lane == 0)
             stof::tma::store_wait_read<0>();
-        warpgroup_sync(wg);  // the buffer's last copy has read it
+        __syncwarp();  // the buffer's last copy has read it
 #pragma unroll
         for (int nt = 0; nt < kStoreCols / 8; ++nt) {
             const int j = ch * (kStoreCols / 8) + nt;  // the fragment's column tile
@@ -410,15 +404,15 @@ __device__ __forceinline__ void epilogue_store(const stof_gemm_args &a,
             for (int h = 0; h < 2; ++h) {
                 const float2 v = epilogue_pair(d[4 * j + 2 * h], d[4 * j + 2 * h + 1], b,
                                                r[h] ? r[h] + j * 8 : nullptr);
-                const unsigned o = ((wq * 16 + g + 8 * h) * kStoreCols + nt * 8 + 2 * t) *
-                                   (unsigned)sizeof(elem_t);
+                const unsigned o =
+                    ((g + 8 * h) * kStoreCols + nt * 8 + 2 * t) * (unsigned)sizeof(elem_t);
                 *reinterpret_cast<unsigned *>(stage + store_swizzle(o)) =
                     pack2<elem_t>(v.x, v.y);
             }
         }
         stof::wg::fence_proxy_async();  // the writes, visible to the copy
-        warpgroup_sync(wg);
-        if (leader) {
+        __syncwarp();
+        if (lane == 0) {
             stof::tma::store_2d(&a.tmap_y, stage0, col0 + ch * kStoreCols, row0);
             stof::tma::store_commit();
         }
@@ -773,16 +767,17 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     // Persistent: the block's tiles one after another; the producer fills
     // the ring with the next tile's slices while this one's epilogue runs.
     unsigned char *stage =
-        reinterpret_cast<unsigned char *>(sb + STAGES * kBTile + wg * kStoreTile);
+        reinterpret_cast<unsigned char *>(sb + STAGES * kBTile + warp * kStoreTile);
     const unsigned stage0 = smem_addr(stage);
+    const int r0 = wg_m * 64 + (warp & 3) * 16;  // the warp's first row in the tile
     int g = 0;
     for (int t = tile; t < tiles; t += step) {
         g = consume(d, sa, sb, full0, empty0, slices, g, wg_m, wg_n, lane);
-        epilogue_store(a, d, stage, stage0, (t / n_tiles) * BLOCK_M + wg_m * 64,
-                       (t % n_tiles) * BLOCK_N + wg_n * kWgCols, wg, warp & 3, lane);
+        epilogue_store(a, d, stage, stage0, (t / n_tiles) * BLOCK_M + r0,
+                       (t % n_tiles) * BLOCK_N + wg_n * kWgCols, lane);
     }
-    if ((warp & 3) == 0 && lane == 0)
-        stof::tma::store_wait_all();  // the buffers live as long as the block
+    if (lane == 0)
+        stof::tma::store_wait_all();  // the buffer lives as long as the block
 #endif
 }
 #else

@@ -170,18 +170,26 @@ STOF_GEMM_ABI_FN int stof_gemm_wgmma_shape(int bm, int bn, int bk, int warps, in
 /* The wgmma build without a split of K or a norm (the persistent one)
  * stores its output through shared memory by the tensor memory
  * accelerator: each warp stages 16 rows x stof_gemm_store_cols columns at
- * a time (16-bit elements, in the 64-byte swizzle of tmap_y's box) and one
- * lane copies them out, so a tile's stores are whole sectors written while
- * the warp goes on to its next tile. Its shared memory beyond the ring and
- * the slack: stof_gemm_store_smem (1 KiB a warp, which keeps two blocks of
- * 128 x 128 x 64 in 3 stages on an SM). */
+ * a time (16-bit elements, in the 64-byte swizzle of tmap_y's box) in one
+ * of its stof_gemm_store_bufs buffers, and one lane copies them out, so a
+ * tile's stores are whole sectors written while the warp goes on. A buffer
+ * is reused once its copy has read it. Its shared memory beyond the ring
+ * and the slack: stof_gemm_store_smem. A block whose ring leaves room for
+ * only one on an SM gets STOF_GEMM_STORE_BUFS buffers a warp; a smaller one
+ * gets one, so that two such blocks (128 x 128 x 64 in 3 stages) still fit
+ * an SM and cover each other's stores. */
+#define STOF_GEMM_STORE_BUFS 2
 STOF_GEMM_ABI_FN int stof_gemm_store_cols(int bm, int bn, int warps) {
     return stof_gemm_wgmma_cols(bm, bn, warps) ? 32 : 0;
+}
+STOF_GEMM_ABI_FN int stof_gemm_store_bufs(int bm, int bn, int bk, int stages) {
+    return stages * (bm + bn) * bk * 2 > 112 * 1024 ? STOF_GEMM_STORE_BUFS : 1;
 }
 STOF_GEMM_ABI_FN int stof_gemm_store_smem(int bm, int bn, int bk, int warps, int stages,
                                           int split_k, int norm) {
     return stof_gemm_wgmma_shape(bm, bn, bk, warps, stages) && split_k <= 1 && !norm
-               ? warps * 16 * stof_gemm_store_cols(bm, bn, warps) * 2
+               ? warps * stof_gemm_store_bufs(bm, bn, bk, stages) * 16 *
+                     stof_gemm_store_cols(bm, bn, warps) * 2
                : 0;
 }
 

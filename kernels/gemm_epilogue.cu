@@ -350,21 +350,21 @@ __device__ __forceinline__ int consume(float (&d)[kWgCols / 2], const elem_t *sa
 #if SPLIT_K == 1 && !NORM
 // ---- the persistent build's stores ---------------------------------------------------
 //
-// (gemm_abi.cuh: stof_gemm_store_cols, stof_gemm_store_smem.) A warp's 16
-// x kWgCols share of its warpgroup's tile leaves in chunks of 16 x 32: its
-// threads write their epilogue values into the warp's staging buffer in
-// the 64-byte swizzle of tmap_y's box, and lane 0 copies the chunk out as
-// one bulk group. Stored straight from the fragments, each warp store
-// wrote 16 bytes to each of 8 rows, and the stores took a third of the
-// kernel's time at K = 768. The buffer is reused once its copy has read it
-// (the warp's next chunk, or its next tile's first, waits for that), so a
-// tile's copies run while the warp goes on to its next products, and no
-// warp waits for another.
+// (gemm_abi.cuh: stof_gemm_store_cols, _bufs, _smem.) A warp's 16 x
+// kWgCols share of its warpgroup's tile leaves in chunks of 16 x 32: its
+// threads write their epilogue values into one of the warp's staging
+// buffers in the 64-byte swizzle of tmap_y's box, and lane 0 copies the
+// chunk out as one bulk group. Stored straight from the fragments, each
+// warp store wrote 16 bytes to each of 8 rows, and the stores took a third
+// of the kernel's time at K = 768. The buffers go round; one is reused
+// once its copy has read it, so a tile's copies run while the warp goes on
+// to its next products, and no warp waits for another.
 constexpr int kStoreCols = stof_gemm_store_cols(BLOCK_M, BLOCK_N, WARPS);
-constexpr int kStoreTile = 16 * kStoreCols;  // elements a warp stages
+constexpr int kStoreBufs = stof_gemm_store_bufs(BLOCK_M, BLOCK_N, BLOCK_K, STAGES);
+constexpr int kStoreTile = 16 * kStoreCols;  // elements a warp stages a chunk
 static_assert(kStoreCols == 32, "rows of 64 bytes");
 static_assert(stof_gemm_store_smem(BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLIT_K, NORM) ==
-                  WARPS * kStoreTile * (int)sizeof(elem_t),
+                  WARPS * kStoreBufs * kStoreTile * (int)sizeof(elem_t),
               "the host's staging model");
 
 // Byte offset o of a buffer in the 64-byte swizzle (the 16-byte chunk index
@@ -375,13 +375,15 @@ __device__ __forceinline__ unsigned store_swizzle(unsigned o) {
 }
 
 // The epilogue of a warp's 16 rows at (row0, col0) of the output through
-// its staging buffer (stage, at shared address stage0). Rows past M and
-// columns past N are computed from whatever the fragments hold and clipped
-// by the copy; their residual is not read.
+// its staging buffers (stage, at shared address stage0; slot: the next
+// one, carried from tile to tile). Rows past M and columns past N are
+// computed from whatever the fragments hold and clipped by the copy; their
+// residual is not read.
 __device__ __forceinline__ void epilogue_store(const stof_gemm_args &a,
                                                const float (&d)[kWgCols / 2],
                                                unsigned char *stage, unsigned stage0, int row0,
-                                               int col0, int lane) {
+                                               int col0, int lane, int &slot) {
+    constexpr unsigned kBytes = kStoreTile * sizeof(elem_t);
     const int g = lane >> 2, t = lane & 3;
     const elem_t *r[2];
 #pragma unroll
@@ -392,8 +394,9 @@ __device__ __forceinline__ void epilogue_store(const stof_gemm_args &a,
 #pragma unroll
     for (int ch = 0; ch < kWgCols / kStoreCols; ++ch) {
         if (lane == 0)
-            stof::tma::store_wait_read<0>();
-        __syncwarp();  // the buffer's last copy has read it
+            stof::tma::store_wait_read<kStoreBufs - 1>();
+        __syncwarp();  // the slot's last copy has read it
+        unsigned char *buf = stage + slot * kBytes;
 #pragma unroll
         for (int nt = 0; nt < kStoreCols / 8; ++nt) {
             const int j = ch * (kStoreCols / 8) + nt;  // the fragment's column tile
@@ -406,16 +409,16 @@ __device__ __forceinline__ void epilogue_store(const stof_gemm_args &a,
                                                r[h] ? r[h] + j * 8 : nullptr);
                 const unsigned o =
                     ((g + 8 * h) * kStoreCols + nt * 8 + 2 * t) * (unsigned)sizeof(elem_t);
-                *reinterpret_cast<unsigned *>(stage + store_swizzle(o)) =
-                    pack2<elem_t>(v.x, v.y);
+                *reinterpret_cast<unsigned *>(buf + store_swizzle(o)) = pack2<elem_t>(v.x, v.y);
             }
         }
         stof::wg::fence_proxy_async();  // the writes, visible to the copy
         __syncwarp();
         if (lane == 0) {
-            stof::tma::store_2d(&a.tmap_y, stage0, col0 + ch * kStoreCols, row0);
+            stof::tma::store_2d(&a.tmap_y, stage0 + slot * kBytes, col0 + ch * kStoreCols, row0);
             stof::tma::store_commit();
         }
+        slot = slot + 1 == kStoreBufs ? 0 : slot + 1;
     }
 }
 #endif
@@ -767,14 +770,14 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     // Persistent: the block's tiles one after another; the producer fills
     // the ring with the next tile's slices while this one's epilogue runs.
     unsigned char *stage =
-        reinterpret_cast<unsigned char *>(sb + STAGES * kBTile + warp * kStoreTile);
+        reinterpret_cast<unsigned char *>(sb + STAGES * kBTile + warp * kStoreBufs * kStoreTile);
     const unsigned stage0 = smem_addr(stage);
     const int r0 = wg_m * 64 + (warp & 3) * 16;  // the warp's first row in the tile
-    int g = 0;
+    int g = 0, slot = 0;
     for (int t = tile; t < tiles; t += step) {
         g = consume(d, sa, sb, full0, empty0, slices, g, wg_m, wg_n, lane);
         epilogue_store(a, d, stage, stage0, (t / n_tiles) * BLOCK_M + r0,
-                       (t % n_tiles) * BLOCK_N + wg_n * kWgCols, lane);
+                       (t % n_tiles) * BLOCK_N + wg_n * kWgCols, lane, slot);
     }
     if (lane == 0)
         stof::tma::store_wait_all();  // the buffer lives as long as the block

@@ -217,33 +217,52 @@ typedef struct attention_slices {
     const graph_op *op;
     const float *const *in;
     float *out;
+    const int64_t *picks; /* the output's rows (NULL: row i is i) */
     int64_t rows, row_len;
     int n;
     int *rc;
     stof_error *errs;
 } attention_slices;
 
+/* Output rows [lo, hi) of slice k: consecutive query rows, or picked ones
+ * one at a time. */
 static void attention_slice(void *arg, int k) {
     attention_slices *a = arg;
     int64_t lo = a->rows * k / a->n, hi = a->rows * (k + 1) / a->n;
-    a->rc[k] = ops_attention_ref_rows(a->g, a->op, a->in, lo, hi - lo, a->out + lo * a->row_len,
-                                      &a->errs[k]);
+    if (!a->picks) {
+        a->rc[k] = ops_attention_ref_rows(a->g, a->op, a->in, lo, hi - lo,
+                                          a->out + lo * a->row_len, &a->errs[k]);
+        return;
+    }
+    a->rc[k] = STOF_OK;
+    for (int64_t i = lo; i < hi && a->rc[k] == STOF_OK; i++)
+        a->rc[k] = ops_attention_ref_rows(a->g, a->op, a->in, a->picks[i], 1,
+                                          a->out + i * a->row_len, &a->errs[k]);
 }
 
+/* The attention op's output rows into out: every row, or the n_picks rows
+ * picks[] (out then holds n_picks rows), in slices on the pool. */
 static int attention_parallel(const graph *g, const graph_op *op, const float *const *in,
-                              float *out, task_pool *pool, stof_error *err) {
+                              const int64_t *picks, int64_t n_picks, float *out,
+                              task_pool *pool, stof_error *err) {
     const graph_tensor *y = &g->tensors[op->output];
-    int64_t row_len = last_dim(y), rows = row_len ? graph_tensor_numel(y) / row_len : 0;
-    int n = task_pool_threads(pool) * TUNE_ATTENTION_SLICES_PER_THREAD;
+    int64_t row_len = last_dim(y), rows = picks ? n_picks : row_len ? rows_of(y) : 0;
+    int n = pool ? task_pool_threads(pool) * TUNE_ATTENTION_SLICES_PER_THREAD : 1;
     n = rows < n ? (int)rows : n;
-    if (n <= 1)
+    if (n <= 1 && !picks)
         return op_describe(op->kind)->ref(g, op, in, out, err);
+    if (n < 1)
+        return STOF_OK;
     int *rc = err_calloc((size_t)n, sizeof *rc, err);
     stof_error *errs = err_calloc((size_t)n, sizeof *errs, err);
     int result = rc && errs ? STOF_OK : STOF_ERR_NOMEM;
     if (!result) {
-        attention_slices a = {g, op, in, out, rows, row_len, n, rc, errs};
-        task_pool_parallel_for(pool, n, attention_slice, &a);
+        attention_slices a = {g, op, in, out, picks, rows, row_len, n, rc, errs};
+        if (pool)
+            task_pool_parallel_for(pool, n, attention_slice, &a);
+        else
+            for (int k = 0; k < n; k++)
+                attention_slice(&a, k);
         for (int k = 0; k < n && !result; k++)
             if ((result = rc[k]) != STOF_OK && err)
                 *err = errs[k];
@@ -254,26 +273,45 @@ static int attention_parallel(const graph *g, const graph_op *op, const float *c
 }
 
 /* Runs ops first..last of the view (g with the row tensors cut to the
- * checked rows) on val[] (per tensor; outside ones already there). */
-static int run_ops(const graph *view, int first, int last, float **val, task_pool *pool,
+ * checked rows; a lone attention op's tensors whole, its checked rows
+ * computed alone) on val[] (per tensor; outside ones already there). */
+static int run_ops(const graph *view, const tune_reference *ref, float **val, task_pool *pool,
                    stof_error *err) {
-    for (int k = first; k <= last; k++) {
+    for (int k = ref->first; k <= ref->last; k++) {
         const graph_op *op = &view->ops[k];
         const float *in[GRAPH_MAX_INPUTS] = {0};
         for (int i = 0; i < op->n_inputs; i++)
             in[i] = val[op->inputs[i]];
-        float *y = err_malloc(sizeof *y * (size_t)graph_tensor_numel(&view->tensors[op->output]),
-                              err);
+        const int picked = op->kind == OP_ATTENTION && ref->rows;
+        int64_t numel = picked ? ref->n_rows * ref->row_len
+                               : graph_tensor_numel(&view->tensors[op->output]);
+        float *y = err_malloc(sizeof *y * (size_t)numel, err);
         if (!y)
             return STOF_ERR_NOMEM;
         val[op->output] = y;
-        int rc = op->kind == OP_ATTENTION && pool
-                     ? attention_parallel(view, op, in, y, pool, err)
+        int rc = op->kind == OP_ATTENTION && (pool || picked)
+                     ? attention_parallel(view, op, in, ref->rows, ref->n_rows, y, pool, err)
                      : op_describe(op->kind)->ref(view, op, in, y, err);
         if (rc)
             return err_prefix(err, "CPU reference of op #%d '%s': ", k, op->name);
     }
     return STOF_OK;
+}
+
+void tune_check_rows(int64_t m, int64_t n, int64_t *rows) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t lo = i * m / n, width = (i + 1) * m / n - lo;
+        rows[i] = lo + (i * 37) % width;
+    }
+    rows[0] = 0;
+    rows[n - 1] = m - 1;
+}
+
+/* A lone attention op: its rows are query positions, each computed from
+ * every key (ops_attention_ref_rows), so a subset of them costs that share
+ * of the whole. */
+static int lone_attention(const graph *g, int first, int last) {
+    return first == last && g->ops[first].kind == OP_ATTENTION;
 }
 
 static int choose_rows(const graph *g, int first, int last, tune_reference *ref,
@@ -282,14 +320,16 @@ static int choose_rows(const graph *g, int first, int last, tune_reference *ref,
     int64_t m = rows_of(y);
     ref->row_len = last_dim(y);
     ref->n_rows = m;
-    if (m <= TUNE_CHECK_ROWS || !rows_separable(g, first, last, m))
+    int64_t n = lone_attention(g, first, last)    ? TUNE_ATTENTION_CHECK_ROWS
+                : rows_separable(g, first, last, m) ? TUNE_CHECK_ROWS
+                                                    : m;
+    if (m <= n)
         return STOF_OK;
-    ref->n_rows = TUNE_CHECK_ROWS;
-    ref->rows = err_malloc(sizeof *ref->rows * TUNE_CHECK_ROWS, err);
+    ref->n_rows = n;
+    ref->rows = err_malloc(sizeof *ref->rows * (size_t)n, err);
     if (!ref->rows)
         return STOF_ERR_NOMEM;
-    for (int64_t i = 0; i < TUNE_CHECK_ROWS; i++)
-        ref->rows[i] = i * (m - 1) / (TUNE_CHECK_ROWS - 1);
+    tune_check_rows(m, n, ref->rows);
     return STOF_OK;
 }
 
@@ -303,14 +343,15 @@ static int gather_inputs(const graph *g, graph *view, const ref_source *src,
             int t = op->inputs[i];
             if (produced_inside(g, t, ref->first, ref->last) || val[t])
                 continue;
-            int as_rows = ref->rows && row_input(op, i);
+            /* attention reads every key of its checked rows: whole inputs */
+            int as_rows = ref->rows && row_input(op, i) && op->kind != OP_ATTENTION;
             int rc = outside_values(g, t, src, ref, as_rows, &val[t], &pinned[t], err);
             if (rc)
                 return rc;
             if (as_rows)
                 view_rows(&view->tensors[t], ref->n_rows);
         }
-        if (ref->rows)
+        if (ref->rows && op->kind != OP_ATTENTION)
             view_rows(&view->tensors[op->output], ref->n_rows);
     }
     return STOF_OK;
@@ -335,7 +376,7 @@ static int reference_compute(const graph *g, int first, int last, int store_pre_
         rc = gather_inputs(g, &view, src, ref, val, pinned, err);
     }
     if (!rc)
-        rc = run_ops(&view, first, last, val, src->pool, err);
+        rc = run_ops(&view, ref, val, src->pool, err);
     if (!rc) {
         int out = g->ops[last].output, pre = g->ops[last - (store_pre_norm != 0)].output;
         ref->out = val[out];

@@ -63,14 +63,27 @@ int tune_check_output(const float *got, const float *ref, int64_t n, stof_dtype 
 void tune_tensor_values(const graph_tensor *t, uint64_t seed, float *out);
 
 /* Rows of a row-wise segment's output compared with the reference: all of
- * them up to this many, else this many spread evenly (first and last
- * included), so that the reference of a big GEMM costs a fraction of it. */
+ * them up to this many, else this many spread over them
+ * (tune_check_rows), so that the reference of a big GEMM costs a fraction
+ * of it. */
 #define TUNE_CHECK_ROWS 256
+/* The same for a lone attention op's query rows (every key of a checked
+ * row is computed: at 16 x 2048 tokens the whole reference took seconds of
+ * every thread for each attention segment, and the checks ate the time
+ * limit of a tune). */
+#define TUNE_ATTENTION_CHECK_ROWS 1024
+
+/* n of m rows (n <= m) into rows[], increasing: the first and the last, and
+ * one in each of n equal windows between them, at an offset that walks
+ * through the window (37 i mod its width), so that the rows checked take
+ * every position within a GEMM tile or a mask block, not only its first. */
+void tune_check_rows(int64_t m, int64_t n, int64_t *rows);
 
 /* The CPU reference (ops/ops.h, fp32) of graph ops first..last run alone on
  * tune_tensor_values. A segment of row-wise ops (GEMM, bias, add,
- * activations, norms, softmax) is computed for the checked rows only;
- * embedding and attention whole. */
+ * activations, norms, softmax) is computed for the checked rows only, a
+ * lone attention op for its checked query rows; anything else (embedding)
+ * whole. */
 typedef struct tune_reference {
     int first, last, store_pre_norm;
     int64_t n_rows;    /* rows computed */

@@ -205,6 +205,80 @@ static void test_reference_rows(void) {
     model_free(&m);
 }
 
+/* The checked rows: increasing, the first and the last, and at every
+ * position of a 128-row tile somewhere (not only each window's first). */
+static void test_check_rows(void) {
+    enum { M = 32768, N = TUNE_CHECK_ROWS };
+    int64_t rows[N];
+    tune_check_rows(M, N, rows);
+    CHECK(rows[0] == 0 && rows[N - 1] == M - 1);
+    int increasing = 1, seen[128] = {0}, positions = 0;
+    for (int i = 1; i < N; i++)
+        increasing &= rows[i] > rows[i - 1] && rows[i] < M;
+    CHECK(increasing);
+    for (int i = 0; i < N; i++)
+        seen[rows[i] % 128] = 1;
+    for (int p = 0; p < 128; p++)
+        positions += seen[p];
+    CHECK_MSG(positions == 128, "%d of 128 positions in a tile checked", positions);
+    /* as many rows as there are: all of them */
+    int64_t all[5];
+    tune_check_rows(5, 5, all);
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ_INT(all[i], i);
+}
+
+/* Attention over more query rows than TUNE_ATTENTION_CHECK_ROWS: the
+ * reference holds that many of them (every key each), the same values as
+ * the op's whole reference has in those rows. */
+static void test_reference_attention_rows(void) {
+    static const char *const params[] = {"preset=small", "batch=5", "seq=256", "layers=1"};
+    model m;
+    if (model_load(&m, SCRIPTS "bert.lua", params, 4))
+        return;
+    const graph *g = &m.g;
+    const int att = find_op(g, OP_ATTENTION, 0);
+    const graph_op *op = &g->ops[att];
+    const graph_tensor *y = &g->tensors[op->output];
+    const int64_t row_len = y->shape[y->ndim - 1], rows = graph_tensor_numel(y) / row_len;
+    CHECK(rows > TUNE_ATTENTION_CHECK_ROWS);
+    const uint64_t seed = 11;
+    tune_reference ref;
+    stof_error err = {0};
+    int rc = tune_reference_compute(g, att, att, 0, seed, &ref, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc) {
+        model_free(&m);
+        return;
+    }
+    CHECK_EQ_INT(ref.n_rows, TUNE_ATTENTION_CHECK_ROWS);
+    CHECK_EQ_INT(ref.row_len, row_len);
+    CHECK(ref.rows && ref.rows[0] == 0 && ref.rows[ref.n_rows - 1] == rows - 1);
+
+    float *in[GRAPH_MAX_INPUTS] = {0};
+    for (int i = 0; i < op->n_inputs; i++)
+        in[i] = values_of(g, op->inputs[i], seed);
+    float *whole = malloc(sizeof *whole * (size_t)(rows * row_len));
+    rc = op_describe(OP_ATTENTION)->ref(g, op, (const float *const *)in, whole, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    int64_t differ = 0;
+    for (int64_t i = 0; !rc && ref.rows && i < ref.n_rows; i++)
+        for (int64_t j = 0; j < row_len; j++)
+            differ += ref.out[i * row_len + j] != whole[ref.rows[i] * row_len + j];
+    CHECK_MSG(differ == 0, "%lld values differ from the whole reference", (long long)differ);
+    /* the check takes the picked rows of a whole output */
+    exec_diff d;
+    CHECK_EQ_INT(tune_reference_check(&ref, whole, 0, STOF_F16, &d, &err), STOF_OK);
+    CHECK(d.rel_error == 0);
+    whole[ref.rows[ref.n_rows / 2] * row_len + 3] += 100.0f;
+    CHECK_EQ_INT(tune_reference_check(&ref, whole, 0, STOF_F16, &d, &err), STOF_ERR_UNSUPPORTED);
+    free(whole);
+    for (int i = 0; i < op->n_inputs; i++)
+        free(in[i]);
+    tune_reference_free(&ref);
+    model_free(&m);
+}
+
 /* GPT-2's residual stream: add then layernorm, the add's result written
  * too. The reference has both, the pre-norm values being the sum. */
 static void test_reference_pre_norm(void) {
@@ -618,6 +692,8 @@ static void test_cache_key(void) {
 int main(void) {
     test_check_output();
     test_reference_rows();
+    test_check_rows();
+    test_reference_attention_rows();
     test_reference_pre_norm();
     test_initial_schemes();
     test_offline();

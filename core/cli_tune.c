@@ -147,6 +147,9 @@ static void print_time_breakdown(const tune_outcome *o) {
     printf("           scratch %.1f s, kernel plans %.1f s, checks %.1f s (of it %.1f s "
            "waiting for references), timed runs %.1f s\n", b->scratch_s, b->plan_s,
            b->check_s, b->reference_wait_s, b->time_s);
+    if (b->longest[0])
+        printf("           the longest: %.1f s, %s (%.1f s of it kernel plans)\n", b->longest_s,
+               b->longest, b->longest_plan_s);
     printf("  references: %ld computed, %.1f s summed over threads; scratch: %ld segments "
            "uploaded, %ld kept\n", b->references, b->reference_s, b->scratch_new,
            b->scratch_kept);

@@ -1272,11 +1272,24 @@ static int measure_setting(tune_backend *b, const graph *g, const exec_segment *
     return rc;
 }
 
+/* Counts one measurement's wall time dt (plan_dt of it in kernel plans),
+ * remembering the longest: with a time limit, it is what the search can
+ * overrun the limit by. */
+static void note_duration(tune_backend *b, const exec_segment *s, double dt, double plan_dt) {
+    b->stats.measure_s += dt;
+    if (dt <= b->stats.longest_s)
+        return;
+    b->stats.longest_s = dt;
+    b->stats.longest_plan_s = plan_dt;
+    snprintf(b->stats.longest, sizeof b->stats.longest, "%s over ops #%d-#%d",
+             fusion_template_get(s->tmpl)->name, s->first, s->first + s->n - 1);
+}
+
 int tune_backend_measure(void *ud, const search_segment *seg, const int *values, double *ms,
                          stof_error *err) {
     tune_backend *b = ud;
     const graph *g = seg->g;
-    double t0 = util_now();
+    double t0 = util_now(), plan0 = b->stats.plan_s;
     *ms = 0;
     b->rejected_now = 0;
     exec_segment s;
@@ -1288,7 +1301,7 @@ int tune_backend_measure(void *ud, const search_segment *seg, const int *values,
     rc = exec_segment_supports(g, s.first, s.n, &s.match, s.tmpl, &why);
     if (!rc)
         rc = measure_setting(b, g, &s, ms, &why);
-    b->stats.measure_s += util_now() - t0;
+    note_duration(b, &s, util_now() - t0, b->stats.plan_s - plan0);
     if (rc)
         return give_up(b, rc, &why, err);
     b->stats.measured++;

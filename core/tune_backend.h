@@ -151,6 +151,10 @@ typedef struct tune_backend_stats {
     double reference_wait_s; /* of check_s: the reference computed or waited for */
     double time_s;       /* timed launches */
     long scratch_new, scratch_kept; /* segments whose scratch was made / found on the GPU */
+    /* the longest single measurement: its wall time, the part of it in
+     * kernel plans, and what it measured ("TEMPLATE over ops #A-#B") */
+    double longest_s, longest_plan_s;
+    char longest[96];
 } tune_backend_stats;
 
 typedef struct tune_backend tune_backend;

@@ -130,6 +130,8 @@ static void print_time_breakdown(const tune_outcome *o) {
             printf("           %-20s %4d compiled, %6.1f s, %.2f s each\n",
                    t->by_source[i].source, t->by_source[i].compiled, t->by_source[i].compile_s,
                    t->by_source[i].compile_s / t->by_source[i].compiled);
+    if (t->slowest_s > 0)
+        printf("           the slowest: %.1f s, %s\n", t->slowest_s, t->slowest);
     nvrtc_workers_info wi;
     nvrtc_workers_status(&wi);
     if (wi.started > 0)

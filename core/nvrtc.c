@@ -268,6 +268,21 @@ static void count_source(nvrtc_cache *c, const char *source, double compile_s) {
     pthread_mutex_unlock(&c->lock);
 }
 
+/* Remembers the compile of req that took s if it is the slowest so far. */
+static void note_slowest(nvrtc_cache *c, const nvrtc_request *req, double s) {
+    pthread_mutex_lock(&c->lock);
+    if (s > c->slowest_s) {
+        c->slowest_s = s;
+        size_t n = (size_t)snprintf(c->slowest, sizeof c->slowest, "%s",
+                                    kernel_find(req->source)->name);
+        for (int i = 0; i < req->n_options && n < sizeof c->slowest; i++)
+            if (strncmp(req->options[i], "-D", 2) == 0)
+                n += (size_t)snprintf(c->slowest + n, sizeof c->slowest - n, " %s",
+                                      req->options[i] + 2);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* From disk, else compiled (and written to disk). */
 static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
     nvrtc_make *mk = arg;
@@ -288,8 +303,10 @@ static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
             rc = nvrtc_compile_in_process(mk->req, &cb->bin, &cb->size, err);
         double dt = util_now() - t0;
         count(c, rc ? &c->failed : &c->compiled, dt);
-        if (!rc)
+        if (!rc) {
             count_source(c, mk->req->source, dt);
+            note_slowest(c, mk->req, dt);
+        }
         if (rc) {
             free(cb);
             return rc;

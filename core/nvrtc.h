@@ -54,6 +54,8 @@ typedef struct nvrtc_cache {
     unsigned tmp_seq;    /* tells apart the temporary files of concurrent writes */
     nvrtc_source_stats by_source[NVRTC_MAX_SOURCES]; /* successful compiles, per source */
     int n_sources;
+    double slowest_s;    /* the slowest successful compile, and what it was: the */
+    char slowest[200];   /* source's name and its -D constants (cut to fit) */
 } nvrtc_cache;
 
 /* dir NULL: $STOF_CACHE_DIR, else $XDG_CACHE_HOME/stof, else ~/.cache/stof;

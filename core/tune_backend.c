@@ -1835,6 +1835,10 @@ static tune_timing compile_counts(const exec_ctx *ctx) {
         for (int k = 0; k < c[i]->n_sources; k++)
             add_source(&t, c[i]->by_source[k].source, c[i]->by_source[k].compiled,
                        c[i]->by_source[k].compile_s);
+        if (c[i]->slowest_s > t.slowest_s) {
+            t.slowest_s = c[i]->slowest_s;
+            snprintf(t.slowest, sizeof t.slowest, "%s", c[i]->slowest);
+        }
     }
     return t;
 }
@@ -1856,6 +1860,9 @@ static void compile_delta(tune_timing *t, const tune_timing *before, const tune_
     for (int i = 0; i < before->n_sources; i++)
         add_source(t, before->by_source[i].source, -before->by_source[i].compiled,
                    -before->by_source[i].compile_s);
+    /* a maximum: this tuning's only if it rose during it */
+    t->slowest_s = now->slowest_s > before->slowest_s ? now->slowest_s : 0;
+    snprintf(t->slowest, sizeof t->slowest, "%s", t->slowest_s > 0 ? now->slowest : "");
 }
 
 void tune_cache_device_key(const stof_device_info *dev, char *buf, size_t cap) {

@@ -244,6 +244,8 @@ typedef struct tune_timing {
                                   was not hidden) */
     nvrtc_source_stats by_source[NVRTC_MAX_SOURCES]; /* compiles per kernel source */
     int n_sources;
+    double slowest_s;          /* the slowest compile (0: none), nvrtc_cache.slowest */
+    char slowest[200];
 } tune_timing;
 
 typedef struct tune_outcome {

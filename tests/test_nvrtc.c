@@ -56,6 +56,9 @@ static void test_cache(const char *dir) {
     CHECK(b1 == b2 && s1 == s2);
     CHECK_EQ_INT(c.compiled, 1);
     CHECK_EQ_INT(c.memory_hits, 1);
+    /* the slowest compile, named by source and constants */
+    CHECK(c.slowest_s > 0);
+    CHECK_MSG(strcmp(c.slowest, "util.cu STOF_DTYPE=1") == 0, "slowest: '%s'", c.slowest);
     nvrtc_cache_free(&c);
 
     /* a fresh process (fresh cache object) finds it on disk */

@@ -135,6 +135,8 @@ static mha_verdict candidate_verdict(const mha_device_limits *lim, const mha_can
         return MHA_WARPS_EXCEED_ROWS;
     if (c->block_m > c->num_warps * MHA_SELECT_MAX_ROWS_PER_WARP)
         return MHA_ROWS_EXCEED_WARPS;
+    if (c->block_m / c->num_warps * c->block_n / WARP_SIZE > MHA_SELECT_MAX_SCORES_PER_THREAD)
+        return MHA_SCORES_EXCEED_REGS;
     if (c->num_warps * WARP_SIZE > lim->max_threads_per_block)
         return MHA_THREADS_EXCEED_LIMIT;
     if (c->req_smem > lim->smem_per_block)
@@ -241,6 +243,7 @@ const char *mha_verdict_name(mha_verdict v) {
     case MHA_THREADS_EXCEED_LIMIT: return "too many threads";
     case MHA_SMEM_EXCEEDS_BLOCK: return "smem > per-block limit";
     case MHA_NO_OCCUPANCY: return "no block fits an SM";
+    case MHA_SCORES_EXCEED_REGS: return "rows per warp x BLOCK_N / 32 > 128 scores a thread";
     }
     return "unknown";
 }

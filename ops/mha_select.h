@@ -44,6 +44,12 @@
  * full block's bitmap load through a null pointer ahead of the test that
  * skipped it; the kernel now never forms that pointer.) */
 #define MHA_SELECT_MAX_ROWS_PER_WARP 64
+/* The most score accumulators a thread of the kernel's mma.sync build
+ * holds: its warp's rows x BLOCK_N / 32, and as many again for P. A warp of
+ * 64 rows at BLOCK_N 128 holds 256: such a kernel spills, and NVRTC took
+ * 19.8 s over one (128x128 on 2 warps with the T5 bias, against 2 s on
+ * average), which one measurement of a tune had to wait for. Refused. */
+#define MHA_SELECT_MAX_SCORES_PER_THREAD 128
 /* 4 BLOCK_M x 4 BLOCK_N x 4 num_warps */
 #define MHA_SELECT_MAX_CANDIDATES 64
 
@@ -81,7 +87,9 @@ typedef enum mha_verdict {
     MHA_ROWS_EXCEED_WARPS,   /* BLOCK_M / num_warps > MHA_SELECT_MAX_ROWS_PER_WARP */
     MHA_THREADS_EXCEED_LIMIT,/* num_warps x 32 > max_threads_per_block */
     MHA_SMEM_EXCEEDS_BLOCK,  /* req_SMEM > smem_per_block */
-    MHA_NO_OCCUPANCY         /* not one block fits an SM */
+    MHA_NO_OCCUPANCY,        /* not one block fits an SM */
+    MHA_SCORES_EXCEED_REGS   /* BLOCK_M / num_warps x BLOCK_N / 32 >
+                                MHA_SELECT_MAX_SCORES_PER_THREAD */
 } mha_verdict;
 
 typedef struct mha_candidate {

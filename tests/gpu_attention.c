@@ -852,7 +852,9 @@ static void sweep_template(gpu *g, int big, const char *only, uint64_t *seed) {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
             for (int w = 0; w < 4; w++) {
-                if (warps[w] * 16 > sizes[i] || sizes[i] > warps[w] * MHA_SELECT_MAX_ROWS_PER_WARP)
+                if (warps[w] * 16 > sizes[i] ||
+                    sizes[i] > warps[w] * MHA_SELECT_MAX_ROWS_PER_WARP ||
+                    sizes[i] / warps[w] * sizes[j] / 32 > MHA_SELECT_MAX_SCORES_PER_THREAD)
                     continue; /* refused by the template (mha_select) */
                 snprintf(names[n], sizeof names[n], "%dx%dw%d", sizes[i], sizes[j], warps[w]);
                 if (only && strcmp(only, names[n]) != 0)

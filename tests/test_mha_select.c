@@ -204,6 +204,11 @@ static void test_stage2_by_hand(void) {
     /* Nor are warps owning more than 64 rows (their accumulators spill). */
     CHECK_EQ_INT(find(&s, 128, 16, 1)->verdict, MHA_ROWS_EXCEED_WARPS);
     CHECK_EQ_INT(find(&s, 128, 64, 2)->verdict, MHA_FEASIBLE);
+    /* Nor 64 rows of 128 keys a warp: 256 scores a thread. */
+    CHECK_EQ_INT(find(&s, 128, 128, 2)->verdict, MHA_SCORES_EXCEED_REGS);
+    CHECK_EQ_INT(find(&s, 64, 128, 1)->verdict, MHA_SCORES_EXCEED_REGS);
+    CHECK_EQ_INT(find(&s, 128, 128, 4)->verdict, MHA_FEASIBLE);
+    CHECK_EQ_INT(find(&s, 64, 64, 1)->verdict, MHA_FEASIBLE);
 }
 
 /* fp32 at (128, 128): 98304 x 2 = 196608 B > 166912 B per block on sm_80;

@@ -6,8 +6,9 @@
  * weight layouts, fp16 and bf16, with the plain and one rotating epilogue
  * on five tile settings rotating (on sm_90 the four of whole warpgroups run
  * as the wgmma build with [N, K] weights); then every epilogue the template declares (bias x
- * {none, gelu, gelu_tanh, relu} x add = 16) in both layouts on two shapes,
- * and the residual added in place (residual == y). Inputs are fresh seeded
+ * {none, gelu, gelu_tanh, relu} x add = 16) in both layouts on three shapes
+ * (one with N = 776, a multiple of no tile), and the residual added in place
+ * (residual == y). Inputs are fresh seeded
  * uniform values rounded to the dtype, outputs poisoned with NaN before
  * every launch. Checked: the relative error ||out - ref|| / ||ref|| on the
  * reference rows (every row up to M = 16, else 16 rows: the first, the last,
@@ -204,10 +205,12 @@ static void test_gemm_shapes(gpu *g, util_rng *rng) {
 }
 
 static void test_gemm_epilogues(gpu *g, util_rng *rng) {
-    static const int shapes[][3] = {{1000, 768, 768}, {7, 2304, 1024}};
+    /* N = 776: no tile's multiple (nor the stores' 32 columns), so the last
+     * column tile and the last stored chunk are cut at N */
+    static const int shapes[][3] = {{1000, 768, 768}, {7, 2304, 1024}, {1000, 776, 768}};
     static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
     for (int d = 0; d < 2 && !g->dead; d++)
-        for (int sh = 0; sh < 2 && !g->dead; sh++) {
+        for (int sh = 0; sh < 3 && !g->dead; sh++) {
             gweights wt;
             gset s;
             if (make_weights(g, &wt, shapes[sh][1], shapes[sh][2], dts[d], rng)) {

@@ -209,14 +209,11 @@ int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limi
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *v) {
     const size_t e = stof_dtype_size(p->dtype);
     /* the ring of STAGES x (rows + columns) x BLOCK_K operand tiles */
-    const size_t ring = (size_t)v[4] * (size_t)(v[0] + v[1]) * (size_t)v[2] * e;
+    const size_t ring = (size_t)stof_gemm_ring_bytes(v[0], v[1], v[2], v[4], (int)e);
     switch (p->tmpl) {
-    case FUSION_T_GEMM_EPILOGUE: /* + the wgmma build's alignment and staging (gemm_abi.cuh) */
-        return ring +
-               (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
-                                                                    : 0) +
-               (size_t)stof_gemm_store_smem(v[0], v[1], v[2], v[3], v[4], v[5],
-                                            p->epi.norm != FUSION_NORM_NONE);
+    case FUSION_T_GEMM_EPILOGUE: /* + the wgmma build's alignment and staging */
+        return (size_t)stof_gemm_epilogue_smem(v[0], v[1], v[2], v[3], v[4], v[5],
+                                               p->epi.norm != FUSION_NORM_NONE, (int)e);
     case FUSION_T_GEMM_LN: /* + the fp32 rows */
         return ring + (size_t)v[0] * (size_t)p->n * sizeof(float);
     case FUSION_T_GEMM_CHAIN: /* + the activated chunk, + two slabs of w2 */

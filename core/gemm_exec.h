@@ -79,11 +79,11 @@ int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limi
                     stof_error *err);
 
 /* Dynamic shared memory of a setting, bytes, exactly the template's model
- * (fusion/templates.c): gemm_epilogue STAGES x (BLOCK_M + BLOCK_N) x
- * BLOCK_K elements (+ STOF_GEMM_WGMMA_SLACK bytes where the setting could be
- * the wgmma build, + stof_gemm_store_smem for its persistent form); gemm_ln that plus ROWS x N fp32; gemm_chain STAGES x
- * (BLOCK_M + BLOCK_F) x BLOCK_K + BLOCK_M x BLOCK_F + 2 x BLOCK_F x 64
- * elements; the others use none. */
+ * (fusion/templates.c): gemm_epilogue stof_gemm_epilogue_smem (gemm_abi.cuh:
+ * the ring, the wgmma build's slack and staging); gemm_ln STAGES x
+ * (BLOCK_M + BLOCK_N) x BLOCK_K elements plus ROWS x N fp32; gemm_chain
+ * STAGES x (BLOCK_M + BLOCK_F) x BLOCK_K + BLOCK_M x BLOCK_F + 2 x BLOCK_F x
+ * 64 elements; the others use none. */
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *values);
 
 /* A setting that runs well for p without tuning on a device of `arch` (NULL:

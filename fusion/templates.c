@@ -56,7 +56,7 @@ static int gemm_split_check(const fusion_dims *d, const int *v, stof_error *err)
         return STOF_OK;
     const int cols = stof_gemm_wgmma_cols(v[0], v[1], v[3]);
     if (!stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) || (cols / 8) % v[5] ||
-        (int64_t)v[0] * v[1] * 4 > (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes)
+        (int64_t)v[0] * v[1] * 4 > stof_gemm_ring_bytes(v[0], v[1], v[2], v[4], d->elem_bytes))
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "SPLIT_K %d: a split of K runs on the wgmma build (BLOCK_K 64, 3 or more "
                        "stages, whole warpgroups) whose warpgroup's column tiles it divides, "
@@ -85,10 +85,8 @@ static int gemm_norm_check(const fusion_dims *d, const int *v, stof_error *err) 
  * architecture, the persistent build's staging buffers, and with a norm
  * the statistics' static arrays. */
 static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes +
-                   (stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]) ? STOF_GEMM_WGMMA_SLACK
-                                                                        : 0) +
-                   stof_gemm_store_smem(v[0], v[1], v[2], v[3], v[4], v[5], d->row_reduce) +
+    int64_t smem = stof_gemm_epilogue_smem(v[0], v[1], v[2], v[3], v[4], v[5], d->row_reduce,
+                                           d->elem_bytes) +
                    (d->row_reduce ? STOF_GEMM_NORM_SMEM : 0);
     char what[96];
     snprintf(what, sizeof what, "%dx%dx%d tiles in %d stages", v[0], v[1], v[2], v[4]);
@@ -103,7 +101,7 @@ static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, st
 /* ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. A block owns ROWS whole output rows
  * and keeps them in fp32 until the norm has its statistics. */
 static int gemm_ln_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    int64_t tiles = (int64_t)v[4] * (v[0] + v[1]) * v[2] * d->elem_bytes;
+    int64_t tiles = stof_gemm_ring_bytes(v[0], v[1], v[2], v[4], d->elem_bytes);
     int64_t rows = (int64_t)v[0] * d->n * 4;
     char what[128];
     snprintf(what, sizeof what, "%d rows of %lld (and %dx%dx%d tiles in %d stages)", v[0],
@@ -118,8 +116,8 @@ static int gemm_ln_check(const fusion_dims *d, const int *v, int limit, stof_err
  * W2's chunk streams through two buffers of 64 columns. */
 static int gemm_chain_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     int64_t e = d->elem_bytes;
-    int64_t smem = (int64_t)v[4] * (v[0] + v[1]) * v[2] * e + (int64_t)v[0] * v[1] * e +
-                   2 * (int64_t)v[1] * 64 * e;
+    int64_t smem = stof_gemm_ring_bytes(v[0], v[1], v[2], v[4], (int)e) +
+                   (int64_t)v[0] * v[1] * e + 2 * (int64_t)v[1] * 64 * e;
     char what[128];
     snprintf(what, sizeof what, "%d rows in %d-feature chunks (%d stages)", v[0], v[1], v[4]);
     int rc = check_smem(what, smem, limit, err);

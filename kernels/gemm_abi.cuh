@@ -179,11 +179,16 @@ STOF_GEMM_ABI_FN int stof_gemm_wgmma_shape(int bm, int bn, int bk, int warps, in
  * gets one, so that two such blocks (128 x 128 x 64 in 3 stages) still fit
  * an SM and cover each other's stores. */
 #define STOF_GEMM_STORE_BUFS 2
+/* gemm_epilogue's ring: STAGES x (BLOCK_M + BLOCK_N) x BLOCK_K elements. */
+STOF_GEMM_ABI_FN long long stof_gemm_ring_bytes(int bm, int bn, int bk, int stages,
+                                                int elem_bytes) {
+    return (long long)stages * (bm + bn) * bk * elem_bytes;
+}
 STOF_GEMM_ABI_FN int stof_gemm_store_cols(int bm, int bn, int warps) {
     return stof_gemm_wgmma_cols(bm, bn, warps) ? 32 : 0;
 }
 STOF_GEMM_ABI_FN int stof_gemm_store_bufs(int bm, int bn, int bk, int stages) {
-    return stages * (bm + bn) * bk * 2 > 112 * 1024 ? STOF_GEMM_STORE_BUFS : 1;
+    return stof_gemm_ring_bytes(bm, bn, bk, stages, 2) > 112 * 1024 ? STOF_GEMM_STORE_BUFS : 1;
 }
 STOF_GEMM_ABI_FN int stof_gemm_store_smem(int bm, int bn, int bk, int warps, int stages,
                                           int split_k, int norm) {
@@ -191,6 +196,18 @@ STOF_GEMM_ABI_FN int stof_gemm_store_smem(int bm, int bn, int bk, int warps, int
                ? warps * stof_gemm_store_bufs(bm, bn, bk, stages) * 16 *
                      stof_gemm_store_cols(bm, bn, warps) * 2
                : 0;
+}
+
+/* gemm_epilogue's dynamic shared memory, the one model of the template's
+ * check and of the launch: the ring, + STOF_GEMM_WGMMA_SLACK where the
+ * setting could be the wgmma build (on any architecture), + the persistent
+ * build's staging. */
+STOF_GEMM_ABI_FN long long stof_gemm_epilogue_smem(int bm, int bn, int bk, int warps,
+                                                   int stages, int split_k, int norm,
+                                                   int elem_bytes) {
+    return stof_gemm_ring_bytes(bm, bn, bk, stages, elem_bytes) +
+           (stof_gemm_wgmma_shape(bm, bn, bk, warps, stages) ? STOF_GEMM_WGMMA_SLACK : 0) +
+           stof_gemm_store_smem(bm, bn, bk, warps, stages, split_k, norm);
 }
 
 /* mi_chain.cu: for every row r < rows of ROW_N elements,

@@ -8,9 +8,8 @@
  * as the wgmma build with [N, K] weights); then every epilogue the template declares (bias x
  * {none, gelu, gelu_tanh, relu} x add = 16) in both layouts on three shapes
  * (one with N = 776, a multiple of no tile), and the residual added in place
- * (residual == y). Inputs are fresh seeded
- * uniform values rounded to the dtype, outputs poisoned with NaN before
- * every launch. Checked: the relative error ||out - ref|| / ||ref|| on the
+ * (residual == y). Inputs are fresh seeded uniform values rounded to the
+ * dtype, outputs poisoned with NaN before every launch. Checked: the relative error ||out - ref|| / ||ref|| on the
  * reference rows (every row up to M = 16, else 16 rows: the first, the last,
  * tile edges and random ones; an fp64 GEMM of every row would take minutes
  * in a sanitizer build) below 1e-2 (fp16) or 2e-2 (bf16), and no NaN or

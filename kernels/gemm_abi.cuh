@@ -227,6 +227,9 @@ STOF_GEMM_ABI_FN long long stof_gemm_epilogue_smem(int bm, int bn, int bk, int w
  * the workspace is zeroed once, when the plan is made, and the launches
  * that share it run one after another (one stream). Its layout: one 8-byte
  * counter a row tile, then [row tile][block][BLOCK_M] pairs of floats. */
+/* A lane of the merge keeps a quarter of a row tile's pairs in registers:
+ * at most this many blocks a row tile (fusion/templates.c refuses more). */
+#define STOF_GEMM_MAX_NORM_BLOCKS 64
 STOF_GEMM_ABI_FN int stof_gemm_norm_grid(int split_k, int norm_tiles) {
     return split_k * norm_tiles > STOF_GEMM_MAX_CLUSTER;
 }

@@ -612,24 +612,43 @@ __device__ __forceinline__ void row_tile_sync(unsigned long long *counter) {
     compute_sync();
 }
 
-// Over the grid: row r's mean and rstd from the kBlocks pairs at
-// pairs[q * BLOCK_M + r], lane t of the row's quad taking q = t, t + 4, ...
-__device__ __forceinline__ float2 merge_grid_pairs(const float2 *pairs, int r, int t, float eps) {
-    float sum = 0.0f;
-    for (int q = t; q < kBlocks; q += 4)
-        sum += __ldcg(pairs + q * BLOCK_M + r).x;
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float mu = sum * (1.0f / kBlocks);
-    float m2 = 0.0f;
-    for (int q = t; q < kBlocks; q += 4) {
-        const float2 st = __ldcg(pairs + q * BLOCK_M + r);
-        const float dm = st.x - mu;
-        m2 += st.y + kOwnCols * dm * dm;
+// Over the grid: the means and rstds of rows r and r + 8 from the kBlocks
+// pairs of each at pairs[q * BLOCK_M + row], lane t of the rows' quad
+// taking q = t, t + 4, ... Every load is issued before any is used: one
+// trip to L2, where a loop that summed as it loaded waited for each.
+static_assert(!kNormGrid || kBlocks <= STOF_GEMM_MAX_NORM_BLOCKS,
+              "a lane keeps its share of the pairs in registers");
+__device__ __forceinline__ void merge_grid_pairs(const float2 *pairs, int r, int t, float eps,
+                                                 float (&mean)[2], float (&rstd)[2]) {
+    constexpr int kPer = (kBlocks + 3) / 4;
+    float2 st[2][kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            st[h][i] = t + 4 * i < kBlocks ? __ldcg(pairs + (t + 4 * i) * BLOCK_M + r + 8 * h)
+                                           : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+            sum += st[h][i].x;
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float mu = sum * (1.0f / kBlocks);
+        float m2 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            const float dm = st[h][i].x - mu;
+            if (t + 4 * i < kBlocks)
+                m2 += st[h][i].y + kOwnCols * dm * dm;
+        }
+        m2 += __shfl_xor_sync(0xffffffffu, m2, 1);
+        m2 += __shfl_xor_sync(0xffffffffu, m2, 2);
+        mean[h] = mu;
+        rstd[h] = rsqrtf(m2 * (1.0f / (NORM_TILES * BLOCK_N)) + eps);
     }
-    m2 += __shfl_xor_sync(0xffffffffu, m2, 1);
-    m2 += __shfl_xor_sync(0xffffffffu, m2, 2);
-    return make_float2(mu, rsqrtf(m2 * (1.0f / (NORM_TILES * BLOCK_N)) + eps));
 }
 
 // Over the cluster: row r's mean and rstd from the pairs at stat[r] in
@@ -719,17 +738,15 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
     else
         cluster_sync();
     float mean[2], rstd[2];
+    if constexpr (kNormGrid)
+        merge_grid_pairs(row_tile_pairs(a), r0 + g, t, a.eps, mean, rstd);
+    else
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = r0 + g + 8 * h;
-        float2 mr;
-        if constexpr (kNormGrid)
-            mr = merge_grid_pairs(row_tile_pairs(a), r, t, a.eps);
-        else
-            mr = merge_cluster_pairs(stat, r, a.eps);
-        mean[h] = mr.x;
-        rstd[h] = mr.y;
-    }
+        for (int h = 0; h < 2; ++h) {
+            const float2 mr = merge_cluster_pairs(stat, r0 + g + 8 * h, a.eps);
+            mean[h] = mr.x;
+            rstd[h] = mr.y;
+        }
 #pragma unroll
     for (int j = 0; j < kWgCols / 8; ++j) {
         if (j < nt0 || j >= nt0 + kShare)

@@ -631,6 +631,10 @@ static void test_templates(void) {
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, 49152, STOF_ERR_UNSUPPORTED,
                    "needs 200704 bytes of shared memory (limit 49152)");
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_wide, H100_SMEM, STOF_OK, NULL);
+    int norm_many[] = {64, 32, 64, 4, 6, 4}; /* 24 x 4 blocks a row tile: past 64 */
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_many, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "at most 64 blocks a row tile (N / BLOCK_N x SPLIT_K), not 64x32x64 on 4 "
+                   "warps with SPLIT_K 4");
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_mma, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "the wgmma build");
     fusion_dims rows1000 = d;

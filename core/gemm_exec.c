@@ -400,16 +400,10 @@ int gemm_exec_check_arch(const gemm_exec_problem *p, const int *v, const char *a
                    what, arch, p->weight_kn ? " with [K, N] weights" : "");
 }
 
-int gemm_exec_norm_grid(const gemm_exec_problem *p, const int *v) {
-    return p->tmpl == FUSION_T_GEMM_EPILOGUE && p->epi.norm != FUSION_NORM_NONE &&
-           stof_gemm_norm_grid(v[5], (int)(p->n / v[1]));
-}
-
 int gemm_exec_cluster(const gemm_exec_problem *p, const int *v) {
     if (p->tmpl != FUSION_T_GEMM_EPILOGUE)
         return 1;
-    const int whole_rows = p->epi.norm != FUSION_NORM_NONE && !gemm_exec_norm_grid(p, v);
-    return v[5] * (whole_rows ? (int)(p->n / v[1]) : 1);
+    return v[5] * (p->epi.norm != FUSION_NORM_NONE ? (int)(p->n / v[1]) : 1);
 }
 
 void gemm_exec_request_init(gemm_exec_request *r, const gemm_exec_problem *p, const int *values,
@@ -567,10 +561,11 @@ static int persistent_grid(gemm_exec_ctx *c, gemm_exec_plan *plan, stof_error *e
     return STOF_OK;
 }
 
-/* How many clusters of the plan's blocks the GPU holds at once (*clusters).
- * A cluster of more than 8 blocks needs sm_90's non-portable sizes. */
-static int resident_clusters(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
-                             int *clusters, stof_error *err) {
+/* A cluster of more than 8 blocks needs sm_90's non-portable sizes, and
+ * one of any size must fit on the GPU (the blocks of a cluster share one GPC):
+ * asked of the driver, so that a setting that cannot launch fails here. */
+static int cluster_fits(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
+                        stof_error *err) {
     int rc;
     if (cluster > 8 &&
         (rc = cuda_check(c->drv,
@@ -594,62 +589,11 @@ static int resident_clusters(gemm_exec_ctx *c, const gemm_exec_plan *plan, int c
     cfg.sharedMemBytes = (unsigned)plan->smem;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    *clusters = 0;
-    return cuda_check(c->drv, c->drv->OccupancyMaxActiveClusters(clusters, plan->func, &cfg),
-                      "cuOccupancyMaxActiveClusters", err);
-}
-
-/* One cluster of any size must fit on the GPU (the blocks of a cluster share
- * one GPC): asked of the driver, so that a setting that cannot launch fails
- * here. */
-static int cluster_fits(gemm_exec_ctx *c, const gemm_exec_plan *plan, int cluster,
-                        stof_error *err) {
     int clusters = 0;
-    int rc = resident_clusters(c, plan, cluster, &clusters, err);
-    return rc ? rc : clusters < 1 ? does_not_fit(plan, cluster, err) : STOF_OK;
-}
-
-/* The norm over the grid (gemm_abi.cuh's stof_gemm_norm_grid): every block
- * of a row tile waits for the others, so the GPU must hold the whole grid at
- * once; and the plan owns the statistics' workspace, its counters zeroed
- * here, once. */
-static int norm_grid_prepare(gemm_exec_ctx *c, gemm_exec_plan *plan, int cluster,
-                             stof_error *err) {
-    const gemm_exec_problem *p = &plan->problem;
-    const int *v = plan->values;
-    const int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-    int resident = 0, rc;
-    if (cluster > 1)
-        rc = resident_clusters(c, plan, cluster, &resident, err);
-    else
-        rc = cuda_check(c->drv,
-                        c->drv->OccupancyMaxActiveBlocksPerMultiprocessor(
-                            &resident, plan->func, (int)plan->block[0], plan->smem),
-                        "cuOccupancyMaxActiveBlocksPerMultiprocessor", err);
-    if (rc)
+    if ((rc = cuda_check(c->drv, c->drv->OccupancyMaxActiveClusters(&clusters, plan->func, &cfg),
+                         "cuOccupancyMaxActiveClusters", err)))
         return rc;
-    const int64_t held = (int64_t)resident * (cluster > 1 ? cluster : sms);
-    const int64_t blocks = (int64_t)plan->grid[0] * plan->grid[1];
-    const int tiles = (int)(p->n / v[1]);
-    if (blocks > held)
-        return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "gemm_epilogue: a norm over the grid needs all its %lld blocks resident "
-                       "at once (%lld rows in %d-row tiles, %d blocks a row tile), and this GPU "
-                       "holds %lld of them",
-                       (long long)blocks, (long long)p->m, v[0], tiles * v[5], (long long)held);
-    const int64_t row_tiles = (p->m + v[0] - 1) / v[0];
-    const size_t bytes = (size_t)stof_gemm_norm_ws_bytes(p->m, v[0], v[5], tiles);
-    uint64_t *zeros = err_calloc((size_t)row_tiles, sizeof *zeros, err);
-    if (!zeros)
-        return STOF_ERR_NOMEM;
-    rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_norm_ws, bytes),
-                    "cuMemAlloc(gemm_epilogue norm workspace)", err);
-    if (!rc)
-        rc = cuda_check(c->drv,
-                        c->drv->MemcpyHtoD(plan->d_norm_ws, zeros, (size_t)row_tiles * 8),
-                        "cuMemcpyHtoD(gemm_epilogue norm counters)", err);
-    free(zeros);
-    return rc;
+    return clusters < 1 ? does_not_fit(plan, cluster, err) : STOF_OK;
 }
 
 int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const int *values,
@@ -684,8 +628,6 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
         rc = cluster_fits(c, plan, cluster, err);
     if (!rc && gemm_exec_persistent(p, plan->values, c->arch))
         rc = persistent_grid(c, plan, err);
-    if (!rc && gemm_exec_norm_grid(p, plan->values))
-        rc = norm_grid_prepare(c, plan, cluster, err);
     if (!rc && p->tmpl == FUSION_T_EMBEDDING) {
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
                         "cuMemAlloc(embedding error flag)", err);
@@ -705,12 +647,10 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
 void gemm_exec_plan_free(gemm_exec_ctx *c, gemm_exec_plan *plan) {
     if (!plan)
         return;
-    if (plan->d_error || plan->d_norm_ws)
+    if (plan->d_error) {
         c->drv->CtxSetCurrent(c->cu);
-    if (plan->d_error)
         c->drv->MemFree(plan->d_error);
-    if (plan->d_norm_ws)
-        c->drv->MemFree(plan->d_norm_ws);
+    }
     free(plan);
 }
 
@@ -829,7 +769,6 @@ int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
     a->n = (int32_t)p->n;
     a->k = (int32_t)p->k;
     a->eps = norm ? p->eps : 0.0f;
-    a->norm_ws = PTR(plan->d_norm_ws);
     return STOF_OK;
 }
 

@@ -109,15 +109,8 @@ int gemm_exec_persistent(const gemm_exec_problem *p, const int *values, const ch
 int gemm_exec_check_arch(const gemm_exec_problem *p, const int *values, const char *arch,
                          stof_error *err);
 
-/* Whether gemm_epilogue's norm exchanges its statistics over the grid: the
- * blocks of a row tile (N / BLOCK_N x SPLIT_K) are more than a cluster takes
- * (gemm_abi.cuh's stof_gemm_norm_grid). Such a plan needs its whole grid
- * resident at once (plan creation refuses it otherwise). */
-int gemm_exec_norm_grid(const gemm_exec_problem *p, const int *values);
-
 /* The blocks of a cluster a setting launches: gemm_epilogue's SPLIT_K, times
- * N / BLOCK_N with a norm over the cluster (whole rows a cluster); 1 for the
- * others. */
+ * N / BLOCK_N with a norm (whole rows a cluster); 1 for the others. */
 int gemm_exec_cluster(const gemm_exec_problem *p, const int *values);
 
 /* The NVRTC request compiling a setting: the template's parameters as
@@ -156,7 +149,6 @@ typedef struct gemm_exec_plan {
     unsigned grid[3], block[3];
     CUfunction func;               /* owned by the context's module cache */
     CUdeviceptr d_error;           /* embedding: the bad-id flag (owned) */
-    CUdeviceptr d_norm_ws;         /* a norm over the grid: its workspace (owned) */
 } gemm_exec_plan;
 
 /* Validates p, checks the setting (values NULL: gemm_exec_default_values)

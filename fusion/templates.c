@@ -65,19 +65,17 @@ static int gemm_split_check(const fusion_dims *d, const int *v, stof_error *err)
     return STOF_OK;
 }
 
-/* A closing norm (gemm_epilogue.cu's wgmma build): SPLIT_K blocks for each
- * of the N / BLOCK_N column tiles hold whole rows, and exchange their
- * statistics over a cluster or, beyond STOF_GEMM_MAX_CLUSTER blocks, over
- * the grid (whether the GPU holds that grid at once, plan creation asks). */
+/* A closing norm (gemm_epilogue.cu's wgmma build): a cluster of SPLIT_K
+ * blocks for each of the N / BLOCK_N column tiles holds whole rows. */
 static int gemm_norm_check(const fusion_dims *d, const int *v, stof_error *err) {
-    if (d->n % v[1] || d->n / v[1] * v[5] > STOF_GEMM_MAX_NORM_BLOCKS ||
+    if (d->n % v[1] || d->n / v[1] * v[5] > STOF_GEMM_MAX_CLUSTER ||
         !stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]))
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "a norm over rows of %lld needs blocks holding whole rows: the wgmma "
+                       "a norm over rows of %lld needs a cluster holding whole rows: the wgmma "
                        "build (BLOCK_K 64, 3 or more stages, whole warpgroups), BLOCK_N "
-                       "dividing the row and at most %d blocks a row tile (N / BLOCK_N x "
-                       "SPLIT_K), not %dx%dx%d on %d warps with SPLIT_K %d",
-                       (long long)d->n, STOF_GEMM_MAX_NORM_BLOCKS, v[0], v[1], v[2], v[3], v[5]);
+                       "dividing the row and at most %d blocks (N / BLOCK_N x SPLIT_K), not "
+                       "%dx%dx%d on %d warps with SPLIT_K %d",
+                       (long long)d->n, STOF_GEMM_MAX_CLUSTER, v[0], v[1], v[2], v[3], v[5]);
     return STOF_OK;
 }
 

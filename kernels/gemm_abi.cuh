@@ -45,16 +45,12 @@ typedef int64_t stof_i64;
  * them.
  * The wgmma build may close the epilogue with a row norm (NORM as in
  * gemm_ln: y = norm(s), s = residual + act(x w^T + bias), pre_norm = s with
- * STORE_PRE_NORM) when the SPLIT_K x NORM_TILES blocks of a row tile hold
- * whole rows: N = NORM_TILES x BLOCK_N. They exchange the rows' statistics
- * over a cluster, or over the grid where a cluster cannot hold them
- * (stof_gemm_norm_grid): then norm_ws is the plan's workspace of
- * stof_gemm_norm_ws_bytes, zeroed once when it is made. gamma, beta,
- * pre_norm, p_row_stride, eps and norm_ws serve that build only; y and
- * pre_norm may be residual itself. */
+ * STORE_PRE_NORM) when a cluster of SPLIT_K x NORM_TILES blocks holds whole
+ * rows: N = NORM_TILES x BLOCK_N. gamma, beta, pre_norm, p_row_stride and
+ * eps serve that build only; y and pre_norm may be residual itself. */
 typedef struct stof_gemm_args {
     const void *x, *w, *bias, *residual, *gamma, *beta;
-    void *y, *pre_norm, *norm_ws;
+    void *y, *pre_norm;
     stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride, p_row_stride;
     stof_i32 m, n, k;
     float eps;
@@ -62,8 +58,8 @@ typedef struct stof_gemm_args {
     stof_attn_tmap tmap_y;         /* the persistent wgmma build's stores */
 } stof_gemm_args;
 
-/* the fields above (128 bytes, a multiple of the maps' 64-byte alignment),
- * then the maps */
+/* the fields above (120 bytes), padded to the maps' 64-byte alignment, then
+ * the maps */
 #define STOF_GEMM_ARGS_BYTES (128 + 3 * 128)
 
 /* The norm build of gemm_epilogue: at most this many blocks a cluster (16
@@ -212,31 +208,6 @@ STOF_GEMM_ABI_FN long long stof_gemm_epilogue_smem(int bm, int bn, int bk, int w
     return stof_gemm_ring_bytes(bm, bn, bk, stages, elem_bytes) +
            (stof_gemm_wgmma_shape(bm, bn, bk, warps, stages) ? STOF_GEMM_WGMMA_SLACK : 0) +
            stof_gemm_store_smem(bm, bn, bk, warps, stages, split_k, norm);
-}
-
-/* gemm_epilogue's norm over the grid. The SPLIT_K x NORM_TILES blocks of a
- * row tile that one cluster cannot hold (more than STOF_GEMM_MAX_CLUSTER)
- * exchange their rows' statistics through global memory instead (the
- * split's clusters of SPLIT_K blocks stay): each block writes, for each of
- * its BLOCK_M rows, the mean of the columns it owns and the sum of squared
- * deviations from that mean, counts itself on its row tile's arrival
- * counter and waits until all the row tile's blocks have. So every block of
- * a row tile must be resident at once: the host launches such a grid only
- * where the GPU holds all of it. A counter only grows (a block arriving at
- * count c waits for the next multiple of the row tile's blocks above c), so
- * the workspace is zeroed once, when the plan is made, and the launches
- * that share it run one after another (one stream). Its layout: one 8-byte
- * counter a row tile, then [row tile][block][BLOCK_M] pairs of floats. */
-/* A lane of the merge keeps a quarter of a row tile's pairs in registers:
- * at most this many blocks a row tile (fusion/templates.c refuses more). */
-#define STOF_GEMM_MAX_NORM_BLOCKS 64
-STOF_GEMM_ABI_FN int stof_gemm_norm_grid(int split_k, int norm_tiles) {
-    return split_k * norm_tiles > STOF_GEMM_MAX_CLUSTER;
-}
-STOF_GEMM_ABI_FN long long stof_gemm_norm_ws_bytes(long long m, int bm, int split_k,
-                                                   int norm_tiles) {
-    const long long row_tiles = (m + bm - 1) / bm;
-    return row_tiles * 8 + row_tiles * split_k * norm_tiles * bm * 8;
 }
 
 /* mi_chain.cu: for every row r < rows of ROW_N elements,

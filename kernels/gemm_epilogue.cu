@@ -439,14 +439,11 @@ __device__ __forceinline__ void epilogue_store(const stof_gemm_args &a,
 // With NORM a cluster is NORM_TILES such groups, one per column tile of
 // the same rows: rank r takes column tile r / SPLIT_K and K share
 // r % SPLIT_K, and the cluster holds whole rows for the norm (below).
-// Where that is more blocks than a cluster takes, the clusters stay those of
-// the split and the norm's statistics go through global memory
-// (kNormGrid, gemm_abi.cuh's stof_gemm_norm_grid).
-constexpr bool kNormGrid = NORM && stof_gemm_norm_grid(SPLIT_K, NORM_TILES);
 static_assert((kWgCols / 8) % SPLIT_K == 0, "SPLIT_K divides a warpgroup's column tiles");
 static_assert(SPLIT_K == 1 ||
                   BLOCK_M * BLOCK_N * 4 <= STAGES * (kATile + kBTile) * (int)sizeof(elem_t),
               "the partial sums fit the operand ring");
+static_assert(SPLIT_K * NORM_TILES <= STOF_GEMM_MAX_CLUSTER, "blocks a cluster");
 
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
@@ -530,13 +527,8 @@ __device__ __forceinline__ int reduce_cluster(float (&d)[kWgCols / 2], float4 *p
 // sum M2_b + kOwnCols sum (mean_b - mean)^2) into the row's statistics.
 // RMSNorm takes the sum of squares about 0 the same way. The caller's last
 // cluster barrier keeps the pairs alive until every block has read them.
-//
-// Over the grid (kNormGrid) the pairs go to the plan's workspace instead,
-// the block counts itself on its row tile's counter and waits for the other
-// blocks (row_tile_sync), and the four lanes that share a row split the
-// pairs between them for the merge.
 static_assert(NORM == STOF_NORM_LAYERNORM || NORM == STOF_NORM_RMSNORM, "NORM is 1 or 2");
-constexpr int kBlocks = SPLIT_K * NORM_TILES;  // a row tile's blocks: whole rows
+constexpr int kBlocks = SPLIT_K * NORM_TILES;  // a cluster: whole rows
 constexpr int kWgN = WARPS / 4 / kWgM;         // warpgroups along N
 constexpr int kOwnCols = BLOCK_N / SPLIT_K;
 static_assert(BLOCK_M <= 128 && kWgN <= 2, "the statistics' arrays (STOF_GEMM_NORM_SMEM)");
@@ -575,100 +567,6 @@ __device__ __forceinline__ void block_row_sums(float (&v)[2], float (*red)[BLOCK
             sum += red[w][r + 8 * h];
         v[h] = sum;
     }
-}
-
-// The row tile's arrival counter and its blocks' pairs in the workspace
-// (gemm_abi.cuh's layout); blocks of a row tile are consecutive along x.
-__device__ __forceinline__ unsigned long long *row_tile_counter(const stof_gemm_args &a) {
-    return static_cast<unsigned long long *>(a.norm_ws) + blockIdx.x / kBlocks;
-}
-__device__ __forceinline__ float2 *row_tile_pairs(const stof_gemm_args &a) {
-    const int row_tiles = (a.m + BLOCK_M - 1) / BLOCK_M;
-    return reinterpret_cast<float2 *>(static_cast<unsigned long long *>(a.norm_ws) + row_tiles) +
-           (long long)(blockIdx.x / kBlocks) * kBlocks * BLOCK_M;
-}
-
-// Every compute thread of every block of the row tile: writes before it
-// are seen by reads after it (the pattern of a grid barrier: the block's
-// writes ordered by the block barrier, then one thread's fence and count,
-// its acquire of the full count, the block barrier again).
-__device__ __forceinline__ void row_tile_sync(unsigned long long *counter) {
-    compute_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long target = (atomicAdd(counter, 1ull) / kBlocks + 1) * kBlocks;
-        for (;;) {
-            unsigned long long seen;
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
-                         : "=l"(seen)
-                         : "l"(counter)
-                         : "memory");
-            if (seen >= target)
-                break;
-            __nanosleep(64);
-        }
-        __threadfence();
-    }
-    compute_sync();
-}
-
-// Over the grid: the means and rstds of rows r and r + 8 from the kBlocks
-// pairs of each at pairs[q * BLOCK_M + row], lane t of the rows' quad
-// taking q = t, t + 4, ... Every load is issued before any is used: one
-// trip to L2, where a loop that summed as it loaded waited for each.
-static_assert(!kNormGrid || kBlocks <= STOF_GEMM_MAX_NORM_BLOCKS,
-              "a lane keeps its share of the pairs in registers");
-__device__ __forceinline__ void merge_grid_pairs(const float2 *pairs, int r, int t, float eps,
-                                                 float (&mean)[2], float (&rstd)[2]) {
-    constexpr int kPer = (kBlocks + 3) / 4;
-    float2 st[2][kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            st[h][i] = t + 4 * i < kBlocks ? __ldcg(pairs + (t + 4 * i) * BLOCK_M + r + 8 * h)
-                                           : make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i)
-            sum += st[h][i].x;
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float mu = sum * (1.0f / kBlocks);
-        float m2 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-            const float dm = st[h][i].x - mu;
-            if (t + 4 * i < kBlocks)
-                m2 += st[h][i].y + kOwnCols * dm * dm;
-        }
-        m2 += __shfl_xor_sync(0xffffffffu, m2, 1);
-        m2 += __shfl_xor_sync(0xffffffffu, m2, 2);
-        mean[h] = mu;
-        rstd[h] = rsqrtf(m2 * (1.0f / (NORM_TILES * BLOCK_N)) + eps);
-    }
-}
-
-// Over the cluster: row r's mean and rstd from the pairs at stat[r] in
-// every block of the cluster.
-__device__ __forceinline__ float2 merge_cluster_pairs(const float2 *stat, int r, float eps) {
-    float2 st[kBlocks];
-    float sum = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kBlocks; ++q) {
-        st[q] = ld_cluster2(stat + r, q);
-        sum += st[q].x;
-    }
-    const float mu = sum * (1.0f / kBlocks);
-    float m2 = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kBlocks; ++q) {
-        const float dm = st[q].x - mu;
-        m2 += st[q].y + kOwnCols * dm * dm;
-    }
-    return make_float2(mu, rsqrtf(m2 * (1.0f / (NORM_TILES * BLOCK_N)) + eps));
 }
 
 // The epilogue with the norm: d's tiles nt0 .. nt0 + kShare - 1 at rows
@@ -724,29 +622,31 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
                 sq[e >> 1] += dx * dx;
             }
     block_row_sums(sq, red[1], wg_n, r0 + g, lane);
-    // the block's pairs: in its shared memory for the cluster, in the
-    // workspace over the grid
-    float2 *own = stat;
-    if constexpr (kNormGrid)
-        own = row_tile_pairs(a) + (blockIdx.x % kBlocks) * BLOCK_M;
     if (wg_n == 0 && t == 0) {
-        own[r0 + g] = make_float2(mean_b[0], sq[0]);
-        own[r0 + g + 8] = make_float2(mean_b[1], sq[1]);
+        stat[r0 + g] = make_float2(mean_b[0], sq[0]);
+        stat[r0 + g + 8] = make_float2(mean_b[1], sq[1]);
     }
-    if constexpr (kNormGrid)
-        row_tile_sync(row_tile_counter(a));
-    else
-        cluster_sync();
+    cluster_sync();
     float mean[2], rstd[2];
-    if constexpr (kNormGrid)
-        merge_grid_pairs(row_tile_pairs(a), r0 + g, t, a.eps, mean, rstd);
-    else
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float2 mr = merge_cluster_pairs(stat, r0 + g + 8 * h, a.eps);
-            mean[h] = mr.x;
-            rstd[h] = mr.y;
+    for (int h = 0; h < 2; ++h) {
+        float2 st[kBlocks];
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kBlocks; ++q) {
+            st[q] = ld_cluster2(stat + r0 + g + 8 * h, q);
+            sum += st[q].x;
         }
+        const float mu = sum * (1.0f / kBlocks);
+        float m2 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kBlocks; ++q) {
+            const float dm = st[q].x - mu;
+            m2 += st[q].y + kOwnCols * dm * dm;
+        }
+        mean[h] = mu;
+        rstd[h] = rsqrtf(m2 * (1.0f / (NORM_TILES * BLOCK_N)) + a.eps);
+    }
 #pragma unroll
     for (int j = 0; j < kWgCols / 8; ++j) {
         if (j < nt0 || j >= nt0 + kShare)
@@ -776,7 +676,7 @@ __device__ __forceinline__ void norm_epilogue(const stof_gemm_args &a, float (&d
 // Cluster barriers the compute warps take after the mainloop (the split's
 // reduction, the norm's statistics, the last one keeping the shared memory
 // alive), which the producer warp takes too.
-constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0 && !kNormGrid) + 1;
+constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0) + 1;
 #endif
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)

@@ -621,20 +621,17 @@ static void test_templates(void) {
                    "256 registers a thread");
     expect_setting(FUSION_T_GEMM_EPILOGUE, &plain, odd, H100_SMEM, STOF_ERR_INVALID,
                    "BLOCK_M = 96 is not in its space");
-    /* gemm_epilogue closing with a norm: N / BLOCK_N x SPLIT_K blocks hold
-     * whole rows, on the wgmma build (over a cluster, or over the grid past
-     * 16 blocks: 64x64 with K in halves is 24 blocks at N = 768); the
-     * statistics' arrays count beside the ring */
+    /* gemm_epilogue closing with a norm: a cluster of N / BLOCK_N x SPLIT_K
+     * blocks holds whole rows, on the wgmma build; the statistics' arrays
+     * count beside the ring */
     int norm_ok[] = {64, 128, 64, 4, 6, 2}, norm_wide[] = {64, 64, 64, 4, 6, 2},
         norm_mma[] = {64, 128, 32, 4, 3, 1}, norm_odd[] = {64, 256, 64, 8, 3, 1};
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_ok, H100_SMEM, STOF_OK, NULL);
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, big, 49152, STOF_ERR_UNSUPPORTED,
                    "needs 200704 bytes of shared memory (limit 49152)");
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_wide, H100_SMEM, STOF_OK, NULL);
-    int norm_many[] = {64, 32, 64, 4, 6, 4}; /* 24 x 4 blocks a row tile: past 64 */
-    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_many, H100_SMEM, STOF_ERR_UNSUPPORTED,
-                   "at most 64 blocks a row tile (N / BLOCK_N x SPLIT_K), not 64x32x64 on 4 "
-                   "warps with SPLIT_K 4");
+    expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_wide, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "at most 16 blocks (N / BLOCK_N x SPLIT_K), not 64x64x64 on 4 warps with "
+                   "SPLIT_K 2");
     expect_setting(FUSION_T_GEMM_EPILOGUE, &d, norm_mma, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "the wgmma build");
     fusion_dims rows1000 = d;

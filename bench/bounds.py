@@ -11,11 +11,17 @@ The attention and end-to-end targets are judged against these:
   - the cost of one grid-wide barrier in a persistent kernel (one program per
     SM, an atomic counter): the floor of every phase a single-kernel forward
     pass would need between operators that read each other's whole output.
+  - cuBLAS (torch's F.linear) on every GEMM of a model's forward pass at 128
+    tokens, in one replayed CUDA graph with each layer's own weights (so they
+    stream from HBM as in the model), and its rate on a large GEMM: what a
+    forward pass's projections alone take on the vendor's library, and what
+    their FLOPs take at the best rate the GPU showed.
 
 From these it derives the useful TFLOP/s a block-wise attention kernel can
 reach on a mask when every tile reads its K and V from L2 (bytes per useful
 FLOP at each tile height) and the least time a forward pass at (1, 128) can
-take given how many global dependencies it has.
+take given how many global dependencies it has, set against the (1, 128)
+target of 3x the weight-read time.
 
     python3 bench/bounds.py [--out bench/out/bounds.md]
 """
@@ -32,6 +38,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import stof  # noqa: E402
+import torch_models  # noqa: E402
 
 
 @triton.jit
@@ -161,6 +168,83 @@ def attention_bytes_per_flop(mask_name, seq, head_dim, tiles):
     return rows
 
 
+def layer_stacks(name):
+    """(stack, layers, the (N, K) of each projection of a layer, dependencies a layer).
+
+    A dependency is a point where a layer waits for work spread over the whole
+    GPU when every GEMM is: after the QKV projection (attention needs K and V
+    of every row), after attention, after the output projection (the norm
+    needs whole rows) and after each FFN GEMM. The T5 decoder adds the
+    cross-attention block (its query projection, attention, output projection
+    and norm); its K and V projections of the encoder's output wait for nothing
+    new."""
+    cfg = torch_models.SPECS[name]["config"]
+    if torch_models.family(name) == "t5":
+        h, f, n = cfg["d_model"], cfg["d_ff"], cfg["num_layers"]
+        enc = [(3 * h, h), (h, h), (f, h), (h, f)]
+        dec = enc[:2] + [(h, h), (2 * h, h), (h, h)] + enc[2:]
+        return [("encoder", n, enc, 5), ("decoder", n, dec, 8)]
+    if torch_models.family(name) == "gpt2":
+        h, n = cfg["n_embd"], cfg["n_layer"]
+        f = 4 * h
+    else:
+        h, f, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    return [("layer", n, [(3 * h, h), (h, h), (f, h), (h, f)], 5)]
+
+
+def linear_graph_ms(stacks, tokens):
+    """Every projection of every layer, F.linear on fp16, in one replayed CUDA graph."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    todo = []
+    for _, n, shapes, _ in stacks:
+        for _ in range(n):
+            for nn, kk in shapes:
+                todo.append((torch.randn(tokens, kk, device="cuda", dtype=torch.float16,
+                                         generator=gen),
+                             torch.randn(nn, kk, device="cuda", dtype=torch.float16,
+                                         generator=gen) * kk ** -0.5))
+    outs = [None] * len(todo)
+
+    def forward():
+        for i, (x, w) in enumerate(todo):
+            outs[i] = torch.nn.functional.linear(x, w)
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            forward()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        forward()
+    return time_ms(g.replay)
+
+
+def large_gemm_tflops(m=8192, n=3072, k=768):
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    ms = time_ms(lambda: torch.nn.functional.linear(x, w))
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def small_m_rows(models, tokens, hbm_rate, barrier, large_rate):
+    """One table row a model: the weight-read target and what its GEMMs and its
+    dependencies alone take at `tokens` rows."""
+    rows = []
+    for name in models:
+        stacks = layer_stacks(name)
+        params = sum(n * sum(a * b for a, b in shapes) for _, n, shapes, _ in stacks)
+        deps = sum(n * d for _, n, _, d in stacks)
+        bound_us = params * 2 / hbm_rate * 1e6
+        flop_us = 2.0 * tokens * params / (large_rate * 1e12) * 1e6
+        cublas_us = linear_graph_ms(stacks, tokens) * 1e3
+        rows.append((name, sum(n for _, n, _, _ in stacks), params * 2 / 1e6, bound_us,
+                     3 * bound_us, flop_us, cublas_us, 2.0 * tokens * params / cublas_us / 1e6,
+                     deps, deps * barrier))
+        torch.cuda.empty_cache()
+    return rows
+
+
 def commit():
     if os.environ.get("STOF_COMMIT"):
         return os.environ["STOF_COMMIT"]
@@ -174,6 +258,10 @@ def commit():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="also write the markdown here")
+    ap.add_argument("--models", default="bert-small,bert-base,bert-large,gpt2,t5-base",
+                    help="models of the (1, 128) table (names of bench/torch_models.py)")
+    ap.add_argument("--bandwidth", type=float, default=4.8e12,
+                    help="HBM bytes/s of the weight-read target (bench/e2e.py's; H200: 4.8e12)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bounds: no CUDA GPU visible; nothing measured (skipped)")
@@ -226,6 +314,18 @@ def main():
                  "shares no load with other rows is held to the first line; a kernel whose "
                  "rows of one tile share each K/V load, to the lines below it, but computes "
                  "the tile's empty part unless its warps skip it.)")
+    large = large_gemm_tflops()
+    lines += ["", f"At 128 tokens: the (1, 128) target (3x the weight-read time at "
+              f"{args.bandwidth / 1e12:.2f} TB/s) against what the forward pass's projections "
+              f"take. FLOP floor: their FLOPs at {large:.0f} TFLOP/s, what cuBLAS reached on "
+              f"8192 x 3072 x 768. cuBLAS: every projection F.linear'd in one replayed CUDA "
+              f"graph. Barriers: the dependencies across the GPU x {bar:.2f} us.", "",
+              "| model | layers | weights MB | weight-read us | target (3x) us | FLOP floor us "
+              "| cuBLAS, projections only, us | its TFLOP/s | dependencies | barriers us |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in small_m_rows(args.models.split(","), 128, args.bandwidth, bar, large):
+        lines.append(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.1f} | {r[5]:.1f} "
+                     f"| {r[6]:.1f} | {r[7]:.0f} | {r[8]} | {r[9]:.1f} |")
     text = "\n".join(lines)
     print(text)
     if args.out:

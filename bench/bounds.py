@@ -127,19 +127,24 @@ def kv_block_bandwidth(seq, heads, head_dim, programs, iters, rows=32):
     return programs * iters * 2 * rows * head_dim * 2 / (ms * 1e-3) / 1e12
 
 
-def graph_node_us(kernel_fn, nodes=200):
-    """Per-node time of a CUDA graph of `nodes` launches, replayed."""
+def graph_replay_ms(fn, calls=1):
+    """The time of one replay of a CUDA graph that captured `calls` calls of fn (after three
+    calls outside it, so that whatever fn allocates or compiles on first use is done)."""
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         for _ in range(3):
-            kernel_fn()
+            fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
-        for _ in range(nodes):
-            kernel_fn()
-    ms = time_ms(g.replay)
-    return ms * 1e3 / nodes
+        for _ in range(calls):
+            fn()
+    return time_ms(g.replay)
+
+
+def graph_node_us(kernel_fn, nodes=200):
+    """Per-node time of a CUDA graph of `nodes` launches, replayed."""
+    return graph_replay_ms(kernel_fn, nodes) * 1e3 / nodes
 
 
 def barrier_us(sms, n=2000):
@@ -209,15 +214,7 @@ def linear_graph_ms(stacks, tokens):
         for i, (x, w) in enumerate(todo):
             outs[i] = torch.nn.functional.linear(x, w)
 
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            forward()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        forward()
-    return time_ms(g.replay)
+    return graph_replay_ms(forward)
 
 
 def large_gemm_tflops(m=8192, n=3072, k=768):

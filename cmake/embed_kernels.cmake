@@ -2,7 +2,7 @@
 # { file name, text } so that an installed stof needs no source tree.
 # Called as: cmake -DOUT=file.c "-DSOURCES=a.cu;b.cuh" -P embed_kernels.cmake
 set(body "/* Generated from kernels/ by cmake/embed_kernels.cmake. Do not edit. */\n")
-string(APPEND body "#include \"core/kernels.h\"\n\n")
+string(APPEND body "#include \"core/gpu/kernels.h\"\n\n")
 set(table "")
 set(i 0)
 list(SORT SOURCES)

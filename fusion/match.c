@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/ops.h"
 
 static const char *kind_of(const graph *g, int op) {

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 /* ---- bits --------------------------------------------------------------- */
 

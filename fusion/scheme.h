@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/graph.h"
+#include "core/graph/graph.h"
 
 #define FUSION_MAX_OPS 256
 /* Longest text forms, terminating zero included. */

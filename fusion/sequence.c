@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 int fusion_layer_ops(const graph *g, int layer, int *idx, int max) {
     int count = 0;

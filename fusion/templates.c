@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/gemm_abi.cuh"
 #include "ops/mha_select.h"
 #include "ops/ops.h"

@@ -27,7 +27,7 @@
 
 #include <stdint.h>
 
-#include "core/graph.h"
+#include "core/graph/graph.h"
 
 typedef enum fusion_template_id {
     FUSION_T_GEMM_EPILOGUE = 0,

@@ -4,7 +4,7 @@
 
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 int fusion_scheme_validate(const graph *g, const int *ops, int n, const fusion_scheme *s,
                            fusion_report *report, stof_error *err) {

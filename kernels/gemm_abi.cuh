@@ -1,7 +1,7 @@
 /* The argument blocks of the GEMM-family and memory-intensive kernels
  * (gemm_epilogue.cu, gemm_ln.cu, gemm_chain.cu, mi_chain.cu, embedding.cu),
  * and the warp-grid rule of the tensor-core kernels, shared by the host (C11:
- * core/gemm_exec.c includes it as "kernels/gemm_abi.cuh") and the kernels
+ * core/exec/gemm/gemm_exec.c includes it as "kernels/gemm_abi.cuh") and the kernels
  * (CUDA C++ under NVRTC).
  *
  * As in attention_abi.cuh: each struct is passed BY VALUE as the single

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/mask.h"
 #include "ops/ops_impl.h"
 

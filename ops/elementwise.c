@@ -3,7 +3,7 @@
  * row softmax. */
 #include <math.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/ops_impl.h"
 
 /* ---- add ----------------------------------------------------------------- */

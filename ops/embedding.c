@@ -3,7 +3,7 @@
  * GPT-2 adds positions only; T5 has word rows alone. */
 #include <math.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/ops_impl.h"
 
 /* Input slots: ids, word, then the optional tables in this order. */

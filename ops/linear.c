@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/ops_impl.h"
 
 /* ---- gemm ---------------------------------------------------------------- */

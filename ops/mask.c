@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/base/util.h"
 #include "ops/png.h"
 
 /* ---- names ---------------------------------------------------------------- */

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/base/util.h"
 
 enum { BLOCK_EMPTY = 0, BLOCK_PARTIAL = 1, BLOCK_FULL = 2 };
 

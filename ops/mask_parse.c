@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/mask.h"
 
 typedef enum mask_field {

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 /* Stage 2 search space: powers of two that are multiples of 16. */
 static const int block_sizes[] = {16, 32, 64, 128};

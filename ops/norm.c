@@ -4,7 +4,7 @@
  * comparison. */
 #include <math.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/ops_impl.h"
 
 /* eps keeps rows of equal values from dividing by zero, so it must be > 0. */

@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 static const op_desc op_table[OP_KIND_COUNT] = {
     [OP_GEMM] = {OP_GEMM, "gemm", OP_CLASS_CI, 2, 2,

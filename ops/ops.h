@@ -4,7 +4,7 @@
 #ifndef STOF_OPS_H
 #define STOF_OPS_H
 
-#include "core/graph.h"
+#include "core/graph/graph.h"
 
 typedef enum op_class {
     OP_CLASS_CI = 0, /* compute-intensive: GEMM, attention */

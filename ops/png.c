@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 /* ---- a growing byte buffer; the first failed allocation sticks ---------- */
 

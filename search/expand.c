@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/ops.h"
 #include "search/search_internal.h"
 

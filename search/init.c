@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "fusion/match.h"
 #include "ops/ops.h"
 #include "search/search_internal.h"

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/base/util.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
 

@@ -28,7 +28,7 @@
 
 #include <stddef.h>
 
-#include "core/graph.h"
+#include "core/graph/graph.h"
 #include "fusion/match.h"
 #include "fusion/templates.h"
 

@@ -1,9 +1,9 @@
-/* A search result as a plan (core/plan.h): what was tuned, for what. */
+/* A search result as a plan (core/plan/plan.h): what was tuned, for what. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/mask.h"
 #include "search/search.h"
 

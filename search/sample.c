@@ -16,7 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "search/search_internal.h"
 
 /* ---- shares --------------------------------------------------------------------- */

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/base/util.h"
 #include "search/search_internal.h"
 
 const char *search_stage_name(search_stage s) {

@@ -24,8 +24,8 @@
 
 #include <stdint.h>
 
-#include "core/lua_api.h"
-#include "core/plan.h"
+#include "core/lua/lua_api.h"
+#include "core/plan/plan.h"
 #include "fusion/scheme.h"
 #include "search/measure.h"
 

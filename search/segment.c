@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/base/util.h"
 #include "search/search_internal.h"
 
 void search_seq_ops(const search_ctx *c, int q, int *ops) {

@@ -25,8 +25,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/mha_exec.h"
-#include "core/util.h"
+#include "core/exec/attention/mha_exec.h"
+#include "core/base/util.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
 

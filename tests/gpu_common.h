@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/cuda_driver.h"
-#include "core/util.h"
+#include "core/gpu/cuda_driver.h"
+#include "core/base/util.h"
 #include "gpu_recap.h"
 
 #ifndef GPU_CTX_TYPE

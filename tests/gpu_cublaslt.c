@@ -1,4 +1,4 @@
-/* GEMM segments through cuBLASLt (core/cublaslt_exec.h) on the GPU against
+/* GEMM segments through cuBLASLt (core/exec/cublaslt/cublaslt_exec.h) on the GPU against
  * an fp64 CPU reference written here.
  *
  * Shapes: every M in {1, 7, 1000, 4096}, N in {768, 2304, 3072}, K in
@@ -26,8 +26,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/cublaslt_exec.h"
-#include "core/util.h"
+#include "core/exec/cublaslt/cublaslt_exec.h"
+#include "core/base/util.h"
 
 #define GPU_CTX_TYPE cublaslt_exec_ctx
 #include "gpu_gemm_common.h"

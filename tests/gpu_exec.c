@@ -35,12 +35,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/device.h"
-#include "core/exec.h"
-#include "core/lua_api.h"
-#include "core/safetensors.h"
-#include "core/util.h"
-#include "core/weights.h"
+#include "core/gpu/device.h"
+#include "core/exec/exec.h"
+#include "core/lua/lua_api.h"
+#include "core/io/safetensors.h"
+#include "core/base/util.h"
+#include "core/io/weights.h"
 #include "fusion/templates.h"
 #include "gpu_recap.h"
 

@@ -59,9 +59,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/device.h"
-#include "core/gemm_exec.h"
-#include "core/util.h"
+#include "core/gpu/device.h"
+#include "core/exec/gemm/gemm_exec.h"
+#include "core/base/util.h"
 
 #define GPU_CTX_TYPE gemm_exec_ctx
 #include "gpu_gemm_common.h"

@@ -1,4 +1,4 @@
-/* The auto-tuner on the GPU (core/tune_backend.h), on bert-small (preset
+/* The auto-tuner on the GPU (core/tune/tune_backend.h), on bert-small (preset
  * small, batch 2, seq 128, bigbird mask):
  *   - the backend alone: a segment's default setting is checked against the
  *     CPU reference and timed (its reference computed once for every
@@ -26,10 +26,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/exec.h"
-#include "core/lua_api.h"
-#include "core/tune_backend.h"
-#include "core/util.h"
+#include "core/exec/exec.h"
+#include "core/lua/lua_api.h"
+#include "core/tune/tune_backend.h"
+#include "core/base/util.h"
 #include "search/search.h"
 
 #define SCRIPTS STOF_SOURCE_DIR "/scripts/"

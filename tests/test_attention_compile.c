@@ -10,9 +10,9 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/device.h"
-#include "core/mha_exec.h"
-#include "core/nvrtc.h"
+#include "core/gpu/device.h"
+#include "core/exec/attention/mha_exec.h"
+#include "core/gpu/nvrtc.h"
 #include "ops/mask.h"
 #include "ops/mask_format.h"
 

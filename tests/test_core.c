@@ -7,13 +7,13 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/device.h"
-#include "core/error.h"
-#include "core/graph.h"
-#include "core/safetensors.h"
-#include "core/task_pool.h"
-#include "core/util.h"
-#include "core/weights.h"
+#include "core/gpu/device.h"
+#include "core/base/error.h"
+#include "core/graph/graph.h"
+#include "core/io/safetensors.h"
+#include "core/base/task_pool.h"
+#include "core/base/util.h"
+#include "core/io/weights.h"
 
 static void test_half(void) {
     CHECK_EQ_INT(util_f32_to_f16(1.0f), 0x3c00);

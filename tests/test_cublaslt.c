@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/cublaslt_exec.h"
+#include "core/exec/cublaslt/cublaslt_exec.h"
 
 static gemm_exec_problem problem(stof_dtype dt, int64_t m, int64_t n, int64_t k, int kn,
                                  int bias, fusion_act act, int res) {

@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/exec.h"
-#include "core/lua_api.h"
-#include "core/util.h"
+#include "core/exec/exec.h"
+#include "core/lua/lua_api.h"
+#include "core/base/util.h"
 #include "fusion/templates.h"
 #include "ops/ops.h"
 

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/lua_api.h"
-#include "core/util.h"
+#include "core/lua/lua_api.h"
+#include "core/base/util.h"
 #include "fusion/match.h"
 #include "fusion/scheme.h"
 #include "fusion/templates.h"

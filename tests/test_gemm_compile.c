@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/gemm_exec.h"
-#include "core/nvrtc.h"
-#include "core/util.h"
+#include "core/exec/gemm/gemm_exec.h"
+#include "core/gpu/nvrtc.h"
+#include "core/base/util.h"
 
 #define SMEM_H100 (227 * 1024)
 #define SMEM_A100 (163 * 1024)

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/lua_api.h"
+#include "core/lua/lua_api.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
 

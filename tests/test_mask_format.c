@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/base/util.h"
 #include "ops/mask_format.h"
 
 /* ---- test masks ------------------------------------------------------------- */

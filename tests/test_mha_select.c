@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/error.h"
+#include "core/base/error.h"
 #include "ops/mha_select.h"
 
 /* ---- test masks (the mask struct filled directly; see test_mask_format.c) ---- */

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/kernels.h"
-#include "core/nvrtc.h"
+#include "core/gpu/kernels.h"
+#include "core/gpu/nvrtc.h"
 
 static const char *archs[] = {"sm_80", "sm_90"};
 static const char *dtypes[] = {"-DSTOF_DTYPE=1", "-DSTOF_DTYPE=2"};

@@ -1,4 +1,4 @@
-/* Compiling in worker processes (core/nvrtc_worker.h): off by default, the
+/* Compiling in worker processes (core/gpu/nvrtc_worker.h): off by default, the
  * same cubins as compiling here, errors with NVRTC's log, many threads at
  * once, and every way a worker can fail falls back to compiling here. The
  * test program is its own worker. */
@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/nvrtc.h"
-#include "core/nvrtc_worker.h"
+#include "core/gpu/nvrtc.h"
+#include "core/gpu/nvrtc_worker.h"
 
 static nvrtc_request util_request(const char *salt) {
     nvrtc_request req = {.source = "util.cu", .arch = "sm_90"};

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/graph.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/graph/graph.h"
+#include "core/base/util.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
 

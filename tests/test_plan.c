@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/lua_api.h"
-#include "core/plan.h"
-#include "core/util.h"
+#include "core/lua/lua_api.h"
+#include "core/plan/plan.h"
+#include "core/base/util.h"
 #include "ops/ops.h"
 #include "search/search.h"
 

@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/graph.h"
-#include "core/ref.h"
-#include "core/weights.h"
+#include "core/base/error.h"
+#include "core/graph/graph.h"
+#include "core/ref/ref.h"
+#include "core/io/weights.h"
 #include "ops/mask.h"
 
 enum { B = 2, S = 9, H = 16, NH = 2, D = 8, F = 32, V = 50, L = 2, BAND = 2 };

@@ -10,12 +10,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/lua_api.h"
-#include "core/ref.h"
-#include "core/safetensors.h"
-#include "core/util.h"
-#include "core/weights.h"
+#include "core/base/error.h"
+#include "core/lua/lua_api.h"
+#include "core/ref/ref.h"
+#include "core/io/safetensors.h"
+#include "core/base/util.h"
+#include "core/io/weights.h"
 
 #define WORK STOF_BINARY_DIR "/tests/"
 

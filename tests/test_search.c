@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/lua_api.h"
-#include "core/util.h"
+#include "core/base/error.h"
+#include "core/lua/lua_api.h"
+#include "core/base/util.h"
 #include "fusion/match.h"
 #include "ops/ops.h"
 #include "search/search.h"

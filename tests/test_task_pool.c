@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/memo.h"
-#include "core/nvrtc.h"
-#include "core/task_pool.h"
+#include "core/base/error.h"
+#include "core/base/memo.h"
+#include "core/gpu/nvrtc.h"
+#include "core/base/task_pool.h"
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

@@ -1,4 +1,4 @@
-/* The auto-tuner without a GPU (core/tune_backend.h):
+/* The auto-tuner without a GPU (core/tune/tune_backend.h):
  *   - the check a candidate passes before its time counts: a wrong output,
  *     NaN or infinity is STOF_ERR_UNSUPPORTED (the search caches it as
  *     infeasible), within the fp16 / bf16 tolerance it passes;
@@ -25,11 +25,11 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/error.h"
-#include "core/exec.h"
-#include "core/exec_impl.h"
-#include "core/lua_api.h"
-#include "core/tune_backend.h"
+#include "core/base/error.h"
+#include "core/exec/exec.h"
+#include "core/exec/exec_impl.h"
+#include "core/lua/lua_api.h"
+#include "core/tune/tune_backend.h"
 #include "ops/ops.h"
 #include "search/search.h"
 

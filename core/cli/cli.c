@@ -1,0 +1,272 @@
+/* `stof`: entry point, argument parsing, dispatch. */
+#include "core/cli/cli.h"
+
+#include "core/gpu/nvrtc_worker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "stof %s - sparse transformers, fused and tuned for NVIDIA GPUs\n"
+            "\n"
+            "usage:\n"
+            "  stof info                          the GPU stof would use, or why there is none\n"
+            "  stof graph SCRIPT [--set k=v ...]  the model's operators: index, kind, class,\n"
+            "                                     shapes, FLOPs and bytes\n"
+            "  stof run SCRIPT [--set k=v ...] [--scheme S ...] [--reps N] [--seed N]\n"
+            "           [--check | --no-check] [--profile] [VALUES]\n"
+            "                                     run the model on the GPU: its segments and\n"
+            "                                     kernels, memory, latency (eager and CUDA graph),\n"
+            "                                     checksum, error against the CPU reference\n"
+            "                                     (--check: even for big models; --no-check: skip).\n"
+            "                                     --scheme: the fusion scheme of the layers, hex\n"
+            "                                     (\"14:2238\") or binary, or \"default\" or\n"
+            "                                     \"unfused\"; once for every layer class, or\n"
+            "                                     once per class in order (T5: encoder, decoder)\n"
+            "                                     --profile: each segment's time inside the\n"
+            "                                     forward pass, summed over its layers\n"
+            "  stof run --cpu SCRIPT [--set k=v ...] [--seed N] [VALUES]\n"
+            "                                     run the fp32 CPU reference, print a checksum\n"
+            "    VALUES: --weights FILE.safetensors  every weight from a checkpoint (Hugging\n"
+            "                                     Face names; fused weights from their parts)\n"
+            "            --inputs FILE.safetensors   the inputs it holds (token ids as int32 or\n"
+            "                                     int64); the others, and without --weights the\n"
+            "                                     weights, are drawn from --seed\n"
+            "            --save-output FILE.safetensors\n"
+            "                                     write the output as fp32 tensor \"output\"\n"
+            "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
+            "                                     mask statistics, and a heatmap as PNG\n"
+            "  stof tune SCRIPT [--set k=v ...] -o PLAN.json [--budget N] [--time-limit S]\n"
+            "            [--seed N] [--arch sm_XX] [--reps N] [--check | --no-check]\n"
+            "                                     tune the fusion scheme and kernel parameters\n"
+            "                                     on the GPU (two-stage search, measurements\n"
+            "                                     cached in tune-cache.txt beside the kernel\n"
+            "                                     cache) and write the plan. Without a GPU:\n"
+            "                                     an unmeasured plan of the initial scheme for\n"
+            "                                     --arch (default sm_90), kernels precompiled\n"
+            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check]\n"
+            "           [--profile] [VALUES]\n"
+            "                                     run a tuned plan (no tuning) and compare its\n"
+            "                                     latency with the one it recorded (--profile:\n"
+            "                                     segment by segment too)\n"
+            "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
+            "                                     segments, kernels, times, search statistics\n"
+            "  stof mha-select SCRIPT [--set k=v ...] [--arch sm_XX]\n"
+            "                                     the attention kernel the analytical model picks\n"
+            "                                     (paper Eq. 1, 2) and its score table\n"
+            "  stof version\n"
+            "\n"
+            "SCRIPT is a Lua model script (see scripts/ and docs/lua-api.md); --set passes\n"
+            "its parameters, e.g. stof graph scripts/bert.lua --set preset=base --set seq=1024\n",
+            STOF_VERSION_STRING);
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "stof: %s expects an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Options that take a value: returns the value or NULL (message printed). */
+static const char *option_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "stof: %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int known_option(const char *opt) {
+    static const char *names[] = {"--cpu",    "--set",    "--seed",   "--png",
+                                  "--px",     "--block",  "--mask-index", "--arch",
+                                  "--scheme", "--reps",   "--check",  "--no-check",
+                                  "-o",       "--output", "--budget", "--time-limit",
+                                  "--script", "--weights", "--inputs", "--save-output",
+                                  "--profile"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(opt, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int parse_option(int argc, char **argv, int *i, cli_args *a) {
+    const char *opt = argv[*i];
+    if (!known_option(opt)) {
+        fprintf(stderr, "stof: unknown option '%s' (try stof help)\n", opt);
+        return 1;
+    }
+    if (strcmp(opt, "--cpu") == 0) {
+        a->cpu = 1;
+        return 0;
+    }
+    if (strcmp(opt, "--profile") == 0) {
+        a->profile = 1;
+        return 0;
+    }
+    if (strcmp(opt, "--check") == 0 || strcmp(opt, "--no-check") == 0) {
+        a->check = opt[2] == 'c' ? CLI_CHECK_ALWAYS : CLI_CHECK_NEVER;
+        return 0;
+    }
+    const char *v = option_value(argc, argv, i);
+    if (!v)
+        return 1;
+    long n;
+    if (strcmp(opt, "--set") == 0) {
+        if (!strchr(v, '=')) {
+            fprintf(stderr, "stof: --set expects key=value, got '%s'\n", v);
+            return 1;
+        }
+        if (a->n_params == LUA_API_MAX_PARAMS) {
+            fprintf(stderr, "stof: at most %d --set parameters\n", LUA_API_MAX_PARAMS);
+            return 1;
+        }
+        a->params[a->n_params++] = v;
+    } else if (strcmp(opt, "--seed") == 0) {
+        char *end;
+        errno = 0;
+        a->seed = strtoull(v, &end, 10);
+        if (errno || *end || end == v) {
+            fprintf(stderr, "stof: --seed expects a non-negative integer, got '%s'\n", v);
+            return 1;
+        }
+    } else if (strcmp(opt, "--scheme") == 0) {
+        if (a->n_schemes == CLI_MAX_SCHEMES) {
+            fprintf(stderr, "stof: at most %d --scheme options\n", CLI_MAX_SCHEMES);
+            return 1;
+        }
+        a->schemes[a->n_schemes++] = v;
+    } else if (strcmp(opt, "--reps") == 0) {
+        if (parse_int(opt, v, 1, 100000, &n))
+            return 1;
+        a->reps = (int)n;
+    } else if (strcmp(opt, "--png") == 0) {
+        a->png = v;
+    } else if (strcmp(opt, "--px") == 0) {
+        if (parse_int(opt, v, 16, 8192, &n))
+            return 1;
+        a->png_px = (int)n;
+    } else if (strcmp(opt, "--block") == 0) {
+        if (parse_int(opt, v, 1, 4096, &n))
+            return 1;
+        a->block = (int)n;
+    } else if (strcmp(opt, "--mask-index") == 0) {
+        if (parse_int(opt, v, 0, 1 << 20, &n))
+            return 1;
+        a->mask_index = (int)n;
+    } else if (strcmp(opt, "-o") == 0 || strcmp(opt, "--output") == 0) {
+        a->output = v;
+    } else if (strcmp(opt, "--script") == 0) {
+        a->script_path = v;
+    } else if (strcmp(opt, "--weights") == 0) {
+        a->weights = v;
+    } else if (strcmp(opt, "--inputs") == 0) {
+        a->inputs = v;
+    } else if (strcmp(opt, "--save-output") == 0) {
+        a->save_output = v;
+    } else if (strcmp(opt, "--budget") == 0) {
+        if (parse_int(opt, v, 1, 1L << 40, &n))
+            return 1;
+        a->budget = n;
+    } else if (strcmp(opt, "--time-limit") == 0) {
+        char *end;
+        errno = 0;
+        double s = strtod(v, &end);
+        if (errno || *end || end == v || !(s > 0) || s > 1e7) {
+            fprintf(stderr, "stof: --time-limit expects seconds above 0, got '%s'\n", v);
+            return 1;
+        }
+        a->time_limit = s;
+    } else {
+        a->arch = v;
+    }
+    return 0;
+}
+
+int cli_parse(int argc, char **argv, int first, cli_args *a) {
+    memset(a, 0, sizeof *a);
+    a->seed = 1;
+    a->png_px = 1024;
+    a->block = 64;
+    a->reps = 20;
+    for (int i = first; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) == 0 || strcmp(argv[i], "-o") == 0) {
+            if (parse_option(argc, argv, &i, a))
+                return 1;
+        } else if (!a->script) {
+            a->script = argv[i];
+        } else {
+            fprintf(stderr, "stof: unexpected argument '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info) {
+    if (!a->script) {
+        fprintf(stderr, "stof: a model script is needed (e.g. scripts/bert.lua)\n");
+        return 1;
+    }
+    stof_error err = {0};
+    graph_init(g);
+    int rc = lua_api_build(a->script, a->params, a->n_params, g, info, &err);
+    if (rc) {
+        fprintf(stderr, "stof: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct cli_command {
+    const char *name;
+    int (*run)(const cli_args *a);
+    int has_sub; /* a subcommand word follows the command: `stof plan show` */
+} cli_command;
+
+static const cli_command commands[] = {
+    {"info", cli_cmd_info, 0},
+    {"graph", cli_cmd_graph, 0},
+    {"run", cli_cmd_run, 0},
+    {"tune", cli_cmd_tune, 0},
+    {"plan", cli_cmd_plan, 1},
+    {"mask", cli_cmd_mask, 0},
+    {"mha-select", cli_cmd_mha_select, 0},
+};
+
+int main(int argc, char **argv) {
+    /* a compile worker started by this program (core/gpu/nvrtc_worker.h) */
+    if (argc == 2 && strcmp(argv[1], NVRTC_WORKER_ARG) == 0)
+        return nvrtc_worker_main(0);
+    nvrtc_workers_enable("/proc/self/exe");
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+        printf("stof %s (commit %s)\n", stof_version(), stof_build_commit());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            cli_args a;
+            int sub = commands[i].has_sub && argc > 2 && argv[2][0] != '-';
+            if (cli_parse(argc, argv, 2 + sub, &a))
+                return 2;
+            a.sub = sub ? argv[2] : NULL;
+            return commands[i].run(&a);
+        }
+    }
+    fprintf(stderr, "stof: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

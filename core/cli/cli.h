@@ -1,0 +1,65 @@
+/* The `stof` command: shared argument handling for the subcommands. */
+#ifndef STOF_CORE_CLI_H
+#define STOF_CORE_CLI_H
+
+#include <stdint.h>
+
+#include "core/graph/graph.h"
+#include "core/lua/lua_api.h"
+#include "core/plan/plan.h"
+
+#define CLI_MAX_SCHEMES 16
+
+/* When `stof run` compares with the CPU reference. */
+enum { CLI_CHECK_AUTO = 0, CLI_CHECK_ALWAYS, CLI_CHECK_NEVER };
+
+typedef struct cli_args {
+    const char *script;                        /* positional */
+    const char *params[LUA_API_MAX_PARAMS];    /* --set key=value */
+    int n_params;
+    int cpu;             /* --cpu */
+    uint64_t seed;       /* --seed */
+    const char *png;     /* --png FILE */
+    int png_px;          /* --px N */
+    int block;           /* --block N */
+    int mask_index;      /* --mask-index N */
+    const char *arch;    /* --arch sm_XX */
+    const char *schemes[CLI_MAX_SCHEMES]; /* --scheme S, repeated: one per layer class */
+    int n_schemes;
+    int reps;            /* --reps N: timed runs (median) */
+    int check;           /* CLI_CHECK_AUTO, or --check / --no-check */
+    int profile;         /* --profile: stof run times every segment in the pass */
+    const char *sub;     /* the subcommand word of `stof plan show` */
+    const char *output;  /* -o FILE */
+    long budget;         /* --budget N: most settings measured (0: no limit) */
+    double time_limit;   /* --time-limit S: seconds of search (0: no limit) */
+    const char *script_path; /* --script PATH: the script of a plan */
+    const char *weights;     /* --weights FILE.safetensors: every weight from it */
+    const char *inputs;      /* --inputs FILE.safetensors: the inputs it holds from it */
+    const char *save_output; /* --save-output FILE.safetensors: the output, as "output" */
+} cli_args;
+
+/* Parses argv[first..]; prints the problem and returns non-zero on bad
+ * arguments. */
+int cli_parse(int argc, char **argv, int first, cli_args *a);
+
+/* Builds the graph of a->script; prints the error and returns non-zero. */
+int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info);
+
+int cli_cmd_info(const cli_args *a);
+int cli_cmd_graph(const cli_args *a);
+int cli_cmd_run(const cli_args *a);
+int cli_cmd_mask(const cli_args *a);
+int cli_cmd_mha_select(const cli_args *a);
+int cli_cmd_tune(const cli_args *a);
+int cli_cmd_plan(const cli_args *a);
+
+/* cli_run.c: `stof run PLAN.json`. */
+int cli_run_plan(const cli_args *a);
+/* 1 when the argument names a plan (ends in .json). */
+int cli_is_plan(const char *arg);
+
+/* cli_plan.c: a plan for a person, on stdout. */
+void cli_plan_print(const plan *p);
+
+#endif

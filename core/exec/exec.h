@@ -1,0 +1,254 @@
+/* The GPU executor: a whole model run by the fusion templates' kernels.
+ *
+ *   exec_seq      the op sequences of a graph (layers, and the runs of ops
+ *                 outside layers) and their classes: identical layers form
+ *                 one class and share one scheme;
+ *   exec_plan     CPU only: one scheme per sequence class cut into
+ *                 segments, each given a template that has a launcher (the
+ *                 first of its matches, or the caller's choice) and its
+ *                 parameters; the activation buffers' lifetimes at segment
+ *                 granularity and their offsets in one arena;
+ *   exec_ctx      the GPU: the GEMM-family and attention executors' contexts
+ *                 (module caches shared by every model made on it);
+ *   exec_model    a plan made real: weights and inputs uploaded once (the
+ *                 CPU reference's values, in the model dtype), the arena,
+ *                 a kernel plan per segment, one stream, and after
+ *                 exec_model_capture a CUDA graph of the whole forward pass.
+ *
+ * A plan refers to its graph and a model to its plan: both must outlive
+ * what refers to them. Nothing here prints. */
+#ifndef STOF_CORE_EXEC_H
+#define STOF_CORE_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/graph/graph.h"
+#include "core/io/weights.h"
+#include "fusion/match.h"
+#include "fusion/scheme.h"
+#include "stof.h"
+
+/* ---- sequences (CPU) ------------------------------------------------------------ */
+
+typedef struct exec_seq {
+    int layer;    /* -1 for a run of ops outside layers */
+    int first, n; /* graph ops first .. first + n - 1 */
+    int cls;      /* index of the first sequence identical to this one (itself when
+                     none is): the sequences of a class share one scheme */
+} exec_seq;
+
+/* The sequences of g in graph order (malloc'd array in *out, count in *n).
+ * Layers are classed by fusion_layer_classes; every run of ops outside
+ * layers is a class of its own. */
+int exec_sequences(const graph *g, exec_seq **out, int *n, stof_error *err);
+
+/* "layer 3" or "ops #12-#13 outside layers", for messages. */
+const char *exec_seq_name(const exec_seq *s, char *buf, size_t n);
+
+/* ---- templates that can run (CPU) ------------------------------------------------ */
+
+/* 1 when template t has a launcher (a kernel and the code to start it). */
+int exec_template_implemented(fusion_template_id t);
+
+/* Whether template t runs the segment of graph ops first .. first + n - 1
+ * matched as m: it has a launcher, the launcher takes the segment's op order
+ * and its shapes (the kernels' own validation). STOF_ERR_UNSUPPORTED naming
+ * the segment and the reason (the kernel's own validation) otherwise. */
+int exec_segment_supports(const graph *g, int first, int n, const fusion_match *m,
+                          fusion_template_id t, stof_error *err);
+
+/* The first of m's templates that runs the segment; STOF_ERR_UNSUPPORTED
+ * naming the segment and why each matching template cannot. */
+int exec_segment_template(const graph *g, int first, int n, const fusion_match *m,
+                          fusion_template_id *t, stof_error *err);
+
+/* s is valid over the sequence (fusion_scheme_validate) and every segment
+ * has a template that runs it. */
+int exec_scheme_check(const graph *g, const exec_seq *seq, const fusion_scheme *s,
+                      stof_error *err);
+
+/* The greedy rule: a GEMM takes the bias, activation and residual add that
+ * follow it, a run of bias/add/activation/norm ops is one chain, attention
+ * and embedding stay alone; a segment grows only while the result still
+ * runs on an implemented template. Canonical form. */
+int exec_default_scheme(const graph *g, const exec_seq *seq, fusion_scheme *s, stof_error *err);
+
+/* ---- plans (CPU) --------------------------------------------------------------------- */
+
+/* The dtype the model runs in (its output's): f16 or bf16, and every float
+ * tensor in it; STOF_ERR_UNSUPPORTED naming the model's or a tensor's
+ * dtype otherwise. */
+int exec_model_dtype(const graph *g, stof_dtype *dtype, stof_error *err);
+
+/* Activation buffers start at multiples of this many bytes. */
+#define EXEC_ALIGN 256
+
+typedef struct exec_segment {
+    int seq;        /* index into the plan's sequences */
+    int index;      /* position among the segments of its sequence */
+    int first, n;   /* graph ops first .. first + n - 1 */
+    fusion_match match;
+    fusion_template_id tmpl; /* the template it runs on */
+    int auto_attention; /* attention by the selector: row- or block-wise is decided
+                           when the model is made (tmpl is its first candidate) */
+    int has_values;     /* 0: defaults (gemm_exec_default_values, the selector's) */
+    int values[FUSION_MAX_PARAMS];
+    int out;            /* tensor: the segment's result */
+    int pre_norm;       /* tensor the template writes besides (store_pre_norm), or -1 */
+} exec_segment;
+
+/* A tensor that needs device memory while segments first..last run. */
+typedef struct exec_buffer {
+    int tensor;       /* -1 in tests of exec_arena_assign */
+    int first, last;  /* segment that writes it, last segment that reads it */
+    size_t bytes;     /* a multiple of EXEC_ALIGN */
+    size_t offset;    /* in the activation arena */
+} exec_buffer;
+
+typedef struct exec_plan {
+    const graph *g;          /* borrowed */
+    stof_dtype dtype;        /* of every activation and float weight */
+    int n_seqs;
+    exec_seq *seqs;
+    fusion_scheme *schemes;  /* per sequence: its class's */
+    int n_segs;
+    exec_segment *segs;      /* in execution order */
+    int n_bufs;
+    exec_buffer *bufs;
+    int *buf_of;             /* per tensor: index into bufs, -1 for weights, inputs and
+                                intermediates kept inside a fused segment */
+    size_t arena_bytes;      /* peak activation memory: the arena's size */
+    size_t live_bound;       /* the most bytes live at one segment: no placement of
+                                these buffers can need less */
+    size_t weight_bytes, input_bytes; /* uploaded once */
+} exec_plan;
+
+/* Plans g with schemes[seqs[i].cls] for sequence i (one scheme per class:
+ * entries of other sequences are not read); schemes NULL, or a scheme with
+ * n == 0, runs that class unfused. Every scheme is validated and every
+ * segment given a template (exec_segment_template); errors name the
+ * sequence. Model dtypes other than f16 and bf16, or a float tensor in
+ * another dtype, are STOF_ERR_UNSUPPORTED. */
+int exec_plan_create(const graph *g, const fusion_scheme *schemes, exec_plan **out,
+                     stof_error *err);
+void exec_plan_free(exec_plan *p);
+
+/* Runs segment seg (and the segment at the same position of every sequence
+ * of its class: they are identical) on template t with values (one per
+ * template parameter, each in its space; NULL for the defaults). t must be
+ * one of the segment's matches and run it. Attention templates force the
+ * row- or block-wise kernel. Feasibility on the device (shared memory) is
+ * checked when the model is made. */
+int exec_plan_set_choice(exec_plan *p, int seg, fusion_template_id t, const int *values,
+                         stof_error *err);
+
+/* ---- settings and kernels without the GPU (the tuner, offline plans) -------------------- */
+
+struct mha_device_limits;
+struct nvrtc_cache;
+
+/* A template and one value per parameter, in the template's order. */
+typedef struct exec_choice {
+    fusion_template_id tmpl;
+    int values[FUSION_MAX_PARAMS];
+} exec_choice;
+
+/* The settings segment s runs with when given none, for a device with
+ * limits lim: the GEMM family's default values (one choice; cublaslt ALGO 0,
+ * the heuristic's favourite); attention the selector's choice (row- or
+ * block-wise), and with measure > 0 after it the candidates a measured plan
+ * times (mha_exec_candidates), those that the templates' parameter spaces
+ * hold. At most cap into out. */
+int exec_segment_candidates(const graph *g, const exec_segment *s,
+                            const struct mha_device_limits *lim, int measure, exec_choice *out,
+                            int cap, int *n, stof_error *err);
+
+/* Compiles segment s's kernel (s->tmpl, s->values when has_values, else the
+ * defaults) for lim->arch into cache, as exec_model_create would: for
+ * block-wise attention both the plain and the split build. Templates run by
+ * a vendor library compile nothing. */
+int exec_segment_compile(const graph *g, const exec_segment *s,
+                         const struct mha_device_limits *lim, struct nvrtc_cache *cache,
+                         stof_error *err);
+
+/* Offsets for buffers whose lifetimes overlap (first..last, inclusive) so
+ * that no two overlapping ones share bytes: greedy by size, each at the
+ * lowest-waste gap (best fit) among those already placed. *arena gets the
+ * extent, *bound the largest sum of bytes live at one point. */
+void exec_arena_assign(exec_buffer *b, int n, size_t *arena, size_t *bound);
+
+/* ---- the GPU ------------------------------------------------------------------------- */
+
+typedef struct exec_ctx exec_ctx;
+
+/* STOF_ERR_NO_DEVICE (with the driver's reason) when there is no GPU. */
+int exec_ctx_create(int ordinal, exec_ctx **out, stof_error *err);
+void exec_ctx_free(exec_ctx *c);
+const stof_device_info *exec_ctx_device(const exec_ctx *c);
+const char *exec_ctx_arch(const exec_ctx *c);
+
+typedef struct exec_model exec_model;
+
+/* Checks src against the graph (weights_source_check) before anything is
+ * allocated, then allocates and uploads the weights and inputs (their
+ * values from src, as the CPU reference's; made on a pool of threads that
+ * lives for the upload, a group of at most 64 MiB staged on the host at a
+ * time), allocates the arena, plans every segment's kernel
+ * (compiling through the NVRTC cache; identical segments of one class share
+ * one kernel plan). STOF_ERR_DEVICE_OOM names the bytes asked for. On
+ * failure nothing is left allocated. */
+int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src,
+                      exec_model **out, stof_error *err);
+void exec_model_free(exec_model *m);
+
+/* One forward pass, kernel by kernel on the model's stream; waits for it and
+ * checks the embeddings' token ids. */
+int exec_model_run(exec_model *m, stof_error *err);
+/* Captures one forward pass into a CUDA graph (once; later calls keep it). */
+int exec_model_capture(exec_model *m, stof_error *err);
+/* The captured graph's dependencies, and how many of them are programmatic
+ * (a kernel launched as a programmatic dependent launch may start before
+ * the one it depends on has finished; exec_model_capture first). */
+typedef struct exec_graph_edges {
+    size_t edges, programmatic;
+} exec_graph_edges;
+int exec_model_graph_edges(const exec_model *m, exec_graph_edges *out, stof_error *err);
+/* Replays the captured graph and waits for it. */
+int exec_model_replay(exec_model *m, stof_error *err);
+/* Median over reps runs (eager launches, or graph replays when use_graph)
+ * of the time between two events around one forward pass, after one
+ * warm-up. */
+int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, stof_error *err);
+/* Where the forward pass's time goes: each segment's time in place, the
+ * median over reps replays (after one warm-up) of the forward pass captured
+ * as a CUDA graph with an event node before every segment and one after
+ * the last (seg_ms: plan->n_segs values, in execution order). Unlike a
+ * segment timed alone, it runs on the inputs the previous segments just
+ * wrote, with the L2 and clocks the pass leaves, and without host launch
+ * costs. The event nodes cost the programmatic overlap of neighbours and a
+ * few microseconds each, so the segments add up to more than the graph's
+ * time: about the same at large shapes, far more at (1, 128). */
+int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err);
+/* Copies the output back as fp32: graph_tensor_numel(output) floats. */
+int exec_model_output(exec_model *m, float *out, stof_error *err);
+
+/* The template segment seg actually runs on (the selector's attention
+ * kernel) and one line on its kernel plan. */
+fusion_template_id exec_model_template(const exec_model *m, int seg);
+size_t exec_model_describe(const exec_model *m, int seg, char *buf, size_t n);
+
+/* ---- checking against the CPU reference (CPU) ---------------------------------------- */
+
+/* The CPU reference's output with the values of src (ref_execute), malloc'd. */
+int exec_reference(const graph *g, const weights_source *src, float **out, stof_error *err);
+
+typedef struct exec_diff {
+    double rel_error;  /* ||got - ref|| / ||ref|| (||got - ref|| when ref is 0) */
+    double max_abs;    /* largest |got - ref| over finite values */
+    int64_t n_nonfinite; /* NaN or infinity in got */
+} exec_diff;
+
+void exec_compare(const float *got, const float *ref, int64_t n, exec_diff *d);
+
+#endif

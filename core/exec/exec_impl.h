@@ -1,0 +1,117 @@
+/* Inside the executor: the launcher table (exec_launch.c) that the planner
+ * (exec_plan.c) and the model (exec.c) dispatch through, and the model's
+ * state. Not for other modules. */
+#ifndef STOF_CORE_EXEC_IMPL_H
+#define STOF_CORE_EXEC_IMPL_H
+
+#include <cuda.h>
+
+#include "core/exec/cublaslt/cublaslt_exec.h"
+#include "core/gpu/cuda_driver.h"
+#include "core/exec/exec.h"
+#include "core/exec/gemm/gemm_exec.h"
+#include "core/exec/attention/mha_exec.h"
+
+struct exec_ctx {
+    const cuda_driver *drv;
+    int ordinal;
+    gemm_exec_ctx *gemm; /* gemm_epilogue, gemm_ln, gemm_chain, mi_chain, embedding */
+    mha_exec_ctx *mha;   /* attention_row, attention_block */
+    cublaslt_exec_ctx *lt; /* cublaslt: made by its first plan (exec_launch.c), freed
+                              with the context */
+};
+
+/* The device tensors of one segment's launch, resolved once. */
+typedef union exec_tensors {
+    gemm_exec_gemm_tensors gemm; /* gemm_epilogue, cublaslt */
+    gemm_exec_ln_tensors ln;
+    gemm_exec_chain_tensors chain;
+    gemm_exec_mi_tensors mi;
+    gemm_exec_embed_tensors embed;
+    mha_exec_tensors attn;
+} exec_tensors;
+
+typedef struct exec_launcher exec_launcher;
+
+typedef struct exec_seg_rt {
+    const exec_launcher *launcher;
+    void *kplan;          /* gemm_exec_plan, cublaslt_exec_plan or mha_exec_plan */
+    int owns_kplan;       /* 0: shared with an identical segment before it */
+    exec_tensors t;
+} exec_seg_rt;
+
+struct exec_model {
+    exec_ctx *ctx;
+    const exec_plan *plan;
+    CUdeviceptr consts;   /* weights and inputs */
+    CUdeviceptr arena;    /* activations */
+    CUdeviceptr *ptr;     /* per tensor: its address, 0 when it has none */
+    CUstream stream;
+    CUgraph graph;
+    CUgraphExec graph_exec;
+    CUevent ev[2];
+    exec_seg_rt *rt;      /* per segment */
+};
+
+/* How one template is run. A template without a kernel yet has only
+ * `missing` (the reason); to plug one in, fill the functions of its row in
+ * exec_launch.c. */
+struct exec_launcher {
+    const char *missing;
+    /* CPU: the launcher takes the segment (op order, shapes). */
+    int (*supports)(const graph *g, int first, int n, const fusion_match *m, stof_error *err);
+    /* GPU: the kernel plan of segment s (defaults unless s->has_values). */
+    int (*plan)(exec_model *m, const exec_segment *s, void **kplan, stof_error *err);
+    void (*free_plan)(exec_model *m, void *kplan);
+    /* GPU: the segment's device tensors from m->ptr. */
+    int (*bind)(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err);
+    int (*launch)(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err);
+    /* After an eager run: errors the kernel flags on the device (bad ids). */
+    int (*status)(exec_model *m, const exec_seg_rt *rt, stof_error *err);
+    size_t (*describe)(const void *kplan, char *buf, size_t n);
+    /* The template the kernel plan runs (attention: the selector's kernel). */
+    fusion_template_id (*actual)(const void *kplan, fusion_template_id planned);
+};
+
+/* The row of template t (never NULL for a valid id). */
+const exec_launcher *exec_launcher_get(fusion_template_id t);
+
+/* ---- kernel builds without the GPU ---------------------------------------------------------- */
+
+/* One NVRTC build of a segment's kernel plan and the context whose cache
+ * it belongs in. The request points into the struct: keep it in place. */
+typedef struct exec_build {
+    int attention; /* 1: the attention context's cache (exec_ctx.mha), else the GEMM
+                      family's (exec_ctx.gemm) */
+    union {
+        gemm_exec_request gemm;
+        mha_exec_request mha;
+    } r;
+} exec_build;
+
+#define EXEC_MAX_BUILDS 2
+
+const nvrtc_request *exec_build_request(const exec_build *b);
+
+typedef enum exec_builds_mode {
+    /* What the kernel plan of the segment compiles on a device with these
+     * limits: a setting the plan would refuse (the template's constraints,
+     * shared memory) is STOF_ERR_UNSUPPORTED, and block-wise attention
+     * builds its split kernel only when the plan cuts rows. */
+    EXEC_BUILDS_PLANNED = 0,
+    /* Every build a model may need on some device of the architecture, no
+     * feasibility check: block-wise attention both builds. */
+    EXEC_BUILDS_ALL
+} exec_builds_mode;
+
+/* The builds of segment s (s->tmpl, s->values when has_values, else the
+ * defaults; attention by the selector when auto_attention) for lim: at
+ * most EXEC_MAX_BUILDS into out, *n of them (0 for a template run by a
+ * vendor library). CPU only. */
+int exec_segment_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                        exec_builds_mode mode, exec_build *out, int *n, stof_error *err);
+
+/* "segment #5-#7 (gemm bias add)" into buf. */
+const char *exec_segment_name(const graph *g, int first, int n, char *buf, size_t cap);
+
+#endif

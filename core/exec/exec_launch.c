@@ -1,0 +1,764 @@
+/* The launcher table: for each template, whether and how a segment runs on
+ * it. The CPU half (supports) reads a segment's ops into the kernel's
+ * problem and asks the kernel's own validation; the GPU half plans the
+ * kernel, binds the segment's tensors and launches it.
+ *
+ * Which operand is which comes from the graph, never from op positions
+ * alone: the residual of an add is whichever input the chain did not
+ * produce. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "core/exec/exec_impl.h"
+#include "ops/ops.h"
+
+/* ---- naming ------------------------------------------------------------------------------ */
+
+const char *exec_segment_name(const graph *g, int first, int n, char *buf, size_t cap) {
+    size_t len = n > 1 ? (size_t)snprintf(buf, cap, "segment #%d-#%d (", first, first + n - 1)
+                       : (size_t)snprintf(buf, cap, "segment #%d (", first);
+    for (int k = 0; k < n && len < cap; k++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", k ? " " : "",
+                                op_describe(g->ops[first + k].kind)->name);
+    if (len < cap)
+        snprintf(buf + len, cap - len, ")");
+    return buf;
+}
+
+/* The launchers' supports() say why without naming the segment: their
+ * callers do (exec_plan.c). */
+static int unsupported(stof_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int unsupported(stof_error *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = err_setv(err, STOF_ERR_UNSUPPORTED, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static const graph_tensor *tensor(const graph *g, int t) {
+    return &g->tensors[t];
+}
+
+static int64_t last_dim(const graph_tensor *t) {
+    return t->shape[t->ndim - 1];
+}
+
+/* The input of op that its chain predecessor did not produce (an add's
+ * residual), -1 when both are the predecessor's. */
+static int other_input(const graph_op *op, int prev_out) {
+    if (op->inputs[0] != prev_out)
+        return op->inputs[0];
+    return op->inputs[1] != prev_out ? op->inputs[1] : -1;
+}
+
+static int is_act(op_kind k) {
+    return k == OP_GELU || k == OP_RELU;
+}
+
+static int is_norm(op_kind k) {
+    return k == OP_LAYERNORM || k == OP_RMSNORM;
+}
+
+/* ---- the GEMM family: gemm_epilogue, cublaslt, gemm_ln, gemm_chain -------------------------- */
+
+/* One GEMM and the epilogue ops after it: the operands each op brings. */
+typedef struct gemm_roles {
+    int x, w, bias, residual, gamma, beta;
+    float eps;
+} gemm_roles;
+
+/* Ops first .. first + n - 1: a GEMM, then bias, activation, add and a
+ * closing norm as matched (the matcher fixed their order) into r, and the
+ * problem of template tmpl with epilogue epi over the GEMM's output. */
+static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
+                     const fusion_epilogue *epi, gemm_exec_problem *p, gemm_roles *r,
+                     stof_error *err) {
+    const graph_op *op0 = &g->ops[first];
+    const graph_tensor *y = tensor(g, op0->output);
+    *r = (gemm_roles){op0->inputs[0], op0->inputs[1], -1, -1, -1, -1, 0.0f};
+    for (int k = 1; k < n; k++) {
+        const graph_op *op = &g->ops[first + k];
+        int prev = g->ops[first + k - 1].output;
+        if (op->kind == OP_BIAS) {
+            r->bias = op->inputs[1];
+        } else if (op->kind == OP_ADD && (r->residual = other_input(op, prev)) < 0) {
+            return unsupported(err,
+                               "#%d adds the GEMM's result to itself (%s adds a residual made "
+                               "elsewhere)", first + k, fusion_template_get(tmpl)->name);
+        } else if (is_norm(op->kind)) {
+            r->gamma = op->inputs[1];
+            r->beta = op->kind == OP_LAYERNORM ? op->inputs[2] : -1;
+            r->eps = op->attr.norm.eps;
+        }
+    }
+    memset(p, 0, sizeof *p);
+    p->tmpl = tmpl;
+    p->dtype = y->dtype;
+    p->n = last_dim(y);
+    p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
+    p->k = last_dim(tensor(g, r->x));
+    p->epi = *epi;
+    p->weight_kn = op0->attr.gemm.weight_kn;
+    p->eps = r->eps;
+    return STOF_OK;
+}
+
+/* gemm_epilogue (gemm [bias] [act] [add] [norm]), cublaslt (gemm [bias]
+ * [act] [add]) and gemm_ln (gemm [bias] [add] norm); the norm's input
+ * stored when the match says so. */
+static int gemm_read_seg(const graph *g, int first, int n, const fusion_match *m,
+                         fusion_template_id tmpl, gemm_exec_problem *p, gemm_roles *r,
+                         stof_error *err) {
+    int rc = gemm_read(g, first, n, tmpl, &m->epi[0], p, r, err);
+    if (!rc && (tmpl == FUSION_T_GEMM_LN || tmpl == FUSION_T_GEMM_EPILOGUE))
+        p->store_pre_norm = m->store_pre_norm;
+    return rc;
+}
+
+/* gemm_chain: gemm [bias] [act] | gemm [bias] [add], the second GEMM
+ * reading the first's (activated) result. */
+typedef struct chain_roles {
+    gemm_roles first, second;
+} chain_roles;
+
+static int chain_read(const graph *g, int first, int n, const fusion_match *m,
+                      gemm_exec_problem *p, chain_roles *r, stof_error *err) {
+    int j = 1;
+    while (j < n && g->ops[first + j].kind != OP_GEMM)
+        j++;
+    if (j >= n)
+        return unsupported(err, "gemm_chain needs a second GEMM");
+    gemm_exec_problem p2;
+    int rc = gemm_read(g, first, j, FUSION_T_GEMM_CHAIN, &m->epi[0], p, &r->first, err);
+    if (!rc)
+        rc = gemm_read(g, first + j, n - j, FUSION_T_GEMM_CHAIN, &m->epi[1], &p2, &r->second,
+                       err);
+    if (rc)
+        return rc;
+    if (p2.weight_kn != p->weight_kn)
+        return unsupported(err,
+                           "#%d and #%d store their weights differently ([K,N] and [N,K]); "
+                           "gemm_chain takes one layout for both", first, first + j);
+    if (p2.k != p->n)
+        return unsupported(err, "#%d reduces over %lld features, but #%d makes %lld",
+                           first + j, (long long)p2.k, first, (long long)p->n);
+    p->n2 = p2.n;
+    p->epi2 = p2.epi;
+    return STOF_OK;
+}
+
+static int gemm_supports(const graph *g, int first, int n, const fusion_match *m,
+                         stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_GEMM_EPILOGUE, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int ln_supports(const graph *g, int first, int n, const fusion_match *m,
+                       stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_GEMM_LN, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int chain_supports(const graph *g, int first, int n, const fusion_match *m,
+                          stof_error *err) {
+    gemm_exec_problem p;
+    chain_roles r;
+    int rc = chain_read(g, first, n, m, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int lt_supports(const graph *g, int first, int n, const fusion_match *m,
+                       stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_CUBLASLT, &p, &r, err);
+    return rc ? rc : cublaslt_exec_validate(&p, err);
+}
+
+/* ---- mi_chain: (bias|add)* [act] [norm] ------------------------------------------------------ */
+
+typedef struct mi_roles {
+    int x, bias, residual, gamma, beta;
+    float eps;
+} mi_roles;
+
+/* mi_chain computes x (+ bias) (+ residual), then the activation, then the
+ * norm: a chain in another order (an add after the activation), with two of
+ * one kind, or with a softmax is not what it computes. */
+static int mi_stage(op_kind k) {
+    return k == OP_BIAS || k == OP_ADD ? 0 : is_act(k) ? 1 : is_norm(k) ? 2 : -1;
+}
+
+static int mi_read(const graph *g, int first, int n, const fusion_match *m,
+                   gemm_exec_problem *p, mi_roles *r, stof_error *err) {
+    *r = (mi_roles){g->ops[first].inputs[0], -1, -1, -1, -1, 0.0f};
+    int stage = 0, acts = 0;
+    for (int k = 0; k < n; k++) {
+        const graph_op *op = &g->ops[first + k];
+        const char *kind = op_describe(op->kind)->name;
+        int st = mi_stage(op->kind);
+        if (st < 0)
+            return unsupported(err, "the mi_chain kernel has no %s", kind);
+        if (st < stage)
+            return unsupported(err,
+                               "#%d (%s) comes after the activation or norm, but the mi_chain "
+                               "kernel adds bias and residual first, then activates, then "
+                               "normalizes", first + k, kind);
+        stage = st;
+        int prev = k ? g->ops[first + k - 1].output : -1;
+        int *slot = op->kind == OP_BIAS ? &r->bias : op->kind == OP_ADD ? &r->residual : NULL;
+        if (slot && *slot >= 0)
+            return unsupported(err, "#%d is a second %s (mi_chain takes one)", first + k,
+                               kind);
+        if (is_act(op->kind) && acts++)
+            return unsupported(err, "#%d is a second activation (mi_chain takes one)",
+                               first + k);
+        if (op->kind == OP_BIAS) {
+            r->bias = op->inputs[1];
+        } else if (op->kind == OP_ADD) {
+            r->residual = k ? other_input(op, prev) : op->inputs[1];
+            if (r->residual < 0)
+                return unsupported(err, "#%d adds the chain's value to itself", first + k);
+        } else if (is_norm(op->kind)) {
+            r->gamma = op->inputs[1];
+            r->beta = op->kind == OP_LAYERNORM ? op->inputs[2] : -1;
+            r->eps = op->attr.norm.eps;
+        }
+    }
+    const graph_tensor *y = tensor(g, g->ops[first + n - 1].output);
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_MI_CHAIN;
+    p->dtype = y->dtype;
+    p->n = last_dim(y);
+    p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
+    p->epi = m->epi[0];
+    p->store_pre_norm = m->store_pre_norm;
+    p->eps = r->eps;
+    return STOF_OK;
+}
+
+static int mi_supports(const graph *g, int first, int n, const fusion_match *m,
+                       stof_error *err) {
+    gemm_exec_problem p;
+    mi_roles r;
+    int rc = mi_read(g, first, n, m, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+typedef struct embed_roles {
+    int ids, word, pos, type;
+} embed_roles;
+
+static void embed_read(const graph *g, int first, gemm_exec_problem *p, embed_roles *r) {
+    const graph_op *op = &g->ops[first];
+    const graph_tensor *ids = tensor(g, op->inputs[0]), *y = tensor(g, op->output);
+    int has_pos = op->attr.embedding.has_position != 0, has_type = op->attr.embedding.has_type != 0;
+    *r = (embed_roles){op->inputs[0], op->inputs[1], has_pos ? op->inputs[2] : -1,
+                       has_type ? op->inputs[2 + has_pos] : -1};
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_EMBEDDING;
+    p->dtype = y->dtype;
+    p->m = graph_tensor_numel(ids);
+    p->n = last_dim(y);
+    p->seq_len = (int)ids->shape[ids->ndim - 1];
+    p->vocab = (int)tensor(g, r->word)->shape[0];
+    p->has_position = has_pos;
+    p->has_type = has_type;
+}
+
+static int embed_supports(const graph *g, int first, int n, const fusion_match *m,
+                          stof_error *err) {
+    gemm_exec_problem p;
+    embed_roles r;
+    embed_read(g, first, &p, &r);
+    return gemm_exec_validate(&p, err);
+}
+
+/* ---- the GEMM family on the GPU ---------------------------------------------------------------- */
+
+static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *p,
+                      stof_error *err) {
+    switch (s->tmpl) {
+    case FUSION_T_GEMM_EPILOGUE:
+    case FUSION_T_GEMM_LN:
+    case FUSION_T_CUBLASLT: {
+        gemm_roles r;
+        return gemm_read_seg(g, s->first, s->n, &s->match, s->tmpl, p, &r, err);
+    }
+    case FUSION_T_GEMM_CHAIN: {
+        chain_roles r;
+        return chain_read(g, s->first, s->n, &s->match, p, &r, err);
+    }
+    case FUSION_T_MI_CHAIN: {
+        mi_roles r;
+        return mi_read(g, s->first, s->n, &s->match, p, &r, err);
+    }
+    default: {
+        embed_roles r;
+        embed_read(g, s->first, p, &r);
+        return STOF_OK;
+    }
+    }
+}
+
+static int gx_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+    gemm_exec_problem p;
+    int rc = gx_problem(m->plan->g, s, &p, err);
+    if (rc)
+        return rc;
+    gemm_exec_plan *plan = NULL;
+    rc = gemm_exec_plan_create(m->ctx->gemm, &p, s->has_values ? s->values : NULL, &plan, err);
+    *kplan = plan;
+    return rc;
+}
+
+static void gx_free(exec_model *m, void *kplan) {
+    gemm_exec_plan_free(m->ctx->gemm, kplan);
+}
+
+static CUdeviceptr ptr_of(const exec_model *m, int t) {
+    return t >= 0 ? m->ptr[t] : 0;
+}
+
+static int gemm_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(m->plan->g, s->first, s->n, &s->match, s->tmpl, &p, &r, err);
+    if (rc)
+        return rc;
+    rt->t.gemm = (gemm_exec_gemm_tensors){.x = ptr_of(m, r.x), .w = ptr_of(m, r.w),
+                                          .bias = ptr_of(m, r.bias),
+                                          .residual = ptr_of(m, r.residual),
+                                          .y = ptr_of(m, s->out),
+                                          .gamma = ptr_of(m, r.gamma),
+                                          .beta = ptr_of(m, r.beta),
+                                          .pre_norm = ptr_of(m, s->pre_norm)};
+    return STOF_OK;
+}
+
+static int gemm_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_gemm(m->ctx->gemm, rt->kplan, &rt->t.gemm, st, err);
+}
+
+static int ln_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(m->plan->g, s->first, s->n, &s->match, FUSION_T_GEMM_LN, &p, &r, err);
+    if (rc)
+        return rc;
+    rt->t.ln = (gemm_exec_ln_tensors){.x = ptr_of(m, r.x), .w = ptr_of(m, r.w),
+                                      .bias = ptr_of(m, r.bias),
+                                      .residual = ptr_of(m, r.residual),
+                                      .gamma = ptr_of(m, r.gamma), .beta = ptr_of(m, r.beta),
+                                      .y = ptr_of(m, s->out), .pre_norm = ptr_of(m, s->pre_norm)};
+    return STOF_OK;
+}
+
+static int ln_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_gemm_ln(m->ctx->gemm, rt->kplan, &rt->t.ln, st, err);
+}
+
+static int chain_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    chain_roles r;
+    int rc = chain_read(m->plan->g, s->first, s->n, &s->match, &p, &r, err);
+    if (rc)
+        return rc;
+    rt->t.chain = (gemm_exec_chain_tensors){.x = ptr_of(m, r.first.x), .w1 = ptr_of(m, r.first.w),
+                                            .b1 = ptr_of(m, r.first.bias),
+                                            .w2 = ptr_of(m, r.second.w),
+                                            .b2 = ptr_of(m, r.second.bias),
+                                            .residual = ptr_of(m, r.second.residual),
+                                            .y = ptr_of(m, s->out)};
+    return STOF_OK;
+}
+
+static int chain_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_gemm_chain(m->ctx->gemm, rt->kplan, &rt->t.chain, st, err);
+}
+
+static int mi_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    mi_roles r;
+    int rc = mi_read(m->plan->g, s->first, s->n, &s->match, &p, &r, err);
+    if (rc)
+        return rc;
+    rt->t.mi = (gemm_exec_mi_tensors){.x = ptr_of(m, r.x), .bias = ptr_of(m, r.bias),
+                                      .residual = ptr_of(m, r.residual),
+                                      .gamma = ptr_of(m, r.gamma), .beta = ptr_of(m, r.beta),
+                                      .y = ptr_of(m, s->out), .pre_norm = ptr_of(m, s->pre_norm)};
+    return STOF_OK;
+}
+
+static int mi_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_mi_chain(m->ctx->gemm, rt->kplan, &rt->t.mi, st, err);
+}
+
+static int embed_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    gemm_exec_problem p;
+    embed_roles r;
+    embed_read(m->plan->g, s->first, &p, &r);
+    rt->t.embed = (gemm_exec_embed_tensors){.ids = ptr_of(m, r.ids), .word = ptr_of(m, r.word),
+                                            .pos = ptr_of(m, r.pos), .type = ptr_of(m, r.type),
+                                            .out = ptr_of(m, s->out)};
+    return STOF_OK;
+}
+
+static int embed_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_embedding(m->ctx->gemm, rt->kplan, &rt->t.embed, st, err);
+}
+
+static int embed_status(exec_model *m, const exec_seg_rt *rt, stof_error *err) {
+    return gemm_exec_embedding_status(m->ctx->gemm, rt->kplan, rt->t.embed.ids, m->stream, NULL,
+                                      err);
+}
+
+static size_t gx_describe(const void *kplan, char *buf, size_t n) {
+    return gemm_exec_plan_describe(kplan, buf, n);
+}
+
+static fusion_template_id gx_actual(const void *kplan, fusion_template_id planned) {
+    return ((const gemm_exec_plan *)kplan)->problem.tmpl;
+}
+
+/* ---- cublaslt on the GPU ------------------------------------------------------------------- */
+
+/* The context's cuBLASLt handle, made by the first plan that needs it. */
+static int lt_ctx(exec_ctx *c, stof_error *err) {
+    return c->lt ? STOF_OK : cublaslt_exec_ctx_create(c->ordinal, &c->lt, err);
+}
+
+/* The heuristic's top algorithms; the ALGO parameter picks one of them.
+ * An index past what the heuristic offered is STOF_ERR_UNSUPPORTED (the
+ * search stores the setting as infeasible). */
+static int lt_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+    *kplan = NULL;
+    gemm_exec_problem p;
+    int rc = gx_problem(m->plan->g, s, &p, err);
+    if (!rc)
+        rc = lt_ctx(m->ctx, err);
+    cublaslt_exec_plan *plan = NULL;
+    if (!rc)
+        rc = cublaslt_exec_plan_create(m->ctx->lt, &p, NULL, &plan, err);
+    if (!rc && s->has_values)
+        rc = cublaslt_exec_plan_select(plan, s->values[0], err);
+    if (rc) {
+        if (plan)
+            cublaslt_exec_plan_free(m->ctx->lt, plan);
+        return rc;
+    }
+    *kplan = plan;
+    return STOF_OK;
+}
+
+static void lt_free(exec_model *m, void *kplan) {
+    cublaslt_exec_plan_free(m->ctx->lt, kplan);
+}
+
+static int lt_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return cublaslt_exec_gemm(m->ctx->lt, rt->kplan, &rt->t.gemm, st, err);
+}
+
+static size_t lt_describe(const void *kplan, char *buf, size_t n) {
+    return cublaslt_exec_plan_describe(kplan, buf, n);
+}
+
+/* ---- attention ----------------------------------------------------------------------------------- */
+
+static void attn_read(const graph *g, int first, mha_exec_problem *p) {
+    const graph_op *op = &g->ops[first];
+    const op_attention *a = &op->attr.attn;
+    const graph_tensor *y = tensor(g, op->output);
+    const graph_tensor *kv = tensor(g, op->inputs[a->cross ? 1 : 0]);
+    memset(p, 0, sizeof *p);
+    p->mask = a->mask >= 0 && a->mask < g->n_masks ? g->masks[a->mask] : NULL;
+    p->causal = a->causal;
+    p->batch = (int)y->shape[0];
+    p->heads = a->heads;
+    p->head_dim = a->head_dim;
+    p->q_len = (int)y->shape[1];
+    p->k_len = (int)kv->shape[1];
+    p->dtype = y->dtype;
+    p->scale = a->scale;
+    p->relpos = a->relpos;
+    p->relpos_buckets = a->relpos_buckets;
+    p->relpos_max_distance = a->relpos_max_distance;
+    p->relpos_bidirectional = a->relpos_bidirectional;
+}
+
+static int attn_supports(const graph *g, int first, int n, const fusion_match *m,
+                         stof_error *err) {
+    mha_exec_problem p;
+    attn_read(g, first, &p);
+    return mha_exec_validate(&p, err);
+}
+
+/* The template's parameters as the attention planner's forced choice. */
+static void attn_force(const exec_segment *s, mha_exec_force *f) {
+    memset(f, 0, sizeof *f);
+    if (s->tmpl == FUSION_T_ATTENTION_ROW) {
+        f->kernel = MHA_KERNEL_ROW_WISE;
+        if (s->has_values) {
+            f->rows_per_warp = s->values[0];
+            f->warps_per_block = s->values[1];
+        }
+    } else {
+        f->kernel = MHA_KERNEL_BLOCK_WISE;
+        if (s->has_values) {
+            f->block_m = s->values[0];
+            f->block_n = s->values[1];
+            f->num_warps = s->values[2];
+        }
+    }
+}
+
+static int attn_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+    mha_exec_problem p;
+    attn_read(m->plan->g, s->first, &p);
+    mha_exec_force f;
+    attn_force(s, &f);
+    mha_exec_plan *plan = NULL;
+    int rc = mha_exec_plan_create(m->ctx->mha, &p, s->auto_attention ? NULL : &f, &plan, err);
+    *kplan = plan;
+    return rc;
+}
+
+static void attn_free(exec_model *m, void *kplan) {
+    mha_exec_plan_free(m->ctx->mha, kplan);
+}
+
+static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    const graph *g = m->plan->g;
+    const graph_op *op = &g->ops[s->first];
+    const mha_exec_problem *p = &((const mha_exec_plan *)rt->kplan)->problem;
+    size_t elem = stof_dtype_size(p->dtype);
+    if (op->attr.attn.cross)
+        mha_exec_tensors_cross(&rt->t.attn, ptr_of(m, op->inputs[0]), ptr_of(m, op->inputs[1]),
+                               ptr_of(m, s->out), p, elem);
+    else
+        mha_exec_tensors_packed(&rt->t.attn, ptr_of(m, op->inputs[0]), ptr_of(m, s->out), p,
+                                elem);
+    if (op->attr.attn.relpos)
+        rt->t.attn.relpos_table = ptr_of(m, op->inputs[op->n_inputs - 1]);
+    return STOF_OK;
+}
+
+static int attn_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return mha_exec_run(m->ctx->mha, rt->kplan, &rt->t.attn, st, err);
+}
+
+static size_t attn_describe(const void *kplan, char *buf, size_t n) {
+    return mha_exec_plan_describe(kplan, buf, n);
+}
+
+static fusion_template_id attn_actual(const void *kplan, fusion_template_id planned) {
+    return ((const mha_exec_plan *)kplan)->config.kernel == MHA_KERNEL_BLOCK_WISE
+               ? FUSION_T_ATTENTION_BLOCK
+               : FUSION_T_ATTENTION_ROW;
+}
+
+/* ---- the table ------------------------------------------------------------------------------------ */
+
+#define GX(sup, bind, launch, status) \
+    {NULL, sup, gx_plan, gx_free, bind, launch, status, gx_describe, gx_actual}
+#define ATTN \
+    {NULL, attn_supports, attn_plan, attn_free, attn_bind, attn_launch, NULL, attn_describe, \
+     attn_actual}
+
+static const exec_launcher launchers[FUSION_T_COUNT] = {
+    [FUSION_T_GEMM_EPILOGUE] = GX(gemm_supports, gemm_bind, gemm_launch, NULL),
+    [FUSION_T_CUBLASLT] = {NULL, lt_supports, lt_plan, lt_free, gemm_bind, lt_launch, NULL,
+                           lt_describe, NULL},
+    [FUSION_T_GEMM_LN] = GX(ln_supports, ln_bind, ln_launch, NULL),
+    [FUSION_T_GEMM_CHAIN] = GX(chain_supports, chain_bind, chain_launch, NULL),
+    [FUSION_T_MI_CHAIN] = GX(mi_supports, mi_bind, mi_launch, NULL),
+    [FUSION_T_ATTENTION_ROW] = ATTN,
+    [FUSION_T_ATTENTION_BLOCK] = ATTN,
+    [FUSION_T_EMBEDDING] = GX(embed_supports, embed_bind, embed_launch, embed_status),
+};
+
+const exec_launcher *exec_launcher_get(fusion_template_id t) {
+    static const exec_launcher unknown = {.missing = "unknown template"};
+    return (int)t >= 0 && t < FUSION_T_COUNT ? &launchers[t] : &unknown;
+}
+
+int exec_template_implemented(fusion_template_id t) {
+    return exec_launcher_get(t)->missing == NULL;
+}
+
+/* ---- settings and kernels without the GPU (the tuner, offline plans) ------------------------- */
+
+/* The attention problem of segment s with its mask folded (the caller frees
+ * *folded with mask_free). */
+static int attn_folded(const graph *g, const exec_segment *s, mha_exec_problem *p, mask **folded,
+                       stof_error *err) {
+    attn_read(g, s->first, p);
+    return mha_exec_fold_mask(p, folded, err);
+}
+
+static void attn_choice(const mha_exec_config *c, exec_choice *out) {
+    memset(out, 0, sizeof *out);
+    if (c->kernel == MHA_KERNEL_BLOCK_WISE) {
+        *out = (exec_choice){FUSION_T_ATTENTION_BLOCK, {c->block_m, c->block_n, c->num_warps}};
+    } else {
+        *out = (exec_choice){FUSION_T_ATTENTION_ROW, {c->rows_per_warp, c->warps_per_block}};
+    }
+}
+
+static int in_space(const exec_choice *c) {
+    const fusion_template *t = fusion_template_get(c->tmpl);
+    for (int k = 0; k < t->n_params; k++) {
+        int ok = 0;
+        for (int v = 0; v < t->params[k].n_values && !ok; v++)
+            ok = t->params[k].values[v] == c->values[k];
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+int exec_segment_candidates(const graph *g, const exec_segment *s,
+                            const struct mha_device_limits *lim, int measure, exec_choice *out,
+                            int cap, int *n, stof_error *err) {
+    *n = 0;
+    const exec_launcher *l = exec_launcher_get(s->tmpl);
+    if (cap < 1)
+        return err_set(err, STOF_ERR_INVALID, "no room for a candidate");
+    if (l->plan == gx_plan) {
+        gemm_exec_problem p;
+        int rc = gx_problem(g, s, &p, err);
+        if (rc)
+            return rc;
+        out[0] = (exec_choice){s->tmpl, {0}};
+        gemm_exec_default_values(&p, lim ? lim->arch : NULL, out[0].values);
+        *n = 1;
+        return STOF_OK;
+    }
+    if (l->plan == lt_plan) { /* the heuristic's favourite */
+        out[0] = (exec_choice){s->tmpl, {0}};
+        *n = 1;
+        return STOF_OK;
+    }
+    if (l->plan != attn_plan)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "template %s has no default setting",
+                       fusion_template_get(s->tmpl)->name);
+    mha_exec_problem p;
+    mask *folded = NULL;
+    int rc = attn_folded(g, s, &p, &folded, err);
+    mha_exec_config cfgs[MHA_EXEC_MAX_MEASURED];
+    int n_cfg = 0;
+    char reason[256];
+    mha_exec_force force = {.kernel = -1, .measure = measure};
+    if (!rc && measure > 0)
+        rc = mha_exec_candidates(&p, folded, lim, &force, cfgs, MHA_EXEC_MAX_MEASURED, &n_cfg,
+                                 reason, sizeof reason, err);
+    else if (!rc && (rc = mha_exec_choose(&p, folded, lim, NULL, cfgs, reason, sizeof reason,
+                                          err)) == STOF_OK)
+        n_cfg = 1;
+    mask_free(folded);
+    for (int k = 0; !rc && k < n_cfg && *n < cap; k++) {
+        attn_choice(&cfgs[k], &out[*n]);
+        *n += in_space(&out[*n]);
+    }
+    if (!rc && *n == 0)
+        rc = err_set(err, STOF_ERR_UNSUPPORTED,
+                     "the attention selector's choice is outside the templates' parameters");
+    return rc;
+}
+
+const nvrtc_request *exec_build_request(const exec_build *b) {
+    return b->attention ? &b->r.mha.req : &b->r.gemm.req;
+}
+
+static int gx_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                     exec_builds_mode mode, exec_build *out, int *n, stof_error *err) {
+    gemm_exec_problem p;
+    int values[FUSION_MAX_PARAMS];
+    int rc = gx_problem(g, s, &p, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = gemm_exec_validate(&p, err);
+    if (rc)
+        return rc;
+    if (s->has_values)
+        memcpy(values, s->values, sizeof values);
+    else
+        gemm_exec_default_values(&p, lim->arch, values);
+    if (mode == EXEC_BUILDS_PLANNED && (rc = gemm_exec_check(&p, values, lim->smem_per_block,
+                                                             err)) != STOF_OK)
+        return rc;
+    /* no kernel to build in either mode */
+    if ((rc = gemm_exec_check_arch(&p, values, lim->arch, err)) != STOF_OK)
+        return rc;
+    out[0].attention = 0;
+    gemm_exec_request_init(&out[0].r.gemm, &p, values, lim->arch);
+    *n = 1;
+    return STOF_OK;
+}
+
+/* The configuration the attention plan of s takes for lim, and whether it
+ * splits rows (PLANNED; ALL builds both). */
+static int attn_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                       exec_builds_mode mode, exec_build *out, int *n, stof_error *err) {
+    mha_exec_problem p;
+    mask *folded = NULL;
+    mha_exec_force f;
+    attn_force(s, &f);
+    mha_exec_config cfg;
+    char reason[256];
+    int split = 0, rc = attn_folded(g, s, &p, &folded, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = mha_exec_validate(&p, err);
+    if (!rc)
+        rc = mha_exec_choose(&p, folded, lim, s->auto_attention ? NULL : &f, &cfg, reason,
+                             sizeof reason, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = mha_exec_config_check(&cfg, lim->smem_per_block, err);
+    if (!rc && mode == EXEC_BUILDS_PLANNED)
+        rc = mha_exec_plan_splits(&p, folded, &cfg, lim, f.split_chunk, &split, err);
+    mask_free(folded);
+    if (rc)
+        return rc;
+    int both = mode == EXEC_BUILDS_ALL && cfg.kernel == MHA_KERNEL_BLOCK_WISE;
+    for (int k = 0; k <= both; k++) {
+        cfg.split = both ? k : split;
+        out[k].attention = 1;
+        mha_exec_request_init(&out[k].r.mha, &cfg, lim->arch);
+    }
+    *n = both + 1;
+    return STOF_OK;
+}
+
+int exec_segment_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
+                        exec_builds_mode mode, exec_build *out, int *n, stof_error *err) {
+    const exec_launcher *l = exec_launcher_get(s->tmpl);
+    *n = 0;
+    if (l->plan == gx_plan)
+        return gx_builds(g, s, lim, mode, out, n, err);
+    if (l->plan == attn_plan)
+        return attn_builds(g, s, lim, mode, out, n, err);
+    return STOF_OK; /* nothing compiled at run time (a vendor library) */
+}
+
+int exec_segment_compile(const graph *g, const exec_segment *s,
+                         const struct mha_device_limits *lim, struct nvrtc_cache *cache,
+                         stof_error *err) {
+    exec_build b[EXEC_MAX_BUILDS];
+    int n = 0;
+    int rc = exec_segment_builds(g, s, lim, EXEC_BUILDS_ALL, b, &n, err);
+    for (int k = 0; !rc && k < n; k++) {
+        const void *cubin;
+        size_t size;
+        rc = nvrtc_get(cache, exec_build_request(&b[k]), &cubin, &size, err);
+    }
+    return rc;
+}

@@ -1,0 +1,420 @@
+#include "core/gpu/nvrtc.h"
+
+#include <errno.h>
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/base/error.h"
+#include "core/gpu/kernels.h"
+#include "core/base/memo.h"
+#include "core/gpu/nvrtc_worker.h"
+#include "core/base/util.h"
+
+#ifndef STOF_CUDA_INCLUDE_DIR
+#define STOF_CUDA_INCLUDE_DIR "/usr/local/cuda/include"
+#endif
+
+/* A cubin in the memory cache. */
+typedef struct nvrtc_cubin {
+    void *bin;
+    size_t size;
+    int ahead; /* made by a task of nvrtc_submit */
+    int asked; /* nvrtc_get returned it */
+} nvrtc_cubin;
+
+static void cubin_free(void *value) {
+    nvrtc_cubin *cb = value;
+    free(cb->bin);
+    free(cb);
+}
+
+void nvrtc_cache_init(nvrtc_cache *c, const char *dir) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->lock, NULL);
+    memo_create(0, cubin_free, &c->mem, NULL); /* NULL on failure: nvrtc_get says so */
+    if (dir) {
+        snprintf(c->dir, sizeof c->dir, "%s", dir);
+        return;
+    }
+    const char *env = getenv("STOF_CACHE_DIR");
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (env && *env)
+        snprintf(c->dir, sizeof c->dir, "%s", env);
+    else if (xdg && *xdg)
+        snprintf(c->dir, sizeof c->dir, "%s/stof", xdg);
+    else if (home && *home)
+        snprintf(c->dir, sizeof c->dir, "%s/.cache/stof", home);
+}
+
+void nvrtc_cache_free(nvrtc_cache *c) {
+    memo_free(c->mem);
+    pthread_mutex_destroy(&c->lock);
+    memset(c, 0, sizeof *c);
+}
+
+int nvrtc_version(int *major, int *minor, stof_error *err) {
+    if (nvrtcVersion(major, minor) != NVRTC_SUCCESS)
+        return err_set(err, STOF_ERR_COMPILE, "NVRTC did not report its version");
+    return STOF_OK;
+}
+
+uint64_t nvrtc_key(const nvrtc_request *req) {
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    uint64_t h = util_hash(UTIL_HASH_SEED, &major, sizeof major);
+    h = util_hash(h, &minor, sizeof minor);
+    h = util_hash_str(h, req->arch);
+    h = util_hash_str(h, req->source);
+    const kernel_source *src = kernel_find(req->source);
+    if (src)
+        h = util_hash(h, src->text, src->len);
+    /* headers may be included by any kernel: all of them are part of the key */
+    for (int i = 0; i < kernel_source_count; i++) {
+        const char *name = kernel_sources[i].name;
+        size_t n = strlen(name);
+        if (n > 4 && strcmp(name + n - 4, ".cuh") == 0)
+            h = util_hash(h, kernel_sources[i].text, kernel_sources[i].len);
+    }
+    for (int i = 0; i < req->n_options; i++) {
+        h = util_hash_str(h, req->options[i]);
+        h = util_hash(h, "\0", 1);
+    }
+    return h;
+}
+
+static void disk_path(const nvrtc_cache *c, uint64_t key, char *buf, size_t n) {
+    snprintf(buf, n, "%s/%016llx.cubin", c->dir, (unsigned long long)key);
+}
+
+static void *disk_load(const nvrtc_cache *c, uint64_t key, size_t *size) {
+    if (!c->dir[0])
+        return NULL;
+    char path[1200];
+    disk_path(c, key, path, sizeof path);
+    void *bin = util_read_file(path, size);
+    /* a truncated or foreign file is ignored and rebuilt */
+    if (bin && (*size < 4 || memcmp(bin, "\x7f" "ELF", 4) != 0)) {
+        free(bin);
+        bin = NULL;
+    }
+    return bin;
+}
+
+/* mkdir -p for the cache folder. */
+static int make_dirs(const char *dir) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Best effort: a cache that cannot be written only costs a recompile later.
+ * Written to a temporary name and renamed so readers never see half a file. */
+static void disk_store(nvrtc_cache *c, uint64_t key, const void *cubin, size_t size) {
+    if (!c->dir[0] || make_dirs(c->dir) != 0)
+        return;
+    char path[1200], tmp[1300];
+    disk_path(c, key, path, sizeof path);
+    pthread_mutex_lock(&c->lock);
+    unsigned seq = c->tmp_seq++;
+    pthread_mutex_unlock(&c->lock);
+    snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), seq);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    int ok = fwrite(cubin, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0)
+        remove(tmp);
+}
+
+/* Collects the embedded .cuh files as NVRTC headers. */
+static int header_list(const char ***texts, const char ***names, int *n, stof_error *err) {
+    int count = 0;
+    for (int i = 0; i < kernel_source_count; i++) {
+        size_t len = strlen(kernel_sources[i].name);
+        count += len > 4 && strcmp(kernel_sources[i].name + len - 4, ".cuh") == 0;
+    }
+    *texts = err_calloc((size_t)count + 1, sizeof **texts, err);
+    *names = err_calloc((size_t)count + 1, sizeof **names, err);
+    if (!*texts || !*names) {
+        free(*texts);
+        free(*names);
+        return STOF_ERR_NOMEM;
+    }
+    *n = 0;
+    for (int i = 0; i < kernel_source_count; i++) {
+        size_t len = strlen(kernel_sources[i].name);
+        if (len > 4 && strcmp(kernel_sources[i].name + len - 4, ".cuh") == 0) {
+            (*texts)[*n] = kernel_sources[i].text;
+            (*names)[*n] = kernel_sources[i].name;
+            (*n)++;
+        }
+    }
+    return STOF_OK;
+}
+
+static int compile_error(nvrtcProgram prog, const nvrtc_request *req, nvrtcResult r,
+                         stof_error *err) {
+    size_t log_size = 0;
+    char log[768] = "";
+    if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+        char *full = malloc(log_size);
+        if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
+            snprintf(log, sizeof log, "%s", full);
+        free(full);
+    }
+    err_set(err, STOF_ERR_COMPILE, "NVRTC could not compile %s for %s (%s):\n%s", req->source,
+            req->arch, nvrtcGetErrorString(r), log);
+    return STOF_ERR_COMPILE;
+}
+
+/* opts gets arch_opt (filled here, "-arch=sm_90"), the fixed options and
+ * the request's. */
+static void build_options(const nvrtc_request *req, char *arch_opt, size_t arch_cap,
+                          const char **opts, int *n) {
+    static const char *const fixed[] = {"-std=c++17", "-default-device", "--use_fast_math",
+                                        "-I" STOF_CUDA_INCLUDE_DIR};
+    snprintf(arch_opt, arch_cap, "-arch=%s", req->arch);
+    int k = 0;
+    opts[k++] = arch_opt;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        opts[k++] = fixed[i];
+    for (int i = 0; i < req->n_options; i++)
+        opts[k++] = req->options[i];
+    *n = k;
+}
+
+int nvrtc_compile_in_process(const nvrtc_request *req, void **cubin, size_t *size,
+                             stof_error *err) {
+    const kernel_source *src = kernel_find(req->source);
+    if (!src)
+        return err_set(err, STOF_ERR_INVALID, "no kernel source named '%s' is built in",
+                       req->source);
+    const char **htexts, **hnames;
+    int nh, rc = header_list(&htexts, &hnames, &nh, err);
+    if (rc)
+        return rc;
+    nvrtcProgram prog;
+    nvrtcResult r = nvrtcCreateProgram(&prog, src->text, src->name, nh, htexts, hnames);
+    free(htexts);
+    free(hnames);
+    if (r != NVRTC_SUCCESS)
+        return err_set(err, STOF_ERR_COMPILE, "nvrtcCreateProgram(%s): %s", req->source,
+                       nvrtcGetErrorString(r));
+    const char *opts[NVRTC_MAX_OPTIONS + 8];
+    char arch_opt[64];
+    int nopts;
+    build_options(req, arch_opt, sizeof arch_opt, opts, &nopts);
+    r = nvrtcCompileProgram(prog, nopts, opts);
+    if (r != NVRTC_SUCCESS) {
+        compile_error(prog, req, r, err);
+        nvrtcDestroyProgram(&prog);
+        return STOF_ERR_COMPILE;
+    }
+    r = nvrtcGetCUBINSize(prog, size);
+    if (r == NVRTC_SUCCESS && (*cubin = err_malloc(*size, err)) != NULL)
+        r = nvrtcGetCUBIN(prog, *cubin);
+    nvrtcDestroyProgram(&prog);
+    if (r != NVRTC_SUCCESS)
+        return err_set(err, STOF_ERR_COMPILE, "NVRTC gave no cubin for %s: %s", req->source,
+                       nvrtcGetErrorString(r));
+    return *cubin ? STOF_OK : STOF_ERR_NOMEM;
+}
+
+/* ---- the memory cache ------------------------------------------------------------------ */
+
+/* What computing one key needs (memo_compute's argument). */
+typedef struct nvrtc_make {
+    nvrtc_cache *c;
+    const nvrtc_request *req;
+    uint64_t key;
+    int ahead; /* for nvrtc_submit */
+    int ran;   /* set when the computation ran on this thread */
+} nvrtc_make;
+
+static void count(nvrtc_cache *c, int *counter, double compile_s) {
+    pthread_mutex_lock(&c->lock);
+    if (counter)
+        (*counter)++;
+    c->compile_s += compile_s;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Adds one successful compile of source (a built-in name) to its line. */
+static void count_source(nvrtc_cache *c, const char *source, double compile_s) {
+    pthread_mutex_lock(&c->lock);
+    int i = 0;
+    while (i < c->n_sources && strcmp(c->by_source[i].source, source) != 0)
+        i++;
+    if (i == c->n_sources && i < NVRTC_MAX_SOURCES)
+        c->by_source[c->n_sources++] = (nvrtc_source_stats){kernel_find(source)->name, 0, 0};
+    if (i < c->n_sources) {
+        c->by_source[i].compiled++;
+        c->by_source[i].compile_s += compile_s;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Remembers the compile of req that took s if it is the slowest so far. */
+static void note_slowest(nvrtc_cache *c, const nvrtc_request *req, double s) {
+    pthread_mutex_lock(&c->lock);
+    if (s > c->slowest_s) {
+        c->slowest_s = s;
+        size_t n = (size_t)snprintf(c->slowest, sizeof c->slowest, "%s",
+                                    kernel_find(req->source)->name);
+        for (int i = 0; i < req->n_options && n < sizeof c->slowest; i++)
+            if (strncmp(req->options[i], "-D", 2) == 0)
+                n += (size_t)snprintf(c->slowest + n, sizeof c->slowest - n, " %s",
+                                      req->options[i] + 2);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* From disk, else compiled (and written to disk). */
+static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
+    nvrtc_make *mk = arg;
+    nvrtc_cache *c = mk->c;
+    mk->ran = 1;
+    nvrtc_cubin *cb = err_calloc(1, sizeof *cb, err);
+    if (!cb)
+        return STOF_ERR_NOMEM;
+    cb->ahead = mk->ahead;
+    cb->bin = disk_load(c, mk->key, &cb->size);
+    if (cb->bin) {
+        count(c, &c->disk_hits, 0);
+    } else {
+        double t0 = util_now();
+        int handled;
+        int rc = nvrtc_worker_compile(mk->req, &cb->bin, &cb->size, &handled, err);
+        if (!handled)
+            rc = nvrtc_compile_in_process(mk->req, &cb->bin, &cb->size, err);
+        double dt = util_now() - t0;
+        count(c, rc ? &c->failed : &c->compiled, dt);
+        if (!rc) {
+            count_source(c, mk->req->source, dt);
+            note_slowest(c, mk->req, dt);
+        }
+        if (rc) {
+            free(cb);
+            return rc;
+        }
+        disk_store(c, mk->key, cb->bin, cb->size);
+    }
+    if (mk->ahead)
+        count(c, &c->ahead, 0);
+    *value = cb;
+    *bytes = cb->size;
+    return STOF_OK;
+}
+
+static int check_request(const nvrtc_cache *c, const nvrtc_request *req, stof_error *err) {
+    if (req->n_options < 0 || req->n_options > NVRTC_MAX_OPTIONS)
+        return err_set(err, STOF_ERR_INVALID, "too many compile options (%d)", req->n_options);
+    if (!req->source || !req->arch)
+        return err_set(err, STOF_ERR_INVALID, "a compile request without a source or an arch");
+    if (!c->mem)
+        return err_set(err, STOF_ERR_NOMEM, "the kernel cache could not be allocated");
+    return STOF_OK;
+}
+
+int nvrtc_get(nvrtc_cache *c, const nvrtc_request *req, const void **cubin, size_t *size,
+              stof_error *err) {
+    int rc = check_request(c, req, err);
+    if (rc)
+        return rc;
+    double t0 = util_now();
+    nvrtc_make mk = {c, req, nvrtc_key(req), 0, 0};
+    void *value;
+    rc = memo_get(c->mem, mk.key, make_cubin, &mk, &value, err);
+    pthread_mutex_lock(&c->lock);
+    if (!rc) {
+        nvrtc_cubin *cb = value;
+        *cubin = cb->bin;
+        *size = cb->size;
+        c->memory_hits += !mk.ran;
+        c->ahead_used += cb->ahead && !cb->asked;
+        cb->asked = 1;
+    }
+    c->get_s += util_now() - t0;
+    pthread_mutex_unlock(&c->lock);
+    if (!rc) /* never evicted (no budget): the cubin stays valid */
+        memo_unpin(c->mem, mk.key);
+    return rc;
+}
+
+/* ---- compiling ahead ------------------------------------------------------------------------ */
+
+/* A queued compile: the cache, the key, and a copy of the request whose
+ * strings live in text. */
+typedef struct nvrtc_job {
+    nvrtc_cache *c;
+    uint64_t key;
+    nvrtc_request req;
+    char text[];
+} nvrtc_job;
+
+static size_t request_text_bytes(const nvrtc_request *req) {
+    size_t n = strlen(req->source) + 1 + strlen(req->arch) + 1;
+    for (int i = 0; i < req->n_options; i++)
+        n += strlen(req->options[i]) + 1;
+    return n;
+}
+
+static const char *copy_text(char **at, const char *s) {
+    size_t n = strlen(s) + 1;
+    memcpy(*at, s, n);
+    const char *copy = *at;
+    *at += n;
+    return copy;
+}
+
+static nvrtc_job *job_new(nvrtc_cache *c, uint64_t key, const nvrtc_request *req,
+                          stof_error *err) {
+    nvrtc_job *j = err_malloc(sizeof *j + request_text_bytes(req), err);
+    if (!j)
+        return NULL;
+    j->c = c;
+    j->key = key;
+    memset(&j->req, 0, sizeof j->req);
+    char *at = j->text;
+    j->req.source = copy_text(&at, req->source);
+    j->req.arch = copy_text(&at, req->arch);
+    for (int i = 0; i < req->n_options; i++)
+        j->req.options[i] = copy_text(&at, req->options[i]);
+    j->req.n_options = req->n_options;
+    return j;
+}
+
+static void job_run(void *arg) {
+    nvrtc_job *j = arg;
+    nvrtc_make mk = {j->c, &j->req, j->key, 1, 0};
+    memo_fill(j->c->mem, j->key, make_cubin, &mk, NULL); /* a failure is kept for nvrtc_get */
+    free(j);
+}
+
+int nvrtc_submit(task_pool *pool, int tag, nvrtc_cache *c, const nvrtc_request *req,
+                 stof_error *err) {
+    int rc = check_request(c, req, err);
+    if (rc)
+        return rc;
+    uint64_t key = nvrtc_key(req);
+    if (memo_known(c->mem, key))
+        return STOF_OK;
+    nvrtc_job *j = job_new(c, key, req, err);
+    if (!j)
+        return STOF_ERR_NOMEM;
+    return task_pool_submit(pool, tag, job_run, free, j, err);
+}

@@ -1,0 +1,296 @@
+#include "core/graph/graph.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "ops/mask.h"
+#include "ops/ops.h"
+
+void graph_init(graph *g) {
+    memset(g, 0, sizeof *g);
+    g->output = -1;
+    g->current_layer = -1;
+}
+
+void graph_free(graph *g) {
+    if (!g)
+        return;
+    for (int i = 0; i < g->n_masks; i++)
+        mask_free(g->masks[i]);
+    free(g->masks);
+    free(g->tensors);
+    free(g->ops);
+    free(g->sources);
+    free(g->source_names);
+    graph_init(g);
+}
+
+/* Grows *arr (of elem bytes each) so that it holds at least need entries. */
+static int grow(void **arr, int *cap, int need, size_t elem, stof_error *err) {
+    if (need <= *cap)
+        return STOF_OK;
+    int ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need)
+        ncap *= 2;
+    void *p = err_realloc(*arr, (size_t)ncap * elem, err);
+    if (!p)
+        return STOF_ERR_NOMEM;
+    *arr = p;
+    *cap = ncap;
+    return STOF_OK;
+}
+
+int graph_find_tensor(const graph *g, const char *name) {
+    for (int i = 0; i < g->n_tensors; i++)
+        if (strcmp(g->tensors[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+int64_t graph_tensor_numel(const graph_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+size_t graph_tensor_bytes(const graph_tensor *t) {
+    return (size_t)graph_tensor_numel(t) * stof_dtype_size(t->dtype);
+}
+
+const char *graph_role_name(graph_role r) {
+    switch (r) {
+    case GRAPH_INPUT: return "input";
+    case GRAPH_WEIGHT: return "weight";
+    case GRAPH_ACTIVATION: return "activation";
+    case GRAPH_OUTPUT: return "output";
+    }
+    return "?";
+}
+
+const char *graph_shape_str(const graph_tensor *t, char *buf, size_t n) {
+    size_t used = 0;
+    used += (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && used < n; d++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? ", " : "",
+                                 (long long)t->shape[d]);
+    if (used < n)
+        snprintf(buf + used, n - used, "]");
+    return buf;
+}
+
+static int check_shape(const graph_tensor *t, stof_error *err) {
+    if (t->ndim < 1 || t->ndim > GRAPH_MAX_DIMS)
+        return err_set(err, STOF_ERR_SHAPE, "tensor '%s': rank must be 1..%d, got %d", t->name,
+                       GRAPH_MAX_DIMS, t->ndim);
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 1 || t->shape[d] > GRAPH_MAX_DIM_SIZE)
+            return err_set(err, STOF_ERR_SHAPE,
+                           "tensor '%s': dimension %d must be in 1..%lld, got %lld", t->name, d,
+                           (long long)GRAPH_MAX_DIM_SIZE, (long long)t->shape[d]);
+        n *= t->shape[d];
+        if (n > GRAPH_MAX_TENSOR_ELEMS)
+            return err_set(err, STOF_ERR_SHAPE,
+                           "tensor '%s': %lld elements or more is beyond what stof handles",
+                           t->name, (long long)n);
+    }
+    return STOF_OK;
+}
+
+int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err) {
+    if (t->name[0] == '\0')
+        return err_set(err, STOF_ERR_INVALID, "a tensor needs a name");
+    if (graph_find_tensor(g, t->name) >= 0)
+        return err_set(err, STOF_ERR_INVALID, "tensor '%s' is already defined", t->name);
+    if (t->role != GRAPH_INPUT && t->role != GRAPH_WEIGHT)
+        return err_set(err, STOF_ERR_INVALID, "tensor '%s': only inputs and weights are declared",
+                       t->name);
+    int rc = check_shape(t, err);
+    if (rc)
+        return rc;
+    if ((rc = grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors,
+                   err)))
+        return rc;
+    graph_tensor *dst = &g->tensors[g->n_tensors];
+    *dst = *t;
+    dst->producer = -1;
+    dst->source = 0;
+    *id = g->n_tensors++;
+    return STOF_OK;
+}
+
+/* Makes a unique activation name from the op's name (or kind and index). */
+static void activation_name(const graph *g, const graph_op *op, const op_desc *d, char *out) {
+    char base[GRAPH_NAME_MAX];
+    if (op->name[0])
+        snprintf(base, sizeof base, "%s", op->name);
+    else
+        snprintf(base, sizeof base, "%s%d", d->name, g->n_ops);
+    snprintf(out, GRAPH_NAME_MAX, "%s", base);
+    for (int k = 1; graph_find_tensor(g, out) >= 0; k++)
+        snprintf(out, GRAPH_NAME_MAX, "%.80s#%d", base, k);
+}
+
+int graph_add_op(graph *g, const graph_op *op, int *out_tensor, stof_error *err) {
+    const op_desc *d = op_describe(op->kind);
+    if (!d)
+        return err_set(err, STOF_ERR_INVALID, "unknown operator kind %d", (int)op->kind);
+    if (op->n_inputs < d->min_inputs || op->n_inputs > d->max_inputs)
+        return err_set(err, STOF_ERR_INVALID, "%s takes %d to %d inputs, got %d", d->name,
+                       d->min_inputs, d->max_inputs, op->n_inputs);
+    for (int k = 0; k < op->n_inputs; k++)
+        if (op->inputs[k] < 0 || op->inputs[k] >= g->n_tensors)
+            return err_set(err, STOF_ERR_INVALID, "%s: input %d is not a tensor of this graph",
+                           d->name, k + 1);
+    graph_tensor out;
+    memset(&out, 0, sizeof out);
+    int rc = d->infer(g, op, &out, err);
+    if (rc)
+        return rc;
+    activation_name(g, op, d, out.name);
+    out.role = GRAPH_ACTIVATION;
+    out.producer = g->n_ops;
+    out.line = op->line;
+    if ((rc = check_shape(&out, err)))
+        return rc;
+    if ((rc = grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors,
+                   err)))
+        return rc;
+    if ((rc = grow((void **)&g->ops, &g->cap_ops, g->n_ops + 1, sizeof *g->ops, err)))
+        return rc;
+    g->tensors[g->n_tensors] = out;
+    graph_op *dst = &g->ops[g->n_ops];
+    *dst = *op;
+    dst->output = g->n_tensors;
+    dst->layer = g->current_layer;
+    if (dst->name[0] == '\0')
+        snprintf(dst->name, sizeof dst->name, "%s", out.name);
+    *out_tensor = g->n_tensors++;
+    g->n_ops++;
+    return STOF_OK;
+}
+
+int graph_add_mask(graph *g, mask *m, int *id, stof_error *err) {
+    int rc = grow((void **)&g->masks, &g->cap_masks, g->n_masks + 1, sizeof *g->masks, err);
+    if (rc) {
+        mask_free(m);
+        return rc;
+    }
+    g->masks[g->n_masks] = m;
+    *id = g->n_masks++;
+    return STOF_OK;
+}
+
+int graph_set_output(graph *g, int tensor, stof_error *err) {
+    if (tensor < 0 || tensor >= g->n_tensors)
+        return err_set(err, STOF_ERR_INVALID, "the output is not a tensor of this graph");
+    if (g->tensors[tensor].producer < 0)
+        return err_set(err, STOF_ERR_INVALID,
+                       "the output '%s' must be computed by an operator, not declared",
+                       g->tensors[tensor].name);
+    if (g->output >= 0)
+        g->tensors[g->output].role = GRAPH_ACTIVATION;
+    g->tensors[tensor].role = GRAPH_OUTPUT;
+    g->output = tensor;
+    return STOF_OK;
+}
+
+static int check_source(const graph *g, int tensor, const char *const *parts, int n,
+                        stof_error *err) {
+    if (tensor < 0 || tensor >= g->n_tensors || g->tensors[tensor].role != GRAPH_WEIGHT)
+        return err_set(err, STOF_ERR_INVALID, "only weights are assembled from other tensors");
+    const graph_tensor *t = &g->tensors[tensor];
+    if (t->source)
+        return err_set(err, STOF_ERR_INVALID, "weight '%s' already has its parts", t->name);
+    if (n < 1 || n > GRAPH_MAX_SOURCE_PARTS)
+        return err_set(err, STOF_ERR_INVALID, "weight '%s': 1 to %d parts, got %d", t->name,
+                       GRAPH_MAX_SOURCE_PARTS, n);
+    for (int k = 0; k < n; k++) {
+        size_t len = strlen(parts[k]);
+        if (len == 0 || len >= GRAPH_NAME_MAX)
+            return err_set(err, STOF_ERR_INVALID, "weight '%s': part %d needs a name of 1 to %d "
+                           "characters", t->name, k + 1, GRAPH_NAME_MAX - 1);
+        for (int j = 0; j < k; j++)
+            if (strcmp(parts[j], parts[k]) == 0)
+                return err_set(err, STOF_ERR_INVALID, "weight '%s': part '%s' is given twice",
+                               t->name, parts[k]);
+    }
+    return STOF_OK;
+}
+
+int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof_error *err) {
+    int rc = check_source(g, tensor, parts, n, err);
+    if (!rc)
+        rc = grow((void **)&g->sources, &g->cap_sources, g->n_sources + 1, sizeof *g->sources,
+                  err);
+    if (!rc)
+        rc = grow((void **)&g->source_names, &g->cap_source_names, g->n_source_names + n,
+                  sizeof *g->source_names, err);
+    if (rc)
+        return rc;
+    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n};
+    for (int k = 0; k < n; k++)
+        snprintf(g->source_names[g->n_source_names++], GRAPH_NAME_MAX, "%s", parts[k]);
+    g->tensors[tensor].source = ++g->n_sources;
+    return STOF_OK;
+}
+
+const graph_source *graph_source_of(const graph *g, int t) {
+    int s = g->tensors[t].source;
+    return s > 0 && s <= g->n_sources ? &g->sources[s - 1] : NULL;
+}
+
+const char *graph_source_part(const graph *g, const graph_source *s, int k) {
+    return g->source_names[s->first + k];
+}
+
+void graph_begin_layer(graph *g) {
+    g->current_layer = g->n_layers++;
+}
+
+void graph_end_layer(graph *g) {
+    g->current_layer = -1;
+}
+
+int graph_validate(const graph *g, stof_error *err) {
+    if (g->n_ops == 0)
+        return err_set(err, STOF_ERR_INVALID, "the model has no operators");
+    if (g->output < 0)
+        return err_set(err, STOF_ERR_INVALID, "the model sets no output");
+    for (int i = 0; i < g->n_ops; i++) {
+        const graph_op *op = &g->ops[i];
+        for (int k = 0; k < op->n_inputs; k++) {
+            const graph_tensor *t = &g->tensors[op->inputs[k]];
+            if (t->producer >= i)
+                return err_set(err, STOF_ERR_INTERNAL, "op #%d '%s' reads '%s' before it is made",
+                               i, op->name, t->name);
+        }
+        if (op->kind == OP_ATTENTION && op->attr.attn.mask >= g->n_masks)
+            return err_set(err, STOF_ERR_INTERNAL, "op #%d '%s' refers to a missing mask", i,
+                           op->name);
+    }
+    return STOF_OK;
+}
+
+const char *stof_dtype_name(stof_dtype t) {
+    switch (t) {
+    case STOF_F32: return "fp32";
+    case STOF_F16: return "fp16";
+    case STOF_BF16: return "bf16";
+    case STOF_I32: return "int32";
+    }
+    return "?";
+}
+
+size_t stof_dtype_size(stof_dtype t) {
+    switch (t) {
+    case STOF_F32: return 4;
+    case STOF_F16: return 2;
+    case STOF_BF16: return 2;
+    case STOF_I32: return 4;
+    }
+    return 0;
+}

@@ -1,0 +1,114 @@
+/* The Lua 5.4 API that turns a model script into a graph.
+ *
+ * A script runs sandboxed (no io, os, debug, package, dofile/loadfile, no
+ * binary chunks; `require` only finds helper modules beside the script or in
+ * the installed scripts folder), under an instruction and memory budget.
+ * Every error comes back as "script.lua:LINE: what was wrong". */
+#ifndef STOF_CORE_LUA_API_H
+#define STOF_CORE_LUA_API_H
+
+#include <stdint.h>
+
+#include "core/graph/graph.h"
+
+#define LUA_API_MAX_PARAMS 64
+
+/* One script parameter as the script resolved it (defaults merged with
+ * --set values), in text form. */
+typedef struct lua_api_param {
+    char key[64];
+    char value[256];
+} lua_api_param;
+
+typedef struct lua_api_script {
+    char path[1024];
+    char name[256];        /* file name without folders, e.g. "bert.lua" */
+    uint64_t content_hash; /* util_hash of the file's bytes */
+    lua_api_param params[LUA_API_MAX_PARAMS];
+    int n_params;
+} lua_api_script;
+
+/* Runs the script at path with "key=value" parameters and builds *g (which
+ * must be graph_init'ed and empty). On failure g is left freed/empty and err
+ * holds the message. info may be NULL. */
+int lua_api_build(const char *path, const char *const *params, int n_params, graph *g,
+                  lua_api_script *info, stof_error *err);
+
+/* Same, with the script text given (chunkname is used in messages, e.g.
+ * "model.lua"). Helper modules for `require` are looked up in search_dir
+ * (may be NULL). */
+int lua_api_build_string(const char *source, const char *chunkname, const char *search_dir,
+                         const char *const *params, int n_params, graph *g,
+                         lua_api_script *info, stof_error *err);
+
+/* Budgets a script runs under. A zero field takes the default. */
+#define LUA_API_DEFAULT_INSTRUCTIONS 1000000000ULL
+#define LUA_API_DEFAULT_MEMORY ((size_t)2 << 30)
+
+typedef struct lua_api_limits {
+    uint64_t instructions; /* Lua VM instructions, predicates and helper modules included */
+    size_t memory;         /* bytes the Lua state may hold at once */
+} lua_api_limits;
+
+/* lua_api_build_string under explicit limits (NULL: the defaults); tests use
+ * it to reach the budgets quickly. */
+int lua_api_build_string_limits(const char *source, const char *chunkname,
+                                const char *search_dir, const char *const *params,
+                                int n_params, const lua_api_limits *limits, graph *g,
+                                lua_api_script *info, stof_error *err);
+
+/* ---- shared by core/lua_*.c only ------------------------------------------
+ * lua_api.c runs the script and owns the `stof` table, lua_model.c the model
+ * and tensor objects, lua_mask.c the `stof.mask` table, lua_sandbox.c the
+ * restricted globals and budgets. One luaapi_ctx per run, reached from any
+ * lua_State through its allocator's user data (lua_getallocf). */
+struct lua_State;
+
+typedef struct luaapi_ctx {
+    graph *g;
+    char chunkname[256];          /* "bert.lua": the name messages start with */
+    char script_dir[1024];        /* where `require` looks first ("" for none) */
+    char search_dir[1024];        /* where it looks next ("" for none) */
+    const char *const *params;    /* the command line's "key=value" */
+    int n_params;
+    int params_done;              /* stof.params ran */
+    lua_api_script *info;         /* may be NULL */
+    int model_made;               /* stof.model ran */
+    size_t mem_used, mem_limit;
+    uint64_t hook_calls, hook_max; /* count-hook calls so far, allowed */
+    int hook_every;               /* instructions between hook calls */
+    uint64_t instructions;        /* the budget, for the message */
+    int fatal;                    /* LUAAPI_FATAL_*: no pcall may swallow it */
+    char fatal_msg[320];          /* the budget message, with the line it stopped at */
+    struct lua_State *active;     /* the thread running a mask build, for predicates */
+    char pred_error[1024];        /* the Lua message of a predicate that failed */
+} luaapi_ctx;
+
+enum { LUAAPI_FATAL_NONE = 0, LUAAPI_FATAL_TIME, LUAAPI_FATAL_MEMORY };
+
+/* lua_sandbox.c */
+void *luaapi_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+void luaapi_open_sandbox(struct lua_State *L);
+luaapi_ctx *luaapi_ctx_of(struct lua_State *L);
+/* Re-raises the error a lua_pcall left on the stack (status != LUA_OK),
+ * noting out-of-memory so that no script pcall can swallow it later. */
+int luaapi_rethrow(struct lua_State *L, int status);
+/* The line of the script that called the running C function (0 if none). */
+int luaapi_line(struct lua_State *L);
+/* Raises an error naming the first key of the options table at idx that is
+ * not in allowed (NULL-terminated); fname names the function. */
+void luaapi_check_options(struct lua_State *L, int idx, const char *fname,
+                          const char *const *allowed);
+
+/* lua_model.c: stof.model{name =, dtype =} (a lua_CFunction). */
+int luaapi_model_new(struct lua_State *L);
+/* 1 when the value at idx is a model object. */
+int luaapi_is_model(struct lua_State *L, int idx);
+
+/* lua_mask.c: pushes the stof.mask table. */
+void luaapi_open_mask(struct lua_State *L);
+/* The graph mask for the mask object at idx built for (batch, q_len, k_len):
+ * built and added to the graph on first use, then shared. Raises on error. */
+int luaapi_mask_attach(struct lua_State *L, int idx, int batch, int q_len, int k_len);
+
+#endif

@@ -1,0 +1,711 @@
+/* The model and tensor objects a script builds a graph with: stof.model{},
+ * m:input / m:weight, one method per operator, m:layer and m:output.
+ *
+ * A tensor object is a graph tensor index in a userdata; the graph itself
+ * lives in the run's luaapi_ctx. Every method reports mistakes at the
+ * script's line (luaL_error / luaL_argerror from the method's own frame) and
+ * stamps that line on what it adds to the graph. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/lua/lua_api.h"
+
+#define LUAAPI_MODEL "stof.model"
+#define LUAAPI_TENSOR "stof.tensor"
+
+typedef struct luaapi_model {
+    stof_dtype dtype;
+} luaapi_model;
+
+typedef struct luaapi_tensor {
+    int id;
+} luaapi_tensor;
+
+static graph *luaapi_graph(lua_State *L) {
+    return luaapi_ctx_of(L)->g;
+}
+
+/* ---- option readers: opts is a stack index, or 0 for "no options" ---------- */
+
+static int luaapi_opt_type(lua_State *L, int opts, const char *key, int type, const char *fname,
+                           const char *what) {
+    if (!opts || lua_getfield(L, opts, key) == LUA_TNIL) {
+        if (opts)
+            lua_pop(L, 1);
+        return 0;
+    }
+    if (lua_type(L, -1) != type)
+        luaL_error(L, "%s: option '%s' must be %s, got a %s", fname, key, what,
+                   luaL_typename(L, -1));
+    return 1;
+}
+
+static int luaapi_opt_bool(lua_State *L, int opts, const char *key, int def, const char *fname) {
+    if (!luaapi_opt_type(L, opts, key, LUA_TBOOLEAN, fname, "true or false"))
+        return def;
+    int v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static double luaapi_opt_number(lua_State *L, int opts, const char *key, double def,
+                                const char *fname) {
+    if (!luaapi_opt_type(L, opts, key, LUA_TNUMBER, fname, "a number"))
+        return def;
+    double v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (!isfinite(v))
+        luaL_error(L, "%s: option '%s' must be finite", fname, key);
+    return v;
+}
+
+/* An integer option in [lo, hi]; def when absent. */
+static int64_t luaapi_opt_int(lua_State *L, int opts, const char *key, int64_t def, int64_t lo,
+                              int64_t hi, const char *fname) {
+    if (!luaapi_opt_type(L, opts, key, LUA_TNUMBER, fname, "an integer"))
+        return def;
+    int ok;
+    lua_Integer v = lua_tointegerx(L, -1, &ok);
+    lua_pop(L, 1);
+    if (!ok || v < lo || v > hi)
+        luaL_error(L, "%s: option '%s' must be an integer in %I..%I", fname, key,
+                   (lua_Integer)lo, (lua_Integer)hi);
+    return v;
+}
+
+/* Copies a string option into buf (n bytes); returns 0 when absent. */
+static int luaapi_opt_string(lua_State *L, int opts, const char *key, char *buf, size_t n,
+                             const char *fname) {
+    if (!luaapi_opt_type(L, opts, key, LUA_TSTRING, fname, "a string"))
+        return 0;
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
+    if (len >= n)
+        luaL_error(L, "%s: option '%s' is longer than %d characters", fname, key, (int)n - 1);
+    memcpy(buf, s, len + 1);
+    lua_pop(L, 1);
+    return 1;
+}
+
+/* The options table at idx (none or nil: 0), checked against allowed. */
+static int luaapi_options(lua_State *L, int idx, const char *fname, const char *const *allowed) {
+    if (lua_isnoneornil(L, idx))
+        return 0;
+    if (!lua_istable(L, idx))
+        luaL_typeerror(L, idx, "table of options");
+    luaapi_check_options(L, idx, fname, allowed);
+    return lua_absindex(L, idx);
+}
+
+/* ---- tensors -------------------------------------------------------------- */
+
+static void luaapi_push_tensor(lua_State *L, int id) {
+    luaapi_tensor *t = lua_newuserdatauv(L, sizeof *t, 0);
+    t->id = id;
+    luaL_setmetatable(L, LUAAPI_TENSOR);
+}
+
+static int luaapi_is_tensor(lua_State *L, int idx) {
+    return luaL_testudata(L, idx, LUAAPI_TENSOR) != NULL;
+}
+
+/* The graph tensor index of the tensor argument at idx. */
+static int luaapi_check_tensor(lua_State *L, int idx) {
+    luaapi_tensor *t = luaL_testudata(L, idx, LUAAPI_TENSOR);
+    if (!t)
+        luaL_typeerror(L, idx, "tensor");
+    return t->id;
+}
+
+/* A tensor option (nil when absent): its index, or -1. */
+static int luaapi_opt_tensor(lua_State *L, int opts, const char *key, const char *fname) {
+    if (!opts || lua_getfield(L, opts, key) == LUA_TNIL) {
+        if (opts)
+            lua_pop(L, 1);
+        return -1;
+    }
+    luaapi_tensor *t = luaL_testudata(L, -1, LUAAPI_TENSOR);
+    if (!t)
+        luaL_error(L, "%s: option '%s' must be a tensor, got a %s", fname, key,
+                   luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return t->id;
+}
+
+static const graph_tensor *luaapi_tensor_of(lua_State *L) {
+    luaapi_tensor *t = luaL_checkudata(L, 1, LUAAPI_TENSOR);
+    return &luaapi_graph(L)->tensors[t->id];
+}
+
+static int luaapi_tensor_index(lua_State *L) {
+    const graph_tensor *t = luaapi_tensor_of(L);
+    const char *key = luaL_checkstring(L, 2);
+    if (strcmp(key, "name") == 0) {
+        lua_pushstring(L, t->name);
+    } else if (strcmp(key, "dtype") == 0) {
+        lua_pushstring(L, stof_dtype_name(t->dtype));
+    } else if (strcmp(key, "ndim") == 0) {
+        lua_pushinteger(L, t->ndim);
+    } else if (strcmp(key, "shape") == 0) {
+        lua_createtable(L, t->ndim, 0);
+        for (int d = 0; d < t->ndim; d++) {
+            lua_pushinteger(L, t->shape[d]);
+            lua_rawseti(L, -2, d + 1);
+        }
+    } else {
+        return luaL_error(L, "a tensor has no field '%s' (name, shape, dtype, ndim)", key);
+    }
+    return 1;
+}
+
+static int luaapi_tensor_tostring(lua_State *L) {
+    const graph_tensor *t = luaapi_tensor_of(L);
+    char shape[160];
+    lua_pushfstring(L, "tensor '%s' %s %s", t->name, graph_shape_str(t, shape, sizeof shape),
+                    stof_dtype_name(t->dtype));
+    return 1;
+}
+
+static int luaapi_tensor_eq(lua_State *L) {
+    luaapi_tensor *a = luaL_testudata(L, 1, LUAAPI_TENSOR);
+    luaapi_tensor *b = luaL_testudata(L, 2, LUAAPI_TENSOR);
+    lua_pushboolean(L, a && b && a->id == b->id);
+    return 1;
+}
+
+/* ---- declared tensors: inputs and weights ---------------------------------- */
+
+static stof_dtype luaapi_dtype(lua_State *L, const char *name, int allow_int, const char *fname) {
+    static const char *const names[] = {"fp32", "fp16", "bf16", "int32"};
+    static const stof_dtype types[] = {STOF_F32, STOF_F16, STOF_BF16, STOF_I32};
+    for (int k = 0; k < 3 + allow_int; k++)
+        if (strcmp(name, names[k]) == 0)
+            return types[k];
+    luaL_error(L, "%s: unknown dtype '%s' (fp16, bf16, fp32%s)", fname, name,
+               allow_int ? ", int32" : "");
+    return STOF_F32;
+}
+
+/* Fills name, shape and line of t from arguments 2 (name) and 3 (shape). */
+static void luaapi_read_decl(lua_State *L, graph_tensor *t) {
+    size_t len;
+    const char *name = luaL_checklstring(L, 2, &len);
+    if (len == 0 || len >= GRAPH_NAME_MAX)
+        luaL_argerror(L, 2, lua_pushfstring(L, "a name of 1 to %d characters",
+                                            GRAPH_NAME_MAX - 1));
+    memcpy(t->name, name, len + 1);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, 3);
+    if (n < 1 || n > GRAPH_MAX_DIMS)
+        luaL_argerror(L, 3, lua_pushfstring(L, "a shape has 1 to %d dimensions, got %I",
+                                            GRAPH_MAX_DIMS, n));
+    t->ndim = (int)n;
+    for (int d = 0; d < t->ndim; d++) {
+        lua_geti(L, 3, d + 1);
+        int ok;
+        lua_Integer v = lua_tointegerx(L, -1, &ok);
+        if (!ok)
+            luaL_argerror(L, 3, lua_pushfstring(L, "shape[%d] must be an integer, got %s",
+                                                d + 1, luaL_tolstring(L, -1, NULL)));
+        t->shape[d] = v;
+        lua_pop(L, 1);
+    }
+    t->line = luaapi_line(L);
+}
+
+static int luaapi_declare(lua_State *L, const graph_tensor *t) {
+    stof_error e;
+    int id;
+    if (graph_add_tensor(luaapi_graph(L), t, &id, &e) != STOF_OK)
+        return luaL_error(L, "%s", e.msg);
+    luaapi_push_tensor(L, id);
+    return 1;
+}
+
+static luaapi_model *luaapi_self(lua_State *L) {
+    return luaL_checkudata(L, 1, LUAAPI_MODEL);
+}
+
+/* m:input(name, shape, {dtype =, high =, scale =}) */
+static int luaapi_input(lua_State *L) {
+    static const char *const allowed[] = {"dtype", "high", "scale", NULL};
+    luaapi_model *m = luaapi_self(L);
+    graph_tensor t;
+    memset(&t, 0, sizeof t);
+    luaapi_read_decl(L, &t);
+    int opts = luaapi_options(L, 4, "input", allowed);
+    char dtype[16];
+    t.role = GRAPH_INPUT;
+    t.dtype = luaapi_opt_string(L, opts, "dtype", dtype, sizeof dtype, "input")
+                  ? luaapi_dtype(L, dtype, 1, "input")
+                  : m->dtype;
+    int64_t high = luaapi_opt_int(L, opts, "high", 0, 1, INT32_MAX, "input");
+    if (t.dtype == STOF_I32 && high == 0)
+        return luaL_error(L, "input '%s': int32 inputs need high = the vocabulary size", t.name);
+    if (t.dtype != STOF_I32 && high != 0)
+        return luaL_error(L, "input '%s': high applies to int32 inputs only", t.name);
+    t.init = t.dtype == STOF_I32 ? GRAPH_INIT_TOKENS : GRAPH_INIT_UNIFORM;
+    t.init_high = high;
+    t.init_scale = (float)luaapi_opt_number(L, opts, "scale", 1.0, "input");
+    return luaapi_declare(L, &t);
+}
+
+/* The default init scale: fan-in scaled for matrices, small for vectors. */
+static double luaapi_default_scale(const graph_tensor *t, graph_init_kind init) {
+    if (init == GRAPH_INIT_ONES)
+        return 0.1;
+    if (init == GRAPH_INIT_ZEROS)
+        return 0.0;
+    return t->ndim >= 2 ? 1.0 / sqrt((double)t->shape[t->ndim - 1]) : 0.02;
+}
+
+/* from = {"a", "b", ...}: the checkpoint tensors a weight file assembles the
+ * weight from (into parts); returns their count, 0 when absent. */
+static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
+                              char parts[][GRAPH_NAME_MAX]) {
+    if (!opts || lua_getfield(L, opts, "from") == LUA_TNIL) {
+        if (opts)
+            lua_pop(L, 1);
+        return 0;
+    }
+    lua_Integer n = lua_istable(L, -1) ? luaL_len(L, -1) : 0;
+    if (n < 1 || n > GRAPH_MAX_SOURCE_PARTS)
+        luaL_error(L, "weight '%s': option 'from' must be a list of 1 to %d tensor names",
+                   weight, GRAPH_MAX_SOURCE_PARTS);
+    for (int k = 0; k < (int)n; k++) {
+        size_t len = 0;
+        const char *s = lua_geti(L, -1, k + 1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (!s || len == 0 || len >= GRAPH_NAME_MAX)
+            luaL_error(L, "weight '%s': from[%d] must be a tensor name of 1 to %d characters",
+                       weight, k + 1, GRAPH_NAME_MAX - 1);
+        memcpy(parts[k], s, len + 1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return (int)n;
+}
+
+/* m:weight(name, shape, {init =, scale =, dtype =, from =}) */
+static int luaapi_weight(lua_State *L) {
+    static const char *const allowed[] = {"init", "scale", "dtype", "from", NULL};
+    static const char *const inits[] = {"uniform", "ones", "zeros", NULL};
+    static const graph_init_kind init_of[] = {GRAPH_INIT_UNIFORM, GRAPH_INIT_ONES, GRAPH_INIT_ZEROS};
+    luaapi_model *m = luaapi_self(L);
+    graph_tensor t;
+    memset(&t, 0, sizeof t);
+    luaapi_read_decl(L, &t);
+    int opts = luaapi_options(L, 4, "weight", allowed);
+    char buf[16] = "uniform";
+    t.role = GRAPH_WEIGHT;
+    t.dtype = luaapi_opt_string(L, opts, "dtype", buf, sizeof buf, "weight")
+                  ? luaapi_dtype(L, buf, 0, "weight")
+                  : m->dtype;
+    snprintf(buf, sizeof buf, "uniform");
+    luaapi_opt_string(L, opts, "init", buf, sizeof buf, "weight");
+    int k = 0;
+    while (inits[k] && strcmp(inits[k], buf) != 0)
+        k++;
+    if (!inits[k])
+        return luaL_error(L, "weight '%s': unknown init '%s' (uniform, ones, zeros)", t.name,
+                          buf);
+    t.init = init_of[k];
+    double scale = luaapi_opt_number(L, opts, "scale", luaapi_default_scale(&t, t.init), "weight");
+    if (scale < 0)
+        return luaL_error(L, "weight '%s': scale must be >= 0", t.name);
+    t.init_scale = (float)scale;
+    char parts[GRAPH_MAX_SOURCE_PARTS][GRAPH_NAME_MAX];
+    const char *names[GRAPH_MAX_SOURCE_PARTS];
+    int n_parts = luaapi_weight_from(L, opts, t.name, parts);
+    luaapi_declare(L, &t);
+    if (n_parts == 0)
+        return 1;
+    for (int i = 0; i < n_parts; i++)
+        names[i] = parts[i];
+    stof_error e;
+    const luaapi_tensor *w = lua_touserdata(L, -1);
+    if (graph_set_source(luaapi_graph(L), w->id, names, n_parts, &e) != STOF_OK)
+        return luaL_error(L, "%s", e.msg);
+    return 1;
+}
+
+/* ---- operators ------------------------------------------------------------ */
+
+/* Starts an op of kind at the calling script line, named from opts. */
+static void luaapi_op_begin(lua_State *L, graph_op *op, op_kind kind, int opts,
+                            const char *fname) {
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->line = luaapi_line(L);
+    luaapi_opt_string(L, opts, "name", op->name, sizeof op->name, fname);
+}
+
+/* Adds op and returns its output tensor index; graph errors become script
+ * errors at the calling line. */
+static int luaapi_op_add(lua_State *L, const graph_op *op) {
+    stof_error e;
+    int out;
+    if (graph_add_op(luaapi_graph(L), op, &out, &e) != STOF_OK)
+        luaL_error(L, "%s", e.msg);
+    return out;
+}
+
+static int luaapi_op_push(lua_State *L, const graph_op *op) {
+    luaapi_push_tensor(L, luaapi_op_add(L, op));
+    return 1;
+}
+
+static const char *const luaapi_opts_name[] = {"name", NULL};
+
+/* m:gemm(x, w, {kn =, name =}) */
+static int luaapi_gemm(lua_State *L) {
+    static const char *const allowed[] = {"kn", "name", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2), w = luaapi_check_tensor(L, 3);
+    int opts = luaapi_options(L, 4, "gemm", allowed);
+    luaapi_op_begin(L, &op, OP_GEMM, opts, "gemm");
+    op.inputs[0] = x;
+    op.inputs[1] = w;
+    op.n_inputs = 2;
+    op.attr.gemm.weight_kn = luaapi_opt_bool(L, opts, "kn", 0, "gemm");
+    return luaapi_op_push(L, &op);
+}
+
+/* Two-input ops with only a name option: bias(x, b), add(a, b). */
+static int luaapi_binary(lua_State *L, op_kind kind, const char *fname) {
+    luaapi_self(L);
+    graph_op op;
+    int a = luaapi_check_tensor(L, 2), b = luaapi_check_tensor(L, 3);
+    int opts = luaapi_options(L, 4, fname, luaapi_opts_name);
+    luaapi_op_begin(L, &op, kind, opts, fname);
+    op.inputs[0] = a;
+    op.inputs[1] = b;
+    op.n_inputs = 2;
+    return luaapi_op_push(L, &op);
+}
+
+static int luaapi_bias(lua_State *L) {
+    return luaapi_binary(L, OP_BIAS, "bias");
+}
+
+static int luaapi_add(lua_State *L) {
+    return luaapi_binary(L, OP_ADD, "add");
+}
+
+/* m:linear(x, w, b_or_nil, {kn =, name =}): gemm, then bias when b is given.
+ * With a name, the gemm is "<name>.gemm" and the bias "<name>" (the name is
+ * the linear's output either way). */
+static int luaapi_linear(lua_State *L) {
+    static const char *const allowed[] = {"kn", "name", NULL};
+    luaapi_self(L);
+    int x = luaapi_check_tensor(L, 2), w = luaapi_check_tensor(L, 3);
+    int has_bias = !lua_isnoneornil(L, 4);
+    int b = has_bias ? luaapi_check_tensor(L, 4) : -1;
+    int opts = luaapi_options(L, 5, "linear", allowed);
+    graph_op op;
+    luaapi_op_begin(L, &op, OP_GEMM, opts, "linear");
+    char name[GRAPH_NAME_MAX];
+    memcpy(name, op.name, sizeof name);
+    if (has_bias && name[0])
+        snprintf(op.name, sizeof op.name, "%.*s.gemm", GRAPH_NAME_MAX - 6, name);
+    op.inputs[0] = x;
+    op.inputs[1] = w;
+    op.n_inputs = 2;
+    op.attr.gemm.weight_kn = luaapi_opt_bool(L, opts, "kn", 0, "linear");
+    int y = luaapi_op_add(L, &op);
+    if (!has_bias) {
+        luaapi_push_tensor(L, y);
+        return 1;
+    }
+    luaapi_op_begin(L, &op, OP_BIAS, 0, "linear");
+    memcpy(op.name, name, sizeof op.name);
+    op.inputs[0] = y;
+    op.inputs[1] = b;
+    op.n_inputs = 2;
+    return luaapi_op_push(L, &op);
+}
+
+/* m:layernorm(x, gamma, beta, {eps =, name =}) */
+static int luaapi_layernorm(lua_State *L) {
+    static const char *const allowed[] = {"eps", "name", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2), gamma = luaapi_check_tensor(L, 3);
+    int beta = luaapi_check_tensor(L, 4);
+    int opts = luaapi_options(L, 5, "layernorm", allowed);
+    luaapi_op_begin(L, &op, OP_LAYERNORM, opts, "layernorm");
+    op.inputs[0] = x;
+    op.inputs[1] = gamma;
+    op.inputs[2] = beta;
+    op.n_inputs = 3;
+    op.attr.norm.eps = (float)luaapi_opt_number(L, opts, "eps", 1e-5, "layernorm");
+    return luaapi_op_push(L, &op);
+}
+
+/* m:rmsnorm(x, gamma, {eps =, name =}) */
+static int luaapi_rmsnorm(lua_State *L) {
+    static const char *const allowed[] = {"eps", "name", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2), gamma = luaapi_check_tensor(L, 3);
+    int opts = luaapi_options(L, 4, "rmsnorm", allowed);
+    luaapi_op_begin(L, &op, OP_RMSNORM, opts, "rmsnorm");
+    op.inputs[0] = x;
+    op.inputs[1] = gamma;
+    op.n_inputs = 2;
+    op.attr.norm.eps = (float)luaapi_opt_number(L, opts, "eps", 1e-6, "rmsnorm");
+    return luaapi_op_push(L, &op);
+}
+
+/* One-input ops: gelu(x, {tanh =, name =}), relu(x), softmax(x). */
+static int luaapi_unary(lua_State *L, op_kind kind, const char *fname,
+                        const char *const *allowed) {
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2);
+    int opts = luaapi_options(L, 3, fname, allowed);
+    luaapi_op_begin(L, &op, kind, opts, fname);
+    op.inputs[0] = x;
+    op.n_inputs = 1;
+    if (kind == OP_GELU)
+        op.attr.gelu.tanh = luaapi_opt_bool(L, opts, "tanh", 0, fname);
+    return luaapi_op_push(L, &op);
+}
+
+static int luaapi_gelu(lua_State *L) {
+    static const char *const allowed[] = {"tanh", "name", NULL};
+    return luaapi_unary(L, OP_GELU, "gelu", allowed);
+}
+
+static int luaapi_relu(lua_State *L) {
+    return luaapi_unary(L, OP_RELU, "relu", luaapi_opts_name);
+}
+
+static int luaapi_softmax(lua_State *L) {
+    return luaapi_unary(L, OP_SOFTMAX, "softmax", luaapi_opts_name);
+}
+
+/* m:embedding(ids, word, {position =, token_type =, name =}) */
+static int luaapi_embedding(lua_State *L) {
+    static const char *const allowed[] = {"position", "token_type", "name", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int ids = luaapi_check_tensor(L, 2), word = luaapi_check_tensor(L, 3);
+    int opts = luaapi_options(L, 4, "embedding", allowed);
+    luaapi_op_begin(L, &op, OP_EMBEDDING, opts, "embedding");
+    int pos = luaapi_opt_tensor(L, opts, "position", "embedding");
+    int type = luaapi_opt_tensor(L, opts, "token_type", "embedding");
+    op.inputs[op.n_inputs++] = ids;
+    op.inputs[op.n_inputs++] = word;
+    if (pos >= 0)
+        op.inputs[op.n_inputs++] = pos;
+    if (type >= 0)
+        op.inputs[op.n_inputs++] = type;
+    op.attr.embedding.has_position = pos >= 0;
+    op.attr.embedding.has_type = type >= 0;
+    return luaapi_op_push(L, &op);
+}
+
+/* relpos = {table =, buckets =, max_distance =, bidirectional =} of the
+ * attention options at opts; appends the table input. */
+static void luaapi_relpos(lua_State *L, int opts, graph_op *op) {
+    static const char *const allowed[] = {"table", "buckets", "max_distance", "bidirectional",
+                                          NULL};
+    if (lua_getfield(L, opts, "relpos") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    if (!lua_istable(L, -1))
+        luaL_error(L, "attention: option 'relpos' must be a table, got a %s",
+                   luaL_typename(L, -1));
+    int rp = lua_absindex(L, -1);
+    luaapi_check_options(L, rp, "attention relpos", allowed);
+    int table = luaapi_opt_tensor(L, rp, "table", "attention relpos");
+    if (table < 0)
+        luaL_error(L, "attention: relpos needs table = the [buckets, heads] bias tensor");
+    op_attention *a = &op->attr.attn;
+    a->relpos = 1;
+    a->relpos_buckets = (int)luaapi_opt_int(L, rp, "buckets", 32, 1, 1 << 20, "attention relpos");
+    a->relpos_max_distance =
+        (int)luaapi_opt_int(L, rp, "max_distance", 128, 1, 1 << 30, "attention relpos");
+    a->relpos_bidirectional = luaapi_opt_bool(L, rp, "bidirectional", 1, "attention relpos");
+    op->inputs[op->n_inputs++] = table;
+    lua_pop(L, 1);
+}
+
+/* The mask option: its graph mask index, or -1 for none. */
+static int luaapi_attention_mask(lua_State *L, int opts, const graph_op *op) {
+    if (lua_getfield(L, opts, "mask") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return -1;
+    }
+    const graph *g = luaapi_graph(L);
+    const graph_tensor *q = &g->tensors[op->inputs[0]];
+    const graph_tensor *kv = &g->tensors[op->inputs[op->attr.attn.cross ? 1 : 0]];
+    if (q->ndim != 3 || kv->ndim != 3)
+        luaL_error(L, "attention: inputs must be [batch, seq, features], got %d and %d dims",
+                   q->ndim, kv->ndim);
+    int id = luaapi_mask_attach(L, -1, (int)q->shape[0], (int)q->shape[1], (int)kv->shape[1]);
+    lua_pop(L, 1);
+    return id;
+}
+
+/* m:attention(qkv, opts) or m:attention(q, kv, opts) (cross-attention). */
+static int luaapi_attention(lua_State *L) {
+    static const char *const allowed[] = {"heads", "head_dim", "mask",  "causal",
+                                          "scale", "relpos",   "name", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int cross = luaapi_is_tensor(L, 3);
+    int first = luaapi_check_tensor(L, 2);
+    int second = cross ? luaapi_check_tensor(L, 3) : -1;
+    int opts_idx = cross ? 4 : 3;
+    luaL_checktype(L, opts_idx, LUA_TTABLE);
+    int opts = luaapi_options(L, opts_idx, "attention", allowed);
+    luaapi_op_begin(L, &op, OP_ATTENTION, opts, "attention");
+    op_attention *a = &op.attr.attn;
+    a->heads = (int)luaapi_opt_int(L, opts, "heads", 0, 1, 1 << 16, "attention");
+    a->head_dim = (int)luaapi_opt_int(L, opts, "head_dim", 0, 1, 1 << 16, "attention");
+    if (!a->heads || !a->head_dim)
+        return luaL_error(L, "attention: heads and head_dim are required");
+    a->cross = cross;
+    a->causal = luaapi_opt_bool(L, opts, "causal", 0, "attention");
+    a->scale = (float)luaapi_opt_number(L, opts, "scale", 1.0 / sqrt((double)a->head_dim),
+                                        "attention");
+    op.inputs[op.n_inputs++] = first;
+    if (cross)
+        op.inputs[op.n_inputs++] = second;
+    luaapi_relpos(L, opts, &op);
+    a->mask = luaapi_attention_mask(L, opts, &op);
+    return luaapi_op_push(L, &op);
+}
+
+/* m:layer(function(i) ... end): the function's ops form layer i. Returns
+ * what the function returns. */
+static int luaapi_layer(lua_State *L) {
+    luaapi_self(L);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_settop(L, 2);
+    graph *g = luaapi_graph(L);
+    if (g->current_layer >= 0)
+        return luaL_error(L, "m:layer calls cannot nest (layer %d is open)", g->current_layer);
+    graph_begin_layer(g);
+    lua_pushvalue(L, 2);
+    lua_pushinteger(L, g->current_layer);
+    int status = lua_pcall(L, 1, LUA_MULTRET, 0);
+    graph_end_layer(g); /* also on error: a script may pcall m:layer */
+    if (status != LUA_OK)
+        return luaapi_rethrow(L, status);
+    return lua_gettop(L) - 2;
+}
+
+/* m:output(t): marks t as the model's output; returns t. */
+static int luaapi_output(lua_State *L) {
+    luaapi_self(L);
+    int t = luaapi_check_tensor(L, 2);
+    stof_error e;
+    if (graph_set_output(luaapi_graph(L), t, &e) != STOF_OK)
+        return luaL_error(L, "%s", e.msg);
+    lua_settop(L, 2);
+    return 1;
+}
+
+/* ---- the model object ----------------------------------------------------- */
+
+static const luaL_Reg luaapi_model_methods[] = {
+    {"input", luaapi_input},
+    {"weight", luaapi_weight},
+    {"gemm", luaapi_gemm},
+    {"bias", luaapi_bias},
+    {"linear", luaapi_linear},
+    {"add", luaapi_add},
+    {"layernorm", luaapi_layernorm},
+    {"rmsnorm", luaapi_rmsnorm},
+    {"gelu", luaapi_gelu},
+    {"relu", luaapi_relu},
+    {"softmax", luaapi_softmax},
+    {"embedding", luaapi_embedding},
+    {"attention", luaapi_attention},
+    {"layer", luaapi_layer},
+    {"output", luaapi_output},
+    {NULL, NULL}};
+
+/* The methods table's __index: a method the model does not have. */
+static int luaapi_model_unknown(lua_State *L) {
+    const char *key = lua_tostring(L, 2);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (const luaL_Reg *r = luaapi_model_methods; r->name; r++) {
+        luaL_addstring(&b, r == luaapi_model_methods ? "" : ", ");
+        luaL_addstring(&b, r->name);
+    }
+    luaL_pushresult(&b);
+    return luaL_error(L, "the model has no method or field '%s' (methods: %s)",
+                      key ? key : luaL_typename(L, 2), lua_tostring(L, -1));
+}
+
+static int luaapi_model_tostring(lua_State *L) {
+    luaapi_model *m = luaapi_self(L);
+    const graph *g = luaapi_graph(L);
+    lua_pushfstring(L, "model '%s' (%s, %d ops, %d tensors)", g->name, stof_dtype_name(m->dtype),
+                    g->n_ops, g->n_tensors);
+    return 1;
+}
+
+/* Metatables are hidden (__metatable) so a script cannot swap out __gc or
+ * __index and reach behind the API. */
+static void luaapi_hide_metatable(lua_State *L) {
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+}
+
+static void luaapi_model_metatables(lua_State *L) {
+    if (luaL_newmetatable(L, LUAAPI_TENSOR)) {
+        static const luaL_Reg meta[] = {{"__index", luaapi_tensor_index},
+                                        {"__tostring", luaapi_tensor_tostring},
+                                        {"__eq", luaapi_tensor_eq},
+                                        {NULL, NULL}};
+        luaL_setfuncs(L, meta, 0);
+        luaapi_hide_metatable(L);
+    }
+    lua_pop(L, 1);
+    luaL_newmetatable(L, LUAAPI_MODEL);
+    luaL_newlib(L, luaapi_model_methods);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, luaapi_model_unknown);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, luaapi_model_tostring);
+    lua_setfield(L, -2, "__tostring");
+    luaapi_hide_metatable(L);
+    lua_pop(L, 1);
+}
+
+/* stof.model{name =, dtype =} */
+int luaapi_model_new(lua_State *L) {
+    static const char *const allowed[] = {"name", "dtype", NULL};
+    luaapi_ctx *c = luaapi_ctx_of(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaapi_check_options(L, 1, "stof.model", allowed);
+    if (c->model_made)
+        return luaL_error(L, "stof.model may be called only once per script");
+    char name[GRAPH_NAME_MAX] = "model", dtype[16] = "fp16";
+    luaapi_opt_string(L, 1, "name", name, sizeof name, "stof.model");
+    luaapi_opt_string(L, 1, "dtype", dtype, sizeof dtype, "stof.model");
+    stof_dtype t = luaapi_dtype(L, dtype, 0, "stof.model");
+    luaapi_model_metatables(L);
+    luaapi_model *m = lua_newuserdatauv(L, sizeof *m, 0);
+    m->dtype = t;
+    luaL_setmetatable(L, LUAAPI_MODEL);
+    memcpy(c->g->name, name, sizeof name);
+    c->model_made = 1;
+    return 1;
+}
+
+int luaapi_is_model(lua_State *L, int idx) {
+    return luaL_testudata(L, idx, LUAAPI_MODEL) != NULL;
+}

@@ -1,0 +1,296 @@
+/* The sandbox a model script runs in: which globals it sees, how much memory
+ * and how many instructions it may use, and how `require`, `load`, `pcall`
+ * and `print` behave there.
+ *
+ * A script is a description of a model, so it gets the pure libraries (base,
+ * string, table, math, utf8) and nothing that touches the machine: no io, os,
+ * debug or package, no dofile/loadfile, no binary chunks (their bytecode is
+ * not verified and can crash the VM). The budgets turn runaway scripts into
+ * ordinary script errors instead of hangs or host out-of-memory. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/lua/lua_api.h"
+#include "core/base/util.h"
+
+/* The cache table of loaded helper modules, in the registry. */
+#define LUAAPI_MODULES "stof.modules"
+
+luaapi_ctx *luaapi_ctx_of(lua_State *L) {
+    void *ud = NULL;
+    lua_getallocf(L, &ud);
+    return ud;
+}
+
+/* Lua's allocator contract (lua_Alloc), with a cap on the bytes held. Lua
+ * retries a failed allocation after a full collection and raises a memory
+ * error only when that fails too, so refusing here is always safe. */
+void *luaapi_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    luaapi_ctx *c = ud;
+    size_t old = ptr ? osize : 0; /* with ptr NULL, osize is a type tag */
+    if (nsize == 0) {
+        free(ptr);
+        c->mem_used -= old;
+        return NULL;
+    }
+    if (nsize > old && nsize - old > c->mem_limit - c->mem_used)
+        return NULL;
+    void *p = realloc(ptr, nsize);
+    if (p)
+        c->mem_used = c->mem_used - old + nsize;
+    return p;
+}
+
+int luaapi_rethrow(lua_State *L, int status) {
+    if (status == LUA_ERRMEM)
+        luaapi_ctx_of(L)->fatal = LUAAPI_FATAL_MEMORY;
+    return lua_error(L);
+}
+
+int luaapi_line(lua_State *L) {
+    lua_Debug ar;
+    if (!lua_getstack(L, 1, &ar) || !lua_getinfo(L, "l", &ar))
+        return 0;
+    return ar.currentline > 0 ? ar.currentline : 0;
+}
+
+void luaapi_check_options(lua_State *L, int idx, const char *fname, const char *const *allowed) {
+    if (lua_isnoneornil(L, idx))
+        return;
+    idx = lua_absindex(L, idx);
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        const char *key = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        int known = 0;
+        for (int k = 0; key && allowed[k] && !known; k++)
+            known = strcmp(key, allowed[k]) == 0;
+        if (known)
+            continue;
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int k = 0; allowed[k]; k++) {
+            luaL_addstring(&b, k ? ", " : "");
+            luaL_addstring(&b, allowed[k]);
+        }
+        luaL_pushresult(&b);
+        if (!key)
+            luaL_error(L, "%s: option names must be strings, got a %s key (accepted: %s)", fname,
+                       luaL_typename(L, -2), lua_tostring(L, -1));
+        luaL_error(L, "%s: unknown option '%s' (accepted: %s)", fname, key, lua_tostring(L, -1));
+    }
+}
+
+/* ---- budgets -------------------------------------------------------------- */
+
+/* Called every hook_every instructions. Once over budget it raises on every
+ * call, so a script that catches the error with pcall is stopped again. */
+static void luaapi_hook(lua_State *L, lua_Debug *ar) {
+    luaapi_ctx *c = luaapi_ctx_of(L);
+    if (++c->hook_calls <= c->hook_max)
+        return;
+    c->fatal = LUAAPI_FATAL_TIME;
+    if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
+        lua_pushfstring(L, "%s:%d: ", ar->short_src, ar->currentline);
+    else
+        lua_pushfstring(L, "%s: ", c->chunkname);
+    lua_pushfstring(L, "the script ran too long (more than %I instructions)",
+                    (lua_Integer)c->instructions);
+    lua_concat(L, 2);
+    /* Kept for the report: a script's xpcall handler may rewrite the error. */
+    snprintf(c->fatal_msg, sizeof c->fatal_msg, "%s", lua_tostring(L, -1));
+    lua_error(L);
+}
+
+static void luaapi_set_budget(lua_State *L, luaapi_ctx *c) {
+    uint64_t every = c->instructions < 1000000 ? c->instructions : 1000000;
+    c->hook_every = (int)(every ? every : 1);
+    c->hook_max = c->instructions / (uint64_t)c->hook_every;
+    lua_sethook(L, luaapi_hook, LUA_MASKCOUNT, c->hook_every);
+}
+
+/* ---- replaced globals ---------------------------------------------------- */
+
+/* pcall(f, ...) that never swallows a budget error. */
+static int luaapi_pcall(lua_State *L) {
+    luaL_checkany(L, 1);
+    int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+    if (status != LUA_OK && (status == LUA_ERRMEM || luaapi_ctx_of(L)->fatal))
+        return luaapi_rethrow(L, status);
+    lua_pushboolean(L, status == LUA_OK);
+    lua_insert(L, 1);
+    return lua_gettop(L);
+}
+
+/* xpcall(f, handler, ...), likewise. */
+static int luaapi_xpcall(lua_State *L) {
+    int n = lua_gettop(L);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_pushvalue(L, 1);
+    lua_rotate(L, 3, 1); /* f, handler, f, args... */
+    int status = lua_pcall(L, n - 2, LUA_MULTRET, 2);
+    if (status != LUA_OK && (status == LUA_ERRMEM || luaapi_ctx_of(L)->fatal))
+        return luaapi_rethrow(L, status);
+    lua_pushboolean(L, status == LUA_OK);
+    lua_replace(L, 2); /* f, ok, results... */
+    return lua_gettop(L) - 1;
+}
+
+/* load(text [, chunkname [, mode [, env]]]): text chunks only; the mode
+ * argument is ignored. The chunk's environment is the sandbox's globals
+ * unless env is given. */
+static int luaapi_load(lua_State *L) {
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    const char *chunkname = luaL_optstring(L, 2, "=(load)");
+    int status = luaL_loadbufferx(L, s, len, chunkname, "t");
+    if (status == LUA_ERRMEM)
+        return luaapi_rethrow(L, status);
+    if (status != LUA_OK) {
+        lua_pushnil(L);
+        lua_insert(L, -2);
+        return 2;
+    }
+    if (!lua_isnone(L, 4)) {
+        lua_pushvalue(L, 4);
+        if (!lua_setupvalue(L, -2, 1))
+            lua_pop(L, 1);
+    }
+    return 1;
+}
+
+/* print(...) writes to stderr: stdout belongs to the program's results. */
+static int luaapi_print(lua_State *L) {
+    int n = lua_gettop(L);
+    for (int i = 1; i <= n; i++) {
+        size_t len;
+        const char *s = luaL_tolstring(L, i, &len);
+        if (i > 1)
+            fputc('\t', stderr);
+        fwrite(s, 1, len, stderr);
+        lua_pop(L, 1);
+    }
+    fputc('\n', stderr);
+    return 0;
+}
+
+static int luaapi_module_name_ok(const char *name) {
+    if (!((*name >= 'a' && *name <= 'z') || *name == '_'))
+        return 0;
+    for (const char *p = name + 1; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+            return 0;
+    return strlen(name) <= 64;
+}
+
+/* Reads name.lua from the script's folder, else from the search folder;
+ * NULL when neither has it. The text is malloc'd: free it before raising. */
+static char *luaapi_module_text(const luaapi_ctx *c, const char *name, size_t *len) {
+    const char *dirs[2] = {c->script_dir, c->search_dir};
+    for (int k = 0; k < 2; k++) {
+        if (!dirs[k][0])
+            continue;
+        char path[sizeof c->script_dir + 80];
+        snprintf(path, sizeof path, "%s/%s.lua", dirs[k], name);
+        char *text = util_read_file(path, len);
+        if (text)
+            return text;
+    }
+    return NULL;
+}
+
+/* require(name): a helper module beside the script, run once (sandboxed,
+ * with the same globals) and cached; returns what the module returned. */
+static int luaapi_require(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    if (!luaapi_module_name_ok(name))
+        return luaL_error(L, "require: '%s' is not a helper module name "
+                             "(lowercase letters, digits and _)", name);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUAAPI_MODULES); /* 2 */
+    if (lua_getfield(L, 2, name) != LUA_TNIL) {
+        if (lua_islightuserdata(L, -1))
+            return luaL_error(L, "require: '%s' requires itself (a loop of requires)", name);
+        return 1;
+    }
+    luaapi_ctx *c = luaapi_ctx_of(L);
+    size_t len = 0;
+    char *text = luaapi_module_text(c, name, &len);
+    if (!text)
+        return luaL_error(L, "require: no helper module '%s' (scripts may require only "
+                             "%s.lua files in their own folder)", name, name);
+    char chunkname[96];
+    snprintf(chunkname, sizeof chunkname, "@%s.lua", name);
+    int status = luaL_loadbufferx(L, text, len, chunkname, "t");
+    free(text);
+    if (status != LUA_OK)
+        return luaapi_rethrow(L, status);
+    lua_pushlightuserdata(L, (void *)luaapi_require); /* marks "loading" */
+    lua_setfield(L, 2, name);
+    lua_pushvalue(L, 1);
+    status = lua_pcall(L, 1, 1, 0);
+    if (status != LUA_OK) {
+        lua_pushnil(L);
+        lua_setfield(L, 2, name);
+        return luaapi_rethrow(L, status);
+    }
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushboolean(L, 1);
+    }
+    lua_pushvalue(L, -1);
+    lua_setfield(L, 2, name);
+    return 1;
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+static void luaapi_open_libs(lua_State *L) {
+    static const luaL_Reg libs[] = {
+        {LUA_GNAME, luaopen_base},         {LUA_STRLIBNAME, luaopen_string},
+        {LUA_TABLIBNAME, luaopen_table},   {LUA_MATHLIBNAME, luaopen_math},
+        {LUA_UTF8LIBNAME, luaopen_utf8},   {NULL, NULL}};
+    for (const luaL_Reg *lib = libs; lib->func; lib++) {
+        luaL_requiref(L, lib->name, lib->func, 1);
+        lua_pop(L, 1);
+    }
+}
+
+/* math.random is seeded from the clock at startup; a script's graph must be
+ * the same on every run, so it starts from a fixed seed. */
+static void luaapi_fix_random_seed(lua_State *L) {
+    lua_getglobal(L, LUA_MATHLIBNAME);
+    lua_getfield(L, -1, "randomseed");
+    lua_pushinteger(L, 0);
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
+}
+
+void luaapi_open_sandbox(lua_State *L) {
+    static const luaL_Reg replaced[] = {
+        {"pcall", luaapi_pcall}, {"xpcall", luaapi_xpcall},   {"load", luaapi_load},
+        {"print", luaapi_print}, {"require", luaapi_require}, {NULL, NULL}};
+    static const char *const removed[] = {"dofile", "loadfile", NULL};
+    luaapi_open_libs(L);
+    lua_pushglobaltable(L);
+    luaL_setfuncs(L, replaced, 0);
+    for (int k = 0; removed[k]; k++) {
+        lua_pushnil(L);
+        lua_setfield(L, -2, removed[k]);
+    }
+    lua_pop(L, 1);
+    /* string.dump makes bytecode, which nothing here may load. */
+    lua_getglobal(L, LUA_STRLIBNAME);
+    lua_pushnil(L);
+    lua_setfield(L, -2, "dump");
+    lua_pop(L, 1);
+    luaapi_fix_random_seed(L);
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, LUAAPI_MODULES);
+    luaapi_set_budget(L, luaapi_ctx_of(L));
+}

@@ -1,0 +1,182 @@
+/* Plans: the tuned choice for one model on one GPU, as a JSON file a person
+ * can read and a later run can load without tuning again.
+ *
+ * A plan records what it was made for (the stof build, the device, the
+ * script with its parameters and content hash, the input shapes, each
+ * mask's fingerprint) and what was chosen (per sequence class the fusion
+ * scheme and per segment its ops, template, parameters and measured time;
+ * per attention shape the kernel and its parameters), with the forward
+ * latency, the tuning time and the search statistics.
+ *
+ *   {
+ *     "format": "stof-plan", "version": 1,
+ *     "stof": {"version": "0.1.0", "commit": "adbc9ec1f2a3"},
+ *     "device": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+ *                "sms": 132, "arch": "sm_90"},
+ *            or {"name": "unmeasured", "arch": "sm_90"} for a plan made offline
+ *     "script": {"name": "bert.lua", "hash": "0x1f2e3d4c5b6a7988",
+ *                "params": {"batch": "8", "seq": "512", ...},
+ *                "path": "/home/me/stof/scripts/bert.lua"},   (optional: a hint
+ *                where to find the script again; the name and hash decide)
+ *     "shapes": {"batch": 8, "seq": 512,
+ *                "inputs": [{"name": "input_ids", "shape": [8, 512]}]},
+ *     "masks": [{"description": "bigbird{...}", "fingerprint": "0x...",
+ *                "batch": 1, "q_len": 512, "k_len": 512}],
+ *     "attention": [{"batch": 8, "heads": 12, "head_dim": 64, "q_len": 512,
+ *                    "k_len": 512, "mask": 0, "causal": false,
+ *                    "kernel": "attention_block",
+ *                    "params": {"BLOCK_M": 64, "BLOCK_N": 64, "WARPS": 4},
+ *                    "ms": 0.21}],
+ *     "sequences": [{"layer": 0, "ops": 14, "instances": [2, 16, 30, 44],
+ *                    "scheme": {"binary": "00100001111100", "hex": "14:21f0"},
+ *                    "ms": 1.3,
+ *                    "segments": [{"first": 0, "last": 1, "ops": ["gemm", "bias"],
+ *                                  "template": "cublaslt", "params": {"ALGO": 0},
+ *                                  "kernel": "cublaslt", "ms": 0.1}, ...]}],
+ *     "latency_ms": 5.2, "tuning_s": 41.7,
+ *     "end_to_end": {"graph_ms": 5.0, "eager_ms": 5.9, "unfused_ms": 7.4},
+ *            (optional: the whole forward pass timed after tuning, by CUDA
+ *            graph replay and eagerly, and the all-unfused scheme's replay;
+ *            latency_ms is the sum of the segments' times)
+ *     "search": {"settings_measured": 812, "cache_hits": 97, "schemes_tried": 23,
+ *                "schemes_kept": 6, "rounds": 9}
+ *            (optional in "search": "measured_past_limit": N, when the time
+ *            limit ran out before the initial scheme was measured)
+ *   }
+ *
+ * Reading is strict: every key must be there with the right type, no
+ * unknown key may be, the scheme texts must agree with each other and with
+ * the segments, templates and parameter values must exist, and the times
+ * must add up. Anything else is STOF_ERR_FORMAT naming the field, such as
+ * "plan.json: sequences[0].segments[2].params.BLOCK_M: expected one of 64,
+ * 128, got 96". */
+#ifndef STOF_CORE_PLAN_H
+#define STOF_CORE_PLAN_H
+
+#include <stdint.h>
+
+#include "core/graph/graph.h"
+#include "core/lua/lua_api.h"
+#include "fusion/scheme.h"
+#include "fusion/templates.h"
+
+#define PLAN_FORMAT_VERSION 1
+#define PLAN_NAME_MAX 256
+#define PLAN_MAX_PARAMS FUSION_MAX_PARAMS
+#define PLAN_UNMEASURED "unmeasured"
+
+typedef struct plan_device {
+    int measured;            /* 0: planned offline for `arch` */
+    char name[PLAN_NAME_MAX];
+    int cc_major, cc_minor;  /* measured only */
+    int sm_count;            /* measured only */
+    char arch[16];           /* "sm_90" */
+} plan_device;
+
+typedef struct plan_input {
+    char name[GRAPH_NAME_MAX];
+    int ndim;
+    int64_t shape[GRAPH_MAX_DIMS];
+} plan_input;
+
+typedef struct plan_mask {
+    char *description;       /* owned */
+    uint64_t fingerprint;
+    int batch, q_len, k_len;
+} plan_mask;
+
+/* A kernel choice: a template and one value per parameter, in the
+ * template's order (the JSON names them). */
+typedef struct plan_kernel {
+    fusion_template_id tmpl;
+    int n_values;
+    int values[PLAN_MAX_PARAMS];
+} plan_kernel;
+
+typedef struct plan_attention {
+    int batch, heads, head_dim, q_len, k_len;
+    int mask;                /* index into masks, -1 for none */
+    int causal;
+    plan_kernel kernel;      /* attention_row or attention_block */
+    double ms;
+} plan_attention;
+
+typedef struct plan_segment {
+    int first, last;         /* positions in the sequence */
+    op_kind kinds[FUSION_MAX_OPS]; /* of ops first..last */
+    plan_kernel kernel;
+    double ms;
+} plan_segment;
+
+typedef struct plan_sequence {
+    int layer;               /* representative layer, -1 outside layers */
+    int n_ops;
+    int n_instances;
+    int *instances;          /* graph index of each occurrence's first op (owned) */
+    fusion_scheme scheme;
+    int n_segments;
+    plan_segment *segments;  /* owned */
+    double ms;               /* one occurrence */
+} plan_sequence;
+
+/* The forward pass timed end to end after tuning (medians, ms). */
+typedef struct plan_end_to_end {
+    double graph_ms;   /* CUDA graph replay */
+    double eager_ms;   /* kernel by kernel */
+    double unfused_ms; /* the all-unfused scheme, graph replay */
+} plan_end_to_end;
+
+typedef struct plan_stats {
+    long settings_measured, cache_hits, schemes_tried, schemes_kept;
+    int rounds;
+    /* settings measured after the time limit ran out, to finish the initial
+     * scheme: > 0 means the limit was too short to search (JSON: written
+     * only when > 0) */
+    long measured_past_limit;
+} plan_stats;
+
+typedef struct plan {
+    int version;
+    char stof_version[32];
+    char stof_commit[64];
+    plan_device device;
+    char script_name[PLAN_NAME_MAX];
+    char script_path[1024];  /* "" when not recorded */
+    uint64_t script_hash;
+    int n_params;
+    lua_api_param params[LUA_API_MAX_PARAMS];
+    int64_t batch, seq;
+    int n_inputs;
+    plan_input *inputs;      /* owned */
+    int n_masks;
+    plan_mask *masks;        /* owned */
+    int n_attention;
+    plan_attention *attention; /* owned */
+    int n_sequences;
+    plan_sequence *sequences;  /* owned */
+    double latency_ms;
+    double tuning_s;
+    int has_end_to_end;
+    plan_end_to_end end_to_end;
+    plan_stats stats;
+} plan;
+
+/* Frees what the plan owns and zeroes it. */
+void plan_free(plan *p);
+
+/* The JSON text (malloc'd, cJSON_Print layout). */
+int plan_to_json(const plan *p, char **text, stof_error *err);
+/* Parses and validates text; `source` names it in messages ("plan.json").
+ * On failure *p holds nothing to free. */
+int plan_from_json(const char *text, size_t len, const char *source, plan *p, stof_error *err);
+
+int plan_write(const plan *p, const char *path, stof_error *err);
+int plan_read(const char *path, plan *p, stof_error *err);
+
+/* Whether the plan fits this device (NULL: skip the device), script (NULL:
+ * skip) and graph (NULL: skip): STOF_ERR_MISMATCH naming the first
+ * difference. A plan made offline fits any device of its architecture. */
+int plan_check_fits(const plan *p, const stof_device_info *dev, const lua_api_script *script,
+                    const graph *g, stof_error *err);
+
+#endif

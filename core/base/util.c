@@ -118,6 +118,16 @@ char *util_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double util_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 double util_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -44,6 +44,10 @@ float util_bf16_to_f32(uint16_t h);
  * (errno set). */
 char *util_read_file(const char *path, size_t *len);
 
+/* The median of v[0..n-1] (n >= 1; the mean of the middle two when n is
+ * even); sorts v. */
+double util_median(double *v, int n);
+
 /* Monotonic wall clock in seconds. */
 double util_now(void);
 /* CPU time of this process in seconds: for timing single-threaded work in

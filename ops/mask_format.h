@@ -8,8 +8,8 @@
  *    the key/value blocks a query block must read);
  *  - row-wise (CSR): per query row, its allowed key columns.
  *
- * Both are built on the CPU from the mask's uint64 words, once per (mask,
- * block size): a mask_format_cache keeps what was built.
+ * Both are built on the CPU from the mask's uint64 words; the caller keeps
+ * what it builds (the attention planner, for each kernel plan it makes).
  *
  * Per-batch layout. A format has the mask's stored batch count (1 for a mask
  * shared by all batches, else the model's batch). Every array is the
@@ -95,42 +95,5 @@ typedef struct mask_bsr_stats {
 } mask_bsr_stats;
 
 void mask_format_bsr_stats(const mask_bsr *f, mask_bsr_stats *st);
-
-/* ---- cache ----------------------------------------------------------------
- * Formats built once per (mask, block size, kind) and owned by the cache.
- * The key is the mask's fingerprint and shape: a mask whose bits change must
- * get a new fingerprint (mask_build and mask_from_dense compute it). The
- * caller owns the cache; pointers it returns live until
- * mask_format_cache_clear. */
-
-typedef enum mask_format_kind {
-    MASK_FORMAT_BSR = 0,
-    MASK_FORMAT_CSR
-} mask_format_kind;
-
-typedef struct mask_format_cache_entry {
-    uint64_t fingerprint;
-    int batch, q_len, k_len;
-    int block_m, block_n; /* 0 for CSR */
-    mask_format_kind kind;
-    union {
-        mask_bsr *bsr;
-        mask_csr *csr;
-    } format;
-} mask_format_cache_entry;
-
-typedef struct mask_format_cache {
-    mask_format_cache_entry *entries;
-    int n, cap;
-    int64_t hits, misses;
-} mask_format_cache;
-
-void mask_format_cache_init(mask_format_cache *c);
-/* Frees every format and the table; the cache can be used again. */
-void mask_format_cache_clear(mask_format_cache *c);
-int mask_format_cache_bsr(mask_format_cache *c, const mask *m, int block_m, int block_n,
-                          const mask_bsr **out, stof_error *err);
-int mask_format_cache_csr(mask_format_cache *c, const mask *m, const mask_csr **out,
-                          stof_error *err);
 
 #endif

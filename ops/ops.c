@@ -177,3 +177,20 @@ void ops_mi_cost(const graph *g, const graph_op *op, double flops_per_element, d
     *flops = flops_per_element * (double)graph_tensor_numel(ops_output(g, op));
     *bytes = ops_io_bytes(g, op);
 }
+
+int op_add(graph *g, const graph_op *op, int *out_tensor, stof_error *err) {
+    const op_desc *d = op_describe(op->kind);
+    if (!d)
+        return err_set(err, STOF_ERR_INVALID, "unknown operator kind %d", (int)op->kind);
+    if (op->n_inputs < d->min_inputs || op->n_inputs > d->max_inputs)
+        return err_set(err, STOF_ERR_INVALID, "%s takes %d to %d inputs, got %d", d->name,
+                       d->min_inputs, d->max_inputs, op->n_inputs);
+    int rc = graph_check_inputs(g, op, d->name, err);
+    if (rc)
+        return rc;
+    graph_tensor out;
+    memset(&out, 0, sizeof out);
+    if ((rc = d->infer(g, op, &out, err)))
+        return rc;
+    return graph_append_op(g, op, d->name, &out, out_tensor, err);
+}

@@ -30,6 +30,11 @@ typedef struct op_desc {
 } op_desc;
 
 const op_desc *op_describe(op_kind kind);
+
+/* Adds an operator to g: kind, name, inputs, attr and line are read from
+ * *op; its input count and inputs are checked and its output tensor made
+ * with the shape the op table infers (graph_append_op). */
+int op_add(graph *g, const graph_op *op, int *out_tensor, stof_error *err);
 /* -1 when unknown. */
 int op_kind_from_name(const char *name);
 const char *op_class_name(op_class c);

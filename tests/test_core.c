@@ -14,6 +14,7 @@
 #include "core/base/task_pool.h"
 #include "core/base/util.h"
 #include "core/io/weights.h"
+#include "ops/ops.h"
 
 static void test_half(void) {
     CHECK_EQ_INT(util_f32_to_f16(1.0f), 0x3c00);
@@ -317,16 +318,16 @@ static void test_graph_errors(void) {
     op.n_inputs = 1;
     op.inputs[0] = 0;
     int out;
-    CHECK_EQ_INT(graph_add_op(&g, &op, &out, &err), STOF_OK);
+    CHECK_EQ_INT(op_add(&g, &op, &out, &err), STOF_OK);
     CHECK_EQ_INT(g.tensors[out].shape[1], 8);
     CHECK_EQ_INT(g.tensors[out].producer, 0);
     CHECK_EQ_INT(graph_set_output(&g, out, &err), STOF_OK);
     CHECK_EQ_INT(graph_validate(&g, &err), STOF_OK);
     op.inputs[0] = 99;
-    CHECK_EQ_INT(graph_add_op(&g, &op, &out, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(op_add(&g, &op, &out, &err), STOF_ERR_INVALID);
     op.inputs[0] = 0;
     op.n_inputs = 3;
-    CHECK_EQ_INT(graph_add_op(&g, &op, &out, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(op_add(&g, &op, &out, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "inputs");
     graph_free(&g);
 }

@@ -48,14 +48,6 @@ static void tmask_set_range(mask *m, int b, int i, int j0, int j1) {
         tmask_set(m, b, i, j);
 }
 
-static void tmask_fingerprint(mask *m) {
-    uint64_t h = util_hash(UTIL_HASH_SEED, &m->batch, sizeof m->batch);
-    h = util_hash(h, &m->q_len, sizeof m->q_len);
-    h = util_hash(h, &m->k_len, sizeof m->k_len);
-    m->fingerprint =
-        util_hash(h, m->bits, (size_t)m->batch * m->q_len * m->words * sizeof(uint64_t));
-}
-
 /* ---- generators ------------------------------------------------------------- */
 
 typedef enum gen_kind {
@@ -549,52 +541,7 @@ static void test_errors(void) {
     huge.words = (1 << 30) / 64;
     CHECK_EQ_INT(mask_format_bsr_build(&huge, 16, 16, &f, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "do not fit int32");
-    mask_format_cache cache;
-    mask_format_cache_init(&cache);
-    const mask_bsr *cf = NULL;
-    CHECK_EQ_INT(mask_format_cache_bsr(&cache, m, 20, 16, &cf, &err), STOF_ERR_INVALID);
-    CHECK(cf == NULL);
-    CHECK_EQ_INT(cache.n, 0);
-    mask_format_cache_clear(&cache);
     tmask_free(m);
-}
-
-static void test_cache(void) {
-    stof_error err = {0};
-    util_rng rng = {3};
-    mask *a = tmask_new(1, 300, 300), *b = tmask_new(1, 300, 300);
-    gen_fill(a, 0, GEN_BAND, &rng);
-    gen_fill(b, 0, GEN_BLOCKS, &rng);
-    tmask_fingerprint(a);
-    tmask_fingerprint(b);
-    mask_format_cache cache;
-    mask_format_cache_init(&cache);
-    const mask_bsr *a64 = NULL, *a64_again = NULL, *a32 = NULL, *b64 = NULL;
-    const mask_csr *ac = NULL, *ac_again = NULL;
-    CHECK(mask_format_cache_bsr(&cache, a, 64, 64, &a64, &err) == STOF_OK);
-    CHECK(mask_format_cache_bsr(&cache, a, 64, 64, &a64_again, &err) == STOF_OK);
-    CHECK(mask_format_cache_bsr(&cache, a, 32, 64, &a32, &err) == STOF_OK);
-    CHECK(mask_format_cache_bsr(&cache, b, 64, 64, &b64, &err) == STOF_OK);
-    CHECK(mask_format_cache_csr(&cache, a, &ac, &err) == STOF_OK);
-    CHECK(mask_format_cache_csr(&cache, a, &ac_again, &err) == STOF_OK);
-    CHECK(a64 && a64 == a64_again);
-    CHECK(a32 && a32 != a64 && a32->block_m == 32);
-    CHECK(b64 && b64 != a64);
-    CHECK(ac && ac == ac_again);
-    CHECK_EQ_INT(cache.n, 4);
-    CHECK_EQ_INT(cache.hits, 2);
-    CHECK_EQ_INT(cache.misses, 4);
-    if (a64 && b64) {
-        CHECK(bsr_matches(a64, a));
-        CHECK(bsr_matches(b64, b));
-    }
-    mask_format_cache_clear(&cache);
-    CHECK_EQ_INT(cache.n, 0);
-    CHECK(mask_format_cache_bsr(&cache, a, 64, 64, &a64, &err) == STOF_OK);
-    CHECK_EQ_INT(cache.n, 1);
-    mask_format_cache_clear(&cache);
-    tmask_free(a);
-    tmask_free(b);
 }
 
 /* BigBird at 4096 (Table 2 defaults: global = band = sqrt(4096) = 64,
@@ -660,7 +607,6 @@ int main(void) {
     test_shared_masks();
     test_per_batch_masks();
     test_errors();
-    test_cache();
     test_bigbird_timing();
     return check_summary("test_mask_format");
 }

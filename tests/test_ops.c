@@ -55,7 +55,7 @@ static graph_op make_op(op_kind kind, const int *inputs, int n) {
 static int add_op(graph *g, const graph_op *op, stof_error *err) {
     int out = -1;
     err_clear(err);
-    return graph_add_op(g, op, &out, err) == STOF_OK ? out : -1;
+    return op_add(g, op, &out, err) == STOF_OK ? out : -1;
 }
 
 /* Adds op, expecting it to be rejected with code and a message holding each
@@ -816,7 +816,8 @@ static mask *hand_mask(const uint8_t *dense, int batch, int q_len, int k_len) {
 static int add_hand_mask(graph *g, const uint8_t *dense, int batch, int q_len, int k_len) {
     int id = -1;
     stof_error err = {0};
-    CHECK_EQ_INT(graph_add_mask(g, hand_mask(dense, batch, q_len, k_len), &id, &err), STOF_OK);
+    CHECK_EQ_INT(graph_add_mask(g, hand_mask(dense, batch, q_len, k_len), mask_free, &id, &err),
+                 STOF_OK);
     return id;
 }
 

@@ -11,6 +11,7 @@
 #include "core/ref/ref.h"
 #include "core/io/weights.h"
 #include "ops/mask.h"
+#include "ops/ops.h"
 
 enum { B = 2, S = 9, H = 16, NH = 2, D = 8, F = 32, V = 50, L = 2, BAND = 2 };
 
@@ -43,7 +44,7 @@ static int add_op(graph *g, op_kind kind, int a, int b, int c) {
         op.attr.norm.eps = 1e-5f;
     int out;
     stof_error err = {0};
-    CHECK_MSG(graph_add_op(g, &op, &out, &err) == STOF_OK, "%s", err.msg);
+    CHECK_MSG(op_add(g, &op, &out, &err) == STOF_OK, "%s", err.msg);
     return out;
 }
 
@@ -84,7 +85,7 @@ static void build_tiny_bert(graph *g) {
     CHECK_MSG(mask_build(spec, B, S, S, &m, &err) == STOF_OK, "%s", err.msg);
     mask_spec_free(spec);
     int mask_id;
-    graph_add_mask(g, m, &mask_id, &err);
+    graph_add_mask(g, m, mask_free, &mask_id, &err);
 
     graph_op emb;
     memset(&emb, 0, sizeof emb);
@@ -95,7 +96,7 @@ static void build_tiny_bert(graph *g) {
     emb.n_inputs = 3;
     emb.attr.embedding.has_position = 1;
     int x;
-    CHECK_MSG(graph_add_op(g, &emb, &x, &err) == STOF_OK, "%s", err.msg);
+    CHECK_MSG(op_add(g, &emb, &x, &err) == STOF_OK, "%s", err.msg);
     x = layernorm(g, x, "emb.ln");
     for (int l = 0; l < L; l++) {
         char n[64];
@@ -112,7 +113,7 @@ static void build_tiny_bert(graph *g) {
         at.attr.attn.mask = mask_id;
         at.attr.attn.scale = 1.0f / sqrtf((float)D);
         int a;
-        CHECK_MSG(graph_add_op(g, &at, &a, &err) == STOF_OK, "%s", err.msg);
+        CHECK_MSG(op_add(g, &at, &a, &err) == STOF_OK, "%s", err.msg);
         snprintf(n, sizeof n, "l%d.o", l);
         int o = linear(g, a, n, H, H);
         snprintf(n, sizeof n, "l%d.ln1", l);

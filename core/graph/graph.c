@@ -5,8 +5,6 @@
 #include <string.h>
 
 #include "core/base/error.h"
-#include "ops/mask.h"
-#include "ops/ops.h"
 
 void graph_init(graph *g) {
     memset(g, 0, sizeof *g);
@@ -18,7 +16,7 @@ void graph_free(graph *g) {
     if (!g)
         return;
     for (int i = 0; i < g->n_masks; i++)
-        mask_free(g->masks[i]);
+        g->mask_release(g->masks[i]);
     free(g->masks);
     free(g->tensors);
     free(g->ops);
@@ -58,16 +56,6 @@ int64_t graph_tensor_numel(const graph_tensor *t) {
 
 size_t graph_tensor_bytes(const graph_tensor *t) {
     return (size_t)graph_tensor_numel(t) * stof_dtype_size(t->dtype);
-}
-
-const char *graph_role_name(graph_role r) {
-    switch (r) {
-    case GRAPH_INPUT: return "input";
-    case GRAPH_WEIGHT: return "weight";
-    case GRAPH_ACTIVATION: return "activation";
-    case GRAPH_OUTPUT: return "output";
-    }
-    return "?";
 }
 
 const char *graph_shape_str(const graph_tensor *t, char *buf, size_t n) {
@@ -122,35 +110,35 @@ int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err) 
     return STOF_OK;
 }
 
-/* Makes a unique activation name from the op's name (or kind and index). */
-static void activation_name(const graph *g, const graph_op *op, const op_desc *d, char *out) {
+/* A unique activation name from the op's name (or kind and index). */
+static void activation_name(const graph *g, const graph_op *op, const char *kind_name,
+                            char *out) {
     char base[GRAPH_NAME_MAX];
     if (op->name[0])
         snprintf(base, sizeof base, "%s", op->name);
     else
-        snprintf(base, sizeof base, "%s%d", d->name, g->n_ops);
+        snprintf(base, sizeof base, "%s%d", kind_name, g->n_ops);
     snprintf(out, GRAPH_NAME_MAX, "%s", base);
     for (int k = 1; graph_find_tensor(g, out) >= 0; k++)
         snprintf(out, GRAPH_NAME_MAX, "%.80s#%d", base, k);
 }
 
-int graph_add_op(graph *g, const graph_op *op, int *out_tensor, stof_error *err) {
-    const op_desc *d = op_describe(op->kind);
-    if (!d)
-        return err_set(err, STOF_ERR_INVALID, "unknown operator kind %d", (int)op->kind);
-    if (op->n_inputs < d->min_inputs || op->n_inputs > d->max_inputs)
-        return err_set(err, STOF_ERR_INVALID, "%s takes %d to %d inputs, got %d", d->name,
-                       d->min_inputs, d->max_inputs, op->n_inputs);
+int graph_check_inputs(const graph *g, const graph_op *op, const char *kind_name,
+                       stof_error *err) {
     for (int k = 0; k < op->n_inputs; k++)
         if (op->inputs[k] < 0 || op->inputs[k] >= g->n_tensors)
             return err_set(err, STOF_ERR_INVALID, "%s: input %d is not a tensor of this graph",
-                           d->name, k + 1);
-    graph_tensor out;
-    memset(&out, 0, sizeof out);
-    int rc = d->infer(g, op, &out, err);
+                           kind_name, k + 1);
+    return STOF_OK;
+}
+
+int graph_append_op(graph *g, const graph_op *op, const char *kind_name, const graph_tensor *t,
+                    int *out_tensor, stof_error *err) {
+    int rc = graph_check_inputs(g, op, kind_name, err);
     if (rc)
         return rc;
-    activation_name(g, op, d, out.name);
+    graph_tensor out = *t;
+    activation_name(g, op, kind_name, out.name);
     out.role = GRAPH_ACTIVATION;
     out.producer = g->n_ops;
     out.line = op->line;
@@ -173,12 +161,18 @@ int graph_add_op(graph *g, const graph_op *op, int *out_tensor, stof_error *err)
     return STOF_OK;
 }
 
-int graph_add_mask(graph *g, mask *m, int *id, stof_error *err) {
+int graph_add_mask(graph *g, struct mask *m, void (*release)(struct mask *), int *id,
+                   stof_error *err) {
+    if (g->n_masks > 0 && g->mask_release != release) {
+        release(m);
+        return err_set(err, STOF_ERR_INTERNAL, "masks of one graph need one release function");
+    }
     int rc = grow((void **)&g->masks, &g->cap_masks, g->n_masks + 1, sizeof *g->masks, err);
     if (rc) {
-        mask_free(m);
+        release(m);
         return rc;
     }
+    g->mask_release = release;
     g->masks[g->n_masks] = m;
     *id = g->n_masks++;
     return STOF_OK;

@@ -1,8 +1,8 @@
 /* The operator graph: tensors, operators in execution order, masks.
  *
  * A graph is built once (by the Lua API or by tests), validated as it grows
- * (every graph_add_op infers and checks shapes through the op table in ops/),
- * and then only read: by the CPU reference, the fusion module and the GPU
+ * (operators come in through op_add, ops/ops.h, which infers and checks
+ * their shapes by the op table and then appends them here), and then only read: by the CPU reference, the fusion module and the GPU
  * executor. Tensors and ops are referred to by index. */
 #ifndef STOF_CORE_GRAPH_H
 #define STOF_CORE_GRAPH_H
@@ -116,8 +116,10 @@ typedef struct graph {
     int n_tensors, cap_tensors;
     graph_op *ops;
     int n_ops, cap_ops;
-    struct mask **masks; /* owned */
+    struct mask **masks; /* owned: freed by mask_release */
     int n_masks, cap_masks;
+    void (*mask_release)(struct mask *); /* given with the masks: the graph does
+                                            not know what a mask is */
     int output;          /* tensor index of the model output, -1 until set */
     int current_layer;   /* stamped on ops as they are added */
     int n_layers;
@@ -134,12 +136,23 @@ void graph_free(graph *g);
  * init). Names are unique. */
 int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err);
 
-/* Adds an operator: kind, name, inputs, attr and line are read from *op; the
- * output tensor is created with the shape the op table infers. */
-int graph_add_op(graph *g, const graph_op *op, int *out_tensor, stof_error *err);
+/* STOF_ERR_INVALID naming kind_name and the input when an input of op is
+ * not a tensor of g. */
+int graph_check_inputs(const graph *g, const graph_op *op, const char *kind_name,
+                       stof_error *err);
 
-/* Takes ownership of m (also on failure). */
-int graph_add_mask(graph *g, struct mask *m, int *id, stof_error *err);
+/* Appends an operator whose output the caller has inferred (op_add in
+ * ops/ops.h does, and is how operators are added): kind, name, inputs, attr
+ * and line are read from *op, the output's dtype and shape from *out. The
+ * output is named after op->name, or kind_name and the op's index, made
+ * unique. Inputs must be tensors of g. */
+int graph_append_op(graph *g, const graph_op *op, const char *kind_name, const graph_tensor *out,
+                    int *out_tensor, stof_error *err);
+
+/* Takes ownership of m (also on failure): release frees it, with the graph
+ * or right away on failure. Every mask of a graph has the same release. */
+int graph_add_mask(graph *g, struct mask *m, void (*release)(struct mask *), int *id,
+                   stof_error *err);
 
 int graph_set_output(graph *g, int tensor, stof_error *err);
 
@@ -166,6 +179,5 @@ int graph_validate(const graph *g, stof_error *err);
 
 /* Writes "[8, 512, 768]" into buf. */
 const char *graph_shape_str(const graph_tensor *t, char *buf, size_t n);
-const char *graph_role_name(graph_role r);
 
 #endif

@@ -387,7 +387,7 @@ int luaapi_mask_attach(lua_State *L, int idx, int batch, int q_len, int k_len) {
     mask *built = luaapi_build(L, m, batch, q_len, k_len);
     stof_error e;
     int id;
-    if (graph_add_mask(luaapi_ctx_of(L)->g, built, &id, &e) != STOF_OK)
+    if (graph_add_mask(luaapi_ctx_of(L)->g, built, mask_free, &id, &e) != STOF_OK)
         luaL_error(L, "%s", e.msg);
     if (m->n_built < LUAAPI_MASK_CACHE)
         m->built[m->n_built++] = (luaapi_built){batch, q_len, k_len, id};

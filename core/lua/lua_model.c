@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/lua/lua_api.h"
+#include "ops/ops.h"
 
 #define LUAAPI_MODEL "stof.model"
 #define LUAAPI_TENSOR "stof.tensor"
@@ -347,7 +348,7 @@ static void luaapi_op_begin(lua_State *L, graph_op *op, op_kind kind, int opts,
 static int luaapi_op_add(lua_State *L, const graph_op *op) {
     stof_error e;
     int out;
-    if (graph_add_op(luaapi_graph(L), op, &out, &e) != STOF_OK)
+    if (op_add(luaapi_graph(L), op, &out, &e) != STOF_OK)
         luaL_error(L, "%s", e.msg);
     return out;
 }

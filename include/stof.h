@@ -13,6 +13,14 @@
 extern "C" {
 #endif
 
+/* What libstof.so exports: these functions, and nothing else of the
+ * library (it is built with hidden visibility). */
+#if defined(__GNUC__) || defined(__clang__)
+#define STOF_API __attribute__((visibility("default")))
+#else
+#define STOF_API
+#endif
+
 #define STOF_VERSION_MAJOR 0
 #define STOF_VERSION_MINOR 1
 #define STOF_VERSION_PATCH 0
@@ -35,7 +43,7 @@ typedef enum stof_status {
     STOF_ERR_INTERNAL = -13
 } stof_status;
 
-const char *stof_status_name(int status);
+STOF_API const char *stof_status_name(int status);
 
 /* The error record the library fills. Library entry points that take one
  * never print; the public wrappers below keep the last one per thread. */
@@ -44,9 +52,9 @@ typedef struct stof_error {
     char msg[1024];
 } stof_error;
 
-const char *stof_last_error(void);
-const char *stof_version(void);
-const char *stof_build_commit(void);
+STOF_API const char *stof_last_error(void);
+STOF_API const char *stof_version(void);
+STOF_API const char *stof_build_commit(void);
 
 typedef enum stof_dtype {
     STOF_F32 = 0,
@@ -55,24 +63,24 @@ typedef enum stof_dtype {
     STOF_I32 = 3
 } stof_dtype;
 
-const char *stof_dtype_name(stof_dtype t);
-size_t stof_dtype_size(stof_dtype t);
+STOF_API const char *stof_dtype_name(stof_dtype t);
+STOF_API size_t stof_dtype_size(stof_dtype t);
 
 /* ---- models: a Lua script turned into an operator graph ------------------ */
 
 typedef struct stof_model stof_model;
 
 /* Runs SCRIPT (a path) with parameters "key=value" (may be NULL when n == 0). */
-int stof_model_load(const char *script, const char *const *params, int n_params,
-                    stof_model **out);
-void stof_model_free(stof_model *m);
-int stof_model_num_ops(const stof_model *m);
-int stof_model_num_tensors(const stof_model *m);
+STOF_API int stof_model_load(const char *script, const char *const *params, int n_params,
+                             stof_model **out);
+STOF_API void stof_model_free(stof_model *m);
+STOF_API int stof_model_num_ops(const stof_model *m);
+STOF_API int stof_model_num_tensors(const stof_model *m);
 
 /* Runs the fp32 CPU reference with weights drawn from SEED; writes the
  * output's element count and a checksum (sum of values, sum of squares). */
-int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum, double *sum_sq,
-                             int64_t *n_elements);
+STOF_API int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum,
+                                      double *sum_sq, int64_t *n_elements);
 
 /* ---- masks ---------------------------------------------------------------- */
 
@@ -81,20 +89,20 @@ typedef struct stof_mask stof_mask;
 /* A pattern from its text form, as the Lua API writes it:
  *   "sliding_window{band=32}", "bigbird{global=32, band=32, rate=0.1, block=32, seed=1}",
  *   "causal", "longformer{}" (defaults follow seq_len). */
-int stof_mask_from_pattern(const char *pattern, int batch, int q_len, int k_len,
-                           stof_mask **out);
+STOF_API int stof_mask_from_pattern(const char *pattern, int batch, int q_len, int k_len,
+                                    stof_mask **out);
 /* A dense row-major uint8 array [batch][q_len][k_len] (non-zero = allowed);
  * batch == 1 means one mask shared by all batches. */
-int stof_mask_from_dense(const uint8_t *dense, int batch, int q_len, int k_len,
-                         stof_mask **out);
-void stof_mask_free(stof_mask *m);
+STOF_API int stof_mask_from_dense(const uint8_t *dense, int batch, int q_len, int k_len,
+                                  stof_mask **out);
+STOF_API void stof_mask_free(stof_mask *m);
 /* Fraction of allowed (query, key) pairs over all batches. */
-double stof_mask_density(const stof_mask *m);
+STOF_API double stof_mask_density(const stof_mask *m);
 
 /* Copies batch b of the mask (b < the mask's stored batch count, 1 for a
  * shared mask) into dense[q_len][k_len] as 0/1 bytes. */
-int stof_mask_to_dense(const stof_mask *m, int b, uint8_t *dense);
-void stof_mask_shape(const stof_mask *m, int *batch, int *q_len, int *k_len);
+STOF_API int stof_mask_to_dense(const stof_mask *m, int b, uint8_t *dense);
+STOF_API void stof_mask_shape(const stof_mask *m, int *batch, int *q_len, int *k_len);
 
 /* ---- device --------------------------------------------------------------- */
 
@@ -113,16 +121,16 @@ typedef struct stof_device_info {
 
 /* STOF_ERR_NO_DEVICE (with the driver's reason in stof_last_error()) when
  * there is no GPU or no driver. */
-int stof_device_query(int ordinal, stof_device_info *info);
+STOF_API int stof_device_query(int ordinal, stof_device_info *info);
 
 /* ---- GPU context and masked multi-head attention --------------------------- */
 
 typedef struct stof_ctx stof_ctx;
 
 /* Makes the device's primary context current on the calling thread. */
-int stof_ctx_create(int device, stof_ctx **out);
-void stof_ctx_free(stof_ctx *ctx);
-int stof_ctx_device(const stof_ctx *ctx, stof_device_info *info);
+STOF_API int stof_ctx_create(int device, stof_ctx **out);
+STOF_API void stof_ctx_free(stof_ctx *ctx);
+STOF_API int stof_ctx_device(const stof_ctx *ctx, stof_device_info *info);
 
 typedef enum stof_attention_kernel {
     STOF_ATTENTION_AUTO = -1,    /* the analytical selector decides */
@@ -161,10 +169,10 @@ typedef struct stof_attention stof_attention;
 /* Plans attention for one shape: selects the kernel (paper Eq. 1, 2) unless
  * forced, builds the mask's storage format, uploads it, compiles the kernel
  * (through the NVRTC cache). */
-int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_attention **out);
-void stof_attention_free(stof_attention *a);
+STOF_API int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_attention **out);
+STOF_API void stof_attention_free(stof_attention *a);
 /* "block-wise BLOCK_M=64 BLOCK_N=64 num_warps=4" and the like. */
-int stof_attention_describe(const stof_attention *a, char *buf, size_t n);
+STOF_API int stof_attention_describe(const stof_attention *a, char *buf, size_t n);
 
 /* Device pointers and strides in elements: [batch stride, row (token)
  * stride]; head h of q, k, v and o starts at column h * head_dim. For the
@@ -178,7 +186,7 @@ typedef struct stof_attention_io {
     const void *relpos_table;
 } stof_attention_io;
 
-int stof_attention_run(stof_attention *a, const stof_attention_io *io, void *stream);
+STOF_API int stof_attention_run(stof_attention *a, const stof_attention_io *io, void *stream);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -69,7 +70,7 @@ static void test_cache(const char *dir) {
     CHECK_EQ_INT(s1, s2);
     nvrtc_cache_free(&c);
 
-    /* a corrupted file on disk is rebuilt, not trusted */
+    /* a corrupted file on disk is rebuilt, not trusted, and reported */
     char path[2048];
     snprintf(path, sizeof path, "%s/%016llx.cubin", dir, (unsigned long long)nvrtc_key(&req));
     FILE *f = fopen(path, "wb");
@@ -81,6 +82,62 @@ static void test_cache(const char *dir) {
     nvrtc_cache_init(&c, dir);
     CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
     CHECK_EQ_INT(c.compiled, 1);
+    int problems = 0;
+    const char *w = nvrtc_cache_warning(&c, &problems);
+    CHECK_EQ_INT(problems, 1);
+    CHECK(w && strstr(w, "failed its check"));
+    nvrtc_cache_free(&c);
+
+    /* a cubin cut short keeps its ELF magic: still refused */
+    struct stat st;
+    CHECK(stat(path, &st) == 0);
+    CHECK(truncate(path, st.st_size / 2) == 0);
+    nvrtc_cache_init(&c, dir);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(c.compiled, 1);
+    CHECK_EQ_INT(c.disk_hits, 0);
+    CHECK(nvrtc_cache_warning(&c, NULL) != NULL);
+    nvrtc_cache_free(&c);
+    /* ... and the fresh file written in its place is found next time */
+    nvrtc_cache_init(&c, dir);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(c.disk_hits, 1);
+    CHECK(nvrtc_cache_warning(&c, NULL) == NULL);
+    nvrtc_cache_free(&c);
+
+    /* a directory in the file's place: compiled, and said (read and write) */
+    CHECK(remove(path) == 0 && mkdir(path, 0755) == 0);
+    nvrtc_cache_init(&c, dir);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(c.compiled, 1);
+    w = nvrtc_cache_warning(&c, &problems);
+    CHECK_EQ_INT(problems, 2);
+    CHECK(w && strstr(w, "a directory"));
+    nvrtc_cache_free(&c);
+    CHECK(rmdir(path) == 0);
+
+    /* a cache folder that cannot be made: compiled, kept in memory, said */
+    char blocked[2100];
+    snprintf(blocked, sizeof blocked, "%s/file-not-folder", dir);
+    f = fopen(blocked, "wb");
+    if (f)
+        fclose(f);
+    snprintf(blocked + strlen(blocked), sizeof blocked - strlen(blocked), "/sub");
+    nvrtc_cache_init(&c, blocked);
+    CHECK_EQ_INT(nvrtc_get(&c, &req, &b1, &s1, &err), STOF_OK);
+    w = nvrtc_cache_warning(&c, NULL);
+    CHECK(w && strstr(w, "cannot make the kernel cache folder"));
+    nvrtc_cache_free(&c);
+
+    /* a path too long for the cache's file names: memory only, said, never cut */
+    char longdir[1100];
+    memset(longdir, 'a', sizeof longdir - 1);
+    longdir[0] = '/';
+    longdir[sizeof longdir - 1] = '\0';
+    nvrtc_cache_init(&c, longdir);
+    CHECK(c.dir[0] == '\0');
+    w = nvrtc_cache_warning(&c, NULL);
+    CHECK(w && strstr(w, "kept in memory only"));
     nvrtc_cache_free(&c);
 
     /* options and architecture are part of the key */

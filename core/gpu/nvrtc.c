@@ -1,6 +1,7 @@
 #include "core/gpu/nvrtc.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/gpu/kernels.h"
 #include "core/base/memo.h"
 #include "core/gpu/nvrtc_worker.h"
@@ -32,23 +34,57 @@ static void cubin_free(void *value) {
     free(cb);
 }
 
+/* Records a problem of the disk cache (counted; the first one's text kept
+ * for nvrtc_cache_warning). Work goes on: the kernel is compiled anew. */
+static void disk_warn(nvrtc_cache *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void disk_warn(nvrtc_cache *c, const char *fmt, ...) {
+    pthread_mutex_lock(&c->lock);
+    if (c->disk_problems++ == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->disk_problem, sizeof c->disk_problem, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Room a cache path keeps for "/<16 hex digits>.cubin.tmp-XXXXXX". */
+#define NVRTC_DIR_MAX (sizeof ((nvrtc_cache *)0)->dir - 48)
+
+static void cache_dir_set(nvrtc_cache *c, const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b);
+    if (n >= NVRTC_DIR_MAX) {
+        c->dir[0] = '\0';
+        disk_warn(c, "the kernel cache folder's path has %zu characters, more than %zu: "
+                     "kernels are kept in memory only", n, (size_t)NVRTC_DIR_MAX - 1);
+        return;
+    }
+    snprintf(c->dir, sizeof c->dir, "%s%s", a, b);
+}
+
 void nvrtc_cache_init(nvrtc_cache *c, const char *dir) {
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->lock, NULL);
     memo_create(0, cubin_free, &c->mem, NULL); /* NULL on failure: nvrtc_get says so */
     if (dir) {
-        snprintf(c->dir, sizeof c->dir, "%s", dir);
+        cache_dir_set(c, dir, "");
         return;
     }
     const char *env = getenv("STOF_CACHE_DIR");
     const char *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
     if (env && *env)
-        snprintf(c->dir, sizeof c->dir, "%s", env);
+        cache_dir_set(c, env, "");
     else if (xdg && *xdg)
-        snprintf(c->dir, sizeof c->dir, "%s/stof", xdg);
+        cache_dir_set(c, xdg, "/stof");
     else if (home && *home)
-        snprintf(c->dir, sizeof c->dir, "%s/.cache/stof", home);
+        cache_dir_set(c, home, "/.cache/stof");
+}
+
+const char *nvrtc_cache_warning(const nvrtc_cache *c, int *count) {
+    if (count)
+        *count = c->disk_problems;
+    return c->disk_problems ? c->disk_problem : NULL;
 }
 
 void nvrtc_cache_free(nvrtc_cache *c) {
@@ -91,23 +127,49 @@ static void disk_path(const nvrtc_cache *c, uint64_t key, char *buf, size_t n) {
     snprintf(buf, n, "%s/%016llx.cubin", c->dir, (unsigned long long)key);
 }
 
-static void *disk_load(const nvrtc_cache *c, uint64_t key, size_t *size) {
+/* A cached kernel is its cubin and this trailer: a magic word and the hash
+ * of the cubin's bytes. A file that fails the check (cut short, altered, or
+ * not ours) is reported and compiled anew, never loaded. */
+typedef struct disk_trailer {
+    char magic[8];
+    uint64_t hash;
+} disk_trailer;
+static const char disk_magic[8] = {'s', 't', 'o', 'f', 'c', 'u', 'b', '1'};
+
+static void *disk_load(nvrtc_cache *c, uint64_t key, size_t *size) {
     if (!c->dir[0])
         return NULL;
-    char path[1200];
+    char path[sizeof c->dir + 64];
     disk_path(c, key, path, sizeof path);
-    void *bin = util_read_file(path, size);
-    /* a truncated or foreign file is ignored and rebuilt */
-    if (bin && (*size < 4 || memcmp(bin, "\x7f" "ELF", 4) != 0)) {
-        free(bin);
-        bin = NULL;
+    if (!file_exists(path))
+        return NULL;
+    char *bin = NULL;
+    size_t len = 0;
+    stof_error err = {0};
+    if (file_read(path, "cached kernel", FILE_LIMIT_CACHE, &bin, &len, &err) != STOF_OK) {
+        disk_warn(c, "%s: compiled anew", err.msg);
+        return NULL;
     }
+    disk_trailer t;
+    int ok = len > sizeof t;
+    if (ok) {
+        memcpy(&t, bin + len - sizeof t, sizeof t);
+        ok = memcmp(t.magic, disk_magic, sizeof disk_magic) == 0 &&
+             t.hash == util_hash(UTIL_HASH_SEED, bin, len - sizeof t);
+    }
+    if (!ok) {
+        free(bin);
+        disk_warn(c, "the cached kernel %s failed its check (cut short or altered): "
+                     "compiled anew", path);
+        return NULL;
+    }
+    *size = len - sizeof t;
     return bin;
 }
 
 /* mkdir -p for the cache folder. */
 static int make_dirs(const char *dir) {
-    char tmp[1024];
+    char tmp[sizeof ((nvrtc_cache *)0)->dir];
     snprintf(tmp, sizeof tmp, "%s", dir);
     for (char *p = tmp + 1; *p; p++) {
         if (*p == '/') {
@@ -120,24 +182,33 @@ static int make_dirs(const char *dir) {
     return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* Best effort: a cache that cannot be written only costs a recompile later.
- * Written to a temporary name and renamed so readers never see half a file. */
+/* A cache that cannot be written costs a recompile later, and is reported
+ * (nvrtc_cache_warning). Written beside its name and renamed (file.h), so
+ * readers never see half a file. */
 static void disk_store(nvrtc_cache *c, uint64_t key, const void *cubin, size_t size) {
-    if (!c->dir[0] || make_dirs(c->dir) != 0)
+    if (!c->dir[0])
         return;
-    char path[1200], tmp[1300];
+    if (make_dirs(c->dir) != 0) {
+        disk_warn(c, "cannot make the kernel cache folder %s: %s", c->dir, strerror(errno));
+        return;
+    }
+    char path[sizeof c->dir + 64];
     disk_path(c, key, path, sizeof path);
-    pthread_mutex_lock(&c->lock);
-    unsigned seq = c->tmp_seq++;
-    pthread_mutex_unlock(&c->lock);
-    snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), seq);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return;
-    int ok = fwrite(cubin, 1, size, f) == size;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0)
-        remove(tmp);
+    disk_trailer t;
+    memcpy(t.magic, disk_magic, sizeof t.magic);
+    t.hash = util_hash(UTIL_HASH_SEED, cubin, size);
+    file_out o;
+    stof_error err = {0};
+    int rc = file_out_open(&o, path, "cached kernel", &err);
+    if (!rc && (fwrite(cubin, 1, size, o.f) != size || fwrite(&t, sizeof t, 1, o.f) != 1)) {
+        rc = err_set(&err, STOF_ERR_IO, "cannot write the cached kernel %s: %s", path,
+                     strerror(errno));
+        file_out_abort(&o);
+    } else if (!rc) {
+        rc = file_out_commit(&o, &err);
+    }
+    if (rc)
+        disk_warn(c, "%s", err.msg);
 }
 
 /* Collects the embedded .cuh files as NVRTC headers. */

@@ -51,7 +51,9 @@ typedef struct nvrtc_cache {
     double compile_s;    /* NVRTC's wall time, summed over the threads that compiled */
     double get_s;        /* wall time callers spent in nvrtc_get (their compiles, disk
                             reads and waits for another thread's compile of the same key) */
-    unsigned tmp_seq;    /* tells apart the temporary files of concurrent writes */
+    int disk_problems;   /* cached kernels that failed their check, could not be read or
+                            written, a folder that could not be made or used */
+    char disk_problem[1400]; /* the first of them, said in full */
     nvrtc_source_stats by_source[NVRTC_MAX_SOURCES]; /* successful compiles, per source */
     int n_sources;
     double slowest_s;    /* the slowest successful compile, and what it was: the */
@@ -59,8 +61,15 @@ typedef struct nvrtc_cache {
 } nvrtc_cache;
 
 /* dir NULL: $STOF_CACHE_DIR, else $XDG_CACHE_HOME/stof, else ~/.cache/stof;
- * "" disables the disk cache. The folder is created when first written. */
+ * "" disables the disk cache. The folder is created when first written. A
+ * path too long to hold the cache's file names disables it too, with a
+ * warning. */
 void nvrtc_cache_init(nvrtc_cache *c, const char *dir);
+
+/* The first problem the disk cache met (NULL when none) and, in *count when
+ * not NULL, how many: work went on each time (the kernel compiled anew, or
+ * kept in memory only), and the caller says so to the user. */
+const char *nvrtc_cache_warning(const nvrtc_cache *c, int *count);
 void nvrtc_cache_free(nvrtc_cache *c);
 
 /* Compiles (or finds) the cubin; *cubin points into the cache and stays

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/base/util.h"
 
 typedef struct luaapi_source {
@@ -288,9 +289,10 @@ int lua_api_build(const char *path, const char *const *params, int n_params, gra
     if (!path || !g || n_params < 0 || (n_params > 0 && !params))
         return err_set(err, STOF_ERR_INVALID, "lua_api_build: bad arguments");
     size_t len = 0;
-    char *text = util_read_file(path, &len);
-    if (!text)
-        return err_set(err, STOF_ERR_IO, "cannot read the script %s: %s", path, strerror(errno));
+    char *text = NULL;
+    int rc = file_read(path, "script", FILE_LIMIT_SCRIPT, &text, &len, err);
+    if (rc)
+        return rc;
     luaapi_ctx *c = malloc(sizeof *c);
     if (!c) {
         free(text);
@@ -306,7 +308,7 @@ int lua_api_build(const char *path, const char *const *params, int n_params, gra
     c->info = info;
     luaapi_info_init(info, path, c->chunkname, text, len);
     luaapi_source src = {text, len};
-    int rc = luaapi_run(c, &src, g, err);
+    rc = luaapi_run(c, &src, g, err);
     free(c);
     free(text);
     return rc;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/lua/lua_api.h"
+#include "core/base/file.h"
 #include "core/base/util.h"
 
 /* The cache table of loaded helper modules, in the registry. */
@@ -188,20 +189,23 @@ static int luaapi_module_name_ok(const char *name) {
     return strlen(name) <= 64;
 }
 
-/* Reads name.lua from the script's folder, else from the search folder;
- * NULL when neither has it. The text is malloc'd: free it before raising. */
-static char *luaapi_module_text(const luaapi_ctx *c, const char *name, size_t *len) {
+/* Reads name.lua from the script's folder, else from the search folder
+ * (malloc'd into *text: free it before raising). STOF_OK with *text NULL
+ * when neither folder has it; an error naming the file when one has it but
+ * it cannot be read (a directory, unreadable, too large). */
+static int luaapi_module_text(const luaapi_ctx *c, const char *name, char **text, size_t *len,
+                              stof_error *err) {
     const char *dirs[2] = {c->script_dir, c->search_dir};
+    *text = NULL;
     for (int k = 0; k < 2; k++) {
         if (!dirs[k][0])
             continue;
         char path[sizeof c->script_dir + 80];
         snprintf(path, sizeof path, "%s/%s.lua", dirs[k], name);
-        char *text = util_read_file(path, len);
-        if (text)
-            return text;
+        if (file_exists(path))
+            return file_read(path, "helper module", FILE_LIMIT_SCRIPT, text, len, err);
     }
-    return NULL;
+    return STOF_OK;
 }
 
 /* require(name): a helper module beside the script, run once (sandboxed,
@@ -220,7 +224,10 @@ static int luaapi_require(lua_State *L) {
     }
     luaapi_ctx *c = luaapi_ctx_of(L);
     size_t len = 0;
-    char *text = luaapi_module_text(c, name, &len);
+    char *text = NULL;
+    stof_error e = {0};
+    if (luaapi_module_text(c, name, &text, &len, &e) != STOF_OK)
+        return luaL_error(L, "require: %s", e.msg);
     if (!text)
         return luaL_error(L, "require: no helper module '%s' (scripts may require only "
                              "%s.lua files in their own folder)", name, name);

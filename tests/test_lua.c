@@ -747,6 +747,119 @@ static void test_budgets(void) {
     graph_free(&g);
 }
 
+/* ---- what a probe of bad scripts found: each ends at once, with the line ------ */
+
+static void test_sandbox_escapes(void) {
+    graph g;
+    stof_error err;
+    /* A message handler that loops: the hook's own error reaches it with
+     * hooks off, so it must not be run again once the budget is spent. */
+    int rc = build_limited("xpcall(error, function() while true do end end)\n", 1000000, 0, &g,
+                           &err);
+    expect_failure(rc, &g, &err, "model.lua:1:", "ran too long", __LINE__);
+    graph_free(&g);
+    /* A handler still sees ordinary errors. */
+    rc = build_inline("local ok, e = xpcall(error, function(m) return 'seen ' .. m end, 'x')\n"
+                      "assert(not ok and e == 'seen x')\n"
+                      "error('done')\n",
+                      NULL, 0, &g, &err);
+    expect_failure(rc, &g, &err, "model.lua:3:", "done", __LINE__);
+    graph_free(&g);
+    /* Finalizers run with hooks off (and at lua_close, after validation):
+     * refused, whatever the __gc value. */
+    EXPECT_ERROR("setmetatable({}, {__gc = function() while true do end end})\n",
+                 "model.lua:1:", "__gc finalizers are not allowed");
+    EXPECT_ERROR("setmetatable({}, {__gc = false})\n", "model.lua:1:", "__gc");
+    EXPECT_ERROR("setmetatable({}, 5)\n", "model.lua:1:", "nil or table");
+    /* Other metatables still work, and a protected one stays protected. */
+    rc = build_inline("local t = setmetatable({}, {__index = function() return 7 end})\n"
+                      "assert(t.x == 7)\n"
+                      "setmetatable(t, {__metatable = 'locked'})\n"
+                      "setmetatable(t, {})\n",
+                      NULL, 0, &g, &err);
+    expect_failure(rc, &g, &err, "model.lua:4:", "protected metatable", __LINE__);
+    graph_free(&g);
+}
+
+static void test_pattern_budget(void) {
+    graph g;
+    stof_error err;
+    /* Backtracking runs in C: refused by its worst case before it starts. */
+    EXPECT_ERROR("local r = (('a'):rep(30) .. 'b'):find(('a*'):rep(12) .. 'c')\n",
+                 "model.lua:1:", "string.find: this pattern may take up to");
+    EXPECT_ERROR("for w in (('a'):rep(4000)):gmatch('a*a*a*a*a*b') do end\n", "model.lua:1:",
+                 "string.gmatch");
+    /* Ordinary patterns and plain finds run. */
+    int rc = build_inline("assert(('64,128'):match('^(%d+),(%d+)$') == '64')\n"
+                          "local n = 0\n"
+                          "for d in ('1,2,3,4'):gmatch('%d+') do n = n + 1 end\n"
+                          "assert(n == 4)\n"
+                          "assert(('  pad  '):gsub('^%s*(.-)%s*$', '%1') == 'pad')\n"
+                          "assert((('a*'):rep(12)):find('a*a*', 1, true) == 1)\n"
+                          "assert(('[x]'):find('[]]') == 3)\n"
+                          "error('patterns ran')\n",
+                          NULL, 0, &g, &err);
+    expect_failure(rc, &g, &err, "model.lua:8:", "patterns ran", __LINE__);
+    graph_free(&g);
+}
+
+static void test_c_side_work(void) {
+    graph g;
+    stof_error err;
+    /* Combining copies its operands: doubling stops long before memory. */
+    EXPECT_ERROR("local k = stof.mask.causal()\nfor i = 1, 40 do k = k + k end\n", "model.lua:2:",
+                 "mask expression of");
+    /* The masks' bits count against the memory budget, before they are made. */
+    const char *huge = "local m = stof.model{name = 't'}\n"
+                       "local x = m:input('x', {1, 262144, 192})\n"
+                       "local w = stof.mask.sliding_window{band = 128}\n"
+                       "m:output(m:attention(x, {heads = 1, head_dim = 64, mask = w}))\n"
+                       "return m\n";
+    EXPECT_ERROR(huge, "model.lua:4:",
+                 "the attention mask for (1, 262144, 262144) needs 8192 MiB");
+    int rc = build_limited("local m = stof.model{name = 't'}\n"
+                           "local x = m:input('x', {2, 1024, 192})\n"
+                           "local p = stof.mask.key_padding{lengths = {1000, 500}}\n"
+                           "m:output(m:attention(x, {heads = 1, head_dim = 64, mask = p}))\n"
+                           "return m\n",
+                           0, 16u << 20, &g, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg); /* 256 KiB of bits fit 16 MiB */
+    graph_free(&g);
+    /* Thousands of operators under one name: named apart, in linear time. */
+    rc = build_inline("local m = stof.model{name = 't'}\n"
+                      "local x = m:input('x', {1, 4, 8})\n"
+                      "for i = 1, 4000 do x = m:gelu(x, {name = 'same'}) end\n"
+                      "m:output(x)\n"
+                      "return m\n",
+                      NULL, 0, &g, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc == STOF_OK) {
+        CHECK_EQ_INT(g.n_ops, 4000);
+        CHECK(graph_find_tensor(&g, "same") == g.ops[0].output);
+        CHECK(graph_find_tensor(&g, "same#3999") == g.ops[3999].output);
+        CHECK(graph_find_tensor(&g, "same#4000") == -1);
+    }
+    graph_free(&g);
+}
+
+static void test_messages(void) {
+    /* A C function between the script and the error (the string metatable
+     * forwarding to the mask's) still gets the script's line. */
+    EXPECT_ERROR("local k = 'x' * stof.mask.causal()\n", "model.lua:1:",
+                 "both operands must be masks");
+    /* A predicate that raises a table says where it was written. */
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local x = m:input('x', {1, 16, 192})\n"
+                 "local p = stof.mask.predicate(function(i, j) error({}) end)\n"
+                 "m:output(m:attention(x, {heads = 1, head_dim = 64, mask = p}))\n"
+                 "return m\n",
+                 "model.lua:3: the predicate raised an error that is a table",
+                 "attention at line 4 of model.lua");
+    /* A function that takes no options says so. */
+    EXPECT_ERROR("local c = stof.mask.causal{x = 1}\n", "model.lua:1:",
+                 "unknown option 'x' (it takes no options)");
+}
+
 /* ---- helper modules ------------------------------------------------------------- */
 
 static void test_require(void) {
@@ -793,6 +906,10 @@ int main(void) {
     test_param_errors();
     test_sandbox();
     test_budgets();
+    test_sandbox_escapes();
+    test_pattern_budget();
+    test_c_side_work();
+    test_messages();
     test_require();
     return check_summary("test_lua");
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/util.h"
 
 void graph_init(graph *g) {
     memset(g, 0, sizeof *g);
@@ -22,6 +23,7 @@ void graph_free(graph *g) {
     free(g->ops);
     free(g->sources);
     free(g->source_names);
+    free(g->name_index);
     graph_init(g);
 }
 
@@ -40,10 +42,48 @@ static int grow(void **arr, int *cap, int need, size_t elem, stof_error *err) {
     return STOF_OK;
 }
 
-int graph_find_tensor(const graph *g, const char *name) {
+/* ---- the index of tensor names ----------------------------------------------
+ * Open addressing over tensor ids, at most half full: a script that makes
+ * tens of thousands of tensors (or thousands under one name) must not spend
+ * its time in name look-ups. */
+
+static size_t name_slot(const char *name, int cap) {
+    return (size_t)(util_hash_str(UTIL_HASH_SEED, name) & (uint64_t)(cap - 1));
+}
+
+static void index_put(graph *g, int id) {
+    size_t k = name_slot(g->tensors[id].name, g->name_cap);
+    while (g->name_index[k] >= 0)
+        k = (k + 1) & (size_t)(g->name_cap - 1);
+    g->name_index[k] = id;
+}
+
+/* Makes room in the index for one more tensor, rebuilding it when it would
+ * be more than half full; index_put adds the tensor once it is written. */
+static int index_reserve(graph *g, stof_error *err) {
+    if (2 * (g->n_tensors + 1) <= g->name_cap)
+        return STOF_OK;
+    int cap = g->name_cap ? 2 * g->name_cap : 128;
+    int *idx = err_malloc((size_t)cap * sizeof *idx, err);
+    if (!idx)
+        return STOF_ERR_NOMEM;
+    for (int k = 0; k < cap; k++)
+        idx[k] = -1;
+    free(g->name_index);
+    g->name_index = idx;
+    g->name_cap = cap;
     for (int i = 0; i < g->n_tensors; i++)
-        if (strcmp(g->tensors[i].name, name) == 0)
-            return i;
+        index_put(g, i);
+    return STOF_OK;
+}
+
+int graph_find_tensor(const graph *g, const char *name) {
+    if (!g->name_cap)
+        return -1;
+    for (size_t k = name_slot(name, g->name_cap); g->name_index[k] >= 0;
+         k = (k + 1) & (size_t)(g->name_cap - 1))
+        if (strcmp(g->tensors[g->name_index[k]].name, name) == 0)
+            return g->name_index[k];
     return -1;
 }
 
@@ -102,10 +142,13 @@ int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err) 
     if ((rc = grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors,
                    err)))
         return rc;
+    if ((rc = index_reserve(g, err)))
+        return rc;
     graph_tensor *dst = &g->tensors[g->n_tensors];
     *dst = *t;
     dst->producer = -1;
     dst->source = 0;
+    index_put(g, g->n_tensors);
     *id = g->n_tensors++;
     return STOF_OK;
 }
@@ -149,7 +192,10 @@ int graph_append_op(graph *g, const graph_op *op, const char *kind_name, const g
         return rc;
     if ((rc = grow((void **)&g->ops, &g->cap_ops, g->n_ops + 1, sizeof *g->ops, err)))
         return rc;
+    if ((rc = index_reserve(g, err)))
+        return rc;
     g->tensors[g->n_tensors] = out;
+    index_put(g, g->n_tensors);
     graph_op *dst = &g->ops[g->n_ops];
     *dst = *op;
     dst->output = g->n_tensors;

@@ -127,6 +127,8 @@ typedef struct graph {
     int n_sources, cap_sources;
     char (*source_names)[GRAPH_NAME_MAX];
     int n_source_names, cap_source_names;
+    int *name_index;     /* tensor ids by name (graph.c), name_cap slots */
+    int name_cap;
 } graph;
 
 void graph_init(graph *g);

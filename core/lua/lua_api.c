@@ -184,6 +184,7 @@ static void luaapi_finish(lua_State *L, luaapi_ctx *c) {
         lua_pushfstring(L, "%s: %s", c->chunkname, e.msg);
         lua_error(L);
     }
+    c->frozen = 1;
 }
 
 /* The protected body of a run: argument 1 is the luaapi_source. */
@@ -204,7 +205,9 @@ static int luaapi_main(lua_State *L) {
 /* The message for a failed run (the error object at the top). */
 static void luaapi_report(lua_State *L, const luaapi_ctx *c, int status, stof_error *err) {
     const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (status == LUA_ERRMEM || c->fatal == LUAAPI_FATAL_MEMORY)
+    if (c->fatal == LUAAPI_FATAL_MEMORY && c->fatal_msg[0])
+        err_set(err, STOF_ERR_SCRIPT, "%s", c->fatal_msg);
+    else if (status == LUA_ERRMEM || c->fatal == LUAAPI_FATAL_MEMORY)
         err_set(err, STOF_ERR_SCRIPT, "%s: the script ran out of memory (it may use %zu MiB)",
                 c->chunkname, c->mem_limit >> 20);
     else if (c->fatal == LUAAPI_FATAL_TIME && !(msg && strstr(msg, "ran too long")))

@@ -74,6 +74,7 @@ typedef struct luaapi_ctx {
     int params_done;              /* stof.params ran */
     lua_api_script *info;         /* may be NULL */
     int model_made;               /* stof.model ran */
+    int frozen;                   /* the model was validated: nothing may change it */
     size_t mem_used, mem_limit;
     uint64_t hook_calls, hook_max; /* count-hook calls so far, allowed */
     int hook_every;               /* instructions between hook calls */
@@ -93,8 +94,18 @@ luaapi_ctx *luaapi_ctx_of(struct lua_State *L);
 /* Re-raises the error a lua_pcall left on the stack (status != LUA_OK),
  * noting out-of-memory so that no script pcall can swallow it later. */
 int luaapi_rethrow(struct lua_State *L, int status);
-/* The line of the script that called the running C function (0 if none). */
+/* Charges bytes of C-side memory a script's call makes (mask patterns,
+ * built masks) to its memory budget; raises, as out of memory, when the
+ * budget has not that much left (what names the work). */
+int luaapi_charge(struct lua_State *L, size_t bytes, const char *what);
+/* Gives back what luaapi_charge took (when that memory is freed). */
+void luaapi_uncharge(luaapi_ctx *c, size_t bytes);
+/* The line of the script that called the running C function (0 if none),
+ * past C functions between them. */
 int luaapi_line(struct lua_State *L);
+/* Raises "script.lua:LINE: message" at that line (luaL_error names only the
+ * direct caller, which may be a C function). */
+int luaapi_error(struct lua_State *L, const char *fmt, ...);
 /* Raises an error naming the first key of the options table at idx that is
  * not in allowed (NULL-terminated); fname names the function. */
 void luaapi_check_options(struct lua_State *L, int idx, const char *fname,

@@ -27,6 +27,8 @@ typedef struct luaapi_built {
 
 typedef struct luaapi_mask {
     mask_spec *spec;
+    size_t nodes;    /* patterns in spec's tree (combinations copy their operands) */
+    size_t charged;  /* bytes charged to the script's memory budget for spec */
     int batch_aware; /* holds a predicate that reads b: built per batch */
     luaapi_built built[LUAAPI_MASK_CACHE];
     int n_built;
@@ -54,6 +56,7 @@ static luaapi_mask *luaapi_check_mask(lua_State *L, int idx) {
 static luaapi_mask *luaapi_push_mask(lua_State *L) {
     luaapi_mask *m = lua_newuserdatauv(L, sizeof *m, 0);
     memset(m, 0, sizeof *m);
+    m->nodes = 1;
     luaL_setmetatable(L, LUAAPI_MASK);
     return m;
 }
@@ -136,15 +139,40 @@ static int luaapi_mask_pattern(lua_State *L) {
 
 /* ---- combinations ---------------------------------------------------------- */
 
+/* What one pattern of a spec tree costs the memory budget: combinations
+ * copy their operands, so `k = k + k` doubles the tree each time. */
+#define LUAAPI_SPEC_BYTES (sizeof(mask_spec) + 2 * sizeof(mask_spec *))
+
+/* Patterns one mask expression may hold: real masks have a few dozen; a
+ * doubling loop reaches this in 16 steps instead of exhausting memory. */
+#define LUAAPI_MAX_SPEC_NODES 65536
+
+/* Charges m for a spec tree of nodes patterns (raises when over budget). */
+static void luaapi_mask_charge(lua_State *L, luaapi_mask *m, size_t nodes) {
+    if (nodes > LUAAPI_MAX_SPEC_NODES)
+        luaL_error(L, "mask expression of %I patterns, more than %d (combining copies its "
+                      "operands: build it from fewer pieces)", (lua_Integer)nodes,
+                   LUAAPI_MAX_SPEC_NODES);
+    size_t bytes = nodes > SIZE_MAX / LUAAPI_SPEC_BYTES ? SIZE_MAX : nodes * LUAAPI_SPEC_BYTES;
+    luaapi_charge(L, bytes, "the mask expression");
+    m->nodes = nodes;
+    m->charged = bytes;
+}
+
 /* A new mask object of kind over clones of the mask objects at first..last. */
 static int luaapi_combine(lua_State *L, mask_kind kind, int first, int last) {
     int n = last - first + 1;
     if (n < 1)
         return luaL_error(L, "stof.mask.%s needs at least one mask", mask_kind_name(kind));
     int aware = 0;
-    for (int k = first; k <= last; k++)
-        aware |= luaapi_check_mask(L, k)->batch_aware;
+    size_t nodes = 1;
+    for (int k = first; k <= last; k++) {
+        const luaapi_mask *op = luaapi_check_mask(L, k);
+        aware |= op->batch_aware;
+        nodes += op->nodes > SIZE_MAX - nodes ? SIZE_MAX - nodes : op->nodes;
+    }
     luaapi_mask *m = luaapi_push_mask(L);
+    luaapi_mask_charge(L, m, nodes);
     mask_spec **kids = calloc((size_t)n, sizeof *kids);
     int ok = kids != NULL;
     for (int k = 0; ok && k < n; k++)
@@ -174,8 +202,8 @@ static int luaapi_mask_intersect(lua_State *L) {
  * mistake worth naming). */
 static int luaapi_mask_arith(lua_State *L, mask_kind kind, const char *op) {
     if (!luaapi_test_mask(L, 1) || !luaapi_test_mask(L, 2))
-        return luaL_error(L, "mask %s %s: both operands must be masks", op,
-                          luaL_typename(L, luaapi_test_mask(L, 1) ? 2 : 1));
+        return luaapi_error(L, "mask %s %s: both operands must be masks", op,
+                            luaL_typename(L, luaapi_test_mask(L, 1) ? 2 : 1));
     return luaapi_combine(L, kind, 1, 2);
 }
 
@@ -254,8 +282,12 @@ static int luaapi_pred_call(void *ud, int b, int i, int j, stof_error *err) {
         if (status == LUA_ERRMEM)
             c->fatal = LUAAPI_FATAL_MEMORY;
         const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        snprintf(c->pred_error, sizeof c->pred_error, "%s",
-                 msg ? msg : "the predicate raised an error that is not a message");
+        if (msg)
+            snprintf(c->pred_error, sizeof c->pred_error, "%s", msg);
+        else
+            snprintf(c->pred_error, sizeof c->pred_error,
+                     "%s: the predicate raised an error that is a %s, not a message", p->where,
+                     luaL_typename(L, -1));
         lua_pop(L, 1);
         return err_set(err, STOF_ERR_SCRIPT, "%s", c->pred_error);
     }
@@ -346,14 +378,35 @@ static mask_spec *luaapi_spec_for(const luaapi_mask *m, int batch, int *owned) {
     return s;
 }
 
+/* Bytes the built mask's bits take: stored once, or once per batch. */
+static size_t luaapi_mask_bytes(const mask_spec *spec, int batch, int q_len, int k_len) {
+    size_t stored = mask_spec_is_per_batch(spec) ? (size_t)batch : 1;
+    return stored * (size_t)q_len * (((size_t)k_len + 63) / 64) * sizeof(uint64_t);
+}
+
 /* Builds m for the shape; a failure raises at the calling script line, or
- * with the predicate's own message when a predicate failed. */
+ * with the predicate's own message when a predicate failed. The mask's bits
+ * (kept by the graph) and a per-batch copy of the pattern are charged to
+ * the script's memory budget first. */
 static mask *luaapi_build(lua_State *L, const luaapi_mask *m, int batch, int q_len, int k_len) {
     luaapi_ctx *c = luaapi_ctx_of(L);
+    size_t copies = m->batch_aware && batch > 1 ? (size_t)batch * m->nodes : 0;
+    luaapi_charge(L, copies * LUAAPI_SPEC_BYTES, "a copy of the mask pattern per batch");
     int owned;
     mask_spec *spec = luaapi_spec_for(m, batch, &owned);
-    if (!spec)
+    if (!spec) {
+        luaapi_uncharge(c, copies * LUAAPI_SPEC_BYTES);
         luaL_error(L, "out of host memory (mask pattern)");
+    }
+    size_t bits = luaapi_mask_bytes(spec, batch, q_len, k_len);
+    if (bits > c->mem_limit - c->mem_used) { /* luaapi_charge raises next: clean up */
+        if (owned)
+            mask_spec_free(spec);
+        luaapi_uncharge(c, copies * LUAAPI_SPEC_BYTES);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "the attention mask for (%d, %d, %d)", batch, q_len, k_len);
+    luaapi_charge(L, bits, what);
     lua_State *outer = c->active;
     c->active = L;
     c->pred_error[0] = '\0';
@@ -363,11 +416,13 @@ static mask *luaapi_build(lua_State *L, const luaapi_mask *m, int batch, int q_l
     c->active = outer;
     if (owned)
         mask_spec_free(spec);
+    luaapi_uncharge(c, copies * LUAAPI_SPEC_BYTES);
     if (rc == STOF_OK)
         return built;
+    luaapi_uncharge(c, bits);
     if (c->pred_error[0]) {
-        lua_pushfstring(L, "%s (in a mask predicate, for the attention at line %d)",
-                        c->pred_error, luaapi_line(L));
+        lua_pushfstring(L, "%s (in a mask predicate, for the attention at line %d of %s)",
+                        c->pred_error, luaapi_line(L), c->chunkname);
         lua_error(L);
     }
     luaL_error(L, "attention mask: %s", e.msg);
@@ -384,6 +439,9 @@ int luaapi_mask_attach(lua_State *L, int idx, int batch, int q_len, int k_len) {
         if (b->batch == batch && b->q_len == q_len && b->k_len == k_len)
             return b->id;
     }
+    if (luaapi_ctx_of(L)->frozen)
+        luaL_error(L, "the model was validated when the script returned: it can no longer "
+                      "change");
     mask *built = luaapi_build(L, m, batch, q_len, k_len);
     stof_error e;
     int id;
@@ -401,6 +459,8 @@ static int luaapi_mask_gc(lua_State *L) {
     if (m) {
         mask_spec_free(m->spec);
         m->spec = NULL;
+        luaapi_uncharge(luaapi_ctx_of(L), m->charged);
+        m->charged = 0;
     }
     return 0;
 }

@@ -25,8 +25,14 @@ typedef struct luaapi_tensor {
     int id;
 } luaapi_tensor;
 
+/* The graph the script builds; raises once the model was validated (the
+ * script has returned: nothing may add to what was checked). */
 static graph *luaapi_graph(lua_State *L) {
-    return luaapi_ctx_of(L)->g;
+    luaapi_ctx *c = luaapi_ctx_of(L);
+    if (c->frozen)
+        luaL_error(L, "the model was validated when the script returned: it can no longer "
+                      "change");
+    return c->g;
 }
 
 /* ---- option readers: opts is a stack index, or 0 for "no options" ---------- */

@@ -10,6 +10,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,11 +53,33 @@ int luaapi_rethrow(lua_State *L, int status) {
     return lua_error(L);
 }
 
+/* The nearest script frame above the running C function: level 1 is its
+ * caller, unless a C function (a string metamethod forwarding `'x' * mask`,
+ * say) stands between them. */
+static int luaapi_script_frame(lua_State *L, lua_Debug *ar) {
+    for (int level = 1; lua_getstack(L, level, ar); level++)
+        if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
+            return 1;
+    return 0;
+}
+
 int luaapi_line(lua_State *L) {
     lua_Debug ar;
-    if (!lua_getstack(L, 1, &ar) || !lua_getinfo(L, "l", &ar))
-        return 0;
-    return ar.currentline > 0 ? ar.currentline : 0;
+    return luaapi_script_frame(L, &ar) ? ar.currentline : 0;
+}
+
+int luaapi_error(lua_State *L, const char *fmt, ...) {
+    lua_Debug ar;
+    if (luaapi_script_frame(L, &ar))
+        lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+    else
+        lua_pushfstring(L, "%s: ", luaapi_ctx_of(L)->chunkname);
+    va_list ap;
+    va_start(ap, fmt);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    return lua_error(L);
 }
 
 void luaapi_check_options(lua_State *L, int idx, const char *fname, const char *const *allowed) {
@@ -75,15 +98,16 @@ void luaapi_check_options(lua_State *L, int idx, const char *fname, const char *
             continue;
         luaL_Buffer b;
         luaL_buffinit(L, &b);
+        luaL_addstring(&b, allowed[0] ? "accepted: " : "it takes no options");
         for (int k = 0; allowed[k]; k++) {
             luaL_addstring(&b, k ? ", " : "");
             luaL_addstring(&b, allowed[k]);
         }
         luaL_pushresult(&b);
         if (!key)
-            luaL_error(L, "%s: option names must be strings, got a %s key (accepted: %s)", fname,
+            luaL_error(L, "%s: option names must be strings, got a %s key (%s)", fname,
                        luaL_typename(L, -2), lua_tostring(L, -1));
-        luaL_error(L, "%s: unknown option '%s' (accepted: %s)", fname, key, lua_tostring(L, -1));
+        luaL_error(L, "%s: unknown option '%s' (%s)", fname, key, lua_tostring(L, -1));
     }
 }
 
@@ -128,10 +152,27 @@ static int luaapi_pcall(lua_State *L) {
     return lua_gettop(L);
 }
 
+/* The message handler xpcall hands to Lua: the script's handler, until a
+ * budget is spent. When the count hook itself raises, the handler runs
+ * inside the hook, where Lua turns hooks off: a handler that loops could
+ * never be stopped. So once a budget is spent the message passes through
+ * untouched. */
+static int luaapi_msgh(lua_State *L) {
+    if (luaapi_ctx_of(L)->fatal)
+        return 1;
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
 /* xpcall(f, handler, ...), likewise. */
 static int luaapi_xpcall(lua_State *L) {
     int n = lua_gettop(L);
     luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_pushvalue(L, 2);
+    lua_pushcclosure(L, luaapi_msgh, 1);
+    lua_replace(L, 2);
     lua_pushvalue(L, 1);
     lua_rotate(L, 3, 1); /* f, handler, f, args... */
     int status = lua_pcall(L, n - 2, LUA_MULTRET, 2);
@@ -140,6 +181,134 @@ static int luaapi_xpcall(lua_State *L) {
     lua_pushboolean(L, status == LUA_OK);
     lua_replace(L, 2); /* f, ok, results... */
     return lua_gettop(L) - 1;
+}
+
+/* setmetatable(t, mt), without finalizers: Lua runs __gc metamethods with
+ * hooks off (in collections, and at lua_close after the model was
+ * validated), out of reach of both budgets. Lua marks an object for
+ * finalization only when its metatable has __gc as it is set, so refusing
+ * that here is enough. */
+static int luaapi_setmetatable(lua_State *L) {
+    int t = lua_type(L, 2);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_argexpected(L, t == LUA_TNIL || t == LUA_TTABLE, 2, "nil or table");
+    if (luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL)
+        return luaL_error(L, "cannot change a protected metatable");
+    if (t == LUA_TTABLE) {
+        lua_pushliteral(L, "__gc");
+        int has_gc = lua_rawget(L, 2) != LUA_TNIL;
+        lua_pop(L, 1);
+        if (has_gc)
+            return luaL_error(L, "setmetatable: __gc finalizers are not allowed in model "
+                                 "scripts (they would run outside the script's budgets)");
+    }
+    lua_settop(L, 2);
+    lua_setmetatable(L, 1);
+    return 1;
+}
+
+/* ---- patterns -------------------------------------------------------------- */
+
+/* Quantified items of a Lua pattern (*, +, - and ?): the pattern matcher
+ * backtracks in C, where the count hook never fires, over the ways these
+ * items can split the subject. */
+static int luaapi_pattern_quantifiers(const char *p, size_t len) {
+    int q = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] == '%') {
+            i += (i + 1 < len && p[i + 1] == 'b') ? 3 : 1; /* %b takes two characters */
+        } else if (p[i] == '[') {
+            size_t j = i + 1;
+            if (j < len && p[j] == '^')
+                j++;
+            if (j < len && p[j] == ']')
+                j++; /* a ] first is a member */
+            for (; j < len && p[j] != ']'; j++)
+                if (p[j] == '%')
+                    j++;
+            i = j;
+        }
+        if (i + 1 < len && strchr("*+-?", p[i + 1]) && p[i + 1] != '\0')
+            q++, i++;
+    }
+    return q;
+}
+
+/* The worst case of matching a pattern with q quantified items against n
+ * characters from every start (gsub and gmatch; find and match stop at the
+ * first): (n + 1) C(n + q, q) steps, in floating point. */
+static double luaapi_pattern_worst(size_t n, int q) {
+    double c = 1;
+    for (int k = 1; k <= q; k++)
+        c = c * (double)(n + (size_t)k) / k;
+    return c * (double)(n + 1);
+}
+
+/* Runs the string library's function in upvalue 1 once its worst case fits
+ * the instructions left; the steps are charged at one per character. A
+ * plain find (find's fourth argument) is linear and always runs. */
+static int luaapi_pattern_call(lua_State *L) {
+    luaapi_ctx *c = luaapi_ctx_of(L);
+    size_t n = 0, plen = 0;
+    luaL_checklstring(L, 1, &n);
+    const char *p = luaL_checklstring(L, 2, &plen);
+    const char *fname = lua_tostring(L, lua_upvalueindex(2));
+    int plain = strcmp(fname, "find") == 0 && lua_toboolean(L, 4);
+    if (!plain) {
+        double worst = luaapi_pattern_worst(n, luaapi_pattern_quantifiers(p, plen));
+        double left = (double)(c->hook_max - (c->hook_calls < c->hook_max ? c->hook_calls
+                                                                          : c->hook_max)) *
+                      c->hook_every;
+        if (worst > left) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "string.%s: this pattern may take up to %.3g steps on a "
+                     "string of %zu characters, more than the %.3g instructions the script has "
+                     "left (use a simpler pattern, or a plain find)", fname, worst, n, left);
+            return luaL_error(L, "%s", msg);
+        }
+    }
+    c->hook_calls += (uint64_t)n / (uint64_t)c->hook_every;
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* Wraps string.find, match, gmatch and gsub in luaapi_pattern_call. */
+static void luaapi_guard_patterns(lua_State *L) {
+    static const char *const names[] = {"find", "match", "gmatch", "gsub", NULL};
+    lua_getglobal(L, LUA_STRLIBNAME);
+    for (int k = 0; names[k]; k++) {
+        lua_getfield(L, -1, names[k]);
+        lua_pushstring(L, names[k]);
+        lua_pushcclosure(L, luaapi_pattern_call, 2);
+        lua_setfield(L, -2, names[k]);
+    }
+    lua_pop(L, 1);
+}
+
+/* ---- C-side work charged to the budgets ------------------------------------- */
+
+int luaapi_charge(lua_State *L, size_t bytes, const char *what) {
+    luaapi_ctx *c = luaapi_ctx_of(L);
+    if (bytes > c->mem_limit - c->mem_used) {
+        c->fatal = LUAAPI_FATAL_MEMORY;
+        luaL_where(L, 1);
+        lua_pushfstring(L, "%s needs %I MiB, more than the script's memory budget has left "
+                           "(%I of %I MiB)", what, (lua_Integer)(bytes >> 20),
+                        (lua_Integer)((c->mem_limit - c->mem_used) >> 20),
+                        (lua_Integer)(c->mem_limit >> 20));
+        lua_concat(L, 2);
+        /* Kept for the report, as the time budget's message is. */
+        snprintf(c->fatal_msg, sizeof c->fatal_msg, "%s", lua_tostring(L, -1));
+        return lua_error(L);
+    }
+    c->mem_used += bytes;
+    return 0;
+}
+
+void luaapi_uncharge(luaapi_ctx *c, size_t bytes) {
+    c->mem_used -= bytes < c->mem_used ? bytes : c->mem_used;
 }
 
 /* load(text [, chunkname [, mode [, env]]]): text chunks only; the mode
@@ -280,8 +449,10 @@ static void luaapi_fix_random_seed(lua_State *L) {
 
 void luaapi_open_sandbox(lua_State *L) {
     static const luaL_Reg replaced[] = {
-        {"pcall", luaapi_pcall}, {"xpcall", luaapi_xpcall},   {"load", luaapi_load},
-        {"print", luaapi_print}, {"require", luaapi_require}, {NULL, NULL}};
+        {"pcall", luaapi_pcall},   {"xpcall", luaapi_xpcall},
+        {"load", luaapi_load},     {"print", luaapi_print},
+        {"require", luaapi_require}, {"setmetatable", luaapi_setmetatable},
+        {NULL, NULL}};
     static const char *const removed[] = {"dofile", "loadfile", NULL};
     luaapi_open_libs(L);
     lua_pushglobaltable(L);
@@ -291,6 +462,7 @@ void luaapi_open_sandbox(lua_State *L) {
         lua_setfield(L, -2, removed[k]);
     }
     lua_pop(L, 1);
+    luaapi_guard_patterns(L);
     /* string.dump makes bytecode, which nothing here may load. */
     lua_getglobal(L, LUA_STRLIBNAME);
     lua_pushnil(L);

@@ -3,12 +3,12 @@
  * deflate blocks, Adler-32) -> chunks IHDR, IDAT, IEND, each with a CRC-32. */
 #include "ops/png.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 
 /* ---- a growing byte buffer; the first failed allocation sticks ---------- */
 
@@ -315,17 +315,7 @@ int png_write_gray(const char *path, const uint8_t *pixels, int width, int heigh
     int rc = png_encode_gray(pixels, width, height, PNG_DEFLATE_FIXED, &data, &len, err);
     if (rc != STOF_OK)
         return rc;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        rc = err_set(err, STOF_ERR_IO, "png: cannot open '%s' for writing: %s", path,
-                     strerror(errno));
-        free(data);
-        return rc;
-    }
-    size_t wrote = fwrite(data, 1, len, f);
-    int close_failed = fclose(f) != 0;
+    rc = file_write(path, "PNG image", data, len, err);
     free(data);
-    if (wrote != len || close_failed)
-        return err_set(err, STOF_ERR_IO, "png: writing '%s' failed: %s", path, strerror(errno));
-    return STOF_OK;
+    return rc;
 }

@@ -51,15 +51,15 @@ static void test_read_refusals(void) {
     char *text = NULL;
     size_t len = 0;
     CHECK_EQ_INT(file_read(dir, "script", FILE_LIMIT_SCRIPT, &text, &len, &err), STOF_ERR_IO);
-    CHECK_CONTAINS(err.msg, "a directory, not a script file");
+    CHECK_CONTAINS(err.msg, "a directory, not a script");
     CHECK(text == NULL);
     CHECK_EQ_INT(file_read("/dev/zero", "plan", FILE_LIMIT_PLAN, &text, &len, &err), STOF_ERR_IO);
-    CHECK_CONTAINS(err.msg, "/dev/zero: a character device, not a plan file");
+    CHECK_CONTAINS(err.msg, "/dev/zero: a character device, not a plan");
     /* A FIFO with no writer: refused at once, not waited on. */
     const char *fifo = in_dir("fifo");
     CHECK(mkfifo(fifo, 0600) == 0);
     CHECK_EQ_INT(file_read(fifo, "script", FILE_LIMIT_SCRIPT, &text, &len, &err), STOF_ERR_IO);
-    CHECK_CONTAINS(err.msg, "a FIFO, not a script file");
+    CHECK_CONTAINS(err.msg, "a FIFO, not a script");
     int fd = -1;
     uint64_t size = 0;
     CHECK_EQ_INT(file_open_regular(fifo, "weights", 0, &fd, &size, &err), STOF_ERR_IO);
@@ -72,7 +72,7 @@ static void test_read_refusals(void) {
     const char *big = in_dir("big.json");
     put(big, "0123456789");
     CHECK_EQ_INT(file_read(big, "plan", 9, &text, &len, &err), STOF_ERR_IO);
-    CHECK_CONTAINS(err.msg, "10 bytes, more than a plan file may have (9)");
+    CHECK_CONTAINS(err.msg, "10 bytes, more than a plan may have (9)");
     CHECK_EQ_INT(file_read(big, "plan", 10, &text, &len, &err), STOF_OK);
     free(text);
 }

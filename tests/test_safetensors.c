@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "check.h"
 #include "core/base/error.h"
@@ -578,9 +579,22 @@ static void test_sources(void) {
     CHECK_CONTAINS(err.msg, "tensor 'ids': id 4 at index 1 is outside [0, 4)");
     safetensors_close(f);
 
-    e[1].shape[0] = 3;
     e[3].name = "p.a.LayerNorm.beta";
     e[4].data = ids_ok;
+    /* Parts whose rows add up but are not equal (or one of them empty) would
+     * put one part's rows in another's place: refused. */
+    static const int64_t unequal[2][2] = {{1, 3}, {0, 4}};
+    for (int k = 0; k < 2; k++) {
+        e[0].shape[0] = unequal[k][0];
+        e[1].shape[0] = unequal[k][1];
+        CHECK_EQ_INT(safetensors_write(path, e, 5, &err), STOF_OK);
+        f = open_ok(path);
+        src.weights = src.inputs = f;
+        CHECK(weights_source_check(&src, &g, &err) == STOF_ERR_MISMATCH);
+        CHECK_CONTAINS(err.msg, "in 2 equal parts");
+        safetensors_close(f);
+    }
+    e[0].shape[0] = e[1].shape[0] = 2;
     CHECK_EQ_INT(safetensors_write(path, e, 5, &err), STOF_OK);
     f = open_ok(path);
     src.weights = src.inputs = f;
@@ -628,6 +642,70 @@ static void test_sources(void) {
     }
 }
 
+/* What once loaded silently wrong: bytes no tensor owns (a header length one
+ * short shifts every tensor by a byte), values that are not finite or do
+ * not fit the model's dtype; and a FIFO given as the file. */
+static void test_silently_wrong(void) {
+    const char *p = WORK "st_wrong.safetensors";
+    const char *one = "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}  ";
+    write_header(p, one, 4);
+    safetensors_file *f = NULL;
+    stof_error err = {0};
+    CHECK_MSG(safetensors_open(p, &f, &err) == STOF_OK, "%s", err.msg);
+    safetensors_close(f);
+    write_file(p, strlen(one) - 1, one, 4);
+    expect_open_error(p, STOF_ERR_FORMAT, "1 bytes after the last tensor's end");
+    write_header(p, one, 6);
+    expect_open_error(p, STOF_ERR_FORMAT, "is the header length right?");
+    write_header(p, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+                    " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}", 12);
+    expect_open_error(p, STOF_ERR_FORMAT, "tensor 'b': bytes 4-8 of the data section");
+    /* Empty tensors own no bytes and may stand anywhere. */
+    write_header(p, "{\"e\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [4, 4]},"
+                    " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
+    CHECK_MSG(safetensors_open(p, &f, &err) == STOF_OK, "%s", err.msg);
+    safetensors_close(f);
+
+    const char *fifo = WORK "st_fifo.safetensors";
+    remove(fifo);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    expect_open_error(fifo, STOF_ERR_IO, "a FIFO, not a safetensors file");
+    remove(fifo);
+
+    graph g;
+    if (build("local m = stof.model{name = 'v', dtype = 'fp16'}\n"
+              "local x = m:input('x', {1, 4})\n"
+              "m:output(m:add(x, m:weight('w', {1, 4})))\n"
+              "return m\n", &g))
+        return;
+    int w = graph_find_tensor(&g, "w");
+    float bad[3][4] = {{0, 1, 2, NAN}, {0, INFINITY, 2, 3}, {0, 1, 1e6f, 3}};
+    const char *want[3] = {"tensor 'w' holds NaN at element 3", "holds infinity at element 1",
+                           "tensor 'w' holds 1e+06 at element 2, beyond what fp16 can hold"};
+    for (int k = 0; k < 3; k++) {
+        safetensors_entry e = {"w", SAFETENSORS_F32, 2, {1, 4}, bad[k]};
+        CHECK_EQ_INT(safetensors_write(p, &e, 1, &err), STOF_OK);
+        f = open_ok(p);
+        weights_source src = {.seed = 1, .weights = f};
+        float out[4];
+        CHECK_EQ_INT(weights_source_values(&src, &g, w, out, &err), STOF_ERR_FORMAT);
+        CHECK_CONTAINS(err.msg, want[k]);
+        CHECK_CONTAINS(err.msg, p);
+        safetensors_close(f);
+    }
+    /* 65504 is fp16's largest: it loads. */
+    float edge[4] = {65504.0f, -65504.0f, 0, 1};
+    safetensors_entry e = {"w", SAFETENSORS_F32, 2, {1, 4}, edge};
+    CHECK_EQ_INT(safetensors_write(p, &e, 1, &err), STOF_OK);
+    f = open_ok(p);
+    weights_source src = {.seed = 1, .weights = f};
+    float out[4];
+    CHECK_MSG(weights_source_values(&src, &g, w, out, &err) == STOF_OK, "%s", err.msg);
+    CHECK(out[0] == 65504.0f && out[1] == -65504.0f);
+    safetensors_close(f);
+    graph_free(&g);
+}
+
 int main(void) {
     test_round_trip();
     test_prefix();
@@ -636,5 +714,6 @@ int main(void) {
     test_model_from_file();
     test_problems();
     test_sources();
+    test_silently_wrong();
     return check_summary("test_safetensors");
 }

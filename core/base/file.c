@@ -42,12 +42,12 @@ int file_open_regular(const char *path, const char *what, uint64_t limit, int *f
     }
     if (!S_ISREG(st.st_mode)) {
         close(d);
-        return err_set(err, STOF_ERR_IO, "%s: %s, not a %s file", path,
+        return err_set(err, STOF_ERR_IO, "%s: %s, not a %s", path,
                        file_type_name(st.st_mode), what);
     }
     if (limit && (uint64_t)st.st_size > limit) {
         close(d);
-        return err_set(err, STOF_ERR_IO, "%s: %lld bytes, more than a %s file may have (%llu)",
+        return err_set(err, STOF_ERR_IO, "%s: %lld bytes, more than a %s may have (%llu)",
                        path, (long long)st.st_size, what, (unsigned long long)limit);
     }
     /* Regular files never block; reads go on in the ordinary mode. */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/base/util.h"
 
 /* Bytes read per pread when converting a tensor. */
@@ -227,7 +228,31 @@ static int st_cmp_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* Names unique (f->tensors sorted by name) and no bytes shared. */
+/* The format indexes every byte of the data section, without holes: a
+ * byte that belongs to no tensor means the header's length or offsets are
+ * wrong (a length one short shifts every tensor by a byte and leaves one
+ * byte over at the end), so nothing is read. by: the non-empty tensors in
+ * order of their first byte, k of them. */
+static int st_check_tiling(safetensors_file *f, const safetensors_tensor *const *by, int k,
+                           stof_error *err) {
+    uint64_t data_bytes = f->file_bytes - f->data_start, at = 0;
+    for (int i = 0; i < k; i++) {
+        if (by[i]->begin != at)
+            return st_bad(f, by[i]->name, err,
+                          "bytes %" PRIu64 "-%" PRIu64 " of the data section, before it, belong "
+                          "to no tensor (a hole: is the header length right?)",
+                          at, by[i]->begin);
+        at = by[i]->end;
+    }
+    if (at != data_bytes)
+        return st_bad(f, NULL, err,
+                      "the data section has %" PRIu64 " bytes after the last tensor's end "
+                      "(%" PRIu64 " of %" PRIu64 "): is the header length right?",
+                      data_bytes - at, at, data_bytes);
+    return STOF_OK;
+}
+
+/* Names unique (f->tensors sorted by name), no bytes shared, none unused. */
 static int st_check_layout(safetensors_file *f, stof_error *err) {
     for (int i = 1; i < f->n; i++)
         if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0)
@@ -247,6 +272,8 @@ static int st_check_layout(safetensors_file *f, stof_error *err) {
                         "tensors '%s' (bytes %" PRIu64 "-%" PRIu64 ") and '%s' (bytes %" PRIu64
                         "-%" PRIu64 ") overlap", by[i - 1]->name, by[i - 1]->begin,
                         by[i - 1]->end, by[i]->name, by[i]->begin, by[i]->end);
+    if (!rc)
+        rc = st_check_tiling(f, by, k, err);
     free(by);
     return rc;
 }
@@ -320,18 +347,9 @@ int safetensors_open(const char *path, safetensors_file **out, stof_error *err) 
         safetensors_close(f);
         return err_set(err, STOF_ERR_NOMEM, "out of host memory");
     }
-    struct stat st;
-    f->fd = open(path, O_RDONLY);
-    int rc = STOF_OK;
-    if (f->fd < 0 || fstat(f->fd, &st) != 0)
-        rc = err_set(err, STOF_ERR_IO, "cannot read the safetensors file %s: %s", path,
-                     strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = err_set(err, STOF_ERR_IO, "%s is not a regular file", path);
-    if (!rc) {
-        f->file_bytes = (uint64_t)st.st_size;
+    int rc = file_open_regular(path, "safetensors file", 0, &f->fd, &f->file_bytes, err);
+    if (!rc)
         rc = st_read_header(f, err);
-    }
     if (rc) {
         safetensors_close(f);
         return rc;
@@ -583,21 +601,24 @@ int safetensors_write(const char *path, const safetensors_entry *tensors, int n,
     st_text hdr = {0};
     if (!rc)
         rc = st_header_text(tensors, n, &hdr, err);
-    FILE *fp = rc ? NULL : fopen(path, "wb");
-    if (!rc && !fp)
-        rc = err_set(err, STOF_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    file_out out = {0};
+    if (!rc)
+        rc = file_out_open(&out, path, "safetensors file", err);
     if (!rc) {
         unsigned char len8[8];
         for (int k = 0; k < 8; k++)
             len8[k] = (unsigned char)((uint64_t)hdr.len >> (8 * k));
-        int ok = st_write_all(fp, len8, 8) && st_write_all(fp, hdr.s, hdr.len);
+        int ok = st_write_all(out.f, len8, 8) && st_write_all(out.f, hdr.s, hdr.len);
         for (int i = 0; i < n && ok; i++)
-            ok = st_write_all(fp, tensors[i].data, (size_t)st_entry_numel(&tensors[i]) *
-                                                       safetensors_dtype_size(tensors[i].dtype));
-        ok &= fclose(fp) == 0;
-        if (!ok) {
-            rc = err_set(err, STOF_ERR_IO, "writing %s failed: %s", path, strerror(errno));
-            remove(path);
+            ok = st_write_all(out.f, tensors[i].data,
+                              (size_t)st_entry_numel(&tensors[i]) *
+                                  safetensors_dtype_size(tensors[i].dtype));
+        if (ok) {
+            rc = file_out_commit(&out, err);
+        } else {
+            rc = err_set(err, STOF_ERR_IO, "writing %s failed: %s (it is left as it was)", path,
+                         strerror(errno));
+            file_out_abort(&out);
         }
     }
     free(hdr.s);

@@ -1,5 +1,6 @@
 #include "core/io/weights.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,20 +115,23 @@ static int weights_same_shape(const safetensors_tensor *p, const graph_tensor *x
     return 1;
 }
 
-/* The parts concatenate along dim 0 to x's shape. */
+/* The parts concatenate along dim 0 to x's shape, in equal parts: a fused
+ * projection (Q, K and V in one weight) splits its rows evenly, and parts
+ * whose rows merely add up (Q of 1000 rows, K of 536) would put K's rows in
+ * V's place. */
 static int weights_concat_fits(const safetensors_file *f, const weights_origin *o,
                                const graph_tensor *x) {
-    int64_t rows = 0;
+    if (x->shape[0] % o->n != 0)
+        return 0;
     for (int k = 0; k < o->n; k++) {
         const safetensors_tensor *p = &f->tensors[o->index[k]];
-        if (p->ndim != x->ndim)
+        if (p->ndim != x->ndim || p->shape[0] != x->shape[0] / o->n)
             return 0;
         for (int d = 1; d < x->ndim; d++)
             if (p->shape[d] != x->shape[d])
                 return 0;
-        rows += p->shape[0];
     }
-    return rows == x->shape[0];
+    return 1;
 }
 
 static int weights_check_shape(const safetensors_file *f, const weights_origin *o,
@@ -151,7 +155,8 @@ static int weights_check_shape(const safetensors_file *f, const weights_origin *
                                  p->name, safetensors_shape_str(p, got, sizeof got));
     }
     return err_set(err, STOF_ERR_MISMATCH, "%s: weight '%s' %s is assembled from %s: they must "
-                   "concatenate along dim 0 to its shape", f->path, x->name, want, parts);
+                   "concatenate along dim 0 to its shape, in %d equal parts", f->path, x->name,
+                   want, parts, o->n);
 }
 
 /* The file tensor of name (safetensors_find), or for a LayerNorm's weight
@@ -240,6 +245,25 @@ static int weights_read_ids(const weights_origin *o, const graph_tensor *x, floa
     return rc;
 }
 
+/* Element i of x read as raw: NaN or infinity in the file, or a finite value
+ * beyond what x's dtype holds (rounded, it would be infinity). Running on
+ * would give a NaN output with nothing to say why, so it stops here, naming
+ * the file's tensor and the element. */
+static int weights_not_finite(const weights_origin *o, const graph_tensor *x, int64_t i,
+                              float raw, stof_error *err) {
+    int64_t at = i;
+    int k = 0;
+    while (k + 1 < o->n && at >= o->file->tensors[o->index[k]].numel)
+        at -= o->file->tensors[o->index[k++]].numel;
+    const char *name = o->file->tensors[o->index[k]].name;
+    if (!isfinite(raw))
+        return err_set(err, STOF_ERR_FORMAT, "%s: tensor '%s' holds %s at element %lld",
+                       o->file->path, name, isnan(raw) ? "NaN" : "infinity", (long long)at);
+    return err_set(err, STOF_ERR_FORMAT, "%s: tensor '%s' holds %g at element %lld, beyond what "
+                   "%s can hold (the weight '%s' runs in %s)", o->file->path, name, (double)raw,
+                   (long long)at, stof_dtype_name(x->dtype), x->name, stof_dtype_name(x->dtype));
+}
+
 static int weights_read_floats(const weights_origin *o, const graph_tensor *x, float *out,
                                stof_error *err) {
     int64_t at = 0;
@@ -249,9 +273,12 @@ static int weights_read_floats(const weights_origin *o, const graph_tensor *x, f
             return rc;
         at += o->file->tensors[o->index[k]].numel;
     }
-    if (x->dtype != STOF_F32)
-        for (int64_t i = 0; i < at; i++)
-            out[i] = weights_round(x->dtype, out[i]);
+    for (int64_t i = 0; i < at; i++) {
+        float v = weights_round(x->dtype, out[i]);
+        if (!isfinite(v))
+            return weights_not_finite(o, x, i, out[i], err);
+        out[i] = v;
+    }
     return STOF_OK;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/base/util.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
@@ -184,26 +185,42 @@ static int load_line(search_cache *c, char *line, const char *path, int lineno,
     return rc;
 }
 
+/* Counts a line that was not read, keeping the first one's reason. */
+static void cache_skip(search_cache *c, const char *why) {
+    if (c->stats.skipped++ == 0)
+        snprintf(c->stats.skipped_first, sizeof c->stats.skipped_first, "%s", why);
+}
+
 static int cache_load(search_cache *c, const char *path, stof_error *err) {
+    if (!file_exists(path))
+        return STOF_OK;
     size_t len;
-    char *text = util_read_file(path, &len);
-    if (!text)
-        return errno == ENOENT ? STOF_OK
-                               : err_set(err, STOF_ERR_IO, "cannot read the measurement cache %s: %s",
-                                         path, strerror(errno));
-    if (strlen(text) != len) {
-        free(text);
-        return err_set(err, STOF_ERR_FORMAT, "%s: the measurement cache holds a NUL byte", path);
-    }
-    int rc = STOF_OK, lineno = 0;
-    for (char *line = text; rc == STOF_OK && *line;) {
-        char *nl = strchr(line, '\n');
+    char *text = NULL;
+    int rc = file_read(path, "measurement cache", FILE_LIMIT_CACHE, &text, &len, err);
+    if (rc)
+        return rc;
+    int lineno = 0;
+    for (size_t at = 0; rc == STOF_OK && at < len;) {
+        char *line = text + at, *nl = memchr(line, '\n', len - at);
         lineno++;
         if (!nl) /* an append cut short: what it paid for is lost, nothing else */
             break;
         *nl = '\0';
-        rc = load_line(c, line, path, lineno, err);
-        line = nl + 1;
+        at = (size_t)(nl - text) + 1;
+        size_t n = (size_t)(nl - line);
+        if (n && line[n - 1] == '\r') /* written on another system */
+            line[--n] = '\0';
+        stof_error bad = {0};
+        if (strlen(line) != n)
+            err_set(&bad, STOF_ERR_FORMAT, "%s:%d: the line holds a NUL byte", path, lineno);
+        else
+            rc = load_line(c, line, path, lineno, &bad);
+        if (rc == STOF_ERR_FORMAT || (rc == STOF_OK && bad.code)) {
+            cache_skip(c, bad.msg);
+            rc = STOF_OK;
+        } else if (rc) {
+            *err = bad;
+        }
     }
     free(text);
     return rc;

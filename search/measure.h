@@ -94,10 +94,16 @@ typedef struct search_cache_stats {
     long hits, misses;  /* lookups */
     long entries;       /* for this device, loaded and stored */
     long loaded;        /* of which came from the file */
+    long skipped;       /* lines of the file that were not read: malformed (each is
+                           lost, nothing else: the setting is measured again) */
+    char skipped_first[320]; /* the first of them, "FILE:LINE: what is wrong" */
 } search_cache_stats;
 
 /* A cache for the named device. path NULL keeps it in memory only; else the
- * file is read (a missing file is an empty cache) and new entries appended. */
+ * file is read (a missing file is an empty cache) and new entries appended.
+ * A malformed line (of any device) is skipped and counted in the stats,
+ * with the first one's reason, for the caller to report: one bad line
+ * costs its measurement, never the run. */
 int search_cache_open(const char *device, const char *path, search_cache **out,
                       stof_error *err);
 void search_cache_free(search_cache *c);

@@ -358,6 +358,56 @@ int safetensors_open(const char *path, safetensors_file **out, stof_error *err) 
     return STOF_OK;
 }
 
+/* The union of the shards' tensor tables, each entry naming its shard. */
+static int st_merge_shards(safetensors_file *f, stof_error *err) {
+    int total = 0;
+    for (int k = 0; k < f->n_shards; k++)
+        total += f->shards[k]->n;
+    if (!(f->tensors = err_calloc((size_t)(total ? total : 1), sizeof *f->tensors, err)))
+        return STOF_ERR_NOMEM;
+    for (int k = 0; k < f->n_shards; k++)
+        for (int i = 0; i < f->shards[k]->n; i++) {
+            safetensors_tensor *t = &f->tensors[f->n];
+            *t = f->shards[k]->tensors[i];
+            t->shard = k;
+            if (!(t->name = strdup(t->name)))
+                return err_set(err, STOF_ERR_NOMEM, "out of host memory");
+            f->n++;
+        }
+    qsort(f->tensors, (size_t)f->n, sizeof *f->tensors, st_cmp_name);
+    for (int i = 1; i < f->n; i++)
+        if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0)
+            return st_bad(f, f->tensors[i].name, err, "is in two shards, %s and %s",
+                          f->shards[f->tensors[i - 1].shard]->path,
+                          f->shards[f->tensors[i].shard]->path);
+    return STOF_OK;
+}
+
+int safetensors_open_shards(const char *index, const char *const *paths, int n,
+                            safetensors_file **out, stof_error *err) {
+    *out = NULL;
+    safetensors_file *f = err_calloc(1, sizeof *f, err);
+    if (!f)
+        return STOF_ERR_NOMEM;
+    f->fd = -1;
+    int rc = STOF_OK;
+    if (!(f->path = strdup(index)) ||
+        !(f->shards = calloc((size_t)(n > 0 ? n : 1), sizeof *f->shards)))
+        rc = err_set(err, STOF_ERR_NOMEM, "out of host memory");
+    for (int k = 0; k < n && !rc; k++) {
+        rc = safetensors_open(paths[k], &f->shards[k], err);
+        f->n_shards += !rc;
+    }
+    if (!rc)
+        rc = st_merge_shards(f, err);
+    if (rc) {
+        safetensors_close(f);
+        return rc;
+    }
+    *out = f;
+    return STOF_OK;
+}
+
 void safetensors_close(safetensors_file *f) {
     if (!f)
         return;
@@ -366,6 +416,9 @@ void safetensors_close(safetensors_file *f) {
     free(f->tensors);
     if (f->fd >= 0)
         close(f->fd);
+    for (int k = 0; k < f->n_shards; k++)
+        safetensors_close(f->shards[k]);
+    free(f->shards);
     free(f->path);
     free(f);
 }
@@ -420,17 +473,28 @@ int safetensors_find(const safetensors_file *f, const char *name, stof_error *er
 
 /* ---- reading tensors ---------------------------------------------------------------------------- */
 
+/* The file tensor t's bytes are in: f, or its shard. */
+static const safetensors_file *st_home(const safetensors_file *f, const safetensors_tensor *t) {
+    return f->n_shards ? f->shards[t->shard] : f;
+}
+
+const char *safetensors_tensor_path(const safetensors_file *f, int i) {
+    return st_home(f, &f->tensors[i])->path;
+}
+
 int safetensors_read(const safetensors_file *f, int i, void *buf, stof_error *err) {
     const safetensors_tensor *t = &f->tensors[i];
+    const safetensors_file *home = st_home(f, t);
     char what[160];
     snprintf(what, sizeof what, "tensor '%.120s'", t->name);
-    return st_pread(f, buf, (size_t)(t->end - t->begin), f->data_start + t->begin, what, err);
+    return st_pread(home, buf, (size_t)(t->end - t->begin), home->data_start + t->begin, what,
+                    err);
 }
 
 static int st_unsupported(const safetensors_file *f, const safetensors_tensor *t,
                           const char *wanted, stof_error *err) {
     return err_set(err, STOF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; stof reads %s",
-                   f->path, t->name, t->dtype_name, wanted);
+                   st_home(f, t)->path, t->name, t->dtype_name, wanted);
 }
 
 /* One element of t's dtype at p, as a double (exact for every dtype read). */
@@ -454,6 +518,7 @@ static int64_t st_int(safetensors_dtype dtype, const unsigned char *p) {
 static int st_read_converted(const safetensors_file *f, int i, float *float_out,
                              int64_t *int_out, stof_error *err) {
     const safetensors_tensor *t = &f->tensors[i];
+    const safetensors_file *home = st_home(f, t);
     size_t elem = safetensors_dtype_size(t->dtype);
     size_t per_chunk = SAFETENSORS_CHUNK / (elem ? elem : 1);
     unsigned char *chunk = err_malloc(SAFETENSORS_CHUNK, err);
@@ -464,8 +529,8 @@ static int st_read_converted(const safetensors_file *f, int i, float *float_out,
     int rc = STOF_OK;
     for (int64_t at = 0; at < t->numel && !rc; at += (int64_t)per_chunk) {
         size_t n = (size_t)(t->numel - at) < per_chunk ? (size_t)(t->numel - at) : per_chunk;
-        rc = st_pread(f, chunk, n * elem, f->data_start + t->begin + (uint64_t)at * elem, what,
-                      err);
+        rc = st_pread(home, chunk, n * elem, home->data_start + t->begin + (uint64_t)at * elem,
+                      what, err);
         for (size_t k = 0; k < n && !rc; k++) {
             if (float_out)
                 float_out[at + (int64_t)k] = (float)st_value(t->dtype, chunk + k * elem);

@@ -41,15 +41,18 @@ typedef struct safetensors_tensor {
     int64_t shape[SAFETENSORS_MAX_DIMS];
     int64_t numel;
     uint64_t begin, end;  /* data_offsets, relative to the data section */
+    int shard;            /* of a sharded checkpoint: index into shards */
 } safetensors_tensor;
 
 typedef struct safetensors_file {
-    char *path;
-    int fd;
+    char *path;           /* a sharded checkpoint: its index file */
+    int fd;               /* -1 for a sharded checkpoint */
     uint64_t file_bytes;
     uint64_t data_start;  /* 8 + header length */
     int n;
     safetensors_tensor *tensors; /* in file order (sorted by name) */
+    int n_shards;         /* 0: one file; else the shards the tensors live in */
+    struct safetensors_file **shards;
 } safetensors_file;
 
 /* Opens path and checks its header; *out is freed with safetensors_close.
@@ -57,6 +60,17 @@ typedef struct safetensors_file {
  * what was expected) when it is malformed. */
 int safetensors_open(const char *path, safetensors_file **out, stof_error *err);
 void safetensors_close(safetensors_file *f);
+
+/* A checkpoint in n shard files read as one (index: the path messages name
+ * it by, e.g. DIR/model.safetensors.index.json): every tensor of every shard
+ * under its name, each read from its own shard. A name in two shards is
+ * STOF_ERR_FORMAT naming both. */
+int safetensors_open_shards(const char *index, const char *const *paths, int n,
+                            safetensors_file **out, stof_error *err);
+
+/* The path of the file tensor i lives in (its shard's, for a sharded
+ * checkpoint). */
+const char *safetensors_tensor_path(const safetensors_file *f, int i);
 
 /* The tensor called name: the exact name first; otherwise the one tensor
  * named "<prefix>.<name>" (a checkpoint of a model with a head stores

@@ -27,7 +27,7 @@
  *
  * Identical layers (same op kinds, attributes, shapes and wiring) share one
  * scheme: fusion_layer_classes() maps each layer to the first layer it is
- * identical to. */
+ * identical to, and fusion_sequences() gives every sequence its class. */
 #ifndef STOF_FUSION_SCHEME_H
 #define STOF_FUSION_SCHEME_H
 
@@ -115,17 +115,23 @@ int fusion_scheme_parse(const char *text, int expect_n, fusion_scheme *s, stof_e
 /* A layer, or a maximal run of ops outside layers (layer == -1). Ops of one
  * sequence are contiguous in graph order (m:layer cannot nest). */
 typedef struct fusion_seq {
-    int layer;
-    int first; /* graph index of its first op */
-    int n;
+    int layer;    /* -1 for a run of ops outside layers */
+    int first, n; /* graph ops first .. first + n - 1 */
+    int cls;      /* index of the first sequence identical to this one (itself when
+                     none is): the sequences of a class share one scheme */
 } fusion_seq;
 
 /* Writes the graph index of every op of layer `layer` (graph order), up to
  * max of them; returns how many there are. */
 int fusion_layer_ops(const graph *g, int layer, int *idx, int max);
-/* Cuts the graph into sequences in graph order; writes up to max, returns
- * how many there are. */
+/* Cuts the graph into sequences in graph order, each its own class (cls is
+ * its index); writes up to max, returns how many there are. */
 int fusion_graph_sequences(const graph *g, fusion_seq *out, int max);
+/* The sequences of g in graph order with their classes (malloc'd array in
+ * *out, count in *n): a layer's class is the sequence of the first layer
+ * identical to it (fusion_layer_classes); every run of ops outside layers
+ * is a class of its own. STOF_ERR_INVALID when g has no ops. */
+int fusion_sequences(const graph *g, fusion_seq **out, int *n, stof_error *err);
 
 /* 1 when the two op sequences match position by position: kinds,
  * attributes, input and output shapes, dtypes and roles, and the same

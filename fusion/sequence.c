@@ -28,7 +28,7 @@ int fusion_graph_sequences(const graph *g, fusion_seq *out, int max) {
             continue;
         }
         if (count < max)
-            out[count] = (fusion_seq){g->ops[i].layer, i, 1};
+            out[count] = (fusion_seq){g->ops[i].layer, i, 1, count};
         count++;
     }
     return count;
@@ -163,5 +163,52 @@ int fusion_layer_classes(const graph *g, int *cls, stof_error *err) {
     }
     free(ops);
     free(start);
+    return STOF_OK;
+}
+
+/* Each sequence's class from the layers' (cls[L]: the first layer identical
+ * to L): the first sequence of that layer, or the sequence itself when that
+ * layer has none before it. */
+static int class_sequences(const graph *g, fusion_seq *seqs, int n, const int *cls,
+                           stof_error *err) {
+    int *first_seq = err_malloc(sizeof *first_seq * (size_t)(g->n_layers + 1), err);
+    if (!first_seq)
+        return STOF_ERR_NOMEM;
+    for (int L = 0; L < g->n_layers; L++)
+        first_seq[L] = -1;
+    for (int i = 0; i < n; i++) {
+        int L = seqs[i].layer;
+        if (L < 0)
+            continue;
+        if (first_seq[L] < 0)
+            first_seq[L] = i;
+        seqs[i].cls = first_seq[cls[L]] >= 0 ? first_seq[cls[L]] : i;
+    }
+    free(first_seq);
+    return STOF_OK;
+}
+
+int fusion_sequences(const graph *g, fusion_seq **out, int *n, stof_error *err) {
+    *out = NULL;
+    *n = 0;
+    int count = fusion_graph_sequences(g, NULL, 0);
+    if (count == 0)
+        return err_set(err, STOF_ERR_INVALID, "the graph has no ops");
+    fusion_seq *seqs = err_malloc(sizeof *seqs * (size_t)count, err);
+    int *cls = err_malloc(sizeof *cls * (size_t)(g->n_layers + 1), err);
+    int rc = seqs && cls ? STOF_OK : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = fusion_layer_classes(g, cls, err);
+    if (!rc) {
+        fusion_graph_sequences(g, seqs, count);
+        rc = class_sequences(g, seqs, count, cls, err);
+    }
+    free(cls);
+    if (rc) {
+        free(seqs);
+        return rc;
+    }
+    *out = seqs;
+    *n = count;
     return STOF_OK;
 }

@@ -73,13 +73,6 @@ void search_state_free(search_state *st) {
     st->n_segs = 0;
 }
 
-double search_state_ms(const search_state *st) {
-    double ms = 0;
-    for (int k = 0; k < st->n_segs; k++)
-        ms += st->segs[k]->best_ms;
-    return ms;
-}
-
 /* ---- moves -------------------------------------------------------------------------- */
 
 /* A move as an operation on the scheme: merge at `at`, or move the boundary

@@ -18,16 +18,6 @@ const char *search_stage_name(search_stage s) {
     return "?";
 }
 
-const char *search_move_name(search_move_kind k) {
-    switch (k) {
-    case SEARCH_MOVE_EXPAND: return "expand";
-    case SEARCH_MOVE_SEIZE: return "seize";
-    case SEARCH_MOVE_COMPETE: return "compete";
-    case SEARCH_MOVE_SPLIT: return "split";
-    }
-    return "?";
-}
-
 /* ---- sequences ---------------------------------------------------------------------- */
 
 void search_sequences_free(search_sequence *seqs, int n) {
@@ -36,33 +26,25 @@ void search_sequences_free(search_sequence *seqs, int n) {
     free(seqs);
 }
 
-/* The class a run of the graph belongs to: its layer's representative, or a
- * class of its own for a run outside layers. -1 when it starts a new one. */
-static int class_of(const search_sequence *seqs, int n, const fusion_seq *run, const int *cls) {
-    if (run->layer < 0)
-        return -1;
-    for (int i = 0; i < n; i++)
-        if (seqs[i].layer == cls[run->layer])
-            return i;
-    return -1;
-}
-
-static int sequences_fill(const graph *g, const fusion_seq *runs, int n_runs, const int *cls,
+/* Groups the graph's sequences by class: class k holds every sequence whose
+ * cls is its first sequence, in graph order. class_of maps a sequence that
+ * starts a class (cls == itself) to that class's index. */
+static int sequences_fill(const fusion_seq *runs, int n_runs, int *class_of,
                           search_sequence *seqs, int *n_out, stof_error *err) {
     int n = 0;
     for (int r = 0; r < n_runs; r++) {
-        int k = class_of(seqs, n, &runs[r], cls);
-        if (k < 0) {
-            k = n++;
-            seqs[k].layer = runs[r].layer;
-            seqs[k].n = runs[r].n;
-            seqs[k].firsts = err_malloc(sizeof *seqs[k].firsts * (size_t)n_runs, err);
-            if (!seqs[k].firsts) {
+        if (runs[r].cls == r) {
+            search_sequence *s = &seqs[n];
+            *s = (search_sequence){runs[r].layer, runs[r].n, 0, NULL};
+            class_of[r] = n++;
+            s->firsts = err_malloc(sizeof *s->firsts * (size_t)n_runs, err);
+            if (!s->firsts) {
                 *n_out = n;
                 return STOF_ERR_NOMEM;
             }
         }
-        seqs[k].firsts[seqs[k].count++] = runs[r].first;
+        search_sequence *s = &seqs[class_of[runs[r].cls]];
+        s->firsts[s->count++] = runs[r].first;
     }
     *n_out = n;
     return STOF_OK;
@@ -72,25 +54,22 @@ int search_sequences_from_graph(const graph *g, search_sequence **out, int *n_ou
                                 stof_error *err) {
     *out = NULL;
     *n_out = 0;
-    int n_runs = fusion_graph_sequences(g, NULL, 0);
-    if (n_runs == 0)
-        return err_set(err, STOF_ERR_INVALID, "the graph has no ops");
-    fusion_seq *runs = err_malloc(sizeof *runs * (size_t)n_runs, err);
-    int *cls = err_malloc(sizeof *cls * (size_t)(g->n_layers + 1), err);
+    fusion_seq *runs = NULL;
+    int n_runs = 0, n = 0;
+    int rc = fusion_sequences(g, &runs, &n_runs, err);
+    if (rc)
+        return rc;
+    int *class_of = err_malloc(sizeof *class_of * (size_t)n_runs, err);
     search_sequence *seqs = err_calloc((size_t)n_runs, sizeof *seqs, err);
-    int rc = runs && cls && seqs ? STOF_OK : STOF_ERR_NOMEM, n = 0;
-    if (!rc) {
-        fusion_graph_sequences(g, runs, n_runs);
-        rc = fusion_layer_classes(g, cls, err);
-    }
+    rc = class_of && seqs ? STOF_OK : STOF_ERR_NOMEM;
     for (int r = 0; !rc && r < n_runs; r++)
         if (runs[r].n > FUSION_MAX_OPS)
             rc = err_set(err, STOF_ERR_UNSUPPORTED, "a sequence of %d ops from #%d (at most %d)",
                          runs[r].n, runs[r].first, FUSION_MAX_OPS);
     if (!rc)
-        rc = sequences_fill(g, runs, n_runs, cls, seqs, &n, err);
+        rc = sequences_fill(runs, n_runs, class_of, seqs, &n, err);
     free(runs);
-    free(cls);
+    free(class_of);
     if (rc) {
         search_sequences_free(seqs, n);
         return rc;

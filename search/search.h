@@ -24,8 +24,6 @@
 
 #include <stdint.h>
 
-#include "core/lua/lua_api.h"
-#include "core/plan/plan.h"
 #include "fusion/scheme.h"
 #include "search/measure.h"
 
@@ -41,7 +39,8 @@ typedef struct search_sequence {
     int *firsts; /* graph index of each occurrence's first op, in graph order */
 } search_sequence;
 
-/* The classes of g in graph order of their first occurrence. */
+/* The classes of g (fusion_sequences) in graph order of their first
+ * occurrence. */
 int search_sequences_from_graph(const graph *g, search_sequence **out, int *n_out,
                                 stof_error *err);
 void search_sequences_free(search_sequence *seqs, int n);
@@ -70,8 +69,6 @@ typedef enum search_move_kind {
     SEARCH_MOVE_COMPETE,    /* a lone op goes to the neighbour the rule prefers */
     SEARCH_MOVE_SPLIT       /* a segment with one CI op parts from ops after it */
 } search_move_kind;
-
-const char *search_move_name(search_move_kind k);
 
 /* One stage-1 candidate, as tried. */
 typedef struct search_move {
@@ -199,12 +196,5 @@ int search_initial_scheme(const graph *g, const int *ops, int n, const search_ru
  * proportion to reward. No share exceeds its room. */
 void search_allocate(const double *reward, const int *room, int n, int total, int round,
                      int *share);
-
-/* The plan of a finished search over the sequences it was given: the
- * device dev (NULL: a plan made offline for arch), the script (may be NULL
- * for a graph built in code), shapes and masks from g. */
-int search_plan_fill(const search_result *r, const graph *g, const search_sequence *seqs,
-                     const lua_api_script *script, const stof_device_info *dev,
-                     const char *arch, plan *p, stof_error *err);
 
 #endif

@@ -92,6 +92,8 @@ int search_match_feasible(const fusion_match *m, int smem_limit);
 /* 1 when the budget or the time limit forbids another measurement. */
 int search_exhausted(search_ctx *c);
 void search_report(search_ctx *c);
+/* One occurrence of st: the sum of its segments' best times. */
+double search_state_ms(const search_state *st);
 /* The forward latency of the states so far: each sequence's best times
  * times its occurrences. */
 double search_total_ms(const search_ctx *c);
@@ -115,7 +117,6 @@ int search_state_sample(search_ctx *c, int q, search_state *st, stof_error *err)
 void search_state_prep(const search_ctx *c, int q, const search_state *st, search_prep *items,
                        int *n);
 void search_state_free(search_state *st);
-double search_state_ms(const search_state *st);
 
 int search_expand(search_ctx *c, int q, search_state *st, stof_error *err);
 int search_sample(search_ctx *c, search_state *states, stof_error *err);

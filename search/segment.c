@@ -186,6 +186,13 @@ int search_exhausted(search_ctx *c) {
     return c->out_of_budget;
 }
 
+double search_state_ms(const search_state *st) {
+    double ms = 0;
+    for (int k = 0; k < st->n_segs; k++)
+        ms += st->segs[k]->best_ms;
+    return ms;
+}
+
 double search_total_ms(const search_ctx *c) {
     double total = 0;
     for (int q = 0; c->states && q < c->n_seqs; q++)

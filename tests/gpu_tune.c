@@ -217,7 +217,7 @@ static void check_against_reference(const graph *g, const float *y, const char *
     free(ref);
 }
 
-static void test_tune(exec_ctx *ctx, const graph *g, const lua_api_script *script, long budget) {
+static void test_tune(exec_ctx *ctx, const graph *g, const graph_script *script, long budget) {
     char cache_path[] = "/tmp/stof-gpu-tune-XXXXXX";
     int fd = mkstemp(cache_path);
     CHECK(fd >= 0);
@@ -326,7 +326,7 @@ int main(int argc, char **argv) {
         return check_summary("gpu_tune");
     static const char *const params[] = {"preset=small", "batch=2", "seq=128", "mask=bigbird"};
     graph g;
-    lua_api_script script;
+    graph_script script;
     graph_init(&g);
     rc = lua_api_build(SCRIPTS "bert.lua", params, 4, &g, &script, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);

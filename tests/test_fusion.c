@@ -300,16 +300,40 @@ static void check_kinds(const graph *g, const int *ops, int n, const op_kind *wa
                   op_describe(g->ops[ops[k]].kind)->name, op_describe(want[k])->name);
 }
 
+/* fusion_sequences agrees with the cut (fusion_graph_sequences) and the
+ * layers' classes: a layer's sequence is classed with the first sequence of
+ * its class's layer, a run outside layers with itself. */
+static void check_sequence_classes(const graph *g) {
+    fusion_seq *seqs = NULL, cut[64];
+    int n = 0, *cls = malloc(sizeof *cls * (size_t)(g->n_layers + 1));
+    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, NULL), STOF_OK);
+    CHECK_EQ_INT(fusion_graph_sequences(g, cut, 64), n);
+    CHECK(cls && fusion_layer_classes(g, cls, NULL) == STOF_OK);
+    for (int i = 0; seqs && cls && i < n && i < 64; i++) {
+        CHECK(seqs[i].layer == cut[i].layer && seqs[i].first == cut[i].first &&
+              seqs[i].n == cut[i].n);
+        int want = i;
+        for (int j = 0; seqs[i].layer >= 0 && j < i; j++)
+            if (seqs[j].layer == cls[seqs[i].layer]) {
+                want = j;
+                break;
+            }
+        CHECK_EQ_INT(seqs[i].cls, want);
+    }
+    free(seqs);
+    free(cls);
+}
+
 /* Enumerates each layer class and each run outside layers once. */
 static void enumerate_graph(const graph *g, const char *model) {
-    fusion_seq seqs[64];
-    int n_seqs = fusion_graph_sequences(g, seqs, 64);
-    int *cls = malloc(sizeof *cls * (size_t)(g->n_layers + 1));
-    fusion_layer_classes(g, cls, NULL);
+    fusion_seq *seqs = NULL;
+    int n_seqs = 0;
+    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n_seqs, NULL), STOF_OK);
+    check_sequence_classes(g);
     printf("%s:\n", model);
-    for (int q = 0; q < n_seqs && q < 64; q++) {
+    for (int q = 0; q < n_seqs; q++) {
         int ops[FUSION_MAX_OPS], layer = seqs[q].layer;
-        if (layer >= 0 && cls[layer] != layer)
+        if (seqs[q].cls != q)
             continue;
         for (int k = 0; k < seqs[q].n; k++)
             ops[k] = seqs[q].first + k;
@@ -321,7 +345,7 @@ static void enumerate_graph(const graph *g, const char *model) {
                      seqs[q].first + seqs[q].n - 1);
         enumerate_and_check(g, ops, seqs[q].n, what);
     }
-    free(cls);
+    free(seqs);
 }
 
 static void test_bert(void) {
@@ -345,6 +369,14 @@ static void test_bert(void) {
     CHECK(seqs[0].layer == -1 && seqs[0].first == 0 && seqs[0].n == 2);
     CHECK(seqs[1].layer == 0 && seqs[1].first == 2 && seqs[1].n == 14);
     CHECK(seqs[4].layer == 3 && seqs[4].first + seqs[4].n == g.n_ops);
+    /* one class for the four layers, the run before them its own */
+    fusion_seq *classed = NULL;
+    int n_classed = 0;
+    CHECK_EQ_INT(fusion_sequences(&g, &classed, &n_classed, NULL), STOF_OK);
+    CHECK_EQ_INT(n_classed, 5);
+    for (int q = 0; classed && q < n_classed; q++)
+        CHECK_EQ_INT(classed[q].cls, q == 0 ? 0 : 1);
+    free(classed);
 
     fusion_report rep;
     expect_scheme(&g, ops, n, "01010101010101", 1, NULL, &rep);
@@ -446,6 +478,7 @@ static void test_t5(void) {
     CHECK_EQ_INT(g.n_layers, 4);
     CHECK_EQ_INT(fusion_layer_classes(&g, cls, NULL), STOF_OK);
     CHECK(cls[0] == 0 && cls[1] == 0 && cls[2] == 2 && cls[3] == 2);
+    check_sequence_classes(&g);
 
     /* The relative position table is made before each stack's loop and read
      * by every block's self-attention: the first block is like the others. */

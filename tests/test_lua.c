@@ -84,7 +84,7 @@ static void check_shape3(const graph_tensor *t, int64_t a, int64_t b, int64_t c)
     CHECK_EQ_INT(t->shape[2], c);
 }
 
-static const char *param_value(const lua_api_script *info, const char *key) {
+static const char *param_value(const graph_script *info, const char *key) {
     for (int i = 0; i < info->n_params; i++)
         if (strcmp(info->params[i].key, key) == 0)
             return info->params[i].value;
@@ -125,7 +125,7 @@ static void test_bert_base(void) {
     graph g;
     graph_init(&g);
     stof_error err;
-    lua_api_script info;
+    graph_script info;
     int rc = lua_api_build(SCRIPTS "bert.lua", NULL, 0, &g, &info, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);
     if (rc != STOF_OK)
@@ -195,7 +195,7 @@ static void test_bert_params(void) {
     graph g;
     graph_init(&g);
     stof_error err;
-    lua_api_script info;
+    graph_script info;
     int rc = lua_api_build(SCRIPTS "bert.lua", params, 3, &g, &info, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);
     if (rc != STOF_OK)
@@ -636,7 +636,7 @@ static void test_param_errors(void) {
         graph_free(&g);
     }
     /* Conversions to the default's type. */
-    lua_api_script info;
+    graph_script info;
     const char *good[] = {"batch=3", "causal=true", "rate=0.25", "mask=full", "seq=2.0e1"};
     graph_init(&g);
     rc = lua_api_build_string(src, "model.lua", NULL, good, 5, &g, &info, &err);

@@ -41,7 +41,7 @@ static const stof_device_info h100 = {.name = "NVIDIA H100 80GB HBM3", .cc_major
 
 typedef struct fixture {
     graph g;
-    lua_api_script script;
+    graph_script script;
     search_sequence *seqs;
     int n_seqs;
     search_result result;
@@ -73,7 +73,7 @@ static void fixture_free(fixture *f) {
 
 static int make_plan(const fixture *f, const stof_device_info *dev, const char *arch, plan *p) {
     stof_error err = {0};
-    int rc = search_plan_fill(&f->result, &f->g, f->seqs, &f->script, dev, arch, p, &err);
+    int rc = plan_from_search(&f->result, &f->g, f->seqs, &f->script, dev, arch, p, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);
     return rc;
 }
@@ -110,12 +110,6 @@ static int sequences_equal(const plan_sequence *a, const plan_sequence *b) {
     return 1;
 }
 
-static int attention_equal(const plan_attention *a, const plan_attention *b) {
-    return a->batch == b->batch && a->heads == b->heads && a->head_dim == b->head_dim &&
-           a->q_len == b->q_len && a->k_len == b->k_len && a->mask == b->mask &&
-           a->causal == b->causal && kernels_equal(&a->kernel, &b->kernel) && a->ms == b->ms;
-}
-
 static int header_equal(const plan *a, const plan *b) {
     const plan_device *x = &a->device, *y = &b->device;
     int same = a->version == b->version && strcmp(a->stof_version, b->stof_version) == 0 &&
@@ -139,7 +133,7 @@ static int header_equal(const plan *a, const plan *b) {
 
 static int plans_equal(const plan *a, const plan *b) {
     if (!header_equal(a, b) || a->n_inputs != b->n_inputs || a->n_masks != b->n_masks ||
-        a->n_attention != b->n_attention || a->n_sequences != b->n_sequences)
+        a->n_sequences != b->n_sequences)
         return 0;
     for (int i = 0; i < a->n_inputs; i++)
         if (strcmp(a->inputs[i].name, b->inputs[i].name) != 0 ||
@@ -152,9 +146,6 @@ static int plans_equal(const plan *a, const plan *b) {
             a->masks[i].fingerprint != b->masks[i].fingerprint ||
             a->masks[i].batch != b->masks[i].batch || a->masks[i].q_len != b->masks[i].q_len ||
             a->masks[i].k_len != b->masks[i].k_len)
-            return 0;
-    for (int i = 0; i < a->n_attention; i++)
-        if (!attention_equal(&a->attention[i], &b->attention[i]))
             return 0;
     for (int i = 0; i < a->n_sequences; i++)
         if (!sequences_equal(&a->sequences[i], &b->sequences[i]))
@@ -175,7 +166,6 @@ static void test_roundtrip(const fixture *f) {
     CHECK(strcmp(p.device.arch, "sm_90") == 0 && p.device.measured);
     CHECK(p.batch == 2 && p.seq == 128 && p.n_inputs == 1);
     CHECK_EQ_INT(p.n_masks, 1);
-    CHECK_EQ_INT(p.n_attention, 1);
     CHECK(strcmp(p.stof_version, stof_version()) == 0);
 
     stof_error err = {0};
@@ -224,7 +214,7 @@ static void test_roundtrip(const fixture *f) {
 
 /* ==== mismatches ===================================================================================== */
 
-static void expect_mismatch(const plan *p, const stof_device_info *dev, const lua_api_script *s,
+static void expect_mismatch(const plan *p, const stof_device_info *dev, const graph_script *s,
                             const graph *g, const char *needle) {
     stof_error err = {0};
     CHECK_EQ_INT(plan_check_fits(p, dev, s, g, &err), STOF_ERR_MISMATCH);
@@ -240,7 +230,7 @@ static void test_mismatch(const fixture *f) {
     expect_mismatch(&p, &other, NULL, NULL, "tuned on another GPU: 'NVIDIA H100 80GB HBM3'");
     expect_mismatch(&p, &other, NULL, NULL, "this one is 'NVIDIA H200'");
 
-    lua_api_script s = f->script;
+    graph_script s = f->script;
     s.content_hash ^= 1;
     expect_mismatch(&p, NULL, &s, NULL, "script bert.lua changed since the plan was made");
     s = f->script;
@@ -485,12 +475,10 @@ static void test_format_errors(const fixture *f) {
                 "script.hash: expected \"0x\" and 16 hex digits");
     expect_edit(valid, EDIT_SET, "script/params", NULL, cJSON_CreateArray(),
                 "script.params: expected an object, got an array");
-    expect_edit(valid, EDIT_SET, "attention/0/mask", NULL, cJSON_CreateNumber(5),
-                "attention[0].mask: expected an integer from -1 to 0, got 5");
-    expect_edit(valid, EDIT_SET, "attention/0/kernel", NULL, cJSON_CreateString("gemm_ln"),
-                "attention[0].kernel: \"gemm_ln\" is not a template here");
-    expect_edit(valid, EDIT_SET, "attention/0/causal", NULL, cJSON_CreateNumber(0),
-                "attention[0].causal: expected true or false");
+    /* plans written before the attention list was dropped hold one: named, not skipped */
+    expect_edit(valid, EDIT_ADD, "", "attention", cJSON_CreateArray(),
+                "edited.json: attention: unknown key (a plan of another stof version or edited "
+                "by hand: tune again");
     expect_edit(valid, EDIT_SET, "sequences/1/instances/1", NULL, cJSON_CreateNumber(1),
                 "sequences[1].instances.1: expected an op index above 2");
     expect_edit(valid, EDIT_SET, "masks/0/description", NULL, cJSON_CreateNull(),

@@ -14,6 +14,7 @@
 #include "check.h"
 #include "core/base/error.h"
 #include "core/lua/lua_api.h"
+#include "core/plan/plan.h"
 #include "core/base/util.h"
 #include "fusion/match.h"
 #include "ops/ops.h"
@@ -1303,8 +1304,8 @@ static void test_time_too_short(void) {
         CHECK_EQ_INT(u.bad_values, 0);
         CHECK_EQ_INT(r.stats.rounds, 0);
         plan p, back;
-        lua_api_script script = {.name = "bert.lua"};
-        rc = search_plan_fill(&r, &m.g, m.seqs, &script, NULL, "sm_90", &p, &err);
+        graph_script script = {.name = "bert.lua"};
+        rc = plan_from_search(&r, &m.g, m.seqs, &script, NULL, "sm_90", &p, &err);
         CHECK_MSG(rc == STOF_OK, "%s", err.msg);
         char *text = NULL;
         if (rc == STOF_OK && plan_to_json(&p, &text, &err) == STOF_OK) {

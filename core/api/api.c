@@ -41,7 +41,7 @@ const char *stof_build_commit(void) {
 
 struct stof_model {
     graph g;
-    lua_api_script script;
+    graph_script script;
 };
 
 int stof_model_load(const char *script, const char *const *params, int n_params,

@@ -125,8 +125,8 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
             fprintf(stderr, "stof: --set expects key=value, got '%s'\n", v);
             return 1;
         }
-        if (a->n_params == LUA_API_MAX_PARAMS) {
-            fprintf(stderr, "stof: at most %d --set parameters\n", LUA_API_MAX_PARAMS);
+        if (a->n_params == GRAPH_SCRIPT_MAX_PARAMS) {
+            fprintf(stderr, "stof: at most %d --set parameters\n", GRAPH_SCRIPT_MAX_PARAMS);
             return 1;
         }
         a->params[a->n_params++] = v;
@@ -211,7 +211,7 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
     return 0;
 }
 
-int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info) {
+int cli_load_graph(const cli_args *a, graph *g, graph_script *info) {
     if (!a->script) {
         fprintf(stderr, "stof: a model script is needed (e.g. scripts/bert.lua)\n");
         return 1;

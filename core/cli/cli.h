@@ -15,7 +15,7 @@ enum { CLI_CHECK_AUTO = 0, CLI_CHECK_ALWAYS, CLI_CHECK_NEVER };
 
 typedef struct cli_args {
     const char *script;                        /* positional */
-    const char *params[LUA_API_MAX_PARAMS];    /* --set key=value */
+    const char *params[GRAPH_SCRIPT_MAX_PARAMS];    /* --set key=value */
     int n_params;
     int cpu;             /* --cpu */
     uint64_t seed;       /* --seed */
@@ -44,7 +44,7 @@ typedef struct cli_args {
 int cli_parse(int argc, char **argv, int first, cli_args *a);
 
 /* Builds the graph of a->script; prints the error and returns non-zero. */
-int cli_load_graph(const cli_args *a, graph *g, lua_api_script *info);
+int cli_load_graph(const cli_args *a, graph *g, graph_script *info);
 
 int cli_cmd_info(const cli_args *a);
 int cli_cmd_graph(const cli_args *a);

@@ -77,7 +77,7 @@ static int same_problem(const graph *g, const graph_op *a, const graph_op *b) {
 
 int cli_cmd_mha_select(const cli_args *a) {
     graph g;
-    lua_api_script info;
+    graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
     mha_device_limits lim;

@@ -67,7 +67,7 @@ static void print_masks(const graph *g) {
 
 int cli_cmd_graph(const cli_args *a) {
     graph g;
-    lua_api_script info;
+    graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
     char shape[64];
@@ -105,7 +105,7 @@ static void print_block_stats(const mask *m, int bm, int bn) {
 
 int cli_cmd_mask(const cli_args *a) {
     graph g;
-    lua_api_script info;
+    graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
     if (g.n_masks == 0) {

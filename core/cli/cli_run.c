@@ -90,7 +90,7 @@ static int save_output(const cli_args *a, const graph *g, const float *y) {
 
 static int run_cpu(const cli_args *a) {
     graph g;
-    lua_api_script info;
+    graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
     run_values vals;
@@ -207,7 +207,7 @@ static int cli_schemes(const cli_args *a, const graph *g, const exec_seq *seqs, 
 typedef struct run_state {
     graph g;
     int have_graph;
-    lua_api_script info;
+    graph_script info;
     exec_seq *seqs;
     int n_seqs;
     fusion_scheme *schemes;
@@ -564,8 +564,8 @@ static int plan_graph(const cli_args *a, const plan *p, run_state *r) {
     char path[2048];
     if (find_script(a, p, path, sizeof path))
         return 1;
-    char kv[LUA_API_MAX_PARAMS][sizeof p->params[0].key + sizeof p->params[0].value + 2];
-    const char *params[LUA_API_MAX_PARAMS];
+    char kv[GRAPH_SCRIPT_MAX_PARAMS][sizeof p->params[0].key + sizeof p->params[0].value + 2];
+    const char *params[GRAPH_SCRIPT_MAX_PARAMS];
     for (int i = 0; i < p->n_params; i++) {
         snprintf(kv[i], sizeof kv[i], "%s=%s", p->params[i].key, p->params[i].value);
         params[i] = kv[i];

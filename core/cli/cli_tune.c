@@ -69,7 +69,7 @@ static void on_progress(void *ud, const search_progress *p) {
 
 /* ---- offline -------------------------------------------------------------------------------- */
 
-static int tune_offline_cmd(const cli_args *a, const graph *g, const lua_api_script *info,
+static int tune_offline_cmd(const cli_args *a, const graph *g, const graph_script *info,
                             const char *why) {
     const char *arch = a->arch ? a->arch : CLI_TUNE_DEFAULT_ARCH;
     printf("%s\n", why);
@@ -161,7 +161,7 @@ static void print_time_breakdown(const tune_outcome *o) {
 }
 
 static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
-                        const lua_api_script *info) {
+                        const graph_script *info) {
     const stof_device_info *dev = exec_ctx_device(ctx);
     nvrtc_cache kc;
     nvrtc_cache_init(&kc, NULL);
@@ -228,7 +228,7 @@ int cli_cmd_tune(const cli_args *a) {
         return 2;
     }
     graph g;
-    lua_api_script info;
+    graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
     exec_ctx *ctx = NULL;

@@ -45,9 +45,9 @@ static int luaapi_params_defaults(lua_State *L, const char **keys) {
         if (t != LUA_TNUMBER && t != LUA_TBOOLEAN && t != LUA_TSTRING)
             luaL_error(L, "stof.params: the default of '%s' must be a number, boolean or "
                           "string, got a %s", key, luaL_typename(L, -1));
-        if (n == LUA_API_MAX_PARAMS)
-            luaL_error(L, "stof.params: at most %d parameters", LUA_API_MAX_PARAMS);
-        if (strlen(key) >= sizeof ((lua_api_param *)0)->key)
+        if (n == GRAPH_SCRIPT_MAX_PARAMS)
+            luaL_error(L, "stof.params: at most %d parameters", GRAPH_SCRIPT_MAX_PARAMS);
+        if (strlen(key) >= sizeof ((graph_script_param *)0)->key)
             luaL_error(L, "stof.params: the name '%s' is too long", key);
         keys[n++] = key;
         lua_pushvalue(L, -2);
@@ -103,9 +103,9 @@ static void luaapi_params_apply(lua_State *L, luaapi_ctx *c, const char **keys, 
     for (int i = 0; i < c->n_params; i++) {
         const char *p = c->params[i] ? c->params[i] : "";
         const char *eq = strchr(p, '=');
-        if (!eq || eq == p || (size_t)(eq - p) >= sizeof ((lua_api_param *)0)->key)
+        if (!eq || eq == p || (size_t)(eq - p) >= sizeof ((graph_script_param *)0)->key)
             luaL_error(L, "parameter '%s' is not key=value", p);
-        char key[sizeof ((lua_api_param *)0)->key];
+        char key[sizeof ((graph_script_param *)0)->key];
         memcpy(key, p, (size_t)(eq - p));
         key[eq - p] = '\0';
         if (lua_getfield(L, 1, key) == LUA_TNIL) {
@@ -123,7 +123,7 @@ static void luaapi_params_record(lua_State *L, luaapi_ctx *c, const char **keys,
     if (!c->info)
         return;
     for (int k = 0; k < n; k++) {
-        lua_api_param *p = &c->info->params[k];
+        graph_script_param *p = &c->info->params[k];
         lua_getfield(L, 2, keys[k]);
         size_t len;
         const char *v = luaL_tolstring(L, -1, &len);
@@ -145,7 +145,7 @@ static int luaapi_params(lua_State *L) {
     if (c->params_done)
         return luaL_error(L, "stof.params may be called only once");
     c->params_done = 1;
-    const char *keys[LUA_API_MAX_PARAMS];
+    const char *keys[GRAPH_SCRIPT_MAX_PARAMS];
     int n = luaapi_params_defaults(L, keys);
     luaapi_params_apply(L, c, keys, n);
     luaapi_params_record(L, c, keys, n);
@@ -250,7 +250,7 @@ static int luaapi_run(luaapi_ctx *c, const luaapi_source *src, graph *g, stof_er
     return STOF_OK;
 }
 
-static void luaapi_info_init(lua_api_script *info, const char *path, const char *name,
+static void luaapi_info_init(graph_script *info, const char *path, const char *name,
                              const char *text, size_t len) {
     if (!info)
         return;
@@ -263,7 +263,7 @@ static void luaapi_info_init(lua_api_script *info, const char *path, const char 
 int lua_api_build_string_limits(const char *source, const char *chunkname,
                                 const char *search_dir, const char *const *params,
                                 int n_params, const lua_api_limits *limits, graph *g,
-                                lua_api_script *info, stof_error *err) {
+                                graph_script *info, stof_error *err) {
     if (!source || !g || n_params < 0 || (n_params > 0 && !params))
         return err_set(err, STOF_ERR_INVALID, "lua_api_build_string: bad arguments");
     luaapi_ctx *c = malloc(sizeof *c);
@@ -282,13 +282,13 @@ int lua_api_build_string_limits(const char *source, const char *chunkname,
 
 int lua_api_build_string(const char *source, const char *chunkname, const char *search_dir,
                          const char *const *params, int n_params, graph *g,
-                         lua_api_script *info, stof_error *err) {
+                         graph_script *info, stof_error *err) {
     return lua_api_build_string_limits(source, chunkname, search_dir, params, n_params, NULL, g,
                                        info, err);
 }
 
 int lua_api_build(const char *path, const char *const *params, int n_params, graph *g,
-                  lua_api_script *info, stof_error *err) {
+                  graph_script *info, stof_error *err) {
     if (!path || !g || n_params < 0 || (n_params > 0 && !params))
         return err_set(err, STOF_ERR_INVALID, "lua_api_build: bad arguments");
     size_t len = 0;

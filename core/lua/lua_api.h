@@ -3,43 +3,29 @@
  * A script runs sandboxed (no io, os, debug, package, dofile/loadfile, no
  * binary chunks; `require` only finds helper modules beside the script or in
  * the installed scripts folder), under an instruction and memory budget.
- * Every error comes back as "script.lua:LINE: what was wrong". */
+ * Every error comes back as "script.lua:LINE: what was wrong". The script's
+ * file, hash and resolved parameters come back as a graph_script
+ * (core/graph/script.h). */
 #ifndef STOF_CORE_LUA_API_H
 #define STOF_CORE_LUA_API_H
 
 #include <stdint.h>
 
 #include "core/graph/graph.h"
-
-#define LUA_API_MAX_PARAMS 64
-
-/* One script parameter as the script resolved it (defaults merged with
- * --set values), in text form. */
-typedef struct lua_api_param {
-    char key[64];
-    char value[256];
-} lua_api_param;
-
-typedef struct lua_api_script {
-    char path[1024];
-    char name[256];        /* file name without folders, e.g. "bert.lua" */
-    uint64_t content_hash; /* util_hash of the file's bytes */
-    lua_api_param params[LUA_API_MAX_PARAMS];
-    int n_params;
-} lua_api_script;
+#include "core/graph/script.h"
 
 /* Runs the script at path with "key=value" parameters and builds *g (which
  * must be graph_init'ed and empty). On failure g is left freed/empty and err
  * holds the message. info may be NULL. */
 int lua_api_build(const char *path, const char *const *params, int n_params, graph *g,
-                  lua_api_script *info, stof_error *err);
+                  graph_script *info, stof_error *err);
 
 /* Same, with the script text given (chunkname is used in messages, e.g.
  * "model.lua"). Helper modules for `require` are looked up in search_dir
  * (may be NULL). */
 int lua_api_build_string(const char *source, const char *chunkname, const char *search_dir,
                          const char *const *params, int n_params, graph *g,
-                         lua_api_script *info, stof_error *err);
+                         graph_script *info, stof_error *err);
 
 /* Budgets a script runs under. A zero field takes the default. */
 #define LUA_API_DEFAULT_INSTRUCTIONS 1000000000ULL
@@ -55,7 +41,7 @@ typedef struct lua_api_limits {
 int lua_api_build_string_limits(const char *source, const char *chunkname,
                                 const char *search_dir, const char *const *params,
                                 int n_params, const lua_api_limits *limits, graph *g,
-                                lua_api_script *info, stof_error *err);
+                                graph_script *info, stof_error *err);
 
 /* ---- shared by core/lua_*.c only ------------------------------------------
  * lua_api.c runs the script and owns the `stof` table, lua_model.c the model
@@ -72,7 +58,7 @@ typedef struct luaapi_ctx {
     const char *const *params;    /* the command line's "key=value" */
     int n_params;
     int params_done;              /* stof.params ran */
-    lua_api_script *info;         /* may be NULL */
+    graph_script *info;         /* may be NULL */
     int model_made;               /* stof.model ran */
     int frozen;                   /* the model was validated: nothing may change it */
     size_t mem_used, mem_limit;

@@ -4,9 +4,8 @@
  * A plan records what it was made for (the stof build, the device, the
  * script with its parameters and content hash, the input shapes, each
  * mask's fingerprint) and what was chosen (per sequence class the fusion
- * scheme and per segment its ops, template, parameters and measured time;
- * per attention shape the kernel and its parameters), with the forward
- * latency, the tuning time and the search statistics.
+ * scheme and per segment its ops, template, parameters and measured time),
+ * with the forward latency, the tuning time and the search statistics.
  *
  *   {
  *     "format": "stof-plan", "version": 1,
@@ -22,11 +21,6 @@
  *                "inputs": [{"name": "input_ids", "shape": [8, 512]}]},
  *     "masks": [{"description": "bigbird{...}", "fingerprint": "0x...",
  *                "batch": 1, "q_len": 512, "k_len": 512}],
- *     "attention": [{"batch": 8, "heads": 12, "head_dim": 64, "q_len": 512,
- *                    "k_len": 512, "mask": 0, "causal": false,
- *                    "kernel": "attention_block",
- *                    "params": {"BLOCK_M": 64, "BLOCK_N": 64, "WARPS": 4},
- *                    "ms": 0.21}],
  *     "sequences": [{"layer": 0, "ops": 14, "instances": [2, 16, 30, 44],
  *                    "scheme": {"binary": "00100001111100", "hex": "14:21f0"},
  *                    "ms": 1.3,
@@ -49,17 +43,24 @@
  * the segments, templates and parameter values must exist, and the times
  * must add up. Anything else is STOF_ERR_FORMAT naming the field, such as
  * "plan.json: sequences[0].segments[2].params.BLOCK_M: expected one of 64,
- * 128, got 96". */
+ * 128, got 96". An unknown key says the plan must be made again: plans of
+ * version 1 written before the "attention" list was dropped hold one, and
+ * the reader names it rather than pass over it.
+ *
+ * Files: plan.c (what a plan owns), plan_write.c, plan_read.c, plan_fits.c,
+ * plan_from_search.c. */
 #ifndef STOF_CORE_PLAN_H
 #define STOF_CORE_PLAN_H
 
 #include <stdint.h>
 
 #include "core/graph/graph.h"
-#include "core/lua/lua_api.h"
+#include "core/graph/script.h"
 #include "fusion/scheme.h"
 #include "fusion/templates.h"
+#include "search/search.h"
 
+#define PLAN_FORMAT_NAME "stof-plan"
 #define PLAN_FORMAT_VERSION 1
 #define PLAN_NAME_MAX 256
 #define PLAN_MAX_PARAMS FUSION_MAX_PARAMS
@@ -92,14 +93,6 @@ typedef struct plan_kernel {
     int n_values;
     int values[PLAN_MAX_PARAMS];
 } plan_kernel;
-
-typedef struct plan_attention {
-    int batch, heads, head_dim, q_len, k_len;
-    int mask;                /* index into masks, -1 for none */
-    int causal;
-    plan_kernel kernel;      /* attention_row or attention_block */
-    double ms;
-} plan_attention;
 
 typedef struct plan_segment {
     int first, last;         /* positions in the sequence */
@@ -144,14 +137,12 @@ typedef struct plan {
     char script_path[1024];  /* "" when not recorded */
     uint64_t script_hash;
     int n_params;
-    lua_api_param params[LUA_API_MAX_PARAMS];
+    graph_script_param params[GRAPH_SCRIPT_MAX_PARAMS];
     int64_t batch, seq;
     int n_inputs;
     plan_input *inputs;      /* owned */
     int n_masks;
     plan_mask *masks;        /* owned */
-    int n_attention;
-    plan_attention *attention; /* owned */
     int n_sequences;
     plan_sequence *sequences;  /* owned */
     double latency_ms;
@@ -176,7 +167,15 @@ int plan_read(const char *path, plan *p, stof_error *err);
 /* Whether the plan fits this device (NULL: skip the device), script (NULL:
  * skip) and graph (NULL: skip): STOF_ERR_MISMATCH naming the first
  * difference. A plan made offline fits any device of its architecture. */
-int plan_check_fits(const plan *p, const stof_device_info *dev, const lua_api_script *script,
+int plan_check_fits(const plan *p, const stof_device_info *dev, const graph_script *script,
                     const graph *g, stof_error *err);
+
+/* The plan of a finished search over the sequences it was given
+ * (search_run's result): the device dev (NULL: a plan made offline for
+ * arch), the script (may be NULL for a graph built in code), shapes and
+ * masks from g. On failure *p holds nothing to free. */
+int plan_from_search(const search_result *r, const graph *g, const search_sequence *seqs,
+                     const graph_script *script, const stof_device_info *dev,
+                     const char *arch, plan *p, stof_error *err);
 
 #endif

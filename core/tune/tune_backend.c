@@ -1960,7 +1960,7 @@ static int tune_refine(exec_ctx *ctx, const graph *g, const tune_options *o, tun
     return rc;
 }
 
-int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
+int tune_gpu(exec_ctx *ctx, const graph *g, const graph_script *script,
              const tune_options *opt, plan *out, tune_outcome *res, stof_error *err) {
     memset(out, 0, sizeof *out);
     memset(res, 0, sizeof *res);
@@ -1980,7 +1980,7 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
         tune_backend_trim(t.backend); /* host and device memory back before the models */
     }
     if (!rc)
-        rc = search_plan_fill(&t.result, g, t.seqs, script, dev, NULL, out, err);
+        rc = plan_from_search(&t.result, g, t.seqs, script, dev, NULL, out, err);
     if (!rc) {
         res->search = t.result.stats;
         res->segments_ms = t.result.total_ms;
@@ -2104,7 +2104,7 @@ static int offline_compile(const graph *g, const search_sequence *seqs, const se
     return rc;
 }
 
-int tune_offline(const graph *g, const lua_api_script *script, const char *arch,
+int tune_offline(const graph *g, const graph_script *script, const char *arch,
                  const char *nvrtc_dir, plan *out, tune_offline_stats *st, stof_error *err) {
     memset(out, 0, sizeof *out);
     memset(st, 0, sizeof *st);
@@ -2130,7 +2130,7 @@ int tune_offline(const graph *g, const lua_api_script *script, const char *arch,
     if (!rc)
         rc = offline_result(g, seqs, n_seqs, schemes, &lim, &r, err);
     if (!rc)
-        rc = search_plan_fill(&r, g, seqs, script, NULL, arch, out, err);
+        rc = plan_from_search(&r, g, seqs, script, NULL, arch, out, err);
     int requests = 0;
     if (!rc)
         rc = offline_compile(g, seqs, &r, &lim, &cache, &requests, err);

@@ -265,7 +265,7 @@ typedef struct tune_outcome {
 /* Tunes g on ctx's GPU and fills *out (which the caller plan_free's). On
  * failure *out holds nothing. A tuned plan whose end-to-end output does
  * not match the CPU reference is STOF_ERR_INTERNAL (outcome filled). */
-int tune_gpu(exec_ctx *ctx, const graph *g, const lua_api_script *script,
+int tune_gpu(exec_ctx *ctx, const graph *g, const graph_script *script,
              const tune_options *opt, plan *out, tune_outcome *res, stof_error *err);
 
 /* ---- tuning offline ---------------------------------------------------------------------------- */
@@ -281,7 +281,7 @@ typedef struct tune_offline_stats {
  * segment's default setting for arch (exec_segment_candidates), as a plan
  * marked unmeasured for arch (times 0), and every kernel of it compiled for
  * arch into the NVRTC cache at nvrtc_dir (NULL: the default folder). */
-int tune_offline(const graph *g, const lua_api_script *script, const char *arch,
+int tune_offline(const graph *g, const graph_script *script, const char *arch,
                  const char *nvrtc_dir, plan *out, tune_offline_stats *st, stof_error *err);
 
 #endif

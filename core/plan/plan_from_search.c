@@ -1,11 +1,11 @@
-/* A search result as a plan (core/plan/plan.h): what was tuned, for what. */
+/* A search result as a plan (plan_from_search): what was tuned, for what. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/plan/plan.h"
 #include "ops/mask.h"
-#include "search/search.h"
 
 static void fill_device(const stof_device_info *dev, const char *arch, plan_device *d) {
     d->measured = dev != NULL;
@@ -20,7 +20,7 @@ static void fill_device(const stof_device_info *dev, const char *arch, plan_devi
     }
 }
 
-static void fill_script(const lua_api_script *s, plan *p) {
+static void fill_script(const graph_script *s, plan *p) {
     if (!s)
         return;
     snprintf(p->script_name, sizeof p->script_name, "%s", s->name);
@@ -80,31 +80,8 @@ static plan_kernel seg_kernel(const search_seg_result *s) {
     return k;
 }
 
-/* The attention entry of the op at graph index i, run by segment s. */
-static plan_attention attention_entry(const graph *g, int i, const search_seg_result *s) {
-    const graph_op *op = &g->ops[i];
-    const graph_tensor *out = &g->tensors[op->output];
-    const graph_tensor *kv = &g->tensors[op->inputs[op->attr.attn.cross ? 1 : 0]];
-    return (plan_attention){(int)out->shape[0], op->attr.attn.heads, op->attr.attn.head_dim,
-                            (int)out->shape[1], (int)kv->shape[1], op->attr.attn.mask,
-                            op->attr.attn.causal, seg_kernel(s), s->ms};
-}
-
-static int same_attention_shape(const plan_attention *a, const plan_attention *b) {
-    return a->batch == b->batch && a->heads == b->heads && a->head_dim == b->head_dim &&
-           a->q_len == b->q_len && a->k_len == b->k_len && a->mask == b->mask &&
-           a->causal == b->causal;
-}
-
-static void add_attention(plan *p, const plan_attention *a) {
-    for (int i = 0; i < p->n_attention; i++)
-        if (same_attention_shape(&p->attention[i], a))
-            return;
-    p->attention[p->n_attention++] = *a;
-}
-
 static int fill_sequence(const graph *g, const search_sequence *sq, const search_seq_result *r,
-                         plan *p, plan_sequence *q, stof_error *err) {
+                         plan_sequence *q, stof_error *err) {
     *q = (plan_sequence){.layer = sq->layer, .n_ops = sq->n, .scheme = r->scheme, .ms = r->ms};
     q->instances = err_malloc(sizeof *q->instances * (size_t)sq->count, err);
     q->segments = err_calloc((size_t)r->n_segs, sizeof *q->segments, err);
@@ -122,34 +99,26 @@ static int fill_sequence(const graph *g, const search_sequence *sq, const search
         ps->ms = s->ms;
         for (int i = s->first; i <= s->last; i++)
             ps->kinds[i - s->first] = g->ops[sq->firsts[0] + i].kind;
-        if (s->first == s->last && g->ops[sq->firsts[0] + s->first].kind == OP_ATTENTION) {
-            plan_attention a = attention_entry(g, sq->firsts[0] + s->first, s);
-            add_attention(p, &a);
-        }
     }
     return STOF_OK;
 }
 
 static int fill_sequences(const search_result *r, const graph *g, const search_sequence *seqs,
                           plan *p, stof_error *err) {
-    int n_segs = 0;
-    for (int q = 0; q < r->n_seqs; q++)
-        n_segs += r->seqs[q].n_segs;
-    p->attention = err_calloc((size_t)n_segs + 1, sizeof *p->attention, err);
     p->sequences = err_calloc((size_t)r->n_seqs, sizeof *p->sequences, err);
-    if (!p->attention || !p->sequences)
+    if (!p->sequences)
         return STOF_ERR_NOMEM;
     for (int q = 0; q < r->n_seqs; q++) {
         /* counted first: plan_free frees a half-filled one */
-        int rc = fill_sequence(g, &seqs[q], &r->seqs[q], p, &p->sequences[p->n_sequences++], err);
+        int rc = fill_sequence(g, &seqs[q], &r->seqs[q], &p->sequences[p->n_sequences++], err);
         if (rc)
             return rc;
     }
     return STOF_OK;
 }
 
-int search_plan_fill(const search_result *r, const graph *g, const search_sequence *seqs,
-                     const lua_api_script *script, const stof_device_info *dev,
+int plan_from_search(const search_result *r, const graph *g, const search_sequence *seqs,
+                     const graph_script *script, const stof_device_info *dev,
                      const char *arch, plan *p, stof_error *err) {
     memset(p, 0, sizeof *p);
     p->version = PLAN_FORMAT_VERSION;

@@ -273,13 +273,13 @@ static void test_tune(exec_ctx *ctx, const graph *g, const graph_script *script,
         rc = plan_check_fits(&back, exec_ctx_device(ctx), script, g, &err);
         CHECK_MSG(rc == STOF_OK, "%s", err.msg);
         exec_plan *xp = NULL;
-        rc = tune_exec_plan(&back, g, &xp, &err);
+        rc = exec_plan_from_plan(&back, g, &xp, &err);
         CHECK_MSG(rc == STOF_OK, "%s", err.msg);
         int64_t n = graph_tensor_numel(&g->tensors[g->output]);
         float *y = malloc(sizeof *y * (size_t)n);
         double eager = 0, graph_ms = 0;
         if (!rc) {
-            rc = tune_time_model(ctx, xp, SEED, REPS, &eager, &graph_ms, y, &err);
+            rc = exec_model_measure(ctx, xp, SEED, REPS, &eager, &graph_ms, y, &err);
             CHECK_MSG(rc == STOF_OK, "%s", err.msg);
         }
         if (!rc) {

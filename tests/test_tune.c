@@ -27,7 +27,6 @@
 #include "check.h"
 #include "core/base/error.h"
 #include "core/exec/exec.h"
-#include "core/exec/exec_impl.h"
 #include "core/lua/lua_api.h"
 #include "core/tune/tune_backend.h"
 #include "ops/ops.h"
@@ -391,7 +390,7 @@ static stof_device_info device_of(int major, int minor) {
 static void check_exec_plan(const plan *p, const graph *g) {
     exec_plan *xp = NULL;
     stof_error err = {0};
-    int rc = tune_exec_plan(p, g, &xp, &err);
+    int rc = exec_plan_from_plan(p, g, &xp, &err);
     CHECK_MSG(rc == STOF_OK, "%s", err.msg);
     if (rc)
         return;

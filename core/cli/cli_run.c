@@ -14,7 +14,6 @@
 #include "core/exec/exec.h"
 #include "core/ref/ref.h"
 #include "core/io/safetensors.h"
-#include "core/tune/tune_backend.h"
 #include "core/base/util.h"
 #include "fusion/templates.h"
 #include "ops/ops.h"
@@ -599,7 +598,7 @@ int cli_run_plan(const cli_args *a) {
     run_state r;
     memset(&r, 0, sizeof r);
     int rc = plan_graph(a, &p, &r);
-    if (!rc && tune_exec_plan(&p, &r.g, &r.plan, &err)) {
+    if (!rc && exec_plan_from_plan(&p, &r.g, &r.plan, &err)) {
         fprintf(stderr, "stof: %s: %s\n", a->script, err.msg);
         rc = 1;
     }

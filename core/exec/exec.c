@@ -51,6 +51,27 @@ const char *exec_ctx_arch(const exec_ctx *c) {
     return c->gemm->arch;
 }
 
+const cuda_driver *exec_ctx_driver(const exec_ctx *c) {
+    return c->drv;
+}
+
+int exec_ctx_make_current(exec_ctx *c, stof_error *err) {
+    return cuda_check(c->drv, c->drv->CtxSetCurrent(c->gemm->cu), "cuCtxSetCurrent", err);
+}
+
+void exec_ctx_limits(const exec_ctx *c, mha_device_limits *lim) {
+    mha_exec_device_limits(exec_ctx_device(c), exec_ctx_arch(c), lim);
+}
+
+nvrtc_cache *exec_ctx_build_cache(exec_ctx *c, const exec_build *b) {
+    return b->attention ? &c->mha->nvrtc : &c->gemm->nvrtc;
+}
+
+void exec_ctx_caches(const exec_ctx *c, const nvrtc_cache *out[EXEC_CTX_CACHES]) {
+    out[0] = &c->gemm->nvrtc;
+    out[1] = &c->mha->nvrtc;
+}
+
 /* ---- memory -------------------------------------------------------------------------------- */
 
 /* cuMemAlloc with a message that says what for and how much. */
@@ -217,9 +238,7 @@ void exec_model_free(exec_model *m) {
         for (int s = 0; s < m->plan->n_segs; s++)
             if (m->rt[s].owns_kplan)
                 m->rt[s].launcher->free_plan(m, m->rt[s].kplan);
-    for (int k = 0; k < 2; k++)
-        if (m->ev[k])
-            drv->EventDestroy(m->ev[k]);
+    gpu_timer_free(&m->timer);
     if (m->stream)
         drv->StreamDestroy(m->stream);
     if (m->arena)
@@ -256,9 +275,8 @@ int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src
     if (!rc)
         rc = cuda_check(drv, drv->StreamCreate(&m->stream, CU_STREAM_NON_BLOCKING),
                         "cuStreamCreate", err);
-    for (int k = 0; !rc && k < 2; k++)
-        rc = cuda_check(drv, drv->EventCreate(&m->ev[k], CU_EVENT_DEFAULT), "cuEventCreate",
-                        err);
+    if (!rc)
+        rc = gpu_timer_create(drv, &m->timer, err);
     if (!rc) {
         for (int b = 0; b < p->n_bufs; b++)
             m->ptr[p->bufs[b].tensor] = m->arena + p->bufs[b].offset;
@@ -420,15 +438,16 @@ int exec_model_replay(exec_model *m, stof_error *err) {
     return rc ? rc : sync_stream(m, err);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+/* gpu_timer_work: one forward pass, eager (ud: the model). */
+static int pass_eager(void *ud, CUstream st, stof_error *err) {
+    (void)st;
+    return launch_all(ud, err);
 }
 
-/* The median of v[0..n-1] (n >= 1); sorts v. */
-static double median_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+/* gpu_timer_work: one replay of the captured forward pass (ud: the model). */
+static int pass_replay(void *ud, CUstream st, stof_error *err) {
+    (void)st;
+    return replay_async(ud, err);
 }
 
 int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, stof_error *err) {
@@ -436,39 +455,18 @@ int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, s
     if (reps < 1)
         return err_set(err, STOF_ERR_INVALID, "timing needs at least one run, got %d", reps);
     const cuda_driver *drv = m->ctx->drv;
-    double *ms = err_malloc(sizeof *ms * (size_t)reps, err);
-    if (!ms)
-        return STOF_ERR_NOMEM;
     int rc = cuda_check(drv, drv->CtxSetCurrent(m->ctx->gemm->cu), "cuCtxSetCurrent", err);
     if (!rc)
-        rc = use_graph ? replay_async(m, err) : launch_all(m, err); /* warm-up */
-    for (int r = 0; !rc && r < reps; r++) {
-        float t = 0;
-        rc = cuda_check(drv, drv->EventRecord(m->ev[0], m->stream), "cuEventRecord", err);
-        if (!rc)
-            rc = use_graph ? replay_async(m, err) : launch_all(m, err);
-        if (!rc)
-            rc = cuda_check(drv, drv->EventRecord(m->ev[1], m->stream), "cuEventRecord", err);
-        if (!rc)
-            rc = cuda_check(drv, drv->EventSynchronize(m->ev[1]), "cuEventSynchronize", err);
-        if (!rc)
-            rc = cuda_check(drv, drv->EventElapsedTime(&t, m->ev[0], m->ev[1]),
-                            "cuEventElapsedTime", err);
-        ms[r] = t;
-    }
-    if (!rc)
-        rc = sync_stream(m, err);
-    if (!rc)
-        *median_ms = median_of(ms, reps);
-    free(ms);
-    return rc;
+        rc = gpu_timer_median(&m->timer, m->stream, 1, reps, use_graph ? pass_replay : pass_eager,
+                              m, median_ms, NULL, err);
+    return rc ? rc : sync_stream(m, err);
 }
 
 /* Median of column s of a reps x n table (scratch: reps doubles). */
 static double column_median(const double *t, int reps, int n, int s, double *scratch) {
     for (int r = 0; r < reps; r++)
         scratch[r] = t[(size_t)r * (size_t)n + (size_t)s];
-    return median_of(scratch, reps);
+    return util_median(scratch, reps);
 }
 
 /* One replay of the profile graph; row gets each segment's milliseconds. */
@@ -526,6 +524,25 @@ int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err)
     free(ev);
     free(table);
     free(scratch);
+    return rc;
+}
+
+int exec_model_measure(exec_ctx *c, const exec_plan *p, uint64_t seed, int reps,
+                       double *eager_ms, double *graph_ms, float *output, stof_error *err) {
+    exec_model *m = NULL;
+    weights_source src = weights_source_seeded(seed);
+    int rc = exec_model_create(c, p, &src, &m, err);
+    if (!rc)
+        rc = exec_model_run(m, err);
+    if (!rc && output)
+        rc = exec_model_output(m, output, err);
+    if (!rc && eager_ms)
+        rc = exec_model_time(m, 0, reps, eager_ms, err);
+    if (!rc)
+        rc = exec_model_capture(m, err);
+    if (!rc && graph_ms)
+        rc = exec_model_time(m, 1, reps, graph_ms, err);
+    exec_model_free(m);
     return rc;
 }
 

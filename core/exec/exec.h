@@ -13,7 +13,9 @@
  *   exec_model    a plan made real: weights and inputs uploaded once (the
  *                 CPU reference's values, in the model dtype), the arena,
  *                 a kernel plan per segment, one stream, and after
- *                 exec_model_capture a CUDA graph of the whole forward pass.
+ *                 exec_model_capture a CUDA graph of the whole forward pass;
+ *   exec_bench    one segment alone on scratch tensors the caller owns,
+ *                 launched and timed (the tuner measures through it).
  *
  * A plan refers to its graph and a model to its plan: both must outlive
  * what refers to them. Nothing here prints. */
@@ -23,6 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/exec/attention/mha_exec.h"
+#include "core/exec/gemm/gemm_exec.h"
+#include "core/gpu/cuda_driver.h"
+#include "core/gpu/gpu_timer.h"
 #include "core/graph/graph.h"
 #include "core/io/weights.h"
 #include "fusion/match.h"
@@ -98,6 +104,14 @@ typedef struct exec_segment {
     int pre_norm;       /* tensor the template writes besides (store_pre_norm), or -1 */
 } exec_segment;
 
+/* The segment of graph ops first .. first + n - 1 matched as m: its ops,
+ * match, result and stored pre-norm tensor (seq, index, template and
+ * values left zero). */
+void exec_segment_init(const graph *g, int first, int n, const fusion_match *m,
+                       exec_segment *s);
+/* The same, the ops matched here (fusion_match_segment). */
+int exec_segment_at(const graph *g, int first, int n, exec_segment *s, stof_error *err);
+
 /* A tensor that needs device memory while segments first..last run. */
 typedef struct exec_buffer {
     int tensor;       /* -1 in tests of exec_arena_assign */
@@ -133,6 +147,13 @@ typedef struct exec_plan {
 int exec_plan_create(const graph *g, const fusion_scheme *schemes, exec_plan **out,
                      stof_error *err);
 void exec_plan_free(exec_plan *p);
+
+/* The executor plan of a plan pl over g (which must fit it:
+ * plan_check_fits): each sequence class's scheme, each segment's template
+ * and parameters. */
+struct plan;
+int exec_plan_from_plan(const struct plan *pl, const graph *g, exec_plan **out,
+                        stof_error *err);
 
 /* Runs segment seg (and the segment at the same position of every sequence
  * of its class: they are identical) on template t with values (one per
@@ -172,6 +193,39 @@ int exec_segment_compile(const graph *g, const exec_segment *s,
                          const struct mha_device_limits *lim, struct nvrtc_cache *cache,
                          stof_error *err);
 
+/* One NVRTC build of a segment's kernel plan and the context whose cache
+ * it belongs in. The request points into the struct: keep it in place. */
+typedef struct exec_build {
+    int attention; /* 1: the attention context's cache (exec_ctx.mha), else the GEMM
+                      family's (exec_ctx.gemm) */
+    union {
+        gemm_exec_request gemm;
+        mha_exec_request mha;
+    } r;
+} exec_build;
+
+#define EXEC_MAX_BUILDS 2
+
+const nvrtc_request *exec_build_request(const exec_build *b);
+
+typedef enum exec_builds_mode {
+    /* What the kernel plan of the segment compiles on a device with these
+     * limits: a setting the plan would refuse (the template's constraints,
+     * shared memory) is STOF_ERR_UNSUPPORTED, and block-wise attention
+     * builds its split kernel only when the plan cuts rows. */
+    EXEC_BUILDS_PLANNED = 0,
+    /* Every build a model may need on some device of the architecture, no
+     * feasibility check: block-wise attention both builds. */
+    EXEC_BUILDS_ALL
+} exec_builds_mode;
+
+/* The builds of segment s (s->tmpl, s->values when has_values, else the
+ * defaults; attention by the selector when auto_attention) for lim: at
+ * most EXEC_MAX_BUILDS into out, *n of them (0 for a template run by a
+ * vendor library). CPU only. */
+int exec_segment_builds(const graph *g, const exec_segment *s, const struct mha_device_limits *lim,
+                        exec_builds_mode mode, exec_build *out, int *n, stof_error *err);
+
 /* Offsets for buffers whose lifetimes overlap (first..last, inclusive) so
  * that no two overlapping ones share bytes: greedy by size, each at the
  * lowest-waste gap (best fit) among those already placed. *arena gets the
@@ -187,6 +241,49 @@ int exec_ctx_create(int ordinal, exec_ctx **out, stof_error *err);
 void exec_ctx_free(exec_ctx *c);
 const stof_device_info *exec_ctx_device(const exec_ctx *c);
 const char *exec_ctx_arch(const exec_ctx *c);
+/* The CUDA driver the context's GPU is reached through, and its CUDA
+ * context made current on the calling thread (for memory the caller
+ * manages itself: the tuner's scratch tensors). */
+const cuda_driver *exec_ctx_driver(const exec_ctx *c);
+int exec_ctx_make_current(exec_ctx *c, stof_error *err);
+/* The device's limits the kernel plans are made for. */
+void exec_ctx_limits(const exec_ctx *c, mha_device_limits *lim);
+/* The NVRTC cache build b goes into (the attention or the GEMM family's). */
+nvrtc_cache *exec_ctx_build_cache(exec_ctx *c, const exec_build *b);
+/* Both NVRTC caches of the context, for their counters. */
+#define EXEC_CTX_CACHES 2
+void exec_ctx_caches(const exec_ctx *c, const nvrtc_cache *out[EXEC_CTX_CACHES]);
+
+/* ---- one segment alone on scratch tensors (the tuner's measurements) --------------------- */
+
+/* Segment s planned (its kernel compiled, or found compiled) and bound to
+ * n_copies sets of device tensors that the caller owns: ptr holds n_copies
+ * tables of g->n_tensors addresses, each with an address for every tensor
+ * the segment reads or writes; both must outlive the bench. Launches go on
+ * stream st, rotating over the copies (launch i runs on copy i % n_copies)
+ * so that a kernel's inputs are not all in L2 from the launch before. */
+typedef struct exec_bench exec_bench;
+
+/* STOF_ERR_UNSUPPORTED when s's template has no launcher; the kernel plan's
+ * own errors otherwise. On failure nothing is left. */
+int exec_bench_create(exec_ctx *c, const graph *g, const exec_segment *s, const CUdeviceptr *ptr,
+                      int n_copies, CUstream st, exec_bench **out, stof_error *err);
+void exec_bench_free(exec_bench *b);
+/* One launch on copy 0 after its outputs (the result, the stored pre-norm
+ * values) were set to NaN, so that a kernel that writes nothing cannot pass
+ * on an earlier one's values; waits for it and checks what the kernel flags
+ * on the device. The output is then in copy 0's tensors. */
+int exec_bench_check_run(exec_bench *b, stof_error *err);
+/* n launches, not waited for. */
+int exec_bench_launch(exec_bench *b, int n, stof_error *err);
+/* Milliseconds of n launches timed once by t (gpu_timer_once). */
+int exec_bench_time_once(exec_bench *b, gpu_timer *t, int n, double *ms, stof_error *err);
+/* The n launches captured as one CUDA graph (back to back on the GPU,
+ * without the host's launch rate in the way; launched eagerly when the
+ * capture fails), one untimed run, then the median of reps runs timed by t
+ * (gpu_timer_median): milliseconds per run of n launches. */
+int exec_bench_time(exec_bench *b, gpu_timer *t, int n, int reps, double *median_ms,
+                    stof_error *err);
 
 typedef struct exec_model exec_model;
 
@@ -230,6 +327,12 @@ int exec_model_time(exec_model *m, int use_graph, int reps, double *median_ms, s
  * few microseconds each, so the segments add up to more than the graph's
  * time: about the same at large shapes, far more at (1, 128). */
 int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err);
+/* Makes a model of p (weights and inputs seeded with seed), runs it once
+ * (its output into `output` when not NULL: graph_tensor_numel(output)
+ * floats), and takes the median of reps runs eagerly (eager_ms, may be
+ * NULL) and by CUDA graph replay (graph_ms, may be NULL). */
+int exec_model_measure(exec_ctx *c, const exec_plan *p, uint64_t seed, int reps,
+                       double *eager_ms, double *graph_ms, float *output, stof_error *err);
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);
 

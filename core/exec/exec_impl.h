@@ -8,6 +8,7 @@
 
 #include "core/exec/cublaslt/cublaslt_exec.h"
 #include "core/gpu/cuda_driver.h"
+#include "core/gpu/gpu_timer.h"
 #include "core/exec/exec.h"
 #include "core/exec/gemm/gemm_exec.h"
 #include "core/exec/attention/mha_exec.h"
@@ -49,7 +50,7 @@ struct exec_model {
     CUstream stream;
     CUgraph graph;
     CUgraphExec graph_exec;
-    CUevent ev[2];
+    gpu_timer timer;      /* exec_model_time */
     exec_seg_rt *rt;      /* per segment */
 };
 
@@ -75,41 +76,6 @@ struct exec_launcher {
 
 /* The row of template t (never NULL for a valid id). */
 const exec_launcher *exec_launcher_get(fusion_template_id t);
-
-/* ---- kernel builds without the GPU ---------------------------------------------------------- */
-
-/* One NVRTC build of a segment's kernel plan and the context whose cache
- * it belongs in. The request points into the struct: keep it in place. */
-typedef struct exec_build {
-    int attention; /* 1: the attention context's cache (exec_ctx.mha), else the GEMM
-                      family's (exec_ctx.gemm) */
-    union {
-        gemm_exec_request gemm;
-        mha_exec_request mha;
-    } r;
-} exec_build;
-
-#define EXEC_MAX_BUILDS 2
-
-const nvrtc_request *exec_build_request(const exec_build *b);
-
-typedef enum exec_builds_mode {
-    /* What the kernel plan of the segment compiles on a device with these
-     * limits: a setting the plan would refuse (the template's constraints,
-     * shared memory) is STOF_ERR_UNSUPPORTED, and block-wise attention
-     * builds its split kernel only when the plan cuts rows. */
-    EXEC_BUILDS_PLANNED = 0,
-    /* Every build a model may need on some device of the architecture, no
-     * feasibility check: block-wise attention both builds. */
-    EXEC_BUILDS_ALL
-} exec_builds_mode;
-
-/* The builds of segment s (s->tmpl, s->values when has_values, else the
- * defaults; attention by the selector when auto_attention) for lim: at
- * most EXEC_MAX_BUILDS into out, *n of them (0 for a template run by a
- * vendor library). CPU only. */
-int exec_segment_builds(const graph *g, const exec_segment *s, const mha_device_limits *lim,
-                        exec_builds_mode mode, exec_build *out, int *n, stof_error *err);
 
 /* "segment #5-#7 (gemm bias add)" into buf. */
 const char *exec_segment_name(const graph *g, int first, int n, char *buf, size_t cap);

@@ -235,6 +235,30 @@ static int plan_schemes(exec_plan *p, const fusion_scheme *given, stof_error *er
     return STOF_OK;
 }
 
+void exec_segment_init(const graph *g, int first, int n, const fusion_match *m,
+                       exec_segment *s) {
+    memset(s, 0, sizeof *s);
+    s->first = first;
+    s->n = n;
+    s->match = *m;
+    s->out = g->ops[first + n - 1].output;
+    /* the closing norm's input, which the template writes besides */
+    s->pre_norm = m->store_pre_norm && n > 1 ? g->ops[first + n - 2].output : -1;
+}
+
+int exec_segment_at(const graph *g, int first, int n, exec_segment *s, stof_error *err) {
+    int ops[FUSION_MAX_OPS] = {0}; /* n <= FUSION_MAX_OPS; zeroed for gcc's -Wmaybe-uninitialized */
+    fusion_match m;
+    memset(&m, 0, sizeof m);
+    for (int k = 0; k < n && k < FUSION_MAX_OPS; k++)
+        ops[k] = first + k;
+    int rc = fusion_match_segment(g, ops, n, &m, err);
+    exec_segment_init(g, first, n, &m, s);
+    if (rc)
+        s->pre_norm = -1;
+    return rc;
+}
+
 static int plan_segments(exec_plan *p, stof_error *err) {
     int total = 0;
     for (int i = 0; i < p->n_seqs; i++)
@@ -244,27 +268,21 @@ static int plan_segments(exec_plan *p, stof_error *err) {
         return STOF_ERR_NOMEM;
     const graph *g = p->g;
     fusion_segment fs[FUSION_MAX_OPS];
-    int ops[FUSION_MAX_OPS];
     for (int i = 0; i < p->n_seqs; i++) {
         const exec_seq *q = &p->seqs[i];
         int n = fusion_scheme_segments(&p->schemes[i], fs, FUSION_MAX_OPS);
         for (int k = 0; k < n; k++) {
             exec_segment *s = &p->segs[p->n_segs++];
+            int rc = exec_segment_at(g, q->first + fs[k].first, fs[k].last - fs[k].first + 1, s,
+                                     err);
             s->seq = i;
             s->index = k;
-            s->first = q->first + fs[k].first;
-            s->n = fs[k].last - fs[k].first + 1;
-            for (int j = 0; j < s->n; j++)
-                ops[j] = s->first + j;
-            int rc = fusion_match_segment(g, ops, s->n, &s->match, err);
             if (!rc)
                 rc = exec_segment_template(g, s->first, s->n, &s->match, &s->tmpl, err);
             if (rc)
                 return rc;
             s->auto_attention =
                 s->tmpl == FUSION_T_ATTENTION_ROW || s->tmpl == FUSION_T_ATTENTION_BLOCK;
-            s->out = g->ops[s->first + s->n - 1].output;
-            s->pre_norm = s->match.store_pre_norm ? g->ops[s->first + s->n - 2].output : -1;
         }
     }
     return STOF_OK;

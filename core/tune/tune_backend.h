@@ -2,7 +2,7 @@
  * GPU, and the plans it makes.
  *
  *   tune backend   search_backend.measure for one segment and one setting:
- *                  the executor's launcher row (exec_impl.h) plans, binds
+ *                  the executor's segment bench (exec_bench) plans, binds
  *                  and launches the kernel on scratch tensors of the
  *                  segment's shapes (seeded random values, several copies
  *                  rotated when they fit in L2), checked once against the
@@ -28,9 +28,8 @@
  *   tune_offline   without a GPU: the initial scheme with default settings,
  *                  marked unmeasured, its kernels compiled for an arch into
  *                  the NVRTC cache.
- *   tune_exec_plan a plan made an executor plan (schemes, templates,
- *                  parameters), with no tuning.
  *
+ * Its files and what they share: tune_impl.h.
  * Nothing here prints: progress goes through the search's callback. */
 #ifndef STOF_CORE_TUNE_BACKEND_H
 #define STOF_CORE_TUNE_BACKEND_H
@@ -38,7 +37,7 @@
 #include <stdint.h>
 
 #include "core/exec/exec.h"
-#include "core/lua/lua_api.h"
+#include "core/graph/script.h"
 #include "core/gpu/nvrtc.h"
 #include "core/plan/plan.h"
 #include "search/search.h"
@@ -182,20 +181,8 @@ tune_backend_stats tune_backend_get_stats(const tune_backend *b);
 /* Threads of the pool that works ahead (0: none could be started; then
  * nothing is done ahead). */
 int tune_backend_threads(const tune_backend *b);
-/* Why the last rejected or failed setting was ("" when none was). */
-const char *tune_backend_last_problem(const tune_backend *b);
 
-/* ---- plans ------------------------------------------------------------------------------------ */
-
-/* The executor plan of p over g (which must fit it: plan_check_fits): each
- * sequence class's scheme, each segment's template and parameters. */
-int tune_exec_plan(const plan *p, const graph *g, exec_plan **out, stof_error *err);
-
-/* Makes a model of xp, runs it once (its output into `output` when not
- * NULL: graph_tensor_numel(output) floats), and takes the median of reps
- * runs eagerly (eager_ms, may be NULL) and by CUDA graph replay (graph_ms). */
-int tune_time_model(exec_ctx *ctx, const exec_plan *xp, uint64_t seed, int reps,
-                    double *eager_ms, double *graph_ms, float *output, stof_error *err);
+/* ---- starting schemes ------------------------------------------------------------------------ */
 
 /* The starting scheme of each sequence: the search's rules
  * (search_initial_scheme) when the executor runs every segment of it,

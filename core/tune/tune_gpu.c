@@ -1,0 +1,283 @@
+/* Tuning on the GPU (tune_backend.h, tune_gpu): the search measuring
+ * through the backend, the refinement, then the plan timed end to end
+ * against the all-unfused scheme and checked against the CPU reference;
+ * and the measurement cache's device key. */
+#include "core/tune/tune_backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "core/base/util.h"
+#include "core/gpu/kernels.h"
+#include "core/tune/tune_impl.h"
+#include "ops/ops.h"
+
+static double graph_flops(const graph *g) {
+    double sum = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        double f, bytes;
+        op_cost(g, &g->ops[i], &f, &bytes);
+        sum += f;
+    }
+    return sum;
+}
+
+/* The tuned plan and the all-unfused scheme (planned before, its kernels
+ * prepared) end to end; the plan's output against the CPU reference. */
+static int end_to_end(exec_ctx *ctx, tune_backend *b, const graph *g, const tune_options *o,
+                      const exec_plan *unfused, plan *p, tune_outcome *res, stof_error *err) {
+    int reps = o->reps > 0 ? o->reps : 20;
+    int64_t n = graph_tensor_numel(&g->tensors[g->output]);
+    exec_plan *tuned = NULL;
+    float *y = err_malloc(sizeof *y * (size_t)n, err), *ref = NULL;
+    int rc = y ? exec_plan_from_plan(p, g, &tuned, err) : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = tune_backend_prepare_plan(b, tuned, err);
+    if (!rc)
+        rc = exec_model_measure(ctx, tuned, o->seed, reps, &res->eager_ms, &res->graph_ms, y,
+                                err);
+    if (!rc)
+        rc = exec_model_measure(ctx, unfused, o->seed, reps, NULL, &res->unfused_ms, NULL,
+                                err);
+    int check = o->check > 0 || (o->check == 0 && graph_flops(g) <= TUNE_CHECK_MAX_FLOPS);
+    weights_source src = weights_source_seeded(o->seed);
+    if (!rc && check && (rc = exec_reference(g, &src, &ref, err)) == STOF_OK) {
+        exec_compare(y, ref, n, &res->diff);
+        res->checked = 1;
+        res->check_ok = res->diff.n_nonfinite == 0 &&
+                        res->diff.rel_error < tune_tolerance(tuned->dtype);
+    }
+    if (!rc) {
+        p->has_end_to_end = 1;
+        p->end_to_end = (plan_end_to_end){res->graph_ms, res->eager_ms, res->unfused_ms};
+    }
+    exec_plan_free(tuned);
+    free(y);
+    free(ref);
+    return rc;
+}
+
+typedef struct tune_state {
+    search_sequence *seqs;
+    int n_seqs;
+    fusion_scheme *initial;
+    tune_backend *backend;
+    search_cache *cache;
+    search_result result;
+    exec_plan *unfused;
+} tune_state;
+
+static void tune_state_free(tune_state *t) {
+    search_result_free(&t->result);
+    search_cache_free(t->cache);
+    tune_backend_free(t->backend);
+    exec_plan_free(t->unfused);
+    free(t->initial);
+    search_sequences_free(t->seqs, t->n_seqs);
+}
+
+/* Adds n compiles of source taking s seconds to t's line for it. */
+static void add_source(tune_timing *t, const char *source, int n, double s) {
+    int i = 0;
+    while (i < t->n_sources && strcmp(t->by_source[i].source, source) != 0)
+        i++;
+    if (i == t->n_sources) {
+        if (i == NVRTC_MAX_SOURCES)
+            return;
+        t->by_source[t->n_sources++] = (nvrtc_source_stats){source, 0, 0};
+    }
+    t->by_source[i].compiled += n;
+    t->by_source[i].compile_s += s;
+}
+
+/* The NVRTC counters of both kernel caches of ctx, summed, as timing
+ * fields; read while no thread compiles. */
+static tune_timing compile_counts(const exec_ctx *ctx) {
+    const nvrtc_cache *c[EXEC_CTX_CACHES];
+    exec_ctx_caches(ctx, c);
+    tune_timing t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < EXEC_CTX_CACHES; i++) {
+        t.compiled += c[i]->compiled;
+        t.from_disk += c[i]->disk_hits;
+        t.memory_hits += c[i]->memory_hits;
+        t.compile_failed += c[i]->failed;
+        t.ahead += c[i]->ahead;
+        t.ahead_used += c[i]->ahead_used;
+        t.compile_sum_s += c[i]->compile_s;
+        t.compile_wait_s += c[i]->get_s;
+        for (int k = 0; k < c[i]->n_sources; k++)
+            add_source(&t, c[i]->by_source[k].source, c[i]->by_source[k].compiled,
+                       c[i]->by_source[k].compile_s);
+        if (c[i]->slowest_s > t.slowest_s) {
+            t.slowest_s = c[i]->slowest_s;
+            snprintf(t.slowest, sizeof t.slowest, "%s", c[i]->slowest);
+        }
+    }
+    return t;
+}
+
+/* What this tuning compiled: the counters now less those before. */
+static void compile_delta(tune_timing *t, const tune_timing *before, const tune_timing *now) {
+    t->compiled = now->compiled - before->compiled;
+    t->from_disk = now->from_disk - before->from_disk;
+    t->memory_hits = now->memory_hits - before->memory_hits;
+    t->compile_failed = now->compile_failed - before->compile_failed;
+    t->ahead = now->ahead - before->ahead;
+    t->ahead_used = now->ahead_used - before->ahead_used;
+    t->compile_sum_s = now->compile_sum_s - before->compile_sum_s;
+    t->compile_wait_s = now->compile_wait_s - before->compile_wait_s;
+    t->n_sources = 0;
+    for (int i = 0; i < now->n_sources; i++)
+        add_source(t, now->by_source[i].source, now->by_source[i].compiled,
+                   now->by_source[i].compile_s);
+    for (int i = 0; i < before->n_sources; i++)
+        add_source(t, before->by_source[i].source, -before->by_source[i].compiled,
+                   -before->by_source[i].compile_s);
+    /* a maximum: this tuning's only if it rose during it */
+    t->slowest_s = now->slowest_s > before->slowest_s ? now->slowest_s : 0;
+    snprintf(t->slowest, sizeof t->slowest, "%s", t->slowest_s > 0 ? now->slowest : "");
+}
+
+void tune_cache_device_key(const stof_device_info *dev, char *buf, size_t cap) {
+    uint64_t h = UTIL_HASH_SEED;
+    for (int i = 0; i < kernel_source_count; i++) {
+        h = util_hash_str(h, kernel_sources[i].name);
+        h = util_hash(h, kernel_sources[i].text, kernel_sources[i].len);
+    }
+    snprintf(buf, cap, "%s | stof %s %s | kernels %016llx", dev->name, stof_version(),
+             stof_build_commit(), (unsigned long long)h);
+}
+
+/* 1 when some sequence could not start from the rules' own scheme (the
+ * executor cannot run it): then the search must be given the starting
+ * schemes; otherwise it picks among the rules' candidates itself. */
+static int needs_given_start(const graph *g, const search_sequence *seqs, int n_seqs,
+                             int smem_limit, const fusion_scheme *start) {
+    for (int q = 0; q < n_seqs; q++) {
+        int ops[FUSION_MAX_OPS];
+        for (int k = 0; k < seqs[q].n; k++)
+            ops[k] = seqs[q].firsts[0] + k;
+        search_rules rules = {0, smem_limit};
+        fusion_scheme own;
+        stof_error ignored = {0};
+        if (search_initial_scheme(g, ops, seqs[q].n, &rules, &own, &ignored) ||
+            !fusion_scheme_equal(&own, &start[q]))
+            return 1;
+    }
+    return 0;
+}
+
+/* Sequences, starting schemes, backend, cache. */
+static int tune_setup(exec_ctx *ctx, const graph *g, const tune_options *o, tune_state *t,
+                      stof_error *err) {
+    const stof_device_info *dev = exec_ctx_device(ctx);
+    stof_dtype dtype;
+    tune_backend_options bo = {.seed = o->seed};
+    int rc = exec_model_dtype(g, &dtype, err);
+    if (!rc)
+        rc = search_sequences_from_graph(g, &t->seqs, &t->n_seqs, err);
+    if (!rc && !(t->initial = err_calloc((size_t)t->n_seqs, sizeof *t->initial, err)))
+        rc = STOF_ERR_NOMEM;
+    if (!rc)
+        rc = tune_initial_schemes(g, t->seqs, t->n_seqs, dev->smem_per_block_optin, t->initial,
+                                  err);
+    if (!rc)
+        rc = tune_backend_create(ctx, &bo, &t->backend, err);
+    char key[512];
+    tune_cache_device_key(dev, key, sizeof key);
+    if (!rc)
+        rc = search_cache_open(key, o->cache_path, &t->cache, err);
+    return rc;
+}
+
+/* The search. The all-unfused plan, timed at the end, is planned first and
+ * its kernels queued ahead of everything: a few compiles, done long before
+ * the end instead of waited for there. */
+static int tune_search(exec_ctx *ctx, const graph *g, const tune_options *o, tune_state *t,
+                       tune_outcome *res, stof_error *err) {
+    const stof_device_info *dev = exec_ctx_device(ctx);
+    int rc = exec_plan_create(g, NULL, &t->unfused, err);
+    if (!rc)
+        rc = tune_backend_prepare_plan(t->backend, t->unfused, err);
+    if (rc)
+        return rc;
+    search_backend backend = tune_backend_search(t->backend);
+    search_options so = {.budget = o->budget, .time_limit_s = o->time_limit_s, .seed = o->seed,
+                         .smem_limit = dev->smem_per_block_optin,
+                         .initial = needs_given_start(g, t->seqs, t->n_seqs,
+                                                      dev->smem_per_block_optin, t->initial)
+                                        ? t->initial
+                                        : NULL,
+                         .cache = t->cache, .progress = o->progress, .cb_ud = o->ud};
+    double t0 = util_now();
+    rc = search_run(g, t->seqs, t->n_seqs, &backend, &so, &t->result, err);
+    res->timing.search_s = util_now() - t0;
+    return rc;
+}
+
+static int tune_refine(const graph *g, const tune_options *o, tune_state *t,
+                       tune_outcome *res, stof_error *err) {
+    /* the time limit ran out before the initial scheme was measured: the
+     * search finished it past the limit with the segments' defaults, and
+     * nothing more is timed before the plan is made */
+    if (t->result.stats.measured_past_limit > 0)
+        return STOF_OK;
+    int n_attention = o->attention_candidates == 0  ? TUNE_ATTENTION_CANDIDATES
+                      : o->attention_candidates < 0 ? 0
+                                                    : o->attention_candidates;
+    double t0 = util_now();
+    int rc = tune_refine_result(t->backend, t->cache, g, t->seqs, n_attention, &t->result, res,
+                                err);
+    res->timing.refine_s = util_now() - t0;
+    return rc;
+}
+
+int tune_gpu(exec_ctx *ctx, const graph *g, const graph_script *script,
+             const tune_options *opt, plan *out, tune_outcome *res, stof_error *err) {
+    memset(out, 0, sizeof *out);
+    memset(res, 0, sizeof *res);
+    tune_options o = *opt;
+    double t0 = util_now();
+    const stof_device_info *dev = exec_ctx_device(ctx);
+    tune_timing before = compile_counts(ctx);
+    tune_state t;
+    memset(&t, 0, sizeof t);
+    int rc = tune_setup(ctx, g, &o, &t, err);
+    if (!rc)
+        rc = tune_search(ctx, g, &o, &t, res, err);
+    if (!rc)
+        rc = tune_refine(g, &o, &t, res, err);
+    if (t.backend) {
+        res->timing.threads = tune_backend_threads(t.backend);
+        tune_backend_trim(t.backend); /* host and device memory back before the models */
+    }
+    if (!rc)
+        rc = plan_from_search(&t.result, g, t.seqs, script, dev, NULL, out, err);
+    if (!rc) {
+        res->search = t.result.stats;
+        res->segments_ms = t.result.total_ms;
+        out->stats.settings_measured += res->extra_measured;
+        double t1 = util_now();
+        rc = end_to_end(ctx, t.backend, g, &o, t.unfused, out, res, err);
+        res->timing.end_to_end_s = util_now() - t1;
+    }
+    if (t.backend)
+        res->backend = tune_backend_get_stats(t.backend);
+    tune_state_free(&t); /* its threads joined: the compile counters are still */
+    tune_timing now = compile_counts(ctx);
+    compile_delta(&res->timing, &before, &now);
+    res->seconds = util_now() - t0;
+    out->tuning_s = res->seconds;
+    if (!rc && res->checked && !res->check_ok)
+        rc = err_set(err, STOF_ERR_INTERNAL,
+                     "the tuned plan's output differs from the CPU reference (relative error "
+                     "%.3e, %lld non-finite)", res->diff.rel_error,
+                     (long long)res->diff.n_nonfinite);
+    if (rc)
+        plan_free(out);
+    return rc;
+}
+

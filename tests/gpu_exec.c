@@ -452,7 +452,7 @@ static void run_case(gpu *gp, const model_case *mc) {
     exec_seq *seqs = NULL;
     int n = 0;
     if (!rc)
-        rc = exec_sequences(&g, &seqs, &n, &err);
+        rc = fusion_sequences(&g, &seqs, &n, &err);
     config cf[16];
     int n_cf = rc ? 0 : make_configs(&g, seqs, n, cf, 16);
     CHECK_MSG(rc || n_cf >= 12, "%s: %d configurations", mc->label, n_cf);

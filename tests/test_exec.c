@@ -45,7 +45,7 @@ static int build_inline(const char *src, graph *g) {
 static int make_schemes(const graph *g, const char *const *texts, int n_texts,
                         fusion_scheme **out, stof_error *err) {
     exec_seq *seqs;
-    int n, rc = exec_sequences(g, &seqs, &n, err);
+    int n, rc = fusion_sequences(g, &seqs, &n, err);
     if (rc)
         return rc;
     fusion_scheme *s = calloc((size_t)n, sizeof *s);
@@ -209,7 +209,7 @@ static void test_sequences(void) {
     exec_seq *s;
     int n;
     stof_error err = {0};
-    CHECK_EQ_INT(exec_sequences(&g, &s, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_sequences(&g, &s, &n, &err), STOF_OK);
     /* embedding | enc 0 | enc 1 | final norm, embedding | dec 0 | dec 1 | final norm */
     CHECK_EQ_INT(n, 7);
     if (n == 7) {
@@ -281,7 +281,7 @@ static void check_default(const char *script, const char *const *params, int n_p
     exec_seq *s;
     int n, c = 0;
     stof_error err = {0};
-    CHECK_EQ_INT(exec_sequences(&g, &s, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_sequences(&g, &s, &n, &err), STOF_OK);
     for (int i = 0; i < n; i++) {
         if (s[i].cls != i)
             continue;
@@ -477,7 +477,7 @@ static void check_fused_templates(const char *script, const char *const *params,
     exec_seq *seqs = NULL;
     int n = 0;
     stof_error err = {0};
-    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_sequences(&g, &seqs, &n, &err), STOF_OK);
     fusion_scheme *sc = calloc((size_t)n, sizeof *sc);
     static const fusion_template_id want[] = {FUSION_T_GEMM_LN, FUSION_T_GEMM_CHAIN};
     for (int i = 0; i < n; i++)
@@ -583,7 +583,7 @@ static void test_rejections(void) {
     /* a scheme of the wrong length given directly */
     exec_seq *seqs;
     int n;
-    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_sequences(&g, &seqs, &n, &err), STOF_OK);
     fusion_scheme *s = calloc((size_t)n, sizeof *s);
     fusion_scheme_all_unfused(&s[seqs[1].cls], 5, NULL);
     CHECK_EQ_INT(exec_plan_create(&g, s, &p, &err), STOF_ERR_INVALID);
@@ -625,7 +625,7 @@ static void test_kernel_limits(void) {
     stof_error err = {0};
     exec_seq *seqs;
     int n;
-    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_sequences(&g, &seqs, &n, &err), STOF_OK);
     CHECK_EQ_INT(n, 1);
     fusion_scheme s;
     CHECK_EQ_INT(fusion_scheme_parse("001", 3, &s, &err), STOF_OK);
@@ -651,7 +651,7 @@ static void test_kernel_limits(void) {
         "m:output(m:add(y, y))\nreturn m\n";
     if (build_inline(self_add, &g))
         return;
-    CHECK_EQ_INT(exec_sequences(&g, &seqs, &n, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_sequences(&g, &seqs, &n, &err), STOF_OK);
     CHECK_EQ_INT(fusion_scheme_parse("00", 2, &s, &err), STOF_OK);
     CHECK_EQ_INT(exec_scheme_check(&g, &seqs[0], &s, &err), STOF_ERR_UNSUPPORTED);
     CHECK_CONTAINS(err.msg, "adds the GEMM's result to itself");

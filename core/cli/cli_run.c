@@ -426,7 +426,7 @@ static int run_gpu(const cli_args *a) {
     stof_error err = {0};
     /* everything the CPU can decide, before the GPU */
     stof_dtype dtype;
-    if (exec_model_dtype(&r.g, &dtype, &err) || exec_sequences(&r.g, &r.seqs, &r.n_seqs, &err))
+    if (exec_model_dtype(&r.g, &dtype, &err) || fusion_sequences(&r.g, &r.seqs, &r.n_seqs, &err))
         return fail(&r, &err);
     r.schemes = calloc((size_t)r.n_seqs, sizeof *r.schemes);
     if (!r.schemes) {

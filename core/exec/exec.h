@@ -37,17 +37,9 @@
 
 /* ---- sequences (CPU) ------------------------------------------------------------ */
 
-typedef struct exec_seq {
-    int layer;    /* -1 for a run of ops outside layers */
-    int first, n; /* graph ops first .. first + n - 1 */
-    int cls;      /* index of the first sequence identical to this one (itself when
-                     none is): the sequences of a class share one scheme */
-} exec_seq;
-
-/* The sequences of g in graph order (malloc'd array in *out, count in *n).
- * Layers are classed by fusion_layer_classes; every run of ops outside
- * layers is a class of its own. */
-int exec_sequences(const graph *g, exec_seq **out, int *n, stof_error *err);
+/* A layer, or a run of ops outside layers, with its class: the sequences
+ * of a class share one scheme (fusion_sequences derives them). */
+typedef fusion_seq exec_seq;
 
 /* "layer 3" or "ops #12-#13 outside layers", for messages. */
 const char *exec_seq_name(const exec_seq *s, char *buf, size_t n);

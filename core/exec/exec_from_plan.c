@@ -60,7 +60,7 @@ int exec_plan_from_plan(const plan *p, const graph *g, exec_plan **out, stof_err
     *out = NULL;
     exec_seq *seqs = NULL;
     int n = 0;
-    int rc = exec_sequences(g, &seqs, &n, err);
+    int rc = fusion_sequences(g, &seqs, &n, err);
     fusion_scheme *schemes = rc ? NULL : err_calloc((size_t)n, sizeof *schemes, err);
     if (!rc && !schemes)
         rc = STOF_ERR_NOMEM;

@@ -11,44 +11,6 @@
 
 /* ---- sequences ------------------------------------------------------------------------------- */
 
-int exec_sequences(const graph *g, exec_seq **out, int *n, stof_error *err) {
-    *out = NULL;
-    *n = 0;
-    int count = fusion_graph_sequences(g, NULL, 0);
-    if (count == 0)
-        return err_set(err, STOF_ERR_INVALID, "the graph has no ops");
-    fusion_seq *fs = err_malloc(sizeof *fs * (size_t)count, err);
-    exec_seq *seqs = err_malloc(sizeof *seqs * (size_t)count, err);
-    int *cls = err_malloc(sizeof *cls * (size_t)(g->n_layers + 1), err);
-    int rc = fs && seqs && cls ? STOF_OK : STOF_ERR_NOMEM;
-    if (!rc)
-        rc = fusion_layer_classes(g, cls, err);
-    if (!rc) {
-        fusion_graph_sequences(g, fs, count);
-        /* layer L's class is the first layer identical to it, cls[L]; its
-         * sequence's class is the sequence of that layer */
-        for (int i = 0; i < count; i++) {
-            seqs[i] = (exec_seq){fs[i].layer, fs[i].first, fs[i].n, i};
-            if (fs[i].layer < 0)
-                continue;
-            for (int j = 0; j < i; j++)
-                if (fs[j].layer == cls[fs[i].layer]) {
-                    seqs[i].cls = j;
-                    break;
-                }
-        }
-    }
-    free(fs);
-    free(cls);
-    if (rc) {
-        free(seqs);
-        return rc;
-    }
-    *out = seqs;
-    *n = count;
-    return STOF_OK;
-}
-
 const char *exec_seq_name(const exec_seq *s, char *buf, size_t n) {
     if (s->layer >= 0)
         snprintf(buf, n, "layer %d", s->layer);
@@ -356,7 +318,7 @@ int exec_plan_create(const graph *g, const fusion_scheme *schemes, exec_plan **o
     p->g = g;
     int rc = exec_model_dtype(g, &p->dtype, err);
     if (!rc)
-        rc = exec_sequences(g, &p->seqs, &p->n_seqs, err);
+        rc = fusion_sequences(g, &p->seqs, &p->n_seqs, err);
     if (!rc && !(p->schemes = err_calloc((size_t)p->n_seqs, sizeof *p->schemes, err)))
         rc = STOF_ERR_NOMEM;
     if (!rc)

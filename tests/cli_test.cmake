@@ -176,6 +176,43 @@ expect(tune_bad_arch 1 "sm_12" tune scripts/bert.lua ${small} --arch sm_12 -o ${
 expect(plan_no_sub 2 "stof plan show PLAN.json" plan)
 expect(plan_bad_sub 2 "unknown plan subcommand 'frob'" plan frob ${WORK}/plan86.json)
 
+# ---- bad input: refused at once, with the path and what it is; nothing overwritten ----------------
+expect(seed_negative 2 "--seed expects a non-negative integer, got '-1'"
+       run --cpu scripts/bert.lua ${small} --seed -1)
+expect(weights_twice 2 "--weights given twice" run --cpu scripts/bert.lua --weights a --weights b)
+expect(script_is_dir 1 "scripts: a directory, not a script" graph scripts)
+expect(script_is_device 1 "/dev/zero: a character device, not a script" graph /dev/zero)
+expect(plan_is_device 1 "/dev/zero: a character device, not a plan" plan show /dev/zero)
+execute_process(COMMAND mkfifo ${WORK}/fifo RESULT_VARIABLE fifo_rc)
+if(fifo_rc EQUAL 0)
+  expect(script_is_fifo 1 "fifo: a FIFO, not a script" graph ${WORK}/fifo)
+  expect(weights_is_fifo 1 "fifo: a FIFO, not a safetensors file"
+         run --cpu scripts/bert.lua ${small} --weights ${WORK}/fifo)
+endif()
+# --save-output over the checkpoint it reads: refused, the checkpoint kept
+file(WRITE ${WORK}/keep.safetensors "the checkpoint")
+expect(save_over_weights 2 "--save-output .*keep.safetensors is the file of --weights"
+       run --cpu scripts/bert.lua ${small} --weights ${WORK}/keep.safetensors
+       --save-output ${WORK}/./keep.safetensors)
+file(READ ${WORK}/keep.safetensors kept)
+if(NOT kept STREQUAL "the checkpoint")
+  message(SEND_ERROR "save_over_weights: the checkpoint was changed")
+  math(EXPR failures "${failures} + 1")
+endif()
+# a device as --save-output: refused, the device left in place
+expect(save_to_device 1 "/dev/full: a character device, not a file stof may write"
+       run --cpu scripts/bert.lua ${small} --save-output /dev/full)
+if(NOT EXISTS /dev/full)
+  message(SEND_ERROR "save_to_device: /dev/full is gone")
+  math(EXPR failures "${failures} + 1")
+endif()
+# the plan's script is checked against the plan's hash before it runs
+file(READ ${SRC}/scripts/bert.lua bert_text)
+file(MAKE_DIRECTORY ${WORK}/changed)
+file(WRITE ${WORK}/changed/bert.lua "${bert_text}\n-- changed\n")
+expect(run_plan_changed_script 1 "changed/bert.lua is not the script the plan was made for"
+       run ${WORK}/plan86.json --script ${WORK}/changed/bert.lua)
+
 message(STATUS "cli: ${passes} passed, ${failures} failed")
 if(failures GREATER 0)
   message(FATAL_ERROR "cli: ${failures} checks failed")

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/base/util.h"
 #include "ops/mask.h"
 #include "ops/png.h"
@@ -1109,8 +1110,9 @@ static const char *out_path(const char *name, char *buf, size_t cap) {
 
 static t_png read_png_file(const char *path) {
     size_t n = 0;
-    char *f = util_read_file(path, &n);
-    CHECK_MSG(f != NULL, "cannot read back %s", path);
+    char *f = NULL;
+    stof_error err = {0};
+    CHECK_MSG(file_read(path, "PNG image", 0, &f, &n, &err) == STOF_OK, "%s", err.msg);
     t_png img = {0, 0, NULL};
     if (f)
         img = t_decode((const uint8_t *)f, n);

@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/lua/lua_api.h"
 #include "core/ref/ref.h"
 #include "core/io/safetensors.h"
@@ -32,8 +33,9 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 }
 
 static unsigned char *read_bytes(const char *path, size_t *n) {
-    char *text = util_read_file(path, n);
-    CHECK_MSG(text != NULL, "cannot read %s", path);
+    char *text = NULL;
+    stof_error err = {0};
+    CHECK_MSG(file_read(path, "test file", 0, &text, n, &err) == STOF_OK, "%s", err.msg);
     return (unsigned char *)text;
 }
 

@@ -1,6 +1,5 @@
 #include "core/base/util.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,43 +78,6 @@ uint16_t util_f32_to_bf16(float f) {
 
 float util_bf16_to_f32(uint16_t h) {
     return bits_float((uint32_t)h << 16);
-}
-
-char *util_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            size_t ncap = cap ? cap * 2 : 65536;
-            char *nb = realloc(buf, ncap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                errno = ENOMEM;
-                return NULL;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        errno = EIO;
-        return NULL;
-    }
-    buf[n] = '\0';
-    if (len)
-        *len = n;
-    return buf;
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -40,9 +40,6 @@ float util_f16_to_f32(uint16_t h);
 uint16_t util_f32_to_bf16(float f);
 float util_bf16_to_f32(uint16_t h);
 
-/* Reads a whole file into a NUL-terminated malloc'd buffer; NULL on failure
- * (errno set). */
-char *util_read_file(const char *path, size_t *len);
 
 /* The median of v[0..n-1] (n >= 1; the mean of the middle two when n is
  * even); sorts v. */

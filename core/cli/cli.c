@@ -1,6 +1,7 @@
 /* `stof`: entry point, argument parsing, dispatch. */
 #include "core/cli/cli.h"
 
+#include "core/base/file.h"
 #include "core/gpu/nvrtc_worker.h"
 
 #include <errno.h>
@@ -85,23 +86,40 @@ static const char *option_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
-static int known_option(const char *opt) {
-    static const char *names[] = {"--cpu",    "--set",    "--seed",   "--png",
-                                  "--px",     "--block",  "--mask-index", "--arch",
-                                  "--scheme", "--reps",   "--check",  "--no-check",
-                                  "-o",       "--output", "--budget", "--time-limit",
-                                  "--script", "--weights", "--inputs", "--save-output",
-                                  "--profile"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(opt, names[i]) == 0)
-            return 1;
-    return 0;
+static const char *const option_names[] = {
+    "--cpu",    "--set",    "--seed",   "--png",     "--px",     "--block",       "--mask-index",
+    "--arch",   "--scheme", "--reps",   "--check",   "--no-check", "-o",          "--output",
+    "--budget", "--time-limit", "--script", "--weights", "--inputs", "--save-output",
+    "--profile"};
+#define N_OPTIONS ((int)(sizeof option_names / sizeof option_names[0]))
+
+/* The index of opt in option_names (-o and --output, --check and --no-check
+ * count as one), or -1. */
+static int option_index(const char *opt) {
+    for (int i = 0; i < N_OPTIONS; i++)
+        if (strcmp(opt, option_names[i]) == 0) {
+            if (strcmp(opt, "--output") == 0 || strcmp(opt, "--no-check") == 0)
+                return i - 1;
+            return i;
+        }
+    return -1;
 }
 
-static int parse_option(int argc, char **argv, int *i, cli_args *a) {
+/* Options that may be given many times; the others only once, since a
+ * second --weights would silently win over the first. */
+static int option_repeats(const char *opt) {
+    return strcmp(opt, "--set") == 0 || strcmp(opt, "--scheme") == 0;
+}
+
+static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned char *seen) {
     const char *opt = argv[*i];
-    if (!known_option(opt)) {
+    int k = option_index(opt);
+    if (k < 0) {
         fprintf(stderr, "stof: unknown option '%s' (try stof help)\n", opt);
+        return 1;
+    }
+    if (seen[k]++ && !option_repeats(opt)) {
+        fprintf(stderr, "stof: %s given twice (it takes one value)\n", opt);
         return 1;
     }
     if (strcmp(opt, "--cpu") == 0) {
@@ -134,7 +152,8 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
         char *end;
         errno = 0;
         a->seed = strtoull(v, &end, 10);
-        if (errno || *end || end == v) {
+        /* strtoull reads "-1" as 2^64 - 1: a sign is refused before it */
+        if (errno || *end || end == v || v[0] == '-' || v[0] == '+') {
             fprintf(stderr, "stof: --seed expects a non-negative integer, got '%s'\n", v);
             return 1;
         }
@@ -191,15 +210,34 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a) {
     return 0;
 }
 
+/* No file the command writes is one it reads: --save-output naming the
+ * --weights file would overwrite the checkpoint with the output. */
+static int check_outputs(const cli_args *a) {
+    const char *outs[][2] = {{"--save-output", a->save_output}, {"-o", a->output},
+                             {"--png", a->png}};
+    const char *ins[][2] = {{"the model", a->script}, {"--script", a->script_path},
+                            {"--weights", a->weights}, {"--inputs", a->inputs}};
+    for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++)
+        for (size_t k = 0; outs[o][1] && k < sizeof ins / sizeof ins[0]; k++)
+            if (ins[k][1] && (strcmp(outs[o][1], ins[k][1]) == 0 ||
+                              file_same(outs[o][1], ins[k][1]))) {
+                fprintf(stderr, "stof: %s %s is the file of %s: stof does not write over "
+                        "what it reads\n", outs[o][0], outs[o][1], ins[k][0]);
+                return 1;
+            }
+    return 0;
+}
+
 int cli_parse(int argc, char **argv, int first, cli_args *a) {
     memset(a, 0, sizeof *a);
     a->seed = 1;
     a->png_px = 1024;
     a->block = 64;
     a->reps = 20;
+    unsigned char seen[N_OPTIONS] = {0};
     for (int i = first; i < argc; i++) {
         if (strncmp(argv[i], "--", 2) == 0 || strcmp(argv[i], "-o") == 0) {
-            if (parse_option(argc, argv, &i, a))
+            if (parse_option(argc, argv, &i, a, seen))
                 return 1;
         } else if (!a->script) {
             a->script = argv[i];
@@ -208,7 +246,7 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
             return 1;
         }
     }
-    return 0;
+    return check_outputs(a);
 }
 
 int cli_load_graph(const cli_args *a, graph *g, graph_script *info) {
@@ -224,6 +262,15 @@ int cli_load_graph(const cli_args *a, graph *g, graph_script *info) {
         return 1;
     }
     return 0;
+}
+
+void cli_warn_cache(const char *what, int count, const char *first) {
+    if (count <= 0)
+        return;
+    fprintf(stderr, "stof: warning: %s: %s", what, first);
+    if (count > 1)
+        fprintf(stderr, " (and %d more)", count - 1);
+    fputc('\n', stderr);
 }
 
 typedef struct cli_command {

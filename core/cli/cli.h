@@ -46,6 +46,10 @@ int cli_parse(int argc, char **argv, int first, cli_args *a);
 /* Builds the graph of a->script; prints the error and returns non-zero. */
 int cli_load_graph(const cli_args *a, graph *g, graph_script *info);
 
+/* "stof: warning: WHAT: FIRST (and N-1 more)" on stderr when count > 0:
+ * problems a cache met that the run went on past. */
+void cli_warn_cache(const char *what, int count, const char *first);
+
 int cli_cmd_info(const cli_args *a);
 int cli_cmd_graph(const cli_args *a);
 int cli_cmd_run(const cli_args *a);

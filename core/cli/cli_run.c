@@ -5,12 +5,15 @@
  * their segments and templates, the buffers, the --weights and --inputs
  * files against the graph) is checked first, so a bad --scheme or a weight
  * file of another model gets its reason on any machine. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/cli/cli.h"
+
+#include "core/base/file.h"
 #include "core/exec/exec.h"
 #include "core/ref/ref.h"
 #include "core/io/safetensors.h"
@@ -495,6 +498,9 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
         return fail(r, &err);
     double flops = total_flops(&r->g);
     printf("setup %.2f s (kernels compiled or loaded, weights uploaded)\n", setup);
+    int problems = 0;
+    const char *w = exec_ctx_cache_warning(r->ctx, &problems);
+    cli_warn_cache("kernel cache", problems, w ? w : "");
     printf("latency: eager %.3f ms, CUDA graph %.3f ms (median of %d; %.1f TFLOP/s)\n",
            eager_ms, graph_ms, a->reps, graph_ms > 0 ? flops / (graph_ms * 1e-3) * 1e-12 : 0.0);
     exec_graph_edges ge;
@@ -558,10 +564,37 @@ static int find_script(const cli_args *a, const plan *p, char *out, size_t cap) 
     return 1;
 }
 
+/* The script at path is the one the plan was made for: its bytes hash to
+ * the plan's hash. Checked before the script runs: a plan names a file,
+ * and what is there now may be anything. */
+static int script_matches(const plan *p, const char *path) {
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (strcmp(name, p->script_name) != 0) {
+        fprintf(stderr, "stof: the plan is for script %s, not %s\n", p->script_name, name);
+        return 0;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    stof_error err = {0};
+    if (file_read(path, "script", FILE_LIMIT_SCRIPT, &text, &len, &err)) {
+        fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
+        return 0;
+    }
+    uint64_t hash = util_hash(UTIL_HASH_SEED, text, len);
+    free(text);
+    if (hash != p->script_hash) {
+        fprintf(stderr, "stof: %s is not the script the plan was made for (hash 0x%016" PRIx64
+                ", the plan's 0x%016" PRIx64 "): tune again, or give the right one with "
+                "--script PATH\n", path, hash, p->script_hash);
+        return 0;
+    }
+    return 1;
+}
+
 /* The graph of the plan's script with the plan's parameters. */
 static int plan_graph(const cli_args *a, const plan *p, run_state *r) {
     char path[2048];
-    if (find_script(a, p, path, sizeof path))
+    if (find_script(a, p, path, sizeof path) || !script_matches(p, path))
         return 1;
     char kv[GRAPH_SCRIPT_MAX_PARAMS][sizeof p->params[0].key + sizeof p->params[0].value + 2];
     const char *params[GRAPH_SCRIPT_MAX_PARAMS];

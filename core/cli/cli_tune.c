@@ -86,6 +86,7 @@ static int tune_offline_cmd(const cli_args *a, const graph *g, const graph_scrip
     cli_plan_print(&p);
     printf("kernels for %s: %d (%d compiled now, %d already in the kernel cache), %.1f s\n", arch,
            st.kernels, st.compiled, st.disk_hits + st.memory_hits, st.seconds);
+    cli_warn_cache("kernel cache", st.cache_problems, st.cache_problem);
     printf("wrote %s: an UNMEASURED plan for %s. Nothing was measured; run stof tune on a GPU "
            "to tune it\n", a->output, arch);
     plan_free(&p);
@@ -200,6 +201,9 @@ static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
     }
     print_outcome(&res, &p);
     print_time_breakdown(&res);
+    cli_warn_cache("kernel cache", res.kernel_cache_problems, res.kernel_cache_problem);
+    cli_warn_cache("measurement cache: a line skipped", (int)res.cache.skipped,
+                   res.cache.skipped_first);
     long past = res.search.measured_past_limit;
     if (past > 0)
         fprintf(stderr, "stof: warning: the time limit of %g s ran out before the initial scheme "

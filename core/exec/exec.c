@@ -72,6 +72,20 @@ void exec_ctx_caches(const exec_ctx *c, const nvrtc_cache *out[EXEC_CTX_CACHES])
     out[1] = &c->mha->nvrtc;
 }
 
+const char *exec_ctx_cache_warning(const exec_ctx *c, int *count) {
+    const nvrtc_cache *caches[EXEC_CTX_CACHES];
+    exec_ctx_caches(c, caches);
+    const char *first = NULL;
+    *count = 0;
+    for (int i = 0; i < EXEC_CTX_CACHES; i++) {
+        int n = 0;
+        const char *w = nvrtc_cache_warning(caches[i], &n);
+        first = first ? first : w;
+        *count += n;
+    }
+    return first;
+}
+
 /* ---- memory -------------------------------------------------------------------------------- */
 
 /* cuMemAlloc with a message that says what for and how much. */

@@ -245,6 +245,9 @@ nvrtc_cache *exec_ctx_build_cache(exec_ctx *c, const exec_build *b);
 /* Both NVRTC caches of the context, for their counters. */
 #define EXEC_CTX_CACHES 2
 void exec_ctx_caches(const exec_ctx *c, const nvrtc_cache *out[EXEC_CTX_CACHES]);
+/* The first problem the context's kernel caches met on disk (NULL when
+ * none) and, in *count, how many (nvrtc_cache_warning over both). */
+const char *exec_ctx_cache_warning(const exec_ctx *c, int *count);
 
 /* ---- one segment alone on scratch tensors (the tuner's measurements) --------------------- */
 

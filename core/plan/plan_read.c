@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/file.h"
 #include "core/base/util.h"
 #include "core/plan/plan.h"
 #include "ops/ops.h"
@@ -698,10 +699,11 @@ int plan_from_json(const char *text, size_t len, const char *source, plan *p, st
 int plan_read(const char *path, plan *p, stof_error *err) {
     memset(p, 0, sizeof *p);
     size_t len;
-    char *text = util_read_file(path, &len);
-    if (!text)
-        return err_set(err, STOF_ERR_IO, "cannot read the plan %s: %s", path, strerror(errno));
-    int rc = plan_from_json(text, len, path, p, err);
+    char *text = NULL;
+    int rc = file_read(path, "plan", FILE_LIMIT_PLAN, &text, &len, err);
+    if (rc)
+        return rc;
+    rc = plan_from_json(text, len, path, p, err);
     free(text);
     return rc;
 }

@@ -247,6 +247,9 @@ typedef struct tune_outcome {
     exec_diff diff;
     int check_ok;
     double seconds;
+    search_cache_stats cache;  /* the measurement cache: lines of its file skipped */
+    int kernel_cache_problems; /* the kernel caches' (nvrtc_cache_warning), and the first */
+    char kernel_cache_problem[1400];
 } tune_outcome;
 
 /* Tunes g on ctx's GPU and fills *out (which the caller plan_free's). On
@@ -262,6 +265,8 @@ typedef struct tune_offline_stats {
     int compiled;       /* of which NVRTC compiled now */
     int disk_hits, memory_hits;
     double seconds;
+    int cache_problems;      /* the kernel cache's (nvrtc_cache_warning), and the first */
+    char cache_problem[1400];
 } tune_offline_stats;
 
 /* Without a GPU: the initial scheme (tune_initial_schemes) with each

@@ -266,6 +266,10 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const graph_script *script,
     }
     if (t.backend)
         res->backend = tune_backend_get_stats(t.backend);
+    if (t.cache)
+        res->cache = search_cache_get_stats(t.cache);
+    const char *w = exec_ctx_cache_warning(ctx, &res->kernel_cache_problems);
+    snprintf(res->kernel_cache_problem, sizeof res->kernel_cache_problem, "%s", w ? w : "");
     tune_state_free(&t); /* its threads joined: the compile counters are still */
     tune_timing now = compile_counts(ctx);
     compile_delta(&res->timing, &before, &now);

@@ -4,6 +4,7 @@
  * cache. */
 #include "core/tune/tune_backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,6 +165,8 @@ int tune_offline(const graph *g, const graph_script *script, const char *arch,
     st->kernels = requests;
     st->memory_hits = requests - cache.compiled - cache.disk_hits; /* asked for again */
     st->seconds = util_now() - t0;
+    const char *w = nvrtc_cache_warning(&cache, &st->cache_problems);
+    snprintf(st->cache_problem, sizeof st->cache_problem, "%s", w ? w : "");
     nvrtc_cache_free(&cache);
     search_result_free(&r);
     free(schemes);

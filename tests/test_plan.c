@@ -272,6 +272,10 @@ static void test_mismatch(const fixture *f) {
     q->segments[0].kinds[0] = OP_RELU;
     expect_mismatch(&p, NULL, NULL, &f->g, "op #2 is gemm in the graph but relu in the plan");
     q->segments[0].kinds[0] = k;
+    /* a mask's recorded shape is checked too, not only its fingerprint */
+    p.masks[0].q_len++;
+    expect_mismatch(&p, NULL, NULL, &f->g, "the plan says batch 1, q_len 129, k_len 128");
+    p.masks[0].q_len--;
     stof_error err = {0};
     CHECK_EQ_INT(plan_check_fits(&p, &h100, &f->script, &f->g, &err), STOF_OK);
     plan_free(&p);

@@ -93,11 +93,20 @@ static int fits_masks(const plan *p, const graph *g, stof_error *err) {
     if (p->n_masks != g->n_masks)
         return err_set(err, STOF_ERR_MISMATCH, "the plan has %d masks, the graph %d", p->n_masks,
                        g->n_masks);
-    for (int i = 0; i < g->n_masks; i++)
-        if (!g->masks[i] || g->masks[i]->fingerprint != p->masks[i].fingerprint)
+    for (int i = 0; i < g->n_masks; i++) {
+        const mask *m = g->masks[i];
+        const plan_mask *pm = &p->masks[i];
+        if (!m || m->fingerprint != pm->fingerprint)
             return err_set(err, STOF_ERR_MISMATCH,
                            "mask %d (%s) is not the one the plan was tuned for", i,
-                           p->masks[i].description);
+                           pm->description);
+        /* the stored batch: one for a mask shared by all batches */
+        if (m->batch != pm->batch || m->q_len != pm->q_len || m->k_len != pm->k_len)
+            return err_set(err, STOF_ERR_MISMATCH,
+                           "mask %d (%s): the plan says batch %d, q_len %d, k_len %d; the "
+                           "model's is %d, %d, %d", i, pm->description, pm->batch, pm->q_len,
+                           pm->k_len, m->batch, m->q_len, m->k_len);
+    }
     return STOF_OK;
 }
 

@@ -137,6 +137,27 @@ static_assert((kATile / 8) % kThreads == 0 && (kBTile / 8) % kThreads == 0,
 constexpr int kClusterSyncs = (SPLIT_K > 1) + (NORM != 0) + 1;
 #endif
 
+// The producer warp: its lane 0 fills the ring with the slices of the
+// block's tiles tile, tile + step, ... below tiles (n_tiles column tiles a
+// row tile); then the warp takes its part in the cluster barriers.
+__device__ __forceinline__ void producer_warp(const stof_gemm_args &a, unsigned sa0,
+                                              unsigned sb0, unsigned full0, unsigned empty0,
+                                              int tile, int tiles, int step, int n_tiles, int s0,
+                                              int slices, int lane) {
+    if (lane == 0) {
+        int g = 0;
+        for (int t = tile; t < tiles; t += step)
+            g = produce(a, sa0, sb0, full0, empty0, (t / n_tiles) * BLOCK_M,
+                        (t % n_tiles) * BLOCK_N, s0, slices, g, t == tile);
+    }
+    __syncwarp();
+#if SPLIT_K > 1 || NORM
+#pragma unroll
+    for (int i = 0; i < kClusterSyncs; ++i)
+        cluster_sync();
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     stof_gemm_epilogue(const __grid_constant__ stof_gemm_args a) {
     stof::grid_dependency_launch();  // common.cuh
@@ -191,18 +212,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     __syncthreads();               // the barriers are initialized before anyone waits on them
 
     if (warp == WARPS) {
-        if (lane == 0) {
-            int g = 0;
-            for (int t = tile; t < tiles; t += step)
-                g = produce(a, sa0, sb0, full0, empty0, (t / n_tiles) * BLOCK_M,
-                            (t % n_tiles) * BLOCK_N, s0, slices, g, t == tile);
-        }
-        __syncwarp();
-#if SPLIT_K > 1 || NORM
-#pragma unroll
-        for (int i = 0; i < kClusterSyncs; ++i)
-            cluster_sync();
-#endif
+        producer_warp(a, sa0, sb0, full0, empty0, tile, tiles, step, n_tiles, s0, slices, lane);
         return;
     }
     const int wg = warp >> 2, wg_m = wg % kWgM, wg_n = wg / kWgM;

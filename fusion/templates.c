@@ -101,23 +101,20 @@ static int gemm_epilogue_check(const fusion_dims *d, const int *v, int limit, st
 /* ROWS, BLOCK_N, BLOCK_K, WARPS, STAGES. A block owns ROWS whole output rows
  * and keeps them in fp32 until the norm has its statistics. */
 static int gemm_ln_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    int64_t tiles = stof_gemm_ring_bytes(v[0], v[1], v[2], v[4], d->elem_bytes);
-    int64_t rows = (int64_t)v[0] * d->n * 4;
+    int64_t smem = stof_gemm_ln_smem(v[0], v[1], v[2], v[4], d->n, d->elem_bytes);
     char what[128];
     snprintf(what, sizeof what, "%d rows of %lld (and %dx%dx%d tiles in %d stages)", v[0],
              (long long)d->n, v[0], v[1], v[2], v[4]);
-    int rc = check_smem(what, tiles + rows, limit, err);
+    int rc = check_smem(what, smem, limit, err);
     return rc ? rc : check_acc_regs(what, v[0], v[1], v[3], err);
 }
 
 /* BLOCK_M, BLOCK_F, BLOCK_K, WARPS, STAGES. A block computes a chunk of
  * BLOCK_F intermediate features for its rows, activates it in shared memory
  * and multiplies it into the [BLOCK_M, n2] output it keeps in registers;
- * W2's chunk streams through two buffers of 64 columns. */
+ * W2's chunk streams through two buffers of STOF_CHAIN_W2_COLS columns. */
 static int gemm_chain_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    int64_t e = d->elem_bytes;
-    int64_t smem = stof_gemm_ring_bytes(v[0], v[1], v[2], v[4], (int)e) +
-                   (int64_t)v[0] * v[1] * e + 2 * (int64_t)v[1] * 64 * e;
+    int64_t smem = stof_gemm_chain_smem(v[0], v[1], v[2], v[4], d->elem_bytes);
     char what[128];
     snprintf(what, sizeof what, "%d rows in %d-feature chunks (%d stages)", v[0], v[1], v[4]);
     int rc = check_smem(what, smem, limit, err);

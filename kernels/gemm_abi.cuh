@@ -1,7 +1,7 @@
 /* The argument blocks of the GEMM-family and memory-intensive kernels
  * (gemm_epilogue.cu, gemm_ln.cu, gemm_chain.cu, mi_chain.cu, embedding.cu),
  * and the warp-grid rule of the tensor-core kernels, shared by the host (C11:
- * core/exec/gemm/gemm_exec.c includes it as "kernels/gemm_abi.cuh") and the kernels
+ * core/exec/gemm/ includes it as "kernels/gemm_abi.cuh") and the kernels
  * (CUDA C++ under NVRTC).
  *
  * As in attention_abi.cuh: each struct is passed BY VALUE as the single
@@ -113,9 +113,6 @@ typedef struct stof_gemm_chain_args {
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_chain_args) == STOF_GEMM_CHAIN_ARGS_BYTES,
                             "stof_gemm_chain_args layout changed: host and kernels must agree");
 
-/* gemm_chain.cu streams w2 through shared memory in slabs of this many
- * output columns (fusion/templates.c's model counts two of them). */
-#define STOF_CHAIN_W2_COLS 64
 
 /* The warp grid of a tensor-core tile: of the splits of `warps` warps into
  * wm x (warps / wm) (wm 1, 2 or 4) whose warp tiles are whole 16 x 16 mma
@@ -208,6 +205,26 @@ STOF_GEMM_ABI_FN long long stof_gemm_epilogue_smem(int bm, int bn, int bk, int w
     return stof_gemm_ring_bytes(bm, bn, bk, stages, elem_bytes) +
            (stof_gemm_wgmma_shape(bm, bn, bk, warps, stages) ? STOF_GEMM_WGMMA_SLACK : 0) +
            stof_gemm_store_smem(bm, bn, bk, warps, stages, split_k, norm);
+}
+
+/* gemm_chain.cu streams w2 through shared memory in slabs of this many
+ * output columns. */
+#define STOF_CHAIN_W2_COLS 64
+
+/* The dynamic shared memory of gemm_ln.cu and gemm_chain.cu, the one model
+ * of the template's check (fusion/templates.c) and of the launch (gemm_exec):
+ * gemm_ln's ring of STAGES x (ROWS + BLOCK_N) x BLOCK_K elements plus its
+ * ROWS x ROW_N fp32 rows; gemm_chain's ring of STAGES x (BLOCK_M + BLOCK_F)
+ * x BLOCK_K elements plus the activated BLOCK_M x BLOCK_F chunk and two
+ * slabs of BLOCK_F x STOF_CHAIN_W2_COLS of w2. */
+STOF_GEMM_ABI_FN long long stof_gemm_ln_smem(int rows, int bn, int bk, int stages,
+                                             long long row_n, int elem_bytes) {
+    return stof_gemm_ring_bytes(rows, bn, bk, stages, elem_bytes) + (long long)rows * row_n * 4;
+}
+STOF_GEMM_ABI_FN long long stof_gemm_chain_smem(int bm, int bf, int bk, int stages,
+                                                int elem_bytes) {
+    return stof_gemm_ring_bytes(bm, bf, bk, stages, elem_bytes) +
+           (long long)bm * bf * elem_bytes + 2LL * bf * STOF_CHAIN_W2_COLS * elem_bytes;
 }
 
 /* mi_chain.cu: for every row r < rows of ROW_N elements,

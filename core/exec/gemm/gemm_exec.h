@@ -78,12 +78,13 @@ void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d);
 int gemm_exec_check(const gemm_exec_problem *p, const int *values, int smem_limit,
                     stof_error *err);
 
-/* Dynamic shared memory of a setting, bytes, exactly the template's model
- * (fusion/templates.c): gemm_epilogue stof_gemm_epilogue_smem (gemm_abi.cuh:
- * the ring, the wgmma build's slack and staging); gemm_ln STAGES x
- * (BLOCK_M + BLOCK_N) x BLOCK_K elements plus ROWS x N fp32; gemm_chain
- * STAGES x (BLOCK_M + BLOCK_F) x BLOCK_K + BLOCK_M x BLOCK_F + 2 x BLOCK_F x
- * 64 elements; the others use none. */
+/* Dynamic shared memory of a setting, bytes: the function the template's
+ * check (fusion/templates.c) calls too (gemm_abi.cuh): gemm_epilogue
+ * stof_gemm_epilogue_smem (the ring, the wgmma build's slack and staging);
+ * gemm_ln stof_gemm_ln_smem (STAGES x (BLOCK_M + BLOCK_N) x BLOCK_K elements
+ * plus ROWS x N fp32); gemm_chain stof_gemm_chain_smem (STAGES x (BLOCK_M +
+ * BLOCK_F) x BLOCK_K + BLOCK_M x BLOCK_F + 2 x BLOCK_F x 64 elements); the
+ * others use none. */
 size_t gemm_exec_smem(const gemm_exec_problem *p, const int *values);
 
 /* A setting that runs well for p without tuning on a device of `arch` (NULL:

@@ -31,14 +31,6 @@ const char *stof_last_error(void) {
     return t_last.msg;
 }
 
-const char *stof_version(void) {
-    return STOF_VERSION_STRING;
-}
-
-const char *stof_build_commit(void) {
-    return STOF_COMMIT;
-}
-
 struct stof_model {
     graph g;
     graph_script script;

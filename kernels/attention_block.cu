@@ -17,11 +17,11 @@
 //       O += P V                                   (mma.sync, P in the dtype)
 //   O /= l, rows with no allowed key write zeros
 //
-// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][GATHER BLOCK_N][HEAD_DIM + 8]
+// Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][BLOCK_N][HEAD_DIM + 8]
 // (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
 // different banks); the Q tile is reused to stage O for 16-byte stores.
 // The host sizes it (mha_exec_config_smem):
-//   (BLOCK_M + 2 STAGES GATHER BLOCK_N) (HEAD_DIM + 8) element bytes,
+//   (BLOCK_M + 2 STAGES BLOCK_N) (HEAD_DIM + 8) element bytes,
 // and 4 RELPOS_MID bytes more for the T5 bias table (relpos_far).
 //
 // The pipeline. Block i of the row (i = 0, 1, ...) lives in stage
@@ -76,22 +76,12 @@
 // warps went from 0.80 ms (158 useful TFLOP/s) to 0.62 (206), and dense
 // 32x32 tiles from 186 to 254-261 TFLOP/s.
 //
-// Gathered key blocks (-DGATHER=G, G = 2 or 4). A mask whose structure is
-// finer than a good tile (BigBird's 32-wide random blocks) forces a small
-// BLOCK_N, and then the per-block work (barrier, load issue, the row
-// maximum's shuffles, the rescale of O) is paid every 32 keys. With GATHER
-// the kernel takes G consecutive entries of the same load list per
-// iteration and computes them as one tile of G BLOCK_N keys: each entry is
-// copied into its own BLOCK_N rows of the stage (any columns, not
-// contiguous), masked by its own bitmap, and the softmax and P V see one
-// wide tile. Entries past the end of the list are zero rows, all masked.
-// The format is unchanged (BLOCK_N granular); every "block" above reads
-// "group of G entries". Measured on an H200 it did not pay where it was
-// meant to (BigBird 16x12x4096 at 32x32: 0.83 ms by 2, 1.25 ms by 4, 0.81
-// plain; dense 32-row tiles run at the same 184 TFLOP/s with 32 or 64 keys
-// an iteration), so per-block work is not what bounds a 32-row tile; nor
-// is L2 (the plain tile pulls 5.4 TB/s of the 8.8 the L2 delivers to its
-// access pattern, bench/bounds.py). Plans use it only when forced.
+// One key block an iteration. Computing several entries of the load list
+// as one wider tile (-DGATHER, removed) was meant for masks finer than a
+// good tile (BigBird's 32-wide random blocks), but on an H200 it did not
+// pay (BigBird 16x12x4096 at 32x32: 0.83 ms by 2, 1.25 ms by 4, 0.81
+// plain; dense 32-row tiles ran at 184 TFLOP/s with 32 or 64 keys an
+// iteration): per-block work is not what bounds a 32-row tile.
 #include "attention_common.cuh"
 
 #ifndef HEAD_DIM
@@ -121,9 +111,6 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-#ifndef GATHER
-#define GATHER 1
-#endif
 #ifndef TMA
 #define TMA 0
 #endif
@@ -148,11 +135,10 @@ using namespace stof::attn;
 constexpr int kThreads = NUM_WARPS * 32;
 constexpr int kWarpRows = BLOCK_M / NUM_WARPS;   // query rows per warp
 constexpr int kMT = kWarpRows / 16;              // 16-row mma tiles per warp
-constexpr int kTileN = GATHER * BLOCK_N;         // keys per iteration (GATHER entries)
-constexpr int kNT = kTileN / 8;                  // 8-column tiles of S
+constexpr int kNT = BLOCK_N / 8;                 // 8-column tiles of S
 constexpr int kKD = HEAD_DIM / 16;               // k steps of Q K^T
 constexpr int kDT = HEAD_DIM / 8;                // 8-column tiles of O (= 16-byte chunks of a row)
-constexpr int kKN = kTileN / 16;                 // k steps of P V
+constexpr int kKN = BLOCK_N / 16;                // k steps of P V
 // Shared tiles: rows padded by 8 elements for ldmatrix (mma.sync build),
 // or unpadded core matrices for wgmma (see tile_off).
 constexpr int kPitch = WGMMA ? HEAD_DIM : HEAD_DIM + 8;
@@ -168,10 +154,10 @@ constexpr bool kSwizzle = WGMMA && HEAD_DIM % 64 == 0;
 // Q fragments stay in registers unless that would push the accumulators
 // out of them (many rows per warp with a wide head): then they are read
 // from shared memory again at every key block. Per thread, O takes
-// kMT * HEAD_DIM / 2 registers, S kMT * kTileN / 2 and Q kMT * HEAD_DIM / 4;
+// kMT * HEAD_DIM / 2 registers, S kMT * BLOCK_N / 2 and Q kMT * HEAD_DIM / 4;
 // ptxas (sm_90) keeps everything in registers up to about 128 of those.
 #ifndef KEEP_Q_REGS
-#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + kTileN / 2 + HEAD_DIM / 4) <= 128)
+#define KEEP_Q_REGS (kMT * (HEAD_DIM / 2 + BLOCK_N / 2 + HEAD_DIM / 4) <= 128)
 #endif
 constexpr bool kKeepQ = KEEP_Q_REGS && !WGMMA;  // wgmma reads Q from shared memory
 
@@ -180,8 +166,6 @@ static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 16
 static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up to 256");
 static_assert(BLOCK_M % NUM_WARPS == 0 && kWarpRows % 16 == 0,
               "each warp owns whole 16-row tiles: BLOCK_M / NUM_WARPS must be a multiple of 16");
-static_assert(GATHER == 1 || GATHER == 2 || GATHER == 4, "GATHER: 1, 2 or 4 entries a tile");
-static_assert(kTileN <= 256, "GATHER * BLOCK_N: at most 256 keys a tile");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2, 3 or 4 K/V stages");
 static_assert(SPLIT == 0 || SPLIT == 1, "SPLIT: 0 (grid over block rows) or 1 (work list)");
 static_assert(!WGMMA || (NUM_WARPS % 4 == 0 && kWarpRows == 16),
@@ -191,9 +175,9 @@ static_assert(!TMA || (HEAD_DIM % 64 == 0 && sizeof(elem_t) == 2 && (!WGMMA || H
               "swizzled tiles are the copies' layout)");
 
 // K and V stages: rows of kPitch elements, or with TMA the copy engine's
-// layout, [HEAD_DIM / 64][kTileN][64] in the 128-byte swizzle (kv_lanes).
+// layout, [HEAD_DIM / 64][BLOCK_N][64] in the 128-byte swizzle (kv_lanes).
 constexpr int kKVPitch = TMA ? HEAD_DIM : kPitch;
-constexpr int kStageElems = kTileN * kKVPitch;   // one K (or V) stage
+constexpr int kStageElems = BLOCK_N * kKVPitch;  // one K (or V) stage
 // Blocks loaded ahead of the one being computed: all stages but its own,
 // and in the wgmma build but the previous block's too (its P V runs during
 // this block's softmax, so its V stage is still being read).
@@ -224,7 +208,7 @@ __device__ __forceinline__ int tile_off(int r, int c) {
 }
 
 // The ldmatrix addresses of the K and V loads in a TMA stage, at a cost of
-// one XOR per k step. Piece c / 64 of a stage holds its kTileN rows of 128
+// one XOR per k step. Piece c / 64 of a stage holds its BLOCK_N rows of 128
 // bytes, whose 16-byte chunk c / 8 % 8 sits at chunk (c / 8 ^ key) % 8 (the
 // 128-byte swizzle; stages start 1024-byte aligned), so ldmatrix's eight
 // row addresses fall in different banks. A lane's chunk at k step 0 is its
@@ -249,7 +233,7 @@ __device__ __forceinline__ kv_lanes make_kv_lanes(int lane) {
 
 // Shared address of k step kd (16 columns) in a stage at lane address base.
 __device__ __forceinline__ unsigned kv_step(unsigned base, int kd) {
-    return (base ^ ((kd & 3) << 5)) + (kd >> 2) * (kTileN * 128);
+    return (base ^ ((kd & 3) << 5)) + (kd >> 2) * (BLOCK_N * 128);
 }
 
 // A K or V stage as the mma.sync loads see it: the tile (cp.async stages),
@@ -308,31 +292,26 @@ __device__ __forceinline__ void load_tile_async(elem_t *smem, const elem_t *gmem
 
 // ---- the load list ------------------------------------------------------------------
 
-// GATHER consecutive entries of the BSR load list from entry `it` on: their
-// key block columns and bitmaps (-1: a full block). Past the end: column -1
-// (no keys), mask -1.
+// Entry `it` of the BSR load list: its key block column and bitmap (-1: a
+// full block). Past the end: column -1 (no keys), mask -1.
 struct key_cols {
-    int col[GATHER];
+    int col;
 };
 struct key_group {
-    int col[GATHER], mask[GATHER];
+    int col, mask;
 };
 
 __device__ __forceinline__ key_cols load_cols(const stof_attn_args &a, int it, int end) {
     key_cols r;
-#pragma unroll
-    for (int j = 0; j < GATHER; ++j) r.col[j] = it + j < end ? __ldg(a.load_col_idx + it + j) : -1;
+    r.col = it < end ? __ldg(a.load_col_idx + it) : -1;
     return r;
 }
 
 __device__ __forceinline__ key_group load_group(const stof_attn_args &a, int it, int end) {
     key_group r;
-#pragma unroll
-    for (int j = 0; j < GATHER; ++j) {
-        const bool in = it + j < end;
-        r.col[j] = in ? __ldg(a.load_col_idx + it + j) : -1;
-        r.mask[j] = in ? __ldg(a.load_mask_idx + it + j) : -1;
-    }
+    const bool in = it < end;
+    r.col = in ? __ldg(a.load_col_idx + it) : -1;
+    r.mask = in ? __ldg(a.load_mask_idx + it) : -1;
     return r;
 }
 
@@ -400,37 +379,34 @@ __device__ __forceinline__ constexpr unsigned pass_off(int i) {
            (unsigned)sizeof(elem_t);
 }
 
-// K and V of the group's key blocks into stage `stage` of the ring, entry j
-// in rows j BLOCK_N ..; missing keys are zero rows.
+// K and V of key block column g.col into stage `stage` of the ring;
+// missing keys are zero rows.
 __device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage, const elem_t *k,
                                               const elem_t *v, const stof_attn_args &a,
                                               const key_cols &g, const kv_thread &t) {
+    const int off = stage * kStageElems;
+    if constexpr (kRegularKV) {
+        // the key block's first row (a legal address for the zero fill
+        // of rows past the keys, which reads nothing)
+        const int col = g.col >= 0 ? g.col : 0;
+        const char *kb = t.kb + (long long)col * t.k_blk;
+        const char *vb = t.vb + (long long)col * t.v_blk;
+        asm volatile("mov.b64 %0, %0;" : "+l"(kb));  // once, not folded into every chunk
+        asm volatile("mov.b64 %0, %0;" : "+l"(vb));
+        const unsigned soff = off * (unsigned)sizeof(elem_t);
+        const int rows = keys_in(a, g.col) - t.row0;  // of this thread's chunks
 #pragma unroll
-    for (int j = 0; j < GATHER; ++j) {
-        const int off = stage * kStageElems + j * BLOCK_N * kPitch;
-        if constexpr (kRegularKV) {
-            // the key block's first row (a legal address for the zero fill
-            // of rows past the keys, which reads nothing)
-            const int col = g.col[j] >= 0 ? g.col[j] : 0;
-            const char *kb = t.kb + (long long)col * t.k_blk;
-            const char *vb = t.vb + (long long)col * t.v_blk;
-            asm volatile("mov.b64 %0, %0;" : "+l"(kb));  // once, not folded into every chunk
-            asm volatile("mov.b64 %0, %0;" : "+l"(vb));
-            const unsigned soff = off * (unsigned)sizeof(elem_t);
-            const int rows = keys_in(a, g.col[j]) - t.row0;  // of this thread's chunks
-#pragma unroll
-            for (int i = 0; i < kKVPasses; ++i) {
-                const bool valid = i * kRowStep < rows;
-                cp_async_16_s(t.sk + soff + pass_off(i), kb + (valid ? t.k_off[i] : 0), valid);
-                cp_async_16_s(t.sv + soff + pass_off(i), vb + (valid ? t.v_off[i] : 0), valid);
-            }
-        } else {
-            const int col0 = g.col[j] >= 0 ? g.col[j] * BLOCK_N : 0;
-            load_tile_async<BLOCK_N>(sK + off, k + col0 * a.k_row_stride, (int)a.k_row_stride,
-                                     keys_in(a, g.col[j]));
-            load_tile_async<BLOCK_N>(sV + off, v + col0 * a.v_row_stride, (int)a.v_row_stride,
-                                     keys_in(a, g.col[j]));
+        for (int i = 0; i < kKVPasses; ++i) {
+            const bool valid = i * kRowStep < rows;
+            cp_async_16_s(t.sk + soff + pass_off(i), kb + (valid ? t.k_off[i] : 0), valid);
+            cp_async_16_s(t.sv + soff + pass_off(i), vb + (valid ? t.v_off[i] : 0), valid);
         }
+    } else {
+        const int col0 = g.col >= 0 ? g.col * BLOCK_N : 0;
+        load_tile_async<BLOCK_N>(sK + off, k + col0 * a.k_row_stride, (int)a.k_row_stride,
+                                 keys_in(a, g.col));
+        load_tile_async<BLOCK_N>(sV + off, v + col0 * a.v_row_stride, (int)a.v_row_stride,
+                                 keys_in(a, g.col));
     }
 }
 
@@ -439,25 +415,20 @@ __device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage,
 // and entries past the list's end arrive as zeros and count too).
 constexpr unsigned kStageBytes = 2u * kStageElems * sizeof(elem_t);
 
-// K and V of the group's key blocks into stage `stage`, by one thread: a
-// tensor copy per 64-column piece of each entry, all counted on the
-// stage's barrier. An entry past the list's end reads rows at k_len, out
-// of the tensor: zeros.
+// K and V of key block column g.col into stage `stage`, by one thread: a
+// tensor copy per 64-column piece, all counted on the stage's barrier. An
+// entry past the list's end reads rows at k_len, out of the tensor: zeros.
 __device__ __forceinline__ void load_kv_tma(unsigned sk, unsigned sv, int stage,
                                             const stof_attn_args &a, const key_cols &g, int h,
                                             int b, unsigned bar) {
     stof::tma::arrive_expect(bar, kStageBytes);
+    const int row = g.col >= 0 ? g.col * BLOCK_N : a.k_len;
 #pragma unroll
-    for (int j = 0; j < GATHER; ++j) {
-        const int row = g.col[j] >= 0 ? g.col[j] * BLOCK_N : a.k_len;
-#pragma unroll
-        for (int p = 0; p < HEAD_DIM / 64; ++p) {
-            const unsigned off =
-                (stage * kStageElems + p * (kTileN * 64) + j * (BLOCK_N * 64)) * sizeof(elem_t);
-            const int x = h * HEAD_DIM + p * 64;
-            stof::tma::copy_3d(sk + off, &a.tmap_k, x, row, b * a.k_tma_batch, bar);
-            stof::tma::copy_3d(sv + off, &a.tmap_v, x, row, b * a.v_tma_batch, bar);
-        }
+    for (int p = 0; p < HEAD_DIM / 64; ++p) {
+        const unsigned off = (stage * kStageElems + p * (BLOCK_N * 64)) * sizeof(elem_t);
+        const int x = h * HEAD_DIM + p * 64;
+        stof::tma::copy_3d(sk + off, &a.tmap_k, x, row, b * a.k_tma_batch, bar);
+        stof::tma::copy_3d(sv + off, &a.tmap_v, x, row, b * a.v_tma_batch, bar);
     }
 }
 
@@ -474,13 +445,13 @@ __device__ __forceinline__ void load_q_frag(unsigned (&qf)[4], const elem_t *sQ,
 // ---- S = Q K^T -------------------------------------------------------------------
 
 #if WGMMA
-// The warpgroup's 64 rows of Q times the stage's kTileN keys: HEAD_DIM / 16
+// The warpgroup's 64 rows of Q times the stage's BLOCK_N keys: HEAD_DIM / 16
 // products into S, both operands K-major in shared memory. Issued and
 // committed as one group, not waited for (the loop does: wg_wait, then
 // keep_s before S is read).
 __device__ __forceinline__ void issue_scores(float (&s)[kMT][kNT][4], const elem_t *sQ,
                                              const elem_t *sK, const warp_pos &w) {
-    float(&d)[kTileN / 2] = reinterpret_cast<float(&)[kTileN / 2]>(s[0]);
+    float(&d)[BLOCK_N / 2] = reinterpret_cast<float(&)[BLOCK_N / 2]>(s[0]);
     const elem_t *qa = sQ + (w.warp / 4) * 64 * HEAD_DIM;  // the warpgroup's row groups
 #pragma unroll
     for (int kd = 0; kd < kKD; ++kd) {
@@ -488,12 +459,12 @@ __device__ __forceinline__ void issue_scores(float (&s)[kMT][kNT][4], const elem
             // 16 head-dim columns: 32 bytes into the rows of atom column kd / 4
             constexpr unsigned kSbo = 1024 * (HEAD_DIM / 64);  // 8-row step
             const int off = (kd >> 2) * 512 + (kd & 3) * 16;
-            stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc_sw128(qa + off, 16, kSbo),
+            stof::wg::wg_mma<BLOCK_N>::ss(d, stof::wg::desc_sw128(qa + off, 16, kSbo),
                                           stof::wg::desc_sw128(sK + off, 16, kSbo), kd > 0);
         } else {
             // 16 head-dim columns = 2 core matrices = 128 elements
             constexpr unsigned kLbo = 128, kSbo = 16 * HEAD_DIM;
-            stof::wg::wg_mma<kTileN>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
+            stof::wg::wg_mma<BLOCK_N>::ss(d, stof::wg::desc(qa + kd * 128, kLbo, kSbo),
                                           stof::wg::desc(sK + kd * 128, kLbo, kSbo), kd > 0);
         }
     }
@@ -501,7 +472,7 @@ __device__ __forceinline__ void issue_scores(float (&s)[kMT][kNT][4], const elem
 }
 
 __device__ __forceinline__ void keep_s(float (&s)[kMT][kNT][4]) {
-    stof::wg::wg_mma<kTileN>::keep(reinterpret_cast<float(&)[kTileN / 2]>(s[0]));
+    stof::wg::wg_mma<BLOCK_N>::keep(reinterpret_cast<float(&)[BLOCK_N / 2]>(s[0]));
 }
 #else
 __device__ __forceinline__ void compute_scores(float (&s)[kMT][kNT][4],
@@ -664,104 +635,91 @@ __device__ __forceinline__ bool uniform_relpos_log2(const stof_attn_args &a, con
 #endif
 
 // Disallowed pairs become -inf: a partial block's bitmap (mask >= 0; a
-// full block skips the test), keys past k_len (zero-filled rows that must
-// not count) and, in a gathered tile, the entries past the list's end.
-// Pre-scaled launches also scale and add the bias here. Rows past q_len
-// are computed on zero queries and never stored.
+// full block skips the test) and keys past k_len (zero-filled rows that
+// must not count). Pre-scaled launches also scale and add the bias here.
+// Rows past q_len are computed on zero queries and never stored.
 __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const stof_attn_args &a,
                                                const warp_pos &w, int row_base,
                                                const key_group &g, int h, bool prescale,
                                                const relpos_far &far) {
-    int lim[GATHER];  // keys of entry j that exist
-    bool work = prescale;
-#pragma unroll
-    for (int j = 0; j < GATHER; ++j) {
-        lim[j] = keys_in(a, g.col[j]);
-        work = work || g.mask[j] >= 0 || lim[j] < BLOCK_N;
-    }
+    const int lim = keys_in(a, g.col);  // keys of the block that exist
+    const bool work = prescale || g.mask >= 0 || lim < BLOCK_N;
     if (!work) return;  // full blocks away from the edge: nothing to mask
     const float mul = prescale ? a.scale_log2 : 1.0f;
 #if HAS_RELPOS
-    float bias[GATHER];  // the entry's bias where it is one number for the warp's rows
-    bool uniform[GATHER];
-#pragma unroll
-    for (int j = 0; j < GATHER; ++j)
-        uniform[j] = uniform_relpos_log2(a, w, row_base, g.col[j], lim[j], far, bias[j]);
+    float bias;  // the block's bias where it is one number for the warp's rows
+    const bool uniform = uniform_relpos_log2(a, w, row_base, g.col, lim, far, bias);
 #endif
-#pragma unroll
-    for (int j = 0; j < GATHER; ++j) {
-        // A full block (mask < 0) points at bitmap 0 and ignores it. Never
-        // a null pointer: the compiler may issue the bitmap load before the
-        // test that discards it (seen at 128x16 with one warp: a read of
-        // address 0x20), and the host always uploads at least one bitmap.
-        const bool partial = g.mask[j] >= 0;
-        const bool edge = lim[j] < BLOCK_N;
+    // A full block (mask < 0) points at bitmap 0 and ignores it. Never
+    // a null pointer: the compiler may issue the bitmap load before the
+    // test that discards it (seen at 128x16 with one warp: a read of
+    // address 0x20), and the host always uploads at least one bitmap.
+    const bool partial = g.mask >= 0;
+    const bool edge = lim < BLOCK_N;
 #if HAS_RELPOS
-        if (!partial && !edge && (uniform[j] || far.complete)) {
-            // A full block: scale and bias, none of the per-score tests
-            // below. Inside a far run (most blocks of a long row) that is one
-            // FFMA a score; near the diagonal one table read more. (With the
-            // tests on every block, t5-base's BigBird encoder attention at
-            // 16 x 12 x 2048 took 0.50 ms a layer, now 0.39; its causal
-            // decoder self-attention 0.76, now 0.44.)
+    if (!partial && !edge && (uniform || far.complete)) {
+        // A full block: scale and bias, none of the per-score tests
+        // below. Inside a far run (most blocks of a long row) that is one
+        // FFMA a score; near the diagonal one table read more. (With the
+        // tests on every block, t5-base's BigBird encoder attention at
+        // 16 x 12 x 2048 took 0.50 ms a layer, now 0.39; its causal
+        // decoder self-attention 0.76, now 0.44.)
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int pos0 = g.col[j] * BLOCK_N - (row_base + w.row0 + mt * 16 + w.g +
-                                                           half * 8) + a.q_len - 1;
-                    if (uniform[j]) {
-#pragma unroll
-                        for (int jt = 0; jt < BLOCK_N / 8; ++jt)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                float &x = s[mt][j * (BLOCK_N / 8) + jt][half * 2 + e];
-                                x = fmaf(x, mul, bias[j]);
-                            }
-                    } else {
-#pragma unroll
-                        for (int jt = 0; jt < BLOCK_N / 8; ++jt)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                float &x = s[mt][j * (BLOCK_N / 8) + jt][half * 2 + e];
-                                x = fmaf(x, mul, relpos_table_log2(far, pos0 + jt * 8 + 2 * w.t + e));
-                            }
-                    }
-                }
-            continue;
-        }
-#endif
-        const stof_u32 *bitmap =
-            a.part_masks + (long long)(partial ? g.mask[j] : 0) * (BLOCK_M * kMaskWords);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const int r = w.row0 + mt * 16 + w.g + half * 8;  // row within the block tile
-                stof_u32 bits[kMaskWords];
+                const int pos0 = g.col * BLOCK_N - (row_base + w.row0 + mt * 16 + w.g +
+                                                    half * 8) + a.q_len - 1;
+                if (uniform) {
 #pragma unroll
-                for (int k = 0; k < kMaskWords; ++k)
-                    bits[k] = partial ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
+                    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-                for (int jt = 0; jt < BLOCK_N / 8; ++jt) {
-                    const int nt = j * (BLOCK_N / 8) + jt;
+                        for (int e = 0; e < 2; ++e) {
+                            float &x = s[mt][nt][half * 2 + e];
+                            x = fmaf(x, mul, bias);
+                        }
+                } else {
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int c = jt * 8 + 2 * w.t + e;  // column within the key block
-                        bool ok = (bits[c >> 5] >> (c & 31)) & 1u;
-                        if (edge) ok = ok && c < lim[j];
-                        float x = s[mt][nt][half * 2 + e] * mul;
-#if HAS_RELPOS
-                        if (uniform[j])
-                            x += bias[j];
-                        else if (far.complete)
-                            x += relpos_table_log2(far, g.col[j] * BLOCK_N + c - (row_base + r) +
-                                                            a.q_len - 1);
-                        else if (ok && row_base + r < a.q_len)
-                            x += relpos_near_log2(a, far, row_base + r, g.col[j] * BLOCK_N + c, h);
+                    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float &x = s[mt][nt][half * 2 + e];
+                            x = fmaf(x, mul, relpos_table_log2(far, pos0 + nt * 8 + 2 * w.t + e));
+                        }
+                }
+            }
+        return;
+    }
 #endif
-                        s[mt][nt][half * 2 + e] = ok ? x : STOF_NEG_INF;
-                    }
+    const stof_u32 *bitmap =
+        a.part_masks + (long long)(partial ? g.mask : 0) * (BLOCK_M * kMaskWords);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = w.row0 + mt * 16 + w.g + half * 8;  // row within the block tile
+            stof_u32 bits[kMaskWords];
+#pragma unroll
+            for (int k = 0; k < kMaskWords; ++k)
+                bits[k] = partial ? __ldg(bitmap + r * kMaskWords + k) : 0xffffffffu;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = nt * 8 + 2 * w.t + e;  // column within the key block
+                    bool ok = (bits[c >> 5] >> (c & 31)) & 1u;
+                    if (edge) ok = ok && c < lim;
+                    float x = s[mt][nt][half * 2 + e] * mul;
+#if HAS_RELPOS
+                    if (uniform)
+                        x += bias;
+                    else if (far.complete)
+                        x += relpos_table_log2(far, g.col * BLOCK_N + c - (row_base + r) +
+                                                        a.q_len - 1);
+                    else if (ok && row_base + r < a.q_len)
+                        x += relpos_near_log2(a, far, row_base + r, g.col * BLOCK_N + c, h);
+#endif
+                    s[mt][nt][half * 2 + e] = ok ? x : STOF_NEG_INF;
                 }
             }
         }
@@ -801,26 +759,21 @@ __device__ __forceinline__ int warp_view(const stof_attn_args &a, const warp_pos
     return __all_sync(0xffffffffu, all == ~0u) ? 1 : 2;
 }
 
-// The group as this warp sees it: entries with no allowed key for its rows
-// become missing (col -1, all masked), all-allowed ones full. False when
-// nothing is left: the warp skips the iteration's math. (The wgmma build,
+// The block as this warp sees it: with no allowed key for its rows it
+// becomes missing (col -1, all masked), all-allowed it becomes full. False
+// when nothing is left: the warp skips the iteration's math. (The wgmma build,
 // which computes a warpgroup's rows together, does not call it.)
 __device__ __forceinline__ bool warp_group_view(const stof_attn_args &a, const warp_pos &w,
                                                 key_group &g) {
 #if !WARP_SKIP
     return true;
 #else
-    bool some = false;
-#pragma unroll
-    for (int j = 0; j < GATHER; ++j) {
-        if (g.mask[j] >= 0) {
-            const int v = warp_view(a, w, g.mask[j]);
-            if (v == 0) g.col[j] = -1;
-            if (v == 1) g.mask[j] = -1;
-        }
-        some = some || g.col[j] >= 0;
+    if (g.mask >= 0) {
+        const int v = warp_view(a, w, g.mask);
+        if (v == 0) g.col = -1;
+        if (v == 1) g.mask = -1;
     }
-    return some;
+    return g.col >= 0;
 #endif
 }
 
@@ -951,7 +904,7 @@ __device__ __forceinline__ void pack_p(const float (&p)[kMT][kNT][4], unsigned (
 }
 
 // O += P V for the warpgroup: P from registers, V MN-major from shared
-// memory, kTileN / 16 products, committed as one group and not waited for:
+// memory, BLOCK_N / 16 products, committed as one group and not waited for:
 // O and the P fragments stay untouched until wg_wait, then keep_pv.
 __device__ __forceinline__ void issue_pv(float (&o)[kMT][kDT][4], const unsigned (&a)[kKN][4],
                                          const elem_t *sV) {
@@ -1108,9 +1061,9 @@ __device__ __forceinline__ key_group pipeline_step(const stof_attn_args &a, elem
     __syncthreads();
     if (kKeepQ && it == start) load_q_frags(qf, sQ, w);
     const int refill = (stage + kAhead) % STAGES;
-    if (it + kAhead * GATHER < end) load_kv_async(sK, sV, refill, k, v, a, next, kt);
+    if (it + kAhead < end) load_kv_async(sK, sV, refill, k, v, a, next, kt);
     cp_async_commit();
-    next = load_cols(a, it + (kAhead + 1) * GATHER, end);
+    next = load_cols(a, it + kAhead + 1, end);
     return load_group(a, it, end);
 }
 
@@ -1134,9 +1087,9 @@ __device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, 
     __syncthreads();
     if (kKeepQ && it == start) load_q_frags(qf, sQ, w);
     const int refill = (stage + kAhead) % STAGES;
-    if (threadIdx.x == 0 && it + kAhead * GATHER < end)
+    if (threadIdx.x == 0 && it + kAhead < end)
         load_kv_tma(sk, sv, refill, a, next, h, b, bar0 + 8 * refill);
-    next = load_cols(a, it + (kAhead + 1) * GATHER, end);
+    next = load_cols(a, it + kAhead + 1, end);
     const key_group cur = load_group(a, it, end);
     stof::tma::wait(bar0 + 8 * stage, (phases >> stage) & 1u);
     phases ^= 1u << stage;
@@ -1195,8 +1148,8 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     elem_t *sQ = reinterpret_cast<elem_t *>(
         kSwizzle ? smem_raw + ((1024 - (unsigned)__cvta_generic_to_shared(smem_raw)) & 1023)
                  : smem_raw);
-    elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][kTileN][kPitch]
-    elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][kTileN][kPitch]
+    elem_t *sK = sQ + BLOCK_M * kPitch;        // [STAGES][BLOCK_N][kPitch]
+    elem_t *sV = sK + STAGES * kStageElems;    // [STAGES][BLOCK_N][kPitch]
     float *s_relpos = reinterpret_cast<float *>(sV + STAGES * kStageElems);  // (relpos_far)
 #endif
 
@@ -1247,9 +1200,8 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int j = 0; j < kAhead; ++j)
-            if (start + j * GATHER < end)
-                load_kv_tma(sk, sv, j, a, load_cols(a, start + j * GATHER, end), h, b,
-                            bar0 + 8 * j);
+            if (start + j < end)
+                load_kv_tma(sk, sv, j, a, load_cols(a, start + j, end), h, b, bar0 + 8 * j);
     }
 #else
     const kv_thread kt = make_kv_thread(a, k, v, sK, sV);
@@ -1258,15 +1210,15 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-        if (start + j * GATHER < end)
-            load_kv_async(sK, sV, j, k, v, a, load_cols(a, start + j * GATHER, end), kt);
+        if (start + j < end)
+            load_kv_async(sK, sV, j, k, v, a, load_cols(a, start + j, end), kt);
         cp_async_commit();
     }
 #endif
     // The columns of the next block to prefetch (see pipeline_step). (A ring
     // of STAGES entries cost registers and spilled at 64x32 D=128; the
     // current block's entry is an L1 hit anyway.)
-    key_cols next = load_cols(a, start + kAhead * GATHER, end);
+    key_cols next = load_cols(a, start + kAhead, end);
 
     float o[kMT][kDT][4], m[kMT][2], l[kMT][2], nmc[kMT][2];
 #pragma unroll
@@ -1315,7 +1267,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             pack_p(s, pf);
             stage = 1;  // STAGES >= 3
         }
-        for (int it = start + GATHER; it < end; it += GATHER) {
+        for (int it = start + 1; it < end; ++it) {
 #if TMA
             key_group cur = pipeline_step_tma(a, sk, sv, it, start, end, stage, next, sQ, w, qf,
                                               bar0, phases, h, b);
@@ -1345,7 +1297,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
         keep_pv(o, pf);
     }
 #else
-    for (int it = start; it < end; it += GATHER) {
+    for (int it = start; it < end; ++it) {
 #if TMA
         key_group cur = pipeline_step_tma(a, sk, sv, it, start, end, stage, next, sQ, w, qf, bar0,
                                           phases, h, b);

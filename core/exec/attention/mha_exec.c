@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/gpu/device.h"
+#include "core/gpu/gpu_timer.h"
 #include "core/base/error.h"
 #include "core/base/util.h"
 #include "ops/ops.h"
@@ -189,14 +190,6 @@ int mha_exec_fold_mask(const mha_exec_problem *p, mask **out, stof_error *err) {
 
 /* ---- kernel configurations ----------------------------------------------------------- */
 
-int mha_exec_gather(const mha_exec_config *c) {
-    return c->gather > 1 ? c->gather : 1;
-}
-
-int mha_exec_tile_n(const mha_exec_config *c) {
-    return c->block_n * mha_exec_gather(c);
-}
-
 size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, int dtype_bytes) {
     return ((size_t)block_m + 2 * (size_t)stages * (size_t)tile_n) *
            ((size_t)head_dim + MHA_EXEC_SMEM_PAD) * (size_t)dtype_bytes;
@@ -210,10 +203,10 @@ int mha_exec_tma_shape(const mha_exec_config *c) {
 size_t mha_exec_config_smem(const mha_exec_config *c) {
     size_t e = stof_dtype_size(c->dtype), relpos = (size_t)c->relpos_mid * sizeof(float);
     if (c->tma)
-        return 1024 + 2 * (size_t)c->stages * (size_t)mha_exec_tile_n(c) * (size_t)c->head_dim * e +
+        return 1024 + 2 * (size_t)c->stages * (size_t)c->block_n * (size_t)c->head_dim * e +
                (size_t)c->block_m * ((size_t)c->head_dim + MHA_EXEC_SMEM_PAD) * e + relpos +
                8 * (size_t)c->stages;
-    return mha_exec_block_smem(c->block_m, mha_exec_tile_n(c), c->stages, c->head_dim, (int)e) +
+    return mha_exec_block_smem(c->block_m, c->block_n, c->stages, c->head_dim, (int)e) +
            relpos;
 }
 
@@ -282,11 +275,11 @@ static int check_wgmma_config(const mha_exec_config *c, stof_error *err) {
                        "attention: the wgmma build needs BLOCK_M a multiple of 64 and 16 rows "
                        "a warp, got BLOCK_M %d with %d warps",
                        c->block_m, c->num_warps);
-    int tn = mha_exec_tile_n(c);
+    int tn = c->block_n;
     if (tn != 16 && tn != 32 && tn != 64 && tn != 128)
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the wgmma build takes tiles of 16, 32, 64 or 128 keys "
-                       "(BLOCK_N x gather), got %d",
+                       "(BLOCK_N), got %d",
                        tn);
     if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 128)
         return err_set(err, STOF_ERR_UNSUPPORTED,
@@ -318,12 +311,6 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the block-wise kernel pipelines %d to %d K/V stages, got %d",
                        MHA_EXEC_MIN_STAGES, MHA_EXEC_MAX_STAGES, c->stages);
-    int g = mha_exec_gather(c);
-    if ((g != 1 && g != 2 && g != 4) || c->block_n * g > MASK_FORMAT_MAX_BLOCK)
-        return err_set(err, STOF_ERR_INVALID,
-                       "attention: gather takes 1, 2 or 4 key blocks a tile of at most %d keys, "
-                       "got %d x BLOCK_N %d",
-                       MASK_FORMAT_MAX_BLOCK, c->gather, c->block_n);
     int rc = c->wgmma ? check_wgmma_config(c, err) : STOF_OK;
     if (rc)
         return rc;
@@ -335,9 +322,9 @@ static int check_block_config(const mha_exec_config *c, int smem_limit, stof_err
     size_t smem = mha_exec_config_smem(c);
     if (smem_limit > 0 && smem > (size_t)smem_limit)
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "attention: BLOCK_M %d, BLOCK_N %d x gather %d, %d stages, head_dim %d "
+                       "attention: BLOCK_M %d, BLOCK_N %d, %d stages, head_dim %d "
                        "need %zu B of shared memory, the device allows %d B per block",
-                       c->block_m, c->block_n, g, c->stages, c->head_dim, smem, smem_limit);
+                       c->block_m, c->block_n, c->stages, c->head_dim, smem, smem_limit);
     return STOF_OK;
 }
 
@@ -383,8 +370,6 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
             snprintf(r->opts[n++], sizeof r->opts[0], "-DWGMMA=1");
         if (c->tma)
             snprintf(r->opts[n++], sizeof r->opts[0], "-DTMA=1");
-        if (mha_exec_gather(c) > 1)
-            snprintf(r->opts[n++], sizeof r->opts[0], "-DGATHER=%d", mha_exec_gather(c));
     } else {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DROWS_PER_WARP=%d", c->rows_per_warp);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DWARPS_PER_BLOCK=%d", c->warps_per_block);
@@ -632,7 +617,7 @@ static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
     else if (force && force->stages)
         cfg->stages = force->stages;
     else
-        cfg->stages = mha_exec_auto_stages(cfg->block_m, mha_exec_tile_n(cfg), cfg->num_warps,
+        cfg->stages = mha_exec_auto_stages(cfg->block_m, cfg->block_n, cfg->num_warps,
                                            cfg->head_dim, (int)stof_dtype_size(cfg->dtype), lim);
     if (cfg->wgmma && !(force && force->stages) && cfg->stages < MHA_EXEC_WGMMA_MIN_STAGES)
         cfg->stages = MHA_EXEC_WGMMA_MIN_STAGES;
@@ -647,8 +632,7 @@ static void set_stages(mha_exec_config *cfg, const mha_exec_force *force,
  * against 225 (64x64, 4 warps) on an H200. */
 static int wgmma_by_default(const mha_exec_config *cfg, const mha_exec_force *force,
                             const mha_device_limits *lim) {
-    if (!lim || !device_wgmma_arch(lim->arch) || cfg->head_dim % 64 ||
-        mha_exec_gather(cfg) != 1)
+    if (!lim || !device_wgmma_arch(lim->arch) || cfg->head_dim % 64)
         return 0;
     mha_exec_config t = *cfg;
     t.wgmma = 1;
@@ -727,9 +711,6 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
         cfg->block_m = force->block_m;
         cfg->block_n = force->block_n;
         cfg->num_warps = force->num_warps;
-        cfg->gather = cfg->kernel == MHA_KERNEL_BLOCK_WISE && cfg->block_m && force->gather > 1
-                          ? force->gather
-                          : 1;
         snprintf(reason, reason_size, "forced");
         if (cfg->kernel != MHA_KERNEL_BLOCK_WISE || cfg->block_m) {
             set_build(cfg, force, lim);
@@ -781,7 +762,7 @@ static int same_config(const mha_exec_config *a, const mha_exec_config *b) {
     if (a->kernel == MHA_KERNEL_BLOCK_WISE)
         return a->block_m == b->block_m && a->block_n == b->block_n &&
                a->num_warps == b->num_warps && a->stages == b->stages && a->wgmma == b->wgmma &&
-               a->tma == b->tma && mha_exec_gather(a) == mha_exec_gather(b);
+               a->tma == b->tma;
     return a->rows_per_warp == b->rows_per_warp && a->warps_per_block == b->warps_per_block;
 }
 
@@ -796,7 +777,7 @@ static void add_candidate(mha_exec_config *out, int cap, int *n, const mha_exec_
 
 /* The plain block-wise setting (bm, bn, w) on top of base (head_dim,
  * dtype, relpos), in the automatic build (set_build) at the forced or
- * automatic depth: measured candidates are never gathered. */
+ * automatic depth. */
 static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn, int w,
                                     const mha_exec_force *force, const mha_device_limits *lim) {
     mha_exec_config c = *base;
@@ -804,7 +785,6 @@ static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn,
     c.block_m = bm;
     c.block_n = bn;
     c.num_warps = w;
-    c.gather = 1;
     set_build(&c, force, lim);
     return c;
 }
@@ -875,7 +855,7 @@ static int split_chunk_for(const mha_exec_problem *p, const mha_exec_config *cfg
                            const mask_bsr *f, const mha_device_limits *lim, int force_chunk) {
     if (force_chunk)
         return force_chunk > 0 ? force_chunk : 0;
-    int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, mha_exec_tile_n(cfg), cfg->num_warps,
+    int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
                                             cfg->stages, cfg->head_dim,
                                             (int)stof_dtype_size(cfg->dtype), lim);
     return mha_exec_split_chunk(f, p->batch, p->heads, (per_sm > 0 ? per_sm : 1) * lim->sm_count);
@@ -1197,9 +1177,16 @@ static int scratch_alloc(mha_exec_ctx *c, const mha_exec_problem *p, mha_scratch
     return STOF_OK;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
+/* One timed run of a candidate (gpu_timer_work). */
+typedef struct timed_run {
+    mha_exec_ctx *ctx;
+    const mha_exec_plan *plan;
+    const mha_exec_tensors *tensors;
+} timed_run;
+
+static int run_candidate(void *ud, CUstream st, stof_error *err) {
+    const timed_run *r = ud;
+    return mha_exec_run(r->ctx, r->plan, r->tensors, st, err);
 }
 
 /* The median time of plan on the scratch inputs, ms: the launches of the
@@ -1211,39 +1198,25 @@ static int time_plan(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_scrat
     tp.problem.batch = s->batch;
     tp.grid[2] = (unsigned)s->batch;
     tp.combine_grid[2] = (unsigned)s->batch;
-    CUevent ev[2] = {0, 0};
-    float ms[MHA_EXEC_MEASURE_RUNS];
-    int rc = cuda_check(c->drv, c->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate",
-                        err);
-    if (!rc)
-        rc = cuda_check(c->drv, c->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate",
-                        err);
-    for (int i = 0; i < MHA_EXEC_MEASURE_WARMUP && !rc; i++)
-        rc = mha_exec_run(c, &tp, &s->t, 0, err);
-    for (int i = 0; i < MHA_EXEC_MEASURE_RUNS && !rc; i++) {
-        if (!(rc = cuda_check(c->drv, c->drv->EventRecord(ev[0], 0), "cuEventRecord", err)) &&
-            !(rc = mha_exec_run(c, &tp, &s->t, 0, err)) &&
-            !(rc = cuda_check(c->drv, c->drv->EventRecord(ev[1], 0), "cuEventRecord", err)) &&
-            !(rc = cuda_check(c->drv, c->drv->EventSynchronize(ev[1]),
-                              "cuEventSynchronize(attention candidate)", err)))
-            rc = cuda_check(c->drv, c->drv->EventElapsedTime(&ms[i], ev[0], ev[1]),
-                            "cuEventElapsedTime", err);
-    }
-    for (int i = 0; i < 2; i++)
-        if (ev[i])
-            c->drv->EventDestroy(ev[i]);
+    timed_run run = {c, &tp, &s->t};
+    gpu_timer timer;
+    int rc = gpu_timer_create(c->drv, &timer, err);
     if (rc)
         return rc;
-    qsort(ms, MHA_EXEC_MEASURE_RUNS, sizeof ms[0], cmp_float);
-    *median = ms[MHA_EXEC_MEASURE_RUNS / 2];
-    return STOF_OK;
+    double ms = 0;
+    rc = gpu_timer_median(&timer, NULL, MHA_EXEC_MEASURE_WARMUP, MHA_EXEC_MEASURE_RUNS,
+                          run_candidate, &run, &ms, NULL, err);
+    gpu_timer_free(&timer);
+    if (!rc)
+        *median = (float)ms;
+    return rc;
 }
 
 /* One line naming a configuration, for reasons. */
 static void config_name(const mha_exec_config *cfg, char *buf, size_t n) {
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
-        snprintf(buf, n, "block %dx%d g%d w%d s%d", cfg->block_m, cfg->block_n,
-                 mha_exec_gather(cfg), cfg->num_warps, cfg->stages);
+        snprintf(buf, n, "block %dx%d w%d s%d", cfg->block_m, cfg->block_n, cfg->num_warps,
+                 cfg->stages);
     else
         snprintf(buf, n, "row-wise %dx%d", cfg->rows_per_warp, cfg->warps_per_block);
 }
@@ -1382,11 +1355,11 @@ size_t mha_exec_plan_describe(const mha_exec_plan *plan, char *buf, size_t n) {
     int k;
     if (cfg->kernel == MHA_KERNEL_BLOCK_WISE)
         k = snprintf(buf, n,
-                     "block-wise%s BLOCK_M=%d BLOCK_N=%d gather=%d warps=%d stages=%d%s "
+                     "block-wise%s BLOCK_M=%d BLOCK_N=%d warps=%d stages=%d%s "
                      "smem=%zuB grid=%ux%ux%u %s D=%d%s; %d loaded blocks (%d partial, %d "
                      "bitmaps), fmt_batch %d%s; %s",
                      cfg->wgmma ? " wgmma" : "", cfg->block_m, cfg->block_n,
-                     mha_exec_gather(cfg), cfg->num_warps, cfg->stages, cfg->tma ? " tma" : "",
+                     cfg->num_warps, cfg->stages, cfg->tma ? " tma" : "",
                      plan->smem,
                      plan->grid[0], plan->grid[1], plan->grid[2], stof_dtype_name(cfg->dtype),
                      cfg->head_dim, cfg->relpos ? " relpos" : "", plan->n_loaded_blocks,

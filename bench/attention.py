@@ -108,15 +108,14 @@ def run_case(ctx, mask_name, batch, seq, check_only=False, measure=MEASURE):
 
 
 def short_kernel(describe):
-    """'block-wise BLOCK_M=64 BLOCK_N=32 gather=2 warps=4 ...' -> 'block 64x32 g2 w4'
-    (gather shown when > 1, ' wgmma' and ' tma' kept)."""
+    """'block-wise BLOCK_M=64 BLOCK_N=32 warps=4 ...' -> 'block 64x32 w4'
+    (' wgmma' and ' tma' kept)."""
     import re
-    m = re.search(r"block-wise( wgmma)? BLOCK_M=(\d+) BLOCK_N=(\d+)(?: gather=(\d+))? "
+    m = re.search(r"block-wise( wgmma)? BLOCK_M=(\d+) BLOCK_N=(\d+) "
                   r"warps=(\d+)(?: stages=\d+( tma)?)?", describe)
     if m:
-        g = f" g{m.group(4)}" if m.group(4) and m.group(4) != "1" else ""
-        return (f"block {m.group(2)}x{m.group(3)}{g} w{m.group(5)}{m.group(1) or ''}"
-                f"{m.group(6) or ''}")
+        return (f"block {m.group(2)}x{m.group(3)} w{m.group(4)}{m.group(1) or ''}"
+                f"{m.group(5) or ''}")
     m = re.search(r"row-wise rows/warp=(\d+) warps=(\d+)", describe)
     return f"row {m.group(1)}x{m.group(2)}" if m else describe[:40]
 

@@ -1,5 +1,5 @@
 /* The argument block of the attention kernels (attention_block.cu,
- * attention_row.cu), shared by the host (C11: core/exec/attention/mha_exec.c includes it as
+ * attention_row.cu), shared by the host (C11: core/exec/attention/mha_exec_*.c include it as
  * "kernels/attention_abi.cuh") and the kernels (CUDA C++ under NVRTC).
  *
  * One struct, passed BY VALUE as the single kernel parameter, so host and

@@ -93,7 +93,6 @@ typedef struct setting {
     int measure; /* > 0: a measured plan */
     int split;   /* mha_exec_force.split_chunk: 0 automatic, -1 never, N chunks of N */
     int wgmma;   /* the wgmma build (sm_90 only; elsewhere the plan is refused: SKIP) */
-    int gather;  /* key blocks computed per iteration (0: one) */
     int tma;     /* mma.sync builds: 0 automatic (K, V by TMA on sm_90+), -1 cp.async */
 } setting;
 
@@ -103,54 +102,47 @@ typedef struct setting {
  * and the combine kernel on every case: fully masked rows, per-batch
  * masks, cross-attention, relpos). */
 static const setting settings[] = {
-    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"auto", -1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, -1, 0, 0, 0},
-    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, -1, 0, 0, 0},
-    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, -1, 0, 0, 0},
-    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 2, 0, -1, 0, 0, 0},
-    {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, -1, 0, 0, 0},
-    {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, -1, 0, 0, 0},
-    {"64x64w4c2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, 2, 0, 0, 0},
-    {"64x32w4c4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 4, 0, 0, 0},
-    {"16x16w1c4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 4, 0, 0, 0},
-    {"128x64w4c3", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, 3, 0, 0, 0},
-    {"eq2c2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 2, 0, 0, 0},
-    {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0, -1, 1, 0, 0},
-    {"wg64x16s3", MHA_KERNEL_BLOCK_WISE, 64, 16, 4, 3, 0, -1, 1, 0, 0},
-    {"wg128x64s3", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 3, 0, -1, 1, 0, 0},
-    {"wg64x32c3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, 3, 1, 0, 0},
-    {"32x32w2g2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, -1, 0, 2, 0},
-    {"32x32w2g4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, -1, 0, 4, 0},
-    {"16x16w1g4s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0, -1, 0, 4, 0},
-    {"64x32w4g2c3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 3, 0, 2, 0},
-    {"32x32w2g4c5", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, 5, 0, 4, 0},
-    {"wg64x32g2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, -1, 1, 2, 0},
+    {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"auto", -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, -1, 0, 0},
+    {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, -1, 0, 0},
+    {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, -1, 0, 0},
+    {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 2, 0, -1, 0, 0},
+    {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, -1, 0, 0},
+    {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, -1, 0, 0},
+    {"64x64w4c2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, 2, 0, 0},
+    {"64x32w4c4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 4, 0, 0},
+    {"16x16w1c4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 4, 0, 0},
+    {"128x64w4c3", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 2, 0, 3, 0, 0},
+    {"eq2c2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 2, 0, 0},
+    {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0, -1, 1, 0},
+    {"wg64x16s3", MHA_KERNEL_BLOCK_WISE, 64, 16, 4, 3, 0, -1, 1, 0},
+    {"wg128x64s3", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 3, 0, -1, 1, 0},
+    {"wg64x32c3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, 3, 1, 0},
     /* on sm_90 the settings above take TMA where they can; these keep cp.async */
-    {"64x64w4cp", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, -1, 0, 0, -1},
-    {"32x32w2s3cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, -1, 0, 0, -1},
-    {"16x16w1s4cp", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, -1, 0, 0, -1},
-    {"64x32w4c4cp", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 4, 0, 0, -1},
-    {"32x32w2g2cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 2, 0, -1, 0, 2, -1},
+    {"64x64w4cp", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, -1, 0, -1},
+    {"32x32w2s3cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, -1, 0, -1},
+    {"16x16w1s4cp", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, -1, 0, -1},
+    {"64x32w4c4cp", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 4, 0, -1},
     /* and these TMA at other depths and shapes */
-    {"32x32w2s4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 4, 0, -1, 0, 0, 0},
-    {"32x32w1s3c3", MHA_KERNEL_BLOCK_WISE, 32, 32, 1, 3, 0, 3, 0, 0, 0},
+    {"32x32w2s4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 4, 0, -1, 0, 0},
+    {"32x32w1s3c3", MHA_KERNEL_BLOCK_WISE, 32, 32, 1, 3, 0, 3, 0, 0},
 };
 #define N_SETTINGS ((int)(sizeof settings / sizeof settings[0]))
 
 /* A measured plan, run on one cross-attention case (Sk > Sq: the scratch
  * buffers' rows) for fp16 D=64; its candidates split at chunk 2 too. */
 static const setting measured_settings[] = {
-    {"measure2", -1, 0, 0, 0, 0, 2, 0, 0, 0, 0},
-    {"measure2c2", -1, 0, 0, 0, 0, 2, 2, 0, 0, 0},
+    {"measure2", -1, 0, 0, 0, 0, 2, 0, 0, 0},
+    {"measure2c2", -1, 0, 0, 0, 0, 2, 2, 0, 0},
 };
 #define MEASURED_CASE "cross bigbird+causal"
 
 static mha_exec_force force_of(const setting *s) {
     mha_exec_force f = {.kernel = s->kernel, .block_m = s->block_m, .block_n = s->block_n,
                         .num_warps = s->num_warps, .stages = s->stages, .measure = s->measure,
-                        .split_chunk = s->split, .gather = s->gather, .tma = s->tma,
+                        .split_chunk = s->split, .tma = s->tma,
                         /* explicit either way: mma.sync settings stay mma.sync on sm_90 */
                         .wgmma = s->wgmma ? 1 : -1};
     return f;
@@ -414,10 +406,8 @@ static void print_first_errors(const data *d, const uint16_t *out, double tol) {
 static void setting_label(const setting *s, const mha_exec_plan *plan, char *buf, size_t n) {
     const mha_exec_config *c = &plan->config;
     char g[16] = "";
-    if (mha_exec_gather(c) > 1)
-        snprintf(g, sizeof g, ",g%d", mha_exec_gather(c));
     if (c->tma)
-        snprintf(g + strlen(g), sizeof g - strlen(g), ",tma");
+        snprintf(g, sizeof g, ",tma");
     if (c->kernel == MHA_KERNEL_ROW_WISE)
         snprintf(buf, n, "%s:row(%dx%d)", s->name, c->rows_per_warp, c->warps_per_block);
     else if (c->split)
@@ -741,47 +731,37 @@ static void time_shape(gpu *g, const tshape *sh, const setting *list, int n_list
 
 static void timing(gpu *g) {
     static const setting timed[] = {
-        {"auto", -1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"16x16w1s2", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 0, 0, 0, 0},
-        {"16x16w1s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0, 0, 0, 0, 0},
-        {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, 0, 0, 0, 0},
-        {"64x32w4s2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 0, 0, 0, 0},
-        {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, 0, 0, 0, 0},
-        {"64x32w4s4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 4, 0, 0, 0, 0, 0},
-        {"64x64w4s2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, 0, 0, 0, 0},
-        {"64x64w4s3", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0, 0, 0, 0, 0},
-        {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0, 0, 0, 0},
-        {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 0, 0, 0},
-        {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 0, 0, 0},
-        {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"measure6", -1, 0, 0, 0, 0, 6, 0, 0, 0, 0},
-        {"wg64x32", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 1, 0, 0},
-        {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 1, 0, 0},
-        {"wg64x128", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 1, 0, 0},
-        {"wg128x32w8", MHA_KERNEL_BLOCK_WISE, 128, 32, 8, 0, 0, 0, 1, 0, 0},
-        {"wg128x64w8", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 0, 0, 0, 1, 0, 0},
-        {"wg128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 1, 0, 0},
-        {"32x32w2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0, 0},
-        {"32x32w2cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0, -1},
-        {"32x32w2s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, 0, 0},
-        {"32x32w2s3cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, 0, -1},
-        {"32x32w2s4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 4, 0, 0, 0, 0, 0},
-        {"32x32w1", MHA_KERNEL_BLOCK_WISE, 32, 32, 1, 0, 0, 0, 0, 0, 0},
-        {"32x32w1s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 1, 3, 0, 0, 0, 0, 0},
-        {"64x32w4cp", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, 0, -1},
-        {"32x32w2g2s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, 2, 0},
-        {"128x32w8", MHA_KERNEL_BLOCK_WISE, 128, 32, 8, 0, 0, 0, 0, 0, 0},
-        {"64x32w2", MHA_KERNEL_BLOCK_WISE, 64, 32, 2, 0, 0, 0, 0, 0, 0},
-        {"64x16w4g2", MHA_KERNEL_BLOCK_WISE, 64, 16, 4, 0, 0, 0, 0, 2, 0},
-        {"32x32w2g2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 2, 0},
-        {"32x32w2g4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 4, 0},
-        {"32x32w2g4s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, 4, 0},
-        {"64x32w4g2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, 2, 0},
-        {"64x32w4g4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, 4, 0},
-        {"32x16w2g4", MHA_KERNEL_BLOCK_WISE, 32, 16, 2, 0, 0, 0, 0, 4, 0},
-        {"wg64x32g2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 1, 2, 0},
-        {"wg64x32g4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 1, 4, 0},
+        {"auto", -1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"eq2", MHA_KERNEL_BLOCK_WISE, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"16x16w1s2", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 2, 0, 0, 0, 0},
+        {"16x16w1s3", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 3, 0, 0, 0, 0},
+        {"16x16w1s4", MHA_KERNEL_BLOCK_WISE, 16, 16, 1, 4, 0, 0, 0, 0},
+        {"64x32w4s2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 2, 0, 0, 0, 0},
+        {"64x32w4s3", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 3, 0, 0, 0, 0},
+        {"64x32w4s4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 4, 0, 0, 0, 0},
+        {"64x64w4s2", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 2, 0, 0, 0, 0},
+        {"64x64w4s3", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 3, 0, 0, 0, 0},
+        {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0, 0, 0},
+        {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 0, 0},
+        {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 0, 0},
+        {"row", MHA_KERNEL_ROW_WISE, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"measure6", -1, 0, 0, 0, 0, 6, 0, 0, 0},
+        {"wg64x32", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 1, 0},
+        {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 1, 0},
+        {"wg64x128", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 1, 0},
+        {"wg128x32w8", MHA_KERNEL_BLOCK_WISE, 128, 32, 8, 0, 0, 0, 1, 0},
+        {"wg128x64w8", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 0, 0, 0, 1, 0},
+        {"wg128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 1, 0},
+        {"32x32w2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0},
+        {"32x32w2cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, -1},
+        {"32x32w2s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, 0},
+        {"32x32w2s3cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 3, 0, 0, 0, -1},
+        {"32x32w2s4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 4, 0, 0, 0, 0},
+        {"32x32w1", MHA_KERNEL_BLOCK_WISE, 32, 32, 1, 0, 0, 0, 0, 0},
+        {"32x32w1s3", MHA_KERNEL_BLOCK_WISE, 32, 32, 1, 3, 0, 0, 0, 0},
+        {"64x32w4cp", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, -1},
+        {"128x32w8", MHA_KERNEL_BLOCK_WISE, 128, 32, 8, 0, 0, 0, 0, 0},
+        {"64x32w2", MHA_KERNEL_BLOCK_WISE, 64, 32, 2, 0, 0, 0, 0, 0},
     };
     const tshape big = {"bigbird{}", 16, 4096};
     time_shape(g, &big, timed, (int)(sizeof timed / sizeof timed[0]));
@@ -789,34 +769,31 @@ static void timing(gpu *g) {
     /* the same kernel on an all-allowed mask: its dense throughput, the
      * ceiling a sparse mask can approach */
     static const setting dense_timed[] = {
-        {"32x32w2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0, 0},
-        {"32x32w2cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0, -1},
-        {"128x64w4cp", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0, 0, 0, -1},
-        {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 0, 0, 0},
-        {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0, 0, 0, 0},
-        {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 0, 0, 0},
-        {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 0, 0, 0},
-        {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 1, 0, 0},
-        {"wg64x128", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 1, 0, 0},
-        {"wg128x64w8", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 0, 0, 0, 1, 0, 0},
-        {"wg128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 1, 0, 0},
-        {"wg128x128w8s3", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 3, 0, 0, 1, 0, 0},
-        {"32x64w2", MHA_KERNEL_BLOCK_WISE, 32, 64, 2, 0, 0, 0, 0, 0, 0},
-        {"32x32w2g2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 2, 0},
-        {"32x32w2g4", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 4, 0},
-        {"64x32w4g2", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, 2, 0},
+        {"32x32w2", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, 0},
+        {"32x32w2cp", MHA_KERNEL_BLOCK_WISE, 32, 32, 2, 0, 0, 0, 0, -1},
+        {"128x64w4cp", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0, 0, -1},
+        {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 0, 0},
+        {"128x64w4", MHA_KERNEL_BLOCK_WISE, 128, 64, 4, 0, 0, 0, 0, 0},
+        {"64x128w4", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 0, 0},
+        {"128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 0, 0},
+        {"wg64x64", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 1, 0},
+        {"wg64x128", MHA_KERNEL_BLOCK_WISE, 64, 128, 4, 0, 0, 0, 1, 0},
+        {"wg128x64w8", MHA_KERNEL_BLOCK_WISE, 128, 64, 8, 0, 0, 0, 1, 0},
+        {"wg128x128w8", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 0, 0, 0, 1, 0},
+        {"wg128x128w8s3", MHA_KERNEL_BLOCK_WISE, 128, 128, 8, 3, 0, 0, 1, 0},
+        {"32x64w2", MHA_KERNEL_BLOCK_WISE, 32, 64, 2, 0, 0, 0, 0, 0},
     };
     const tshape dense = {"full{}", 16, 4096};
     time_shape(g, &dense, dense_timed, (int)(sizeof dense_timed / sizeof dense_timed[0]));
 
     /* split rows: off vs automatic, same kernel settings */
     static const setting split_timed[] = {
-        {"auto-nosplit", -1, 0, 0, 0, 0, 0, -1, 0, 0, 0},
-        {"auto", -1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"64x64w4-nosplit", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, -1, 0, 0, 0},
-        {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 0, 0, 0},
-        {"64x32w4-nosplit", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, -1, 0, 0, 0},
-        {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, 0, 0},
+        {"auto-nosplit", -1, 0, 0, 0, 0, 0, -1, 0, 0},
+        {"auto", -1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"64x64w4-nosplit", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, -1, 0, 0},
+        {"64x64w4", MHA_KERNEL_BLOCK_WISE, 64, 64, 4, 0, 0, 0, 0, 0},
+        {"64x32w4-nosplit", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, -1, 0, 0},
+        {"64x32w4", MHA_KERNEL_BLOCK_WISE, 64, 32, 4, 0, 0, 0, 0, 0},
     };
     static const tshape split_shapes[] = {
         {"longformer{}", 1, 4096},
@@ -860,7 +837,7 @@ static void sweep_template(gpu *g, int big, const char *only, uint64_t *seed) {
                 if (only && strcmp(only, names[n]) != 0)
                     continue;
                 list[n] = (setting){names[n], MHA_KERNEL_BLOCK_WISE, sizes[i], sizes[j],
-                                    warps[w], 0, 0, 0, 0, 0, 0};
+                                    warps[w], 0, 0, 0, 0, 0};
                 n++;
             }
     for (int c = 0; c < (big ? 2 : 1) && !g->dead; c++)

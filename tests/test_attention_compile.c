@@ -203,44 +203,8 @@ static int list_wgmma_variants(variant *v, int cap) {
     return n;
 }
 
-/* Gathered key blocks (-DGATHER): dtype x every head_dim x gather_settings
- * at STAGES 2 on sm_90 (the first one on sm_80), then relpos, split, deeper
- * and wgmma ones. */
-static const int gather_settings[][4] = {{32, 32, 2, 2}, {32, 32, 2, 4}, {64, 32, 4, 2},
-                                         {16, 16, 1, 4}};
-#define N_GATHER ((int)(sizeof gather_settings / sizeof gather_settings[0]))
-
-static int list_gather_variants(variant *v, int cap) {
-    int n = 0;
-    for (int a = 0; a < 2; a++)
-        for (int d = 0; d < 2; d++)
-            for (int h = 0; h < 4; h++)
-                for (int s = 0; s < (a == 0 ? 1 : N_GATHER); s++) {
-                    mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE,
-                                           .head_dim = head_dims[h], .dtype = dtypes[d],
-                                           .block_m = gather_settings[s][0],
-                                           .block_n = gather_settings[s][1],
-                                           .num_warps = gather_settings[s][2], .stages = 2,
-                                           .gather = gather_settings[s][3]};
-                    n = add_if_valid(v, n, cap, cfg, archs[a]);
-                }
-    static const mha_exec_config extra[] = {
-        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
-         .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 2, .gather = 4},
-        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 32,
-         .block_n = 32, .num_warps = 2, .stages = 3, .split = 1, .gather = 2},
-        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .block_m = 64,
-         .block_n = 32, .num_warps = 4, .stages = 3, .wgmma = 1, .gather = 4},
-        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .block_m = 64,
-         .block_n = 16, .num_warps = 4, .stages = 3, .split = 1, .wgmma = 1, .gather = 2},
-    };
-    for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
-        v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
-    return n;
-}
-
 /* The TMA builds (sm_90, mma.sync): dtype x head_dim 64, 128 x
- * tma_settings at STAGES 2 and 3, then relpos, split and gathered ones. */
+ * tma_settings at STAGES 2 and 3, then relpos and split ones. */
 static const int tma_settings[][3] = {{32, 32, 2}, {32, 32, 1}, {64, 32, 4}, {64, 64, 4},
                                       {128, 64, 4}, {16, 16, 1}};
 #define N_TMA ((int)(sizeof tma_settings / sizeof tma_settings[0]))
@@ -265,8 +229,6 @@ static int list_tma_variants(variant *v, int cap) {
          .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 2, .split = 1, .tma = 1},
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 32,
          .block_n = 32, .num_warps = 2, .stages = 4, .split = 1, .tma = 1},
-        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_BF16, .block_m = 32,
-         .block_n = 32, .num_warps = 2, .stages = 3, .gather = 2, .tma = 1},
         /* the wgmma build at head size 64 */
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
          .block_n = 64, .num_warps = 4, .stages = 3, .wgmma = 1, .tma = 1},
@@ -277,8 +239,6 @@ static int list_tma_variants(variant *v, int cap) {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
          .relpos_mid = 256, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3,
          .split = 1, .wgmma = 1, .tma = 1},
-        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .block_m = 64,
-         .block_n = 32, .num_warps = 4, .stages = 3, .wgmma = 1, .gather = 2, .tma = 1},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
         v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
@@ -288,7 +248,7 @@ static int list_tma_variants(variant *v, int cap) {
 /* The variant list: on sm_90 both kernels x dtype x head_dim x relpos, the
  * block-wise kernel at every setting of block_settings (with relpos at the
  * first two); on sm_80 the row-wise kernel and the first block setting; all
- * at STAGES 2. Then the deep, wgmma, gathered and split lists. */
+ * at STAGES 2. Then the deep, wgmma and split lists. */
 static int list_variants(variant *v, int cap) {
     int n = 0;
     for (int a = 0; a < 2; a++)
@@ -316,7 +276,6 @@ static int list_variants(variant *v, int cap) {
         v[n++] = (variant){.cfg = many, .arch = "sm_90"};
     n += list_deep_variants(v + n, cap - n);
     n += list_wgmma_variants(v + n, cap - n);
-    n += list_gather_variants(v + n, cap - n);
     n += list_tma_variants(v + n, cap - n);
     return n + list_split_variants(v + n, cap - n);
 }
@@ -523,37 +482,6 @@ static void test_configs(void) {
     CHECK(!mha_exec_block_regs_ok(128, 64, 4, 128));
     CHECK(!mha_exec_block_regs_ok(128, 32, 1, 64));
 
-    /* gathered key blocks: 1, 2 or 4 of them, tiles of at most 256 keys */
-    c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
-                          .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 2};
-    CHECK_EQ_INT(mha_exec_gather(&c), 1);
-    CHECK_EQ_INT(mha_exec_tile_n(&c), 32);
-    c.gather = 4;
-    CHECK_EQ_INT(mha_exec_config_check(&c, 227 * 1024, &err), STOF_OK);
-    CHECK_EQ_INT(mha_exec_tile_n(&c), 128);
-    c.gather = 3;
-    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "gather takes 1, 2 or 4");
-    c.gather = 4;
-    c.block_n = 128; /* 512 keys */
-    expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "at most 256 keys");
-    c.block_n = 64; /* 256 keys, 4 stages: (32 + 8 * 256) * 72 * 2 = 299520 B */
-    c.stages = 4;
-    expect(mha_exec_config_check(&c, 227 * 1024, &err), STOF_ERR_UNSUPPORTED, &err,
-           "x gather 4");
-    {
-        mha_exec_request rg;
-        c.block_n = 32;
-        c.stages = 2;
-        mha_exec_request_init(&rg, &c, "sm_90");
-        CHECK(!strcmp(rg.req.options[rg.req.n_options - 1], "-DGATHER=4"));
-        mha_exec_request r1;
-        c.gather = 1; /* one block: no option, the plain build's cache key */
-        mha_exec_request_init(&r1, &c, "sm_90");
-        for (int i = 0; i < r1.req.n_options; i++)
-            CHECK_MSG(strncmp(r1.req.options[i], "-DGATHER", 8) != 0, "got %s",
-                      r1.req.options[i]);
-        CHECK(nvrtc_key(&rg.req) != nvrtc_key(&r1.req));
-    }
     c = (mha_exec_config){.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16,
                           .block_m = 128, .block_n = 64, .num_warps = 4, .stages = 2};
 
@@ -665,12 +593,11 @@ static void test_wgmma_configs(void) {
            "tiles of 16, 32, 64 or 128 keys");
     c.block_n = 32;
     CHECK_EQ_INT(mha_exec_config_check(&c, 0, &err), STOF_OK);
-    c.gather = 4; /* 128 keys a tile: an instruction shape */
+    c.block_n = 128; /* 128 keys a tile: an instruction shape */
     CHECK_EQ_INT(mha_exec_config_check(&c, 0, &err), STOF_OK);
-    c.block_n = 64; /* 256: none */
+    c.block_n = 256; /* none */
     expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "got 256");
     c.block_n = 32;
-    c.gather = 0;
     c.stages = 2; /* the previous block's V stays while the next one loads */
     expect(mha_exec_config_check(&c, 0, &err), STOF_ERR_INVALID, &err, "at least 3 K/V stages");
     c.stages = 3;
@@ -959,17 +886,11 @@ static void test_candidates(void) {
     int n = candidates_of("bigbird{}", 16, 4096, 64, &force, &lim, c, MHA_EXEC_MAX_MEASURED);
     CHECK(n >= 7 && n <= 11);
     CHECK_EQ_INT(count_kind(c, n, MHA_KERNEL_ROW_WISE), 0);
-    int fixed_seen = 0, gathered = 0;
-    for (int i = 0; i < n; i++) {
-        int g = mha_exec_gather(&c[i]);
-        fixed_seen += (c[i].block_m == 64 && c[i].block_n == 32 && c[i].num_warps == 4 &&
-                       g == 1) +
+    int fixed_seen = 0;
+    for (int i = 0; i < n; i++)
+        fixed_seen += (c[i].block_m == 64 && c[i].block_n == 32 && c[i].num_warps == 4) +
                       (c[i].block_m == 128 && c[i].block_n == 64 && c[i].num_warps == 8);
-        gathered += (c[i].block_m == 32 && c[i].block_n == 32 && (g == 2 || g == 4)) +
-                    (c[i].block_m == 64 && c[i].block_n == 32 && g == 2);
-    }
     CHECK_EQ_INT(fixed_seen, 2);
-    CHECK_EQ_INT(gathered, 0); /* forced only */
 
     /* measure = 1 at D=128: (64, 32, 4) and (32, 32, 2) stay, all at the automatic depth
      * (raised to the wgmma build's least for its whole-warpgroup settings on sm_90) */
@@ -978,7 +899,7 @@ static void test_candidates(void) {
     CHECK(n >= 2 && n <= 6);
     int wgmma_seen = 0;
     for (int i = 0; i < n; i++) {
-        int depth = mha_exec_auto_stages(c[i].block_m, mha_exec_tile_n(&c[i]), c[i].num_warps,
+        int depth = mha_exec_auto_stages(c[i].block_m, c[i].block_n, c[i].num_warps,
                                          128, 2, &lim);
         if (c[i].wgmma && depth < MHA_EXEC_WGMMA_MIN_STAGES)
             depth = MHA_EXEC_WGMMA_MIN_STAGES;

@@ -73,25 +73,11 @@ typedef struct mha_exec_config {
     int wgmma;                           /* block-wise: the Hopper build (-DWGMMA=1, warpgroup
                                             MMA, compiled for sm_90a): sm_90 devices only,
                                             BLOCK_M = 16 warps, a multiple of 64 */
-    int gather;                          /* block-wise: load-list entries computed per
-                                            iteration as one tile of gather x BLOCK_N keys
-                                            (-DGATHER; 2 or 4; 0 and 1 mean one). Forced
-                                            only: on an H200, BigBird 16x12x4096 at 32x32
-                                            ran 0.83 ms gathered by 2 and 1.25 by 4 against
-                                            0.81 plain: per-block work is not what bounds
-                                            32-row tiles (see attention_block.cu) */
     int tma;                             /* block-wise: K and V tiles by the tensor memory
                                             accelerator (-DTMA=1; sm_90 and later, head_dim a
                                             multiple of 64, with wgmma 64), one thread
                                             issuing each tile, instead of cp.async by all */
 } mha_exec_config;
-
-#define MHA_EXEC_MAX_GATHER 4
-/* Entries a block-wise iteration takes (config.gather, 0 read as 1). */
-int mha_exec_gather(const mha_exec_config *c);
-/* Keys a block-wise iteration computes: BLOCK_N x gather (the tile size
- * shared memory, registers and residency depend on). */
-int mha_exec_tile_n(const mha_exec_config *c);
 
 /* The arch a configuration compiles for on a device of `arch`: the wgmma
  * build needs the architecture-specific target (sm_90 -> sm_90a). */
@@ -112,7 +98,7 @@ int mha_exec_tma_shape(const mha_exec_config *c);
  * `stages` K and V tiles [stages][tile_n], rows of head_dim + 8 elements:
  * (block_m + 2 stages tile_n) (head_dim + 8) dtype_bytes. (The wgmma build
  * keeps unpadded rows and uses 8 / (head_dim + 8) of it less.) tile_n is
- * mha_exec_tile_n: BLOCK_N times the gathered entries; likewise below. */
+ * BLOCK_N, the keys of one iteration; likewise below. */
 size_t mha_exec_block_smem(int block_m, int tile_n, int stages, int head_dim, int dtype_bytes);
 /* The same for a block-wise config, its relpos table included. The TMA
  * build's K and V rows are unpadded and 1024-byte aligned, and its stages
@@ -249,7 +235,6 @@ typedef struct mha_exec_force {
     int wgmma;       /* block-wise: 1 = the wgmma build, -1 = the mma.sync one, 0 =
                         automatic (wgmma on sm_90 for whole warpgroups of 16-row
                         warps and head sizes that are multiples of 64) */
-    int gather;      /* block-wise with explicit sizes: entries a tile (0, 1: one) */
     int tma;         /* block-wise: 1 = K and V by the tensor memory accelerator, -1 = by
                         cp.async, 0 = automatic (TMA where the device and the shape allow
                         it) */
@@ -268,7 +253,7 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
  * plan always tries besides Eq. 2's best ones, when they fit, each in its
  * automatic build: on sm_90 the whole-warpgroup ones (64x64 with 4 warps,
  * 128x64 with 8) run the wgmma build, 128x64 with 4 warps stays mma.sync.
- * (No gathered ones: on an H200 they won nothing measurable.) */
+ */
 #define MHA_EXEC_MEASURE_FIXED \
     {{64, 32, 4}, {64, 64, 4}, {128, 64, 8}, {32, 32, 2}, {128, 64, 4}}
 #define MHA_EXEC_MEASURE_N_FIXED 5

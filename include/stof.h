@@ -157,8 +157,6 @@ typedef struct stof_attention_desc {
                     16 num_warps, a multiple of 64), -1 = the mma.sync build, 0 = automatic
                     (the Hopper build on sm_90 where the sizes allow it and head_dim is a
                     multiple of 64) */
-    int gather;  /* forced block-wise sizes: 2 or 4 = compute that many of a block row's
-                    key blocks (any columns) per iteration as one tile (0: one) */
     int tma;     /* block-wise: 1 = K and V tiles by the tensor memory accelerator (sm_90
                     and later, head_dim a multiple of 64; with wgmma, 64), -1 = by cp.async,
                     0 = automatic (TMA where the GPU and the shape allow it) */

@@ -70,7 +70,7 @@ class _AttentionDesc(ctypes.Structure):
                 ("relpos_bidirectional", ctypes.c_int), ("kernel", ctypes.c_int),
                 ("block_m", ctypes.c_int), ("block_n", ctypes.c_int),
                 ("num_warps", ctypes.c_int), ("measure", ctypes.c_int),
-                ("wgmma", ctypes.c_int), ("gather", ctypes.c_int), ("tma", ctypes.c_int)]
+                ("wgmma", ctypes.c_int), ("tma", ctypes.c_int)]
 
 
 class _AttentionIO(ctypes.Structure):
@@ -153,8 +153,7 @@ class Attention:
 
     def __init__(self, ctx, batch, heads, head_dim, q_len, k_len=None, dtype="fp16",
                  mask=None, causal=False, scale=0.0, relpos=None, kernel=None,
-                 block_m=0, block_n=0, num_warps=0, measure=0, wgmma=None, gather=0,
-                 tma=None):
+                 block_m=0, block_n=0, num_warps=0, measure=0, wgmma=None, tma=None):
         d = _AttentionDesc()
         d.batch, d.heads, d.head_dim = batch, heads, head_dim
         d.q_len, d.k_len = q_len, k_len or q_len
@@ -170,7 +169,6 @@ class Attention:
         d.measure = measure  # > 0: time that many of Eq. 2's best settings (+ a few) at plan time
         # the Hopper (warpgroup MMA) build: True, False (mma.sync) or None (automatic)
         d.wgmma = 0 if wgmma is None else (1 if wgmma else -1)
-        d.gather = gather  # forced sizes: 2 or 4 key blocks computed as one tile
         # K, V tiles by the tensor memory accelerator (sm_90+): True, False (cp.async) or
         # None (automatic)
         d.tma = 0 if tma is None else (1 if tma else -1)

@@ -65,14 +65,6 @@ static mha_exec_problem problem_of(const stof_attention_desc *d) {
 int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_attention **out) {
     stof_error err = {0};
     *out = NULL;
-    /* Gathered key blocks were removed (on an H200 they measured no faster):
-     * asking for them is an error, not a request silently dropped. */
-    if (desc->gather > 1)
-        return api_remember(err_set(&err, STOF_ERR_UNSUPPORTED,
-                                    "attention: gather %d: gathered key blocks were removed "
-                                    "(leave gather 0)",
-                                    desc->gather),
-                            &err);
     mha_exec_problem p = problem_of(desc);
     mha_exec_force force = {.kernel = (int)desc->kernel, .block_m = desc->block_m,
                             .block_n = desc->block_n, .num_warps = desc->num_warps,

@@ -695,6 +695,26 @@ static void test_silently_wrong(void) {
         CHECK_CONTAINS(err.msg, p);
         safetensors_close(f);
     }
+    /* A file of inputs gives every input and nothing else: an attention_mask
+     * the model does not take is not dropped without a word. */
+    graph tiny;
+    if (build(tiny_model, &tiny) == STOF_OK) {
+        int64_t ids[16] = {0}, mask_ones[16] = {1};
+        safetensors_entry in[2] = {{"input_ids", SAFETENSORS_I64, 2, {2, 8}, ids},
+                                   {"attention_mask", SAFETENSORS_I64, 2, {2, 8}, mask_ones}};
+        const char *ip = WORK "st_inputs.safetensors";
+        for (int k = 0; k < 2; k++) {
+            CHECK_EQ_INT(safetensors_write(ip, in + k, 2 - k, &err), STOF_OK);
+            f = open_ok(ip);
+            weights_source src = {.seed = 1, .inputs = f};
+            CHECK_EQ_INT(weights_source_check(&src, &tiny, &err), STOF_ERR_MISMATCH);
+            CHECK_CONTAINS(err.msg, k == 0 ? "tensor 'attention_mask' is not an input of the "
+                                             "model (its inputs: input_ids)"
+                                           : "input 'input_ids' missing");
+            safetensors_close(f);
+        }
+        graph_free(&tiny);
+    }
     /* 65504 is fp16's largest: it loads. */
     float edge[4] = {65504.0f, -65504.0f, 0, 1};
     safetensors_entry e = {"w", SAFETENSORS_F32, 2, {1, 4}, edge};

@@ -206,7 +206,9 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         if (i == -2)
             return STOF_ERR_FORMAT;
         if (i < 0 && x->role == GRAPH_INPUT)
-            return STOF_OK; /* not in the inputs file: seeded */
+            return err_set(err, STOF_ERR_MISMATCH, "%s: input '%s' missing (a file of inputs "
+                           "gives every input of the model; nothing is drawn at random beside "
+                           "it)", f->path, name);
         if (i < 0 && s)
             return err_set(err, STOF_ERR_MISMATCH, "%s: tensor '%s' missing (part %d of %d of "
                            "weight '%s')", f->path, name, k + 1, n, x->name);
@@ -499,11 +501,13 @@ static void weights_check_prefix(weights_problems *p, const weights_origin *o) {
 
 /* Resolves tensor t (and reads token ids, to check their range). */
 static int weights_check_one(const weights_source *src, const graph *g, int t,
-                             weights_problems *p, stof_error *err) {
+                             weights_problems *p, unsigned char *used, stof_error *err) {
     const graph_tensor *x = &g->tensors[t];
     weights_origin o;
     stof_error e = {0};
     int rc = weights_resolve(src, g, t, &o, &e);
+    for (int k = 0; used && k < o.n; k++) /* found, even when misshapen: not unused */
+        used[o.index[k]] = 1;
     if (!rc && o.file && x->dtype == STOF_I32) {
         float *ids = err_malloc(sizeof *ids * (size_t)graph_tensor_numel(x), &e);
         rc = ids ? weights_read_ids(&o, x, ids, &e) : STOF_ERR_NOMEM;
@@ -542,21 +546,48 @@ static int weights_report(weights_problems *p, int n, stof_error *err) {
     return code ? err_set(err, code, "%s", msg) : STOF_OK;
 }
 
+/* Tensors of the inputs file that the model does not take: an
+ * attention_mask the model has no input for would otherwise be dropped
+ * without a word. */
+static void weights_check_unused(weights_problems *p, const graph *g, const unsigned char *used) {
+    char inputs[256] = "";
+    size_t len = 0;
+    for (int t = 0; t < g->n_tensors && len < sizeof inputs; t++)
+        if (g->tensors[t].role == GRAPH_INPUT)
+            len += (size_t)snprintf(inputs + len, sizeof inputs - len, "%s%s", len ? ", " : "",
+                                    g->tensors[t].name);
+    for (int i = 0; i < p->file->n; i++)
+        if (!used[i]) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "tensor '%s' is not an input of the model (its inputs: %s)",
+                     p->file->tensors[i].name, inputs);
+            weights_problem_add(p, STOF_ERR_MISMATCH, msg);
+        }
+}
+
 int weights_source_check(const weights_source *src, const graph *g, stof_error *err) {
     weights_problems *p = err_calloc(2, sizeof *p, err);
     if (!p)
         return STOF_ERR_NOMEM;
     p[0].file = src->weights;
     p[1].file = src->inputs;
-    int rc = STOF_OK;
+    /* which tensors of the inputs file the model takes */
+    unsigned char *used = src->inputs ? calloc((size_t)src->inputs->n + 1, 1) : NULL;
+    int rc = src->inputs && !used ? err_set(err, STOF_ERR_NOMEM, "out of host memory") : STOF_OK;
     for (int t = 0; t < g->n_tensors && !rc; t++) {
         graph_role r = g->tensors[t].role;
         weights_problems *mine = r == GRAPH_WEIGHT ? &p[0] : r == GRAPH_INPUT ? &p[1] : NULL;
         if (mine && mine->file)
-            rc = weights_check_one(src, g, t, mine, err);
+            rc = weights_check_one(src, g, t, mine, mine->file == src->inputs ? used : NULL,
+                                   err);
     }
+    /* a checkpoint holds more than a model takes (a pooler, a head): only a
+     * file of inputs alone must be taken whole */
+    if (!rc && src->inputs && src->inputs != src->weights)
+        weights_check_unused(&p[1], g, used);
     if (!rc)
         rc = weights_report(p, 2, err);
+    free(used);
     free(p);
     return rc;
 }

@@ -15,42 +15,97 @@
 --   mask    "bigbird"  a pattern name or text form (stof.mask.named); "none" = dense
 --   dtype   "fp16"     fp16, bf16 or fp32
 --
+-- From a Hugging Face model directory (stof graph|run|tune DIR), stof.config is its
+-- config.json: the sizes, eps and activation come from it (preset is not used), the mask
+-- defaults to none (the model's own, dense), and RoBERTa / XLM-RoBERTa (model_type roberta,
+-- xlm-roberta) take their position rows from padding_idx + 1 on, as transformers does for
+-- sequences without padding.
+--
 -- Weight names follow BertModel; the fused QKV projection is
 -- encoder.layer.N.attention.self.qkv.{weight,bias} ([3H, H] and [3H]: query,
 -- key and value stacked in that order), which a weight file supplies as the
 -- checkpoint's attention.self.{query,key,value}.{weight,bias} (from = ...).
-local p = stof.params{preset = "base", layers = 0, batch = 8, seq = 512, mask = "bigbird",
-                      dtype = "fp16"}
+local c = stof.config
+local p = stof.params{preset = "base", layers = 0, batch = 8, seq = 512,
+                      mask = c and "none" or "bigbird", dtype = "fp16"}
 
 local presets = {
   small = {layers = 4, hidden = 512, heads = 8, ffn = 2048},
   base = {layers = 12, hidden = 768, heads = 12, ffn = 3072},
   large = {layers = 24, hidden = 1024, heads = 16, ffn = 4096},
 }
-local cfg = presets[p.preset]
-if not cfg then
-  error("unknown preset '" .. p.preset .. "' (small, base, large)")
+
+-- The config's value of key, which must be a number (an integer when whole).
+local function need(key, whole)
+  local v = c[key]
+  if type(v) ~= "number" or (whole and math.type(v) ~= "integer") then
+    error(string.format("config.json: '%s' must be %s, got %s", key,
+                        whole and "an integer" or "a number", tostring(v)), 2)
+  end
+  return v
+end
+
+-- hidden_act -> (the gelu's tanh flag, or "relu")
+local acts = {gelu = false, gelu_new = true, gelu_pytorch_tanh = true, relu = "relu"}
+
+local cfg, vocab, type_vocab, max_pos, eps, act, pos_from, name
+if c then
+  if p.preset ~= "base" then
+    error("preset: a model directory's config.json gives the sizes; leave preset out")
+  end
+  cfg = {layers = need("num_hidden_layers", true), hidden = need("hidden_size", true),
+         heads = need("num_attention_heads", true), ffn = need("intermediate_size", true)}
+  vocab, type_vocab = need("vocab_size", true), need("type_vocab_size", true)
+  max_pos, eps = need("max_position_embeddings", true), need("layer_norm_eps")
+  act = acts[c.hidden_act or "gelu"]
+  if act == nil then
+    error("config.json: hidden_act '" .. tostring(c.hidden_act) .. "' (stof runs gelu, "
+          .. "gelu_new, gelu_pytorch_tanh, relu)")
+  end
+  if c.model_type == "roberta" or c.model_type == "xlm-roberta" then
+    pos_from = need("pad_token_id", true) + 1 -- positions start after the padding index
+    max_pos = max_pos - pos_from
+  end
+  if c.position_embedding_type and c.position_embedding_type ~= "absolute" then
+    error("config.json: position_embedding_type '" .. c.position_embedding_type
+          .. "' (stof runs absolute)")
+  end
+  name = c.model_type
+else
+  cfg = presets[p.preset]
+  if not cfg then
+    error("unknown preset '" .. p.preset .. "' (small, base, large)")
+  end
+  vocab, type_vocab, max_pos, eps, act = 30522, 2, math.max(512, p.seq), 1e-12, false
+  name = "bert-" .. p.preset
+end
+if p.seq > max_pos then
+  error(string.format("seq %d is longer than the model's %d positions", p.seq, max_pos))
 end
 local L = p.layers > 0 and p.layers or cfg.layers
 local H, heads, F = cfg.hidden, cfg.heads, cfg.ffn
-local vocab, type_vocab = 30522, 2
-local max_pos = math.max(512, p.seq)
 
-local m = stof.model{name = "bert-" .. p.preset, dtype = p.dtype}
+local m = stof.model{name = name, dtype = p.dtype}
 local mask = stof.mask.named(p.mask)
 
 local function norm(prefix)
   return m:weight(prefix .. ".weight", {H}, {init = "ones"}), m:weight(prefix .. ".bias", {H})
 end
 
+local function activation(x)
+  if act == "relu" then return m:relu(x) end
+  return m:gelu(x, {tanh = act})
+end
+
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
 local x = m:embedding(ids, m:weight("embeddings.word_embeddings.weight", {vocab, H}), {
-  position = m:weight("embeddings.position_embeddings.weight", {max_pos, H}),
+  position = m:weight("embeddings.position_embeddings.weight", {max_pos, H},
+                      {rows_from = pos_from}),
   token_type = m:weight("embeddings.token_type_embeddings.weight", {type_vocab, H}),
   name = "embeddings",
 })
 local g, b = norm("embeddings.LayerNorm")
-x = m:layernorm(x, g, b, {eps = 1e-12, name = "embeddings.LayerNorm"})
+x = m:layernorm(x, g, b, {eps = eps, name = "embeddings.LayerNorm"})
 
 for n = 0, L - 1 do
   m:layer(function()
@@ -73,11 +128,11 @@ for n = 0, L - 1 do
                                 name = pre .. ".attention.self"})
     local g1, b1 = norm(pre .. ".attention.output.LayerNorm")
     x = m:layernorm(m:add(linear(".attention.output.dense", a, H, H), x), g1, b1,
-                    {eps = 1e-12, name = pre .. ".attention.output.LayerNorm"})
-    local h = m:gelu(linear(".intermediate.dense", x, F, H))
+                    {eps = eps, name = pre .. ".attention.output.LayerNorm"})
+    local h = activation(linear(".intermediate.dense", x, F, H))
     local g2, b2 = norm(pre .. ".output.LayerNorm")
     x = m:layernorm(m:add(linear(".output.dense", h, H, F), x), g2, b2,
-                    {eps = 1e-12, name = pre .. ".output.LayerNorm"})
+                    {eps = eps, name = pre .. ".output.LayerNorm"})
   end)
 end
 

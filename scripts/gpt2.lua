@@ -5,8 +5,12 @@
 --     x = x + mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))
 -- -> ln_f, and outputs the last hidden state [batch, seq, 768].
 --
+-- From a Hugging Face model directory (stof graph|run|tune DIR), stof.config is its
+-- config.json: n_embd, n_head, n_layer, n_inner, vocab_size, n_positions,
+-- layer_norm_epsilon and activation_function come from it.
+--
 -- Parameters (--set key=value):
---   layers  12
+--   layers  0        more than 0: that many layers instead of the model's (12)
 --   batch   8
 --   seq     512      position table: max(1024, seq) rows
 --   mask    "none"   a pattern name or text form (stof.mask.named), combined
@@ -15,12 +19,38 @@
 --
 -- GPT-2's Conv1D weights are stored [in, out], so every projection is a GEMM
 -- with kn = true. Weight names follow GPT2Model (wte.weight, h.N.attn.c_attn.weight, ...).
-local p = stof.params{layers = 12, batch = 8, seq = 512, mask = "none", dtype = "fp16"}
+local c = stof.config
+local p = stof.params{layers = 0, batch = 8, seq = 512, mask = "none", dtype = "fp16"}
 
-local H, heads, F = 768, 12, 3072
-local vocab = 50257
-local n_positions = math.max(1024, p.seq)
-local eps = 1e-5
+local function need(key, whole)
+  local v = c[key]
+  if type(v) ~= "number" or (whole and math.type(v) ~= "integer") then
+    error(string.format("config.json: '%s' must be %s, got %s", key,
+                        whole and "an integer" or "a number", tostring(v)), 2)
+  end
+  return v
+end
+
+local H, heads, F, vocab, n_positions, eps, layers, tanh
+if c then
+  H, heads, layers = need("n_embd", true), need("n_head", true), need("n_layer", true)
+  F = c.n_inner and need("n_inner", true) or 4 * H
+  vocab, n_positions, eps = need("vocab_size", true), need("n_positions", true),
+                            need("layer_norm_epsilon")
+  local acts = {gelu_new = true, gelu_pytorch_tanh = true, gelu = false}
+  tanh = acts[c.activation_function or "gelu_new"]
+  if tanh == nil then
+    error("config.json: activation_function '" .. tostring(c.activation_function)
+          .. "' (stof runs gelu_new, gelu_pytorch_tanh, gelu)")
+  end
+  if p.seq > n_positions then
+    error(string.format("seq %d is longer than the model's %d positions", p.seq, n_positions))
+  end
+else
+  H, heads, F, vocab, layers, tanh = 768, 12, 3072, 50257, 12, true
+  n_positions, eps = math.max(1024, p.seq), 1e-5
+end
+layers = p.layers > 0 and p.layers or layers
 
 local m = stof.model{name = "gpt2", dtype = p.dtype}
 local mask = stof.mask.named(p.mask)
@@ -43,7 +73,7 @@ local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = voca
 local x = m:embedding(ids, m:weight("wte.weight", {vocab, H}),
                       {position = m:weight("wpe.weight", {n_positions, H}), name = "embeddings"})
 
-for n = 0, p.layers - 1 do
+for n = 0, layers - 1 do
   m:layer(function()
     local pre = "h." .. n
     local qkv = conv1d(pre .. ".attn.c_attn", layernorm(pre .. ".ln_1", x), H, 3 * H)
@@ -51,7 +81,7 @@ for n = 0, p.layers - 1 do
                                 mask = mask, name = pre .. ".attn"})
     x = m:add(x, conv1d(pre .. ".attn.c_proj", a, H, H))
     local h = conv1d(pre .. ".mlp.c_fc", layernorm(pre .. ".ln_2", x), H, F)
-    x = m:add(x, conv1d(pre .. ".mlp.c_proj", m:gelu(h, {tanh = true}), F, H))
+    x = m:add(x, conv1d(pre .. ".mlp.c_proj", m:gelu(h, {tanh = tanh}), F, H))
   end)
 end
 

@@ -213,6 +213,29 @@ file(WRITE ${WORK}/changed/bert.lua "${bert_text}\n-- changed\n")
 expect(run_plan_changed_script 1 "changed/bert.lua is not the script the plan was made for"
        run ${WORK}/plan86.json --script ${WORK}/changed/bert.lua)
 
+# ---- Hugging Face model directories ---------------------------------------------------------------
+file(MAKE_DIRECTORY ${WORK}/hf-bert)
+file(WRITE ${WORK}/hf-bert/config.json "{\"model_type\": \"bert\", \"architectures\": [\"BertModel\"],
+  \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,
+  \"intermediate_size\": 128, \"vocab_size\": 50, \"type_vocab_size\": 2,
+  \"max_position_embeddings\": 32, \"layer_norm_eps\": 1e-12, \"hidden_act\": \"gelu\"}")
+file(WRITE ${WORK}/hf-bert/model.safetensors "")
+expect(dir_graph 0 "model bert.*encoder.layer.1.output.LayerNorm" graph ${WORK}/hf-bert --set batch=2 --set seq=16)
+expect(dir_seq_too_long 1 "seq 64 is longer than the model's 32 positions" graph ${WORK}/hf-bert --set seq=64)
+expect(dir_preset 1 "preset: a model directory's config.json gives the sizes"
+       graph ${WORK}/hf-bert --set preset=small)
+# its weights are read from the folder: an empty model.safetensors is refused by name
+expect(dir_weights_read 1 "hf-bert/model.safetensors: 0 bytes is too short"
+       run --cpu ${WORK}/hf-bert --set batch=1 --set seq=8)
+file(MAKE_DIRECTORY ${WORK}/hf-llama)
+file(WRITE ${WORK}/hf-llama/config.json "{\"model_type\": \"llama\"}")
+file(WRITE ${WORK}/hf-llama/model.safetensors "")
+expect(dir_unknown_type 1 "model_type 'llama' is not one stof has a script for \\(it has: bert, roberta"
+       graph ${WORK}/hf-llama)
+file(MAKE_DIRECTORY ${WORK}/hf-none)
+file(WRITE ${WORK}/hf-none/config.json "{\"model_type\": \"bert\"}")
+expect(dir_no_weights 1 "has no model.safetensors or model.safetensors.index.json" graph ${WORK}/hf-none)
+
 message(STATUS "cli: ${passes} passed, ${failures} failed")
 if(failures GREATER 0)
   message(FATAL_ERROR "cli: ${failures} checks failed")

@@ -6,9 +6,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <cjson/cJSON.h>
+
 #include "check.h"
 #include "core/io/model_dir.h"
 #include "core/io/safetensors.h"
+#include "core/io/weights.h"
+#include "core/lua/lua_api.h"
+#include "core/ref/ref.h"
 
 #define WORK STOF_BINARY_DIR "/tests/model_dir/"
 
@@ -166,9 +171,182 @@ static void test_errors(void) {
     expect_error(WORK "dir-config", STOF_ERR_IO, "a directory, not a model config");
 }
 
+/* ---- a model directory end to end: config -> script -> graph -> weights ------------- */
+
+#define SCRIPTS STOF_SOURCE_DIR "/scripts/"
+
+static float *reference(const graph *g, const weights_source *src, stof_error *err) {
+    ref_values rv;
+    if (ref_values_init(g, src, &rv, err))
+        return NULL;
+    float *out = NULL;
+    if (ref_execute(g, &rv, err) == STOF_OK) {
+        out = rv.data[g->output];
+        rv.data[g->output] = NULL;
+    }
+    ref_values_free(&rv);
+    return out;
+}
+
+/* The graph's weights as a checkpoint would store them, from the values
+ * seeded with seed: a weight assembled from parts as its parts (equal rows
+ * each), a weight that is rows R.. of a tensor with R rows of 7 before it;
+ * every name after prefix; into n_shards files (with an index) or one. */
+static void export_dir(const graph *g, uint64_t seed, const char *dir, const char *prefix,
+                       int n_shards) {
+    safetensors_entry e[256];
+    char names[256][GRAPH_NAME_MAX + 16];
+    float *data[256];
+    int n = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const graph_tensor *x = &g->tensors[t];
+        if (x->role != GRAPH_WEIGHT)
+            continue;
+        int64_t numel = graph_tensor_numel(x);
+        float *v = malloc(sizeof *v * (size_t)numel);
+        weights_fill(x, seed, v);
+        const graph_source *src = graph_source_of(g, t);
+        int parts = src && !src->row_offset ? src->n : 1;
+        int64_t rows = x->shape[0] / parts, row = numel / x->shape[0];
+        for (int k = 0; k < parts && n < 256; k++, n++) {
+            snprintf(names[n], sizeof names[n], "%s%s", prefix,
+                     src && !src->row_offset ? graph_source_part(g, src, k) : x->name);
+            e[n] = (safetensors_entry){names[n], SAFETENSORS_F32, x->ndim, {0}, NULL};
+            memcpy(e[n].shape, x->shape, sizeof x->shape[0] * (size_t)x->ndim);
+            e[n].shape[0] = rows;
+            data[n] = malloc(sizeof(float) * (size_t)(rows * row));
+            memcpy(data[n], v + k * rows * row, sizeof(float) * (size_t)(rows * row));
+            if (src && src->row_offset) {
+                int64_t off = src->row_offset;
+                float *wide = malloc(sizeof(float) * (size_t)((rows + off) * row));
+                for (int64_t i = 0; i < off * row; i++)
+                    wide[i] = 7;
+                memcpy(wide + off * row, data[n], sizeof(float) * (size_t)(rows * row));
+                free(data[n]);
+                data[n] = wide;
+                e[n].shape[0] = rows + off;
+            }
+            e[n].data = data[n];
+        }
+        free(v);
+    }
+    stof_error err = {0};
+    char path[512];
+    if (n_shards == 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK_MSG(safetensors_write(path, e, n, &err) == STOF_OK, "%s", err.msg);
+    } else {
+        cJSON *index = cJSON_CreateObject(), *map = cJSON_AddObjectToObject(index, "weight_map");
+        int per = (n + n_shards - 1) / n_shards;
+        for (int s = 0; s < n_shards; s++) {
+            char shard[64];
+            snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+            snprintf(path, sizeof path, "%s/%s", dir, shard);
+            int first = s * per, count = first + per > n ? n - first : per;
+            CHECK_MSG(safetensors_write(path, e + first, count, &err) == STOF_OK, "%s", err.msg);
+            for (int k = first; k < first + count; k++)
+                cJSON_AddStringToObject(map, names[k], shard);
+        }
+        char *text = cJSON_Print(index);
+        put(dir, "model.safetensors.index.json", text);
+        free(text);
+        cJSON_Delete(index);
+    }
+    for (int k = 0; k < n; k++)
+        free(data[k]);
+}
+
+/* The script of config's model_type builds the graph from config.json; the
+ * directory's weights (sharded or not, under a prefix) give the same output
+ * as the same values seeded. */
+static void check_dir_model(const char *name, const char *config, const char *script,
+                            const char *prefix, int shards, int n_layers) {
+    char dir[256];
+    snprintf(dir, sizeof dir, WORK "%s", name);
+    fresh_dir(dir);
+    put(dir, "config.json", config);
+    model_dir md;
+    stof_error err = {0};
+    put(dir, "model.safetensors", ""); /* found, not read by model_dir_open */
+    CHECK_MSG(model_dir_open(dir, &md, &err) == STOF_OK, "%s", err.msg);
+    char supported[128];
+    const char *s = model_dir_script(&md, supported, sizeof supported);
+    CHECK_MSG(s && strcmp(s, script) == 0, "%s: script %s", name, s ? s : supported);
+    char path[512];
+    snprintf(path, sizeof path, SCRIPTS "%s", script);
+    const char *params[] = {"batch=2", "seq=16", "dtype=fp32"};
+    graph g;
+    graph_init(&g);
+    int rc = lua_api_build_config(path, params, 3, md.config, &g, NULL, &err);
+    model_dir_free(&md);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", name, err.msg);
+    if (rc)
+        return;
+    CHECK_EQ_INT(g.n_layers, n_layers);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    remove(path); /* the placeholder: export_dir writes the weights */
+    export_dir(&g, 5, dir, prefix, shards);
+    safetensors_file *f = NULL;
+    CHECK_MSG(model_dir_weights_at(dir, &f, &err) == STOF_OK, "%s: %s", name, err.msg);
+    /* the same seed for the inputs; every weight comes from the file (checked) */
+    weights_source seeded = weights_source_seeded(5), from_dir = {.seed = 5, .weights = f};
+    CHECK_MSG(f && weights_source_check(&from_dir, &g, &err) == STOF_OK, "%s: %s", name,
+              err.msg);
+    float *want = reference(&g, &seeded, &err), *got = f ? reference(&g, &from_dir, &err) : NULL;
+    CHECK_MSG(want && got, "%s: %s", name, err.msg);
+    int64_t n = graph_tensor_numel(&g.tensors[g.output]);
+    int same = want && got;
+    for (int64_t i = 0; same && i < n; i++)
+        same = want[i] == got[i];
+    CHECK_MSG(same, "%s: the directory's weights give another output", name);
+    free(want);
+    free(got);
+    safetensors_close(f);
+    graph_free(&g);
+}
+
+static void test_dir_models(void) {
+    check_dir_model("bert-tiny",
+                    "{\"model_type\": \"bert\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                    " \"num_attention_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 50,"
+                    " \"type_vocab_size\": 2, \"max_position_embeddings\": 32,"
+                    " \"layer_norm_eps\": 1e-12, \"hidden_act\": \"gelu\"}",
+                    "bert.lua", "bert.", 1, 2);
+    /* RoBERTa: the position table's rows from padding_idx + 1, three shards */
+    check_dir_model("roberta-tiny",
+                    "{\"model_type\": \"roberta\", \"hidden_size\": 64, \"num_hidden_layers\": 1,"
+                    " \"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 50,"
+                    " \"type_vocab_size\": 1, \"max_position_embeddings\": 34,"
+                    " \"pad_token_id\": 1, \"layer_norm_eps\": 1e-5, \"hidden_act\": \"gelu\"}",
+                    "bert.lua", "roberta.", 3, 1);
+    check_dir_model("distilbert-tiny",
+                    "{\"model_type\": \"distilbert\", \"dim\": 64, \"n_layers\": 2, \"n_heads\": 2,"
+                    " \"hidden_dim\": 128, \"vocab_size\": 50, \"max_position_embeddings\": 32,"
+                    " \"activation\": \"gelu\"}",
+                    "distilbert.lua", "distilbert.", 2, 2);
+    check_dir_model("gpt2-tiny",
+                    "{\"model_type\": \"gpt2\", \"n_embd\": 64, \"n_layer\": 3, \"n_head\": 2,"
+                    " \"vocab_size\": 50, \"n_positions\": 32, \"layer_norm_epsilon\": 1e-5,"
+                    " \"activation_function\": \"gelu_new\"}",
+                    "gpt2.lua", "", 1, 3);
+    /* a model type without a script says which ones have one */
+    const char *dir = WORK "llama";
+    fresh_dir(dir);
+    put(dir, "config.json", "{\"model_type\": \"llama\"}");
+    put(dir, "model.safetensors", "");
+    model_dir md;
+    stof_error err = {0};
+    CHECK_EQ_INT(model_dir_open(dir, &md, &err), STOF_OK);
+    char supported[128];
+    CHECK(model_dir_script(&md, supported, sizeof supported) == NULL);
+    CHECK(strcmp(supported, "bert, roberta, xlm-roberta, distilbert, gpt2") == 0);
+    model_dir_free(&md);
+}
+
 int main(void) {
     test_single_file();
     test_shards();
     test_errors();
+    test_dir_models();
     return check_summary("test_model_dir");
 }

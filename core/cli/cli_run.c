@@ -16,6 +16,7 @@
 #include "core/base/file.h"
 #include "core/exec/exec.h"
 #include "core/ref/ref.h"
+#include "core/io/model_dir.h"
 #include "core/io/safetensors.h"
 #include "core/base/util.h"
 #include "fusion/templates.h"
@@ -40,11 +41,16 @@ static void values_close(run_values *v) {
 
 /* Opens the files of --weights and --inputs and checks them against g
  * (every problem at once); prints the problems and returns 1. */
-static int values_open(const cli_args *a, const graph *g, run_values *v) {
+/* Weights from --weights, else from the model directory dir (the command's,
+ * or the plan's; "" for none), else drawn from --seed. */
+static int values_open(const cli_args *a, const graph *g, const char *dir, run_values *v) {
     memset(v, 0, sizeof *v);
     v->src = weights_source_seeded(a->seed);
     stof_error err = {0};
-    int rc = a->weights ? safetensors_open(a->weights, &v->weights, &err) : STOF_OK;
+    /* a model directory brings its weights, unless --weights names others */
+    int rc = a->weights                 ? safetensors_open(a->weights, &v->weights, &err)
+             : dir && dir[0]             ? model_dir_weights_at(dir, &v->weights, &err)
+                                         : STOF_OK;
     if (!rc && a->inputs)
         rc = safetensors_open(a->inputs, &v->inputs, &err);
     v->src.weights = v->weights;
@@ -96,7 +102,7 @@ static int run_cpu(const cli_args *a) {
     if (cli_load_graph(a, &g, &info))
         return 1;
     run_values vals;
-    if (values_open(a, &g, &vals)) {
+    if (values_open(a, &g, info.model_dir, &vals)) {
         graph_free(&g);
         return 1;
     }
@@ -448,7 +454,7 @@ static int run_gpu(const cli_args *a) {
 
 static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const char *plan_path) {
     stof_error err = {0};
-    if (values_open(a, &r->g, &r->vals)) {
+    if (values_open(a, &r->g, r->info.model_dir, &r->vals)) {
         run_free(r);
         return 1;
     }
@@ -604,10 +610,18 @@ static int plan_graph(const cli_args *a, const plan *p, run_state *r) {
     }
     stof_error err = {0};
     graph_init(&r->g);
-    if (lua_api_build(path, params, p->n_params, &r->g, &r->info, &err)) {
+    model_dir md = {0};
+    if (p->model_dir[0] && model_dir_open(p->model_dir, &md, &err)) {
+        fprintf(stderr, "stof: the plan's model directory: %s\n", err.msg);
+        return 1;
+    }
+    int rc = lua_api_build_config(path, params, p->n_params, md.config, &r->g, &r->info, &err);
+    model_dir_free(&md);
+    if (rc) {
         fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
         return 1;
     }
+    snprintf(r->info.model_dir, sizeof r->info.model_dir, "%s", p->model_dir);
     r->have_graph = 1;
     if (plan_check_fits(p, NULL, &r->info, &r->g, &err)) {
         fprintf(stderr, "stof: the plan %s does not fit %s: %s\n", a->script, path, err.msg);

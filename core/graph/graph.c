@@ -271,11 +271,22 @@ int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof
                   sizeof *g->source_names, err);
     if (rc)
         return rc;
-    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n};
+    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n, 0};
     for (int k = 0; k < n; k++)
         snprintf(g->source_names[g->n_source_names++], GRAPH_NAME_MAX, "%s", parts[k]);
     g->tensors[tensor].source = ++g->n_sources;
     return STOF_OK;
+}
+
+int graph_set_source_rows(graph *g, int tensor, int64_t rows, stof_error *err) {
+    if (rows < 1 || rows > GRAPH_MAX_DIM_SIZE)
+        return err_set(err, STOF_ERR_INVALID, "a row offset in 1..%lld, got %lld",
+                       (long long)GRAPH_MAX_DIM_SIZE, (long long)rows);
+    const char *self = tensor >= 0 && tensor < g->n_tensors ? g->tensors[tensor].name : "";
+    int rc = graph_set_source(g, tensor, &self, 1, err);
+    if (!rc)
+        g->sources[g->n_sources - 1].row_offset = rows;
+    return rc;
 }
 
 const graph_source *graph_source_of(const graph *g, int t) {

@@ -58,6 +58,8 @@ typedef struct graph_tensor {
 typedef struct graph_source {
     int tensor;       /* the weight */
     int first, n;     /* its parts' names: graph.source_names[first .. first + n - 1] */
+    int64_t row_offset; /* > 0: the weight is rows row_offset.. of its one part (RoBERTa's
+                           position table starts at padding_idx + 1) */
 } graph_source;
 
 typedef enum op_kind {
@@ -162,6 +164,9 @@ int graph_set_output(graph *g, int tensor, stof_error *err);
  * dim 0 of the n tensors named parts (1 to GRAPH_MAX_SOURCE_PARTS names,
  * each shorter than GRAPH_NAME_MAX, no name twice); once per weight. */
 int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof_error *err);
+/* Weight `tensor` is rows `rows`.. (dim 0) of the checkpoint tensor of its
+ * own name, its shape[0] of them (rows >= 1; no other source). */
+int graph_set_source_rows(graph *g, int tensor, int64_t rows, stof_error *err);
 /* The source of tensor t, or NULL when it is read under its own name. */
 const graph_source *graph_source_of(const graph *g, int t);
 /* Part k of source s. */

@@ -21,6 +21,8 @@ typedef struct graph_script {
     uint64_t content_hash; /* util_hash of the file's bytes */
     graph_script_param params[GRAPH_SCRIPT_MAX_PARAMS];
     int n_params;
+    char model_dir[1024];  /* the Hugging Face model directory whose config.json the script
+                              was given ("" for none) */
 } graph_script;
 
 #endif

@@ -231,3 +231,34 @@ int model_dir_open_weights(const model_dir *md, safetensors_file **out, stof_err
     }
     return rc;
 }
+
+/* model_type -> the script that builds it (scripts/). */
+static const struct {
+    const char *model_type, *script;
+} model_scripts[] = {
+    {"bert", "bert.lua"},           {"roberta", "bert.lua"},   {"xlm-roberta", "bert.lua"},
+    {"distilbert", "distilbert.lua"}, {"gpt2", "gpt2.lua"},
+};
+
+const char *model_dir_script(const model_dir *md, char *supported, size_t cap) {
+    size_t used = 0;
+    supported[0] = '\0';
+    for (size_t k = 0; k < sizeof model_scripts / sizeof model_scripts[0]; k++) {
+        if (strcmp(md->model_type, model_scripts[k].model_type) == 0)
+            return model_scripts[k].script;
+        if (used < cap)
+            used += (size_t)snprintf(supported + used, cap - used, "%s%s", k ? ", " : "",
+                                     model_scripts[k].model_type);
+    }
+    return NULL;
+}
+
+int model_dir_weights_at(const char *path, safetensors_file **out, stof_error *err) {
+    model_dir md;
+    int rc = model_dir_open(path, &md, err);
+    if (!rc) {
+        rc = model_dir_open_weights(&md, out, err);
+        model_dir_free(&md);
+    }
+    return rc;
+}

@@ -46,4 +46,12 @@ void model_dir_free(model_dir *md);
 int model_dir_open_weights(const model_dir *md, struct safetensors_file **out,
                            stof_error *err);
 
+/* The shipped script that builds md's architecture (by model_type), or
+ * NULL with the supported model types in supported ("bert, roberta, ..."). */
+const char *model_dir_script(const model_dir *md, char *supported, size_t cap);
+
+/* Opens the weights of the model directory at path (model_dir_open, then
+ * model_dir_open_weights). */
+int model_dir_weights_at(const char *path, struct safetensors_file **out, stof_error *err);
+
 #endif

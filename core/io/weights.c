@@ -81,6 +81,7 @@ typedef struct weights_origin {
     int index[GRAPH_MAX_SOURCE_PARTS];         /* in file */
     const char *asked[GRAPH_MAX_SOURCE_PARTS]; /* the names looked up */
     size_t prefix_len[GRAPH_MAX_SOURCE_PARTS]; /* of the checkpoint prefix they were under */
+    int64_t row_offset; /* > 0: the tensor is rows row_offset.. of its one part */
 } weights_origin;
 
 static const safetensors_file *weights_file_of(const weights_source *src, const graph_tensor *t) {
@@ -132,6 +133,23 @@ static int weights_concat_fits(const safetensors_file *f, const weights_origin *
                 return 0;
     }
     return 1;
+}
+
+/* The rows row_offset .. row_offset + x's rows of the part hold x: its
+ * other dims are x's, and it has that many rows. */
+static int weights_check_rows(const safetensors_file *f, const weights_origin *o,
+                              const graph_tensor *x, stof_error *err) {
+    const safetensors_tensor *p = &f->tensors[o->index[0]];
+    int fits = p->ndim == x->ndim && p->shape[0] >= o->row_offset + x->shape[0];
+    for (int d = 1; fits && d < x->ndim; d++)
+        fits = p->shape[d] == x->shape[d];
+    if (fits)
+        return STOF_OK;
+    char want[160], got[160];
+    return err_set(err, STOF_ERR_MISMATCH, "%s: tensor '%s' is %s; weight '%s' %s is its rows "
+                   "from %lld on, which it does not have", f->path, p->name,
+                   safetensors_shape_str(p, got, sizeof got), x->name,
+                   graph_shape_str(x, want, sizeof want), (long long)o->row_offset);
 }
 
 static int weights_check_shape(const safetensors_file *f, const weights_origin *o,
@@ -196,8 +214,9 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         return STOF_OK;
     const graph_source *s = x->role == GRAPH_WEIGHT ? graph_source_of(g, t) : NULL;
     size_t unused;
-    if (s && weights_find(f, x->name, &unused, NULL) >= 0)
-        s = NULL;
+    if (s && !s->row_offset && weights_find(f, x->name, &unused, NULL) >= 0)
+        s = NULL; /* the checkpoint stores the fused weight itself */
+    o->row_offset = s ? s->row_offset : 0;
     int n = s ? s->n : 1;
     for (int k = 0; k < n; k++) {
         const char *name = s ? graph_source_part(g, s, k) : x->name;
@@ -222,7 +241,8 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         o->prefix_len[k] = prefix_len;
     }
     o->n = n;
-    int rc = weights_check_shape(f, o, x, s != NULL, err);
+    int rc = o->row_offset ? weights_check_rows(f, o, x, err)
+                           : weights_check_shape(f, o, x, s != NULL, err);
     if (!rc)
         o->file = f;
     return rc;
@@ -266,10 +286,32 @@ static int weights_not_finite(const weights_origin *o, const graph_tensor *x, in
                    (long long)at, stof_dtype_name(x->dtype), x->name, stof_dtype_name(x->dtype));
 }
 
+/* Rows row_offset.. of o's one part into out (x's elements): the part read
+ * whole, then the rows kept. */
+static int weights_read_rows(const weights_origin *o, const graph_tensor *x, float *out,
+                             stof_error *err) {
+    const safetensors_tensor *p = &o->file->tensors[o->index[0]];
+    float *all = err_malloc(sizeof *all * (size_t)p->numel, err);
+    if (!all)
+        return STOF_ERR_NOMEM;
+    int rc = safetensors_read_f32(o->file, o->index[0], all, err);
+    int64_t row = p->numel / p->shape[0];
+    if (!rc)
+        memcpy(out, all + o->row_offset * row, sizeof *out * (size_t)graph_tensor_numel(x));
+    free(all);
+    return rc;
+}
+
 static int weights_read_floats(const weights_origin *o, const graph_tensor *x, float *out,
                                stof_error *err) {
     int64_t at = 0;
-    for (int k = 0; k < o->n; k++) {
+    if (o->row_offset) {
+        int rc = weights_read_rows(o, x, out, err);
+        if (rc)
+            return rc;
+        at = graph_tensor_numel(x);
+    }
+    for (int k = 0; k < o->n && !o->row_offset; k++) {
         int rc = safetensors_read_f32(o->file, o->index[k], out + at, err);
         if (rc)
             return rc;

@@ -164,6 +164,11 @@ static void luaapi_open_stof(lua_State *L) {
     lua_setfield(L, -2, "mask");
     lua_pushstring(L, STOF_VERSION_STRING);
     lua_setfield(L, -2, "version");
+    const luaapi_ctx *c = luaapi_ctx_of(L);
+    if (c->config) {
+        luaapi_push_json(L, c->config);
+        lua_setfield(L, -2, "config");
+    }
     lua_setglobal(L, "stof");
 }
 
@@ -287,8 +292,9 @@ int lua_api_build_string(const char *source, const char *chunkname, const char *
                                        info, err);
 }
 
-int lua_api_build(const char *path, const char *const *params, int n_params, graph *g,
-                  graph_script *info, stof_error *err) {
+int lua_api_build_config(const char *path, const char *const *params, int n_params,
+                         const struct cJSON *config, graph *g, graph_script *info,
+                         stof_error *err) {
     if (!path || !g || n_params < 0 || (n_params > 0 && !params))
         return err_set(err, STOF_ERR_INVALID, "lua_api_build: bad arguments");
     size_t len = 0;
@@ -309,10 +315,16 @@ int lua_api_build(const char *path, const char *const *params, int n_params, gra
     c->params = params;
     c->n_params = n_params;
     c->info = info;
+    c->config = config;
     luaapi_info_init(info, path, c->chunkname, text, len);
     luaapi_source src = {text, len};
     rc = luaapi_run(c, &src, g, err);
     free(c);
     free(text);
     return rc;
+}
+
+int lua_api_build(const char *path, const char *const *params, int n_params, graph *g,
+                  graph_script *info, stof_error *err) {
+    return lua_api_build_config(path, params, n_params, NULL, g, info, err);
 }

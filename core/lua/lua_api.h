@@ -20,6 +20,16 @@
 int lua_api_build(const char *path, const char *const *params, int n_params, graph *g,
                   graph_script *info, stof_error *err);
 
+/* lua_api_build with a model's configuration (a Hugging Face config.json,
+ * parsed by the host: core/io/model_dir.h) handed to the script as the
+ * table stof.config: objects become tables, arrays sequences (from 1),
+ * numbers integers where they are integral, null absent. config NULL: no
+ * stof.config (as lua_api_build). */
+struct cJSON;
+int lua_api_build_config(const char *path, const char *const *params, int n_params,
+                         const struct cJSON *config, graph *g, graph_script *info,
+                         stof_error *err);
+
 /* Same, with the script text given (chunkname is used in messages, e.g.
  * "model.lua"). Helper modules for `require` are looked up in search_dir
  * (may be NULL). */
@@ -56,6 +66,7 @@ typedef struct luaapi_ctx {
     char script_dir[1024];        /* where `require` looks first ("" for none) */
     char search_dir[1024];        /* where it looks next ("" for none) */
     const char *const *params;    /* the command line's "key=value" */
+    const struct cJSON *config;   /* stof.config's source, or NULL */
     int n_params;
     int params_done;              /* stof.params ran */
     graph_script *info;         /* may be NULL */
@@ -101,6 +112,9 @@ void luaapi_check_options(struct lua_State *L, int idx, const char *fname,
 int luaapi_model_new(struct lua_State *L);
 /* 1 when the value at idx is a model object. */
 int luaapi_is_model(struct lua_State *L, int idx);
+
+/* lua_config.c: pushes JSON value v as a Lua value (stof.config). */
+void luaapi_push_json(struct lua_State *L, const struct cJSON *v);
 
 /* lua_mask.c: pushes the stof.mask table. */
 void luaapi_open_mask(struct lua_State *L);

@@ -295,9 +295,9 @@ static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
     return (int)n;
 }
 
-/* m:weight(name, shape, {init =, scale =, dtype =, from =}) */
+/* m:weight(name, shape, {init =, scale =, dtype =, from =, rows_from =}) */
 static int luaapi_weight(lua_State *L) {
-    static const char *const allowed[] = {"init", "scale", "dtype", "from", NULL};
+    static const char *const allowed[] = {"init", "scale", "dtype", "from", "rows_from", NULL};
     static const char *const inits[] = {"uniform", "ones", "zeros", NULL};
     static const graph_init_kind init_of[] = {GRAPH_INIT_UNIFORM, GRAPH_INIT_ONES, GRAPH_INIT_ZEROS};
     luaapi_model *m = luaapi_self(L);
@@ -326,7 +326,18 @@ static int luaapi_weight(lua_State *L) {
     char parts[GRAPH_MAX_SOURCE_PARTS][GRAPH_NAME_MAX];
     const char *names[GRAPH_MAX_SOURCE_PARTS];
     int n_parts = luaapi_weight_from(L, opts, t.name, parts);
+    double rows = luaapi_opt_number(L, opts, "rows_from", 0, "weight");
+    if (rows != 0 && (n_parts > 0 || rows < 1 || rows != (double)(int64_t)rows))
+        return luaL_error(L, "weight '%s': rows_from must be a row index >= 1, and does not go "
+                             "with from", t.name);
     luaapi_declare(L, &t);
+    if (rows > 0) {
+        stof_error e;
+        const luaapi_tensor *w = lua_touserdata(L, -1);
+        if (graph_set_source_rows(luaapi_graph(L), w->id, (int64_t)rows, &e) != STOF_OK)
+            return luaL_error(L, "%s", e.msg);
+        return 1;
+    }
     if (n_parts == 0)
         return 1;
     for (int i = 0; i < n_parts; i++)

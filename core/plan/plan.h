@@ -135,6 +135,7 @@ typedef struct plan {
     plan_device device;
     char script_name[PLAN_NAME_MAX];
     char script_path[1024];  /* "" when not recorded */
+    char model_dir[1024];    /* the model directory the script was given, "" for none */
     uint64_t script_hash;
     int n_params;
     graph_script_param params[GRAPH_SCRIPT_MAX_PARAMS];

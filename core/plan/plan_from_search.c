@@ -28,6 +28,9 @@ static void fill_script(const graph_script *s, plan *p) {
     char *abs = s->path[0] ? realpath(s->path, NULL) : NULL;
     snprintf(p->script_path, sizeof p->script_path, "%s", abs ? abs : s->path);
     free(abs);
+    abs = s->model_dir[0] ? realpath(s->model_dir, NULL) : NULL;
+    snprintf(p->model_dir, sizeof p->model_dir, "%s", abs ? abs : s->model_dir);
+    free(abs);
     p->script_hash = s->content_hash;
     p->n_params = s->n_params;
     memcpy(p->params, s->params, sizeof p->params[0] * (size_t)s->n_params);

@@ -271,13 +271,20 @@ static int rd_script_params(rd *r, const cJSON *o, plan *p) {
 }
 
 static int rd_script(rd *r, const cJSON *root, plan *p) {
-    static const char *const keys[] = {"name", "hash", "params", NULL};
-    static const char *const with_path[] = {"name", "hash", "params", "path", NULL};
+    /* name, hash and params always; path and model_dir when recorded */
+    static const char *const keys[4][6] = {
+        {"name", "hash", "params", NULL},
+        {"name", "hash", "params", "path", NULL},
+        {"name", "hash", "params", "model_dir", NULL},
+        {"name", "hash", "params", "path", "model_dir", NULL}};
     const cJSON *o = get(root, "script");
-    int has_path = cJSON_IsObject(o) && get(o, "path") != NULL; /* optional */
-    int rc = rd_shape_of(r, o, "", "script", has_path ? with_path : keys);
+    int has_path = cJSON_IsObject(o) && get(o, "path") != NULL;
+    int has_dir = cJSON_IsObject(o) && get(o, "model_dir") != NULL;
+    int rc = rd_shape_of(r, o, "", "script", keys[has_path + 2 * has_dir]);
     if (!rc && has_path)
         rc = rd_str(r, o, "script", "path", p->script_path, sizeof p->script_path);
+    if (!rc && has_dir)
+        rc = rd_str(r, o, "script", "model_dir", p->model_dir, sizeof p->model_dir);
     if (!rc)
         rc = rd_str(r, o, "script", "name", p->script_name, sizeof p->script_name);
     if (!rc && !p->script_name[0])

@@ -120,6 +120,8 @@ static void wr_script(wr *w, cJSON *root, const plan *p) {
         wr_str(w, params, p->params[i].key, p->params[i].value);
     if (p->script_path[0])
         wr_str(w, o, "path", p->script_path);
+    if (p->model_dir[0])
+        wr_str(w, o, "model_dir", p->model_dir);
 }
 
 static void wr_end_to_end(wr *w, cJSON *root, const plan *p) {

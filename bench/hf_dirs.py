@@ -1,0 +1,154 @@
+"""Parity of Hugging Face model directories: `stof run DIR` against transformers.
+
+For each architecture stof reads from a model directory (bert, roberta, distilbert, gpt2):
+builds the transformers model from a small config (random, seeded; biases and norm gains moved
+off 0/1), saves it with `save_pretrained` (safetensors, fp16; roberta and distilbert split into
+shards), writes random token ids, and runs
+
+  - `stof run DIR` (the default scheme on the GPU; stof checks it against its CPU reference),
+  - `stof tune DIR -o plan.json` then `stof run plan.json` (the plan finds the folder again),
+
+each with `--inputs ids.safetensors --save-output out.safetensors`, and compares stof's output
+with the last hidden state of transformers in fp32 on the same fp16-rounded weights.
+
+Pass: relative error ||stof - ref|| / ||ref|| < 1e-2 and no non-finite value.
+
+    python3 bench/hf_dirs.py [--stof build/stof] [--out bench/out/hf_dirs.md] [--batch 2]
+           [--seq 128] [--tune-time 10]
+
+Exit status 1 when a row fails.
+"""
+import argparse
+import datetime
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stof_cli as sc  # noqa: E402
+from stof_cli import log  # noqa: E402
+
+TOL = 1e-2
+SIZES = dict(hidden=256, layers=4, heads=4, ffn=1024, vocab=1000)
+
+
+def hf_model(arch, max_seq, seed):
+    """(transformers model, config) of arch, random from seed, fp16 on the GPU."""
+    import torch
+    import transformers as tr
+    import torch_models as tm
+    s = SIZES
+    if arch == "bert":
+        cfg = tr.BertConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                            num_attention_heads=s["heads"], intermediate_size=s["ffn"],
+                            vocab_size=s["vocab"], max_position_embeddings=max_seq)
+        cls = tr.BertModel
+    elif arch == "roberta":
+        cfg = tr.RobertaConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                               num_attention_heads=s["heads"], intermediate_size=s["ffn"],
+                               vocab_size=s["vocab"], max_position_embeddings=max_seq + 2,
+                               type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)
+        cls = tr.RobertaModel
+    elif arch == "distilbert":
+        cfg = tr.DistilBertConfig(dim=s["hidden"], n_layers=s["layers"], n_heads=s["heads"],
+                                  hidden_dim=s["ffn"], vocab_size=s["vocab"],
+                                  max_position_embeddings=max_seq)
+        cls = tr.DistilBertModel
+    else:
+        cfg = tr.GPT2Config(n_embd=s["hidden"], n_layer=s["layers"], n_head=s["heads"],
+                            vocab_size=s["vocab"], n_positions=max_seq)
+        cls = tr.GPT2Model
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    tm.perturb_(model, seed)
+    return model.eval().to(device="cuda", dtype=torch.float16), cfg
+
+
+def rel_error(got, want):
+    import torch
+    got, want = got.float().cpu(), want.float().cpu()
+    nonfinite = int((~torch.isfinite(got)).sum())
+    rel = float((got - want).norm() / want.norm())
+    return rel, float((got - want).abs().max()), nonfinite
+
+
+def run_case(args, stof, arch, work, rows):
+    import torch
+    d = os.path.join(work, arch)
+    shutil.rmtree(d, ignore_errors=True)
+    model, cfg = hf_model(arch, args.seq, seed=11)
+    # shards for two of them: the index and the shards are read as one checkpoint
+    shard = "300KB" if arch in ("roberta", "distilbert") else "2GB"
+    model.save_pretrained(d, safe_serialization=True, max_shard_size=shard)
+    n_files = len([f for f in os.listdir(d) if f.endswith(".safetensors")])
+    # token ids, clear of roberta's padding id (1): positions then start at 2 as in stof
+    ids = sc.random_ids(SIZES["vocab"] - 3, args.batch, args.seq, seed=5) + 3
+    ids_path = os.path.join(d, "..", f"{arch}-ids.safetensors")
+    sc.save_inputs(ids_path, ids)
+    with torch.no_grad():
+        ref = model.float()(ids.cuda()).last_hidden_state
+    sets = ["--set", f"batch={args.batch}", "--set", f"seq={args.seq}"]
+    log_path = os.path.join(work, "stof.log")
+    out = os.path.join(work, f"{arch}-out.safetensors")
+    plan = os.path.join(work, f"{arch}-plan.json")
+    for label, cmd in (
+            ("default scheme", [stof, "run", d] + sets),
+            ("tuned plan", None)):
+        row = {"arch": arch, "files": n_files, "run": label}
+        try:
+            if cmd is None:
+                sc.stof_tune(stof, d, sets, plan, args.tune_time, 600, log_path)
+                cmd = [stof, "run", plan]
+            if os.path.exists(out):
+                os.remove(out)
+            sc.run_cmd(cmd + sc.io_args(inputs=ids_path, save_output=out) + ["--reps", "5"],
+                       600, log_path)
+            row["rel"], row["max_abs"], row["nonfinite"] = rel_error(sc.load_output(out), ref)
+            row["ok"] = row["nonfinite"] == 0 and row["rel"] < TOL
+        except sc.CmdError as e:
+            row.update(rel=None, ok=False, note=str(e))
+        rows.append(row)
+        log(f"  {arch:10s} {n_files} file(s)  {label:15s} "
+            + (f"rel {row['rel']:.2e} max {row['max_abs']:.2e} nonfinite {row['nonfinite']}"
+               if row.get("rel") is not None else f"ERROR {row.get('note')}"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stof", default="build/stof")
+    ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_dirs.md"))
+    ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_dirs"))
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--tune-time", type=float, default=10)
+    ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2")
+    args = ap.parse_args()
+    stof = sc.resolve_stof(args.stof)
+    os.makedirs(args.work_dir, exist_ok=True)
+    import torch
+    import transformers
+    rows = []
+    for arch in args.archs.split(","):
+        run_case(args, stof, arch, args.work_dir, rows)
+    head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
+            f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
+            f"{transformers.__version__}; fp16; batch {args.batch}, seq {args.seq}; "
+            f"reference: transformers in fp32 on the fp16-rounded weights.")
+    lines = [head, "", "| model_type | weight files | run | rel error | max abs | non-finite | ok |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("rel") is None:
+            lines.append(f"| {r['arch']} | {r['files']} | {r['run']} | error: {r.get('note')} "
+                         "| | | no |")
+        else:
+            lines.append(f"| {r['arch']} | {r['files']} | {r['run']} | {r['rel']:.2e} | "
+                         f"{r['max_abs']:.2e} | {r['nonfinite']} | {'yes' if r['ok'] else 'NO'} |")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    log("\n".join(lines))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

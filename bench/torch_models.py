@@ -53,8 +53,8 @@ VOCAB = {"bert": 30522, "gpt2": 50257, "t5": 32128}
 
 # Constants the stof scripts hard-code, for a plain check that they agree with the configs.
 SCRIPT_MARKERS = {
-    "bert": ["eps = 1e-12", "m:gelu(linear("],
-    "gpt2": ["local eps = 1e-5", "tanh = true", "math.max(1024, p.seq)"],
+    "bert": ["math.max(512, p.seq), 1e-12, false"],  # eps 1e-12, erf GELU
+    "gpt2": ["768, 12, 3072, 50257, 12, true", "n_positions, eps = math.max(1024, p.seq), 1e-5"],
     "t5": ["max_distance, eps = 32128, 32, 128, 1e-6", "scale = 1.0", "m:relu("],
 }
 

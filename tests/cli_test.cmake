@@ -221,6 +221,8 @@ file(WRITE ${WORK}/hf-bert/config.json "{\"model_type\": \"bert\", \"architectur
   \"max_position_embeddings\": 32, \"layer_norm_eps\": 1e-12, \"hidden_act\": \"gelu\"}")
 file(WRITE ${WORK}/hf-bert/model.safetensors "")
 expect(dir_graph 0 "model bert.*encoder.layer.1.output.LayerNorm" graph ${WORK}/hf-bert --set batch=2 --set seq=16)
+expect(dir_graph_masks 0 "attention masks: layers 0-1 dense" graph ${WORK}/hf-bert --set batch=2 --set seq=16)
+expect(graph_masks_t5 0 "attention masks: layers 0-5 dense; layers 6-11 causal, cross dense" graph scripts/t5.lua)
 expect(dir_seq_too_long 1 "seq 64 is longer than the model's 32 positions" graph ${WORK}/hf-bert --set seq=64)
 expect(dir_preset 1 "preset: a model directory's config.json gives the sizes"
        graph ${WORK}/hf-bert --set preset=small)

@@ -4,6 +4,7 @@
 #include "core/base/file.h"
 #include "core/gpu/nvrtc_worker.h"
 #include "core/io/model_dir.h"
+#include "ops/mask.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -318,6 +319,67 @@ int cli_load_graph(const cli_args *a, graph *g, graph_script *info) {
         return 1;
     }
     return 0;
+}
+
+/* What attention op `op` attends: its mask's description, causal, or dense. */
+static void attention_label(const graph *g, const graph_op *op, char *buf, size_t cap) {
+    const op_attention *at = &op->attr.attn;
+    const char *desc = at->mask >= 0 && g->masks[at->mask]->desc ? g->masks[at->mask]->desc : "";
+    if (at->mask >= 0)
+        snprintf(buf, cap, "%s%s", at->causal ? "causal AND " : "", desc[0] ? desc : "a mask");
+    else
+        snprintf(buf, cap, "%s", at->causal ? "causal" : "dense");
+}
+
+/* Appends "; layers A-B LABEL" (or "layer A LABEL") to line. */
+static void add_run(char *line, size_t cap, size_t *used, int first, int last,
+                    const char *label) {
+    char range[48];
+    if (first == last)
+        snprintf(range, sizeof range, "layer %d", first);
+    else
+        snprintf(range, sizeof range, "layers %d-%d", first, last);
+    if (*used < cap)
+        *used += (size_t)snprintf(line + *used, cap - *used, "%s%s %s", *used ? "; " : "", range,
+                                  label);
+}
+
+/* What the attention ops of layer `layer` attend, in order ("bigbird", or
+ * "causal, cross dense" for a decoder layer); "" when it has none. */
+static void layer_label(const graph *g, int layer, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < g->n_ops && used < cap; i++) {
+        const graph_op *op = &g->ops[i];
+        if (op->kind != OP_ATTENTION || op->layer != layer)
+            continue;
+        char one[256];
+        attention_label(g, op, one, sizeof one);
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s%s", used ? ", " : "",
+                                 op->attr.attn.cross ? "cross " : "", one);
+    }
+}
+
+void cli_print_masks(const graph *g) {
+    char line[2048] = "", cur[512] = "", label[512];
+    size_t used = 0;
+    int first = -1;
+    for (int layer = 0; layer <= g->n_layers; layer++) {
+        if (layer < g->n_layers)
+            layer_label(g, layer, label, sizeof label);
+        if (first >= 0 && (layer == g->n_layers || strcmp(label, cur) != 0)) {
+            add_run(line, sizeof line, &used, first, layer - 1, cur[0] ? cur : "no attention");
+            first = -1;
+        }
+        if (first < 0 && layer < g->n_layers) {
+            first = layer;
+            snprintf(cur, sizeof cur, "%s", label);
+        }
+    }
+    layer_label(g, -1, label, sizeof label);
+    if (used || label[0])
+        printf("attention masks: %s%s%s\n", line, label[0] && used ? "; outside layers " : "",
+               label[0] ? label : "");
 }
 
 void cli_warn_cache(const char *what, int count, const char *first) {

@@ -46,6 +46,11 @@ int cli_parse(int argc, char **argv, int first, cli_args *a);
 /* Builds the graph of a->script; prints the error and returns non-zero. */
 int cli_load_graph(const cli_args *a, graph *g, graph_script *info);
 
+/* One line saying which mask every attention of the model uses, layer by
+ * layer (runs of layers with the same one merged): "attention masks:
+ * layers 0-11 bigbird{...}; layer 12 causal". */
+void cli_print_masks(const graph *g);
+
 /* "stof: warning: WHAT: FIRST (and N-1 more)" on stderr when count > 0:
  * problems a cache met that the run went on past. */
 void cli_warn_cache(const char *what, int count, const char *first);

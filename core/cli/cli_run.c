@@ -126,6 +126,7 @@ static int run_cpu(const cli_args *a) {
     char shape[64];
     printf("model %s (%s), CPU reference fp32, seed %llu\n", g.name, info.name,
            (unsigned long long)a->seed);
+    cli_print_masks(&g);
     values_print(&vals, &g);
     printf("output %s %s: %lld values\n", out->name, graph_shape_str(out, shape, sizeof shape),
            (long long)n);
@@ -477,6 +478,7 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
            stof_dtype_name(r->plan->dtype), (unsigned long long)a->seed);
     printf("device: %s (%s, %d SMs, %.0f GiB)\n", dev->name, exec_ctx_arch(r->ctx),
            dev->sm_count, (double)dev->total_mem / (1 << 30));
+    cli_print_masks(&r->g);
     values_print(&r->vals, &r->g);
     double t0 = util_now();
     if (exec_model_create(r->ctx, r->plan, &r->vals.src, &r->model, &err))

@@ -504,6 +504,8 @@ typedef struct weights_problems {
     char prefix[GRAPH_NAME_MAX * 2];  /* the first checkpoint prefix seen, and for whom */
     char prefix_of[GRAPH_NAME_MAX];
     int prefix_reported;
+    int asked, found;  /* tensors looked up in the file, and found as the model needs them */
+    const char *what;  /* "weights" or "inputs" */
 } weights_problems;
 
 static void weights_problem_add(weights_problems *p, int code, const char *msg) {
@@ -559,10 +561,12 @@ static int weights_check_one(const weights_source *src, const graph *g, int t,
         *err = e;
         return rc;
     }
+    p->asked++;
     if (rc)
         weights_problem_add(p, rc, e.msg);
     else if (o.file)
         weights_check_prefix(p, &o);
+    p->found += !rc;
     return STOF_OK;
 }
 
@@ -576,9 +580,10 @@ static int weights_report(weights_problems *p, int n, stof_error *err) {
             continue;
         if (!code)
             code = p[k].code;
-        char count[48] = "", more[48] = "";
+        char count[96] = "", more[48] = "";
         if (p[k].n > 1)
-            snprintf(count, sizeof count, "%d problems: ", p[k].n);
+            snprintf(count, sizeof count, "%d problems (%d of %d %s found as the model needs "
+                     "them): ", p[k].n, p[k].found, p[k].asked, p[k].what);
         if (p[k].dropped)
             snprintf(more, sizeof more, "; and %d more", p[k].dropped);
         if (used < sizeof msg)
@@ -613,6 +618,8 @@ int weights_source_check(const weights_source *src, const graph *g, stof_error *
         return STOF_ERR_NOMEM;
     p[0].file = src->weights;
     p[1].file = src->inputs;
+    p[0].what = "weights";
+    p[1].what = "inputs";
     /* which tensors of the inputs file the model takes */
     unsigned char *used = src->inputs ? calloc((size_t)src->inputs->n + 1, 1) : NULL;
     int rc = src->inputs && !used ? err_set(err, STOF_ERR_NOMEM, "out of host memory") : STOF_OK;

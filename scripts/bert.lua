@@ -35,18 +35,8 @@ local presets = {
   large = {layers = 24, hidden = 1024, heads = 16, ffn = 4096},
 }
 
--- The config's value of key, which must be a number (an integer when whole).
-local function need(key, whole)
-  local v = c[key]
-  if type(v) ~= "number" or (whole and math.type(v) ~= "integer") then
-    error(string.format("config.json: '%s' must be %s, got %s", key,
-                        whole and "an integer" or "a number", tostring(v)), 2)
-  end
-  return v
-end
-
--- hidden_act -> (the gelu's tanh flag, or "relu")
-local acts = {gelu = false, gelu_new = true, gelu_pytorch_tanh = true, relu = "relu"}
+local hf = require("hf")
+local function need(key, whole) return hf.need(c, key, whole) end
 
 local cfg, vocab, type_vocab, max_pos, eps, act, pos_from, name
 if c then
@@ -57,11 +47,7 @@ if c then
          heads = need("num_attention_heads", true), ffn = need("intermediate_size", true)}
   vocab, type_vocab = need("vocab_size", true), need("type_vocab_size", true)
   max_pos, eps = need("max_position_embeddings", true), need("layer_norm_eps")
-  act = acts[c.hidden_act or "gelu"]
-  if act == nil then
-    error("config.json: hidden_act '" .. tostring(c.hidden_act) .. "' (stof runs gelu, "
-          .. "gelu_new, gelu_pytorch_tanh, relu)")
-  end
+  act = hf.activation(c.hidden_act or "gelu", "hidden_act")
   if c.model_type == "roberta" or c.model_type == "xlm-roberta" then
     pos_from = need("pad_token_id", true) + 1 -- positions start after the padding index
     max_pos = max_pos - pos_from
@@ -92,10 +78,7 @@ local function norm(prefix)
   return m:weight(prefix .. ".weight", {H}, {init = "ones"}), m:weight(prefix .. ".bias", {H})
 end
 
-local function activation(x)
-  if act == "relu" then return m:relu(x) end
-  return m:gelu(x, {tanh = act})
-end
+local function activation(x) return hf.apply(m, act, x) end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
 local x = m:embedding(ids, m:weight("embeddings.word_embeddings.weight", {vocab, H}), {

@@ -23,22 +23,12 @@ local c = stof.config or {dim = 768, n_layers = 6, n_heads = 12, hidden_dim = 30
                           activation = "gelu"}
 local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16"}
 
-local function need(key)
-  local v = c[key]
-  if math.type(v) ~= "integer" then
-    error(string.format("config.json: '%s' must be an integer, got %s", key, tostring(v)), 2)
-  end
-  return v
-end
+local hf = require("hf")
+local function need(key) return hf.need(c, key, true) end
 
 local H, L, heads, F = need("dim"), need("n_layers"), need("n_heads"), need("hidden_dim")
 local vocab, max_pos = need("vocab_size"), need("max_position_embeddings")
-local acts = {gelu = false, gelu_new = true, relu = "relu"}
-local act = acts[c.activation or "gelu"]
-if act == nil then
-  error("config.json: activation '" .. tostring(c.activation) .. "' (stof runs gelu, "
-        .. "gelu_new, relu)")
-end
+local act = hf.activation(c.activation or "gelu", "activation")
 if p.seq > max_pos then
   error(string.format("seq %d is longer than the model's %d positions", p.seq, max_pos))
 end
@@ -81,7 +71,7 @@ for n = 0, L - 1 do
                                 name = a_pre})
     x = layernorm(pre .. ".sa_layer_norm", m:add(linear(a_pre .. ".out_lin", a, H, H), x))
     local h = linear(pre .. ".ffn.lin1", x, F, H)
-    h = act == "relu" and m:relu(h) or m:gelu(h, {tanh = act})
+    h = hf.apply(m, act, h)
     x = layernorm(pre .. ".output_layer_norm", m:add(linear(pre .. ".ffn.lin2", h, H, F), x))
   end)
 end

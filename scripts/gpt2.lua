@@ -22,26 +22,18 @@
 local c = stof.config
 local p = stof.params{layers = 0, batch = 8, seq = 512, mask = "none", dtype = "fp16"}
 
-local function need(key, whole)
-  local v = c[key]
-  if type(v) ~= "number" or (whole and math.type(v) ~= "integer") then
-    error(string.format("config.json: '%s' must be %s, got %s", key,
-                        whole and "an integer" or "a number", tostring(v)), 2)
-  end
-  return v
-end
-
 local H, heads, F, vocab, n_positions, eps, layers, tanh
 if c then
-  H, heads, layers = need("n_embd", true), need("n_head", true), need("n_layer", true)
-  F = c.n_inner and need("n_inner", true) or 4 * H
-  vocab, n_positions, eps = need("vocab_size", true), need("n_positions", true),
-                            need("layer_norm_epsilon")
-  local acts = {gelu_new = true, gelu_pytorch_tanh = true, gelu = false}
-  tanh = acts[c.activation_function or "gelu_new"]
-  if tanh == nil then
-    error("config.json: activation_function '" .. tostring(c.activation_function)
-          .. "' (stof runs gelu_new, gelu_pytorch_tanh, gelu)")
+  local hf = require("hf")
+  H, heads, layers = hf.need(c, "n_embd", true), hf.need(c, "n_head", true),
+                     hf.need(c, "n_layer", true)
+  F = c.n_inner and hf.need(c, "n_inner", true) or 4 * H
+  vocab, n_positions = hf.need(c, "vocab_size", true), hf.need(c, "n_positions", true)
+  eps = hf.need(c, "layer_norm_epsilon")
+  tanh = hf.activation(c.activation_function or "gelu_new", "activation_function")
+  if tanh == "relu" then
+    error("config.json: activation_function relu (stof's gpt2.lua runs gelu_new, "
+          .. "gelu_pytorch_tanh, gelu)")
   end
   if p.seq > n_positions then
     error(string.format("seq %d is longer than the model's %d positions", p.seq, n_positions))

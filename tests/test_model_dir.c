@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "check.h"
+#include "reference.h"
 #include "core/io/model_dir.h"
 #include "core/io/safetensors.h"
 #include "core/io/weights.h"
@@ -175,19 +176,6 @@ static void test_errors(void) {
 
 #define SCRIPTS STOF_SOURCE_DIR "/scripts/"
 
-static float *reference(const graph *g, const weights_source *src, stof_error *err) {
-    ref_values rv;
-    if (ref_values_init(g, src, &rv, err))
-        return NULL;
-    float *out = NULL;
-    if (ref_execute(g, &rv, err) == STOF_OK) {
-        out = rv.data[g->output];
-        rv.data[g->output] = NULL;
-    }
-    ref_values_free(&rv);
-    return out;
-}
-
 /* The graph's weights as a checkpoint would store them, from the values
  * seeded with seed: a weight assembled from parts as its parts (equal rows
  * each), a weight that is rows R.. of a tensor with R rows of 7 before it;
@@ -292,7 +280,8 @@ static void check_dir_model(const char *name, const char *config, const char *sc
     weights_source seeded = weights_source_seeded(5), from_dir = {.seed = 5, .weights = f};
     CHECK_MSG(f && weights_source_check(&from_dir, &g, &err) == STOF_OK, "%s: %s", name,
               err.msg);
-    float *want = reference(&g, &seeded, &err), *got = f ? reference(&g, &from_dir, &err) : NULL;
+    float *want = test_reference(&g, &seeded, &err);
+    float *got = f ? test_reference(&g, &from_dir, &err) : NULL;
     CHECK_MSG(want && got, "%s: %s", name, err.msg);
     int64_t n = graph_tensor_numel(&g.tensors[g.output]);
     int same = want && got;

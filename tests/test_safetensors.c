@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "reference.h"
 #include "core/base/error.h"
 #include "core/base/file.h"
 #include "core/lua/lua_api.h"
@@ -419,19 +420,6 @@ static void export_values(const graph *g, uint64_t seed, const char *path, const
 }
 
 /* The CPU reference's output with src; NULL (err set) on failure. */
-static float *reference(const graph *g, const weights_source *src, stof_error *err) {
-    ref_values rv;
-    if (ref_values_init(g, src, &rv, err))
-        return NULL;
-    float *out = NULL;
-    if (ref_execute(g, &rv, err) == STOF_OK) {
-        out = rv.data[g->output];
-        rv.data[g->output] = NULL;
-    }
-    ref_values_free(&rv);
-    return out;
-}
-
 static safetensors_file *open_ok(const char *path) {
     safetensors_file *f = NULL;
     stof_error err = {0};
@@ -454,7 +442,7 @@ static void expect_same_output(const graph *g, const float *want, const export_o
     weights_source src = {.seed = with_inputs ? 99 : 7, .weights = wf, .inputs = inf};
     stof_error err = {0};
     CHECK_MSG(weights_source_check(&src, g, &err) == STOF_OK, "%s: %s", label, err.msg);
-    float *got = reference(g, &src, &err);
+    float *got = test_reference(g, &src, &err);
     CHECK_MSG(got != NULL, "%s: %s", label, err.msg);
     int64_t n = graph_tensor_numel(&g->tensors[g->output]);
     if (got)
@@ -494,7 +482,7 @@ static void test_model_from_file(void) {
         free(b);
     }
     stof_error err = {0};
-    float *want = reference(&g, &seeded, &err);
+    float *want = test_reference(&g, &seeded, &err);
     CHECK_MSG(want != NULL, "%s", err.msg);
     if (want) {
         expect_same_output(&g, want, &(export_opts){GRAPH_WEIGHT, "", SAFETENSORS_F32, 0, 0, 0},

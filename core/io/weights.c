@@ -580,12 +580,15 @@ static int weights_report(weights_problems *p, int n, stof_error *err) {
             continue;
         if (!code)
             code = p[k].code;
-        char count[96] = "", more[48] = "";
+        char count[48] = "", more[160] = "";
         if (p[k].n > 1)
-            snprintf(count, sizeof count, "%d problems (%d of %d %s found as the model needs "
-                     "them): ", p[k].n, p[k].found, p[k].asked, p[k].what);
+            snprintf(count, sizeof count, "%d problems: ", p[k].n);
+        size_t m = 0;
         if (p[k].dropped)
-            snprintf(more, sizeof more, "; and %d more", p[k].dropped);
+            m += (size_t)snprintf(more, sizeof more, "; and %d more", p[k].dropped);
+        if (p[k].n > 1)
+            snprintf(more + m, sizeof more - m, " (%d of %d %s found as the model needs them)",
+                     p[k].found, p[k].asked, p[k].what);
         if (used < sizeof msg)
             used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s: %s%s%s",
                                      used ? "; " : "", p[k].file->path, count, p[k].text, more);

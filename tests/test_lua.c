@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/lua/lua_api.h"
@@ -855,6 +857,35 @@ static void test_messages(void) {
                  "return m\n",
                  "model.lua:3: the predicate raised an error that is a table",
                  "attention at line 4 of model.lua");
+    /* Lua's own "C stack overflow", raised where no script frame is current
+     * (inside tostring), still names the script line. */
+    EXPECT_ERROR("local mt = {}\n"
+                 "mt.__tostring = function(x) return tostring(x) end\n"
+                 "local s = tostring(setmetatable({}, mt))\n",
+                 "model.lua:2:", "C stack overflow");
+    /* A helper module that exists but cannot be read says what it is. */
+    char dir[] = "/tmp/stof-lua-test-XXXXXX";
+    if (mkdtemp(dir)) {
+        char sub[128], script[128];
+        snprintf(sub, sizeof sub, "%s/helperx.lua", dir);
+        snprintf(script, sizeof script, "%s/uses.lua", dir);
+        FILE *f = fopen(script, "w");
+        if (f) {
+            fputs("local h = require('helperx')\n", f);
+            fclose(f);
+        }
+        CHECK(mkdir(sub, 0755) == 0);
+        graph g;
+        graph_init(&g);
+        stof_error err = {0};
+        CHECK_EQ_INT(lua_api_build(script, NULL, 0, &g, NULL, &err), STOF_ERR_SCRIPT);
+        CHECK_CONTAINS(err.msg, "uses.lua:1: require: ");
+        CHECK_CONTAINS(err.msg, "helperx.lua: a directory, not a helper module");
+        graph_free(&g);
+        rmdir(sub);
+        remove(script);
+        rmdir(dir);
+    }
     /* A function that takes no options says so. */
     EXPECT_ERROR("local c = stof.mask.causal{x = 1}\n", "model.lua:1:",
                  "unknown option 'x' (it takes no options)");

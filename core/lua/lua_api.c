@@ -242,9 +242,10 @@ static int luaapi_run(luaapi_ctx *c, const luaapi_source *src, graph *g, stof_er
         graph_free(g);
         return err_set(err, STOF_ERR_NOMEM, "%s: cannot create a Lua state", c->chunkname);
     }
+    lua_pushcfunction(L, luaapi_where_msgh);
     lua_pushcfunction(L, luaapi_main);
     lua_pushlightuserdata(L, (void *)src);
-    int status = lua_pcall(L, 1, 0, 0);
+    int status = lua_pcall(L, 1, 0, 1);
     if (status != LUA_OK)
         luaapi_report(L, c, status, err);
     lua_close(L);

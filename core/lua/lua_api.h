@@ -100,6 +100,10 @@ void luaapi_uncharge(luaapi_ctx *c, size_t bytes);
 /* The line of the script that called the running C function (0 if none),
  * past C functions between them. */
 int luaapi_line(struct lua_State *L);
+/* The message handler of a whole run: a message raised where no script
+ * frame is current (Lua's "C stack overflow" inside tostring or gsub) gets
+ * the position of the nearest script line, as every other error has. */
+int luaapi_where_msgh(struct lua_State *L);
 /* Raises "script.lua:LINE: message" at that line (luaL_error names only the
  * direct caller, which may be a C function). */
 int luaapi_error(struct lua_State *L, const char *fmt, ...);

@@ -68,6 +68,28 @@ int luaapi_line(lua_State *L) {
     return luaapi_script_frame(L, &ar) ? ar.currentline : 0;
 }
 
+/* 1 when msg starts with a position, "name:LINE:". */
+static int has_position(const char *msg) {
+    const char *colon = strchr(msg, ':');
+    if (!colon || colon == msg || colon[1] < '0' || colon[1] > '9')
+        return 0;
+    const char *p = colon + 1;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return *p == ':';
+}
+
+int luaapi_where_msgh(lua_State *L) {
+    const char *msg = lua_tostring(L, 1);
+    lua_Debug ar;
+    if (msg && !has_position(msg) && luaapi_script_frame(L, &ar)) {
+        lua_pushfstring(L, "%s:%d: %s", ar.short_src, ar.currentline, msg);
+        return 1;
+    }
+    lua_settop(L, 1);
+    return 1;
+}
+
 int luaapi_error(lua_State *L, const char *fmt, ...) {
     lua_Debug ar;
     if (luaapi_script_frame(L, &ar))

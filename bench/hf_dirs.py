@@ -75,6 +75,7 @@ def rel_error(got, want):
 def run_case(args, stof, arch, work, rows):
     import torch
     d = os.path.join(work, arch)
+    bf16 = args.dtype == "bf16"
     shutil.rmtree(d, ignore_errors=True)
     model, cfg = hf_model(arch, args.seq, seed=11)
     # shards for two of them: the index and the shards are read as one checkpoint
@@ -86,15 +87,18 @@ def run_case(args, stof, arch, work, rows):
     ids_path = os.path.join(d, "..", f"{arch}-ids.safetensors")
     sc.save_inputs(ids_path, ids)
     with torch.no_grad():
-        ref = model.float()(ids.cuda()).last_hidden_state
-    sets = ["--set", f"batch={args.batch}", "--set", f"seq={args.seq}"]
+        # stof rounds the checkpoint's fp16 values to the model's dtype: so does the reference
+        ref_model = model.to(torch.bfloat16) if bf16 else model
+        ref = ref_model.float()(ids.cuda()).last_hidden_state
+    sets = ["--set", f"batch={args.batch}", "--set", f"seq={args.seq}",
+            "--set", f"dtype={args.dtype}"]
     log_path = os.path.join(work, "stof.log")
-    out = os.path.join(work, f"{arch}-out.safetensors")
-    plan = os.path.join(work, f"{arch}-plan.json")
+    out = os.path.join(work, f"{arch}-{args.dtype}-out.safetensors")
+    plan = os.path.join(work, f"{arch}-{args.dtype}-plan.json")
     for label, cmd in (
             ("default scheme", [stof, "run", d] + sets),
             ("tuned plan", None)):
-        row = {"arch": arch, "files": n_files, "run": label}
+        row = {"arch": arch, "files": n_files, "run": label, "dtype": args.dtype}
         try:
             if cmd is None:
                 sc.stof_tune(stof, d, sets, plan, args.tune_time, 600, log_path)
@@ -108,7 +112,7 @@ def run_case(args, stof, arch, work, rows):
         except sc.CmdError as e:
             row.update(rel=None, ok=False, note=str(e))
         rows.append(row)
-        log(f"  {arch:10s} {n_files} file(s)  {label:15s} "
+        log(f"  {arch:10s} {args.dtype} {n_files} file(s)  {label:15s} "
             + (f"rel {row['rel']:.2e} max {row['max_abs']:.2e} nonfinite {row['nonfinite']}"
                if row.get("rel") is not None else f"ERROR {row.get('note')}"))
 
@@ -121,6 +125,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--tune-time", type=float, default=10)
+    ap.add_argument("--dtypes", default="fp16,bf16", help="the model's dtype in stof, each a run")
     ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2")
     args = ap.parse_args()
     stof = sc.resolve_stof(args.stof)
@@ -128,21 +133,24 @@ def main():
     import torch
     import transformers
     rows = []
-    for arch in args.archs.split(","):
-        run_case(args, stof, arch, args.work_dir, rows)
+    for dtype in args.dtypes.split(","):
+        args.dtype = dtype
+        for arch in args.archs.split(","):
+            run_case(args, stof, arch, args.work_dir, rows)
     head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
-            f"{transformers.__version__}; fp16; batch {args.batch}, seq {args.seq}; "
-            f"reference: transformers in fp32 on the fp16-rounded weights.")
-    lines = [head, "", "| model_type | weight files | run | rel error | max abs | non-finite | ok |",
-             "|---|---|---|---|---|---|---|"]
+            f"{transformers.__version__}; checkpoints in fp16; batch {args.batch}, seq {args.seq}; "
+            f"reference: transformers in fp32 on the weights rounded as stof rounds them.")
+    lines = [head, "", "| model_type | dtype | weight files | run | rel error | max abs | "
+             "non-finite | ok |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("rel") is None:
-            lines.append(f"| {r['arch']} | {r['files']} | {r['run']} | error: {r.get('note')} "
-                         "| | | no |")
+            lines.append(f"| {r['arch']} | {r['dtype']} | {r['files']} | {r['run']} | error: "
+                         f"{r.get('note')} | | | no |")
         else:
-            lines.append(f"| {r['arch']} | {r['files']} | {r['run']} | {r['rel']:.2e} | "
-                         f"{r['max_abs']:.2e} | {r['nonfinite']} | {'yes' if r['ok'] else 'NO'} |")
+            lines.append(f"| {r['arch']} | {r['dtype']} | {r['files']} | {r['run']} | "
+                         f"{r['rel']:.2e} | {r['max_abs']:.2e} | {r['nonfinite']} | "
+                         f"{'yes' if r['ok'] else 'NO'} |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,6 +1,7 @@
 """Parity of Hugging Face model directories: `stof run DIR` against transformers.
 
-For each architecture stof reads from a model directory (bert, roberta, distilbert, gpt2):
+For each architecture stof reads from a model directory (bert, roberta, distilbert, gpt2,
+modernbert):
 builds the transformers model from a small config (random, seeded; biases and norm gains moved
 off 0/1), saves it with `save_pretrained` (safetensors, fp16; roberta and distilbert split into
 shards), writes random token ids, and runs
@@ -8,6 +9,7 @@ shards), writes random token ids, and runs
   - `stof run DIR` (the default scheme on the GPU; stof checks it against its CPU reference),
   - `stof tune DIR -o plan.json` then `stof run plan.json` (the plan finds the folder again),
 
+(ModernBERT, whose rotary and GLU operators have no GPU kernels yet: `stof run --cpu DIR`),
 each with `--inputs ids.safetensors --save-output out.safetensors`, and compares stof's output
 with the last hidden state of transformers in fp32 on the same fp16-rounded weights.
 
@@ -54,6 +56,15 @@ def hf_model(arch, max_seq, seed):
                                   hidden_dim=s["ffn"], vocab_size=s["vocab"],
                                   max_position_embeddings=max_seq)
         cls = tr.DistilBertModel
+    elif arch == "modernbert":
+        # local layers attend 32 keys each side: sparse at seq 128
+        cfg = tr.ModernBertConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                                  num_attention_heads=s["heads"], intermediate_size=s["ffn"] // 2,
+                                  vocab_size=s["vocab"], max_position_embeddings=max_seq,
+                                  local_attention=64, global_attn_every_n_layers=3,
+                                  pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                  cls_token_id=1, sep_token_id=2)
+        cls = tr.ModernBertModel
     else:
         cfg = tr.GPT2Config(n_embd=s["hidden"], n_layer=s["layers"], n_head=s["heads"],
                             vocab_size=s["vocab"], n_positions=max_seq)
@@ -95,9 +106,10 @@ def run_case(args, stof, arch, work, rows):
     log_path = os.path.join(work, "stof.log")
     out = os.path.join(work, f"{arch}-{args.dtype}-out.safetensors")
     plan = os.path.join(work, f"{arch}-{args.dtype}-plan.json")
-    for label, cmd in (
-            ("default scheme", [stof, "run", d] + sets),
-            ("tuned plan", None)):
+    # ModernBERT's rotary and GLU operators have no GPU kernels yet: the CPU reference
+    runs = ([("CPU reference", [stof, "run", "--cpu", d] + sets)] if arch == "modernbert" else
+            [("default scheme", [stof, "run", d] + sets), ("tuned plan", None)])
+    for label, cmd in runs:
         row = {"arch": arch, "files": n_files, "run": label, "dtype": args.dtype}
         try:
             if cmd is None:
@@ -105,8 +117,8 @@ def run_case(args, stof, arch, work, rows):
                 cmd = [stof, "run", plan]
             if os.path.exists(out):
                 os.remove(out)
-            sc.run_cmd(cmd + sc.io_args(inputs=ids_path, save_output=out) + ["--reps", "5"],
-                       600, log_path)
+            reps = [] if "--cpu" in cmd else ["--reps", "5"]
+            sc.run_cmd(cmd + sc.io_args(inputs=ids_path, save_output=out) + reps, 600, log_path)
             row["rel"], row["max_abs"], row["nonfinite"] = rel_error(sc.load_output(out), ref)
             row["ok"] = row["nonfinite"] == 0 and row["rel"] < TOL
         except sc.CmdError as e:
@@ -126,7 +138,7 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--tune-time", type=float, default=10)
     ap.add_argument("--dtypes", default="fp16,bf16", help="the model's dtype in stof, each a run")
-    ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2")
+    ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2,modernbert")
     args = ap.parse_args()
     stof = sc.resolve_stof(args.stof)
     os.makedirs(args.work_dir, exist_ok=True)

@@ -246,6 +246,13 @@ int fusion_match_segment(const graph *g, const int *ops, int n, fusion_match *ou
     if (rc)
         return rc;
     out->templates = matching_templates(g, ops, n, out->store_pre_norm);
+    for (int i = 0; !out->templates && i < n; i++) {
+        op_kind k = g->ops[ops[i]].kind;
+        if (k == OP_GLU || k == OP_ROTARY) /* CPU reference only, so far */
+            return seg_fail(g, ops, n, err, "no template implements it: the %s operator has no "
+                            "GPU kernel yet (stof run --cpu runs the model)",
+                            op_describe(k)->name);
+    }
     if (!out->templates)
         return seg_fail(g, ops, n, err, "no template implements it%s",
                         out->store_pre_norm ? " while also writing the norm's input" : "");

@@ -59,6 +59,13 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
         return a->attr.norm.eps == b->attr.norm.eps;
     case OP_GELU:
         return a->attr.gelu.tanh == b->attr.gelu.tanh;
+    case OP_GLU:
+        return a->attr.glu.act == b->attr.glu.act;
+    case OP_ROTARY: /* layers of other rotary thetas are other classes */
+        return a->attr.rotary.heads == b->attr.rotary.heads &&
+               a->attr.rotary.kv_heads == b->attr.rotary.kv_heads &&
+               a->attr.rotary.head_dim == b->attr.rotary.head_dim &&
+               a->attr.rotary.theta == b->attr.rotary.theta;
     case OP_EMBEDDING:
         return a->attr.embedding.has_position == b->attr.embedding.has_position &&
                a->attr.embedding.has_type == b->attr.embedding.has_type;

@@ -44,6 +44,10 @@ static const op_desc op_table[OP_KIND_COUNT] = {
     /* qkv, or q and kv (cross), then the relative position table when relpos */
     [OP_ATTENTION] = {OP_ATTENTION, "attention", OP_CLASS_CI, 1, 3,
         ops_attention_infer, ops_attention_cost, ops_attention_ref},
+    [OP_GLU] = {OP_GLU, "glu", OP_CLASS_MI, 1, 1,
+        ops_glu_infer, ops_glu_cost, ops_glu_ref},
+    [OP_ROTARY] = {OP_ROTARY, "rotary", OP_CLASS_MI, 1, 1,
+        ops_rotary_infer, ops_rotary_cost, ops_rotary_ref},
 };
 
 const op_desc *op_describe(op_kind kind) {

@@ -52,6 +52,12 @@ void ops_embedding_cost(OPS_COST_ARGS);
 int ops_embedding_ref(OPS_REF_ARGS);
 
 /* attention.c */
+int ops_glu_infer(OPS_INFER_ARGS);
+void ops_glu_cost(OPS_COST_ARGS);
+int ops_glu_ref(OPS_REF_ARGS);
+int ops_rotary_infer(OPS_INFER_ARGS);
+void ops_rotary_cost(OPS_COST_ARGS);
+int ops_rotary_ref(OPS_REF_ARGS);
 int ops_attention_infer(OPS_INFER_ARGS);
 void ops_attention_cost(OPS_COST_ARGS);
 int ops_attention_ref(OPS_REF_ARGS);

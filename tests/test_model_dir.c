@@ -188,8 +188,8 @@ static void export_dir(const graph *g, uint64_t seed, const char *dir, const cha
     int n = 0;
     for (int t = 0; t < g->n_tensors; t++) {
         const graph_tensor *x = &g->tensors[t];
-        if (x->role != GRAPH_WEIGHT)
-            continue;
+        if (x->role != GRAPH_WEIGHT || x->constant)
+            continue; /* a constant (a norm without bias) is in no checkpoint */
         int64_t numel = graph_tensor_numel(x);
         float *v = malloc(sizeof *v * (size_t)numel);
         weights_fill(x, seed, v);
@@ -318,6 +318,16 @@ static void test_dir_models(void) {
                     " \"vocab_size\": 50, \"n_positions\": 32, \"layer_norm_epsilon\": 1e-5,"
                     " \"activation_function\": \"gelu_new\"}",
                     "gpt2.lua", "", 1, 3);
+    /* ModernBERT: local and global layers, rotary, GeGLU, norms without bias */
+    check_dir_model("modernbert-tiny",
+                    "{\"model_type\": \"modernbert\", \"hidden_size\": 64,"
+                    " \"num_hidden_layers\": 4, \"num_attention_heads\": 2,"
+                    " \"intermediate_size\": 96, \"vocab_size\": 50,"
+                    " \"max_position_embeddings\": 64, \"norm_eps\": 1e-5, \"norm_bias\": false,"
+                    " \"hidden_activation\": \"gelu\", \"global_attn_every_n_layers\": 3,"
+                    " \"local_attention\": 8, \"global_rope_theta\": 160000.0,"
+                    " \"local_rope_theta\": 10000.0}",
+                    "modernbert.lua", "model.", 1, 4);
     /* a model type without a script says which ones have one */
     const char *dir = WORK "llama";
     fresh_dir(dir);
@@ -328,7 +338,7 @@ static void test_dir_models(void) {
     CHECK_EQ_INT(model_dir_open(dir, &md, &err), STOF_OK);
     char supported[128];
     CHECK(model_dir_script(&md, supported, sizeof supported) == NULL);
-    CHECK(strcmp(supported, "bert, roberta, xlm-roberta, distilbert, gpt2") == 0);
+    CHECK(strcmp(supported, "bert, roberta, xlm-roberta, distilbert, gpt2, modernbert") == 0);
     model_dir_free(&md);
 }
 

@@ -145,6 +145,8 @@ static void test_table(void) {
         [OP_SOFTMAX] = "softmax",
         [OP_EMBEDDING] = "embedding",
         [OP_ATTENTION] = "attention",
+        [OP_GLU] = "glu",
+        [OP_ROTARY] = "rotary",
     };
     for (int k = 0; k < OP_KIND_COUNT; k++) {
         const op_desc *d = op_describe((op_kind)k);
@@ -1277,6 +1279,102 @@ static void test_attention_cost(void) {
     graph_free(&g);
 }
 
+/* ---- gated units and rotary embeddings ----------------------------------- */
+
+static void test_glu(void) {
+    enum { R = 4, F = 6 };
+    graph g;
+    graph_init(&g);
+    stof_error err = {0};
+    util_rng rng = {11};
+    int x = TENSOR(&g, "x", STOF_F32, 2, 2, 2 * F);
+    int odd = TENSOR(&g, "odd", STOF_F32, 2, 7);
+    graph_op op = OP(OP_GLU, odd);
+    REJECT(&g, &op, STOF_ERR_SHAPE, "glu", "(7) must be even");
+    op = OP(OP_GLU, x);
+    op.attr.glu.act = 9;
+    REJECT(&g, &op, STOF_ERR_INVALID, "unknown activation 9");
+    float *xs = random_floats(&rng, R * 2 * F, -3, 3);
+    for (int act = OP_GLU_GELU; act <= OP_GLU_SILU; act++) {
+        op = OP(OP_GLU, x);
+        op.attr.glu.act = act;
+        int y = add_op(&g, &op, &err);
+        CHECK_MSG(y >= 0, "%s", err.msg);
+        CHECK_SHAPE(output_of(&g, y), 2, 2, F);
+        /* act(first half) * second half, by hand */
+        double *want = zeros_d(R * F);
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < F; j++) {
+                double a = xs[r * 2 * F + j], gate = xs[r * 2 * F + F + j];
+                double v = act == OP_GLU_GELU ? 0.5 * a * (1.0 + erf(a / sqrt(2.0)))
+                           : act == OP_GLU_GELU_TANH
+                               ? 0.5 * a * (1.0 + tanh(0.7978845608028654 *
+                                                       (a + 0.044715 * a * a * a)))
+                               : a / (1.0 + exp(-a));
+                want[r * F + j] = v * gate;
+            }
+        float *got = run_ref(&g, y, (const float *const[]){xs}, STOF_OK, &err);
+        CHECK_NEAR(max_rel_err(got, want, R * F), 0, TOL);
+        free(got);
+        free(want);
+    }
+    free(xs);
+    graph_free(&g);
+}
+
+static void set_rotary(graph_op *op, int heads, int kv_heads, int head_dim, float theta) {
+    op->attr.rotary.heads = heads;
+    op->attr.rotary.kv_heads = kv_heads;
+    op->attr.rotary.head_dim = head_dim;
+    op->attr.rotary.theta = theta;
+}
+
+static void test_rotary(void) {
+    enum { B = 2, S = 5, H = 2, KVH = 1, D = 4, N = (H + 2 * KVH) * D };
+    graph g;
+    graph_init(&g);
+    stof_error err = {0};
+    util_rng rng = {13};
+    int x = TENSOR(&g, "x", STOF_F32, B, S, N);
+    int wrong = TENSOR(&g, "wrong", STOF_F32, B, S, N + 4);
+    graph_op op = OP(OP_ROTARY, wrong);
+    set_rotary(&op, H, KVH, D, 10000.0f);
+    REJECT(&g, &op, STOF_ERR_SHAPE, "Q, K and V of 2, 1 and 1 heads of 4 need 16");
+    op = OP(OP_ROTARY, x);
+    set_rotary(&op, H, KVH, 3, 10000.0f);
+    REJECT(&g, &op, STOF_ERR_INVALID, "head_dim must be even");
+    set_rotary(&op, 3, 2, D, 10000.0f);
+    REJECT(&g, &op, STOF_ERR_INVALID, "heads a multiple of kv_heads");
+    set_rotary(&op, H, KVH, D, 1.0f);
+    REJECT(&g, &op, STOF_ERR_INVALID, "theta must be above 1");
+    set_rotary(&op, H, KVH, D, 100.0f);
+    int y = add_op(&g, &op, &err);
+    CHECK_MSG(y >= 0, "%s", err.msg);
+    CHECK_SHAPE(output_of(&g, y), B, S, N);
+    float *xs = random_floats(&rng, B * S * N, -1, 1);
+    /* by hand, with D = 4: pairs (0, 2) at frequency 1 and (1, 3) at 100^(-1/2);
+     * the Q and K heads rotate, V's stays */
+    double *want = zeros_d(B * S * N);
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < S; s++)
+            for (int h = 0; h < H + 2 * KVH; h++) {
+                const float *v = xs + (b * S + s) * N + h * D;
+                double *w = want + (b * S + s) * N + h * D;
+                for (int j = 0; j < 2; j++) {
+                    double f = j == 0 ? 1.0 : 0.1, c = cos(s * f), sn = sin(s * f);
+                    int rot = h < H + KVH;
+                    w[j] = rot ? v[j] * c - v[j + 2] * sn : v[j];
+                    w[j + 2] = rot ? v[j + 2] * c + v[j] * sn : v[j + 2];
+                }
+            }
+    float *got = run_ref(&g, y, (const float *const[]){xs}, STOF_OK, &err);
+    CHECK_NEAR(max_rel_err(got, want, B * S * N), 0, TOL);
+    free(got);
+    free(want);
+    free(xs);
+    graph_free(&g);
+}
+
 int main(void) {
     test_table();
     test_gemm_shapes();
@@ -1296,5 +1394,7 @@ int main(void) {
     test_attention_cross_shapes();
     test_attention_ref();
     test_attention_cost();
+    test_glu();
+    test_rotary();
     return check_summary("test_ops");
 }

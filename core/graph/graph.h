@@ -51,6 +51,8 @@ typedef struct graph_tensor {
     int line;          /* script line that made it, 0 when unknown */
     int source;        /* weights: 1 + index into graph.sources when a weight file
                           assembles it from other tensors; 0: read under its own name */
+    int constant;      /* weights: its init's exact value (0, or 1) whatever the weight
+                          file: the bias of a norm a model has without one */
 } graph_tensor;
 
 /* A weight a checkpoint stores as several tensors (a fused QKV projection
@@ -73,6 +75,8 @@ typedef enum op_kind {
     OP_SOFTMAX,   /* over the last dim */
     OP_EMBEDDING, /* ids[B, S] -> word[V, H] rows (+ position[P, H] rows, + type[T, H] row 0) */
     OP_ATTENTION, /* masked multi-head attention, see op_attention */
+    OP_GLU,       /* gated unit: x [..., 2F] -> act(x[..., :F]) * x[..., F:] (GeGLU, SwiGLU) */
+    OP_ROTARY,    /* rotary position embedding of the Q and K parts of a fused QKV tensor */
     OP_KIND_COUNT
 } op_kind;
 
@@ -95,6 +99,9 @@ typedef struct op_attention {
     int relpos_bidirectional;
 } op_attention;
 
+/* The activation of an OP_GLU. */
+enum { OP_GLU_GELU = 0, OP_GLU_GELU_TANH, OP_GLU_SILU };
+
 typedef struct graph_op {
     op_kind kind;
     char name[GRAPH_NAME_MAX];
@@ -108,6 +115,11 @@ typedef struct graph_op {
         struct { float eps; } norm;
         struct { int tanh; } gelu;      /* 1: tanh approximation (GPT-2) */
         struct { int has_position, has_type; } embedding; /* inputs: ids, word, [pos], [type] */
+        struct { int act; } glu;        /* OP_GLU_GELU, OP_GLU_GELU_TANH or OP_GLU_SILU */
+        /* x [B, S, (heads + 2 kv_heads) head_dim] laid out [B, S, Q | K | V] with heads,
+         * kv_heads and kv_heads heads: Q and K rotated by position s (the halves of each
+         * head_dim as the pairs, as GPT-NeoX and Hugging Face do), V as it is */
+        struct { int heads, kv_heads, head_dim; float theta; } rotary;
         op_attention attn;
     } attr;
 } graph_op;

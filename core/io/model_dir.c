@@ -236,8 +236,12 @@ int model_dir_open_weights(const model_dir *md, safetensors_file **out, stof_err
 static const struct {
     const char *model_type, *script;
 } model_scripts[] = {
-    {"bert", "bert.lua"},           {"roberta", "bert.lua"},   {"xlm-roberta", "bert.lua"},
-    {"distilbert", "distilbert.lua"}, {"gpt2", "gpt2.lua"},
+    {"bert", "bert.lua"},
+    {"roberta", "bert.lua"},
+    {"xlm-roberta", "bert.lua"},
+    {"distilbert", "distilbert.lua"},
+    {"gpt2", "gpt2.lua"},
+    {"modernbert", "modernbert.lua"},
 };
 
 const char *model_dir_script(const model_dir *md, char *supported, size_t cap) {

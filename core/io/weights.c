@@ -86,7 +86,7 @@ typedef struct weights_origin {
 
 static const safetensors_file *weights_file_of(const weights_source *src, const graph_tensor *t) {
     if (t->role == GRAPH_WEIGHT)
-        return src->weights;
+        return t->constant ? NULL : src->weights;
     return t->role == GRAPH_INPUT ? src->inputs : NULL;
 }
 
@@ -672,12 +672,16 @@ static void weights_conversion(unsigned from, unsigned to, char *buf, size_t n) 
 /* The line on the tensors of role `role` and their file f. */
 static void weights_describe_role(const weights_source *src, const graph *g, graph_role role,
                                   const safetensors_file *f, char *buf, size_t n) {
-    int read = 0, assembled = 0, from_file = 0, seeded = 0;
+    int read = 0, assembled = 0, from_file = 0, seeded = 0, constant = 0;
     unsigned file_dtypes = 0, graph_dtypes = 0;
     char prefix[GRAPH_NAME_MAX * 2] = "";
     for (int t = 0; t < g->n_tensors; t++) {
         if (g->tensors[t].role != role)
             continue;
+        if (g->tensors[t].constant) {
+            constant++;
+            continue;
+        }
         weights_origin o;
         if (weights_resolve(src, g, t, &o, NULL) || !o.file) {
             seeded++;
@@ -705,6 +709,8 @@ static void weights_describe_role(const weights_source *src, const graph *g, gra
         used += (size_t)snprintf(buf + used, n - used, ", %d assembled", assembled);
     if (prefix[0] && used < n)
         used += (size_t)snprintf(buf + used, n - used, ", under prefix '%s'", prefix);
+    if (constant && used < n)
+        used += (size_t)snprintf(buf + used, n - used, ", %d constant", constant);
     if (seeded && used < n)
         snprintf(buf + used, n - used, ", %d seeded (seed %llu)", seeded,
                  (unsigned long long)src->seed);

@@ -295,9 +295,10 @@ static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
     return (int)n;
 }
 
-/* m:weight(name, shape, {init =, scale =, dtype =, from =, rows_from =}) */
+/* m:weight(name, shape, {init =, scale =, dtype =, from =, rows_from =, constant =}) */
 static int luaapi_weight(lua_State *L) {
-    static const char *const allowed[] = {"init", "scale", "dtype", "from", "rows_from", NULL};
+    static const char *const allowed[] = {"init",      "scale",    "dtype", "from",
+                                          "rows_from", "constant", NULL};
     static const char *const inits[] = {"uniform", "ones", "zeros", NULL};
     static const graph_init_kind init_of[] = {GRAPH_INIT_UNIFORM, GRAPH_INIT_ONES, GRAPH_INIT_ZEROS};
     luaapi_model *m = luaapi_self(L);
@@ -323,10 +324,19 @@ static int luaapi_weight(lua_State *L) {
     if (scale < 0)
         return luaL_error(L, "weight '%s': scale must be >= 0", t.name);
     t.init_scale = (float)scale;
+    /* a constant is exactly its init, never read from a file: zeros, or ones */
+    t.constant = luaapi_opt_bool(L, opts, "constant", 0, "weight");
+    if (t.constant && t.init == GRAPH_INIT_UNIFORM)
+        return luaL_error(L, "weight '%s': a constant is init = \"zeros\" or \"ones\"", t.name);
+    if (t.constant)
+        t.init_scale = 0.0f;
     char parts[GRAPH_MAX_SOURCE_PARTS][GRAPH_NAME_MAX];
     const char *names[GRAPH_MAX_SOURCE_PARTS];
     int n_parts = luaapi_weight_from(L, opts, t.name, parts);
     double rows = luaapi_opt_number(L, opts, "rows_from", 0, "weight");
+    if (t.constant && (n_parts > 0 || rows != 0))
+        return luaL_error(L, "weight '%s': a constant is read from no file (no from, rows_from)",
+                          t.name);
     if (rows != 0 && (n_parts > 0 || rows < 1 || rows != (double)(int64_t)rows))
         return luaL_error(L, "weight '%s': rows_from must be a row index >= 1, and does not go "
                              "with from", t.name);
@@ -502,6 +512,49 @@ static int luaapi_relu(lua_State *L) {
     return luaapi_unary(L, OP_RELU, "relu", luaapi_opts_name);
 }
 
+/* m:glu(x, {act = "gelu" | "gelu_tanh" | "silu", name =}): act(x[..., :F]) * x[..., F:] */
+static int luaapi_glu(lua_State *L) {
+    static const char *const allowed[] = {"act", "name", NULL};
+    static const char *const acts[] = {"gelu", "gelu_tanh", "silu", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2);
+    int opts = luaapi_options(L, 3, "glu", allowed);
+    luaapi_op_begin(L, &op, OP_GLU, opts, "glu");
+    char act[16] = "gelu";
+    luaapi_opt_string(L, opts, "act", act, sizeof act, "glu");
+    int k = 0;
+    while (acts[k] && strcmp(acts[k], act) != 0)
+        k++;
+    if (!acts[k])
+        return luaL_error(L, "glu: unknown act '%s' (gelu, gelu_tanh, silu)", act);
+    op.attr.glu.act = k; /* OP_GLU_GELU, OP_GLU_GELU_TANH, OP_GLU_SILU in that order */
+    op.inputs[0] = x;
+    op.n_inputs = 1;
+    return luaapi_op_push(L, &op);
+}
+
+/* m:rotary(qkv, {heads =, head_dim =, theta =, kv_heads =, name =}): RoPE on Q and K */
+static int luaapi_rotary(lua_State *L) {
+    static const char *const allowed[] = {"heads", "head_dim", "theta", "kv_heads", "name",
+                                          NULL};
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2);
+    int opts = luaapi_options(L, 3, "rotary", allowed);
+    luaapi_op_begin(L, &op, OP_ROTARY, opts, "rotary");
+    int heads = (int)luaapi_opt_int(L, opts, "heads", 0, 1, 4096, "rotary");
+    if (!heads)
+        return luaL_error(L, "rotary: 'heads' is needed");
+    op.attr.rotary.heads = heads;
+    op.attr.rotary.kv_heads = (int)luaapi_opt_int(L, opts, "kv_heads", heads, 1, 4096, "rotary");
+    op.attr.rotary.head_dim = (int)luaapi_opt_int(L, opts, "head_dim", 0, 2, 1024, "rotary");
+    op.attr.rotary.theta = (float)luaapi_opt_number(L, opts, "theta", 10000.0, "rotary");
+    op.inputs[0] = x;
+    op.n_inputs = 1;
+    return luaapi_op_push(L, &op);
+}
+
 static int luaapi_softmax(lua_State *L) {
     return luaapi_unary(L, OP_SOFTMAX, "softmax", luaapi_opts_name);
 }
@@ -644,6 +697,8 @@ static const luaL_Reg luaapi_model_methods[] = {
     {"rmsnorm", luaapi_rmsnorm},
     {"gelu", luaapi_gelu},
     {"relu", luaapi_relu},
+    {"glu", luaapi_glu},
+    {"rotary", luaapi_rotary},
     {"softmax", luaapi_softmax},
     {"embedding", luaapi_embedding},
     {"attention", luaapi_attention},

@@ -886,6 +886,21 @@ static void test_messages(void) {
         remove(script);
         rmdir(dir);
     }
+    /* The newer operators' options. */
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local x = m:input('x', {1, 4, 48})\n"
+                 "local y = m:rotary(x, {head_dim = 16})\n",
+                 "model.lua:3:", "rotary: 'heads' is needed");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local x = m:input('x', {1, 4, 8})\n"
+                 "local y = m:glu(x, {act = 'swish'})\n",
+                 "model.lua:3:", "glu: unknown act 'swish' (gelu, gelu_tanh, silu)");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local b = m:weight('b', {8}, {constant = true})\n",
+                 "model.lua:2:", "a constant is init = \"zeros\" or \"ones\"");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local b = m:weight('b', {8}, {init = 'zeros', constant = true, rows_from = 2})\n",
+                 "model.lua:2:", "a constant is read from no file");
     /* A function that takes no options says so. */
     EXPECT_ERROR("local c = stof.mask.causal{x = 1}\n", "model.lua:1:",
                  "unknown option 'x' (it takes no options)");

@@ -818,7 +818,7 @@ static void test_c_side_work(void) {
                        "m:output(m:attention(x, {heads = 1, head_dim = 64, mask = w}))\n"
                        "return m\n";
     EXPECT_ERROR(huge, "model.lua:4:",
-                 "the attention mask for (1, 262144, 262144) needs 8192 MiB");
+                 "the attention mask for (1, 262144, 262144) needs 8192.0 MiB");
     int rc = build_limited("local m = stof.model{name = 't'}\n"
                            "local x = m:input('x', {2, 1024, 192})\n"
                            "local p = stof.mask.key_padding{lengths = {1000, 500}}\n"
@@ -842,6 +842,22 @@ static void test_c_side_work(void) {
         CHECK(graph_find_tensor(&g, "same#4000") == -1);
     }
     graph_free(&g);
+}
+
+/* C work that allocates (string.rep in a loop) counts against the time
+ * budget, and stops the script at once when it is spent. */
+static void test_allocation_work(void) {
+    graph g;
+    stof_error err;
+    int rc = build_limited("for i = 1, 1e8 do local s = string.rep('a', 1 << 20) end\n", 1000000,
+                           0, &g, &err);
+    expect_failure(rc, &g, &err, "model.lua:1:", "ran too long", __LINE__);
+    graph_free(&g);
+    /* costlier patterns: a plain-literal scan and balanced matches */
+    EXPECT_ERROR("local r = string.rep('a', 2e5):find(string.rep('a', 1e4) .. '%d')\n",
+                 "model.lua:1:", "string.find: this pattern may take up to");
+    EXPECT_ERROR("local r = string.rep('(', 1e5):gsub('%b()', '')\n", "model.lua:1:",
+                 "string.gsub: this pattern may take up to");
 }
 
 static void test_messages(void) {
@@ -956,6 +972,7 @@ int main(void) {
     test_pattern_budget();
     test_c_side_work();
     test_messages();
+    test_allocation_work();
     test_require();
     return check_summary("test_lua");
 }

@@ -242,6 +242,7 @@ static int luaapi_run(luaapi_ctx *c, const luaapi_source *src, graph *g, stof_er
         graph_free(g);
         return err_set(err, STOF_ERR_NOMEM, "%s: cannot create a Lua state", c->chunkname);
     }
+    c->main = L;
     lua_pushcfunction(L, luaapi_where_msgh);
     lua_pushcfunction(L, luaapi_main);
     lua_pushlightuserdata(L, (void *)src);

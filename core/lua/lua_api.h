@@ -74,6 +74,8 @@ typedef struct luaapi_ctx {
     int frozen;                   /* the model was validated: nothing may change it */
     size_t mem_used, mem_limit;
     uint64_t hook_calls, hook_max; /* count-hook calls so far, allowed */
+    uint64_t alloc_work;          /* bytes allocated since the last instruction charged */
+    struct lua_State *main;       /* the run's state, for the hook (lua_sandbox.c) */
     int hook_every;               /* instructions between hook calls */
     uint64_t instructions;        /* the budget, for the message */
     int fatal;                    /* LUAAPI_FATAL_*: no pcall may swallow it */

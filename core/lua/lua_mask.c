@@ -378,35 +378,34 @@ static mask_spec *luaapi_spec_for(const luaapi_mask *m, int batch, int *owned) {
     return s;
 }
 
-/* Bytes the built mask's bits take: stored once, or once per batch. */
-static size_t luaapi_mask_bytes(const mask_spec *spec, int batch, int q_len, int k_len) {
-    size_t stored = mask_spec_is_per_batch(spec) ? (size_t)batch : 1;
+/* Bytes the built mask's bits take: stored once, or once per batch (a
+ * pattern whose predicate reads b is built per batch). */
+static size_t luaapi_mask_bytes(const luaapi_mask *m, int batch, int q_len, int k_len) {
+    int per_batch = (m->batch_aware && batch > 1) || mask_spec_is_per_batch(m->spec);
+    size_t stored = per_batch ? (size_t)batch : 1;
     return stored * (size_t)q_len * (((size_t)k_len + 63) / 64) * sizeof(uint64_t);
 }
 
 /* Builds m for the shape; a failure raises at the calling script line, or
  * with the predicate's own message when a predicate failed. The mask's bits
- * (kept by the graph) and a per-batch copy of the pattern are charged to
- * the script's memory budget first. */
+ * (kept by the graph) and, while it is built, a per-batch copy of the
+ * pattern are charged to the script's memory budget first. */
 static mask *luaapi_build(lua_State *L, const luaapi_mask *m, int batch, int q_len, int k_len) {
     luaapi_ctx *c = luaapi_ctx_of(L);
+    size_t bits = luaapi_mask_bytes(m, batch, q_len, k_len);
+    char what[96];
+    snprintf(what, sizeof what, "the attention mask for (%d, %d, %d)", batch, q_len, k_len);
+    luaapi_charge(L, bits, what);
+    /* a charge that raises ends the script (a fatal memory error): what was
+     * charged before it needs no giving back */
     size_t copies = m->batch_aware && batch > 1 ? (size_t)batch * m->nodes : 0;
     luaapi_charge(L, copies * LUAAPI_SPEC_BYTES, "a copy of the mask pattern per batch");
     int owned;
     mask_spec *spec = luaapi_spec_for(m, batch, &owned);
     if (!spec) {
-        luaapi_uncharge(c, copies * LUAAPI_SPEC_BYTES);
+        luaapi_uncharge(c, copies * LUAAPI_SPEC_BYTES + bits);
         luaL_error(L, "out of host memory (mask pattern)");
     }
-    size_t bits = luaapi_mask_bytes(spec, batch, q_len, k_len);
-    if (bits > c->mem_limit - c->mem_used) { /* luaapi_charge raises next: clean up */
-        if (owned)
-            mask_spec_free(spec);
-        luaapi_uncharge(c, copies * LUAAPI_SPEC_BYTES);
-    }
-    char what[96];
-    snprintf(what, sizeof what, "the attention mask for (%d, %d, %d)", batch, q_len, k_len);
-    luaapi_charge(L, bits, what);
     lua_State *outer = c->active;
     c->active = L;
     c->pred_error[0] = '\0';

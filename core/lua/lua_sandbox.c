@@ -28,6 +28,30 @@ luaapi_ctx *luaapi_ctx_of(lua_State *L) {
     return ud;
 }
 
+/* Work the libraries do in C (string.rep, concatenation, table.concat,
+ * gsub's result...) runs no VM instruction; it is about as large as what it
+ * allocates, so every LUAAPI_BYTES_PER_INSTRUCTION bytes allocated count as
+ * one instruction of the budget (taken at the next count hook). */
+#define LUAAPI_BYTES_PER_INSTRUCTION 2
+
+static void luaapi_hook(lua_State *L, lua_Debug *ar);
+
+static void luaapi_charge_alloc(luaapi_ctx *c, size_t bytes) {
+    if (!c->hook_every)
+        return; /* before the budget is set: the libraries opening */
+    uint64_t per_call = (uint64_t)c->hook_every * LUAAPI_BYTES_PER_INSTRUCTION;
+    c->alloc_work += bytes;
+    if (c->alloc_work >= per_call) {
+        c->hook_calls += c->alloc_work / per_call;
+        c->alloc_work %= per_call;
+    }
+    /* Spent: the hook must come at the next instruction, not after the
+     * million a count hook waits for (a loop of string.rep would allocate
+     * gigabytes meanwhile). lua_sethook may be called at any point. */
+    if (c->hook_calls >= c->hook_max && c->main)
+        lua_sethook(c->main, luaapi_hook, LUA_MASKCOUNT, 1);
+}
+
 /* Lua's allocator contract (lua_Alloc), with a cap on the bytes held. Lua
  * retries a failed allocation after a full collection and raises a memory
  * error only when that fails too, so refusing here is always safe. */
@@ -44,6 +68,8 @@ void *luaapi_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     void *p = realloc(ptr, nsize);
     if (p)
         c->mem_used = c->mem_used - old + nsize;
+    if (p && nsize > old)
+        luaapi_charge_alloc(c, nsize - old);
     return p;
 }
 
@@ -256,14 +282,28 @@ static int luaapi_pattern_quantifiers(const char *p, size_t len) {
     return q;
 }
 
-/* The worst case of matching a pattern with q quantified items against n
- * characters from every start (gsub and gmatch; find and match stop at the
- * first): (n + 1) C(n + q, q) steps, in floating point. */
-static double luaapi_pattern_worst(size_t n, int q) {
+/* 1 when the pattern has items whose one match may scan the whole subject:
+ * %b (balanced) and back-references %1..%9. */
+static int luaapi_pattern_scans(const char *p, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++)
+        if (p[i] == '%') {
+            if (p[i + 1] == 'b' || (p[i + 1] >= '1' && p[i + 1] <= '9'))
+                return 1;
+            i++;
+        }
+    return 0;
+}
+
+/* The worst case of matching a pattern of plen characters with q quantified
+ * items against n characters from every start (gsub and gmatch; find and
+ * match stop at the first): (n + 1) C(n + q, q) ways to split the subject,
+ * each compared over up to plen + 1 pattern items, times n again for items
+ * that scan the subject; in floating point. */
+static double luaapi_pattern_worst(size_t n, size_t plen, int q, int scans) {
     double c = 1;
     for (int k = 1; k <= q; k++)
         c = c * (double)(n + (size_t)k) / k;
-    return c * (double)(n + 1);
+    return c * (double)(n + 1) * (double)(plen + 1) * (scans ? (double)(n + 1) : 1.0);
 }
 
 /* Runs the string library's function in upvalue 1 once its worst case fits
@@ -275,9 +315,12 @@ static int luaapi_pattern_call(lua_State *L) {
     luaL_checklstring(L, 1, &n);
     const char *p = luaL_checklstring(L, 2, &plen);
     const char *fname = lua_tostring(L, lua_upvalueindex(2));
+    /* a plain find compares the pattern at every start: n m steps */
     int plain = strcmp(fname, "find") == 0 && lua_toboolean(L, 4);
-    if (!plain) {
-        double worst = luaapi_pattern_worst(n, luaapi_pattern_quantifiers(p, plen));
+    double worst = plain ? (double)(n + 1) * (double)(plen + 1)
+                         : luaapi_pattern_worst(n, plen, luaapi_pattern_quantifiers(p, plen),
+                                                luaapi_pattern_scans(p, plen));
+    {
         double left = (double)(c->hook_max - (c->hook_calls < c->hook_max ? c->hook_calls
                                                                           : c->hook_max)) *
                       c->hook_every;
@@ -289,7 +332,9 @@ static int luaapi_pattern_call(lua_State *L) {
             return luaL_error(L, "%s", msg);
         }
     }
-    c->hook_calls += (uint64_t)n / (uint64_t)c->hook_every;
+    /* charged as a scan of the subject per pattern item, what a pattern
+     * that does not backtrack costs */
+    c->hook_calls += (uint64_t)((double)(n + 1) * (double)(plen + 1) / c->hook_every);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
     lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
@@ -315,11 +360,12 @@ int luaapi_charge(lua_State *L, size_t bytes, const char *what) {
     luaapi_ctx *c = luaapi_ctx_of(L);
     if (bytes > c->mem_limit - c->mem_used) {
         c->fatal = LUAAPI_FATAL_MEMORY;
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s needs %.1f MiB, more than the script's memory budget has "
+                 "left (%.1f of %zu MiB)", what, (double)bytes / (1 << 20),
+                 (double)(c->mem_limit - c->mem_used) / (1 << 20), c->mem_limit >> 20);
         luaL_where(L, 1);
-        lua_pushfstring(L, "%s needs %I MiB, more than the script's memory budget has left "
-                           "(%I of %I MiB)", what, (lua_Integer)(bytes >> 20),
-                        (lua_Integer)((c->mem_limit - c->mem_used) >> 20),
-                        (lua_Integer)(c->mem_limit >> 20));
+        lua_pushstring(L, msg);
         lua_concat(L, 2);
         /* Kept for the report, as the time budget's message is. */
         snprintf(c->fatal_msg, sizeof c->fatal_msg, "%s", lua_tostring(L, -1));

@@ -229,6 +229,11 @@ expect(dir_preset 1 "preset: a model directory's config.json gives the sizes"
 # its weights are read from the folder: an empty model.safetensors is refused by name
 expect(dir_weights_read 1 "hf-bert/model.safetensors: 0 bytes is too short"
        run --cpu ${WORK}/hf-bert --set batch=1 --set seq=8)
+# an output over the directory's own files: refused, the checkpoint kept
+expect(dir_save_over_weights 2 "--save-output .*hf-bert/model.safetensors is the file of the model directory"
+       run --cpu ${WORK}/hf-bert --set batch=1 --set seq=8 --save-output ${WORK}/hf-bert/model.safetensors)
+expect(dir_save_over_config 2 "is the file of the model directory's config"
+       run --cpu ${WORK}/hf-bert --set batch=1 --set seq=8 --save-output ${WORK}/hf-bert/config.json)
 file(MAKE_DIRECTORY ${WORK}/hf-llama)
 file(WRITE ${WORK}/hf-llama/config.json "{\"model_type\": \"llama\"}")
 file(WRITE ${WORK}/hf-llama/model.safetensors "")

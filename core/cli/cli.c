@@ -212,22 +212,55 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned cha
     return 0;
 }
 
+/* The paths the command writes (--save-output, -o, --png), NULL where not given. */
+static void output_paths(const cli_args *a, const char *out[3][2]) {
+    out[0][0] = "--save-output", out[0][1] = a->save_output;
+    out[1][0] = "-o", out[1][1] = a->output;
+    out[2][0] = "--png", out[2][1] = a->png;
+}
+
+/* 1 (and says so) when output path `out` is the file `in` (named for messages). */
+static int writes_over(const char *opt, const char *out, const char *in, const char *what) {
+    if (!out || !in || (strcmp(out, in) != 0 && !file_same(out, in)))
+        return 0;
+    fprintf(stderr, "stof: %s %s is the file of %s: stof does not write over what it reads\n",
+            opt, out, what);
+    return 1;
+}
+
+int cli_check_outputs_dir(const cli_args *a, const char *dir) {
+    model_dir md;
+    stof_error err = {0};
+    if (!dir || !dir[0] || model_dir_open(dir, &md, &err))
+        return 0; /* nothing to protect, or the run says what is wrong with it */
+    char config[2048];
+    snprintf(config, sizeof config, "%s/%s", dir, MODEL_DIR_CONFIG);
+    const char *out[3][2];
+    output_paths(a, out);
+    int bad = 0;
+    for (int o = 0; o < 3 && !bad; o++) {
+        bad = writes_over(out[o][0], out[o][1], config, "the model directory's config") ||
+              writes_over(out[o][0], out[o][1], md.weights_label, "the model directory");
+        for (int k = 0; k < md.n_shards && !bad; k++)
+            bad = writes_over(out[o][0], out[o][1], md.shards[k], "the model directory");
+    }
+    model_dir_free(&md);
+    return bad;
+}
+
 /* No file the command writes is one it reads: --save-output naming the
- * --weights file would overwrite the checkpoint with the output. */
+ * --weights file (or a model directory's) would overwrite the checkpoint
+ * with the output. */
 static int check_outputs(const cli_args *a) {
-    const char *outs[][2] = {{"--save-output", a->save_output}, {"-o", a->output},
-                             {"--png", a->png}};
+    const char *out[3][2];
+    output_paths(a, out);
     const char *ins[][2] = {{"the model", a->script}, {"--script", a->script_path},
                             {"--weights", a->weights}, {"--inputs", a->inputs}};
-    for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++)
-        for (size_t k = 0; outs[o][1] && k < sizeof ins / sizeof ins[0]; k++)
-            if (ins[k][1] && (strcmp(outs[o][1], ins[k][1]) == 0 ||
-                              file_same(outs[o][1], ins[k][1]))) {
-                fprintf(stderr, "stof: %s %s is the file of %s: stof does not write over "
-                        "what it reads\n", outs[o][0], outs[o][1], ins[k][0]);
+    for (size_t o = 0; o < 3; o++)
+        for (size_t k = 0; k < sizeof ins / sizeof ins[0]; k++)
+            if (writes_over(out[o][0], out[o][1], ins[k][1], ins[k][0]))
                 return 1;
-            }
-    return 0;
+    return a->script && model_dir_detect(a->script) ? cli_check_outputs_dir(a, a->script) : 0;
 }
 
 int cli_parse(int argc, char **argv, int first, cli_args *a) {

@@ -46,6 +46,11 @@ int cli_parse(int argc, char **argv, int first, cli_args *a);
 /* Builds the graph of a->script; prints the error and returns non-zero. */
 int cli_load_graph(const cli_args *a, graph *g, graph_script *info);
 
+/* 1 (and says so) when a path the command writes is a file of the model
+ * directory dir (its config, its weights): a plan's folder is known only
+ * once the plan is read. */
+int cli_check_outputs_dir(const cli_args *a, const char *dir);
+
 /* One line saying which mask every attention of the model uses, layer by
  * layer (runs of layers with the same one merged): "attention masks:
  * layers 0-11 bigbird{...}; layer 12 causal". */

@@ -644,6 +644,10 @@ int cli_run_plan(const cli_args *a) {
         fprintf(stderr, "stof: %s\n", err.msg);
         return 1;
     }
+    if (cli_check_outputs_dir(a, p.model_dir)) {
+        plan_free(&p);
+        return 2;
+    }
     run_state r;
     memset(&r, 0, sizeof r);
     int rc = plan_graph(a, &p, &r);

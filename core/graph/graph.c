@@ -24,6 +24,8 @@ void graph_free(graph *g) {
     free(g->sources);
     free(g->source_names);
     free(g->name_index);
+    free(g->suffix_base);
+    free(g->suffix_next);
     graph_init(g);
 }
 
@@ -153,17 +155,70 @@ int graph_add_tensor(graph *g, const graph_tensor *t, int *id, stof_error *err) 
     return STOF_OK;
 }
 
-/* A unique activation name from the op's name (or kind and index). */
-static void activation_name(const graph *g, const graph_op *op, const char *kind_name,
-                            char *out) {
+/* The slot of base in the table of suffixes already used (graph.h): the
+ * one holding it, or the empty one where it goes. */
+static size_t suffix_slot(const graph *g, const char *base) {
+    size_t k = name_slot(base, g->suffix_cap);
+    while (g->suffix_base[k][0] && strcmp(g->suffix_base[k], base) != 0)
+        k = (k + 1) & (size_t)(g->suffix_cap - 1);
+    return k;
+}
+
+/* Room in the suffix table for one more base (rebuilt when half full). */
+static int suffix_reserve(graph *g, stof_error *err) {
+    if (2 * (g->n_suffixes + 1) <= g->suffix_cap)
+        return STOF_OK;
+    graph old = *g;
+    int cap = g->suffix_cap ? 2 * g->suffix_cap : 64;
+    g->suffix_base = err_calloc((size_t)cap, sizeof *g->suffix_base, err);
+    g->suffix_next = err_calloc((size_t)cap, sizeof *g->suffix_next, err);
+    if (!g->suffix_base || !g->suffix_next) {
+        free(g->suffix_base);
+        free(g->suffix_next);
+        g->suffix_base = old.suffix_base;
+        g->suffix_next = old.suffix_next;
+        return STOF_ERR_NOMEM;
+    }
+    g->suffix_cap = cap;
+    for (int i = 0; i < old.suffix_cap; i++)
+        if (old.suffix_base[i][0]) {
+            size_t k = suffix_slot(g, old.suffix_base[i]);
+            memcpy(g->suffix_base[k], old.suffix_base[i], GRAPH_NAME_MAX);
+            g->suffix_next[k] = old.suffix_next[i];
+        }
+    free(old.suffix_base);
+    free(old.suffix_next);
+    return STOF_OK;
+}
+
+/* A unique activation name from the op's name (or kind and index): the
+ * base itself, else base#k with k counting on from the last one given, so
+ * thousands of ops of one name are named in linear time. */
+static int activation_name(graph *g, const graph_op *op, const char *kind_name, char *out,
+                           stof_error *err) {
     char base[GRAPH_NAME_MAX];
     if (op->name[0])
         snprintf(base, sizeof base, "%s", op->name);
     else
         snprintf(base, sizeof base, "%s%d", kind_name, g->n_ops);
     snprintf(out, GRAPH_NAME_MAX, "%s", base);
-    for (int k = 1; graph_find_tensor(g, out) >= 0; k++)
-        snprintf(out, GRAPH_NAME_MAX, "%.80s#%d", base, k);
+    if (graph_find_tensor(g, out) < 0)
+        return STOF_OK;
+    int rc = suffix_reserve(g, err);
+    if (rc)
+        return rc;
+    size_t slot = suffix_slot(g, base);
+    if (!g->suffix_base[slot][0]) {
+        memcpy(g->suffix_base[slot], base, GRAPH_NAME_MAX);
+        g->suffix_next[slot] = 1;
+        g->n_suffixes++;
+    }
+    int k = g->suffix_next[slot];
+    do
+        snprintf(out, GRAPH_NAME_MAX, "%.80s#%d", base, k++);
+    while (graph_find_tensor(g, out) >= 0);
+    g->suffix_next[slot] = k;
+    return STOF_OK;
 }
 
 int graph_check_inputs(const graph *g, const graph_op *op, const char *kind_name,
@@ -181,7 +236,8 @@ int graph_append_op(graph *g, const graph_op *op, const char *kind_name, const g
     if (rc)
         return rc;
     graph_tensor out = *t;
-    activation_name(g, op, kind_name, out.name);
+    if ((rc = activation_name(g, op, kind_name, out.name, err)))
+        return rc;
     out.role = GRAPH_ACTIVATION;
     out.producer = g->n_ops;
     out.line = op->line;

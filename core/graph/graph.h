@@ -143,6 +143,9 @@ typedef struct graph {
     int n_source_names, cap_source_names;
     int *name_index;     /* tensor ids by name (graph.c), name_cap slots */
     int name_cap;
+    char (*suffix_base)[GRAPH_NAME_MAX]; /* names given to several ops, and the next "#k" */
+    int *suffix_next;    /* to try for each (graph.c), suffix_cap slots, n_suffixes used */
+    int suffix_cap, n_suffixes;
 } graph;
 
 void graph_init(graph *g);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/base/error.h"
 #include "core/base/file.h"
@@ -80,6 +81,8 @@ struct search_cache {
     cache_entry *slots;
     size_t cap, count; /* cap: a power of two */
     FILE *file;        /* open for appending; NULL: memory only */
+    int cut_short;     /* the file's last line has no newline (an append cut short) */
+    size_t whole_bytes; /* the file's bytes up to that line */
     search_cache_stats stats;
 };
 
@@ -203,8 +206,11 @@ static int cache_load(search_cache *c, const char *path, stof_error *err) {
     for (size_t at = 0; rc == STOF_OK && at < len;) {
         char *line = text + at, *nl = memchr(line, '\n', len - at);
         lineno++;
-        if (!nl) /* an append cut short: what it paid for is lost, nothing else */
+        if (!nl) { /* an append cut short: what it paid for is lost, nothing else */
+            c->cut_short = 1;
+            c->whole_bytes = at;
             break;
+        }
         *nl = '\0';
         at = (size_t)(nl - text) + 1;
         size_t n = (size_t)(nl - line);
@@ -236,11 +242,17 @@ int search_cache_open(const char *device, const char *path, search_cache **out,
     int rc = cache_grow(c, err);
     if (!rc && path)
         rc = cache_load(c, path, err);
+    /* the cut line goes, or the next entry would join it (and "0.5" cut to
+     * "0." would read as a time) */
+    if (!rc && path && c->cut_short && truncate(path, (off_t)c->whole_bytes) != 0)
+        rc = err_set(err, STOF_ERR_IO, "cannot cut the unfinished last line of the measurement "
+                     "cache %s: %s", path, strerror(errno));
     if (!rc && path) {
         c->file = fopen(path, "a");
         if (!c->file)
             rc = err_set(err, STOF_ERR_IO, "cannot open the measurement cache %s for appending: %s",
                          path, strerror(errno));
+
     }
     if (rc) {
         search_cache_free(c);

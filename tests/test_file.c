@@ -99,6 +99,10 @@ static void test_write(void) {
     CHECK_EQ_INT(file_read(p, "output", 0, &text, &len, &err), STOF_OK);
     CHECK(text && strcmp(text, "new") == 0);
     free(text);
+    /* A file replaced keeps its permissions. */
+    CHECK(chmod(p, 0600) == 0);
+    CHECK_EQ_INT(file_write(p, "output", "newer", 5, &err), STOF_OK);
+    CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0600);
     /* A device or a directory is never replaced. */
     CHECK_EQ_INT(file_write("/dev/full", "output", "x", 1, &err), STOF_ERR_IO);
     CHECK_CONTAINS(err.msg, "/dev/full: a character device, not a file stof may write");

@@ -105,6 +105,24 @@ static void test_cache(const char *dir) {
     CHECK(nvrtc_cache_warning(&c, NULL) == NULL);
     nvrtc_cache_free(&c);
 
+    /* a valid cubin copied to another key's name: not that key's, refused */
+    {
+        nvrtc_request other = req;
+        other.options[0] = "-DSTOF_DTYPE=2";
+        char other_path[2048], cmd[4200];
+        snprintf(other_path, sizeof other_path, "%s/%016llx.cubin", dir,
+                 (unsigned long long)nvrtc_key(&other));
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, other_path);
+        CHECK(system(cmd) == 0);
+        nvrtc_cache_init(&c, dir);
+        CHECK_EQ_INT(nvrtc_get(&c, &other, &b1, &s1, &err), STOF_OK);
+        CHECK_EQ_INT(c.disk_hits, 0);
+        CHECK_EQ_INT(c.compiled, 1);
+        w = nvrtc_cache_warning(&c, NULL);
+        CHECK(w && strstr(w, "failed its check"));
+        nvrtc_cache_free(&c);
+    }
+
     /* a directory in the file's place: compiled, and said (read and write) */
     CHECK(remove(path) == 0 && mkdir(path, 0755) == 0);
     nvrtc_cache_init(&c, dir);

@@ -518,6 +518,12 @@ static void test_cache_file(void) {
     CHECK_EQ_INT(search_cache_open("GPU", path, &c, &err), STOF_OK);
     CHECK_EQ_INT(search_cache_get_stats(c).loaded, 1);
     CHECK_EQ_INT(search_cache_get_stats(c).skipped, 0);
+    /* what is appended after the cut line stands on a line of its own */
+    CHECK_EQ_INT(search_cache_store(c, "sig", w, 2, 0.75, &err), STOF_OK);
+    search_cache_free(c);
+    CHECK_EQ_INT(search_cache_open("GPU", path, &c, &err), STOF_OK);
+    CHECK(search_cache_lookup(c, "sig", w, 2, &ms) && ms == 0.75);
+    CHECK_EQ_INT(search_cache_get_stats(c).loaded, 2);
     search_cache_free(c);
     static const struct {
         const char *line, *why;

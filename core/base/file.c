@@ -130,7 +130,8 @@ static mode_t process_umask(void) {
 int file_out_open(file_out *o, const char *path, const char *what, stof_error *err) {
     *o = (file_out){.what = what};
     struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    int exists = stat(path, &st) == 0;
+    if (exists && !S_ISREG(st.st_mode))
         return err_set(err, STOF_ERR_IO, "%s: %s, not a file stof may write a %s to", path,
                        file_type_name(st.st_mode), what);
     size_t n = strlen(path);
@@ -151,8 +152,9 @@ int file_out_open(file_out *o, const char *path, const char *what, stof_error *e
         file_out_abort(o);
         return err_set(err, STOF_ERR_IO, "cannot write the %s %s: %s", what, path, strerror(e));
     }
-    /* mkstemp makes 0600; a written file gets the usual mode. */
-    fchmod(fd, 0666 & ~process_umask());
+    /* mkstemp makes 0600: a file written anew gets the usual mode, a file
+     * replaced keeps its own */
+    fchmod(fd, exists ? (st.st_mode & 07777) : (0666 & ~process_umask()));
     if (!(o->f = fdopen(fd, "wb"))) {
         int e = errno;
         close(fd);
@@ -163,7 +165,8 @@ int file_out_open(file_out *o, const char *path, const char *what, stof_error *e
 }
 
 int file_out_commit(file_out *o, stof_error *err) {
-    int bad = fflush(o->f) != 0 || ferror(o->f);
+    /* on the disk before it takes the old file's place */
+    int bad = fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0;
     int e = errno;
     if (fclose(o->f) != 0 && !bad) {
         bad = 1;

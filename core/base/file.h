@@ -8,7 +8,8 @@
  *
  * Writing never destroys what was there: the bytes go to a temporary file
  * beside the target, which replaces the target by rename only once every
- * byte is written. A failed write leaves the old file as it was. A target
+ * byte is written and synced. A failed write leaves the old file as it was;
+ * a replaced file keeps its permissions. A target
  * that exists and is not a regular file (a device, a FIFO, a directory) is
  * refused: renaming over /dev/full would delete the device node. */
 #ifndef STOF_CORE_FILE_H

@@ -307,6 +307,11 @@ static int find_shipped_script(const char *name, char *out, size_t cap) {
 static int load_model_dir(const cli_args *a, graph *g, graph_script *info) {
     graph_script own;
     info = info ? info : &own;
+    if (strlen(a->script) >= sizeof info->model_dir) { /* it is recorded whole, or not at all */
+        fprintf(stderr, "stof: the model directory's path is more than %zu characters\n",
+                sizeof info->model_dir - 1);
+        return 1;
+    }
     model_dir md;
     stof_error err = {0};
     if (model_dir_open(a->script, &md, &err)) {

@@ -127,14 +127,19 @@ static void disk_path(const nvrtc_cache *c, uint64_t key, char *buf, size_t n) {
     snprintf(buf, n, "%s/%016llx.cubin", c->dir, (unsigned long long)key);
 }
 
-/* A cached kernel is its cubin and this trailer: a magic word and the hash
- * of the cubin's bytes. A file that fails the check (cut short, altered, or
- * not ours) is reported and compiled anew, never loaded. */
+/* A cached kernel is its cubin and this trailer: a magic word and a hash of
+ * the cache key and the cubin's bytes. A file that fails the check (cut
+ * short, altered, not ours, or another key's copied to this name) is
+ * reported and compiled anew, never loaded. */
 typedef struct disk_trailer {
     char magic[8];
     uint64_t hash;
 } disk_trailer;
-static const char disk_magic[8] = {'s', 't', 'o', 'f', 'c', 'u', 'b', '1'};
+static const char disk_magic[8] = {'s', 't', 'o', 'f', 'c', 'u', 'b', '2'};
+
+static uint64_t disk_hash(uint64_t key, const void *cubin, size_t size) {
+    return util_hash(util_hash(UTIL_HASH_SEED, &key, sizeof key), cubin, size);
+}
 
 static void *disk_load(nvrtc_cache *c, uint64_t key, size_t *size) {
     if (!c->dir[0])
@@ -155,7 +160,7 @@ static void *disk_load(nvrtc_cache *c, uint64_t key, size_t *size) {
     if (ok) {
         memcpy(&t, bin + len - sizeof t, sizeof t);
         ok = memcmp(t.magic, disk_magic, sizeof disk_magic) == 0 &&
-             t.hash == util_hash(UTIL_HASH_SEED, bin, len - sizeof t);
+             t.hash == disk_hash(key, bin, len - sizeof t);
     }
     if (!ok) {
         free(bin);
@@ -196,7 +201,7 @@ static void disk_store(nvrtc_cache *c, uint64_t key, const void *cubin, size_t s
     disk_path(c, key, path, sizeof path);
     disk_trailer t;
     memcpy(t.magic, disk_magic, sizeof t.magic);
-    t.hash = util_hash(UTIL_HASH_SEED, cubin, size);
+    t.hash = disk_hash(key, cubin, size);
     file_out o;
     stof_error err = {0};
     int rc = file_out_open(&o, path, "cached kernel", &err);
@@ -299,9 +304,12 @@ int nvrtc_compile_in_process(const nvrtc_request *req, void **cubin, size_t *siz
     if (r == NVRTC_SUCCESS && (*cubin = err_malloc(*size, err)) != NULL)
         r = nvrtcGetCUBIN(prog, *cubin);
     nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS)
+    if (r != NVRTC_SUCCESS) {
+        free(*cubin);
+        *cubin = NULL;
         return err_set(err, STOF_ERR_COMPILE, "NVRTC gave no cubin for %s: %s", req->source,
                        nvrtcGetErrorString(r));
+    }
     return *cubin ? STOF_OK : STOF_ERR_NOMEM;
 }
 

@@ -199,7 +199,15 @@ static int check_weight_map(const model_dir *md, const safetensors_file *f, stof
     cJSON *index = NULL;
     int rc = read_json_object(md->weights_label, "safetensors index", &index, err);
     const cJSON *map = rc ? NULL : cJSON_GetObjectItemCaseSensitive(index, "weight_map");
+    if (!rc && !cJSON_IsObject(map)) /* read again: it may have changed since */
+        rc = err_set(err, STOF_ERR_FORMAT, "%s: \"weight_map\" must be an object of tensor name "
+                     "-> shard file", md->weights_label);
     for (const cJSON *e = map ? map->child : NULL; e && !rc; e = e->next) {
+        if (!cJSON_IsString(e)) {
+            rc = err_set(err, STOF_ERR_FORMAT, "%s: weight_map['%s'] must be a shard's file name",
+                         md->weights_label, e->string);
+            break;
+        }
         int i = -1;
         for (int lo = 0, hi = f->n - 1; lo <= hi && i < 0;) {
             int mid = lo + (hi - lo) / 2, c = strcmp(f->tensors[mid].name, e->string);

@@ -233,10 +233,11 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
                            "weight '%s')", f->path, name, k + 1, n, x->name);
         if (i < 0)
             return err_set(err, STOF_ERR_MISMATCH, "%s: tensor '%s' missing", f->path, name);
+        o->index[k] = i;
+        o->n = k + 1; /* found, whatever its dtype: not also reported unused */
         int rc = weights_check_dtype(f, &f->tensors[i], x, err);
         if (rc)
             return rc;
-        o->index[k] = i;
         o->asked[k] = name;
         o->prefix_len[k] = prefix_len;
     }
@@ -277,6 +278,10 @@ static int weights_not_finite(const weights_origin *o, const graph_tensor *x, in
     int k = 0;
     while (k + 1 < o->n && at >= o->file->tensors[o->index[k]].numel)
         at -= o->file->tensors[o->index[k++]].numel;
+    if (o->row_offset) { /* rows row_offset.. of the file's tensor */
+        const safetensors_tensor *p = &o->file->tensors[o->index[0]];
+        at += o->row_offset * (p->numel / p->shape[0]);
+    }
     const char *name = o->file->tensors[o->index[k]].name;
     if (!isfinite(raw))
         return err_set(err, STOF_ERR_FORMAT, "%s: tensor '%s' holds %s at element %lld",

@@ -312,7 +312,17 @@ int lua_api_build_config(const char *path, const char *const *params, int n_para
     const char *slash = strrchr(path, '/');
     const char *name = slash ? slash + 1 : path;
     char dir[sizeof c->script_dir];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    /* the script's folder, where `require` looks: never a cut path */
+    if (slash && (size_t)(slash - path) >= sizeof dir) {
+        free(text);
+        free(c);
+        return err_set(err, STOF_ERR_INVALID, "the script's folder is more than %zu characters: "
+                       "%.60s...", sizeof dir - 1, path);
+    }
+    if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
     luaapi_ctx_init(c, name, dir, NULL, NULL);
     c->params = params;
     c->n_params = n_params;

@@ -22,13 +22,14 @@ void luaapi_push_json(lua_State *L, const cJSON *v) {
     if (cJSON_IsObject(v) || cJSON_IsArray(v)) {
         lua_createtable(L, cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0,
                         cJSON_IsObject(v) ? cJSON_GetArraySize(v) : 0);
-        lua_Integer i = 1;
+        lua_Integer i = 0;
         for (const cJSON *e = v->child; e; e = e->next) {
+            i++; /* a null keeps its place in an array: a hole, as Lua has it */
             if (cJSON_IsNull(e))
-                continue; /* absent, as Lua has it */
+                continue;
             luaapi_push_json(L, e);
             if (cJSON_IsArray(v))
-                lua_rawseti(L, -2, i++);
+                lua_rawseti(L, -2, i);
             else
                 lua_setfield(L, -2, e->string);
         }

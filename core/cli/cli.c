@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -285,11 +286,24 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
 }
 
 /* The first folder that holds the shipped script `name`: $STOF_SCRIPTS_DIR,
- * the installed scripts, the source tree's. */
+ * the scripts installed beside this stof, the install prefix's, the source
+ * tree's. */
 static int find_shipped_script(const char *name, char *out, size_t cap) {
     const char *env = getenv("STOF_SCRIPTS_DIR");
-    const char *dirs[] = {env && env[0] ? env : NULL, STOF_SCRIPTS_INSTALL_DIR,
-                          STOF_SCRIPTS_SOURCE_DIR};
+    /* an installed stof's scripts sit at ../share/stof/scripts from its
+     * bin/, wherever the prefix was moved */
+    char exe[1024], beside[1100] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(beside, sizeof beside, "%s/../share/stof/scripts", exe);
+        }
+    }
+    const char *dirs[] = {env && env[0] ? env : NULL, beside[0] ? beside : NULL,
+                          STOF_SCRIPTS_INSTALL_DIR, STOF_SCRIPTS_SOURCE_DIR};
     for (size_t k = 0; k < sizeof dirs / sizeof dirs[0]; k++) {
         if (!dirs[k])
             continue;

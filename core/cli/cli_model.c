@@ -75,6 +75,8 @@ int cli_cmd_graph(const cli_args *a) {
     printf("model %s (%s): %d layers, %d ops, %d tensors; output %s %s %s\n", g.name, info.name,
            g.n_layers, g.n_ops, g.n_tensors, out->name, graph_shape_str(out, shape, sizeof shape),
            stof_dtype_name(out->dtype));
+    if (info.model_dir[0])
+        printf("model directory %s, script %s\n", info.model_dir, info.path);
     cli_print_masks(&g);
     printf("%-5s %-10s %-3s %-44s %-40s    %-16s %10s %9s\n", "#", "kind", "cls", "name",
            "inputs", "output", "GFLOP", "MB");

@@ -12,60 +12,90 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Each command's usage, in the order `stof help` lists them. */
+static const struct {
+    const char *command, *text;
+} helps[] = {
+    {"info",
+     "  stof info                          the GPU stof would use, or why there is none\n"},
+    {"graph",
+     "  stof graph SCRIPT|DIR [--set k=v ...]\n"
+     "                                     the model's operators: index, kind, class,\n"
+     "                                     shapes, FLOPs and bytes, and each layer's mask\n"},
+    {"run",
+     "  stof run SCRIPT|DIR [--set k=v ...] [--scheme S ...] [--reps N] [--seed N]\n"
+     "           [--check | --no-check] [--profile] [VALUES]\n"
+     "                                     run the model on the GPU: its segments and\n"
+     "                                     kernels, memory, latency (eager and CUDA graph),\n"
+     "                                     checksum, error against the CPU reference\n"
+     "                                     (--check: even for big models; --no-check: skip).\n"
+     "                                     --scheme: the fusion scheme of the layers, hex\n"
+     "                                     (\"14:2238\") or binary, or \"default\" or\n"
+     "                                     \"unfused\"; once for every layer class, or\n"
+     "                                     once per class in order (T5: encoder, decoder)\n"
+     "                                     --profile: each segment's time inside the\n"
+     "                                     forward pass, summed over its layers\n"
+     "  stof run --cpu SCRIPT|DIR [--set k=v ...] [--seed N] [VALUES]\n"
+     "                                     run the fp32 CPU reference, print a checksum\n"
+     "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check]\n"
+     "           [--profile] [VALUES]\n"
+     "                                     run a tuned plan (no tuning) and compare its\n"
+     "                                     latency with the one it recorded (--profile:\n"
+     "                                     segment by segment too)\n"
+     "    VALUES: --weights FILE.safetensors  every weight from a checkpoint (Hugging\n"
+     "                                     Face names; fused weights from their parts;\n"
+     "                                     a model directory brings its own)\n"
+     "            --inputs FILE.safetensors   every input of the model and nothing else\n"
+     "                                     (token ids as int32 or int64); without\n"
+     "                                     --weights the weights are drawn from --seed\n"
+     "            --save-output FILE.safetensors\n"
+     "                                     write the output as fp32 tensor \"output\"\n"},
+    {"mask",
+     "  stof mask SCRIPT|DIR [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
+     "                                     mask statistics, and a heatmap as PNG\n"},
+    {"tune",
+     "  stof tune SCRIPT|DIR [--set k=v ...] -o PLAN.json [--budget N] [--time-limit S]\n"
+     "            [--seed N] [--arch sm_XX] [--reps N] [--check | --no-check]\n"
+     "                                     tune the fusion scheme and kernel parameters\n"
+     "                                     on the GPU (two-stage search, measurements\n"
+     "                                     cached in tune-cache.txt beside the kernel\n"
+     "                                     cache) and write the plan. Without a GPU:\n"
+     "                                     an unmeasured plan of the initial scheme for\n"
+     "                                     --arch (default sm_90), kernels precompiled\n"},
+    {"plan",
+     "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
+     "                                     segments, kernels, times, search statistics\n"},
+    {"mha-select",
+     "  stof mha-select SCRIPT|DIR [--set k=v ...] [--arch sm_XX]\n"
+     "                                     the attention kernel the analytical model picks\n"
+     "                                     (paper Eq. 1, 2) and its score table\n"},
+    {"version", "  stof version                       stof's version and commit\n"},
+};
+#define N_HELPS ((int)(sizeof helps / sizeof helps[0]))
+
+static const char *usage_footer =
+    "\n"
+    "SCRIPT is a Lua model script (see scripts/ and docs/lua-api.md); --set passes\n"
+    "its parameters, e.g. stof graph scripts/bert.lua --set preset=base --set seq=1024.\n"
+    "DIR is a Hugging Face model directory (config.json and safetensors weights).\n"
+    "stof help COMMAND, or stof COMMAND --help, shows one command's usage.\n";
+
 static void usage(FILE *f) {
-    fprintf(f,
-            "stof %s - sparse transformers, fused and tuned for NVIDIA GPUs\n"
-            "\n"
-            "usage:\n"
-            "  stof info                          the GPU stof would use, or why there is none\n"
-            "  stof graph SCRIPT [--set k=v ...]  the model's operators: index, kind, class,\n"
-            "                                     shapes, FLOPs and bytes\n"
-            "  stof run SCRIPT [--set k=v ...] [--scheme S ...] [--reps N] [--seed N]\n"
-            "           [--check | --no-check] [--profile] [VALUES]\n"
-            "                                     run the model on the GPU: its segments and\n"
-            "                                     kernels, memory, latency (eager and CUDA graph),\n"
-            "                                     checksum, error against the CPU reference\n"
-            "                                     (--check: even for big models; --no-check: skip).\n"
-            "                                     --scheme: the fusion scheme of the layers, hex\n"
-            "                                     (\"14:2238\") or binary, or \"default\" or\n"
-            "                                     \"unfused\"; once for every layer class, or\n"
-            "                                     once per class in order (T5: encoder, decoder)\n"
-            "                                     --profile: each segment's time inside the\n"
-            "                                     forward pass, summed over its layers\n"
-            "  stof run --cpu SCRIPT [--set k=v ...] [--seed N] [VALUES]\n"
-            "                                     run the fp32 CPU reference, print a checksum\n"
-            "    VALUES: --weights FILE.safetensors  every weight from a checkpoint (Hugging\n"
-            "                                     Face names; fused weights from their parts)\n"
-            "            --inputs FILE.safetensors   every input of the model and nothing else\n"
-            "                                     (token ids as int32 or int64); without\n"
-            "                                     --weights the weights are drawn from --seed\n"
-            "            --save-output FILE.safetensors\n"
-            "                                     write the output as fp32 tensor \"output\"\n"
-            "  stof mask SCRIPT [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
-            "                                     mask statistics, and a heatmap as PNG\n"
-            "  stof tune SCRIPT [--set k=v ...] -o PLAN.json [--budget N] [--time-limit S]\n"
-            "            [--seed N] [--arch sm_XX] [--reps N] [--check | --no-check]\n"
-            "                                     tune the fusion scheme and kernel parameters\n"
-            "                                     on the GPU (two-stage search, measurements\n"
-            "                                     cached in tune-cache.txt beside the kernel\n"
-            "                                     cache) and write the plan. Without a GPU:\n"
-            "                                     an unmeasured plan of the initial scheme for\n"
-            "                                     --arch (default sm_90), kernels precompiled\n"
-            "  stof run PLAN.json [--script PATH] [--reps N] [--check | --no-check]\n"
-            "           [--profile] [VALUES]\n"
-            "                                     run a tuned plan (no tuning) and compare its\n"
-            "                                     latency with the one it recorded (--profile:\n"
-            "                                     segment by segment too)\n"
-            "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
-            "                                     segments, kernels, times, search statistics\n"
-            "  stof mha-select SCRIPT [--set k=v ...] [--arch sm_XX]\n"
-            "                                     the attention kernel the analytical model picks\n"
-            "                                     (paper Eq. 1, 2) and its score table\n"
-            "  stof version\n"
-            "\n"
-            "SCRIPT is a Lua model script (see scripts/ and docs/lua-api.md); --set passes\n"
-            "its parameters, e.g. stof graph scripts/bert.lua --set preset=base --set seq=1024\n",
+    fprintf(f, "stof %s - sparse transformers, fused and tuned for NVIDIA GPUs\n\nusage:\n",
             STOF_VERSION_STRING);
+    for (int k = 0; k < N_HELPS; k++)
+        fputs(helps[k].text, f);
+    fputs(usage_footer, f);
+}
+
+/* One command's usage; 1 when there is no such command. */
+static int command_usage(const char *command, FILE *f) {
+    for (int k = 0; k < N_HELPS; k++)
+        if (strcmp(helps[k].command, command) == 0) {
+            fprintf(f, "usage:\n%s", helps[k].text);
+            return 0;
+        }
+    return 1;
 }
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -464,11 +494,21 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], NVRTC_WORKER_ARG) == 0)
         return nvrtc_worker_main(0);
     nvrtc_workers_enable("/proc/self/exe");
+    if (argc >= 3 && strcmp(argv[1], "help") == 0) {
+        if (!command_usage(argv[2], stdout))
+            return 0;
+        fprintf(stderr, "stof: no command '%s' (stof help lists them)\n", argv[2]);
+        return 2;
+    }
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    for (int k = 2; k < argc; k++) /* stof COMMAND --help */
+        if ((strcmp(argv[k], "--help") == 0 || strcmp(argv[k], "-h") == 0) &&
+            !command_usage(argv[1], stdout))
+            return 0;
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
         printf("stof %s (commit %s)\n", stof_version(), stof_build_commit());
         return 0;

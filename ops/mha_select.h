@@ -71,7 +71,7 @@ typedef struct mha_problem {
     int batch, heads, head_dim;
     int q_len, k_len;
     int dtype_bytes; /* of Q, K, V in shared memory: 2 for fp16 / bf16 */
-    /* The mask at 16x16 blocks (mask_format_cache_bsr(cache, m, 16, 16, ...)),
+    /* The mask at 16x16 blocks (mask_format_bsr_build(m, 16, 16, ...)),
      * or NULL for attention without a mask (every block loaded). */
     const mask_bsr *blocks16;
 } mha_problem;

@@ -207,6 +207,10 @@ static void fill_dims(const graph *g, const int *ops, int n, fusion_dims *d) {
         d->row_reduce |= is_norm(g, ops[k]) || op->kind == OP_SOFTMAX;
         if (op->kind == OP_ATTENTION)
             fill_attention_dims(g, op, d);
+        if (op->kind == OP_ROTARY) {
+            d->heads = op->attr.rotary.heads;
+            d->head_dim = op->attr.rotary.head_dim;
+        }
         if (op->kind != OP_GEMM)
             continue;
         int64_t m, f;
@@ -246,13 +250,6 @@ int fusion_match_segment(const graph *g, const int *ops, int n, fusion_match *ou
     if (rc)
         return rc;
     out->templates = matching_templates(g, ops, n, out->store_pre_norm);
-    for (int i = 0; !out->templates && i < n; i++) {
-        op_kind k = g->ops[ops[i]].kind;
-        if (k == OP_GLU || k == OP_ROTARY) /* CPU reference only, so far */
-            return seg_fail(g, ops, n, err, "no template implements it: the %s operator has no "
-                            "GPU kernel yet (stof run --cpu runs the model)",
-                            op_describe(k)->name);
-    }
     if (!out->templates)
         return seg_fail(g, ops, n, err, "no template implements it%s",
                         out->store_pre_norm ? " while also writing the norm's input" : "");

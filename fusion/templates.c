@@ -152,6 +152,22 @@ static int embedding_check(const fusion_dims *d, const int *v, int limit, stof_e
     return check_divides("VEC", v[1], d->n, err);
 }
 
+/* THREADS, VEC: a thread's VEC outputs of one row (glu). */
+static int glu_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    (void)limit;
+    return check_divides("VEC", v[1], d->n, err);
+}
+
+/* THREADS, VEC: a thread rotates VEC pairs of one head, so VEC divides half
+ * a head (and then the V heads it copies too). */
+static int rotary_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    (void)limit;
+    if (d->head_dim < 2 || (d->head_dim / 2) % v[1])
+        return err_set(err, STOF_ERR_UNSUPPORTED, "VEC %d does not divide half of head_dim %d",
+                       v[1], d->head_dim);
+    return STOF_OK;
+}
+
 /* ---- the table ---------------------------------------------------------------- */
 
 #define TOK(k) FUSION_TOK(OP_##k)
@@ -207,6 +223,14 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         1, {PATTERN(ONE(TOK(EMBEDDING)))},
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
         embedding_check},
+    [FUSION_T_GLU] = {FUSION_T_GLU, "glu", "glu.cu", 0,
+        1, {PATTERN(ONE(TOK(GLU)))},
+        2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
+        glu_check},
+    [FUSION_T_ROTARY] = {FUSION_T_ROTARY, "rotary", "rotary.cu", 0,
+        1, {PATTERN(ONE(TOK(ROTARY)))},
+        2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
+        rotary_check},
 };
 
 const fusion_template *fusion_template_get(fusion_template_id id) {

@@ -12,6 +12,8 @@
  *   attention_row    attention_row.cu     attention
  *   attention_block  attention_block.cu   attention
  *   embedding        embedding.cu         embedding
+ *   glu              glu.cu               glu
+ *   rotary           rotary.cu            rotary
  *
  * Every single op matches at least one template, so the all-unfused scheme
  * is always valid. The norm kind is an epilogue flag (fusion_epilogue.norm),
@@ -38,6 +40,8 @@ typedef enum fusion_template_id {
     FUSION_T_ATTENTION_ROW,
     FUSION_T_ATTENTION_BLOCK,
     FUSION_T_EMBEDDING,
+    FUSION_T_GLU,
+    FUSION_T_ROTARY,
     FUSION_T_COUNT
 } fusion_template_id;
 
@@ -84,7 +88,7 @@ typedef struct fusion_dims {
     int64_t n2;     /* output features of the second GEMM (gemm_chain) */
     int elem_bytes; /* of the activations */
     int row_reduce; /* the segment holds a norm or softmax: whole rows at once */
-    int batch, heads, head_dim, q_len, k_len; /* attention */
+    int batch, heads, head_dim, q_len, k_len; /* attention; rotary: heads and head_dim */
 } fusion_dims;
 
 /* Template flag: besides the segment's result it can write the input of its

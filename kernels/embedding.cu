@@ -12,8 +12,8 @@
 // first bad token to claim the flag); the host reads the flag back and
 // fails with the token and its id (gemm_exec_embedding_status).
 #include "common.cuh"
-#include "attention_common.cuh"
 #include "gemm_abi.cuh"
+#include "vec_chunk.cuh"
 
 #ifndef STOF_DTYPE
 #define STOF_DTYPE 1
@@ -36,49 +36,6 @@ using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC is 1, 2, 4 or 8");
 static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
 
-// VEC elements as VEC / 2 packed pairs (VEC = 1: one element in the low half).
-template <int V> struct chunk {
-    static constexpr int kWords = V >= 2 ? V / 2 : 1;
-    unsigned w[kWords];
-};
-
-template <int V> __device__ __forceinline__ void add_chunk(float (&f)[V], const elem_t *p) {
-    if constexpr (V == 1) {
-        f[0] += stof::to_float(*p);
-    } else {
-        chunk<V> c;
-        if constexpr (V == 8)
-            *reinterpret_cast<uint4 *>(c.w) = *reinterpret_cast<const uint4 *>(p);
-        else if constexpr (V == 4)
-            *reinterpret_cast<uint2 *>(c.w) = *reinterpret_cast<const uint2 *>(p);
-        else
-            c.w[0] = *reinterpret_cast<const unsigned *>(p);
-#pragma unroll
-        for (int i = 0; i < V / 2; ++i) {
-            const float2 t = stof::attn::unpack2<elem_t>(c.w[i]);
-            f[2 * i] += t.x;
-            f[2 * i + 1] += t.y;
-        }
-    }
-}
-
-template <int V> __device__ __forceinline__ void store_chunk(elem_t *p, const float (&f)[V]) {
-    if constexpr (V == 1) {
-        *p = stof::from_float<elem_t>(f[0]);
-    } else {
-        chunk<V> c;
-#pragma unroll
-        for (int i = 0; i < V / 2; ++i)
-            c.w[i] = stof::attn::pack2<elem_t>(f[2 * i], f[2 * i + 1]);
-        if constexpr (V == 8)
-            *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(c.w);
-        else if constexpr (V == 4)
-            *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(c.w);
-        else
-            *reinterpret_cast<unsigned *>(p) = c.w[0];
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_embed_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES, "ABI mismatch");
@@ -98,17 +55,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_
         if (id < 0 || id >= a.vocab) {
             if (col == 0)
                 atomicCAS(a.error, 0, (int)(t + 1));
-            store_chunk(out + t * a.hidden + col, f);
+            stof::store_chunk(out + t * a.hidden + col, f);
             continue;
         }
-        add_chunk(f, word + (long long)id * a.hidden + col);
+        stof::add_chunk(f, word + (long long)id * a.hidden + col);
         // Hugging Face BERT's order, as the CPU reference: word + type, then + position
 #if HAS_TYPE
-        add_chunk(f, static_cast<const elem_t *>(a.type) + col);
+        stof::add_chunk(f, static_cast<const elem_t *>(a.type) + col);
 #endif
 #if HAS_POS
-        add_chunk(f, static_cast<const elem_t *>(a.pos) + (t % a.seq_len) * a.hidden + col);
+        stof::add_chunk(f, static_cast<const elem_t *>(a.pos) + (t % a.seq_len) * a.hidden + col);
 #endif
-        store_chunk(out + t * a.hidden + col, f);
+        stof::store_chunk(out + t * a.hidden + col, f);
     }
 }

@@ -270,12 +270,45 @@ typedef struct stof_embed_args {
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES,
                             "stof_embed_args layout changed: host and kernels must agree");
 
+/* glu.cu: y[r, j] = act(x[r, j]) * x[r, f + j] for rows r < rows, j < f;
+ * x [rows, 2f] and y [rows, f] packed. act is the kernel's ACT (gelu erf,
+ * gelu tanh or silu). */
+typedef struct stof_glu_args {
+    const void *x;
+    void *y;
+    stof_i64 rows;
+    stof_i32 f, pad_;
+} stof_glu_args;
+
+#define STOF_GLU_ARGS_BYTES (3 * 8 + 2 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_glu_args) == STOF_GLU_ARGS_BYTES,
+                            "stof_glu_args layout changed: host and kernels must agree");
+
+/* rotary.cu: x and y [rows, width] packed, rows = batch x seq_len, each row
+ * Q | K | V heads of HEAD_DIM (a compile-time constant). The first `rotated`
+ * heads (Q and K) have the pairs (j, j + HEAD_DIM / 2) of each head rotated
+ * by the angle s x theta^(-2j / HEAD_DIM), s = row % seq_len; the rest is
+ * copied. */
+typedef struct stof_rotary_args {
+    const void *x;
+    void *y;
+    stof_i64 rows;
+    stof_i32 seq_len, width, rotated;
+    float theta;
+} stof_rotary_args;
+
+#define STOF_ROTARY_ARGS_BYTES (3 * 8 + 4 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_rotary_args) == STOF_ROTARY_ARGS_BYTES,
+                            "stof_rotary_args layout changed: host and kernels must agree");
+
 /* Kernel names, for cuModuleGetFunction. */
 #define STOF_GEMM_EPILOGUE_KERNEL "stof_gemm_epilogue"
 #define STOF_GEMM_LN_KERNEL "stof_gemm_ln"
 #define STOF_GEMM_CHAIN_KERNEL "stof_gemm_chain"
 #define STOF_MI_CHAIN_KERNEL "stof_mi_chain"
 #define STOF_EMBEDDING_KERNEL "stof_embedding"
+#define STOF_GLU_KERNEL "stof_glu"
+#define STOF_ROTARY_KERNEL "stof_rotary"
 
 /* Activation codes (ACT) and norm codes (NORM), the values of fusion_act and
  * fusion_norm in fusion/match.h. */
@@ -283,6 +316,7 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES,
 #define STOF_ACT_GELU 1
 #define STOF_ACT_GELU_TANH 2
 #define STOF_ACT_RELU 3
+#define STOF_ACT_SILU 4 /* the glu template's only (not a fusion_act) */
 #define STOF_NORM_NONE 0
 #define STOF_NORM_LAYERNORM 1
 #define STOF_NORM_RMSNORM 2
@@ -297,6 +331,8 @@ template <int Act> __device__ __forceinline__ float stof_activate(float v) {
         return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     if (Act == STOF_ACT_RELU)
         return v > 0.0f ? v : 0.0f;
+    if (Act == STOF_ACT_SILU)
+        return v / (1.0f + expf(-v));
     return v;
 }
 #endif

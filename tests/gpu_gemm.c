@@ -992,6 +992,113 @@ static void test_embedding(gpu *g, util_rng *rng) {
     }
 }
 
+/* ---- glu and rotary --------------------------------------------------------------------------- */
+
+static double glu_act_ref(int act, double v) {
+    if (act == STOF_ACT_SILU)
+        return v / (1.0 + exp(-v));
+    if (act == STOF_ACT_GELU_TANH)
+        return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    return 0.5 * v * (1.0 + erf(v * 0.7071067811865476));
+}
+
+/* The reference of one output element of problem p from input x (fp32, the
+ * device's rounded inputs), in double. */
+static double xy_reference(const gemm_exec_problem *p, const float *x, int64_t r, int64_t n) {
+    if (p->tmpl == FUSION_T_GLU)
+        return glu_act_ref(p->glu_act, x[r * 2 * p->n + n]) * x[r * 2 * p->n + p->n + n];
+    const float *row = x + r * p->n;
+    int d = p->head_dim, half = d / 2;
+    if (n >= (int64_t)(p->heads + p->kv_heads) * d)
+        return row[n];
+    int64_t head = n / d * d;
+    int j = (int)(n % d), pair = j % half;
+    double angle = (double)(r % p->seq_len) * pow(p->theta, -2.0 * pair / d);
+    double a = row[head + pair], b = row[head + pair + half];
+    return j < half ? a * cos(angle) - b * sin(angle) : b * cos(angle) + a * sin(angle);
+}
+
+static int launch_xy(gpu *g, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                     stof_error *err) {
+    return plan->problem.tmpl == FUSION_T_GLU ? gemm_exec_glu(g->ctx, plan, t, 0, err)
+                                              : gemm_exec_rotary(g->ctx, plan, t, 0, err);
+}
+
+/* One glu or rotary problem at one setting (NULL: the default): fresh
+ * inputs, the output poisoned, every element checked. */
+static void run_xy(gpu *g, const gemm_exec_problem *p, const int *values, const char *label,
+                   util_rng *rng) {
+    gemm_exec_plan *plan = make_plan(g, p, values, label);
+    if (!plan)
+        return;
+    size_t nx = (size_t)(p->m * p->n * (p->tmpl == FUSION_T_GLU ? 2 : 1)), ny = (size_t)(p->m * p->n);
+    float *x = malloc(nx * 4);
+    uint16_t *xb = malloc(nx * 2), *host = malloc(ny * 2);
+    CUdeviceptr dx = 0, dy = 0;
+    stof_error err = {0};
+    if (x && xb && host) {
+        fill(x, xb, nx, p->dtype, rng, -3.0, 3.0);
+        gemm_exec_xy_tensors t = {0};
+        int rc = upload(g, &dx, xb, nx * 2) || dalloc(g, &dy, ny * 2) || poison(g, dy, ny);
+        t = (gemm_exec_xy_tensors){.x = dx, .y = dy};
+        if (!rc && (rc = launch_xy(g, plan, &t, &err)) != STOF_OK)
+            launch_failed(label, &err);
+        if (!rc && !fetch(g, host, dy, ny)) {
+            verdict v;
+            verdict_init(&v);
+            for (int64_t r = 0; r < p->m; r++)
+                for (int64_t n = 0; n < p->n; n++)
+                    verdict_add(&v, from_bits(p->dtype, host[r * p->n + n]),
+                                xy_reference(p, x, r, n), (long)(r * p->n + n));
+            report(label, &v, count_nonfinite(host, ny, p->dtype), tol_of(p->dtype), "");
+        }
+    }
+    dfree(g, &dx);
+    dfree(g, &dy);
+    free(x);
+    free(xb);
+    free(host);
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+/* glu: each activation at F 1152 (ModernBERT-base) and 1004 (VEC 4), the
+ * default and a narrow setting. rotary: ModernBERT-base's 12 heads of 64 at
+ * positions to 4096, grouped 32/8 heads of 128, odd 3/1 heads of 24; thetas
+ * 1e4 and 1.6e5. */
+static void test_glu_rotary(gpu *g, util_rng *rng) {
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    static const int acts[] = {STOF_ACT_GELU, STOF_ACT_GELU_TANH, STOF_ACT_SILU};
+    static const int heads[][5] = {{12, 12, 64, 2, 4096}, {32, 8, 128, 3, 256}, {3, 1, 24, 5, 64}};
+    char label[160];
+    for (int d = 0; d < 2 && !g->dead; d++) {
+        for (int a = 0; a < 3 && !g->dead; a++)
+            for (int f = 0; f < 2 && !g->dead; f++)
+                for (int v = 0; v < 2 && !g->dead; v++) {
+                    gemm_exec_problem p = {.tmpl = FUSION_T_GLU, .dtype = dts[d], .m = 777,
+                                           .n = f ? 1004 : 1152, .glu_act = acts[a]};
+                    int narrow[FUSION_MAX_PARAMS] = {64, f ? 2 : 4};
+                    snprintf(label, sizeof label, "glu %s M=777 F=%lld act %d%s",
+                             stof_dtype_name(p.dtype), (long long)p.n, p.glu_act,
+                             v ? " threads 64" : "");
+                    run_xy(g, &p, v ? narrow : NULL, label, rng);
+                }
+        for (int h = 0; h < 3 && !g->dead; h++)
+            for (int t = 0; t < 2 && !g->dead; t++) {
+                gemm_exec_problem p = {.tmpl = FUSION_T_ROTARY, .dtype = dts[d],
+                                       .heads = heads[h][0], .kv_heads = heads[h][1],
+                                       .head_dim = heads[h][2], .seq_len = heads[h][4],
+                                       .theta = t ? 160000.0f : 10000.0f};
+                p.m = (int64_t)heads[h][3] * p.seq_len;
+                p.n = (int64_t)(p.heads + 2 * p.kv_heads) * p.head_dim;
+                int vals[FUSION_MAX_PARAMS] = {t ? 128 : 256, h == 2 ? (t ? 1 : 4) : 1 << (3 - t)};
+                snprintf(label, sizeof label, "rotary %s B=%d S=%d heads %d/%d x %d theta %g "
+                         "VEC %d", stof_dtype_name(p.dtype), heads[h][3], p.seq_len, p.heads,
+                         p.kv_heads, p.head_dim, (double)p.theta, vals[1]);
+                run_xy(g, &p, vals, label, rng);
+            }
+    }
+}
+
 /* ---- timing ----------------------------------------------------------------------------------- */
 
 static int cmp_float(const void *a, const void *b) {
@@ -1453,6 +1560,8 @@ int main(int argc, char **argv) {
     compile_ahead(&g);
     double t0 = util_now();
     test_embedding(&g, &rng);
+    if (!g.dead)
+        test_glu_rotary(&g, &rng);
     if (!g.dead)
         test_mi_chain(&g, &rng);
     if (!g.dead)

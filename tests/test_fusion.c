@@ -616,6 +616,41 @@ static void expect_setting(fusion_template_id id, const fusion_dims *d, const in
         CHECK_CONTAINS(err.msg, needle);
 }
 
+/* The gated unit and rotary embeddings run alone (their own templates),
+ * fuse with nothing, and carry the sizes their settings are judged by. */
+static void test_glu_rotary(void) {
+    const char *src =
+        "local m = stof.model{name = 't'}\n"
+        "local x = m:input('x', {2, 8, 96})\n"
+        "local r = m:rotary(x, {heads = 2, kv_heads = 1, head_dim = 24, theta = 1e4})\n" /* #0 */
+        "local u = m:gemm(r, m:weight('w', {64, 96}))\n"                                 /* #1 */
+        "local g = m:glu(u, {act = 'silu'})\n"                                           /* #2 */
+        "m:output(m:gelu(g))\nreturn m\n";                                               /* #3 */
+    graph g;
+    if (build_inline(src, &g))
+        return;
+    fusion_match m;
+    stof_error err = {0};
+    int s0[] = {0}, s2[] = {2}, s12[] = {1, 2}, s23[] = {2, 3}, s01[] = {0, 1};
+    CHECK_EQ_INT(fusion_match_segment(&g, s0, 1, &m, &err), STOF_OK);
+    CHECK(m.templates == 1u << FUSION_T_ROTARY && m.dims.head_dim == 24 && m.dims.heads == 2 &&
+          m.dims.n == 96 && m.dims.m == 16);
+    CHECK_EQ_INT(fusion_match_segment(&g, s2, 1, &m, &err), STOF_OK);
+    CHECK(m.templates == 1u << FUSION_T_GLU && m.dims.n == 32 && m.dims.m == 16);
+    CHECK_EQ_INT(fusion_match_segment(&g, s12, 2, &m, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "(gemm glu): no template implements it");
+    CHECK_EQ_INT(fusion_match_segment(&g, s23, 2, &m, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(fusion_match_segment(&g, s01, 2, &m, &err), STOF_ERR_INVALID);
+    /* rotary's VEC divides half a head (12): 4 does, 8 does not */
+    const fusion_template *t = fusion_template_get(FUSION_T_ROTARY);
+    fusion_match_segment(&g, s0, 1, &m, &err);
+    CHECK_EQ_INT(fusion_template_check(t, &m.dims, (int[]){128, 4}, H100_SMEM, &err), STOF_OK);
+    CHECK_EQ_INT(fusion_template_check(t, &m.dims, (int[]){128, 8}, H100_SMEM, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "VEC 8 does not divide half of head_dim 24");
+    graph_free(&g);
+}
+
 static void test_templates(void) {
     for (int t = 0; t < FUSION_T_COUNT; t++) {
         const fusion_template *tp = fusion_template_get((fusion_template_id)t);
@@ -733,5 +768,6 @@ int main(void) {
     test_gpt2();
     test_t5();
     test_templates();
+    test_glu_rotary();
     return check_summary("test_fusion");
 }

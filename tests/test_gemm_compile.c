@@ -6,7 +6,8 @@
  * and 1024; gemm_chain with every activation, bias and residual at four
  * settings and outputs of 512, 768, 1000 and 1024; mi_chain with each
  * norm, with and without the pre-norm store; embedding with and without its
- * optional tables), and the
+ * optional tables; glu with each activation; rotary at head sizes 64, 128
+ * and 32 with grouped K/V heads), and the
  * CPU pieces of core/gemm_exec (validation, the parameter-space checks, the
  * shared memory model, requests, argument blocks) do what they say. */
 #include <pthread.h>
@@ -321,6 +322,32 @@ static void list_embedding(variant *v, int cap, int *n) {
                     }
 }
 
+/* glu: each activation, VEC 8 and 1; rotary: head sizes 64, 128 (grouped
+ * K/V heads) and 32, VEC 8, 4 and 1. */
+static void list_glu_rotary(variant *v, int cap, int *n) {
+    static const int acts[] = {STOF_ACT_GELU, STOF_ACT_GELU_TANH, STOF_ACT_SILU};
+    static const int heads[][3] = {{12, 12, 64}, {32, 8, 128}, {4, 4, 32}};
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++) {
+            for (int k = 0; k < 3; k++)
+                for (int vec = 1; vec <= 8; vec *= 8) {
+                    gemm_exec_problem p = {.tmpl = FUSION_T_GLU, .dtype = dtypes[d], .m = 512,
+                                           .n = 1152, .glu_act = acts[k]};
+                    int vals[FUSION_MAX_PARAMS] = {vec == 8 ? 256 : 128, vec};
+                    add(v, cap, n, &p, vals, archs[a]);
+                }
+            for (int h = 0; h < 3; h++) {
+                gemm_exec_problem p = {.tmpl = FUSION_T_ROTARY, .dtype = dtypes[d], .m = 512,
+                                       .seq_len = 128, .heads = heads[h][0],
+                                       .kv_heads = heads[h][1], .head_dim = heads[h][2],
+                                       .theta = 10000.0f};
+                p.n = (int64_t)(p.heads + 2 * p.kv_heads) * p.head_dim;
+                int vals[FUSION_MAX_PARAMS] = {256, h == 2 ? 1 : 8 >> h};
+                add(v, cap, n, &p, vals, archs[a]);
+            }
+        }
+}
+
 /* gemm_epilogue closing with a norm (sm_90 only, the wgmma build over
  * clusters holding whole rows): layernorm and rmsnorm, both dtypes, rows of
  * 512, 768 and 1024, the flags (bias, erf GELU, residual, pre-norm store)
@@ -374,12 +401,14 @@ static void test_variants_compile(void) {
     list_mi(v, CAP, &n);
     int n_mi = n - n_gemm - n_ln - n_norm - n_chain;
     list_embedding(v, CAP, &n);
+    int n_embed = n - n_gemm - n_ln - n_norm - n_chain - n_mi;
+    list_glu_rotary(v, CAP, &n);
     double t0 = util_now();
     int ok = compile_all(v, n);
     printf("compiled %d of %d variants (%d gemm_epilogue, %d gemm_ln, %d gemm_epilogue with a "
-           "norm, %d gemm_chain, %d mi_chain, %d embedding) in %.1f s\n",
-           ok, n, n_gemm, n_ln, n_norm, n_chain, n_mi,
-           n - n_gemm - n_ln - n_norm - n_chain - n_mi, util_now() - t0);
+           "norm, %d gemm_chain, %d mi_chain, %d embedding, %d glu and rotary) in %.1f s\n",
+           ok, n, n_gemm, n_ln, n_norm, n_chain, n_mi, n_embed,
+           n - n_gemm - n_ln - n_norm - n_chain - n_mi - n_embed, util_now() - t0);
     CHECK(n_gemm >= 200);
     CHECK(n_ln >= 30);
     CHECK(n_norm >= 20);
@@ -1024,6 +1053,87 @@ static void test_args(void) {
                         "bias add");
 }
 
+/* glu and rotary: validation, feasibility, defaults, defines, argument
+ * blocks. */
+static void test_glu_rotary(void) {
+    stof_error err = {0};
+    gemm_exec_problem glu = {.tmpl = FUSION_T_GLU, .dtype = STOF_F16, .m = 100, .n = 1152,
+                             .glu_act = STOF_ACT_GELU};
+    expect(gemm_exec_validate(&glu, &err), STOF_OK, &err, NULL);
+    glu.glu_act = STOF_ACT_RELU;
+    expect(gemm_exec_validate(&glu, &err), STOF_ERR_INVALID, &err, "glu: activation 3");
+    glu.glu_act = STOF_ACT_SILU;
+    int vals[FUSION_MAX_PARAMS];
+    gemm_exec_default_values(&glu, "sm_90", vals);
+    CHECK(vals[0] == 256 && vals[1] == 8);
+    glu.n = 1004; /* rows of 1004: VEC 4 at most */
+    gemm_exec_default_values(&glu, "sm_90", vals);
+    CHECK_EQ_INT(vals[1], 4);
+    vals[1] = 8;
+    expect(gemm_exec_check(&glu, vals, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "VEC 8 does not divide");
+    vals[1] = 3;
+    expect(gemm_exec_check(&glu, vals, SMEM_H100, &err), STOF_ERR_INVALID, &err, "VEC");
+
+    gemm_exec_problem rot = {.tmpl = FUSION_T_ROTARY, .dtype = STOF_BF16, .m = 256,
+                             .seq_len = 128, .heads = 32, .kv_heads = 8, .head_dim = 128,
+                             .theta = 10000.0f, .n = 48 * 128};
+    expect(gemm_exec_validate(&rot, &err), STOF_OK, &err, NULL);
+    rot.n = 36 * 128;
+    expect(gemm_exec_validate(&rot, &err), STOF_ERR_INVALID, &err, "make 6144");
+    rot.n = 48 * 128;
+    rot.seq_len = 100;
+    expect(gemm_exec_validate(&rot, &err), STOF_ERR_INVALID, &err, "whole sequences of 100");
+    rot.seq_len = 128;
+    rot.kv_heads = 5;
+    expect(gemm_exec_validate(&rot, &err), STOF_ERR_INVALID, &err, "multiple of kv heads");
+    rot.kv_heads = 8;
+    rot.theta = 1.0f;
+    expect(gemm_exec_validate(&rot, &err), STOF_ERR_INVALID, &err, "theta");
+    rot.theta = 10000.0f;
+    gemm_exec_default_values(&rot, "sm_80", vals);
+    CHECK(vals[0] == 256 && vals[1] == 8);
+    rot.head_dim = 12; /* half a head of 6: VEC 2 */
+    rot.n = 48 * 12;
+    gemm_exec_default_values(&rot, "sm_80", vals);
+    CHECK_EQ_INT(vals[1], 2);
+    vals[1] = 4;
+    expect(gemm_exec_check(&rot, vals, SMEM_H100, &err), STOF_ERR_UNSUPPORTED, &err,
+           "half of head_dim 12");
+    rot.head_dim = 128;
+    rot.n = 48 * 128;
+
+    gemm_exec_request r;
+    gemm_exec_default_values(&rot, "sm_90", vals);
+    gemm_exec_request_init(&r, &rot, vals, "sm_90");
+    CHECK(strcmp(r.req.source, "rotary.cu") == 0);
+    int head_dim = 0;
+    for (int i = 0; i < r.req.n_options; i++)
+        head_dim |= strcmp(r.req.options[i], "-DHEAD_DIM=128") == 0;
+    CHECK(head_dim);
+    CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GLU), "stof_glu") == 0);
+
+    gemm_exec_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.problem = rot;
+    gemm_exec_xy_tensors t = {.x = 0x1000, .y = 0x2008};
+    stof_rotary_args ra;
+    expect(gemm_exec_rotary_args(&plan, &t, &ra, &err), STOF_ERR_INVALID, &err, "rotary: y");
+    t.y = 0x2000;
+    expect(gemm_exec_rotary_args(&plan, &t, &ra, &err), STOF_OK, &err, NULL);
+    CHECK(ra.rows == 256 && ra.seq_len == 128 && ra.width == 6144 && ra.rotated == 40 &&
+          ra.theta == 10000.0f);
+    stof_glu_args ga;
+    expect(gemm_exec_glu_args(&plan, &t, &ga, &err), STOF_ERR_INVALID, &err,
+           "a rotary plan launched as glu");
+    plan.problem = glu;
+    expect(gemm_exec_glu_args(&plan, &t, &ga, &err), STOF_OK, &err, NULL);
+    CHECK(ga.rows == 100 && ga.f == 1004);
+    char buf[256];
+    gemm_exec_plan_describe(&plan, buf, sizeof buf);
+    CHECK_CONTAINS(buf, "silu");
+}
+
 int main(void) {
     int major = 0, minor = 0;
     stof_error err = {0};
@@ -1032,6 +1142,7 @@ int main(void) {
     test_defaults();
     test_request();
     test_args();
+    test_glu_rotary();
     if (nvrtc_version(&major, &minor, &err) != STOF_OK) {
         printf("NVRTC unavailable (%s): compile checks skipped\n", err.msg);
     } else {

@@ -29,6 +29,7 @@ typedef union exec_tensors {
     gemm_exec_chain_tensors chain;
     gemm_exec_mi_tensors mi;
     gemm_exec_embed_tensors embed;
+    gemm_exec_xy_tensors xy;       /* glu, rotary */
     mha_exec_tensors attn;
 } exec_tensors;
 

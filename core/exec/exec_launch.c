@@ -284,6 +284,52 @@ static int embed_supports(const graph *g, int first, int n, const fusion_match *
     return gemm_exec_validate(&p, err);
 }
 
+/* ---- glu and rotary ---------------------------------------------------------------------------- */
+
+static void glu_read(const graph *g, int first, gemm_exec_problem *p) {
+    static const int act_code[] = {[OP_GLU_GELU] = STOF_ACT_GELU,
+                                   [OP_GLU_GELU_TANH] = STOF_ACT_GELU_TANH,
+                                   [OP_GLU_SILU] = STOF_ACT_SILU};
+    const graph_op *op = &g->ops[first];
+    const graph_tensor *y = tensor(g, op->output);
+    int act = op->attr.glu.act;
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_GLU;
+    p->dtype = y->dtype;
+    p->n = last_dim(y);
+    p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
+    p->glu_act = act >= 0 && act <= OP_GLU_SILU ? act_code[act] : -1;
+}
+
+static void rotary_read(const graph *g, int first, gemm_exec_problem *p) {
+    const graph_op *op = &g->ops[first];
+    const graph_tensor *y = tensor(g, op->output);
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_ROTARY;
+    p->dtype = y->dtype;
+    p->n = last_dim(y);
+    p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
+    p->seq_len = y->ndim == 3 ? (int)y->shape[1] : 0;
+    p->heads = op->attr.rotary.heads;
+    p->kv_heads = op->attr.rotary.kv_heads;
+    p->head_dim = op->attr.rotary.head_dim;
+    p->theta = op->attr.rotary.theta;
+}
+
+static int glu_supports(const graph *g, int first, int n, const fusion_match *m,
+                        stof_error *err) {
+    gemm_exec_problem p;
+    glu_read(g, first, &p);
+    return gemm_exec_validate(&p, err);
+}
+
+static int rotary_supports(const graph *g, int first, int n, const fusion_match *m,
+                           stof_error *err) {
+    gemm_exec_problem p;
+    rotary_read(g, first, &p);
+    return gemm_exec_validate(&p, err);
+}
+
 /* ---- the GEMM family on the GPU ---------------------------------------------------------------- */
 
 static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *p,
@@ -303,6 +349,12 @@ static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *
         mi_roles r;
         return mi_read(g, s->first, s->n, &s->match, p, &r, err);
     }
+    case FUSION_T_GLU:
+        glu_read(g, s->first, p);
+        return STOF_OK;
+    case FUSION_T_ROTARY:
+        rotary_read(g, s->first, p);
+        return STOF_OK;
     default: {
         embed_roles r;
         embed_read(g, s->first, p, &r);
@@ -567,6 +619,21 @@ static fusion_template_id attn_actual(const void *kplan, fusion_template_id plan
                : FUSION_T_ATTENTION_ROW;
 }
 
+/* glu and rotary: the op's input and output, packed. */
+static int xy_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    const graph_op *op = &m->plan->g->ops[s->first];
+    rt->t.xy = (gemm_exec_xy_tensors){.x = ptr_of(m, op->inputs[0]), .y = ptr_of(m, s->out)};
+    return STOF_OK;
+}
+
+static int glu_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_glu(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
+}
+
+static int rotary_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_rotary(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
+}
+
 /* ---- the table ------------------------------------------------------------------------------------ */
 
 #define GX(sup, bind, launch, status) \
@@ -585,6 +652,8 @@ static const exec_launcher launchers[FUSION_T_COUNT] = {
     [FUSION_T_ATTENTION_ROW] = ATTN,
     [FUSION_T_ATTENTION_BLOCK] = ATTN,
     [FUSION_T_EMBEDDING] = GX(embed_supports, embed_bind, embed_launch, embed_status),
+    [FUSION_T_GLU] = GX(glu_supports, xy_bind, glu_launch, NULL),
+    [FUSION_T_ROTARY] = GX(rotary_supports, xy_bind, rotary_launch, NULL),
 };
 
 const exec_launcher *exec_launcher_get(fusion_template_id t) {

@@ -12,7 +12,7 @@
 /* Ops whose output row r depends only on row r of their row inputs. */
 static int row_wise_kind(op_kind k) {
     return k == OP_GEMM || k == OP_BIAS || k == OP_ADD || k == OP_LAYERNORM || k == OP_RMSNORM ||
-           k == OP_GELU || k == OP_RELU || k == OP_SOFTMAX;
+           k == OP_GELU || k == OP_RELU || k == OP_SOFTMAX || k == OP_GLU;
 }
 
 /* Input i of a row-wise op follows the output's rows (x, an add's operands)

@@ -2,8 +2,8 @@
  * launches the templates gemm_epilogue (kernels/gemm_epilogue.cu), gemm_ln
  * (kernels/gemm_ln.cu: a GEMM closed by LayerNorm/RMSNorm), gemm_chain
  * (kernels/gemm_chain.cu: two GEMMs through an activation, the FFN),
- * mi_chain (kernels/mi_chain.cu) and embedding (kernels/embedding.cu) of
- * fusion/templates.h.
+ * mi_chain (kernels/mi_chain.cu), embedding (kernels/embedding.cu), glu
+ * (kernels/glu.cu) and rotary (kernels/rotary.cu) of fusion/templates.h.
  *
  *   gemm_exec_problem  what one kernel computes: the template, the sizes,
  *                      the epilogue a matched segment carries (fusion_match);
@@ -13,8 +13,8 @@
  *                      properties, NVRTC cache, loaded modules;
  *   gemm_exec_plan     a problem and a setting made ready: checked against
  *                      the template's constraints, compiled, loaded;
- *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding
- *                      one launch on a CUstream.
+ *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding /
+ *   _glu / _rotary     one launch on a CUstream.
  *
  * The CPU pieces (validation, feasibility, compile requests, argument
  * blocks) need no GPU and are exposed for tests and offline planning. */
@@ -37,12 +37,14 @@
 
 typedef struct gemm_exec_problem {
     fusion_template_id tmpl; /* FUSION_T_GEMM_EPILOGUE, _GEMM_LN, _GEMM_CHAIN,
-                                _MI_CHAIN or _EMBEDDING */
+                                _MI_CHAIN, _EMBEDDING, _GLU or _ROTARY */
     stof_dtype dtype;        /* STOF_F16 or STOF_BF16 */
     int64_t m;               /* rows (tokens); embedding: batch * seq_len */
     int64_t n;               /* GEMM output features (gemm_ln: the normalized
                                 row; gemm_chain: the intermediate F); MI row
-                                length; embedding width */
+                                length; embedding width; glu: the output
+                                width F (the input's is 2F); rotary: the
+                                row (Q, K and V heads) */
     int64_t k;               /* GEMM reduction */
     int64_t n2;              /* gemm_chain: output features of the second GEMM */
     /* GEMM: bias, act, residual (in that order; no norm). gemm_ln: bias,
@@ -57,8 +59,11 @@ typedef struct gemm_exec_problem {
                                 stored [K, N] instead of [N, K] */
     int store_pre_norm;      /* gemm_ln, MI chain with a norm: also write its input */
     float eps;               /* gemm_ln, MI chain norm */
-    int seq_len, vocab;      /* embedding: positions are token % seq_len */
+    int seq_len, vocab;      /* embedding, rotary: positions are row % seq_len */
     int has_position, has_type;
+    int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU */
+    int heads, kv_heads, head_dim; /* rotary: Q heads, K (and V) heads, their size */
+    float theta;             /* rotary: the frequencies' base */
 } gemm_exec_problem;
 
 /* Sizes (GEMM, gemm_ln, gemm_chain: N, K, N2 multiples of 8, every size
@@ -199,6 +204,11 @@ typedef struct gemm_exec_embed_tensors {
     CUdeviceptr out;               /* [M, N] */
 } gemm_exec_embed_tensors;
 
+/* glu: x [M, 2F], y [M, F]; rotary: x, y [M, N]. Packed. */
+typedef struct gemm_exec_xy_tensors {
+    CUdeviceptr x, y;
+} gemm_exec_xy_tensors;
+
 /* Fill the argument block (checking pointers and strides) and launch on
  * stream s (asynchronous). */
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
@@ -211,6 +221,10 @@ int gemm_exec_mi_chain(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                        const gemm_exec_mi_tensors *t, CUstream s, stof_error *err);
 int gemm_exec_embedding(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                         const gemm_exec_embed_tensors *t, CUstream s, stof_error *err);
+int gemm_exec_glu(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                  CUstream s, stof_error *err);
+int gemm_exec_rotary(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                     const gemm_exec_xy_tensors *t, CUstream s, stof_error *err);
 
 /* The embedding's bad-id flag: synchronizes stream s, reads the flag and
  * clears it. STOF_OK when every id since the last call was in [0, vocab);
@@ -232,5 +246,9 @@ int gemm_exec_mi_args(const gemm_exec_plan *plan, const gemm_exec_mi_tensors *t,
                       stof_error *err);
 int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tensors *t,
                          stof_embed_args *a, stof_error *err);
+int gemm_exec_glu_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                       stof_glu_args *a, stof_error *err);
+int gemm_exec_rotary_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                          stof_rotary_args *a, stof_error *err);
 
 #endif

@@ -224,6 +224,39 @@ int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tenso
     return STOF_OK;
 }
 
+int gemm_exec_glu_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                       stof_glu_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_GLU, err)) || (rc = check_ptr("glu", "x", t->x, err)) ||
+        (rc = check_ptr("glu", "y", t->y, err)))
+        return rc;
+    a->x = PTR(t->x);
+    a->y = PTR(t->y);
+    a->rows = p->m;
+    a->f = (int32_t)p->n;
+    return STOF_OK;
+}
+
+int gemm_exec_rotary_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                          stof_rotary_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_ROTARY, err)) ||
+        (rc = check_ptr("rotary", "x", t->x, err)) || (rc = check_ptr("rotary", "y", t->y, err)))
+        return rc;
+    a->x = PTR(t->x);
+    a->y = PTR(t->y);
+    a->rows = p->m;
+    a->seq_len = p->seq_len;
+    a->width = (int32_t)p->n;
+    a->rotated = p->heads + p->kv_heads;
+    a->theta = p->theta;
+    return STOF_OK;
+}
+
 /* ---- launching ------------------------------------------------------------------------- */
 
 static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUstream s,
@@ -312,6 +345,20 @@ int gemm_exec_embedding(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                         const gemm_exec_embed_tensors *t, CUstream s, stof_error *err) {
     stof_embed_args a;
     int rc = gemm_exec_embed_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_glu(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                  CUstream s, stof_error *err) {
+    stof_glu_args a;
+    int rc = gemm_exec_glu_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_rotary(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                     const gemm_exec_xy_tensors *t, CUstream s, stof_error *err) {
+    stof_rotary_args a;
+    int rc = gemm_exec_rotary_args(plan, t, &a, err);
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 

@@ -1,0 +1,89 @@
+// Rotary position embedding of a fused QKV row: x [rows, width], rows =
+// batch x seq_len, each row Q | K | V heads of HEAD_DIM. The first `rotated`
+// heads (Q and K) get the pairs (j, j + HEAD_DIM / 2) rotated by the angle
+// s x theta^(-2j / HEAD_DIM), s = row % seq_len (the halves as the pairs, as
+// GPT-NeoX and Hugging Face do); the V heads are copied.
+//
+// A row is rotated x (HEAD_DIM / 2 / VEC) rotation units of VEC pairs plus
+// (width - rotated x HEAD_DIM) / VEC copy units; every unit of every row is
+// one index of a grid-stride loop.
+//
+// Angles reach seq_len radians, far outside the range where the fast sine
+// (--use_fast_math) is accurate: each is reduced to [-pi, pi] in double
+// first, and the frequencies are taken in double, so fp32 carries only the
+// reduced angle.
+#include "common.cuh"
+#include "gemm_abi.cuh"
+#include "vec_chunk.cuh"
+
+#ifndef STOF_DTYPE
+#define STOF_DTYPE 1
+#endif
+#ifndef THREADS
+#define THREADS 256
+#endif
+#ifndef VEC
+#define VEC 8
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+
+using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
+
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC is 1, 2, 4 or 8");
+static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
+static_assert(HEAD_DIM % 2 == 0 && (HEAD_DIM / 2) % VEC == 0, "VEC divides half a head");
+
+constexpr int kHalf = HEAD_DIM / 2;
+constexpr int kUnitsPerHead = kHalf / VEC;
+
+// cos and sin of s x theta^(-2j / HEAD_DIM).
+__device__ __forceinline__ void rotation(long long s, int j, double log2_theta, float *c,
+                                         float *sn) {
+    const double two_pi = 6.283185307179586476925;
+    double angle = (double)s * exp2(-2.0 * j / HEAD_DIM * log2_theta);
+    angle -= two_pi * rint(angle / two_pi);
+    __sincosf((float)angle, sn, c);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) stof_rotary(const stof_rotary_args a) {
+    stof::grid_dependency_begin();  // before any read (common.cuh)
+    static_assert(sizeof(stof_rotary_args) == STOF_ROTARY_ARGS_BYTES, "ABI mismatch");
+    const int rot_units = a.rotated * kUnitsPerHead;
+    const int units = rot_units + (a.width - a.rotated * HEAD_DIM) / VEC;
+    const long long total = a.rows * units;
+    const double log2_theta = log2((double)a.theta);
+    const elem_t *x = static_cast<const elem_t *>(a.x);
+    elem_t *y = static_cast<elem_t *>(a.y);
+    for (long long idx = (long long)blockIdx.x * THREADS + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * THREADS) {
+        const long long r = idx / units;
+        const int u = (int)(idx - r * units);
+        const elem_t *xr = x + r * a.width;
+        elem_t *yr = y + r * a.width;
+        if (u >= rot_units) {  // a V chunk: copied
+            const int col = a.rotated * HEAD_DIM + (u - rot_units) * VEC;
+            float v[VEC];
+            stof::load_chunk(v, xr + col);
+            stof::store_chunk(yr + col, v);
+            continue;
+        }
+        const int head = u / kUnitsPerHead, j0 = (u - head * kUnitsPerHead) * VEC;
+        const int lo = head * HEAD_DIM + j0, hi = lo + kHalf;
+        float p[VEC], q[VEC];
+        stof::load_chunk(p, xr + lo);
+        stof::load_chunk(q, xr + hi);
+        const long long s = r % a.seq_len;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            float c, sn;
+            rotation(s, j0 + e, log2_theta, &c, &sn);
+            const float a0 = p[e], b0 = q[e];
+            p[e] = a0 * c - b0 * sn;
+            q[e] = b0 * c + a0 * sn;
+        }
+        stof::store_chunk(yr + lo, p);
+        stof::store_chunk(yr + hi, q);
+    }
+}

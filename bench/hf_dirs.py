@@ -9,8 +9,9 @@ shards), writes random token ids, and runs
   - `stof run DIR` (the default scheme on the GPU; stof checks it against its CPU reference),
   - `stof tune DIR -o plan.json` then `stof run plan.json` (the plan finds the folder again),
 
-and ModernBERT also `stof run --cpu DIR` (the CPU reference on its own), each with `--inputs ids.safetensors --save-output out.safetensors`, and compares stof's output
-with the last hidden state of transformers in fp32 on the same fp16-rounded weights.
+and ModernBERT also `stof run --cpu DIR` (the CPU reference on its own), each with
+`--inputs ids.safetensors --save-output out.safetensors`, and compares stof's output with the
+last hidden state of transformers in fp32 on the same fp16-rounded weights.
 
 Pass: relative error ||stof - ref|| / ||ref|| < 1e-2 and no non-finite value.
 

@@ -1,0 +1,178 @@
+"""Speed of Hugging Face model directories: stof beside transformers, in one run.
+
+For each model (ModernBERT-base's config, random weights, seeded) and each (batch, seq): saves the
+model directory once (safetensors, fp16), then times
+
+  - transformers eager (SDPA attention), fp16;
+  - torch.compile of the same module, default mode and reduce-overhead (CUDA graphs);
+  - `stof run DIR` (the default scheme) and `stof tune DIR` + `stof run plan.json` (the tuned
+    plan), both replayed as one CUDA graph, fp16, as `stof run` reports it;
+
+and checks stof's tuned output against transformers' eager output on the same ids (relative
+error, a sanity check: bench/hf_dirs.py is the parity test). The table gives each in ms and the
+tuned plan's speedup over the best of transformers.
+
+    python3 bench/hf_speed.py [--stof build/stof] [--shapes 8x512,16x2048,4x8192]
+           [--tune-time 60] [--variants eager,compile,compile-ro] [--out bench/out/hf_speed.md]
+"""
+import argparse
+import datetime
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stof_cli as sc  # noqa: E402
+from stof_cli import log  # noqa: E402
+
+
+def modernbert_base(max_seq):
+    import transformers as tr
+    # ModernBertConfig's defaults are answerdotai/ModernBERT-base's sizes
+    return tr.ModernBertConfig(max_position_embeddings=max_seq, pad_token_id=0, bos_token_id=1,
+                               eos_token_id=2, cls_token_id=1, sep_token_id=2), \
+        tr.ModernBertModel
+
+
+MODELS = {"modernbert-base": modernbert_base}
+
+
+def build(name, max_seq, work):
+    import torch
+    import torch_models as tm
+    cfg, cls = MODELS[name](max_seq)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = cls(cfg)
+    tm.perturb_(model, 0)
+    model = model.eval().to(device="cuda", dtype=torch.float16)
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    model.save_pretrained(d, safe_serialization=True)
+    return model, cfg, d
+
+
+def torch_ms(model, ids, variant, args):
+    import torch
+    torch._dynamo.reset()
+
+    def eager():
+        return model(input_ids=ids).last_hidden_state
+
+    fn = eager
+    if variant == "compile":
+        fn = torch.compile(eager)
+    elif variant == "compile-ro":
+        compiled = torch.compile(eager, mode="reduce-overhead")
+
+        def fn():
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled()
+    t0 = time.time()
+    with torch.no_grad():
+        out = fn().clone()
+        torch.cuda.synchronize()
+        first = time.time() - t0
+        ms = sc.time_ms(fn, 3, args.reps)
+    return ms, first, out
+
+
+def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
+    import torch
+    row = {"model": name, "batch": batch, "seq": seq}
+    ids = sc.random_ids(cfg.vocab_size - 3, batch, seq, seed=5) + 3
+    ids_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-ids.safetensors")
+    sc.save_inputs(ids_path, ids)
+    ref = None
+    for v in args.variants.split(","):
+        try:
+            ms, first, out = torch_ms(model, ids.cuda(), v, args)
+            row[v] = ms
+            row[v + "_first_s"] = first
+            ref = out if v == "eager" else ref
+            log(f"  {name} ({batch}, {seq}) {v:12s} {ms:8.3f} ms (first call {first:.1f} s)")
+        except Exception as e:  # a variant that fails is a cell, not the end of the run
+            row[v] = None
+            log(f"  {name} ({batch}, {seq}) {v}: ERROR {str(e).splitlines()[0][:200]}")
+        torch.cuda.empty_cache()
+    sets = ["--set", f"batch={batch}", "--set", f"seq={seq}", "--set", "dtype=fp16"]
+    log_path = os.path.join(args.work_dir, "stof.log")
+    try:
+        r = sc.stof_run(stof, d, sets, args.reps, 600, log_path)
+        row["stof-default"] = r["graph_ms"]
+        log(f"  {name} ({batch}, {seq}) stof default {r['graph_ms']:8.3f} ms")
+        plan = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-plan.json")
+        t = sc.stof_tune(stof, d, sets, plan, args.tune_time, 900, log_path)
+        row["tune_s"] = t["tune_wall_s"]
+        out = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-out.safetensors")
+        r = sc.stof_run(stof, plan, sc.io_args(inputs=ids_path, save_output=out), args.reps, 600,
+                        log_path)
+        row["stof-tuned"] = r["graph_ms"]
+        if ref is not None:
+            got = sc.load_output(out).float().cpu()
+            want = ref.float().cpu()
+            row["rel"] = float((got - want).norm() / want.norm())
+        log(f"  {name} ({batch}, {seq}) stof tuned   {r['graph_ms']:8.3f} ms "
+            f"(tuned in {t['tune_wall_s']:.0f} s, rel {row.get('rel', float('nan')):.1e})")
+    except sc.CmdError as e:
+        row["note"] = str(e).splitlines()[0][:200]
+        log(f"  {name} ({batch}, {seq}) stof: ERROR {row['note']}")
+    rows.append(row)
+
+
+def fmt(v):
+    return f"{v:.3f}" if isinstance(v, float) else "-"
+
+
+def report(rows, args, stof):
+    import torch
+    import transformers
+    variants = args.variants.split(",")
+    head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
+            f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
+            f"{transformers.__version__}; fp16, random weights, transformers with SDPA; "
+            f"median of {args.reps} runs, ms; stof tuned for {args.tune_time:g} s a shape.")
+    lines = [head, "", "| model | (batch, seq) | " + " | ".join(variants) +
+             " | stof default | stof tuned | tuned vs best torch | rel error |",
+             "|---|---|" + "---|" * (len(variants) + 4)]
+    for r in rows:
+        best = min([r[v] for v in variants if r.get(v)] or [0]) or None
+        tuned = r.get("stof-tuned")
+        speedup = f"{best / tuned:.2f}x" if best and tuned else "-"
+        rel = f"{r['rel']:.1e}" if "rel" in r else r.get("note", "-")
+        lines.append(f"| {r['model']} | ({r['batch']}, {r['seq']}) | " +
+                     " | ".join(fmt(r.get(v)) for v in variants) +
+                     f" | {fmt(r.get('stof-default'))} | {fmt(tuned)} | {speedup} | {rel} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stof", default="build/stof")
+    ap.add_argument("--models", default="modernbert-base")
+    ap.add_argument("--shapes", default="8x512,16x2048,4x8192")
+    ap.add_argument("--variants", default="eager,compile,compile-ro")
+    ap.add_argument("--tune-time", type=float, default=60)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_speed.md"))
+    ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_speed"))
+    args = ap.parse_args()
+    stof = sc.resolve_stof(args.stof)
+    os.makedirs(args.work_dir, exist_ok=True)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    for name in args.models.split(","):
+        model, cfg, d = build(name, max(s for _, s in shapes), args.work_dir)
+        for batch, seq in shapes:
+            run_shape(args, stof, name, model, cfg, d, batch, seq, rows)
+            text = report(rows, args, stof)  # written after every shape: a cut run keeps them
+            os.makedirs(os.path.dirname(args.out), exist_ok=True)
+            with open(args.out, "w") as f:
+                f.write(text)
+    log(report(rows, args, stof))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,10 @@ shards), writes random token ids, and runs
   - `stof tune DIR -o plan.json` then `stof run plan.json` (the plan finds the folder again),
 
 and ModernBERT also `stof run --cpu DIR` (the CPU reference on its own), each with
-`--inputs ids.safetensors --save-output out.safetensors`, and compares stof's output with the
+`--inputs ids.safetensors --save-output out.safetensors`; then, for the encoders, both again
+on a padded batch (lengths drawn from 25-100% of seq, an `attention_mask` in the inputs file,
+the same tuned plan), against transformers given the same `attention_mask`: real tokens
+compared, padded positions required to be exact zeros. It compares stof's output with the
 last hidden state of transformers in fp32 on the same fp16-rounded weights.
 
 Pass: relative error ||stof - ref|| / ||ref|| < 1e-2 and no non-finite value.
@@ -106,10 +109,19 @@ def run_case(args, stof, arch, work, rows):
     log_path = os.path.join(work, "stof.log")
     out = os.path.join(work, f"{arch}-{args.dtype}-out.safetensors")
     plan = os.path.join(work, f"{arch}-{args.dtype}-plan.json")
-    runs = [("default scheme", [stof, "run", d] + sets), ("tuned plan", None)]
+    runs = [("default scheme", [stof, "run", d] + sets, None), ("tuned plan", None, None)]
     if arch == "modernbert":
-        runs.append(("CPU reference", [stof, "run", "--cpu", d] + sets))
-    for label, cmd in runs:
+        runs.append(("CPU reference", [stof, "run", "--cpu", d] + sets, None))
+    if arch != "gpt2":  # the encoders take an attention_mask; one plan serves both
+        pad_ids, mask, _ = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
+        pad_path = os.path.join(d, "..", f"{arch}-padded.safetensors")
+        sc.save_inputs(pad_path, pad_ids, attention_mask=mask)
+        with torch.no_grad():
+            pad_ref = ref_model(pad_ids.cuda(), attention_mask=mask.cuda()).last_hidden_state
+        padded = (pad_path, pad_ref.float().cpu(), mask.bool())
+        runs += [("default scheme, padded", [stof, "run", d] + sets, padded),
+                 ("tuned plan, padded", [stof, "run", plan], padded)]
+    for label, cmd, padded in runs:
         row = {"arch": arch, "files": n_files, "run": label, "dtype": args.dtype}
         try:
             if cmd is None:
@@ -118,9 +130,17 @@ def run_case(args, stof, arch, work, rows):
             if os.path.exists(out):
                 os.remove(out)
             reps = [] if "--cpu" in cmd else ["--reps", "5"]
-            sc.run_cmd(cmd + sc.io_args(inputs=ids_path, save_output=out) + reps, 600, log_path)
-            row["rel"], row["max_abs"], row["nonfinite"] = rel_error(sc.load_output(out), ref)
-            row["ok"] = row["nonfinite"] == 0 and row["rel"] < TOL
+            inputs = padded[0] if padded else ids_path
+            sc.run_cmd(cmd + sc.io_args(inputs=inputs, save_output=out) + reps, 600, log_path)
+            got = sc.load_output(out)
+            if padded:
+                real = padded[2]
+                row["rel"], row["max_abs"], row["nonfinite"] = rel_error(got[real], padded[1][real])
+                row["pad_nonzero"] = int((got[~real] != 0).sum())
+            else:
+                row["rel"], row["max_abs"], row["nonfinite"] = rel_error(got, ref)
+            row["ok"] = (row["nonfinite"] == 0 and row["rel"] < TOL and
+                         row.get("pad_nonzero", 0) == 0)
         except sc.CmdError as e:
             row.update(rel=None, ok=False, note=str(e))
         rows.append(row)
@@ -153,16 +173,18 @@ def main():
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; checkpoints in fp16; batch {args.batch}, seq {args.seq}; "
             f"reference: transformers in fp32 on the weights rounded as stof rounds them.")
-    lines = [head, "", "| model_type | dtype | weight files | run | rel error | max abs | "
-             "non-finite | ok |", "|---|---|---|---|---|---|---|---|"]
+    lines = [head, "", "Padded rows: real tokens compared; `pad != 0` counts values at padded "
+             "positions that are not exactly zero.", "",
+             "| model_type | dtype | weight files | run | rel error | max abs | "
+             "non-finite | pad != 0 | ok |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("rel") is None:
             lines.append(f"| {r['arch']} | {r['dtype']} | {r['files']} | {r['run']} | error: "
-                         f"{r.get('note')} | | | no |")
+                         f"{r.get('note')} | | | | no |")
         else:
             lines.append(f"| {r['arch']} | {r['dtype']} | {r['files']} | {r['run']} | "
                          f"{r['rel']:.2e} | {r['max_abs']:.2e} | {r['nonfinite']} | "
-                         f"{'yes' if r['ok'] else 'NO'} |")
+                         f"{r.get('pad_nonzero', '')} | {'yes' if r['ok'] else 'NO'} |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -215,10 +215,12 @@ def save_safetensors(tensors, path):
     os.replace(tmp, path)
 
 
-def save_inputs(path, ids, dec_ids=None, dtype=None):
+def save_inputs(path, ids, dec_ids=None, dtype=None, attention_mask=None):
     import torch
     dtype = dtype or torch.int32
     t = {"input_ids": ids.detach().to("cpu", dtype).contiguous()}
+    if attention_mask is not None:
+        t["attention_mask"] = attention_mask.detach().to("cpu", dtype).contiguous()
     if dec_ids is not None:
         t["decoder_input_ids"] = dec_ids.detach().to("cpu", dtype).contiguous()
     save_safetensors(t, path)
@@ -239,6 +241,19 @@ def random_ids(vocab, batch, seq, seed):
     import torch
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.long)
+
+
+def padded_batch(ids, pad_id, seed, low=0.25):
+    """ids right-padded to lengths drawn uniformly from low..100% of the sequence (the first
+    row whole): (ids with pad_id at padded positions, attention_mask 1/0, lengths)."""
+    import torch
+    batch, seq = ids.shape
+    g = torch.Generator().manual_seed(seed)
+    lo = max(1, int(low * seq))
+    lengths = torch.randint(lo, seq + 1, (batch,), generator=g)
+    lengths[0] = seq
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    return torch.where(mask.bool(), ids, torch.full_like(ids, pad_id)), mask, lengths
 
 
 def time_ms(fn, warmup, reps):

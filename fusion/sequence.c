@@ -75,7 +75,7 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
                x->causal == y->causal && x->mask == y->mask && x->scale == y->scale &&
                x->relpos == y->relpos && x->relpos_buckets == y->relpos_buckets &&
                x->relpos_max_distance == y->relpos_max_distance &&
-               x->relpos_bidirectional == y->relpos_bidirectional;
+               x->relpos_bidirectional == y->relpos_bidirectional && x->padded == y->padded;
     }
     default:
         return 1;

@@ -152,7 +152,7 @@ static int embedding_check(const fusion_dims *d, const int *v, int limit, stof_e
     return check_divides("VEC", v[1], d->n, err);
 }
 
-/* THREADS, VEC: a thread's VEC outputs of one row (glu). */
+/* THREADS, VEC: a thread's VEC outputs of one row (glu, mask_rows). */
 static int glu_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     (void)limit;
     return check_divides("VEC", v[1], d->n, err);
@@ -231,6 +231,10 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         1, {PATTERN(ONE(TOK(ROTARY)))},
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
         rotary_check},
+    [FUSION_T_MASK_ROWS] = {FUSION_T_MASK_ROWS, "mask_rows", "mask_rows.cu", 0,
+        1, {PATTERN(ONE(TOK(MASK_ROWS)))},
+        2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
+        glu_check},
 };
 
 const fusion_template *fusion_template_get(fusion_template_id id) {

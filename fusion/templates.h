@@ -14,6 +14,7 @@
  *   embedding        embedding.cu         embedding
  *   glu              glu.cu               glu
  *   rotary           rotary.cu            rotary
+ *   mask_rows        mask_rows.cu         mask_rows
  *
  * Every single op matches at least one template, so the all-unfused scheme
  * is always valid. The norm kind is an epilogue flag (fusion_epilogue.norm),
@@ -42,6 +43,7 @@ typedef enum fusion_template_id {
     FUSION_T_EMBEDDING,
     FUSION_T_GLU,
     FUSION_T_ROTARY,
+    FUSION_T_MASK_ROWS,
     FUSION_T_COUNT
 } fusion_template_id;
 

@@ -140,6 +140,11 @@ typedef struct stof_attn_args {
     const stof_attn_split *splits;
     float *partial_o;               /* [units][BLOCK_M][HEAD_DIM] */
     float *partial_ml;              /* [units][BLOCK_M][2]: m, l */
+    /* run-time padding (-DPADDING=1 builds): the attention_mask [batch, q_len], 1 = token,
+     * each row ones then zeros; keys past a row's length are masked, its padded query rows
+     * write zeros (self-attention) */
+    const stof_i32 *pad_mask;
+    stof_i64 align_[7];             /* keeps the tensor maps on a 64-byte boundary */
     /* 4-byte fields: keep their count even */
     stof_i32 q_len, k_len, heads, fmt_batch;
     float scale_log2;               /* scale * log2(e): scores are exponentiated with exp2 */
@@ -152,7 +157,7 @@ typedef struct stof_attn_args {
     stof_attn_tmap tmap_k, tmap_v;
 } stof_attn_args;
 
-#define STOF_ATTN_ARGS_BYTES (26 * 8 + 12 * 4 + 2 * 128)
+#define STOF_ATTN_ARGS_BYTES (34 * 8 + 12 * 4 + 2 * 128)
 STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_args) == STOF_ATTN_ARGS_BYTES,
                        "stof_attn_args layout changed: host and kernels must agree");
 STOF_ABI_STATIC_ASSERT(sizeof(void *) == 8, "stof needs 64-bit pointers");

@@ -17,6 +17,10 @@
 //       O += P V                                   (mma.sync, P in the dtype)
 //   O /= l, rows with no allowed key write zeros
 //
+// With -DPADDING=1 an attention_mask (right padding) gives each sequence
+// its length at run time: keys past it are masked like keys past k_len,
+// its padded rows write zeros, and tiles of padded rows do no work.
+//
 // Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][BLOCK_N][HEAD_DIM + 8]
 // (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
 // different banks); the Q tile is reused to stage O for 16-byte stores.
@@ -147,7 +151,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     const int first_item = __ldg(a.work_ptr + wb);
     if ((int)blockIdx.x >= __ldg(a.work_ptr + wb + 1) - first_item) return;
     const int4 item = __ldg(reinterpret_cast<const int4 *>(a.work) + first_item + blockIdx.x);
-    const int bm = item.x, start = item.y, end = item.z, slot = item.w;
+    const int bm = item.x, start = item.y, end_listed = item.z, slot = item.w;
 #else
     const int bm = blockIdx.x;
 #endif
@@ -163,7 +167,18 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     // This block row's key blocks, in this batch's part of the format.
     const int n_block_rows = (a.q_len + BLOCK_M - 1) / BLOCK_M;
     const long long ptr = (a.fmt_batch == 1 ? 0LL : (long long)b * (n_block_rows + 1)) + bm;
-    const int start = __ldg(a.load_row_ptr + ptr), end = __ldg(a.load_row_ptr + ptr + 1);
+    const int start = __ldg(a.load_row_ptr + ptr);
+    const int end_listed = __ldg(a.load_row_ptr + ptr + 1);
+#endif
+#if PADDING
+    // The sequence's length: keys past it are masked (kv_len), its padded
+    // rows write zeros, and a tile of padded rows does no work at all.
+    const int kv_len = padded_length(a.pad_mask, b, a.q_len);
+    const int end = row_base < kv_len ? end_listed : start;
+    const int live_rows = kv_len - row_base;
+#else
+    const int kv_len = a.k_len, end = end_listed;
+    constexpr int live_rows = BLOCK_M;
 #endif
 
     const elem_t *q = static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
@@ -248,7 +263,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             issue_scores(s, sQ, sK + stage * kStageElems, w);
             stof::wg::wait<0>();
             keep_s(s);
-            mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
+            mask_and_scale(s, a, w, row_base, cur, h, prescale, far, kv_len);
             float alpha[kMT][2];  // 0: O is still zero
             softmax_step(s, m, l, nmc, alpha, c);
             pack_p(s, pf);
@@ -268,7 +283,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             stof::wg::wait<1>();  // S has landed; P V may still run
             keep_s(s);
             to_scores(s, p);
-            mask_and_scale(p, a, w, row_base, cur, h, prescale, far);
+            mask_and_scale(p, a, w, row_base, cur, h, prescale, far, kv_len);
             float alpha[kMT][2];
             const bool moved = softmax_step(p, m, l, nmc, alpha, c);
             stof::wg::wait<0>();
@@ -291,7 +306,8 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
 #else
         key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf, kt);
 #endif
-        if (warp_group_view(a, w, cur)) {
+        // (with padding, a block of keys past the sequence is skipped too)
+        if (warp_group_view(a, w, cur) && (!PADDING || cur.col * BLOCK_N < kv_len)) {
             float s[kMT][kNT][4];
 #if TMA
             const unsigned stage_off = stage * (kStageElems * (unsigned)sizeof(elem_t));
@@ -300,7 +316,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
             const kv_view kk = {sK + stage * kStageElems, 0}, vv = {sV + stage * kStageElems, 0};
 #endif
             compute_scores(s, qf, sQ, kk, w);
-            mask_and_scale(s, a, w, row_base, cur, h, prescale, far);
+            mask_and_scale(s, a, w, row_base, cur, h, prescale, far, kv_len);
             online_softmax(s, m, l, nmc, o, c);
             compute_pv(o, s, vv, w);
         }
@@ -320,6 +336,6 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     }
 #endif
     __syncwarp();
-    store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, w);
+    store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, live_rows, w);
 }
 #include "attention_block_combine.cuh"

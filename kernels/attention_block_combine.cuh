@@ -27,6 +27,11 @@ stof_attention_combine(const stof_attn_args a) {
     const int4 sr = __ldg(reinterpret_cast<const int4 *>(a.splits) + first + blockIdx.x);
     const int row_base = sr.x * BLOCK_M, first_slot = sr.y, n_slots = sr.z;
     const int valid_rows = min(BLOCK_M, a.q_len - row_base);
+#if PADDING
+    const int live_rows = padded_length(a.pad_mask, b, a.q_len) - row_base;
+#else
+    constexpr int live_rows = BLOCK_M;
+#endif
     elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
                   h * HEAD_DIM;
     const long long u0 = partial_unit(a, first_slot, b, h);
@@ -53,7 +58,7 @@ stof_attention_combine(const stof_attn_args a) {
                 for (int e = 0; e < 8; ++e) acc[e] += wgt * part[e];
             }
         }
-        const bool empty = !(sum > 0.0f);
+        const bool empty = !(sum > 0.0f) || r >= live_rows;  // padded rows: zeros
         const float inv = empty ? 0.0f : 1.0f / sum;
         const uint4 v = make_uint4(pack2<elem_t>(acc[0] * inv, acc[1] * inv),
                                    pack2<elem_t>(acc[2] * inv, acc[3] * inv),

@@ -24,6 +24,9 @@
 #ifndef HAS_RELPOS
 #define HAS_RELPOS 0
 #endif
+#ifndef PADDING  // 1: a run-time attention_mask (stof_attn_args.pad_mask)
+#define PADDING 0
+#endif
 #ifndef STAGES
 #define STAGES 2
 #endif

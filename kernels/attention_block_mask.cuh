@@ -131,13 +131,15 @@ __device__ __forceinline__ bool uniform_relpos_log2(const stof_attn_args &a, con
 
 // Disallowed pairs become -inf: a partial block's bitmap (mask >= 0; a
 // full block skips the test) and keys past k_len (zero-filled rows that
-// must not count). Pre-scaled launches also scale and add the bias here.
+// must not count) or, with padding, past kv_len. Pre-scaled launches also scale and add the bias here.
 // Rows past q_len are computed on zero queries and never stored.
 __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const stof_attn_args &a,
                                                const warp_pos &w, int row_base,
                                                const key_group &g, int h, bool prescale,
-                                               const relpos_far &far) {
-    const int lim = keys_in(a, g.col);  // keys of the block that exist
+                                               const relpos_far &far, int kv_len) {
+    // keys of the block that exist (and, with padding, are tokens)
+    const int lim = PADDING ? min(keys_in(a, g.col), kv_len - g.col * BLOCK_N)
+                            : keys_in(a, g.col);
     const bool work = prescale || g.mask >= 0 || lim < BLOCK_N;
     if (!work) return;  // full blocks away from the edge: nothing to mask
     const float mul = prescale ? a.scale_log2 : 1.0f;

@@ -9,10 +9,10 @@
 
 // Normalizes the warp's rows, stages them in the warp's own rows of the Q
 // tile and writes them out with 16-byte stores. A row with no allowed key
-// (l == 0) writes exact zeros.
+// (l == 0) and a padded row (live_rows on) write exact zeros.
 __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], float (&l)[kMT][2],
                                              elem_t *sO, elem_t *out, long long out_stride,
-                                             int valid_rows, const warp_pos &w) {
+                                             int valid_rows, int live_rows, const warp_pos &w) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -20,9 +20,9 @@ __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], floa
             float sum = l[mt][half];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const bool empty = !(sum > 0.0f);
-            const float inv = empty ? 0.0f : 1.0f / sum;
             const int r = w.row0 + mt * 16 + w.g + half * 8;
+            const bool empty = !(sum > 0.0f) || r >= live_rows;
+            const float inv = empty ? 0.0f : 1.0f / sum;
 #pragma unroll
             for (int dt = 0; dt < kDT; ++dt) {
                 const float x = empty ? 0.0f : o[mt][dt][half * 2] * inv;

@@ -167,5 +167,21 @@ __device__ __forceinline__ float softmax_ref(float m) {
     return m == STOF_NEG_INF ? 0.0f : m;
 }
 
+// The length of row b of an attention_mask [batch, n] whose rows are ones,
+// then zeros (right padding; the host checks that of masks it reads): a
+// binary search, 1 + log2(n) reads that every thread of a block makes alike.
+__device__ __forceinline__ int padded_length(const stof_i32 *mask, int b, int n) {
+    const stof_i32 *row = mask + (long long)b * n;
+    int lo = 0, hi = n;  // ones before lo, zeros from hi on
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (__ldg(row + mid) != 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 }  // namespace attn
 }  // namespace stof

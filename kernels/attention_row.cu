@@ -12,6 +12,9 @@
 //                       p_j and j by __shfl_sync, key after key
 //   O /= l; a row with no allowed key writes zeros
 //
+// With -DPADDING=1 an attention_mask (right padding) gives each sequence
+// its length at run time: keys past it are masked, padded rows write zeros.
+//
 // Grid (ceil(q_len / (WARPS_PER_BLOCK * ROWS_PER_WARP)), heads, batch); the
 // query row lives in shared memory as fp32 (one slice per warp).
 #include "attention_common.cuh"
@@ -30,6 +33,9 @@
 #endif
 #ifndef HAS_RELPOS
 #define HAS_RELPOS 0
+#endif
+#ifndef PADDING  // 1: a run-time attention_mask (stof_attn_args.pad_mask)
+#define PADDING 0
 #endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
@@ -147,6 +153,12 @@ stof_attention_row(const stof_attn_args a) {
     const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride + h * HEAD_DIM;
     const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride + h * HEAD_DIM;
     const long long ptr_base = a.fmt_batch == 1 ? 0LL : (long long)b * (a.q_len + 1);
+#if PADDING
+    // keys past the sequence's length are masked; its padded rows write zeros
+    const int kv_len = padded_length(a.pad_mask, b, a.q_len);
+#else
+    const int kv_len = a.k_len;
+#endif
 
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
         const int row = (blockIdx.x * WARPS_PER_BLOCK + warp) * ROWS_PER_WARP + r;
@@ -156,7 +168,8 @@ stof_attention_row(const stof_attn_args a) {
                            row * a.q_row_stride + h * HEAD_DIM,
                    lane);
         const long long start = __ldg(a.row_ptr + ptr_base + row);
-        const long long end = __ldg(a.row_ptr + ptr_base + row + 1);
+        const long long end = PADDING && row >= kv_len ? start
+                                                       : __ldg(a.row_ptr + ptr_base + row + 1);
 
         float m = STOF_NEG_INF, l = 0.0f;
         float2 acc[kPairRounds];
@@ -167,7 +180,7 @@ stof_attention_row(const stof_attn_args a) {
             const int n = (int)(end - c0 < 32 ? end - c0 : 32);
             const bool valid = lane < n;
             const int col = valid ? __ldg(a.col_idx + c0 + lane) : 0;
-            const float s = chunk_score(a, sq, k, row, col, valid, h);
+            const float s = chunk_score(a, sq, k, row, col, valid && (!PADDING || col < kv_len), h);
             const float p = chunk_softmax(s, m, l, acc);
             chunk_pv(acc, v, a.v_row_stride, p, col, n, lane);
         }

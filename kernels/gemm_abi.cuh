@@ -301,6 +301,20 @@ typedef struct stof_rotary_args {
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_rotary_args) == STOF_ROTARY_ARGS_BYTES,
                             "stof_rotary_args layout changed: host and kernels must agree");
 
+/* mask_rows.cu: y[r, :] = mask[r] != 0 ? x[r, :] : 0 for rows r < rows of n
+ * elements (r a (batch, position) of the [B, S] int32 mask), packed. */
+typedef struct stof_mask_rows_args {
+    const void *x;
+    const stof_i32 *mask;
+    void *y;
+    stof_i64 rows;
+    stof_i32 n, pad_;
+} stof_mask_rows_args;
+
+#define STOF_MASK_ROWS_ARGS_BYTES (4 * 8 + 2 * 4)
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mask_rows_args) == STOF_MASK_ROWS_ARGS_BYTES,
+                            "stof_mask_rows_args layout changed: host and kernels must agree");
+
 /* Kernel names, for cuModuleGetFunction. */
 #define STOF_GEMM_EPILOGUE_KERNEL "stof_gemm_epilogue"
 #define STOF_GEMM_LN_KERNEL "stof_gemm_ln"
@@ -309,6 +323,7 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_rotary_args) == STOF_ROTARY_ARGS_BYTES,
 #define STOF_EMBEDDING_KERNEL "stof_embedding"
 #define STOF_GLU_KERNEL "stof_glu"
 #define STOF_ROTARY_KERNEL "stof_rotary"
+#define STOF_MASK_ROWS_KERNEL "stof_mask_rows"
 
 /* Activation codes (ACT) and norm codes (NORM), the values of fusion_act and
  * fusion_norm in fusion/match.h. */

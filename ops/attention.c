@@ -61,7 +61,7 @@ typedef struct attn_geom {
 } attn_geom;
 
 static int expected_inputs(const op_attention *a) {
-    return (a->cross ? 2 : 1) + (a->relpos ? 1 : 0);
+    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0);
 }
 
 /* Valid once ops_attention_infer has checked the input shapes. */
@@ -169,6 +169,20 @@ static int check_relpos_table(const graph_op *op, const graph_tensor *q,
                     ops_tensor_str(table, ts, sizeof ts), a->relpos_buckets, a->heads);
 }
 
+/* The attention_mask of a padded self-attention: int32 [B, S]. */
+static int check_padding(const graph_op *op, const graph_tensor *m, const attn_geom *geo,
+                         stof_error *err) {
+    if (op->attr.attn.cross)
+        return ops_fail(op, err, STOF_ERR_INVALID, "padding applies to self-attention only");
+    if (m->dtype == STOF_I32 && m->ndim == 2 && m->shape[0] == geo->batch &&
+        m->shape[1] == geo->sq)
+        return STOF_OK;
+    char ms[OPS_TENSOR_STR_MAX];
+    return ops_fail(op, err, STOF_ERR_SHAPE, "attention_mask %s must be int32 [%lld, %lld] "
+                    "(batch, seq)", ops_tensor_str(m, ms, sizeof ms), (long long)geo->batch,
+                    (long long)geo->sq);
+}
+
 static int check_mask(const graph *g, const graph_op *op, const attn_geom *geo,
                       stof_error *err) {
     int id = op->attr.attn.mask;
@@ -212,6 +226,8 @@ int ops_attention_infer(OPS_INFER_ARGS) {
     if (a->relpos && (rc = check_relpos_table(op, q, ops_input(g, op, op->n_inputs - 1), err)))
         return rc;
     attn_geom geo = attn_geometry(g, op);
+    if (a->padded && (rc = check_padding(op, ops_input(g, op, 1), &geo, err)))
+        return rc;
     if ((rc = check_mask(g, op, &geo, err)))
         return rc;
     out->dtype = q->dtype;
@@ -274,6 +290,7 @@ typedef struct attn_ctx {
     const float *table;          /* relpos bias [buckets, H], or NULL */
     const int *bucket;           /* bucket of j - i at bucket[j - i + sq - 1] */
     const mask *m;               /* or NULL */
+    const float *padding;        /* the attention_mask [B, S], or NULL */
     double *scores;              /* [sk] scratch */
     double *acc;                 /* [dim] scratch */
     int64_t *keys;               /* [sk] scratch: the allowed keys of one query row */
@@ -294,6 +311,7 @@ static void locate_inputs(attn_ctx *c, const float *const *in, int n_inputs) {
         c->q_stride = c->kv_stride = 3 * hd;
     }
     c->table = c->attr->relpos ? in[n_inputs - 1] : NULL;
+    c->padding = c->attr->padded ? in[1] : NULL;
 }
 
 /* Every relative position j - i in [-(sq - 1), sk - 1] once, rather than a
@@ -307,7 +325,11 @@ static void fill_buckets(const attn_ctx *c, int *bucket) {
 
 /* The keys query row i of batch b may see, in order, into c->keys. */
 static int64_t allowed_keys(const attn_ctx *c, int64_t b, int64_t i) {
-    const int64_t end = key_end(c->attr, &c->geo, i);
+    int64_t end = key_end(c->attr, &c->geo, i);
+    if (c->padding) { /* keys past the row's length; a padded row sees none (zeros) */
+        int64_t len = ops_padding_length(c->padding + b * c->geo.sq, c->geo.sq);
+        end = i >= len ? 0 : end < len ? end : len;
+    }
     int64_t n = 0;
     for (int64_t j = 0; j < end; j++)
         if (!c->m || mask_get(c->m, (int)b, (int)i, (int)j))

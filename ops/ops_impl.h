@@ -58,6 +58,11 @@ int ops_glu_ref(OPS_REF_ARGS);
 int ops_rotary_infer(OPS_INFER_ARGS);
 void ops_rotary_cost(OPS_COST_ARGS);
 int ops_rotary_ref(OPS_REF_ARGS);
+/* The length of an attention_mask row (its ones before the first zero). */
+int64_t ops_padding_length(const float *row, int64_t seq);
+int ops_mask_rows_infer(OPS_INFER_ARGS);
+void ops_mask_rows_cost(OPS_COST_ARGS);
+int ops_mask_rows_ref(OPS_REF_ARGS);
 int ops_attention_infer(OPS_INFER_ARGS);
 void ops_attention_cost(OPS_COST_ARGS);
 int ops_attention_ref(OPS_REF_ARGS);

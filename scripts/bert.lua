@@ -14,6 +14,9 @@
 --   seq     512        position table: max(512, seq) rows
 --   mask    "bigbird"  a pattern name or text form (stof.mask.named); "none" = dense
 --   dtype   "fp16"     fp16, bf16 or fp32
+--   padding false      (true from a model directory) an input attention_mask [batch, seq]:
+--                      one plan runs any batch of sequences up to (batch, seq), padded keys
+--                      and rows cost no attention work, padded outputs are zeros
 --
 -- From a Hugging Face model directory (stof graph|run|tune DIR), stof.config is its
 -- config.json: the sizes, eps and activation come from it (preset is not used), the mask
@@ -27,7 +30,8 @@
 -- checkpoint's attention.self.{query,key,value}.{weight,bias} (from = ...).
 local c = stof.config
 local p = stof.params{preset = "base", layers = 0, batch = 8, seq = 512,
-                      mask = c and "none" or "bigbird", dtype = "fp16"}
+                      mask = c and "none" or "bigbird", dtype = "fp16",
+                      padding = c ~= nil}
 
 local presets = {
   small = {layers = 4, hidden = 512, heads = 8, ffn = 2048},
@@ -81,6 +85,7 @@ end
 local function activation(x) return hf.apply(m, act, x) end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
+local am = hf.attention_mask(m, p)
 local x = m:embedding(ids, m:weight("embeddings.word_embeddings.weight", {vocab, H}), {
   position = m:weight("embeddings.position_embeddings.weight", {max_pos, H},
                       {rows_from = pos_from}),
@@ -108,7 +113,7 @@ for n = 0, L - 1 do
     local qkv = linear(".attention.self.qkv", x, 3 * H, H, {".attention.self.query",
                        ".attention.self.key", ".attention.self.value"})
     local a = m:attention(qkv, {heads = heads, head_dim = H // heads, mask = mask,
-                                name = pre .. ".attention.self"})
+                                padding = am, name = pre .. ".attention.self"})
     local g1, b1 = norm(pre .. ".attention.output.LayerNorm")
     x = m:layernorm(m:add(linear(".attention.output.dense", a, H, H), x), g1, b1,
                     {eps = eps, name = pre .. ".attention.output.LayerNorm"})
@@ -119,5 +124,5 @@ for n = 0, L - 1 do
   end)
 end
 
-m:output(x)
+m:output(hf.zero_padding(m, x, am))
 return m

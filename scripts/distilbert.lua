@@ -14,6 +14,7 @@
 --   seq     512     at most max_position_embeddings
 --   mask    "none"  dense, as the model was trained; a pattern name or text form
 --   dtype   "fp16"  fp16, bf16 or fp32
+--   padding true    an input attention_mask [batch, seq] (optional at run time; see bert.lua)
 --
 -- Weight names follow DistilBertModel (embeddings..., transformer.layer.N...); the fused QKV
 -- projection transformer.layer.N.attention.qkv.{weight,bias} is stacked from q_lin, k_lin and
@@ -21,7 +22,7 @@
 local c = stof.config or {dim = 768, n_layers = 6, n_heads = 12, hidden_dim = 3072,
                           vocab_size = 30522, max_position_embeddings = 512,
                           activation = "gelu"}
-local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16"}
+local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16", padding = true}
 
 local hf = require("hf")
 local function need(key) return hf.need(c, key, true) end
@@ -55,6 +56,7 @@ local function linear(name, x, n_out, n_in, parts)
 end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
+local am = hf.attention_mask(m, p)
 local x = m:embedding(ids, m:weight("embeddings.word_embeddings.weight", {vocab, H}), {
   position = m:weight("embeddings.position_embeddings.weight", {max_pos, H}),
   name = "embeddings",
@@ -68,7 +70,7 @@ for n = 0, L - 1 do
     local qkv = linear(a_pre .. ".qkv", x, 3 * H, H,
                        {a_pre .. ".q_lin", a_pre .. ".k_lin", a_pre .. ".v_lin"})
     local a = m:attention(qkv, {heads = heads, head_dim = H // heads, mask = mask,
-                                name = a_pre})
+                                padding = am, name = a_pre})
     x = layernorm(pre .. ".sa_layer_norm", m:add(linear(a_pre .. ".out_lin", a, H, H), x))
     local h = linear(pre .. ".ffn.lin1", x, F, H)
     h = hf.apply(m, act, h)
@@ -76,5 +78,5 @@ for n = 0, L - 1 do
   end)
 end
 
-m:output(x)
+m:output(hf.zero_padding(m, x, am))
 return m

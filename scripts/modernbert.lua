@@ -19,11 +19,12 @@
 --   mask    "none"  the global layers' pattern (the model's own: dense); a local layer
 --                   attends its window AND this pattern
 --   dtype   "fp16"  fp16, bf16 or fp32
+--   padding true    an input attention_mask [batch, seq] (optional at run time; see bert.lua)
 local hf = require("hf")
 local c = stof.config or {hidden_size = 768, num_hidden_layers = 22, num_attention_heads = 12,
                           intermediate_size = 1152, vocab_size = 50368,
                           max_position_embeddings = 8192}
-local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16"}
+local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16", padding = true}
 
 local H, L = hf.need(c, "hidden_size", true), hf.need(c, "num_hidden_layers", true)
 local heads, F = hf.need(c, "num_attention_heads", true), hf.need(c, "intermediate_size", true)
@@ -79,6 +80,7 @@ local function linear(name, x, n_out, n_in, bias)
 end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
+local am = hf.attention_mask(m, p)
 local x = m:embedding(ids, m:weight("embeddings.tok_embeddings.weight", {vocab, H}),
                       {name = "embeddings"})
 x = layernorm("embeddings.norm", x)
@@ -92,7 +94,7 @@ for n = 0, L - 1 do
     local qkv = linear(pre .. ".attn.Wqkv", h, 3 * H, H, c.attention_bias)
     qkv = m:rotary(qkv, {heads = heads, head_dim = D, theta = loc and local_theta or global_theta,
                          name = pre .. ".attn.rotary"})
-    local a = m:attention(qkv, {heads = heads, head_dim = D,
+    local a = m:attention(qkv, {heads = heads, head_dim = D, padding = am,
                                 mask = loc and local_mask or global_mask, name = pre .. ".attn"})
     x = m:add(x, linear(pre .. ".attn.Wo", a, H, H, c.attention_bias))
     local u = linear(pre .. ".mlp.Wi", layernorm(pre .. ".mlp_norm", x), 2 * F, H, c.mlp_bias)
@@ -101,5 +103,5 @@ for n = 0, L - 1 do
   end)
 end
 
-m:output(layernorm("final_norm", x))
+m:output(hf.zero_padding(m, layernorm("final_norm", x), am))
 return m

@@ -11,7 +11,9 @@
  * are fresh seeded uniform [-1, 1] values rounded to the dtype; the output
  * is poisoned with NaN before every launch. Checked per run: relative error
  * ||out - ref|| / ||ref|| (< 5e-3 fp16, < 2e-2 bf16), every element finite,
- * rows with no allowed key exactly zero. One line per run, so a remote log
+ * rows with no allowed key exactly zero. The "padded" cases pass a run-time
+ * attention_mask of the given lengths (-DPADDING=1 builds): keys past a
+ * sequence's length are masked, its padded rows must be zeros. One line per run, so a remote log
  * says what is wrong. Then the block-wise kernel is timed at one big shape
  * at several settings and depths, and a measured plan is made there, and
  * split rows off vs automatic at Longformer and BigBird (1, 4096) and
@@ -49,38 +51,49 @@ typedef struct tcase {
     int relpos, bidirectional; /* T5 bias: 32 buckets, max distance 128 */
     float scale;               /* 0: 1/sqrt(head_dim); negative: the kernels' pre-scaled path */
     int shared_kv;             /* cross only: one K, V for every batch (batch stride 0) */
+    const int *pad;            /* a run-time attention_mask of these lengths, one a batch */
 } tcase;
 
+static const int pad_3[] = {257, 100, 1}, pad_2[] = {1000, 333}, pad_0[] = {0, 64};
+
 static const tcase cases[] = {
-    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0},
-    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0},
-    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0},
-    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0},
-    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0, 0},
-    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0},
-    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0},
-    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0, NULL},
+    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0, NULL},
+    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0, NULL},
+    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0, NULL},
+    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL},
+    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL},
+    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL},
+    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL},
     {"scattered", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 2, 2, 257,
-     257, 0, 0, 0, 0, 0, 0},
+     257, 0, 0, 0, 0, 0, 0, NULL},
     {"scattered+causal", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 1, 2,
-     100, 100, 1, 0, 0, 0, 0, 0},
-    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0},
+     100, 100, 1, 0, 0, 0, 0, 0, NULL},
+    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0, NULL},
     {"key_padding [0,77]", SRC_SPEC, "key_padding{lengths=[0, 77]}", 2, 2, 100, 100, 0, 0, 0, 0,
-     0, 0},
+     0, 0, NULL},
     {"key_padding [100,37,1]", SRC_SPEC, "key_padding{lengths=[100, 37, 1]}", 3, 2, 100, 100, 0,
-     0, 0, 0, 0, 0},
+     0, 0, 0, 0, 0, NULL},
     {"per_batch(sliding,bigbird)", SRC_SPEC, "per_batch(sliding_window{band=8}, bigbird{})", 2, 2,
-     257, 257, 0, 0, 0, 0, 0, 0},
-    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0},
-    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0},
-    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0},
-    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0},
-    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0},
-    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f, 0},
-    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0},
-    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f, 0},
-    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0},
-    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1},
+     257, 257, 0, 0, 0, 0, 0, 0, NULL},
+    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0, NULL},
+    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0, NULL},
+    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0, NULL},
+    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0, NULL},
+    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0, NULL},
+    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f, 0, NULL},
+    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0, NULL},
+    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f, 0, NULL},
+    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0, NULL},
+    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1, NULL},
+    {"padded full [257,100,1]", SRC_NONE, NULL, 3, 2, 257, 257, 0, 0, 0, 0, 0, 0, pad_3},
+    {"padded sliding_window{} [1000,333]", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0,
+     0, 0, 0, 0, pad_2},
+    {"padded bigbird{} [257,100,1]", SRC_SPEC, "bigbird{}", 3, 2, 257, 257, 0, 0, 0, 0, 0, 0,
+     pad_3},
+    {"padded causal [0,64]", SRC_NONE, NULL, 2, 2, 128, 128, 1, 0, 0, 0, 0, 0, pad_0},
+    {"padded T5 relpos bidir [1000,333]", SRC_NONE, NULL, 2, 2, 1000, 1000, 0, 0, 1, 1, 1.0f, 0,
+     pad_2},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -181,6 +194,8 @@ static void fill_random(float *x, size_t n, stof_dtype t, util_rng *rng) {
 static int allowed(const tcase *tc, const mask *m, int b, int i, int j) {
     if (m && !mask_get(m, b, i, j))
         return 0;
+    if (tc->pad && (i >= tc->pad[b] || j >= tc->pad[b]))
+        return 0; /* a padded row sees nothing (zeros); padded keys do not count */
     return !tc->causal || j <= i + (tc->k_len - tc->q_len);
 }
 
@@ -270,6 +285,7 @@ static int case_mask(const tcase *tc, mask **out, stof_error *err) {
 
 typedef struct dbufs {
     CUdeviceptr q, kv, o, table; /* q == kv region for self-attention (packed qkv) */
+    CUdeviceptr pad;             /* the attention_mask [B, Sq] int32, padded cases */
     size_t o_elems;
 } dbufs;
 
@@ -315,13 +331,23 @@ static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
         if (upload_bits(g, &db->table, t, (size_t)RELPOS_BUCKETS * d->H))
             return -1;
     }
+    if (tc->pad) {
+        int32_t *am = malloc((size_t)d->B * d->Sq * sizeof *am);
+        for (int b = 0; b < d->B; b++)
+            for (int i = 0; i < d->Sq; i++)
+                am[(size_t)b * d->Sq + i] = i < tc->pad[b];
+        rc = upload(g, &db->pad, am, (size_t)d->B * d->Sq * sizeof *am);
+        free(am);
+        if (rc)
+            return rc;
+    }
     db->o_elems = (size_t)d->B * d->Sq * hd;
     return check_cu(g, g->drv->MemAlloc(&db->o, db->o_elems * 2), "cuMemAlloc(o)");
 }
 
 static void free_bufs(gpu *g, dbufs *db) {
-    CUdeviceptr p[] = {db->q, db->kv, db->o, db->table};
-    for (int i = 0; i < 4; i++)
+    CUdeviceptr p[] = {db->q, db->kv, db->o, db->table, db->pad};
+    for (int i = 0; i < 5; i++)
         if (p[i])
             g->drv->MemFree(p[i]);
     memset(db, 0, sizeof *db);
@@ -336,6 +362,7 @@ static void case_tensors(const tcase *tc, const mha_exec_problem *p, const dbufs
     if (tc->shared_kv)
         t->k_batch_stride = t->v_batch_stride = 0;
     t->relpos_table = db->table;
+    t->pad_mask = db->pad;
 }
 
 /* ---- comparing ----------------------------------------------------------------------------- */
@@ -426,7 +453,8 @@ static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype 
                           .scale = tc->scale != 0 ? tc->scale : 1.0f / sqrtf((float)D),
                           .relpos = tc->relpos, .relpos_buckets = RELPOS_BUCKETS,
                           .relpos_max_distance = RELPOS_MAX_DISTANCE,
-                          .relpos_bidirectional = tc->bidirectional};
+                          .relpos_bidirectional = tc->bidirectional,
+                          .padded = tc->pad != NULL};
     return p;
 }
 
@@ -816,8 +844,8 @@ static void timing(gpu *g) {
  * unidirectional relative-position bias, at two sizes (the larger one a
  * t5-base decoder at batch 8). */
 static const tcase sweep_cases[] = {
-    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0},
-    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0},
+    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0, NULL},
+    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0, NULL},
 };
 
 /* only: a setting's name ("128x16w1") to run that one alone, or NULL. */

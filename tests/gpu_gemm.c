@@ -1004,7 +1004,10 @@ static double glu_act_ref(int act, double v) {
 
 /* The reference of one output element of problem p from input x (fp32, the
  * device's rounded inputs), in double. */
-static double xy_reference(const gemm_exec_problem *p, const float *x, int64_t r, int64_t n) {
+static double xy_reference(const gemm_exec_problem *p, const float *x, const int32_t *mask,
+                           int64_t r, int64_t n) {
+    if (p->tmpl == FUSION_T_MASK_ROWS)
+        return mask[r] ? x[r * p->n + n] : 0.0;
     if (p->tmpl == FUSION_T_GLU)
         return glu_act_ref(p->glu_act, x[r * 2 * p->n + n]) * x[r * 2 * p->n + p->n + n];
     const float *row = x + r * p->n;
@@ -1020,12 +1023,15 @@ static double xy_reference(const gemm_exec_problem *p, const float *x, int64_t r
 
 static int launch_xy(gpu *g, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
                      stof_error *err) {
+    if (plan->problem.tmpl == FUSION_T_MASK_ROWS)
+        return gemm_exec_mask_rows(g->ctx, plan, t, 0, err);
     return plan->problem.tmpl == FUSION_T_GLU ? gemm_exec_glu(g->ctx, plan, t, 0, err)
                                               : gemm_exec_rotary(g->ctx, plan, t, 0, err);
 }
 
-/* One glu or rotary problem at one setting (NULL: the default): fresh
- * inputs, the output poisoned, every element checked. */
+/* One glu, rotary or mask_rows problem at one setting (NULL: the
+ * default): fresh inputs (mask_rows: every third row padded, and the
+ * last), the output poisoned, every element checked. */
 static void run_xy(gpu *g, const gemm_exec_problem *p, const int *values, const char *label,
                    util_rng *rng) {
     gemm_exec_plan *plan = make_plan(g, p, values, label);
@@ -1034,13 +1040,17 @@ static void run_xy(gpu *g, const gemm_exec_problem *p, const int *values, const 
     size_t nx = (size_t)(p->m * p->n * (p->tmpl == FUSION_T_GLU ? 2 : 1)), ny = (size_t)(p->m * p->n);
     float *x = malloc(nx * 4);
     uint16_t *xb = malloc(nx * 2), *host = malloc(ny * 2);
-    CUdeviceptr dx = 0, dy = 0;
+    int32_t *mask = malloc((size_t)p->m * sizeof *mask);
+    CUdeviceptr dx = 0, dy = 0, dm = 0;
     stof_error err = {0};
-    if (x && xb && host) {
+    if (x && xb && host && mask) {
         fill(x, xb, nx, p->dtype, rng, -3.0, 3.0);
+        for (int64_t r = 0; r < p->m; r++)
+            mask[r] = r % 3 != 1 && r != p->m - 1;
         gemm_exec_xy_tensors t = {0};
-        int rc = upload(g, &dx, xb, nx * 2) || dalloc(g, &dy, ny * 2) || poison(g, dy, ny);
-        t = (gemm_exec_xy_tensors){.x = dx, .y = dy};
+        int rc = upload(g, &dx, xb, nx * 2) || dalloc(g, &dy, ny * 2) || poison(g, dy, ny) ||
+                 upload(g, &dm, mask, (size_t)p->m * sizeof *mask);
+        t = (gemm_exec_xy_tensors){.x = dx, .y = dy, .mask = dm};
         if (!rc && (rc = launch_xy(g, plan, &t, &err)) != STOF_OK)
             launch_failed(label, &err);
         if (!rc && !fetch(g, host, dy, ny)) {
@@ -1049,15 +1059,17 @@ static void run_xy(gpu *g, const gemm_exec_problem *p, const int *values, const 
             for (int64_t r = 0; r < p->m; r++)
                 for (int64_t n = 0; n < p->n; n++)
                     verdict_add(&v, from_bits(p->dtype, host[r * p->n + n]),
-                                xy_reference(p, x, r, n), (long)(r * p->n + n));
+                                xy_reference(p, x, mask, r, n), (long)(r * p->n + n));
             report(label, &v, count_nonfinite(host, ny, p->dtype), tol_of(p->dtype), "");
         }
     }
     dfree(g, &dx);
     dfree(g, &dy);
+    dfree(g, &dm);
     free(x);
     free(xb);
     free(host);
+    free(mask);
     gemm_exec_plan_free(g->ctx, plan);
 }
 
@@ -1096,6 +1108,13 @@ static void test_glu_rotary(gpu *g, util_rng *rng) {
                          p.kv_heads, p.head_dim, (double)p.theta, vals[1]);
                 run_xy(g, &p, vals, label, rng);
             }
+        for (int w = 0; w < 2 && !g->dead; w++) {
+            gemm_exec_problem p = {.tmpl = FUSION_T_MASK_ROWS, .dtype = dts[d], .m = 1001,
+                                   .n = w ? 100 : 768};
+            snprintf(label, sizeof label, "mask_rows %s M=1001 N=%lld", stof_dtype_name(p.dtype),
+                     (long long)p.n);
+            run_xy(g, &p, NULL, label, rng);
+        }
     }
 }
 

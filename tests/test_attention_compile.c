@@ -239,6 +239,20 @@ static int list_tma_variants(variant *v, int cap) {
         {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .relpos = 1,
          .relpos_mid = 256, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 3,
          .split = 1, .wgmma = 1, .tma = 1},
+        /* run-time padding (-DPADDING=1): every build kind */
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .padded = 1,
+         .block_m = 64, .block_n = 128, .num_warps = 4, .stages = 3, .wgmma = 1, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .padded = 1,
+         .block_m = 32, .block_n = 32, .num_warps = 2, .stages = 2, .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .padded = 1,
+         .relpos = 1, .block_m = 64, .block_n = 32, .num_warps = 4, .stages = 2, .split = 1,
+         .tma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .padded = 1,
+         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3, .split = 1, .wgmma = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .padded = 1,
+         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2},
+        {.kernel = MHA_KERNEL_ROW_WISE, .head_dim = 64, .dtype = STOF_BF16, .padded = 1,
+         .rows_per_warp = 2, .warps_per_block = 4},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
         v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};

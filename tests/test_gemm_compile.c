@@ -7,7 +7,7 @@
  * settings and outputs of 512, 768, 1000 and 1024; mi_chain with each
  * norm, with and without the pre-norm store; embedding with and without its
  * optional tables; glu with each activation; rotary at head sizes 64, 128
- * and 32 with grouped K/V heads), and the
+ * and 32 with grouped K/V heads; mask_rows), and the
  * CPU pieces of core/gemm_exec (validation, the parameter-space checks, the
  * shared memory model, requests, argument blocks) do what they say. */
 #include <pthread.h>
@@ -345,6 +345,10 @@ static void list_glu_rotary(variant *v, int cap, int *n) {
                 int vals[FUSION_MAX_PARAMS] = {256, h == 2 ? 1 : 8 >> h};
                 add(v, cap, n, &p, vals, archs[a]);
             }
+            gemm_exec_problem mr = {.tmpl = FUSION_T_MASK_ROWS, .dtype = dtypes[d], .m = 512,
+                                    .n = 768};
+            int mv[FUSION_MAX_PARAMS] = {256, 8};
+            add(v, cap, n, &mr, mv, archs[a]);
         }
 }
 

@@ -147,6 +147,7 @@ static void test_table(void) {
         [OP_ATTENTION] = "attention",
         [OP_GLU] = "glu",
         [OP_ROTARY] = "rotary",
+        [OP_MASK_ROWS] = "mask_rows",
     };
     for (int k = 0; k < OP_KIND_COUNT; k++) {
         const op_desc *d = op_describe((op_kind)k);
@@ -170,7 +171,7 @@ static void test_table(void) {
     CHECK(strcmp(op_class_name(OP_CLASS_CI), "CI") == 0);
     CHECK(strcmp(op_class_name(OP_CLASS_MI), "MI") == 0);
     CHECK_EQ_INT(op_describe(OP_EMBEDDING)->max_inputs, 4);
-    CHECK_EQ_INT(op_describe(OP_ATTENTION)->max_inputs, 3);
+    CHECK_EQ_INT(op_describe(OP_ATTENTION)->max_inputs, 4);
 }
 
 /* ---- gemm and bias -------------------------------------------------------- */
@@ -1279,6 +1280,102 @@ static void test_attention_cost(void) {
     graph_free(&g);
 }
 
+/* ---- run-time padding ------------------------------------------------------ */
+
+/* A padded self-attention (an attention_mask input of lengths 7, 3 and 0,
+ * with relpos and a causal rule on top) gives what the same attention
+ * gives under a hand-made per-batch mask allowing keys j < len and rows
+ * i < len: padded rows are zeros, padded keys do not count. */
+static void test_attention_padding(void) {
+    enum { B = 3, S = 9, H = 2, D = 4 };
+    static const int lens[B] = {7, 3, 0};
+    for (int causal = 0; causal < 2; causal++) {
+        graph g;
+        graph_init(&g);
+        stof_error err = {0};
+        util_rng rng = {21 + (uint64_t)causal};
+        int qkv = TENSOR(&g, "qkv", STOF_F32, B, S, 3 * H * D);
+        int am = TENSOR(&g, "attention_mask", STOF_I32, B, S);
+        int table = TENSOR(&g, "table", STOF_F32, 32, H);
+        graph_op op = attention_op(H, D, qkv, -1);
+        op.inputs[op.n_inputs++] = am;
+        op.attr.attn.padded = 1;
+        op.attr.attn.causal = causal;
+        with_relpos(&op, table, 32, 20, 1);
+        int y = add_op(&g, &op, &err);
+        CHECK_MSG(y >= 0, "%s", err.msg);
+        uint8_t dense[B * S * S];
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < S; i++)
+                for (int j = 0; j < S; j++)
+                    dense[(b * S + i) * S + j] = i < lens[b] && j < lens[b];
+        graph_op ref_op = attention_op(H, D, qkv, -1);
+        ref_op.attr.attn.causal = causal;
+        ref_op.attr.attn.mask = add_hand_mask(&g, dense, B, S, S);
+        with_relpos(&ref_op, table, 32, 20, 1);
+        int y_ref = add_op(&g, &ref_op, &err);
+        CHECK_MSG(y_ref >= 0, "%s", err.msg);
+        float *xs = random_floats(&rng, B * S * 3 * H * D, -2, 2);
+        float *ts = random_floats(&rng, 32 * H, -1, 1);
+        float am_values[B * S];
+        for (int b = 0; b < B; b++)
+            for (int s = 0; s < S; s++)
+                am_values[b * S + s] = s < lens[b];
+        float *got = run_ref(&g, y, (const float *const[]){xs, am_values, ts}, STOF_OK, &err);
+        float *want = run_ref(&g, y_ref, (const float *const[]){xs, ts}, STOF_OK, &err);
+        int same = got && want;
+        for (int k = 0; same && k < B * S * H * D; k++)
+            same = got[k] == want[k];
+        CHECK_MSG(same, "padded attention (causal %d) differs from the hand-masked one", causal);
+        for (int k = 0; got && k < S * H * D; k++) /* batch 2 is all padding: zeros */
+            CHECK(got[2 * S * H * D + k] == 0.0f);
+        free(got);
+        free(want);
+        free(xs);
+        free(ts);
+        graph_free(&g);
+    }
+}
+
+static void test_padding_rejects(void) {
+    graph g;
+    graph_init(&g);
+    int qkv = TENSOR(&g, "qkv", STOF_F32, 2, 5, 24);
+    int q = TENSOR(&g, "q", STOF_F32, 2, 5, 8), kv = TENSOR(&g, "kv", STOF_F32, 2, 6, 16);
+    int am = TENSOR(&g, "attention_mask", STOF_I32, 2, 5);
+    int wrong = TENSOR(&g, "wrong", STOF_I32, 2, 4);
+    int as_float = TENSOR(&g, "as_float", STOF_F32, 2, 5);
+    graph_op op = attention_op(2, 4, qkv, -1);
+    op.inputs[op.n_inputs++] = wrong;
+    op.attr.attn.padded = 1;
+    REJECT(&g, &op, STOF_ERR_SHAPE, "attention_mask 'wrong' [2, 4] must be int32 [2, 5]");
+    op.inputs[1] = as_float;
+    REJECT(&g, &op, STOF_ERR_SHAPE, "must be int32 [2, 5]");
+    op.n_inputs = 1;
+    REJECT(&g, &op, STOF_ERR_INVALID, "takes 2 inputs");
+    op = attention_op(2, 4, q, kv);
+    op.inputs[op.n_inputs++] = am;
+    op.attr.attn.padded = 1;
+    REJECT(&g, &op, STOF_ERR_INVALID, "self-attention only");
+    /* mask_rows: x [2, 5, 8] masked by [2, 5] */
+    graph_op mr = OP(OP_MASK_ROWS, q, wrong);
+    REJECT(&g, &mr, STOF_ERR_SHAPE, "mask_rows", "must be int32 [2, 5]");
+    mr = OP(OP_MASK_ROWS, q, am);
+    stof_error err = {0};
+    int y = add_op(&g, &mr, &err);
+    CHECK_MSG(y >= 0, "%s", err.msg);
+    CHECK_SHAPE(output_of(&g, y), 2, 5, 8);
+    util_rng rng = {5};
+    float *xs = random_floats(&rng, 80, -1, 1);
+    const float am_values[10] = {1, 1, 1, 0, 0, 1, 0, 0, 0, 0};
+    float *got = run_ref(&g, y, (const float *const[]){xs, am_values}, STOF_OK, &err);
+    for (int k = 0; got && k < 80; k++)
+        CHECK(got[k] == (am_values[k / 8] != 0.0f ? xs[k] : 0.0f));
+    free(got);
+    free(xs);
+    graph_free(&g);
+}
+
 /* ---- gated units and rotary embeddings ----------------------------------- */
 
 static void test_glu(void) {
@@ -1396,5 +1493,7 @@ int main(void) {
     test_attention_cost();
     test_glu();
     test_rotary();
+    test_attention_padding();
+    test_padding_rejects();
     return check_summary("test_ops");
 }

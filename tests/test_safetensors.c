@@ -717,6 +717,64 @@ static void test_silently_wrong(void) {
     graph_free(&g);
 }
 
+/* An attention_mask input: optional (ones when no file gives it), and from
+ * a file 0/1 and right-padded, else an error naming the row. */
+static void test_attention_mask_input(void) {
+    graph g;
+    if (build("local m = stof.model{name = 'p', dtype = 'fp16'}\n"
+              "local ids = m:input('input_ids', {2, 4}, {dtype = 'int32', high = 10})\n"
+              "local am = m:input('attention_mask', {2, 4}, {dtype = 'int32', "
+              "attention_mask = true})\n"
+              "local x = m:embedding(ids, m:weight('w', {10, 8}))\n"
+              "m:output(m:mask_rows(x, am))\n"
+              "return m\n", &g))
+        return;
+    int am = graph_find_tensor(&g, "attention_mask");
+    stof_error err = {0};
+    float v[8];
+    weights_source none = {.seed = 3};
+    CHECK_EQ_INT(weights_source_values(&none, &g, am, v, &err), STOF_OK);
+    for (int k = 0; k < 8; k++)
+        CHECK(v[k] == 1.0f); /* no file: no padding */
+    const char *ip = WORK "st_padding.safetensors";
+    int64_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t masks[4][8] = {{1, 1, 1, 0, 1, 1, 0, 0},   /* right padding: fine */
+                           {1, 1, 1, 1, 0, 0, 0, 0},   /* a row of padding alone: fine */
+                           {1, 1, 0, 0, 0, 1, 1, 1},   /* left padding */
+                           {1, 1, 2, 0, 1, 1, 1, 1}};  /* not 0/1 */
+    const char *want[4] = {NULL, NULL, "row 1 has a token at position 1 after padding at 0",
+                           "row 0 holds 2 at position 2"};
+    for (int k = 0; k < 4; k++) {
+        safetensors_entry in[2] = {{"input_ids", SAFETENSORS_I64, 2, {2, 4}, ids},
+                                   {"attention_mask", SAFETENSORS_I64, 2, {2, 4}, masks[k]}};
+        CHECK_EQ_INT(safetensors_write(ip, in, 2, &err), STOF_OK);
+        safetensors_file *f = open_ok(ip);
+        weights_source src = {.seed = 1, .inputs = f};
+        int rc = weights_source_check(&src, &g, &err);
+        if (!want[k]) {
+            CHECK_MSG(rc == STOF_OK, "mask %d: %s", k, err.msg);
+            CHECK_EQ_INT(weights_source_values(&src, &g, am, v, &err), STOF_OK);
+            for (int i = 0; i < 8; i++)
+                CHECK(v[i] == (float)masks[k][i]);
+        } else {
+            CHECK_MSG(rc != STOF_OK, "mask %d passed", k);
+            CHECK_CONTAINS(err.msg, want[k]);
+            CHECK_CONTAINS(err.msg, "attention_mask");
+        }
+        safetensors_close(f);
+    }
+    /* an inputs file without it: the model runs unpadded */
+    safetensors_entry only_ids = {"input_ids", SAFETENSORS_I64, 2, {2, 4}, ids};
+    CHECK_EQ_INT(safetensors_write(ip, &only_ids, 1, &err), STOF_OK);
+    safetensors_file *f = open_ok(ip);
+    weights_source src = {.seed = 1, .inputs = f};
+    CHECK_MSG(weights_source_check(&src, &g, &err) == STOF_OK, "%s", err.msg);
+    CHECK_EQ_INT(weights_source_values(&src, &g, am, v, &err), STOF_OK);
+    CHECK(v[0] == 1.0f && v[7] == 1.0f);
+    safetensors_close(f);
+    graph_free(&g);
+}
+
 int main(void) {
     test_round_trip();
     test_prefix();
@@ -726,5 +784,6 @@ int main(void) {
     test_problems();
     test_sources();
     test_silently_wrong();
+    test_attention_mask_input();
     return check_summary("test_safetensors");
 }

@@ -316,6 +316,23 @@ static void rotary_read(const graph *g, int first, gemm_exec_problem *p) {
     p->theta = op->attr.rotary.theta;
 }
 
+/* x [B, S, ...] as B x S rows of the rest. */
+static void mask_rows_read(const graph *g, int first, gemm_exec_problem *p) {
+    const graph_tensor *y = tensor(g, g->ops[first].output);
+    memset(p, 0, sizeof *p);
+    p->tmpl = FUSION_T_MASK_ROWS;
+    p->dtype = y->dtype;
+    p->m = y->ndim >= 2 ? y->shape[0] * y->shape[1] : 0;
+    p->n = p->m ? graph_tensor_numel(y) / p->m : 0;
+}
+
+static int mask_rows_supports(const graph *g, int first, int n, const fusion_match *m,
+                              stof_error *err) {
+    gemm_exec_problem p;
+    mask_rows_read(g, first, &p);
+    return gemm_exec_validate(&p, err);
+}
+
 static int glu_supports(const graph *g, int first, int n, const fusion_match *m,
                         stof_error *err) {
     gemm_exec_problem p;
@@ -354,6 +371,9 @@ static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *
         return STOF_OK;
     case FUSION_T_ROTARY:
         rotary_read(g, s->first, p);
+        return STOF_OK;
+    case FUSION_T_MASK_ROWS:
+        mask_rows_read(g, s->first, p);
         return STOF_OK;
     default: {
         embed_roles r;
@@ -543,6 +563,7 @@ static void attn_read(const graph *g, int first, mha_exec_problem *p) {
     p->dtype = y->dtype;
     p->scale = a->scale;
     p->relpos = a->relpos;
+    p->padded = a->padded;
     p->relpos_buckets = a->relpos_buckets;
     p->relpos_max_distance = a->relpos_max_distance;
     p->relpos_bidirectional = a->relpos_bidirectional;
@@ -602,6 +623,8 @@ static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof
                                 elem);
     if (op->attr.attn.relpos)
         rt->t.attn.relpos_table = ptr_of(m, op->inputs[op->n_inputs - 1]);
+    if (op->attr.attn.padded)
+        rt->t.attn.pad_mask = ptr_of(m, op->inputs[1]);
     return STOF_OK;
 }
 
@@ -619,11 +642,18 @@ static fusion_template_id attn_actual(const void *kplan, fusion_template_id plan
                : FUSION_T_ATTENTION_ROW;
 }
 
-/* glu and rotary: the op's input and output, packed. */
+/* glu, rotary and mask_rows: the op's input and output, packed (and
+ * mask_rows' mask). */
 static int xy_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
     const graph_op *op = &m->plan->g->ops[s->first];
-    rt->t.xy = (gemm_exec_xy_tensors){.x = ptr_of(m, op->inputs[0]), .y = ptr_of(m, s->out)};
+    rt->t.xy = (gemm_exec_xy_tensors){.x = ptr_of(m, op->inputs[0]), .y = ptr_of(m, s->out),
+                                      .mask = op->n_inputs > 1 ? ptr_of(m, op->inputs[1]) : 0};
     return STOF_OK;
+}
+
+static int mask_rows_launch(exec_model *m, const exec_seg_rt *rt, CUstream st,
+                            stof_error *err) {
+    return gemm_exec_mask_rows(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
 }
 
 static int glu_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
@@ -654,6 +684,7 @@ static const exec_launcher launchers[FUSION_T_COUNT] = {
     [FUSION_T_EMBEDDING] = GX(embed_supports, embed_bind, embed_launch, embed_status),
     [FUSION_T_GLU] = GX(glu_supports, xy_bind, glu_launch, NULL),
     [FUSION_T_ROTARY] = GX(rotary_supports, xy_bind, rotary_launch, NULL),
+    [FUSION_T_MASK_ROWS] = GX(mask_rows_supports, xy_bind, mask_rows_launch, NULL),
 };
 
 const exec_launcher *exec_launcher_get(fusion_template_id t) {

@@ -35,7 +35,10 @@ typedef enum graph_init_kind {
     GRAPH_INIT_UNIFORM = 0, /* uniform in [-scale, scale] */
     GRAPH_INIT_ONES,        /* 1 + uniform in [-scale, scale] (norm gains) */
     GRAPH_INIT_ZEROS,
-    GRAPH_INIT_TOKENS       /* integers in [0, high) (token ids) */
+    GRAPH_INIT_TOKENS,      /* integers in [0, high) (token ids) */
+    GRAPH_INIT_PADDING      /* an attention_mask [B, S] (1 = token, 0 = padding): ones when
+                               no file gives it (the input is optional); from a file each
+                               row is ones, then zeros (right padding) */
 } graph_init_kind;
 
 typedef struct graph_tensor {
@@ -77,12 +80,16 @@ typedef enum op_kind {
     OP_ATTENTION, /* masked multi-head attention, see op_attention */
     OP_GLU,       /* gated unit: x [..., 2F] -> act(x[..., :F]) * x[..., F:] (GeGLU, SwiGLU) */
     OP_ROTARY,    /* rotary position embedding of the Q and K parts of a fused QKV tensor */
+    OP_MASK_ROWS, /* x [B, S, ...], mask [B, S] int32 -> x where mask != 0, zeros elsewhere */
     OP_KIND_COUNT
 } op_kind;
 
 /* Masked multi-head attention.
  * Self-attention: inputs {qkv [B, S, 3*H*D] laid out [B, S, 3, H, D]}.
  * Cross-attention: inputs {q [B, Sq, H*D], kv [B, Sk, 2*H*D] laid out [B, Sk, 2, H, D]}.
+ * Optional (self-attention, when padded): an attention_mask [B, S] int32,
+ * each row ones then zeros: keys j >= len_b are masked out and rows
+ * i >= len_b are zeros, len_b the row's count of ones.
  * Optional last input: T5 relative position bias table [buckets, H]; the
  * score bias for (i, j) is table[bucket(j - i), h].
  * Output: [B, Sq, H*D]. */
@@ -97,6 +104,7 @@ typedef struct op_attention {
     int relpos_buckets;
     int relpos_max_distance;
     int relpos_bidirectional;
+    int padded;         /* 1 when the attention_mask input is present (input 1) */
 } op_attention;
 
 /* The activation of an OP_GLU. */

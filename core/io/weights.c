@@ -28,6 +28,7 @@ static inline float weights_raw(const graph_tensor *t, uint64_t key, int64_t i) 
     switch (t->init) {
     case GRAPH_INIT_ZEROS: return 0.0f;
     case GRAPH_INIT_ONES: return 1.0f + t->init_scale * (2.0f * u - 1.0f);
+    case GRAPH_INIT_PADDING: return 1.0f;
     case GRAPH_INIT_TOKENS: {
         int64_t id = (int64_t)(u * (float)t->init_high);
         return (float)(id < t->init_high ? id : t->init_high - 1);
@@ -224,6 +225,8 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         int i = weights_find(f, name, &prefix_len, err);
         if (i == -2)
             return STOF_ERR_FORMAT;
+        if (i < 0 && x->init == GRAPH_INIT_PADDING)
+            return STOF_OK; /* optional: no padding */
         if (i < 0 && x->role == GRAPH_INPUT)
             return err_set(err, STOF_ERR_MISMATCH, "%s: input '%s' missing (a file of inputs "
                            "gives every input of the model; nothing is drawn at random beside "
@@ -249,6 +252,35 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
     return rc;
 }
 
+/* An attention_mask: each row 1s, then 0s (transformers' right padding). A
+ * left-padded or holed row would need a mask of any keys, which the
+ * kernels do not take: refused, naming the row. */
+static int weights_check_padding(const weights_origin *o, const graph_tensor *x,
+                                 const int64_t *v, stof_error *err) {
+    const char *name = o->file->tensors[o->index[0]].name;
+    int64_t seq = x->shape[x->ndim - 1], rows = graph_tensor_numel(x) / seq;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t zero_at = -1;
+        for (int64_t s = 0; s < seq; s++) {
+            int64_t m = v[r * seq + s];
+            if (m != 0 && m != 1)
+                return err_set(err, STOF_ERR_INVALID, "%s: tensor '%s': row %lld holds %lld at "
+                               "position %lld (an attention_mask holds 1 for a token, 0 for "
+                               "padding)", o->file->path, name, (long long)r, (long long)m,
+                               (long long)s);
+            if (m == 0 && zero_at < 0)
+                zero_at = s;
+            if (m == 1 && zero_at >= 0)
+                return err_set(err, STOF_ERR_UNSUPPORTED, "%s: tensor '%s': row %lld has a "
+                               "token at position %lld after padding at %lld: stof takes "
+                               "right padding (each row 1s, then 0s; tokenizer padding_side "
+                               "\"right\")", o->file->path, name, (long long)r, (long long)s,
+                               (long long)zero_at);
+        }
+    }
+    return STOF_OK;
+}
+
 /* Token ids from the file, each in [0, high), as exact floats. */
 static int weights_read_ids(const weights_origin *o, const graph_tensor *x, float *out,
                             stof_error *err) {
@@ -257,6 +289,8 @@ static int weights_read_ids(const weights_origin *o, const graph_tensor *x, floa
     if (!ids)
         return STOF_ERR_NOMEM;
     int rc = safetensors_read_i64(o->file, o->index[0], ids, err);
+    if (!rc && x->init == GRAPH_INIT_PADDING)
+        rc = weights_check_padding(o, x, ids, err);
     for (int64_t i = 0; i < n && !rc; i++) {
         if (ids[i] < 0 || ids[i] >= x->init_high)
             rc = err_set(err, STOF_ERR_INVALID, "%s: tensor '%s': id %lld at index %lld is "

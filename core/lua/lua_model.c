@@ -236,9 +236,9 @@ static luaapi_model *luaapi_self(lua_State *L) {
     return luaL_checkudata(L, 1, LUAAPI_MODEL);
 }
 
-/* m:input(name, shape, {dtype =, high =, scale =}) */
+/* m:input(name, shape, {dtype =, high =, scale =, attention_mask =}) */
 static int luaapi_input(lua_State *L) {
-    static const char *const allowed[] = {"dtype", "high", "scale", NULL};
+    static const char *const allowed[] = {"dtype", "high", "scale", "attention_mask", NULL};
     luaapi_model *m = luaapi_self(L);
     graph_tensor t;
     memset(&t, 0, sizeof t);
@@ -249,6 +249,13 @@ static int luaapi_input(lua_State *L) {
     t.dtype = luaapi_opt_string(L, opts, "dtype", dtype, sizeof dtype, "input")
                   ? luaapi_dtype(L, dtype, 1, "input")
                   : m->dtype;
+    if (luaapi_opt_bool(L, opts, "attention_mask", 0, "input")) {
+        if (t.dtype != STOF_I32 || t.ndim != 2)
+            return luaL_error(L, "input '%s': an attention_mask is int32 [batch, seq]", t.name);
+        t.init = GRAPH_INIT_PADDING;
+        t.init_high = 2;
+        return luaapi_declare(L, &t);
+    }
     int64_t high = luaapi_opt_int(L, opts, "high", 0, 1, INT32_MAX, "input");
     if (t.dtype == STOF_I32 && high == 0)
         return luaL_error(L, "input '%s': int32 inputs need high = the vocabulary size", t.name);
@@ -534,6 +541,20 @@ static int luaapi_glu(lua_State *L) {
     return luaapi_op_push(L, &op);
 }
 
+/* m:mask_rows(x, mask, {name =}): x where mask[b, s] != 0, zeros elsewhere */
+static int luaapi_mask_rows(lua_State *L) {
+    luaapi_self(L);
+    graph_op op;
+    int x = luaapi_check_tensor(L, 2);
+    int mask = luaapi_check_tensor(L, 3);
+    int opts = luaapi_options(L, 4, "mask_rows", luaapi_opts_name);
+    luaapi_op_begin(L, &op, OP_MASK_ROWS, opts, "mask_rows");
+    op.inputs[0] = x;
+    op.inputs[1] = mask;
+    op.n_inputs = 2;
+    return luaapi_op_push(L, &op);
+}
+
 /* m:rotary(qkv, {heads =, head_dim =, theta =, kv_heads =, name =}): RoPE on Q and K */
 static int luaapi_rotary(lua_State *L) {
     static const char *const allowed[] = {"heads", "head_dim", "theta", "kv_heads", "name",
@@ -626,8 +647,8 @@ static int luaapi_attention_mask(lua_State *L, int opts, const graph_op *op) {
 
 /* m:attention(qkv, opts) or m:attention(q, kv, opts) (cross-attention). */
 static int luaapi_attention(lua_State *L) {
-    static const char *const allowed[] = {"heads", "head_dim", "mask",  "causal",
-                                          "scale", "relpos",   "name", NULL};
+    static const char *const allowed[] = {"heads", "head_dim", "mask", "causal", "scale",
+                                          "relpos", "padding", "name", NULL};
     luaapi_self(L);
     graph_op op;
     int cross = luaapi_is_tensor(L, 3);
@@ -649,6 +670,13 @@ static int luaapi_attention(lua_State *L) {
     op.inputs[op.n_inputs++] = first;
     if (cross)
         op.inputs[op.n_inputs++] = second;
+    int padding = luaapi_opt_tensor(L, opts, "padding", "attention");
+    if (padding >= 0 && cross)
+        return luaL_error(L, "attention: padding applies to self-attention only");
+    if (padding >= 0) {
+        a->padded = 1;
+        op.inputs[op.n_inputs++] = padding;
+    }
     luaapi_relpos(L, opts, &op);
     a->mask = luaapi_attention_mask(L, opts, &op);
     return luaapi_op_push(L, &op);
@@ -698,6 +726,7 @@ static const luaL_Reg luaapi_model_methods[] = {
     {"gelu", luaapi_gelu},
     {"relu", luaapi_relu},
     {"glu", luaapi_glu},
+    {"mask_rows", luaapi_mask_rows},
     {"rotary", luaapi_rotary},
     {"softmax", luaapi_softmax},
     {"embedding", luaapi_embedding},

@@ -42,6 +42,11 @@ typedef struct mha_exec_problem {
      * table[bucket(j - i) * heads + h], table [buckets][heads] in dtype. */
     int relpos;
     int relpos_buckets, relpos_max_distance, relpos_bidirectional;
+    /* Run-time padding (self-attention): an attention_mask [batch, q_len] int32
+     * (1 = token, each row ones then zeros) comes with every run
+     * (mha_exec_tensors.pad_mask); keys past a row's length are masked and its
+     * padded rows are zeros. */
+    int padded;
 } mha_exec_problem;
 
 /* Head sizes the kernels are built and tested for. */
@@ -62,6 +67,7 @@ typedef struct mha_exec_config {
     int head_dim;
     stof_dtype dtype;
     int relpos;
+    int padded;                          /* the problem's: -DPADDING=1 */
     int relpos_mid;                      /* block-wise, relpos: the capacity of the shared
                                             table of biases between T5's far runs
                                             (-DRELPOS_MID; 0: none, read from global) */
@@ -129,7 +135,7 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 typedef struct mha_exec_request {
     nvrtc_request req;
     char arch[16];
-    char opts[12][48];
+    char opts[14][48];
 } mha_exec_request;
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
 
@@ -336,6 +342,7 @@ typedef struct mha_exec_tensors {
     int64_t v_batch_stride, v_row_stride;
     int64_t o_batch_stride, o_row_stride;
     CUdeviceptr relpos_table; /* [buckets][heads] in the dtype, when relpos */
+    CUdeviceptr pad_mask;     /* int32 [batch, q_len], when padded */
 } mha_exec_tensors;
 
 /* Self-attention on the QKV GEMM's output qkv [B, S, 3, H, D], o [B, S, H*D]. */

@@ -191,6 +191,7 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
     cfg->head_dim = p->head_dim;
     cfg->dtype = p->dtype;
     cfg->relpos = p->relpos;
+    cfg->padded = p->padded;
     cfg->relpos_mid = relpos_mid_capacity(p);
     cfg->rows_per_warp = force && force->rows_per_warp ? force->rows_per_warp : 1;
     cfg->warps_per_block = force && force->warps_per_block ? force->warps_per_block : 4;

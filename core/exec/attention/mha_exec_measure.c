@@ -19,7 +19,7 @@
 /* Scratch inputs of the problem's shape, batch possibly reduced: packed q,
  * k, v rows of [B, max(Sq, Sk), 3 H D], o [B, Sq, H D]. */
 typedef struct mha_scratch {
-    CUdeviceptr qkv, o;
+    CUdeviceptr qkv, o, pad; /* pad: an attention_mask of ones, when padded */
     int batch;
     mha_exec_tensors t;
 } mha_scratch;
@@ -31,7 +31,9 @@ static void scratch_free(mha_exec_ctx *c, mha_scratch *s) {
         c->drv->MemFree(s->qkv);
     if (s->o)
         c->drv->MemFree(s->o);
-    s->qkv = s->o = 0;
+    if (s->pad)
+        c->drv->MemFree(s->pad);
+    s->qkv = s->o = s->pad = 0;
 }
 
 /* Tiles a host block of uniform [-1, 1) values in the dtype over the
@@ -79,6 +81,14 @@ static int scratch_alloc(mha_exec_ctx *c, const mha_exec_problem *p, mha_scratch
     }
     if (!rc)
         rc = scratch_fill(c, s->qkv, qkv_batch * (size_t)batch, p->dtype, err);
+    /* padded: every token real, the work of the unpadded batch */
+    size_t pad_elems = (size_t)batch * (size_t)p->q_len;
+    if (!rc && p->padded)
+        rc = cuda_check(c->drv, c->drv->MemAlloc(&s->pad, pad_elems * 4),
+                        "cuMemAlloc(scratch attention_mask)", err);
+    if (!rc && p->padded)
+        rc = cuda_check(c->drv, c->drv->MemsetD32Async(s->pad, 1, pad_elems, 0),
+                        "cuMemsetD32Async(scratch attention_mask)", err);
     if (rc) {
         scratch_free(c, s);
         return rc;
@@ -96,6 +106,7 @@ static int scratch_alloc(mha_exec_ctx *c, const mha_exec_problem *p, mha_scratch
     t->o_batch_stride = hd * p->q_len;
     /* the relpos table ([buckets][heads]) reads the start of q: in range */
     t->relpos_table = s->qkv;
+    t->pad_mask = s->pad;
     return STOF_OK;
 }
 

@@ -80,6 +80,7 @@ void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
         a->col_idx = (const stof_i32 *)(uintptr_t)plan->d_col_idx;
     }
     a->relpos_table = (const void *)(uintptr_t)t->relpos_table;
+    a->pad_mask = (const stof_i32 *)(uintptr_t)t->pad_mask;
     a->relpos_bucket = (const stof_i32 *)(uintptr_t)plan->d_relpos_bucket;
     a->q_len = p->q_len;
     a->k_len = p->k_len;
@@ -145,6 +146,9 @@ int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
         (rc = check_tensor("v", t->v, t->v_batch_stride, t->v_row_stride, err)) ||
         (rc = check_tensor("o", t->o, t->o_batch_stride, t->o_row_stride, err)))
         return rc;
+    if (plan->problem.padded && (!t->pad_mask || t->pad_mask % 4))
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: the plan takes an attention_mask but none was given");
     if (plan->problem.relpos && !t->relpos_table)
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the plan has a relative position bias but no table was given");

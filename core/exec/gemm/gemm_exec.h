@@ -3,7 +3,8 @@
  * (kernels/gemm_ln.cu: a GEMM closed by LayerNorm/RMSNorm), gemm_chain
  * (kernels/gemm_chain.cu: two GEMMs through an activation, the FFN),
  * mi_chain (kernels/mi_chain.cu), embedding (kernels/embedding.cu), glu
- * (kernels/glu.cu) and rotary (kernels/rotary.cu) of fusion/templates.h.
+ * (kernels/glu.cu), rotary (kernels/rotary.cu) and mask_rows
+ * (kernels/mask_rows.cu) of fusion/templates.h.
  *
  *   gemm_exec_problem  what one kernel computes: the template, the sizes,
  *                      the epilogue a matched segment carries (fusion_match);
@@ -14,7 +15,8 @@
  *   gemm_exec_plan     a problem and a setting made ready: checked against
  *                      the template's constraints, compiled, loaded;
  *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding /
- *   _glu / _rotary     one launch on a CUstream.
+ *   _glu / _rotary / _mask_rows
+ *                      one launch on a CUstream.
  *
  * The CPU pieces (validation, feasibility, compile requests, argument
  * blocks) need no GPU and are exposed for tests and offline planning. */
@@ -37,14 +39,16 @@
 
 typedef struct gemm_exec_problem {
     fusion_template_id tmpl; /* FUSION_T_GEMM_EPILOGUE, _GEMM_LN, _GEMM_CHAIN,
-                                _MI_CHAIN, _EMBEDDING, _GLU or _ROTARY */
+                                _MI_CHAIN, _EMBEDDING, _GLU, _ROTARY or
+                                _MASK_ROWS */
     stof_dtype dtype;        /* STOF_F16 or STOF_BF16 */
     int64_t m;               /* rows (tokens); embedding: batch * seq_len */
     int64_t n;               /* GEMM output features (gemm_ln: the normalized
                                 row; gemm_chain: the intermediate F); MI row
                                 length; embedding width; glu: the output
                                 width F (the input's is 2F); rotary: the
-                                row (Q, K and V heads) */
+                                row (Q, K and V heads); mask_rows: the
+                                elements of a (batch, position) */
     int64_t k;               /* GEMM reduction */
     int64_t n2;              /* gemm_chain: output features of the second GEMM */
     /* GEMM: bias, act, residual (in that order; no norm). gemm_ln: bias,
@@ -204,9 +208,10 @@ typedef struct gemm_exec_embed_tensors {
     CUdeviceptr out;               /* [M, N] */
 } gemm_exec_embed_tensors;
 
-/* glu: x [M, 2F], y [M, F]; rotary: x, y [M, N]. Packed. */
+/* glu: x [M, 2F], y [M, F]; rotary: x, y [M, N]; mask_rows: x, y [M, N]
+ * and mask int32 [M]. Packed. */
 typedef struct gemm_exec_xy_tensors {
-    CUdeviceptr x, y;
+    CUdeviceptr x, y, mask;
 } gemm_exec_xy_tensors;
 
 /* Fill the argument block (checking pointers and strides) and launch on
@@ -225,6 +230,8 @@ int gemm_exec_glu(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_
                   CUstream s, stof_error *err);
 int gemm_exec_rotary(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                      const gemm_exec_xy_tensors *t, CUstream s, stof_error *err);
+int gemm_exec_mask_rows(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                        const gemm_exec_xy_tensors *t, CUstream s, stof_error *err);
 
 /* The embedding's bad-id flag: synchronizes stream s, reads the flag and
  * clears it. STOF_OK when every id since the last call was in [0, vocab);
@@ -250,5 +257,7 @@ int gemm_exec_glu_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t
                        stof_glu_args *a, stof_error *err);
 int gemm_exec_rotary_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
                           stof_rotary_args *a, stof_error *err);
+int gemm_exec_mask_rows_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                             stof_mask_rows_args *a, stof_error *err);
 
 #endif

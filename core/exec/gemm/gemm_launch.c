@@ -257,6 +257,24 @@ int gemm_exec_rotary_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors
     return STOF_OK;
 }
 
+int gemm_exec_mask_rows_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                             stof_mask_rows_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    const char *what = "mask_rows";
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_MASK_ROWS, err)) ||
+        (rc = check_ptr(what, "x", t->x, err)) || (rc = check_ptr(what, "y", t->y, err)) ||
+        (rc = check_ptr(what, "mask", t->mask, err)))
+        return rc;
+    a->x = PTR(t->x);
+    a->mask = (const int32_t *)PTR(t->mask);
+    a->y = PTR(t->y);
+    a->rows = p->m;
+    a->n = (int32_t)p->n;
+    return STOF_OK;
+}
+
 /* ---- launching ------------------------------------------------------------------------- */
 
 static int launch(gemm_exec_ctx *c, const gemm_exec_plan *plan, void *args, CUstream s,
@@ -359,6 +377,13 @@ int gemm_exec_rotary(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                      const gemm_exec_xy_tensors *t, CUstream s, stof_error *err) {
     stof_rotary_args a;
     int rc = gemm_exec_rotary_args(plan, t, &a, err);
+    return rc ? rc : launch(c, plan, &a, s, err);
+}
+
+int gemm_exec_mask_rows(gemm_exec_ctx *c, const gemm_exec_plan *plan,
+                        const gemm_exec_xy_tensors *t, CUstream s, stof_error *err) {
+    stof_mask_rows_args a;
+    int rc = gemm_exec_mask_rows_args(plan, t, &a, err);
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 

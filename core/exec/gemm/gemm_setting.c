@@ -16,7 +16,7 @@
 static const gemm_template *const gemm_templates[] = {
     &gemm_template_epilogue, &gemm_template_ln,        &gemm_template_chain,
     &gemm_template_mi_chain, &gemm_template_embedding, &gemm_template_glu,
-    &gemm_template_rotary,
+    &gemm_template_rotary,    &gemm_template_mask_rows,
 };
 
 const gemm_template *gemm_template_get(fusion_template_id t) {
@@ -81,7 +81,7 @@ int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err) {
     const gemm_template *row = gemm_template_get(p->tmpl);
     if (!row)
         return err_set(err, STOF_ERR_INVALID, "gemm_exec runs gemm_epilogue, gemm_ln, "
-                       "gemm_chain, mi_chain, embedding, glu and rotary, not template %d (%s)", (int)p->tmpl,
+                       "gemm_chain, mi_chain, embedding, glu, rotary and mask_rows, not template %d (%s)", (int)p->tmpl,
                        gemm_template_name(p->tmpl));
     if (p->dtype != STOF_F16 && p->dtype != STOF_BF16)
         return err_set(err, STOF_ERR_UNSUPPORTED, "%s: dtype %s (f16 or bf16 only)",

@@ -1,7 +1,8 @@
-/* The rows of the two elementwise templates of the newer models: glu
- * (kernels/glu.cu, the gate of a GeGLU / SwiGLU MLP) and rotary
- * (kernels/rotary.cu, rotary position embeddings of a fused QKV tensor).
- * Both are grid-stride loops over chunks of VEC elements, like embedding. */
+/* The rows of the elementwise templates: glu (kernels/glu.cu, the gate of a
+ * GeGLU / SwiGLU MLP), rotary (kernels/rotary.cu, rotary position
+ * embeddings of a fused QKV tensor) and mask_rows (kernels/mask_rows.cu,
+ * zeros at padded positions). Grid-stride loops over chunks of VEC
+ * elements, like embedding. */
 #include <math.h>
 #include <stdio.h>
 
@@ -136,4 +137,43 @@ const gemm_template gemm_template_rotary = {
     .launch_shape = rotary_launch_shape,
     .residual_at = GEMM_RESIDUAL_UNSHOWN,
     .describe_extra = rotary_describe,
+};
+
+/* ---- mask_rows ------------------------------------------------------------------------- */
+
+static int validate_mask_rows(const gemm_exec_problem *p, stof_error *err) {
+    if (p->m < 1 || p->n < 1 || p->n > INT32_MAX)
+        return err_set(err, STOF_ERR_INVALID, "mask_rows: %lld rows of %lld elements",
+                       (long long)p->m, (long long)p->n);
+    return STOF_OK;
+}
+
+static void mask_rows_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
+    (void)arch;
+    grid_stride_defaults(p->n, v);
+}
+
+static void no_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
+                       const char *arch) {
+    (void)r;
+    (void)p;
+    (void)v;
+    (void)arch;
+}
+
+static void mask_rows_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
+    const gemm_exec_problem *p = &plan->problem;
+    grid_stride_shape(c, plan, p->m * (p->n / plan->values[1]));
+}
+
+const gemm_template gemm_template_mask_rows = {
+    .id = FUSION_T_MASK_ROWS,
+    .kernel = STOF_MASK_ROWS_KERNEL,
+    .n_name = "N",
+    .validate = validate_mask_rows,
+    .row_reduce = no_row_reduce,
+    .defaults = mask_rows_defaults,
+    .defines = no_defines,
+    .launch_shape = mask_rows_launch_shape,
+    .residual_at = GEMM_RESIDUAL_UNSHOWN,
 };

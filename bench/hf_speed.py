@@ -10,7 +10,9 @@ model directory once (safetensors, fp16), then times
 
 and checks stof's tuned output against transformers' eager output on the same ids (relative
 error, a sanity check: bench/hf_dirs.py is the parity test). The table gives each in ms and the
-tuned plan's speedup over the best of transformers.
+tuned plan's speedup over the best of transformers. With --padded, the same tuned plan also
+runs a padded batch (lengths drawn from 25-100% of seq, an attention_mask in its inputs): the
+`padded` column and its ratio to the full batch, beside transformers eager on that batch.
 
     python3 bench/hf_speed.py [--stof build/stof] [--shapes 8x512,16x2048,4x8192]
            [--tune-time 60] [--variants eager,compile,compile-ro] [--out bench/out/hf_speed.md]
@@ -35,7 +37,14 @@ def modernbert_base(max_seq):
         tr.ModernBertModel
 
 
-MODELS = {"modernbert-base": modernbert_base}
+def bert_base(max_seq):
+    import transformers as tr
+    # BertConfig's defaults are bert-base's sizes
+    return tr.BertConfig(max_position_embeddings=max(512, max_seq)), \
+        lambda cfg: tr.BertModel(cfg, add_pooling_layer=False)
+
+
+MODELS = {"modernbert-base": modernbert_base, "bert-base": bert_base}
 
 
 def build(name, max_seq, work):
@@ -113,6 +122,21 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
             got = sc.load_output(out).float().cpu()
             want = ref.float().cpu()
             row["rel"] = float((got - want).norm() / want.norm())
+        if args.padded:
+            pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
+            pad_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-padded.safetensors")
+            sc.save_inputs(pad_path, pad_ids, attention_mask=mask)
+            r = sc.stof_run(stof, plan, sc.io_args(inputs=pad_path), args.reps, 600, log_path)
+            row["stof-padded"] = r["graph_ms"]
+            row["tokens"] = float(lengths.sum()) / (batch * seq)
+            with torch.no_grad():
+                am = mask.cuda()
+                row["eager-padded"] = sc.time_ms(
+                    lambda: model(input_ids=pad_ids.cuda(), attention_mask=am).last_hidden_state,
+                    3, args.reps)
+            log(f"  {name} ({batch}, {seq}) padded ({row['tokens']:.0%} tokens): stof "
+                f"{row['stof-padded']:.3f} ms ({row['stof-padded'] / row['stof-tuned']:.2f}x "
+                f"the full batch), transformers eager {row['eager-padded']:.3f} ms")
         log(f"  {name} ({batch}, {seq}) stof tuned   {r['graph_ms']:8.3f} ms "
             f"(tuned in {t['tune_wall_s']:.0f} s, rel {row.get('rel', float('nan')):.1e})")
     except sc.CmdError as e:
@@ -133,17 +157,25 @@ def report(rows, args, stof):
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; fp16, random weights, transformers with SDPA; "
             f"median of {args.reps} runs, ms; stof tuned for {args.tune_time:g} s a shape.")
+    pad = ["stof padded", "padded / full", "eager padded"] if args.padded else []
     lines = [head, "", "| model | (batch, seq) | " + " | ".join(variants) +
-             " | stof default | stof tuned | tuned vs best torch | rel error |",
-             "|---|---|" + "---|" * (len(variants) + 4)]
+             " | stof default | stof tuned | tuned vs best torch | rel error | " +
+             "".join(p + " | " for p in pad),
+             "|---|---|" + "---|" * (len(variants) + 4 + len(pad))]
     for r in rows:
         best = min([r[v] for v in variants if r.get(v)] or [0]) or None
         tuned = r.get("stof-tuned")
         speedup = f"{best / tuned:.2f}x" if best and tuned else "-"
         rel = f"{r['rel']:.1e}" if "rel" in r else r.get("note", "-")
+        cells = ""
+        if args.padded:
+            sp = r.get("stof-padded")
+            ratio = f"{sp / tuned:.2f} ({r['tokens']:.0%} tokens)" if sp and tuned else "-"
+            cells = f" {fmt(sp)} | {ratio} | {fmt(r.get('eager-padded'))} |"
         lines.append(f"| {r['model']} | ({r['batch']}, {r['seq']}) | " +
                      " | ".join(fmt(r.get(v)) for v in variants) +
-                     f" | {fmt(r.get('stof-default'))} | {fmt(tuned)} | {speedup} | {rel} |")
+                     f" | {fmt(r.get('stof-default'))} | {fmt(tuned)} | {speedup} | {rel} |" +
+                     cells)
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +187,8 @@ def main():
     ap.add_argument("--variants", default="eager,compile,compile-ro")
     ap.add_argument("--tune-time", type=float, default=60)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--padded", action="store_true",
+                    help="also a padded batch through the same tuned plan")
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_speed.md"))
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_speed"))
     args = ap.parse_args()

@@ -122,6 +122,8 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
             got = sc.load_output(out).float().cpu()
             want = ref.float().cpu()
             row["rel"] = float((got - want).norm() / want.norm())
+        log(f"  {name} ({batch}, {seq}) stof tuned   {r['graph_ms']:8.3f} ms "
+            f"(tuned in {t['tune_wall_s']:.0f} s, rel {row.get('rel', float('nan')):.1e})")
         if args.padded:
             pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
             pad_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-padded.safetensors")
@@ -137,8 +139,6 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
             log(f"  {name} ({batch}, {seq}) padded ({row['tokens']:.0%} tokens): stof "
                 f"{row['stof-padded']:.3f} ms ({row['stof-padded'] / row['stof-tuned']:.2f}x "
                 f"the full batch), transformers eager {row['eager-padded']:.3f} ms")
-        log(f"  {name} ({batch}, {seq}) stof tuned   {r['graph_ms']:8.3f} ms "
-            f"(tuned in {t['tune_wall_s']:.0f} s, rel {row.get('rel', float('nan')):.1e})")
     except sc.CmdError as e:
         row["note"] = str(e).splitlines()[0][:200]
         log(f"  {name} ({batch}, {seq}) stof: ERROR {row['note']}")

@@ -315,75 +315,15 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
     return check_outputs(a);
 }
 
-/* The first folder that holds the shipped script `name`: $STOF_SCRIPTS_DIR,
- * the scripts installed beside this stof, the install prefix's, the source
- * tree's. */
-static int find_shipped_script(const char *name, char *out, size_t cap) {
-    const char *env = getenv("STOF_SCRIPTS_DIR");
-    /* an installed stof's scripts sit at ../share/stof/scripts from its
-     * bin/, wherever the prefix was moved */
-    char exe[1024], beside[1100] = "";
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(beside, sizeof beside, "%s/../share/stof/scripts", exe);
-        }
-    }
-    const char *dirs[] = {env && env[0] ? env : NULL, beside[0] ? beside : NULL,
-                          STOF_SCRIPTS_INSTALL_DIR, STOF_SCRIPTS_SOURCE_DIR};
-    for (size_t k = 0; k < sizeof dirs / sizeof dirs[0]; k++) {
-        if (!dirs[k])
-            continue;
-        snprintf(out, cap, "%s/%s", dirs[k], name);
-        if (file_exists(out))
-            return 0;
-    }
-    fprintf(stderr, "stof: the script %s is in none of $STOF_SCRIPTS_DIR, %s, %s\n", name,
-            STOF_SCRIPTS_INSTALL_DIR, STOF_SCRIPTS_SOURCE_DIR);
-    return 1;
-}
-
 /* A Hugging Face model directory: its config to the script for its
  * model_type (or --script), which builds the graph. */
 static int load_model_dir(const cli_args *a, graph *g, graph_script *info) {
-    graph_script own;
-    info = info ? info : &own;
-    if (strlen(a->script) >= sizeof info->model_dir) { /* it is recorded whole, or not at all */
-        fprintf(stderr, "stof: the model directory's path is more than %zu characters\n",
-                sizeof info->model_dir - 1);
-        return 1;
-    }
-    model_dir md;
     stof_error err = {0};
-    if (model_dir_open(a->script, &md, &err)) {
+    if (lua_api_build_dir(a->script, a->script_path, a->params, a->n_params, g, info, &err)) {
         fprintf(stderr, "stof: %s\n", err.msg);
         return 1;
     }
-    char path[2048], supported[256];
-    const char *script = a->script_path ? a->script_path : model_dir_script(&md, supported,
-                                                                            sizeof supported);
-    int rc = 0;
-    if (!script) {
-        fprintf(stderr, "stof: %s: model_type '%s' is not one stof has a script for (it has: "
-                "%s); write one (docs/lua-api.md) and give it with --script\n", a->script,
-                md.model_type, supported);
-        rc = 1;
-    } else if (a->script_path) {
-        snprintf(path, sizeof path, "%s", script);
-    } else {
-        rc = find_shipped_script(script, path, sizeof path);
-    }
-    if (!rc && lua_api_build_config(path, a->params, a->n_params, md.config, g, info, &err)) {
-        fprintf(stderr, "stof: %s (the script for %s)\n", err.msg, a->script);
-        rc = 1;
-    }
-    if (!rc && info)
-        snprintf(info->model_dir, sizeof info->model_dir, "%s", a->script);
-    model_dir_free(&md);
-    return rc;
+    return 0;
 }
 
 int cli_load_graph(const cli_args *a, graph *g, graph_script *info) {

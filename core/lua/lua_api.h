@@ -30,6 +30,19 @@ int lua_api_build_config(const char *path, const char *const *params, int n_para
                          const struct cJSON *config, graph *g, graph_script *info,
                          stof_error *err);
 
+/* A Hugging Face model directory (config.json and its weights: core/io/
+ * model_dir.h) to *g: script NULL runs the shipped script for its
+ * model_type (lua_api_find_script), else the given one; either gets the
+ * config as stof.config. info->model_dir records dir. An unsupported
+ * model_type names the supported ones. */
+int lua_api_build_dir(const char *dir, const char *script, const char *const *params,
+                      int n_params, graph *g, graph_script *info, stof_error *err);
+
+/* The path of the shipped script `name`: the first folder that holds it of
+ * $STOF_SCRIPTS_DIR, ../share/stof/scripts beside the running program, the
+ * same beside the library, the install prefix's, the source tree's. */
+int lua_api_find_script(const char *name, char *out, size_t cap, stof_error *err);
+
 /* Same, with the script text given (chunkname is used in messages, e.g.
  * "model.lua"). Helper modules for `require` are looked up in search_dir
  * (may be NULL). */

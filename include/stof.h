@@ -66,16 +66,88 @@ typedef enum stof_dtype {
 STOF_API const char *stof_dtype_name(stof_dtype t);
 STOF_API size_t stof_dtype_size(stof_dtype t);
 
-/* ---- models: a Lua script turned into an operator graph ------------------ */
+/* ---- models: open, inspect, run on the CPU or the GPU, tune ---------------- */
 
 typedef struct stof_model stof_model;
 
-/* Runs SCRIPT (a path) with parameters "key=value" (may be NULL when n == 0). */
+/* Opens a model: PATH is a Lua model script, or a Hugging Face model
+ * directory (config.json + model.safetensors or sharded safetensors with
+ * their index: the shipped script for its model_type builds it, its
+ * weights become the model's). Parameters "key=value" as `stof run --set`
+ * takes them: batch, seq, dtype, mask, ... (params may be NULL when n == 0).
+ * A checkpoint that does not fit is an error naming what is missing. */
+STOF_API int stof_model_open(const char *path, const char *const *params, int n_params,
+                             stof_model **out);
+/* The same (the older name). */
 STOF_API int stof_model_load(const char *script, const char *const *params, int n_params,
                              stof_model **out);
 STOF_API void stof_model_free(stof_model *m);
 STOF_API int stof_model_num_ops(const stof_model *m);
 STOF_API int stof_model_num_tensors(const stof_model *m);
+/* The path of the script that built the model. */
+STOF_API const char *stof_model_script(const stof_model *m);
+
+#define STOF_MAX_DIMS 8
+typedef struct stof_tensor_info {
+    char name[128];
+    stof_dtype dtype;
+    int ndim;
+    int64_t shape[STOF_MAX_DIMS];
+    int optional; /* an input a run may leave out: an attention_mask (then no padding) */
+} stof_tensor_info;
+
+/* The model's inputs (0 .. stof_model_num_inputs - 1) and its output. */
+STOF_API int stof_model_num_inputs(const stof_model *m);
+STOF_API int stof_model_input_info(const stof_model *m, int i, stof_tensor_info *info);
+STOF_API int stof_model_output_info(const stof_model *m, stof_tensor_info *info);
+
+/* Weights from a safetensors file instead (NULL: none, every weight drawn
+ * from the seed), checked against the model first; the model directory's
+ * by default. */
+STOF_API int stof_model_set_weights(stof_model *m, const char *path);
+/* The seed of whatever no file gives (1 by default). */
+STOF_API void stof_model_set_seed(stof_model *m, uint64_t seed);
+
+/* An input of a run by name: host memory for stof_model_run_cpu (int32 for
+ * int32 inputs, float32 for the others), device memory in the input's own
+ * dtype for stof_model_run. Contiguous, in the shape stof_model_input_info
+ * gives. An input that is optional may be left out. */
+typedef struct stof_tensor_ref {
+    const char *name;
+    const void *data;
+} stof_tensor_ref;
+
+/* The fp32 CPU reference on host inputs; output: host memory for the
+ * output's elements as fp32. Token ids outside the vocabulary and an
+ * attention_mask that is not right-padded are errors naming the element. */
+STOF_API int stof_model_run_cpu(stof_model *m, const stof_tensor_ref *inputs, int n_inputs,
+                                float *output);
+
+/* Prepares the model on GPU `device`: its plan (tuned or loaded), else the
+ * default scheme; compiles the kernels and uploads the weights. The first
+ * stof_model_run does it on device 0 when not called. */
+STOF_API int stof_model_to_device(stof_model *m, int device);
+/* One forward pass on device tensors: inputs by name (device pointers),
+ * output a device pointer to the output's elements in the model's dtype.
+ * Ordered after the work queued on `stream` (a CUstream; NULL: the legacy
+ * default stream) and before what is queued there next; the call returns
+ * once the pass is done and its inputs checked (a token id outside the
+ * vocabulary is an error naming it). */
+STOF_API int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_inputs,
+                            void *output, void *stream);
+
+/* Tuning, as `stof tune`: the fusion schemes and kernel settings measured on
+ * GPU `device` for up to time_limit_s seconds (0: until the search ends).
+ * progress (may be NULL) is called as it goes with the search's stage, the
+ * settings measured and the best forward latency so far (ms, 0 before the
+ * first). The plan is kept for the next runs and stof_model_save_plan. */
+typedef void (*stof_progress_fn)(const char *stage, long measured, double best_ms, void *ud);
+STOF_API int stof_model_tune(stof_model *m, int device, double time_limit_s,
+                             stof_progress_fn progress, void *ud);
+/* A plan file written by `stof tune` or stof_model_save_plan, checked
+ * against the model (its script, parameters and graph). */
+STOF_API int stof_model_load_plan(stof_model *m, const char *path);
+STOF_API int stof_model_save_plan(const stof_model *m, const char *path);
 
 /* Runs the fp32 CPU reference with weights drawn from SEED; writes the
  * output's element count and a checksum (sum of values, sum of squares). */

@@ -1,6 +1,7 @@
 /* The public C API (include/stof.h) as a user calls it: models, masks,
  * errors, and the GPU entry points failing cleanly where no GPU answers. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,88 @@ static void test_model(void) {
     CHECK_EQ_INT(stof_model_load("/nonexistent/model.lua", NULL, 0, &m), STOF_ERR_IO);
     CHECK(m == NULL);
     CHECK_CONTAINS(stof_last_error(), "model.lua");
+}
+
+/* A padded encoder through the model API on the CPU: what it takes and
+ * gives, a padded batch against the same sequences alone, every error. */
+static void test_model_io(void) {
+    enum { B = 2, S = 16, H = 512 };
+    const char *params[] = {"preset=small", "batch=2", "seq=16", "layers=1", "padding=true",
+                            "mask=none", "dtype=fp32"};
+    stof_model *m = NULL;
+    int rc = stof_model_open(STOF_SOURCE_DIR "/scripts/bert.lua", params, 7, &m);
+    CHECK_MSG(rc == STOF_OK, "%s", stof_last_error());
+    if (rc)
+        return;
+    CHECK_EQ_INT(stof_model_num_inputs(m), 2);
+    stof_tensor_info in0, in1, out;
+    CHECK_EQ_INT(stof_model_input_info(m, 0, &in0), STOF_OK);
+    CHECK_EQ_INT(stof_model_input_info(m, 1, &in1), STOF_OK);
+    CHECK(strcmp(in0.name, "input_ids") == 0 && in0.dtype == STOF_I32 && !in0.optional &&
+          in0.ndim == 2 && in0.shape[0] == B && in0.shape[1] == S);
+    CHECK(strcmp(in1.name, "attention_mask") == 0 && in1.optional);
+    CHECK_EQ_INT(stof_model_input_info(m, 2, &in0), STOF_ERR_INVALID);
+    CHECK_EQ_INT(stof_model_output_info(m, &out), STOF_OK);
+    CHECK(out.ndim == 3 && out.shape[2] == H && out.dtype == STOF_F32);
+    CHECK(strstr(stof_model_script(m), "bert.lua") != NULL);
+
+    int32_t ids[B * S], mask[B * S];
+    for (int i = 0; i < B * S; i++) {
+        ids[i] = (i * 37 + 11) % 1000;
+        mask[i] = i < S || i % S < 5; /* row 0 whole, row 1 five tokens */
+    }
+    float *full = malloc(sizeof(float) * B * S * H), *padded = malloc(sizeof(float) * B * S * H);
+    stof_tensor_ref only_ids[] = {{"input_ids", ids}};
+    stof_tensor_ref both[] = {{"input_ids", ids}, {"attention_mask", mask}};
+    CHECK_MSG(stof_model_run_cpu(m, only_ids, 1, full) == STOF_OK, "%s", stof_last_error());
+    CHECK_MSG(stof_model_run_cpu(m, both, 2, padded) == STOF_OK, "%s", stof_last_error());
+    /* row 0 is whole in both; row 1's five tokens see only each other: not
+     * what they saw unpadded; its padded positions are zeros */
+    CHECK(memcmp(full, padded, sizeof(float) * S * H) == 0);
+    int zeros = 1, differs = 0;
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < H; h++) {
+            float v = padded[(S + s) * H + h];
+            if (s >= 5)
+                zeros &= v == 0.0f;
+            else
+                differs |= v != full[(S + s) * H + h];
+        }
+    CHECK(zeros && differs);
+
+    stof_tensor_ref wrong[] = {{"ids", ids}};
+    CHECK_EQ_INT(stof_model_run_cpu(m, wrong, 1, full), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "'ids' is not an input of the model (its inputs: "
+                                      "input_ids, attention_mask)");
+    stof_tensor_ref just_mask[] = {{"attention_mask", mask}};
+    CHECK_EQ_INT(stof_model_run_cpu(m, just_mask, 1, full), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "input 'input_ids' is missing");
+    stof_tensor_ref twice[] = {{"input_ids", ids}, {"input_ids", ids}};
+    CHECK_EQ_INT(stof_model_run_cpu(m, twice, 2, full), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "given twice");
+    ids[S + 3] = 30522;
+    CHECK_EQ_INT(stof_model_run_cpu(m, both, 2, full), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "30522 at index 19 (row 1, position 3) is outside");
+    ids[S + 3] = 3;
+    mask[S + 9] = 1; /* a token after padding */
+    CHECK_EQ_INT(stof_model_run_cpu(m, both, 2, full), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(stof_last_error(), "row 1 has a token at position 9 after padding");
+    CHECK_EQ_INT(stof_model_save_plan(m, "never.json"), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "no plan to save");
+    CHECK_EQ_INT(stof_model_set_weights(m, "/nonexistent.safetensors"), STOF_ERR_IO);
+    CHECK_EQ_INT(stof_model_load_plan(m, "/nonexistent.json"), STOF_ERR_IO);
+
+    /* the GPU half: runs where a GPU answers, says why where none does */
+    stof_device_info info;
+    if (stof_device_query(0, &info) != STOF_OK) {
+        CHECK_EQ_INT(stof_model_to_device(m, 0), STOF_ERR_NO_DEVICE);
+        CHECK_EQ_INT(stof_model_tune(m, 0, 1.0, NULL, NULL), STOF_ERR_NO_DEVICE);
+        printf("test_api: no GPU (%s): stof_model_run and stof_model_tune checked on the "
+               "device only\n", stof_last_error());
+    }
+    free(full);
+    free(padded);
+    stof_model_free(m);
 }
 
 static void test_masks(void) {
@@ -73,6 +156,7 @@ static void test_gpu_entry_points(void) {
 int main(void) {
     CHECK(strcmp(stof_version(), STOF_VERSION_STRING) == 0);
     test_model();
+    test_model_io();
     test_masks();
     test_gpu_entry_points();
     return check_summary("test_api");

@@ -15,6 +15,7 @@
 #include "core/io/weights.h"
 #include "core/lua/lua_api.h"
 #include "core/ref/ref.h"
+#include "stof.h"
 
 #define WORK STOF_BINARY_DIR "/tests/model_dir/"
 
@@ -244,6 +245,49 @@ static void export_dir(const graph *g, uint64_t seed, const char *dir, const cha
         free(data[k]);
 }
 
+/* The public API opens the directory as the CLI does: the same output from
+ * the same inputs (the ones seed 5 gives) and the directory's weights. */
+static void check_api_open(const char *dir, const char *const *params, int n_params,
+                           const graph *g, const float *want) {
+    stof_model *m = NULL;
+    int rc = stof_model_open(dir, params, n_params, &m);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", dir, stof_last_error());
+    if (rc)
+        return;
+    stof_tensor_ref in[4];
+    void *bufs[4] = {0};
+    int n = 0;
+    for (int t = 0; t < g->n_tensors && n < 4; t++) {
+        const graph_tensor *x = &g->tensors[t];
+        if (x->role != GRAPH_INPUT)
+            continue;
+        int64_t numel = graph_tensor_numel(x);
+        float *v = malloc(sizeof *v * (size_t)numel);
+        weights_fill(x, 5, v);
+        if (x->dtype == STOF_I32) {
+            int32_t *ids = malloc(sizeof *ids * (size_t)numel);
+            for (int64_t i = 0; i < numel; i++)
+                ids[i] = (int32_t)v[i];
+            free(v);
+            bufs[n] = ids;
+        } else {
+            bufs[n] = v;
+        }
+        in[n] = (stof_tensor_ref){x->name, bufs[n]};
+        n++;
+    }
+    int64_t numel = graph_tensor_numel(&g->tensors[g->output]);
+    float *got = malloc(sizeof *got * (size_t)numel);
+    rc = stof_model_run_cpu(m, in, n, got);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", dir, stof_last_error());
+    CHECK_MSG(rc || memcmp(got, want, sizeof *got * (size_t)numel) == 0,
+              "%s: the API's output differs", dir);
+    free(got);
+    for (int k = 0; k < n; k++)
+        free(bufs[k]);
+    stof_model_free(m);
+}
+
 /* The script of config's model_type builds the graph from config.json; the
  * directory's weights (sharded or not, under a prefix) give the same output
  * as the same values seeded. */
@@ -288,6 +332,8 @@ static void check_dir_model(const char *name, const char *config, const char *sc
     for (int64_t i = 0; same && i < n; i++)
         same = want[i] == got[i];
     CHECK_MSG(same, "%s: the directory's weights give another output", name);
+    if (got)
+        check_api_open(dir, params, 3, &g, got);
     free(want);
     free(got);
     safetensors_close(f);

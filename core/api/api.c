@@ -6,9 +6,6 @@
 #include "core/api/api_internal.h"
 #include "core/gpu/device.h"
 #include "core/base/error.h"
-#include "core/graph/graph.h"
-#include "core/lua/lua_api.h"
-#include "core/ref/ref.h"
 #include "ops/mask.h"
 
 #ifndef STOF_COMMIT
@@ -29,61 +26,6 @@ int api_remember(int rc, const stof_error *err) {
 
 const char *stof_last_error(void) {
     return t_last.msg;
-}
-
-struct stof_model {
-    graph g;
-    graph_script script;
-};
-
-int stof_model_load(const char *script, const char *const *params, int n_params,
-                    stof_model **out) {
-    stof_error err = {0};
-    *out = NULL;
-    stof_model *m = err_calloc(1, sizeof *m, &err);
-    if (!m)
-        return api_remember(STOF_ERR_NOMEM, &err);
-    graph_init(&m->g);
-    int rc = lua_api_build(script, params, n_params, &m->g, &m->script, &err);
-    if (rc) {
-        graph_free(&m->g);
-        free(m);
-        return api_remember(rc, &err);
-    }
-    *out = m;
-    return api_remember(STOF_OK, &err);
-}
-
-void stof_model_free(stof_model *m) {
-    if (!m)
-        return;
-    graph_free(&m->g);
-    free(m);
-}
-
-int stof_model_num_ops(const stof_model *m) {
-    return m->g.n_ops;
-}
-
-int stof_model_num_tensors(const stof_model *m) {
-    return m->g.n_tensors;
-}
-
-int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum, double *sum_sq,
-                             int64_t *n_elements) {
-    stof_error err = {0};
-    ref_values rv;
-    weights_source src = weights_source_seeded(seed);
-    int rc = ref_values_init(&m->g, &src, &rv, &err);
-    if (rc == STOF_OK)
-        rc = ref_execute(&m->g, &rv, &err);
-    if (rc == STOF_OK) {
-        const graph_tensor *out = &m->g.tensors[m->g.output];
-        *n_elements = graph_tensor_numel(out);
-        ref_checksum(rv.data[m->g.output], *n_elements, sum, sum_sq);
-    }
-    ref_values_free(&rv);
-    return api_remember(rc, &err);
 }
 
 static int wrap_mask(int rc, mask *built, stof_mask **out, stof_error *err) {

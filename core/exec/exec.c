@@ -632,3 +632,63 @@ void exec_compare(const float *got, const float *ref, int64_t n, exec_diff *d) {
     if (d->n_nonfinite)
         d->rel_error = INFINITY;
 }
+
+/* ---- runs on the caller's tensors -------------------------------------------------------- */
+
+/* `later` waits, on the device, for what is queued on `earlier` so far. */
+static int order_streams(const cuda_driver *drv, CUstream earlier, CUstream later,
+                         stof_error *err) {
+    CUevent ev;
+    int rc = cuda_check(drv, drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+                        err);
+    if (rc)
+        return rc;
+    rc = cuda_check(drv, drv->EventRecord(ev, earlier), "cuEventRecord", err);
+    if (!rc)
+        rc = cuda_check(drv, drv->StreamWaitEvent(later, ev, 0), "cuStreamWaitEvent", err);
+    drv->EventDestroy(ev); /* released once the wait is done */
+    return rc;
+}
+
+static int copy_input(exec_model *m, const exec_io *io, stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    const graph_tensor *t = &m->plan->g->tensors[io->tensor];
+    size_t bytes = graph_tensor_bytes(t);
+    if (io->data)
+        return cuda_check(drv, drv->MemcpyDtoDAsync(m->ptr[io->tensor], io->data, bytes,
+                                                    m->stream),
+                          "cuMemcpyDtoDAsync(input)", err);
+    if (t->init != GRAPH_INIT_PADDING)
+        return err_set(err, STOF_ERR_INVALID, "input '%s' is needed (only an attention_mask "
+                       "may be left out)", t->name);
+    return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], 1, bytes / 4, m->stream),
+                      "cuMemsetD32Async(attention_mask: no padding)", err);
+}
+
+int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, CUstream caller,
+                      stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    const graph *g = m->plan->g;
+    int rc = cuda_check(drv, drv->CtxSetCurrent(m->ctx->gemm->cu), "cuCtxSetCurrent", err);
+    if (!rc)
+        rc = order_streams(drv, caller, m->stream, err);
+    for (int i = 0; !rc && i < n; i++)
+        rc = copy_input(m, &in[i], err);
+    if (!rc)
+        rc = exec_model_capture(m, err);
+    if (!rc)
+        rc = replay_async(m, err);
+    if (!rc)
+        rc = sync_stream(m, err);
+    for (int s = 0; !rc && s < m->plan->n_segs; s++)
+        if (m->rt[s].launcher->status)
+            rc = m->rt[s].launcher->status(m, &m->rt[s], err);
+    if (!rc)
+        rc = cuda_check(drv, drv->MemcpyDtoDAsync(out, m->ptr[g->output],
+                                                  graph_tensor_bytes(&g->tensors[g->output]),
+                                                  m->stream),
+                        "cuMemcpyDtoDAsync(output)", err);
+    if (!rc)
+        rc = order_streams(drv, m->stream, caller, err);
+    return rc;
+}

@@ -328,6 +328,21 @@ int exec_model_profile(exec_model *m, int reps, double *seg_ms, stof_error *err)
  * NULL) and by CUDA graph replay (graph_ms, may be NULL). */
 int exec_model_measure(exec_ctx *c, const exec_plan *p, uint64_t seed, int reps,
                        double *eager_ms, double *graph_ms, float *output, stof_error *err);
+/* One forward pass on the caller's device tensors: inputs[i] (device
+ * pointers in each input's dtype, contiguous) copied into the model's own
+ * input buffers, the captured forward pass replayed, the output copied to
+ * out (the model's dtype), all ordered after the work already on `caller`
+ * and before what is queued there next (events, no host wait in between).
+ * An input with no pointer (0) must be one that can be left out (an
+ * attention_mask: then all ones, no padding). Returns once the pass is done
+ * and its inputs checked (a token id outside the vocabulary is an error). */
+typedef struct exec_io {
+    int tensor;       /* a graph input's index */
+    CUdeviceptr data; /* 0: left out */
+} exec_io;
+int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, CUstream caller,
+                      stof_error *err);
+
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);
 

@@ -39,6 +39,7 @@
     X(MemcpyDtoH, "cuMemcpyDtoH", cuMemcpyDtoH)                           \
     X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync", cuMemcpyHtoDAsync)            \
     X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync", cuMemcpyDtoHAsync)            \
+    X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync", cuMemcpyDtoDAsync)            \
     X(MemsetD8Async, "cuMemsetD8Async", cuMemsetD8Async)                  \
     X(MemsetD16Async, "cuMemsetD16Async", cuMemsetD16Async)               \
     X(MemsetD32Async, "cuMemsetD32Async", cuMemsetD32Async)               \
@@ -55,6 +56,7 @@
     X(StreamCreate, "cuStreamCreate", cuStreamCreate)                     \
     X(StreamDestroy, "cuStreamDestroy", cuStreamDestroy)                  \
     X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)      \
+    X(StreamWaitEvent, "cuStreamWaitEvent", cuStreamWaitEvent)            \
     X(StreamBeginCapture, "cuStreamBeginCapture", cuStreamBeginCapture)   \
     X(StreamEndCapture, "cuStreamEndCapture", cuStreamEndCapture)         \
     X(GraphInstantiate, "cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags) \

@@ -3,7 +3,7 @@
 Models: bert-small (stof preset small), bert-base, bert-large (BigBird mask), gpt2 (causal, and
 causal AND BigBird), t5-base (BigBird on the encoder; causal decoder); shapes (batch, seq) in
 (1, 128), (8, 512), (16, 2048); fp16; the same seeded weights and token ids everywhere; the
-BigBird mask is stof's default (python/stof.py builds it, so PyTorch gets exactly stof's mask).
+BigBird mask is stof's default (python/stof builds it, so PyTorch gets exactly stof's mask).
 
 Per case:
   stof tuned    `stof tune -o plan.json --time-limit T`, then `stof run plan.json` on the saved
@@ -287,7 +287,7 @@ def run_case(args, stof, st, model, mask, batch, seq):
             row["mask_density"] = dense.float().mean().item()
     except Exception as e:  # libstof not loadable: no PyTorch numbers for this case
         dense, mask_error = None, "mask: " + short_error(e)
-        log(f"    stof's mask through python/stof.py: {mask_error}")
+        log(f"    stof's mask through python/stof: {mask_error}")
     ref = None
     for variant, short in VARIANTS:
         if variant not in args.runs:

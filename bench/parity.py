@@ -8,7 +8,7 @@ of a fp32 reference on the same fp16-rounded weights:
 
   - dense cases (mask=none; GPT-2 is causal, T5's decoder causal): the transformers model itself;
   - masked cases (BigBird; for GPT-2 causal AND BigBird; for T5 on the encoder): the plain-torch
-    forward of bench/torch_models.py with SDPA and stof's own mask (python/stof.py), after that
+    forward of bench/torch_models.py with SDPA and stof's own mask (python/stof), after that
     forward has been checked against transformers in dense mode (row "torch ref vs HF").
 
 Pass: relative error ||a - b|| / ||b|| < 1e-2 and no non-finite value. Rows marked "context"

@@ -174,13 +174,13 @@ def stof_commit(stof):
     return "?"
 
 
-# ---- masks through libstof (python/stof.py) ---------------------------------------------------
+# ---- masks through libstof (python/stof) ------------------------------------------------------
 
 _binding = None
 
 
 def binding(stof):
-    """python/stof.py, with $STOF_LIB pointing at the libstof.so beside the stof binary
+    """python/stof, with $STOF_LIB pointing at the libstof.so beside the stof binary
     unless it is already set."""
     global _binding
     if _binding is None:
@@ -189,7 +189,7 @@ def binding(stof):
             if os.path.exists(lib):
                 os.environ["STOF_LIB"] = lib
         sys.path.insert(0, os.path.join(ROOT, "python"))
-        import stof as mod  # noqa: E402  (python/stof.py)
+        import stof as mod  # noqa: E402  (python/stof)
         _binding = mod
     return _binding
 

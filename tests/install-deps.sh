@@ -11,6 +11,9 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc)
 for pkg in liblua5.4-dev libcjson-dev pkg-config; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# the Python package's tests install it into a virtual environment
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

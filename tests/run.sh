@@ -15,3 +15,10 @@ export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
 export STOF_CACHE_DIR="$PWD/$build/kernel-cache"
 ctest --test-dir "$build" --output-on-failure -j 2
+
+# The Python package as a user installs it (pip install ., scikit-build-core driving the same
+# CMake build), and its tests (tests/python: CPU always, the GPU part where torch sees one).
+venv="$PWD/$build/venv"
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q ".[test]"
+(cd "$build" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q "$OLDPWD/tests/python")

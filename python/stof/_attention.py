@@ -1,56 +1,10 @@
-"""ctypes binding of libstof for PyTorch users: masks and fused masked attention.
-
-    import torch, stof
-    ctx = stof.Context()
-    mask = stof.Mask.pattern("bigbird", q_len=4096)
-    attn = ctx.attention(batch=16, heads=12, head_dim=64, q_len=4096, mask=mask)
-    out = attn(qkv)          # qkv: [B, S, 3*H*D] fp16/bf16 CUDA tensor (packed Q, K, V)
-
-The library is found through $STOF_LIB, else build/libstof.so beside this folder. Kernels
-compile in parallel in helper processes when the `stof` command sits beside the library (or
-$STOF_COMPILE_WORKER names one; "0" turns that off).
-"""
+"""Masks and fused masked attention for PyTorch tensors (see the package's docstring)."""
 import ctypes
 import math
-import os
+
+from ._lib import StofError, _check, _lib
 
 _F16, _BF16 = 1, 2
-
-
-class StofError(RuntimeError):
-    pass
-
-
-def _find_library():
-    env = os.environ.get("STOF_LIB")
-    if env:
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    for build in ("build", "build-gpu", "build-bench"):
-        path = os.path.join(here, "..", build, "libstof.so")
-        if os.path.exists(path):
-            return path
-    return "libstof.so"
-
-
-def _use_compile_worker(lib_path):
-    # NVRTC compiles one program at a time per process: the library hands
-    # compiles to `stof __nvrtc-worker` processes when it knows the command
-    exe = os.path.join(os.path.dirname(os.path.abspath(lib_path)), "stof")
-    if "STOF_COMPILE_WORKER" not in os.environ and os.access(exe, os.X_OK):
-        os.environ["STOF_COMPILE_WORKER"] = exe
-
-
-_use_compile_worker(_find_library())
-_lib = ctypes.CDLL(_find_library())
-_lib.stof_last_error.restype = ctypes.c_char_p
-_lib.stof_version.restype = ctypes.c_char_p
-_lib.stof_mask_density.restype = ctypes.c_double
-
-
-def _check(rc):
-    if rc != 0:
-        raise StofError(_lib.stof_last_error().decode())
 
 
 class DeviceInfo(ctypes.Structure):

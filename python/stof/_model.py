@@ -1,0 +1,245 @@
+"""Whole models: a Hugging Face model directory or a Lua script, run on the CPU reference (numpy)
+or on the GPU (torch CUDA tensors), tuned, saved and loaded as plans."""
+import ctypes
+import json
+import os
+import sys
+
+from ._lib import StofError, _check, _lib
+
+_DTYPES = {0: "fp32", 1: "fp16", 2: "bf16", 3: "int32"}
+
+
+class _TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 128), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 8), ("optional", ctypes.c_int)]
+
+
+class _TensorRef(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p)]
+
+
+_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_long, ctypes.c_double,
+                             ctypes.c_void_p)
+
+
+class TensorSpec:
+    """An input or the output: name, dtype ("int32", "fp16", ...), shape, optional."""
+
+    def __init__(self, info):
+        self.name = info.name.decode()
+        self.dtype = _DTYPES.get(info.dtype, "?")
+        self.shape = tuple(info.shape[i] for i in range(info.ndim))
+        self.optional = bool(info.optional)
+
+    def __repr__(self):
+        opt = ", optional" if self.optional else ""
+        return f"TensorSpec({self.name!r}, {self.dtype}, {list(self.shape)}{opt})"
+
+
+def _param_list(params):
+    items = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        items.append(f"{key}={value}".encode())
+    arr = (ctypes.c_char_p * max(1, len(items)))(*items)
+    return arr, len(items)
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+class Model:
+    """A model ready to run.
+
+        m = stof.Model.from_pretrained("my-bert/", batch=8, seq=512)   # config.json + safetensors
+        y = m(input_ids, attention_mask=mask)   # numpy in: CPU reference; torch CUDA in: the GPU
+        m.tune(time_limit=60); m.save_plan("bert.plan.json")
+        m2 = stof.Model.from_plan("bert.plan.json")
+
+    Inputs are [batch, seq] token ids (int) and, for the encoders read from a directory, an
+    optional attention_mask of the same shape (1 = token, 0 = padding; each row right-padded).
+    The output has the model's (batch, seq, hidden) whatever the padding; it is zero at padded
+    positions."""
+
+    def __init__(self, path, **params):
+        arr, n = _param_list(params)
+        h = ctypes.c_void_p()
+        _check(_lib.stof_model_open(os.fsencode(path), arr, n, ctypes.byref(h)))
+        self._h = h
+        self.path = path
+        self.params = {k: v for k, v in params.items() if v is not None}
+
+    @classmethod
+    def from_pretrained(cls, path, batch=8, seq=512, mask=None, dtype="fp16", **params):
+        """A Hugging Face model directory (config.json and model.safetensors, or shards with
+        their index), with its own weights; the sizes to run it at. mask: a sparse pattern
+        for the attention (the model's own when None); other keys as `stof run --set`."""
+        return cls(path, batch=batch, seq=seq, mask=mask, dtype=dtype, **params)
+
+    @classmethod
+    def from_script(cls, path, **params):
+        """A Lua model script (scripts/bert.lua, or one of yours) with its parameters."""
+        return cls(path, **params)
+
+    @classmethod
+    def from_plan(cls, path, weights=None):
+        """The model a plan (from `stof tune` or Model.save_plan) was made for, with the plan:
+        its script or model directory and parameters. weights: a model directory or a
+        safetensors file to take the weights from instead."""
+        with open(path) as f:
+            script = json.load(f).get("script", {})
+        source = script.get("model_dir") or script.get("path")
+        if not source:
+            raise StofError(f"{path}: the plan names no model directory or script path")
+        model = cls(source, **script.get("params", {}))
+        if weights is not None:
+            model.set_weights(weights)
+        model.load_plan(path)
+        return model
+
+    # ---- what it takes and gives ----
+
+    @property
+    def inputs(self):
+        out = []
+        for i in range(_lib.stof_model_num_inputs(self._h)):
+            info = _TensorInfo()
+            _check(_lib.stof_model_input_info(self._h, i, ctypes.byref(info)))
+            out.append(TensorSpec(info))
+        return out
+
+    @property
+    def output(self):
+        info = _TensorInfo()
+        _check(_lib.stof_model_output_info(self._h, ctypes.byref(info)))
+        return TensorSpec(info)
+
+    @property
+    def script(self):
+        return _lib.stof_model_script(self._h).decode()
+
+    def __repr__(self):
+        ins = ", ".join(f"{t.name} {list(t.shape)}" for t in self.inputs)
+        return f"stof.Model({self.path!r}: {ins} -> {list(self.output.shape)} {self.output.dtype})"
+
+    # ---- weights, plans, tuning ----
+
+    def set_weights(self, path):
+        """Weights from a safetensors file, or a model directory's."""
+        if os.path.isdir(path):
+            single = os.path.join(path, "model.safetensors")
+            if not os.path.exists(single):
+                raise StofError(f"{path}: weights from a directory are read from its "
+                                "model.safetensors (open the directory itself for shards)")
+            path = single
+        _check(_lib.stof_model_set_weights(self._h, os.fsencode(path)))
+
+    def load_plan(self, path):
+        _check(_lib.stof_model_load_plan(self._h, os.fsencode(path)))
+
+    def save_plan(self, path):
+        _check(_lib.stof_model_save_plan(self._h, os.fsencode(path)))
+
+    def tune(self, time_limit=60.0, device=0, progress=True):
+        """Searches fusion schemes and kernel settings on the GPU for up to time_limit
+        seconds; the plan is kept for the next runs (and save_plan). progress: a line that
+        updates as it goes (on stderr), False for none, or a function(stage, measured,
+        best_ms)."""
+        if progress is True:
+            def show(stage, measured, best_ms):
+                best = f"{best_ms:.3f} ms" if best_ms > 0 else "-"
+                sys.stderr.write(f"\rtuning: {stage:8s} {measured:6d} settings measured, "
+                                 f"best forward {best}\033[K")
+                sys.stderr.flush()
+            fn = show
+        else:
+            fn = progress or None
+        cb = _PROGRESS(lambda s, n, b, ud: fn(s.decode(), n, b)) if fn else _PROGRESS()
+        try:
+            _check(_lib.stof_model_tune(self._h, device, ctypes.c_double(time_limit), cb, None))
+        finally:
+            if progress is True:
+                sys.stderr.write("\n")
+
+    def to(self, device=0):
+        """Prepares the model on a GPU (kernels compiled, weights uploaded); the first GPU
+        call does it on device 0 otherwise."""
+        if isinstance(device, str):
+            device = int(device.split(":")[1]) if ":" in device else 0
+        _check(_lib.stof_model_to_device(self._h, device))
+        return self
+
+    # ---- running ----
+
+    def __call__(self, input_ids, attention_mask=None, **inputs):
+        given = {"input_ids": input_ids, **inputs}
+        if attention_mask is not None:
+            given["attention_mask"] = attention_mask
+        if any(_is_torch(v) and v.is_cuda for v in given.values()):
+            return self._run_gpu(given)
+        return self._run_cpu(given)
+
+    def _specs(self, given):
+        specs = {t.name: t for t in self.inputs}
+        for name in given:
+            if name not in specs:
+                raise StofError(f"'{name}' is not an input of the model (its inputs: "
+                                f"{', '.join(specs)})")
+        for name, spec in specs.items():
+            if name in given and tuple(given[name].shape) != spec.shape:
+                raise StofError(f"input '{name}' has shape {list(given[name].shape)}, the "
+                                f"model takes {list(spec.shape)} (its batch and seq)")
+        return specs
+
+    def _run_cpu(self, given):
+        import numpy as np
+        torch_out = any(_is_torch(v) for v in given.values())
+        arrays = {k: np.asarray(v.cpu().numpy() if _is_torch(v) else v) for k, v in given.items()}
+        specs = self._specs(arrays)
+        keep, refs = [], []
+        for name, a in arrays.items():
+            want = np.int32 if specs[name].dtype == "int32" else np.float32
+            a = np.ascontiguousarray(a, dtype=want)
+            keep.append(a)
+            refs.append(_TensorRef(name.encode(), a.ctypes.data))
+        out = np.empty(self.output.shape, dtype=np.float32)
+        arr = (_TensorRef * len(refs))(*refs)
+        _check(_lib.stof_model_run_cpu(self._h, arr, len(refs),
+                                       out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
+        if torch_out:
+            import torch
+            return torch.from_numpy(out)
+        return out
+
+    def _run_gpu(self, given):
+        import torch
+        specs = self._specs(given)
+        device = next(v.device for v in given.values() if _is_torch(v) and v.is_cuda)
+        keep, refs = [], []
+        for name, t in given.items():
+            want = torch.int32 if specs[name].dtype == "int32" else \
+                {"fp16": torch.float16, "bf16": torch.bfloat16}[specs[name].dtype]
+            t = torch.as_tensor(t).to(device=device, dtype=want).contiguous()
+            keep.append(t)
+            refs.append(_TensorRef(name.encode(), t.data_ptr()))
+        spec = self.output
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(spec.dtype)
+        if dtype is None:
+            raise StofError(f"the GPU runs fp16 or bf16 models, this one is {spec.dtype} "
+                            "(give dtype='fp16' or 'bf16')")
+        out = torch.empty(spec.shape, dtype=dtype, device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        arr = (_TensorRef * len(refs))(*refs)
+        _check(_lib.stof_model_run(self._h, arr, len(refs), ctypes.c_void_p(out.data_ptr()),
+                                   ctypes.c_void_p(stream)))
+        return out
+
+    def __del__(self):
+        if getattr(self, "_h", None) and _lib:
+            _lib.stof_model_free(self._h)
+            self._h = None

@@ -1,0 +1,168 @@
+/* The model API on the GPU, as a program that owns its device memory calls
+ * it: stof_model_run on the caller's device tensors and stream against
+ * stof_model_run_cpu on the same inputs (a padded batch, then no mask: the
+ * mask is reset), output poisoned before each run; a bad token id is an
+ * error naming it; a short tune, its plan saved, loaded into a second model
+ * and run: the same output as the tuned model's.
+ *
+ * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/base/util.h"
+#include "core/gpu/cuda_driver.h"
+#include "stof.h"
+
+enum { B = 2, S = 64, H = 512 };
+
+static const char *const params[] = {"preset=small", "batch=2", "seq=64", "layers=2",
+                                     "padding=true", "mask=none", "dtype=fp16"};
+#define N_PARAMS 7
+
+static const cuda_driver *drv;
+
+static int ok(CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS)
+        return 1;
+    const char *name = NULL;
+    drv->GetErrorName(r, &name);
+    CHECK_MSG(0, "%s: %s", what, name ? name : "?");
+    return 0;
+}
+
+/* The GPU output (fp16 bits) against the CPU reference: relative error. */
+static double rel_error(const uint16_t *got, const float *want, size_t n, long *nonfinite) {
+    double num = 0, den = 0;
+    *nonfinite = 0;
+    for (size_t i = 0; i < n; i++) {
+        float g = util_f16_to_f32(got[i]);
+        if (!isfinite(g))
+            ++*nonfinite;
+        num += (g - (double)want[i]) * (g - (double)want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+typedef struct bufs {
+    CUdeviceptr ids, mask, out;
+    CUstream stream;
+} bufs;
+
+/* One GPU run of m on ids (and mask, or none) against the CPU's. */
+static void compare(stof_model *m, const bufs *d, const int32_t *ids, const int32_t *mask,
+                    const char *label, uint16_t *host, float *want) {
+    size_t n = (size_t)B * S * H;
+    stof_tensor_ref cpu_in[] = {{"input_ids", ids}, {"attention_mask", mask}};
+    CHECK_MSG(stof_model_run_cpu(m, cpu_in, mask ? 2 : 1, want) == STOF_OK, "%s: %s", label,
+              stof_last_error());
+    if (!ok(drv->MemcpyHtoD(d->ids, ids, sizeof(int32_t) * B * S), "ids") ||
+        (mask && !ok(drv->MemcpyHtoD(d->mask, mask, sizeof(int32_t) * B * S), "mask")) ||
+        !ok(drv->MemsetD16Async(d->out, 0x7fff, n, d->stream), "poison"))
+        return;
+    stof_tensor_ref gpu_in[] = {{"input_ids", (void *)(uintptr_t)d->ids},
+                                {"attention_mask", (void *)(uintptr_t)d->mask}};
+    int rc = stof_model_run(m, gpu_in, mask ? 2 : 1, (void *)(uintptr_t)d->out, d->stream);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", label, stof_last_error());
+    if (rc || !ok(drv->StreamSynchronize(d->stream), "sync") ||
+        !ok(drv->MemcpyDtoH(host, d->out, n * 2), "output"))
+        return;
+    long nonfinite;
+    double e = rel_error(host, want, n, &nonfinite);
+    int zeros = 1;
+    for (int b = 0; mask && b < B; b++)
+        for (int s = 0; s < S; s++)
+            for (int h = 0; !mask[b * S + s] && h < H; h++)
+                zeros &= host[((size_t)b * S + s) * H + h] == 0;
+    printf("%-40s rel %.2e, %ld non-finite, padded rows %s\n", label, e, nonfinite,
+           mask ? (zeros ? "zeros" : "NOT ZERO") : "-");
+    CHECK_MSG(e < 1e-2 && nonfinite == 0 && zeros, "%s: rel %g, %ld non-finite", label, e,
+              nonfinite);
+}
+
+static void on_progress(const char *stage, long measured, double best_ms, void *ud) {
+    ++*(int *)ud;
+    (void)stage;
+    (void)measured;
+    (void)best_ms;
+}
+
+int main(void) {
+    stof_device_info info;
+    if (stof_device_query(0, &info) != STOF_OK) {
+        printf("SKIPPED: %s\n", stof_last_error());
+        return 77;
+    }
+    stof_error err = {0};
+    if (cuda_driver_get(&drv, &err) != STOF_OK) {
+        printf("SKIPPED: %s\n", err.msg);
+        return 77;
+    }
+    stof_model *m = NULL;
+    int rc = stof_model_open(STOF_SOURCE_DIR "/scripts/bert.lua", params, N_PARAMS, &m);
+    CHECK_MSG(rc == STOF_OK, "%s", stof_last_error());
+    CHECK_MSG(rc || stof_model_to_device(m, 0) == STOF_OK, "%s", stof_last_error());
+    if (rc)
+        return check_summary("gpu_api");
+    bufs d = {0};
+    size_t n = (size_t)B * S * H;
+    uint16_t *host = malloc(n * 2);
+    float *want = malloc(n * sizeof *want);
+    int32_t ids[B * S], mask[B * S];
+    util_rng rng = {77};
+    for (int i = 0; i < B * S; i++) {
+        ids[i] = (int32_t)(util_rng_double(&rng) * 30000);
+        mask[i] = i < S || i % S < 23; /* row 1: 23 tokens */
+    }
+    if (ok(drv->MemAlloc(&d.ids, sizeof ids), "ids") &&
+        ok(drv->MemAlloc(&d.mask, sizeof mask), "mask") && ok(drv->MemAlloc(&d.out, n * 2), "out") &&
+        ok(drv->StreamCreate(&d.stream, CU_STREAM_NON_BLOCKING), "stream")) {
+        compare(m, &d, ids, mask, "default scheme, padded", host, want);
+        compare(m, &d, ids, NULL, "default scheme, no mask (reset)", host, want);
+
+        ids[S + 5] = 30522; /* outside bert's vocabulary */
+        drv->MemcpyHtoD(d.ids, ids, sizeof ids);
+        stof_tensor_ref in[] = {{"input_ids", (void *)(uintptr_t)d.ids}};
+        CHECK_EQ_INT(stof_model_run(m, in, 1, (void *)(uintptr_t)d.out, d.stream),
+                     STOF_ERR_INVALID);
+        CHECK_CONTAINS(stof_last_error(), "token 69 (batch 1, position 5) has id 30522");
+        ids[S + 5] = 5;
+
+        int calls = 0;
+        rc = stof_model_tune(m, 0, 10.0, on_progress, &calls);
+        CHECK_MSG(rc == STOF_OK, "tune: %s", stof_last_error());
+        CHECK(calls > 0);
+        const char *plan = STOF_BINARY_DIR "/gpu_api_plan.json";
+        CHECK_MSG(rc || stof_model_save_plan(m, plan) == STOF_OK, "%s", stof_last_error());
+        compare(m, &d, ids, mask, "tuned plan, padded", host, want);
+        stof_model *again = NULL;
+        CHECK_MSG(stof_model_open(STOF_SOURCE_DIR "/scripts/bert.lua", params, N_PARAMS,
+                                  &again) == STOF_OK, "%s", stof_last_error());
+        CHECK_MSG(again && stof_model_load_plan(again, plan) == STOF_OK, "%s",
+                  stof_last_error());
+        if (again)
+            compare(again, &d, ids, mask, "the saved plan, loaded", host, want);
+        stof_model_free(again);
+        const char *other[] = {"preset=small", "batch=4", "seq=64", "layers=2", "padding=true",
+                               "mask=none", "dtype=fp16"};
+        stof_model *wrong = NULL;
+        CHECK_EQ_INT(stof_model_open(STOF_SOURCE_DIR "/scripts/bert.lua", other, 7, &wrong),
+                     STOF_OK);
+        CHECK_EQ_INT(stof_model_load_plan(wrong, plan), STOF_ERR_MISMATCH);
+        printf("a plan for batch 2 into a model of batch 4: %s\n", stof_last_error());
+        stof_model_free(wrong);
+    }
+    if (d.stream)
+        drv->StreamDestroy(d.stream);
+    CUdeviceptr p[] = {d.ids, d.mask, d.out};
+    for (int i = 0; i < 3; i++)
+        if (p[i])
+            drv->MemFree(p[i]);
+    free(host);
+    free(want);
+    stof_model_free(m);
+    return check_summary("gpu_api");
+}

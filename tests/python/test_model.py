@@ -1,0 +1,239 @@
+"""The Python package as a user calls it: a tiny BERT model directory written here (config.json
+and safetensors, no download), run on the CPU reference against a numpy BERT on the same
+weights, a padded batch, errors, masks, the installed command; on a GPU (torch with CUDA), the
+same model on torch tensors against the CPU reference, and a tuned plan saved and loaded.
+
+Runs under pytest, or alone: python3 tests/python/test_model.py"""
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import stof
+
+CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 32,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+          "vocab_size": 100, "max_position_embeddings": 16, "type_vocab_size": 2,
+          "layer_norm_eps": 1e-12, "hidden_act": "gelu", "pad_token_id": 0}
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> float32 array, written as safetensors by hand (F32, little endian)."""
+    header, blobs, offset = {}, [], 0
+    for name, a in tensors.items():
+        data = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def bert_weights(seed=3):
+    rng = np.random.default_rng(seed)
+    H, F, V, P = 32, 64, 100, 16
+    w = {}
+
+    def mat(name, *shape):
+        w[name] = rng.uniform(-0.3, 0.3, shape).astype(np.float32)
+
+    mat("embeddings.word_embeddings.weight", V, H)
+    mat("embeddings.position_embeddings.weight", P, H)
+    mat("embeddings.token_type_embeddings.weight", 2, H)
+    pre = "encoder.layer.0."
+    for n in ("attention.self.query", "attention.self.key", "attention.self.value",
+              "attention.output.dense"):
+        mat(pre + n + ".weight", H, H)
+        mat(pre + n + ".bias", H)
+    mat(pre + "intermediate.dense.weight", F, H)
+    mat(pre + "intermediate.dense.bias", F)
+    mat(pre + "output.dense.weight", H, F)
+    mat(pre + "output.dense.bias", H)
+    for n in ("embeddings.LayerNorm", pre + "attention.output.LayerNorm",
+              pre + "output.LayerNorm"):
+        w[n + ".weight"] = (1 + rng.uniform(-0.1, 0.1, H)).astype(np.float32)
+        w[n + ".bias"] = rng.uniform(-0.1, 0.1, H).astype(np.float32)
+    return w
+
+
+def numpy_bert(w, ids, mask):
+    """BertModel's last hidden state (one layer, 2 heads), with transformers' masking: padded
+    keys get -inf; the rows of padded positions are not compared."""
+    def ln(x, n):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-12) * w[n + ".weight"] + w[n + ".bias"]
+
+    def lin(x, n):
+        return x @ w[n + ".weight"].T + w[n + ".bias"]
+
+    B, S = ids.shape
+    x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][0]
+         + w["embeddings.position_embeddings.weight"][np.arange(S)])
+    x = ln(x.astype(np.float64), "embeddings.LayerNorm")
+    pre = "encoder.layer.0."
+    heads, d = 2, 16
+
+    def split(t):
+        return t.reshape(B, S, heads, d).transpose(0, 2, 1, 3)
+
+    q, k, v = (split(lin(x, pre + "attention.self." + n)) for n in ("query", "key", "value"))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
+    s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    a = (p @ v).transpose(0, 2, 1, 3).reshape(B, S, heads * d)
+    x = ln(lin(a, pre + "attention.output.dense") + x, pre + "attention.output.LayerNorm")
+    h = lin(x, pre + "intermediate.dense")
+    h = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    return ln(lin(h, pre + "output.dense") + x, pre + "output.LayerNorm")
+
+
+def make_dir(root):
+    d = os.path.join(root, "tiny-bert")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(CONFIG, f)
+    w = bert_weights()
+    write_safetensors(os.path.join(d, "model.safetensors"), {"bert." + k: v for k, v in w.items()})
+    return d, w
+
+
+def ids_and_mask():
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, 100, (2, 8)).astype(np.int64)
+    mask = np.ones((2, 8), np.int64)
+    mask[1, 5:] = 0
+    ids[1, 5:] = 0
+    return ids, mask
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_cpu_against_numpy():
+    root = tempfile.mkdtemp()
+    try:
+        d, w = make_dir(root)
+        m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
+        names = [(t.name, t.dtype, t.shape, t.optional) for t in m.inputs]
+        assert names == [("input_ids", "int32", (2, 8), False),
+                         ("attention_mask", "int32", (2, 8), True)], names
+        assert m.output.shape == (2, 8, 32)
+        ids, mask = ids_and_mask()
+        full = m(ids)
+        assert full.shape == (2, 8, 32) and full.dtype == np.float32
+        assert rel(full, numpy_bert(w, ids, np.ones_like(mask))) < 1e-5
+        padded = m(ids, attention_mask=mask)
+        want = numpy_bert(w, ids, mask)
+        real = mask.astype(bool)
+        assert rel(padded[real], want[real]) < 1e-5
+        assert np.all(padded[~real] == 0)
+        assert "bert.lua" in m.script and "input_ids" in repr(m)
+    finally:
+        shutil.rmtree(root)
+
+
+def expect_error(fn, words):
+    try:
+        fn()
+    except stof.StofError as e:
+        assert words in str(e), str(e)
+        return
+    raise AssertionError(f"no error; expected one saying {words!r}")
+
+
+def test_errors():
+    root = tempfile.mkdtemp()
+    try:
+        d, _ = make_dir(root)
+        m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
+        ids, mask = ids_and_mask()
+        expect_error(lambda: m(ids, token_type_ids=ids), "'token_type_ids' is not an input")
+        expect_error(lambda: m(ids[:, :4]), "has shape [2, 4], the model takes [2, 8]")
+        bad = ids.copy()
+        bad[0, 2] = 100
+        expect_error(lambda: m(bad), "100 at index 2 (row 0, position 2) is outside [0, 100)")
+        left = mask[:, ::-1].copy()
+        expect_error(lambda: m(ids, attention_mask=left), "stof takes right padding")
+        expect_error(lambda: m.save_plan(os.path.join(root, "p.json")), "no plan to save")
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(dict(CONFIG, model_type="longt5"), f)
+        expect_error(lambda: stof.Model.from_pretrained(d, batch=2, seq=8),
+                     "model_type 'longt5' is not one stof has a script for")
+        os.remove(os.path.join(d, "model.safetensors"))
+        expect_error(lambda: stof.Model.from_pretrained(d), "tiny-bert")
+    finally:
+        shutil.rmtree(root)
+
+
+def test_masks_and_version():
+    assert stof.__version__.count(".") == 2
+    mk = stof.Mask.pattern("sliding_window{band=2}", q_len=10)
+    assert mk.shape() == (1, 10, 10)
+    assert abs(mk.density() - 44 / 100) < 1e-9
+    assert int(mk.to_dense().sum()) == 44
+
+
+def test_command():
+    exe = shutil.which("stof")
+    if exe is None:
+        print("test_command: SKIPPED (no stof command on PATH: the package is not installed)")
+        return
+    out = subprocess.run([exe, "help", "run"], capture_output=True, text=True)
+    assert out.returncode == 0 and "run" in out.stdout
+
+
+def _cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def test_gpu():
+    torch = _cuda()
+    if torch is None:
+        print("test_gpu: SKIPPED (no torch with a CUDA GPU)")
+        return
+    root = tempfile.mkdtemp()
+    try:
+        d, _ = make_dir(root)
+        cpu = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
+        gpu = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp16")
+        ids, mask = ids_and_mask()
+        real = mask.astype(bool)
+        want = cpu(ids, attention_mask=mask)
+        got = gpu(torch.from_numpy(ids).cuda(), attention_mask=torch.from_numpy(mask).cuda())
+        assert got.is_cuda and got.dtype == torch.float16 and tuple(got.shape) == (2, 8, 32)
+        g = got.float().cpu().numpy()
+        assert rel(g[real], want[real]) < 1e-2 and np.all(g[~real] == 0)
+        gpu.tune(time_limit=5, progress=False)
+        plan = os.path.join(root, "plan.json")
+        gpu.save_plan(plan)
+        again = stof.Model.from_plan(plan)
+        g2 = again(torch.from_numpy(ids).cuda(), attention_mask=torch.from_numpy(mask).cuda())
+        assert rel(g2.float().cpu().numpy()[real], want[real]) < 1e-2
+        print(f"test_gpu: fp16 rel {rel(g[real], want[real]):.2e}, the plan's "
+              f"{rel(g2.float().cpu().numpy()[real], want[real]):.2e}")
+    finally:
+        shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+            print(f"{name}: ok")
+    sys.exit(0)

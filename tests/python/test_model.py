@@ -1,4 +1,4 @@
-"""The Python package as a user calls it: a tiny BERT model directory written here (config.json
+"""The Python package as a user calls it: a tiny BERT (heads of 32) model directory written here (config.json
 and safetensors, no download), run on the CPU reference against a numpy BERT on the same
 weights, a padded batch, errors, masks, the installed command; on a GPU (torch with CUDA), the
 same model on torch tensors against the CPU reference, and a tuned plan saved and loaded.
@@ -17,8 +17,8 @@ import numpy as np
 
 import stof
 
-CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 32,
-          "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 64,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128,
           "vocab_size": 100, "max_position_embeddings": 16, "type_vocab_size": 2,
           "layer_norm_eps": 1e-12, "hidden_act": "gelu", "pad_token_id": 0}
 
@@ -40,7 +40,7 @@ def write_safetensors(path, tensors):
 
 def bert_weights(seed=3):
     rng = np.random.default_rng(seed)
-    H, F, V, P = 32, 64, 100, 16
+    H, F, V, P = 64, 128, 100, 16
     w = {}
 
     def mat(name, *shape):
@@ -66,7 +66,7 @@ def bert_weights(seed=3):
 
 
 def numpy_bert(w, ids, mask):
-    """BertModel's last hidden state (one layer, 2 heads), with transformers' masking: padded
+    """BertModel's last hidden state (one layer, 2 heads of 32), with transformers' masking: padded
     keys get -inf; the rows of padded positions are not compared."""
     def ln(x, n):
         mu = x.mean(-1, keepdims=True)
@@ -81,7 +81,7 @@ def numpy_bert(w, ids, mask):
          + w["embeddings.position_embeddings.weight"][np.arange(S)])
     x = ln(x.astype(np.float64), "embeddings.LayerNorm")
     pre = "encoder.layer.0."
-    heads, d = 2, 16
+    heads, d = 2, 32
 
     def split(t):
         return t.reshape(B, S, heads, d).transpose(0, 2, 1, 3)
@@ -129,10 +129,10 @@ def test_cpu_against_numpy():
         names = [(t.name, t.dtype, t.shape, t.optional) for t in m.inputs]
         assert names == [("input_ids", "int32", (2, 8), False),
                          ("attention_mask", "int32", (2, 8), True)], names
-        assert m.output.shape == (2, 8, 32)
+        assert m.output.shape == (2, 8, 64)
         ids, mask = ids_and_mask()
         full = m(ids)
-        assert full.shape == (2, 8, 32) and full.dtype == np.float32
+        assert full.shape == (2, 8, 64) and full.dtype == np.float32
         assert rel(full, numpy_bert(w, ids, np.ones_like(mask))) < 1e-5
         padded = m(ids, attention_mask=mask)
         want = numpy_bert(w, ids, mask)
@@ -216,7 +216,7 @@ def test_gpu():
         real = mask.astype(bool)
         want = cpu(ids, attention_mask=mask)
         got = gpu(torch.from_numpy(ids).cuda(), attention_mask=torch.from_numpy(mask).cuda())
-        assert got.is_cuda and got.dtype == torch.float16 and tuple(got.shape) == (2, 8, 32)
+        assert got.is_cuda and got.dtype == torch.float16 and tuple(got.shape) == (2, 8, 64)
         g = got.float().cpu().numpy()
         assert rel(g[real], want[real]) < 1e-2 and np.all(g[~real] == 0)
         gpu.tune(time_limit=5, progress=False)

@@ -24,11 +24,12 @@ CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 6
 
 
 def write_safetensors(path, tensors):
-    """tensors: name -> float32 array, written as safetensors by hand (F32, little endian)."""
+    """tensors: name -> array (float: F32, integer: I64), written as safetensors by hand."""
     header, blobs, offset = {}, [], 0
     for name, a in tensors.items():
-        data = np.ascontiguousarray(a, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape),
+        kind = "I64" if np.issubdtype(a.dtype, np.integer) else "F32"
+        data = np.ascontiguousarray(a, dtype="<i8" if kind == "I64" else "<f4").tobytes()
+        header[name] = {"dtype": kind, "shape": list(a.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -96,6 +97,20 @@ def numpy_bert(w, ids, mask):
     h = lin(x, pre + "intermediate.dense")
     h = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
     return ln(lin(h, pre + "output.dense") + x, pre + "output.LayerNorm")
+
+
+def read_safetensors(path):
+    """The F32 tensors of a safetensors file, by hand."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name != "__metadata__" and t["dtype"] == "F32":
+            a, b = t["data_offsets"]
+            out[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(t["shape"])
+    return out
 
 
 def make_dir(root):
@@ -227,6 +242,33 @@ def test_gpu():
         assert rel(g2.float().cpu().numpy()[real], want[real]) < 1e-2
         print(f"test_gpu: fp16 rel {rel(g[real], want[real]):.2e}, the plan's "
               f"{rel(g2.float().cpu().numpy()[real], want[real]):.2e}")
+        # the command on the same plan and inputs gives what the package gives
+        exe = os.environ.get("STOF_BIN") or shutil.which("stof")
+        if exe:
+            inputs, out = os.path.join(root, "in.safetensors"), os.path.join(root, "out.safetensors")
+            write_safetensors(inputs, {"input_ids": ids, "attention_mask": mask})
+            subprocess.run([exe, "run", plan, "--inputs", inputs, "--save-output", out],
+                           check=True, capture_output=True)
+            cli = read_safetensors(out)["output"]
+            mine = g2.float().cpu().numpy()
+            e = rel(cli, mine)
+            print(f"test_gpu: the command on the plan against the package: rel {e:.2e}, max "
+                  f"{float(np.abs(cli - mine).max()):.2e}")
+            assert e < 1e-3
+        else:
+            print("test_gpu: the command comparison SKIPPED (no stof command)")
+        try:
+            import transformers
+        except ImportError:
+            print("test_gpu: the transformers comparison SKIPPED (no transformers)")
+            return
+        hf = transformers.BertModel.from_pretrained(d, add_pooling_layer=False).eval()
+        with torch.no_grad():
+            ref = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+        ref = ref.last_hidden_state.numpy()
+        e = rel(g[real], ref[real])
+        print(f"test_gpu: against transformers (fp32, attention_mask): rel {e:.2e}")
+        assert e < 1e-2
     finally:
         shutil.rmtree(root)
 

@@ -52,6 +52,10 @@ foreach(exe example example_static)
   step(${exe} ${WORK}/example/${exe})
   expect_output(${exe} "stof [0-9]+\\.[0-9]+\\.[0-9]+.*bigbird at 1024 tokens: [0-9.]+% of the pairs")
 endforeach()
+# the whole-model API on the installed script
+step(example_model ${WORK}/example/example ${prefix}/share/stof/scripts/bert.lua preset=small
+     layers=1 batch=1 seq=16 dtype=fp32 padding=true)
+expect_output(example_model "input input_ids: int32, 16 values\ninput attention_mask: int32, 16 values \\(optional\\)\noutput [^:]+: 8192 values, first -?[0-9]")
 
 # pkg-config, where it is installed
 find_program(PKG_CONFIG pkg-config)

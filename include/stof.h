@@ -132,7 +132,11 @@ STOF_API int stof_model_to_device(stof_model *m, int device);
  * Ordered after the work queued on `stream` (a CUstream; NULL: the legacy
  * default stream) and before what is queued there next; the call returns
  * once the pass is done and its inputs checked (a token id outside the
- * vocabulary is an error naming it). */
+ * vocabulary is an error naming it). Capture-safe: while `stream` is
+ * being captured into a CUDA graph, the pass is captured into it (its
+ * kernels on that stream, nothing waited for), and a bad token id of a
+ * replay is reported by the next call outside a capture. The model must be
+ * on the device beforehand (stof_model_to_device, or a first run). */
 STOF_API int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_inputs,
                             void *output, void *stream);
 

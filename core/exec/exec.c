@@ -650,30 +650,59 @@ static int order_streams(const cuda_driver *drv, CUstream earlier, CUstream late
     return rc;
 }
 
-static int copy_input(exec_model *m, const exec_io *io, stof_error *err) {
+static int copy_input(exec_model *m, const exec_io *io, CUstream st, stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
     const graph_tensor *t = &m->plan->g->tensors[io->tensor];
     size_t bytes = graph_tensor_bytes(t);
     if (io->data)
-        return cuda_check(drv, drv->MemcpyDtoDAsync(m->ptr[io->tensor], io->data, bytes,
-                                                    m->stream),
+        return cuda_check(drv, drv->MemcpyDtoDAsync(m->ptr[io->tensor], io->data, bytes, st),
                           "cuMemcpyDtoDAsync(input)", err);
     if (t->init != GRAPH_INIT_PADDING)
         return err_set(err, STOF_ERR_INVALID, "input '%s' is needed (only an attention_mask "
                        "may be left out)", t->name);
-    return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], 1, bytes / 4, m->stream),
+    return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], 1, bytes / 4, st),
                       "cuMemsetD32Async(attention_mask: no padding)", err);
+}
+
+static int copy_output(exec_model *m, CUdeviceptr out, CUstream st, stof_error *err) {
+    const graph *g = m->plan->g;
+    return cuda_check(m->ctx->drv,
+                      m->ctx->drv->MemcpyDtoDAsync(out, m->ptr[g->output],
+                                                   graph_tensor_bytes(&g->tensors[g->output]),
+                                                   st),
+                      "cuMemcpyDtoDAsync(output)", err);
+}
+
+/* Inside the caller's stream capture (a CUDA graph of theirs): the copies
+ * and every kernel go on their stream, as nodes of their graph; nothing
+ * waits. The embedding's bad-id flag is read by the next run outside a
+ * capture. */
+static int run_io_captured(exec_model *m, const exec_io *in, int n, CUdeviceptr out,
+                           CUstream caller, stof_error *err) {
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < n; i++)
+        rc = copy_input(m, &in[i], caller, err);
+    for (int s = 0; !rc && s < m->plan->n_segs; s++) {
+        const exec_seg_rt *rt = &m->rt[s];
+        rc = rt->launcher->launch(m, rt, caller, err);
+    }
+    return rc ? rc : copy_output(m, out, caller, err);
 }
 
 int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, CUstream caller,
                       stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
-    const graph *g = m->plan->g;
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     int rc = cuda_check(drv, drv->CtxSetCurrent(m->ctx->gemm->cu), "cuCtxSetCurrent", err);
+    if (!rc)
+        rc = cuda_check(drv, drv->StreamIsCapturing(caller, &capture), "cuStreamIsCapturing",
+                        err);
+    if (!rc && capture != CU_STREAM_CAPTURE_STATUS_NONE)
+        return run_io_captured(m, in, n, out, caller, err);
     if (!rc)
         rc = order_streams(drv, caller, m->stream, err);
     for (int i = 0; !rc && i < n; i++)
-        rc = copy_input(m, &in[i], err);
+        rc = copy_input(m, &in[i], m->stream, err);
     if (!rc)
         rc = exec_model_capture(m, err);
     if (!rc)
@@ -684,10 +713,7 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
         if (m->rt[s].launcher->status)
             rc = m->rt[s].launcher->status(m, &m->rt[s], err);
     if (!rc)
-        rc = cuda_check(drv, drv->MemcpyDtoDAsync(out, m->ptr[g->output],
-                                                  graph_tensor_bytes(&g->tensors[g->output]),
-                                                  m->stream),
-                        "cuMemcpyDtoDAsync(output)", err);
+        rc = copy_output(m, out, m->stream, err);
     if (!rc)
         rc = order_streams(drv, m->stream, caller, err);
     return rc;

@@ -57,6 +57,7 @@
     X(StreamDestroy, "cuStreamDestroy", cuStreamDestroy)                  \
     X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)      \
     X(StreamWaitEvent, "cuStreamWaitEvent", cuStreamWaitEvent)            \
+    X(StreamIsCapturing, "cuStreamIsCapturing", cuStreamIsCapturing)      \
     X(StreamBeginCapture, "cuStreamBeginCapture", cuStreamBeginCapture)   \
     X(StreamEndCapture, "cuStreamEndCapture", cuStreamEndCapture)         \
     X(GraphInstantiate, "cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags) \

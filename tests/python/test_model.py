@@ -234,6 +234,25 @@ def test_gpu():
         assert got.is_cuda and got.dtype == torch.float16 and tuple(got.shape) == (2, 8, 64)
         g = got.float().cpu().numpy()
         assert rel(g[real], want[real]) < 1e-2 and np.all(g[~real] == 0)
+        # inside a CUDA graph of torch's: captured, then replayed on new ids
+        ids_g = torch.from_numpy(ids).cuda().int()
+        mask_g = torch.from_numpy(mask).cuda().int()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            gpu(ids_g, attention_mask=mask_g)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out_g = gpu(ids_g, attention_mask=mask_g)
+        other = (ids + 11) % 100
+        ids_g.copy_(torch.from_numpy(other))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_other = cpu(other, attention_mask=mask)
+        e = rel(out_g.float().cpu().numpy()[real], want_other[real])
+        print(f"test_gpu: replayed in torch's CUDA graph on new ids: rel {e:.2e}")
+        assert e < 1e-2
         gpu.tune(time_limit=5, progress=False)
         plan = os.path.join(root, "plan.json")
         gpu.save_plan(plan)

@@ -105,6 +105,20 @@ STOF_API int stof_model_output_info(const stof_model *m, stof_tensor_info *info)
  * from the seed), checked against the model first; the model directory's
  * by default. */
 STOF_API int stof_model_set_weights(stof_model *m, const char *path);
+/* Weights straight from host memory the caller owns (a live framework's
+ * tensors: no file written): names as a checkpoint has them (a prefix such
+ * as "bert." is found by itself), dtype "F32", "F16" or "BF16". Checked
+ * against the model first. The memory is read again by every CPU run and
+ * by the upload to the GPU: keep it alive and unchanged until the model is
+ * freed or its weights are set again. */
+typedef struct stof_weight {
+    const char *name;
+    const char *dtype;
+    int ndim;
+    int64_t shape[STOF_MAX_DIMS];
+    const void *data;
+} stof_weight;
+STOF_API int stof_model_set_weights_memory(stof_model *m, const stof_weight *weights, int n);
 /* The seed of whatever no file gives (1 by default). */
 STOF_API void stof_model_set_seed(stof_model *m, uint64_t seed);
 

@@ -244,8 +244,10 @@ file(WRITE ${WORK}/hf-llama/model.safetensors "")
 expect(dir_unknown_type 1 "model_type 'llama' is not one stof has a script for \\(it has: bert, roberta"
        graph ${WORK}/hf-llama)
 file(MAKE_DIRECTORY ${WORK}/hf-none)
-file(WRITE ${WORK}/hf-none/config.json "{\"model_type\": \"bert\"}")
-expect(dir_no_weights 1 "has no model.safetensors or model.safetensors.index.json" graph ${WORK}/hf-none)
+file(COPY ${WORK}/hf-bert/config.json DESTINATION ${WORK}/hf-none)
+expect(dir_no_weights 1 "has no model.safetensors or model.safetensors.index.json"
+       run --cpu ${WORK}/hf-none --set batch=1 --set seq=8)
+expect(dir_graph_no_weights 0 "model bert" graph ${WORK}/hf-none --set batch=1 --set seq=8)
 
 message(STATUS "cli: ${passes} passed, ${failures} failed")
 if(failures GREATER 0)

@@ -282,6 +282,38 @@ static void check_api_open(const char *dir, const char *const *params, int n_par
     CHECK_MSG(rc == STOF_OK, "%s: %s", dir, stof_last_error());
     CHECK_MSG(rc || memcmp(got, want, sizeof *got * (size_t)numel) == 0,
               "%s: the API's output differs", dir);
+    /* the same tensors from memory (as a live framework holds them): the same output */
+    safetensors_file *f = NULL;
+    stof_error err = {0};
+    CHECK_MSG(model_dir_weights_at(dir, &f, &err) == STOF_OK, "%s", err.msg);
+    stof_weight *w = f ? calloc((size_t)f->n, sizeof *w) : NULL;
+    void **data = f ? calloc((size_t)f->n, sizeof *data) : NULL;
+    for (int i = 0; w && data && i < f->n; i++) {
+        const safetensors_tensor *t = &f->tensors[i];
+        data[i] = malloc((size_t)(t->end - t->begin));
+        CHECK_EQ_INT(safetensors_read(f, i, data[i], &err), STOF_OK);
+        w[i] = (stof_weight){t->name, t->dtype_name, t->ndim, {0}, data[i]};
+        memcpy(w[i].shape, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
+    }
+    if (w && data) {
+        rc = stof_model_set_weights_memory(m, w, f->n);
+        CHECK_MSG(rc == STOF_OK, "%s: %s", dir, stof_last_error());
+        memset(got, 0, sizeof *got * (size_t)numel);
+        CHECK_MSG(rc || stof_model_run_cpu(m, in, n, got) == STOF_OK, "%s", stof_last_error());
+        CHECK_MSG(rc || memcmp(got, want, sizeof *got * (size_t)numel) == 0,
+                  "%s: the weights from memory give another output", dir);
+        /* one tensor short, one of a dtype stof does not read */
+        CHECK_EQ_INT(stof_model_set_weights_memory(m, w, f->n - 1), STOF_ERR_MISMATCH);
+        CHECK_CONTAINS(stof_last_error(), "weights in memory");
+        w[0].dtype = "F64";
+        CHECK_EQ_INT(stof_model_set_weights_memory(m, w, f->n), STOF_ERR_INVALID);
+        CHECK_CONTAINS(stof_last_error(), "dtype 'F64'");
+    }
+    for (int i = 0; data && f && i < f->n; i++)
+        free(data[i]);
+    free(data);
+    free(w);
+    safetensors_close(f);
     free(got);
     for (int k = 0; k < n; k++)
         free(bufs[k]);
@@ -388,10 +420,40 @@ static void test_dir_models(void) {
     model_dir_free(&md);
 }
 
+/* A directory of config.json alone opens (its graph needs no weights), and
+ * runs only once weights are given or random ones asked for. */
+static void test_config_only(void) {
+    const char *dir = WORK "config-only";
+    fresh_dir(dir);
+    put(dir, "config.json",
+        "{\"model_type\": \"bert\", \"hidden_size\": 32, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 50, "
+        "\"type_vocab_size\": 2, \"max_position_embeddings\": 16, \"layer_norm_eps\": 1e-12}");
+    const char *params[] = {"batch=1", "seq=8", "dtype=fp32"};
+    stof_model *m = NULL;
+    int rc = stof_model_open(dir, params, 3, &m);
+    CHECK_MSG(rc == STOF_OK, "%s", stof_last_error());
+    if (rc)
+        return;
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    stof_tensor_ref in[] = {{"input_ids", ids}};
+    stof_tensor_info out;
+    stof_model_output_info(m, &out);
+    float *y = malloc(sizeof *y * (size_t)(out.shape[0] * out.shape[1] * out.shape[2]));
+    CHECK_EQ_INT(stof_model_run_cpu(m, in, 1, y), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "has no model.safetensors or "
+                                      "model.safetensors.index.json: give the weights");
+    stof_model_set_seed(m, 3); /* random weights, asked for */
+    CHECK_MSG(stof_model_run_cpu(m, in, 1, y) == STOF_OK, "%s", stof_last_error());
+    free(y);
+    stof_model_free(m);
+}
+
 int main(void) {
     test_single_file();
     test_shards();
     test_errors();
     test_dir_models();
+    test_config_only();
     return check_summary("test_model_dir");
 }

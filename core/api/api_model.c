@@ -27,6 +27,7 @@ struct stof_model {
     graph_script script;
     safetensors_file *weights; /* the model directory's, or stof_model_set_weights' */
     uint64_t seed;             /* for what no file gives */
+    int weights_missing;       /* a model directory without weights, none given since */
     plan pl;                   /* tuned or loaded; has_plan */
     int has_plan;
     /* on the GPU, made at the first run (or after a new plan) */
@@ -51,8 +52,10 @@ int stof_model_open(const char *path, const char *const *params, int n_params,
     int rc = model_dir_detect(path)
                  ? lua_api_build_dir(path, NULL, params, n_params, &m->g, &m->script, &err)
                  : lua_api_build(path, params, n_params, &m->g, &m->script, &err);
-    if (!rc && m->script.model_dir[0])
+    /* a directory's weights, where it has them; without, a run asks for some */
+    if (!rc && m->script.model_dir[0] && model_dir_has_weights(m->script.model_dir))
         rc = model_dir_weights_at(m->script.model_dir, &m->weights, &err);
+    m->weights_missing = !rc && m->script.model_dir[0] && !m->weights;
     if (!rc) {
         weights_source src = {.seed = m->seed, .weights = m->weights};
         rc = weights_source_check(&src, &m->g, &err);
@@ -160,13 +163,69 @@ int stof_model_set_weights(stof_model *m, const char *path) {
     }
     safetensors_close(m->weights);
     m->weights = f;
+    m->weights_missing = !f && m->script.model_dir[0];
+    drop_gpu_model(m);
+    return api_remember(STOF_OK, &err);
+}
+
+/* safetensors' dtype name -> its code; SAFETENSORS_OTHER for the rest. */
+static safetensors_dtype weight_dtype(const char *name) {
+    static const safetensors_dtype codes[] = {SAFETENSORS_F32, SAFETENSORS_F16,
+                                              SAFETENSORS_BF16};
+    for (size_t k = 0; name && k < sizeof codes / sizeof codes[0]; k++)
+        if (strcmp(name, safetensors_dtype_name(codes[k])) == 0)
+            return codes[k];
+    return SAFETENSORS_OTHER;
+}
+
+int stof_model_set_weights_memory(stof_model *m, const stof_weight *w, int n) {
+    stof_error err = {0};
+    safetensors_entry *e = n > 0 ? err_calloc((size_t)n, sizeof *e, &err) : NULL;
+    int rc = n > 0 && !e ? STOF_ERR_NOMEM : STOF_OK;
+    for (int i = 0; !rc && i < n; i++) {
+        e[i] = (safetensors_entry){.name = w[i].name, .dtype = weight_dtype(w[i].dtype),
+                                   .ndim = w[i].ndim, .data = w[i].data};
+        if (e[i].dtype == SAFETENSORS_OTHER || w[i].ndim < 0 || w[i].ndim > STOF_MAX_DIMS)
+            rc = err_set(&err, STOF_ERR_INVALID, "weight %d ('%s'): dtype '%s' with %d dims "
+                         "(F32, F16 or BF16, at most %d)", i, w[i].name ? w[i].name : "?",
+                         w[i].dtype ? w[i].dtype : "(null)", w[i].ndim, STOF_MAX_DIMS);
+        for (int d = 0; !rc && d < w[i].ndim; d++)
+            e[i].shape[d] = w[i].shape[d];
+    }
+    safetensors_file *f = NULL;
+    if (!rc)
+        rc = safetensors_from_memory("weights in memory", e, n, &f, &err);
+    free(e);
+    weights_source src = {.seed = m->seed, .weights = f};
+    if (!rc)
+        rc = weights_source_check(&src, &m->g, &err);
+    if (rc) {
+        safetensors_close(f);
+        return api_remember(rc, &err);
+    }
+    safetensors_close(m->weights);
+    m->weights = f;
+    m->weights_missing = 0;
     drop_gpu_model(m);
     return api_remember(STOF_OK, &err);
 }
 
 void stof_model_set_seed(stof_model *m, uint64_t seed) {
     m->seed = seed;
+    m->weights_missing = 0; /* random weights, asked for */
     drop_gpu_model(m);
+}
+
+/* A model directory opened without weights runs only once some are given
+ * (or a seed asked for explicitly): never on weights drawn at random
+ * unasked. */
+static int check_weights(const stof_model *m, stof_error *err) {
+    if (!m->weights_missing)
+        return STOF_OK;
+    return err_set(err, STOF_ERR_INVALID, "%s has no model.safetensors or "
+                   "model.safetensors.index.json: give the weights (stof_model_set_weights, "
+                   "stof_model_set_weights_memory), or ask for random ones "
+                   "(stof_model_set_seed)", m->script.model_dir);
 }
 
 /* ---- the inputs a run is given -------------------------------------------------------------- */
@@ -248,7 +307,9 @@ int stof_model_run_cpu(stof_model *m, const stof_tensor_ref *inputs, int n_input
     const void **data = err_calloc((size_t)m->g.n_tensors, sizeof *data, &err);
     if (!data)
         return api_remember(STOF_ERR_NOMEM, &err);
-    int rc = match_inputs(&m->g, inputs, n_inputs, data, &err);
+    int rc = check_weights(m, &err);
+    if (!rc)
+        rc = match_inputs(&m->g, inputs, n_inputs, data, &err);
     ref_values rv = {0};
     weights_source src = {.seed = m->seed, .weights = m->weights};
     if (!rc)
@@ -311,7 +372,9 @@ static void relay_progress(void *ud, const search_progress *p) {
 int stof_model_tune(stof_model *m, int device, double time_limit_s, stof_progress_fn progress,
                     void *ud) {
     stof_error err = {0};
-    int rc = ensure_ctx(m, device, &err);
+    int rc = check_weights(m, &err);
+    if (!rc)
+        rc = ensure_ctx(m, device, &err);
     if (rc)
         return api_remember(rc, &err);
     progress_relay relay = {progress, ud};
@@ -375,7 +438,9 @@ static int default_exec_plan(const graph *g, exec_plan **out, stof_error *err) {
 static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
     if (m->xmodel)
         return STOF_OK;
-    int rc = ensure_ctx(m, device, err);
+    int rc = check_weights(m, err);
+    if (!rc)
+        rc = ensure_ctx(m, device, err);
     if (!rc && m->has_plan)
         rc = plan_check_fits(&m->pl, exec_ctx_device(m->ctx), NULL, NULL, err);
     if (!rc)

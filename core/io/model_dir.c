@@ -157,7 +157,25 @@ static int find_weights(model_dir *md, stof_error *err) {
     return rc;
 }
 
+int model_dir_has_weights(const char *path) {
+    char *single = dir_join(path, MODEL_DIR_WEIGHTS), *index = dir_join(path, MODEL_DIR_INDEX);
+    int yes = (single && file_exists(single)) || (index && file_exists(index));
+    free(single);
+    free(index);
+    return yes;
+}
+
+static int open_dir(const char *path, model_dir *md, int need_weights, stof_error *err);
+
 int model_dir_open(const char *path, model_dir *md, stof_error *err) {
+    return open_dir(path, md, 1, err);
+}
+
+int model_dir_open_config(const char *path, model_dir *md, stof_error *err) {
+    return open_dir(path, md, 0, err);
+}
+
+static int open_dir(const char *path, model_dir *md, int need_weights, stof_error *err) {
     memset(md, 0, sizeof *md);
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -176,7 +194,7 @@ int model_dir_open(const char *path, model_dir *md, stof_error *err) {
         rc = read_json_object(config, "model config", &md->config, err);
     if (!rc)
         rc = read_identity(md, config, err);
-    if (!rc)
+    if (!rc && (need_weights || model_dir_has_weights(path)))
         rc = find_weights(md, err);
     free(config);
     if (rc)

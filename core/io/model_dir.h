@@ -39,7 +39,14 @@ int model_dir_detect(const char *path);
  * malformed, STOF_ERR_INVALID for a folder that is not a model directory.
  * On failure md holds nothing. */
 int model_dir_open(const char *path, model_dir *md, stof_error *err);
+/* The same without requiring weights: a folder of config.json alone opens
+ * too (n_shards 0), for building the model's graph, or for weights given
+ * another way (a live framework's tensors). */
+int model_dir_open_config(const char *path, model_dir *md, stof_error *err);
 void model_dir_free(model_dir *md);
+/* 1 when the folder holds weights stof reads (model.safetensors, or the
+ * index of shards). */
+int model_dir_has_weights(const char *path);
 
 /* Opens the weights (one file, or the shards as one) and checks the index's
  * weight_map against them: every name it lists is in the shard it names. */

@@ -96,6 +96,10 @@ static float st_f32_bits(uint32_t u) {
 static int st_pread(const safetensors_file *f, void *buf, size_t n, uint64_t offset,
                     const char *what, stof_error *err) {
     unsigned char *p = buf;
+    if (f->in_memory) {
+        memcpy(p, (const void *)(uintptr_t)offset, n);
+        return STOF_OK;
+    }
     while (n > 0) {
         ssize_t got = pread(f->fd, p, n, (off_t)offset);
         if (got < 0 && errno == EINTR)
@@ -688,4 +692,62 @@ int safetensors_write(const char *path, const safetensors_entry *tensors, int n,
     }
     free(hdr.s);
     return rc;
+}
+
+/* ---- tensors in memory ------------------------------------------------------------------------ */
+
+static int st_by_name(const void *a, const void *b) {
+    return strcmp(((const safetensors_tensor *)a)->name, ((const safetensors_tensor *)b)->name);
+}
+
+int safetensors_from_memory(const char *path, const safetensors_entry *tensors, int n,
+                            safetensors_file **out, stof_error *err) {
+    *out = NULL;
+    safetensors_file *f = err_calloc(1, sizeof *f, err);
+    if (!f)
+        return STOF_ERR_NOMEM;
+    f->fd = -1;
+    f->in_memory = 1;
+    f->path = strdup(path ? path : "(tensors in memory)");
+    f->tensors = n > 0 ? err_calloc((size_t)n, sizeof *f->tensors, err) : NULL;
+    int rc = !f->path || (n > 0 && !f->tensors) ? err_set(err, STOF_ERR_NOMEM, "out of memory")
+                                                : STOF_OK;
+    for (int i = 0; !rc && i < n; i++) {
+        const safetensors_entry *e = &tensors[i];
+        safetensors_tensor *t = &f->tensors[i];
+        size_t elem = safetensors_dtype_size(e->dtype);
+        if (!e->name || !e->data || !elem || e->ndim < 0 || e->ndim > SAFETENSORS_MAX_DIMS) {
+            rc = err_set(err, STOF_ERR_INVALID, "%s: tensor %d ('%s'): a name, data, a dtype "
+                         "stof reads and at most %d dims are needed", f->path, i,
+                         e->name ? e->name : "?", SAFETENSORS_MAX_DIMS);
+            break;
+        }
+        t->name = strdup(e->name);
+        t->dtype = e->dtype;
+        snprintf(t->dtype_name, sizeof t->dtype_name, "%s", safetensors_dtype_name(e->dtype));
+        t->ndim = e->ndim;
+        t->numel = 1;
+        for (int d = 0; d < e->ndim; d++) {
+            t->shape[d] = e->shape[d];
+            t->numel *= e->shape[d] >= 0 ? e->shape[d] : 0;
+        }
+        t->begin = (uint64_t)(uintptr_t)e->data;
+        t->end = t->begin + (uint64_t)t->numel * elem;
+        f->n = i + 1;
+        if (!t->name)
+            rc = err_set(err, STOF_ERR_NOMEM, "out of memory");
+    }
+    if (!rc && n > 1) {
+        qsort(f->tensors, (size_t)n, sizeof *f->tensors, st_by_name);
+        for (int i = 1; !rc && i < n; i++)
+            if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0)
+                rc = err_set(err, STOF_ERR_INVALID, "%s: tensor '%s' given twice", f->path,
+                             f->tensors[i].name);
+    }
+    if (rc) {
+        safetensors_close(f);
+        return rc;
+    }
+    *out = f;
+    return STOF_OK;
 }

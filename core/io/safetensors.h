@@ -53,6 +53,7 @@ typedef struct safetensors_file {
     safetensors_tensor *tensors; /* in file order (sorted by name) */
     int n_shards;         /* 0: one file; else the shards the tensors live in */
     struct safetensors_file **shards;
+    int in_memory;        /* safetensors_from_memory: begin is the address of the data */
 } safetensors_file;
 
 /* Opens path and checks its header; *out is freed with safetensors_close.
@@ -99,6 +100,14 @@ int safetensors_read_f32(const safetensors_file *f, int i, float *out, stof_erro
 /* Reads an integer tensor (I32, I64) as int64 values; others are
  * STOF_ERR_UNSUPPORTED. */
 int safetensors_read_i64(const safetensors_file *f, int i, int64_t *out, stof_error *err);
+
+/* Tensors the caller holds in host memory (borrowed: they must outlive *out),
+ * looked up and read as a file's are: a model's weights straight from a
+ * live framework's tensors. Names unique, dtypes read by stof, shapes that
+ * fit SAFETENSORS_MAX_DIMS; path names the set in messages. */
+struct safetensors_entry;
+int safetensors_from_memory(const char *path, const struct safetensors_entry *tensors, int n,
+                            safetensors_file **out, stof_error *err);
 
 /* ---- writing ----------------------------------------------------------------------------- */
 

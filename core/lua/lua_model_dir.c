@@ -69,7 +69,7 @@ int lua_api_build_dir(const char *dir, const char *script, const char *const *pa
         return err_set(err, STOF_ERR_INVALID, "the model directory's path is more than %zu "
                        "characters", sizeof info->model_dir - 1);
     model_dir md;
-    int rc = model_dir_open(dir, &md, err);
+    int rc = model_dir_open_config(dir, &md, err); /* the graph needs no weights */
     if (rc)
         return rc;
     char path[2048], supported[256];

@@ -15,6 +15,11 @@ class _TensorInfo(ctypes.Structure):
                 ("shape", ctypes.c_int64 * 8), ("optional", ctypes.c_int)]
 
 
+class _Weight(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 8), ("data", ctypes.c_void_p)]
+
+
 class _TensorRef(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p)]
 
@@ -75,11 +80,17 @@ class Model:
         self.params = {k: v for k, v in params.items() if v is not None}
 
     @classmethod
-    def from_pretrained(cls, path, batch=8, seq=512, mask=None, dtype="fp16", **params):
+    def from_pretrained(cls, path, batch=8, seq=512, mask=None, dtype="fp16", weights=None,
+                        **params):
         """A Hugging Face model directory (config.json and model.safetensors, or shards with
         their index), with its own weights; the sizes to run it at. mask: a sparse pattern
-        for the attention (the model's own when None); other keys as `stof run --set`."""
-        return cls(path, batch=batch, seq=seq, mask=mask, dtype=dtype, **params)
+        for the attention (the model's own when None); other keys as `stof run --set`.
+        weights: instead of the directory's (which may then have none): a live model (a
+        torch module, e.g. transformers'), a dict of tensors or arrays, or a file."""
+        model = cls(path, batch=batch, seq=seq, mask=mask, dtype=dtype, **params)
+        if weights is not None:
+            model.set_weights(weights)
+        return model
 
     @classmethod
     def from_script(cls, path, **params):
@@ -129,8 +140,15 @@ class Model:
 
     # ---- weights, plans, tuning ----
 
-    def set_weights(self, path):
-        """Weights from a safetensors file, or a model directory's."""
+    def set_weights(self, source):
+        """Weights from a live model (a torch module: its state_dict), a dict of name ->
+        tensor or array (float32, float16, bfloat16; names as the checkpoint's), a
+        safetensors file, or a model directory's. Live tensors are read in place on the host
+        (CUDA ones copied there once): no file is written."""
+        if not isinstance(source, (str, bytes, os.PathLike)):
+            self._set_weights_memory(source)
+            return
+        path = source
         if os.path.isdir(path):
             single = os.path.join(path, "model.safetensors")
             if not os.path.exists(single):
@@ -138,6 +156,36 @@ class Model:
                                 "model.safetensors (open the directory itself for shards)")
             path = single
         _check(_lib.stof_model_set_weights(self._h, os.fsencode(path)))
+
+    def _set_weights_memory(self, source):
+        if hasattr(source, "state_dict"):
+            source = source.state_dict()
+        keep, entries = [], []
+        for name, t in source.items():
+            if _is_torch(t):
+                import torch
+                code = {torch.float32: b"F32", torch.float16: b"F16",
+                        torch.bfloat16: b"BF16"}.get(t.dtype)
+                if code is None:
+                    continue  # integer buffers (position ids): not weights
+                t = t.detach().to("cpu").contiguous()
+                ptr, shape = t.data_ptr(), tuple(t.shape)
+            else:
+                import numpy as np
+                a = np.asarray(t)
+                code = {np.dtype(np.float32): b"F32", np.dtype(np.float16): b"F16"}.get(a.dtype)
+                if code is None:
+                    continue
+                t = np.ascontiguousarray(a)
+                ptr, shape = t.ctypes.data, t.shape
+            if len(shape) > 8:
+                raise StofError(f"weight '{name}' has {len(shape)} dims (at most 8)")
+            keep.append(t)
+            entries.append(_Weight(name.encode(), code, len(shape),
+                                   (ctypes.c_int64 * 8)(*shape), ptr))
+        arr = (_Weight * max(1, len(entries)))(*entries)
+        _check(_lib.stof_model_set_weights_memory(self._h, arr, len(entries)))
+        self._weights = keep  # read again by every run: kept alive with the model
 
     def load_plan(self, path):
         _check(_lib.stof_model_load_plan(self._h, os.fsencode(path)))

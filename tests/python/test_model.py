@@ -159,6 +159,29 @@ def test_cpu_against_numpy():
         shutil.rmtree(root)
 
 
+def test_weights_in_memory():
+    root = tempfile.mkdtemp()
+    try:
+        d, w = make_dir(root)
+        os.remove(os.path.join(d, "model.safetensors"))  # config.json alone
+        ids, mask = ids_and_mask()
+        m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
+        expect_error(lambda: m(ids), "give the weights")
+        m.set_weights(w)  # a dict of arrays, names without a prefix
+        got = m(ids, attention_mask=mask)
+        want = numpy_bert(w, ids, mask)
+        real = mask.astype(bool)
+        assert rel(got[real], want[real]) < 1e-5
+        half = {k: v.astype(np.float16) for k, v in w.items()}
+        m2 = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32", weights=half)
+        rounded = {k: v.astype(np.float32) for k, v in half.items()}  # the same values
+        assert rel(m2(ids)[0], numpy_bert(rounded, ids, np.ones_like(mask))[0]) < 1e-5
+        expect_error(lambda: m.set_weights({k: v for k, v in w.items() if "query" not in k}),
+                     "weights in memory")
+    finally:
+        shutil.rmtree(root)
+
+
 def expect_error(fn, words):
     try:
         fn()
@@ -287,6 +310,12 @@ def test_gpu():
         ref = ref.last_hidden_state.numpy()
         e = rel(g[real], ref[real])
         print(f"test_gpu: against transformers (fp32, attention_mask): rel {e:.2e}")
+        assert e < 1e-2
+        # the live transformers model's tensors as the weights: no file
+        live = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp16", weights=hf)
+        g3 = live(torch.from_numpy(ids).cuda(), attention_mask=torch.from_numpy(mask).cuda())
+        e = rel(g3.float().cpu().numpy()[real], ref[real])
+        print(f"test_gpu: weights from the live transformers model: rel {e:.2e}")
         assert e < 1e-2
     finally:
         shutil.rmtree(root)

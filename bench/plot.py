@@ -96,6 +96,7 @@ def plot(data, out_dir):
                             va="bottom", fontsize=7)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([g[0] for g in groups], fontsize=8)
+    ax.set_xlabel("model and mask; one bar per (batch, seq)")
     ax.legend(title="(batch, seq)", fontsize=8)
     ax.set_title(_title(data, "stof tuned: speedup over the better torch.compile variant"),
                  fontsize=9)
@@ -124,6 +125,7 @@ def plot(data, out_dir):
                 ax.bar(xs, ys, 0.27, label=label)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels(labels, fontsize=6)
+        ax.set_xlabel("case: model, mask, (batch, seq)")
         ax.legend(fontsize=8)
         ax.set_title(_title(data, "ablation: speedup over PyTorch eager (SDPA + mask)"),
                      fontsize=9)

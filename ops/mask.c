@@ -5,11 +5,13 @@
 #include "ops/mask.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/base/error.h"
 #include "core/base/util.h"
+#include "ops/canvas.h"
 #include "ops/png.h"
 
 /* ---- names ---------------------------------------------------------------- */
@@ -453,10 +455,18 @@ static void mask_png_render(const mask *m, int b, int w, int h, int grid, uint8_
     }
 }
 
-/* Image size: the longer side at most max_px; small masks are enlarged by a
- * whole factor so that every element stays a square of pixels. */
+/* Heatmap size: the longer side at most max_px (0: one pixel an element up
+ * to MASK_PNG_AUTO_MAX, at least about MASK_PNG_AUTO_MIN); small masks are
+ * enlarged by a whole factor so that every element stays a square of
+ * pixels. */
+#define MASK_PNG_AUTO_MAX 4096
+#define MASK_PNG_AUTO_MIN 512
 static void mask_png_size(const mask *m, int max_px, int *w, int *h) {
     int longer = m->q_len > m->k_len ? m->q_len : m->k_len;
+    if (max_px == 0)
+        max_px = longer > MASK_PNG_AUTO_MAX   ? MASK_PNG_AUTO_MAX
+                 : longer < MASK_PNG_AUTO_MIN ? MASK_PNG_AUTO_MIN
+                                              : longer;
     if (longer <= max_px) {
         int f = max_px / longer;
         *w = m->k_len * f;
@@ -469,6 +479,101 @@ static void mask_png_size(const mask *m, int max_px, int *w, int *h) {
     *h = *h > 0 ? *h : 1;
 }
 
+/* ---- the figure around the heatmap ---------------------------------------- */
+
+typedef struct mask_fig {
+    int s;                 /* text scale */
+    int left, top, right, bottom; /* margins */
+    int w, h;              /* the heatmap */
+} mask_fig;
+
+#define MASK_FIG_TICKS 5
+#define MASK_FIG_TICK_PX 6
+
+/* Element t/(TICKS-1) of the way along a side of len. */
+static int mask_fig_tick(int t, int len) {
+    int v = (int)((int64_t)t * len / (MASK_FIG_TICKS - 1));
+    return v < len ? v : len;
+}
+
+static void mask_fig_layout(const mask *m, int w, int h, mask_fig *f) {
+    f->w = w;
+    f->h = h;
+    int longer = w > h ? w : h;
+    f->s = longer >= 1024 ? 3 : longer >= 384 ? 2 : 1;
+    char num[24];
+    snprintf(num, sizeof num, "%d", m->q_len);
+    int line = CANVAS_TEXT_HEIGHT * f->s, gap = 4 * f->s;
+    f->left = gap + line + gap + canvas_text_width(num, f->s) + gap + MASK_FIG_TICK_PX;
+    f->bottom = MASK_FIG_TICK_PX + gap + line + gap + line + gap;
+    f->top = gap + line + gap + line + gap;
+    f->right = gap + 2 * line + gap + canvas_text_width("part allowed", f->s) + gap;
+}
+
+static void mask_fig_axes(canvas *c, const mask *m, const mask_fig *f) {
+    int s = f->s, line = CANVAS_TEXT_HEIGHT * s, gap = 4 * s;
+    int x0 = f->left, y0 = f->top;
+    canvas_frame(c, x0, y0, f->w, f->h, s, 0);
+    char num[24];
+    for (int t = 0; t < MASK_FIG_TICKS; t++) {
+        int j = mask_fig_tick(t, m->k_len), i = mask_fig_tick(t, m->q_len);
+        int x = x0 + (int)((int64_t)j * f->w / m->k_len), y = y0 + (int)((int64_t)i * f->h / m->q_len);
+        canvas_rect(c, x - s / 2, y0 + f->h + s, s, MASK_FIG_TICK_PX, 0);
+        snprintf(num, sizeof num, "%d", j);
+        int tw = canvas_text_width(num, s);
+        int tx = t == 0 ? x : t == MASK_FIG_TICKS - 1 ? x - tw : x - tw / 2;
+        canvas_text(c, tx, y0 + f->h + s + MASK_FIG_TICK_PX + gap, num, s, 0, 0);
+        canvas_rect(c, x0 - s - MASK_FIG_TICK_PX, y - s / 2, MASK_FIG_TICK_PX, s, 0);
+        snprintf(num, sizeof num, "%d", i);
+        int ty = t == 0 ? y : t == MASK_FIG_TICKS - 1 ? y - line : y - line / 2;
+        canvas_text(c, x0 - s - MASK_FIG_TICK_PX - gap - canvas_text_width(num, s), ty, num, s,
+                    0, 0);
+    }
+    const char *xl = "key j";
+    canvas_text(c, x0 + (f->w - canvas_text_width(xl, s)) / 2,
+                y0 + f->h + s + MASK_FIG_TICK_PX + gap + line + gap, xl, s, 0, 0);
+    const char *yl = "query i";
+    canvas_text(c, gap, y0 + (f->h + canvas_text_width(yl, s)) / 2, yl, s, 1, 0);
+}
+
+/* The title (the mask's description, cut to the width) and batch. */
+static void mask_fig_title(canvas *c, const mask *m, int b, const mask_fig *f) {
+    int s = f->s, gap = 4 * s, line = CANVAS_TEXT_HEIGHT * s;
+    char title[256];
+    snprintf(title, sizeof title, "%s", m->desc ? m->desc : "mask");
+    int room = (c->w - 2 * gap) / (6 * s);
+    if (room > 3 && (int)strlen(title) > room)
+        snprintf(title + room - 3, sizeof title - (size_t)(room - 3), "...");
+    canvas_text(c, gap, gap, title, s, 0, 0);
+    char sub[96];
+    snprintf(sub, sizeof sub, "%d x %d, batch %d%s", m->q_len, m->k_len, b,
+             m->batch > 1 ? " (one mask per batch)" : "");
+    canvas_text(c, gap, gap + line + gap, sub, s, 0, 0);
+}
+
+/* Swatches: allowed (dark), masked (white), in between where a pixel
+ * covers both (downscaled). */
+static void mask_fig_legend(canvas *c, const mask_fig *f, int downscaled) {
+    int s = f->s, line = CANVAS_TEXT_HEIGHT * s, gap = 4 * s;
+    int x = f->left + f->w + s + gap, y = f->top;
+    static const char *const names[] = {"allowed", "masked", "part allowed"};
+    static const uint8_t shades[] = {0, 255, 128};
+    for (int k = 0; k < (downscaled ? 3 : 2); k++) {
+        int yy = y + k * (2 * line);
+        canvas_rect(c, x, yy, line, line, shades[k]);
+        canvas_frame(c, x, yy, line, line, 1, 0);
+        canvas_text(c, x + line + gap, yy, names[k], s, 0, 0);
+    }
+}
+
+void mask_png_placement(const mask *m, int max_px, mask_png_place *pl) {
+    int w, h;
+    mask_png_size(m, max_px, &w, &h);
+    mask_fig f;
+    mask_fig_layout(m, w, h, &f);
+    *pl = (mask_png_place){f.left, f.top, w, h, f.left + w + f.right, f.top + h + f.bottom};
+}
+
 int mask_write_png(const mask *m, int b, const char *path, int max_px, int grid,
                    stof_error *err) {
     if (!m || !path)
@@ -476,9 +581,9 @@ int mask_write_png(const mask *m, int b, const char *path, int max_px, int grid,
     if (b < 0 || (m->batch > 1 && b >= m->batch))
         return err_set(err, STOF_ERR_INVALID, "mask_write_png: batch %d is outside 0..%d", b,
                        m->batch - 1);
-    if (max_px <= 0 || max_px > MASK_PNG_MAX_PX)
-        return err_set(err, STOF_ERR_INVALID, "mask_write_png: max_px must be in 1..%d, got %d",
-                       MASK_PNG_MAX_PX, max_px);
+    if (max_px < 0 || max_px > MASK_PNG_MAX_PX)
+        return err_set(err, STOF_ERR_INVALID, "mask_write_png: max_px must be in 0..%d (0: "
+                       "automatic), got %d", MASK_PNG_MAX_PX, max_px);
     if (grid < 0)
         return err_set(err, STOF_ERR_INVALID, "mask_write_png: grid must be >= 0, got %d", grid);
     int w, h;
@@ -487,7 +592,19 @@ int mask_write_png(const mask *m, int b, const char *path, int max_px, int grid,
     if (!px)
         return STOF_ERR_NOMEM;
     mask_png_render(m, b, w, h, grid, px);
-    int rc = png_write_gray(path, px, w, h, err);
+    mask_fig f;
+    mask_fig_layout(m, w, h, &f);
+    canvas c;
+    int rc = canvas_init(&c, f.left + w + f.right, f.top + h + f.bottom, err);
+    if (!rc) {
+        for (int y = 0; y < h; y++)
+            memcpy(c.px + (size_t)(f.top + y) * c.w + f.left, px + (size_t)y * w, (size_t)w);
+        mask_fig_axes(&c, m, &f);
+        mask_fig_title(&c, m, b, &f);
+        mask_fig_legend(&c, &f, w < m->k_len || h < m->q_len);
+        rc = png_write_gray(path, c.px, c.w, c.h, err);
+    }
+    canvas_free(&c);
     free(px);
     return rc;
 }

@@ -110,12 +110,23 @@ typedef struct mask_stats {
  * k_len) count as full when every in-range element is allowed. */
 void mask_compute_stats(const mask *m, int block_m, int block_n, mask_stats *st);
 
-/* A heatmap of batch b a person can read: allowed pairs dark on white, with
- * block grid lines every grid elements (0: none), downscaled to at most
- * max_px pixels a side (each pixel shows the share of allowed pairs it
- * covers). */
+/* A figure of batch b a person can read: the heatmap (allowed pairs dark on
+ * white, block grid lines every grid elements, 0: none) inside axes, query
+ * i down and key j across with ticks and numbers, the mask's description
+ * as its title and a legend. The heatmap is at most max_px pixels a side
+ * (0: automatic, one pixel an element up to 4096 and small masks enlarged
+ * to about 512, so that a dilated mask's stripes show); downscaled, each
+ * pixel shows the share of allowed pairs it covers. */
 int mask_write_png(const mask *m, int b, const char *path, int max_px, int grid,
                    stof_error *err);
+
+/* Where mask_write_png puts the heatmap of m in its figure (tests read it
+ * back): its top-left corner and size, and the figure's size. */
+typedef struct mask_png_place {
+    int x, y, w, h;
+    int width, height;
+} mask_png_place;
+void mask_png_placement(const mask *m, int max_px, mask_png_place *pl);
 
 
 /* ---- helpers shared by the mask files and by format builders (CSR/BSR) ---

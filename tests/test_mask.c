@@ -1120,7 +1120,33 @@ static t_png read_png_file(const char *path) {
     return img;
 }
 
-/* bigbird at 1024 drawn at 512 px: each pixel covers 2 x 2 elements. */
+/* Pixel (x, y) of the heatmap inside a figure read back. */
+static int heat(const t_png *img, const mask_png_place *pl, int x, int y) {
+    return img->pixels[(size_t)(pl->y + y) * img->width + pl->x + x];
+}
+
+/* The figure's frame: a black line just outside the heatmap on all sides. */
+static int framed(const t_png *img, const mask_png_place *pl) {
+    int ok = img->pixels != NULL;
+    for (int x = 0; ok && x < pl->w; x++)
+        ok = heat(img, pl, x, -1) == 0 && heat(img, pl, x, pl->h) == 0;
+    for (int y = 0; ok && y < pl->h; y++)
+        ok = heat(img, pl, -1, y) == 0 && heat(img, pl, pl->w, y) == 0;
+    return ok;
+}
+
+/* Any dark pixel in the rectangle (text drawn there). */
+static int inked(const t_png *img, int x0, int y0, int x1, int y1) {
+    for (int y = y0; y < y1; y++)
+        for (int x = x0; x < x1; x++)
+            if (img->pixels[(size_t)y * img->width + x] == 0)
+                return 1;
+    return 0;
+}
+
+/* bigbird at 1024 drawn at 512 px: each pixel covers 2 x 2 elements; the
+ * figure frames it, with ticks and numbers below and left, a title above
+ * and a legend to the right. */
 static void test_mask_png(void) {
     char path[512];
     mask *m = build_text("bigbird{seed=1}", 1, 1024, 1024);
@@ -1128,15 +1154,18 @@ static void test_mask_png(void) {
     out_path("test_mask_bigbird.png", path, sizeof path);
     CHECK_EQ_INT(mask_write_png(m, 0, path, 512, 64, &err), STOF_OK);
     t_png img = read_png_file(path);
-    CHECK(img.width == 512 && img.height == 512);
-    int ok = img.pixels != NULL, grid_seen = 0;
+    mask_png_place pl;
+    mask_png_placement(m, 512, &pl);
+    CHECK(pl.w == 512 && pl.h == 512 && img.width == pl.width && img.height == pl.height);
+    CHECK(pl.x > 20 && pl.y > 20 && pl.width - pl.x - pl.w > 60 && pl.height - pl.y - pl.h > 20);
+    int ok = img.pixels != NULL && img.width == pl.width, grid_seen = 0;
     for (int y = 0; ok && y < 512; y++)
         for (int x = 0; x < 512; x++) {
             int allowed = 0;
             for (int i = 2 * y; i < 2 * y + 2; i++)
                 for (int j = 2 * x; j < 2 * x + 2; j++)
                     allowed += mask_get(m, 0, i, j);
-            int v = img.pixels[y * 512 + x];
+            int v = heat(&img, &pl, x, y);
             int want = (int)lround(255.0 * (1.0 - allowed / 4.0));
             if ((x > 0 && x % 32 == 0) || (y > 0 && y % 32 == 0))
                 grid_seen += v != want, ok &= v >= want / 4 + 100; /* lines are light */
@@ -1144,6 +1173,13 @@ static void test_mask_png(void) {
                 ok &= v == want;
         }
     CHECK_MSG(ok && grid_seen > 0, "the bigbird heatmap does not show the mask");
+    CHECK_MSG(ok && framed(&img, &pl), "no frame around the heatmap");
+    if (ok) {
+        CHECK_MSG(inked(&img, 0, 0, img.width, pl.y - 2), "no title");
+        CHECK_MSG(inked(&img, pl.x, pl.y + pl.h + 2, pl.x + pl.w, img.height), "no x axis");
+        CHECK_MSG(inked(&img, 0, pl.y, pl.x - 2, pl.y + pl.h), "no y axis");
+        CHECK_MSG(inked(&img, pl.x + pl.w + 2, pl.y, img.width, pl.y + pl.h), "no legend");
+    }
     free(img.pixels);
 
     /* small masks are enlarged by a whole factor; long ones keep their aspect */
@@ -1151,22 +1187,35 @@ static void test_mask_png(void) {
     CHECK_EQ_INT(mask_write_png(small, 0, out_path("test_mask_small.png", path, sizeof path),
                                 100, 0, &err), STOF_OK);
     img = read_png_file(path);
-    CHECK(img.width == 70 && img.height == 100);
+    mask_png_placement(small, 100, &pl);
+    CHECK(pl.w == 70 && pl.h == 100 && img.width == pl.width);
     /* bottom-right aligned: row 0 sees nothing, row 3 (pixels 30..39) key 0 only */
-    CHECK(img.pixels && img.pixels[0] == 255 && img.pixels[30 * 70 + 9] == 0 &&
-          img.pixels[39 * 70 + 10] == 255);
+    CHECK(img.pixels && img.width == pl.width && heat(&img, &pl, 0, 0) == 255 &&
+          heat(&img, &pl, 9, 30) == 0 && heat(&img, &pl, 10, 39) == 255);
     free(img.pixels);
     CHECK_EQ_INT(mask_write_png(tall, 0, out_path("test_mask_tall.png", path, sizeof path), 256,
                                 0, &err), STOF_OK);
+    mask_png_placement(tall, 256, &pl);
+    CHECK(pl.w == 76 && pl.h == 256);
+    /* automatic size: one pixel an element (the dilated stripes show), small ones enlarged */
+    mask *dil = build_text("dilated{band=4, dilation=1}", 1, 600, 600);
+    mask_png_placement(dil, 0, &pl);
+    CHECK(pl.w == 600 && pl.h == 600);
+    CHECK_EQ_INT(mask_write_png(dil, 0, out_path("test_mask_dilated.png", path, sizeof path), 0,
+                                0, &err), STOF_OK);
     img = read_png_file(path);
-    CHECK(img.width == 76 && img.height == 256);
+    CHECK(img.pixels && img.width == pl.width && heat(&img, &pl, 300, 300) == 0 &&
+          heat(&img, &pl, 301, 300) == 255 && heat(&img, &pl, 302, 300) == 0);
     free(img.pixels);
+    mask_png_placement(small, 0, &pl);
+    CHECK(pl.h == 510 && pl.w == 357); /* x 51: 10 rows to about 512 */
+    mask_free(dil);
 
     out_path("test_mask_batch1.png", path, sizeof path);
     CHECK_EQ_INT(mask_write_png(m, 1, path, 512, 0, &err), STOF_OK); /* shared: any batch */
     CHECK_EQ_INT(mask_write_png(m, -1, path, 512, 0, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "batch -1");
-    CHECK_EQ_INT(mask_write_png(m, 0, path, 0, 0, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mask_write_png(m, 0, path, -1, 0, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "max_px");
     CHECK_EQ_INT(mask_write_png(m, 0, "/nonexistent-dir/m.png", 64, 0, &err), STOF_ERR_IO);
     mask_free(m);

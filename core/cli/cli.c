@@ -52,7 +52,9 @@ static const struct {
      "                                     write the output as fp32 tensor \"output\"\n"},
     {"mask",
      "  stof mask SCRIPT|DIR [--set k=v ...] [--block N] [--png FILE] [--px N] [--mask-index I]\n"
-     "                                     mask statistics, and a heatmap as PNG\n"},
+     "                                     mask statistics, and a figure of it as PNG (axes,\n"
+     "                                     legend, causal drawn; --px caps its side, default:\n"
+     "                                     one pixel a token up to 4096)\n"},
     {"tune",
      "  stof tune SCRIPT|DIR [--set k=v ...] -o PLAN.json [--budget N] [--time-limit S]\n"
      "            [--seed N] [--arch sm_XX] [--reps N] [--check | --no-check]\n"
@@ -297,7 +299,7 @@ static int check_outputs(const cli_args *a) {
 int cli_parse(int argc, char **argv, int first, cli_args *a) {
     memset(a, 0, sizeof *a);
     a->seed = 1;
-    a->png_px = 1024;
+    a->png_px = 0; /* automatic: one pixel a token up to 4096 */
     a->block = 64;
     a->reps = 20;
     unsigned char seen[N_OPTIONS] = {0};

@@ -1,5 +1,6 @@
 /* `stof info`, `stof graph`, `stof mask`. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/cli/cli.h"
@@ -106,15 +107,82 @@ static void print_block_stats(const mask *m, int bm, int bn) {
            (long long)st.full_blocks, (long long)st.partial_blocks, (long long)st.empty_blocks);
 }
 
+/* Whether an attention op that uses mask id (-1: no mask) is causal too. */
+static int used_causally(const graph *g, int id) {
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == OP_ATTENTION && g->ops[i].attr.attn.mask == id &&
+            g->ops[i].attr.attn.causal)
+            return 1;
+    return 0;
+}
+
+/* What a causal attention over m sees: m's pairs with j <= i + (k_len -
+ * q_len), for the picture; m NULL: every such pair. */
+static int causal_picture(const mask *m, int q_len, int k_len, mask **out, stof_error *err) {
+    int rc = mask_alloc(m ? m->batch : 1, q_len, k_len, out, err);
+    if (rc)
+        return rc;
+    mask *c = *out;
+    for (int b = 0; b < c->batch; b++)
+        for (int i = 0; i < q_len; i++) {
+            uint64_t *row = c->bits + ((size_t)b * q_len + i) * c->words;
+            int end = i + (k_len - q_len) + 1;
+            end = end < 0 ? 0 : end > k_len ? k_len : end;
+            if (m)
+                memcpy(row, m->bits + ((size_t)b * q_len + i) * m->words,
+                       sizeof *row * (size_t)c->words);
+            else
+                mask_row_set_range(row, 0, end);
+            for (int j = end; j < k_len; j++)
+                row[j / 64] &= ~(1ULL << (j % 64));
+        }
+    char desc[512];
+    snprintf(desc, sizeof desc, "causal%s%s", m ? " AND " : "", m && m->desc ? m->desc : "");
+    c->desc = strdup(desc);
+    return STOF_OK;
+}
+
+/* A dense causal model (GPT-2 without a mask): its picture is the causal one. */
+static int causal_only(const cli_args *a, const graph *g) {
+    for (int i = 0; i < g->n_ops; i++) {
+        const graph_op *op = &g->ops[i];
+        if (op->kind != OP_ATTENTION || !op->attr.attn.causal)
+            continue;
+        const graph_tensor *out = &g->tensors[op->output];
+        const graph_tensor *kv = &g->tensors[op->inputs[op->attr.attn.cross ? 1 : 0]];
+        printf("model %s uses no attention mask: causal attention (%lld x %lld)\n", g->name,
+               (long long)out->shape[1], (long long)kv->shape[1]);
+        if (!a->png)
+            return 0;
+        mask *c = NULL;
+        stof_error err = {0};
+        int rc = causal_picture(NULL, (int)out->shape[1], (int)kv->shape[1], &c, &err);
+        if (!rc)
+            rc = mask_write_png(c, 0, a->png, a->png_px, a->block, &err);
+        mask_free(c);
+        if (rc) {
+            fprintf(stderr, "stof: %s\n", err.msg);
+            return 1;
+        }
+        printf("wrote %s (causal)\n", a->png);
+        return 0;
+    }
+    return -1;
+}
+
 int cli_cmd_mask(const cli_args *a) {
     graph g;
     graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
     if (g.n_masks == 0) {
-        printf("model %s uses no attention mask (dense attention)\n", g.name);
+        int rc = causal_only(a, &g);
+        if (rc < 0) {
+            printf("model %s uses no attention mask (dense attention)\n", g.name);
+            rc = a->png ? 1 : 0;
+        }
         graph_free(&g);
-        return a->png ? 1 : 0;
+        return rc;
     }
     int rc = 0;
     for (int i = 0; i < g.n_masks; i++) {
@@ -138,13 +206,18 @@ int cli_cmd_mask(const cli_args *a) {
         } else {
             stof_error err = {0};
             const mask *m = g.masks[a->mask_index];
-            if (mask_write_png(m, 0, a->png, a->png_px, a->block, &err)) {
+            mask *causal = NULL;
+            int as_causal = used_causally(&g, a->mask_index);
+            if (as_causal && causal_picture(m, m->q_len, m->k_len, &causal, &err) == STOF_OK)
+                m = causal;
+            if ((as_causal && !causal) || mask_write_png(m, 0, a->png, a->png_px, a->block, &err)) {
                 fprintf(stderr, "stof: %s\n", err.msg);
                 rc = 1;
             } else {
-                printf("wrote %s (mask %d, batch 0, grid every %d)\n", a->png, a->mask_index,
-                       a->block);
+                printf("wrote %s (mask %d%s, batch 0, grid every %d)\n", a->png, a->mask_index,
+                       as_causal ? " with the causal rule" : "", a->block);
             }
+            mask_free(causal);
         }
     }
     graph_free(&g);

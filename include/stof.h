@@ -131,6 +131,16 @@ typedef struct stof_tensor_ref {
     const void *data;
 } stof_tensor_ref;
 
+/* Weights already on the GPU, used in place (no copy): every weight the
+ * model reads from a checkpoint, under the model's own names and layout
+ * (stof_model_num_weights / stof_model_weight_info: a fused QKV projection
+ * is one tensor), in its dtype, contiguous, 16-byte aligned device
+ * pointers. Keep them alive and unchanged while the model runs. The CPU
+ * reference cannot read them (stof_model_run_cpu says so). */
+STOF_API int stof_model_num_weights(const stof_model *m);
+STOF_API int stof_model_weight_info(const stof_model *m, int i, stof_tensor_info *info);
+STOF_API int stof_model_set_weights_device(stof_model *m, const stof_tensor_ref *weights,
+                                           int n);
 /* The fp32 CPU reference on host inputs; output: host memory for the
  * output's elements as fp32. Token ids outside the vocabulary and an
  * attention_mask that is not right-padded are errors naming the element. */
@@ -162,6 +172,12 @@ STOF_API int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_
 typedef void (*stof_progress_fn)(const char *stage, long measured, double best_ms, void *ud);
 STOF_API int stof_model_tune(stof_model *m, int device, double time_limit_s,
                              stof_progress_fn progress, void *ud);
+/* A plan made without a GPU (as `stof tune` on a machine without one): for
+ * architecture arch ("sm_90", "sm_80", ...), every class of layers on its
+ * default scheme and every segment on its default setting, marked
+ * unmeasured, its kernels compiled into the kernel cache; saved with
+ * stof_model_save_plan and run, or tuned, where that GPU is. */
+STOF_API int stof_model_plan_offline(stof_model *m, const char *arch);
 /* A plan file written by `stof tune` or stof_model_save_plan, checked
  * against the model (its script, parameters and graph). */
 STOF_API int stof_model_load_plan(stof_model *m, const char *path);

@@ -3,7 +3,8 @@
  * stof_model_run_cpu on the same inputs (a padded batch, then no mask: the
  * mask is reset), output poisoned before each run; a bad token id is an
  * error naming it; a short tune, its plan saved, loaded into a second model
- * and run: the same output as the tuned model's.
+ * and run: the same output as the tuned model's; the same (seeded) weights
+ * given on the device instead, used in place: the same output, bit for bit.
  *
  * Exit 77 with "SKIPPED: <reason>" when there is no GPU. */
 #include <math.h>
@@ -13,7 +14,10 @@
 
 #include "check.h"
 #include "core/base/util.h"
+#include "core/graph/graph.h"
 #include "core/gpu/cuda_driver.h"
+#include "core/io/weights.h"
+#include "core/lua/lua_api.h"
 #include "stof.h"
 
 enum { B = 2, S = 64, H = 512 };
@@ -83,6 +87,73 @@ static void compare(stof_model *m, const bufs *d, const int32_t *ids, const int3
               nonfinite);
 }
 
+/* A second model whose weights are the first's seeded values, uploaded by
+ * this program and bound in place: the output of m, exactly. */
+static void device_weights(const bufs *d, const int32_t *ids, const int32_t *mask,
+                           const uint16_t *want_bits) {
+    graph g;
+    graph_init(&g);
+    stof_error err = {0};
+    if (lua_api_build(STOF_SOURCE_DIR "/scripts/bert.lua", params, N_PARAMS, &g, NULL, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    stof_model *m = NULL;
+    CHECK_EQ_INT(stof_model_open(STOF_SOURCE_DIR "/scripts/bert.lua", params, N_PARAMS, &m),
+                 STOF_OK);
+    int n = stof_model_num_weights(m);
+    stof_tensor_ref *w = calloc((size_t)n, sizeof *w);
+    CUdeviceptr *dev = calloc((size_t)n, sizeof *dev);
+    stof_tensor_info *info = calloc((size_t)n, sizeof *info);
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ_INT(stof_model_weight_info(m, i, &info[i]), STOF_OK);
+        const graph_tensor *t = &g.tensors[graph_find_tensor(&g, info[i].name)];
+        int64_t numel = graph_tensor_numel(t);
+        float *v = malloc(sizeof *v * (size_t)numel);
+        uint16_t *bits = malloc(2 * (size_t)numel);
+        weights_fill(t, 1, v); /* the seed the first model ran with */
+        for (int64_t k = 0; k < numel; k++)
+            bits[k] = util_f32_to_f16(v[k]);
+        ok(drv->MemAlloc(&dev[i], 2 * (size_t)numel), "weight");
+        ok(drv->MemcpyHtoD(dev[i], bits, 2 * (size_t)numel), "weight upload");
+        w[i] = (stof_tensor_ref){info[i].name, (void *)(uintptr_t)dev[i]};
+        free(v);
+        free(bits);
+    }
+    CHECK_EQ_INT(stof_model_set_weights_device(m, w, n - 1), STOF_ERR_MISMATCH);
+    CHECK_CONTAINS(stof_last_error(), "was not given");
+    CHECK_MSG(stof_model_set_weights_device(m, w, n) == STOF_OK, "%s", stof_last_error());
+    size_t elems = (size_t)B * S * H;
+    stof_tensor_ref in[] = {{"input_ids", (void *)(uintptr_t)d->ids},
+                            {"attention_mask", (void *)(uintptr_t)d->mask}};
+    drv->MemcpyHtoD(d->ids, ids, sizeof(int32_t) * B * S);
+    drv->MemcpyHtoD(d->mask, mask, sizeof(int32_t) * B * S);
+    drv->MemsetD16Async(d->out, 0x7fff, elems, d->stream);
+    int rc = stof_model_run(m, in, 2, (void *)(uintptr_t)d->out, d->stream);
+    CHECK_MSG(rc == STOF_OK, "device weights: %s", stof_last_error());
+    uint16_t *got = malloc(elems * 2);
+    if (!rc && ok(drv->StreamSynchronize(d->stream), "sync") &&
+        ok(drv->MemcpyDtoH(got, d->out, elems * 2), "output")) {
+        int same = memcmp(got, want_bits, elems * 2) == 0;
+        printf("weights on the device, bound in place (%d tensors): %s\n", n,
+               same ? "the same output, bit for bit" : "ANOTHER OUTPUT");
+        CHECK(same);
+    }
+    float *y = malloc(elems * sizeof *y);
+    stof_tensor_ref host_in[] = {{"input_ids", ids}};
+    CHECK_EQ_INT(stof_model_run_cpu(m, host_in, 1, y), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "weights are on the GPU");
+    free(y);
+    free(got);
+    stof_model_free(m);
+    for (int i = 0; i < n; i++)
+        drv->MemFree(dev[i]);
+    free(dev);
+    free(w);
+    free(info);
+    graph_free(&g);
+}
+
 static void on_progress(const char *stage, long measured, double best_ms, void *ud) {
     ++*(int *)ud;
     (void)stage;
@@ -121,6 +192,7 @@ int main(void) {
         ok(drv->MemAlloc(&d.mask, sizeof mask), "mask") && ok(drv->MemAlloc(&d.out, n * 2), "out") &&
         ok(drv->StreamCreate(&d.stream, CU_STREAM_NON_BLOCKING), "stream")) {
         compare(m, &d, ids, mask, "default scheme, padded", host, want);
+        device_weights(&d, ids, mask, host);
         compare(m, &d, ids, NULL, "default scheme, no mask (reset)", host, want);
 
         ids[S + 5] = 30522; /* outside bert's vocabulary */

@@ -98,6 +98,32 @@ static void test_model_io(void) {
     CHECK_EQ_INT(stof_model_set_weights(m, "/nonexistent.safetensors"), STOF_ERR_IO);
     CHECK_EQ_INT(stof_model_load_plan(m, "/nonexistent.json"), STOF_ERR_IO);
 
+    /* weights on the device: every one by the model's names, aligned; then
+     * the CPU reference says it cannot read them */
+    int nw = stof_model_num_weights(m);
+    CHECK(nw > 10);
+    stof_tensor_ref *dw = calloc((size_t)nw, sizeof *dw);
+    stof_tensor_info *wi = calloc((size_t)nw, sizeof *wi);
+    for (int i = 0; i < nw; i++) {
+        CHECK_EQ_INT(stof_model_weight_info(m, i, &wi[i]), STOF_OK);
+        dw[i] = (stof_tensor_ref){wi[i].name, (void *)(uintptr_t)(0x10000 * (i + 1))};
+    }
+    CHECK(strcmp(wi[0].name, "embeddings.word_embeddings.weight") == 0 && wi[0].ndim == 2);
+    CHECK_EQ_INT(stof_model_weight_info(m, nw, &wi[0]), STOF_ERR_INVALID);
+    stof_tensor_ref bogus = {"encoder.layer.0.nothing", (void *)0x10000};
+    CHECK_EQ_INT(stof_model_set_weights_device(m, &bogus, 1), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "'encoder.layer.0.nothing' is not a weight of the model");
+    dw[1].data = (void *)0x10008;
+    CHECK_EQ_INT(stof_model_set_weights_device(m, dw, nw), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "16-byte aligned");
+    dw[1].data = (void *)0x20000;
+    CHECK_EQ_INT(stof_model_set_weights_device(m, dw, nw - 1), STOF_ERR_MISMATCH);
+    CHECK_EQ_INT(stof_model_set_weights_device(m, dw, nw), STOF_OK);
+    CHECK_EQ_INT(stof_model_run_cpu(m, both, 2, full), STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "weights are on the GPU");
+    free(dw);
+    free(wi);
+
     /* the GPU half: runs where a GPU answers, says why where none does */
     stof_device_info info;
     if (stof_device_query(0, &info) != STOF_OK) {

@@ -28,6 +28,7 @@ struct stof_model {
     safetensors_file *weights; /* the model directory's, or stof_model_set_weights' */
     uint64_t seed;             /* for what no file gives */
     int weights_missing;       /* a model directory without weights, none given since */
+    CUdeviceptr *bound;        /* per tensor: the caller's device weight (set_weights_device) */
     plan pl;                   /* tuned or loaded; has_plan */
     int has_plan;
     /* on the GPU, made at the first run (or after a new plan) */
@@ -89,6 +90,7 @@ void stof_model_free(stof_model *m) {
     if (m->has_plan)
         plan_free(&m->pl);
     safetensors_close(m->weights);
+    free(m->bound);
     graph_free(&m->g);
     free(m);
 }
@@ -164,6 +166,75 @@ int stof_model_set_weights(stof_model *m, const char *path) {
     safetensors_close(m->weights);
     m->weights = f;
     m->weights_missing = !f && m->script.model_dir[0];
+    free(m->bound);
+    m->bound = NULL;
+    drop_gpu_model(m);
+    return api_remember(STOF_OK, &err);
+}
+
+/* The weights a checkpoint gives (not the constants a script fixes). */
+static int is_checkpoint_weight(const graph_tensor *t) {
+    return t->role == GRAPH_WEIGHT && !t->constant;
+}
+
+/* The graph index of weight number i, or -1. */
+static int weight_tensor(const graph *g, int i) {
+    for (int t = 0; t < g->n_tensors; t++)
+        if (is_checkpoint_weight(&g->tensors[t]) && i-- == 0)
+            return t;
+    return -1;
+}
+
+int stof_model_num_weights(const stof_model *m) {
+    int n = 0;
+    for (int t = 0; t < m->g.n_tensors; t++)
+        n += is_checkpoint_weight(&m->g.tensors[t]);
+    return n;
+}
+
+int stof_model_weight_info(const stof_model *m, int i, stof_tensor_info *info) {
+    stof_error err = {0};
+    int t = weight_tensor(&m->g, i);
+    if (t < 0)
+        return api_remember(err_set(&err, STOF_ERR_INVALID, "weight %d: the model has %d", i,
+                                    stof_model_num_weights(m)),
+                            &err);
+    tensor_info(&m->g.tensors[t], info);
+    return api_remember(STOF_OK, &err);
+}
+
+int stof_model_set_weights_device(stof_model *m, const stof_tensor_ref *w, int n) {
+    stof_error err = {0};
+    const graph *g = &m->g;
+    CUdeviceptr *bound = err_calloc((size_t)g->n_tensors, sizeof *bound, &err);
+    int rc = bound ? STOF_OK : STOF_ERR_NOMEM;
+    for (int i = 0; !rc && i < n; i++) {
+        int t = w[i].name ? graph_find_tensor(g, w[i].name) : -1;
+        CUdeviceptr p = (CUdeviceptr)(uintptr_t)w[i].data;
+        if (t < 0 || !is_checkpoint_weight(&g->tensors[t]))
+            rc = err_set(&err, STOF_ERR_INVALID, "'%s' is not a weight of the model (see "
+                         "stof_model_weight_info for its names)", w[i].name ? w[i].name : "?");
+        else if (bound[t])
+            rc = err_set(&err, STOF_ERR_INVALID, "weight '%s' given twice", w[i].name);
+        else if (!p || p % 16)
+            rc = err_set(&err, STOF_ERR_INVALID, "weight '%s': a 16-byte aligned device pointer "
+                         "is needed (got 0x%llx)", w[i].name, (unsigned long long)p);
+        else
+            bound[t] = p;
+    }
+    for (int t = 0; !rc && t < g->n_tensors; t++)
+        if (is_checkpoint_weight(&g->tensors[t]) && !bound[t])
+            rc = err_set(&err, STOF_ERR_MISMATCH, "weight '%s' was not given (every weight is "
+                         "given on the device, or none)", g->tensors[t].name);
+    if (rc) {
+        free(bound);
+        return api_remember(rc, &err);
+    }
+    free(m->bound);
+    m->bound = bound;
+    safetensors_close(m->weights);
+    m->weights = NULL;
+    m->weights_missing = 0;
     drop_gpu_model(m);
     return api_remember(STOF_OK, &err);
 }
@@ -206,6 +277,8 @@ int stof_model_set_weights_memory(stof_model *m, const stof_weight *w, int n) {
     safetensors_close(m->weights);
     m->weights = f;
     m->weights_missing = 0;
+    free(m->bound);
+    m->bound = NULL;
     drop_gpu_model(m);
     return api_remember(STOF_OK, &err);
 }
@@ -308,6 +381,9 @@ int stof_model_run_cpu(stof_model *m, const stof_tensor_ref *inputs, int n_input
     if (!data)
         return api_remember(STOF_ERR_NOMEM, &err);
     int rc = check_weights(m, &err);
+    if (!rc && m->bound)
+        rc = err_set(&err, STOF_ERR_INVALID, "the model's weights are on the GPU "
+                     "(stof_model_set_weights_device): the CPU reference reads host weights");
     if (!rc)
         rc = match_inputs(&m->g, inputs, n_inputs, data, &err);
     ref_values rv = {0};
@@ -388,6 +464,20 @@ int stof_model_tune(stof_model *m, int device, double time_limit_s, stof_progres
     return api_remember(rc, &err);
 }
 
+int stof_model_plan_offline(stof_model *m, const char *arch) {
+    stof_error err = {0};
+    if (!arch || strncmp(arch, "sm_", 3) != 0)
+        return api_remember(err_set(&err, STOF_ERR_INVALID, "arch must be sm_XX (sm_80, "
+                                    "sm_90, ...), got '%s'", arch ? arch : "(null)"),
+                            &err);
+    plan p;
+    tune_offline_stats st;
+    int rc = tune_offline(&m->g, &m->script, arch, NULL, &p, &st, &err);
+    if (!rc)
+        keep_plan(m, &p);
+    return api_remember(rc, &err);
+}
+
 int stof_model_load_plan(stof_model *m, const char *path) {
     stof_error err = {0};
     plan p;
@@ -448,7 +538,7 @@ static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
                          : default_exec_plan(&m->g, &m->xplan, err);
     weights_source src = {.seed = m->seed, .weights = m->weights};
     if (!rc)
-        rc = exec_model_create(m->ctx, m->xplan, &src, &m->xmodel, err);
+        rc = exec_model_create_bound(m->ctx, m->xplan, &src, m->bound, &m->xmodel, err);
     if (rc)
         drop_gpu_model(m);
     return rc;

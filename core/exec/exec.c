@@ -132,6 +132,10 @@ static int const_tensors(exec_model *m, int **list, int *n, size_t *span, size_t
         const graph_tensor *x = &g->tensors[t];
         if (x->role != GRAPH_WEIGHT && x->role != GRAPH_INPUT)
             continue;
+        if (m->bound && m->bound[t]) { /* the caller's, in place */
+            m->ptr[t] = m->bound[t];
+            continue;
+        }
         size_t bytes = exec_aligned(graph_tensor_bytes(x));
         (*list)[(*n)++] = t;
         m->ptr[t] = m->consts + *span;
@@ -266,6 +270,11 @@ void exec_model_free(exec_model *m) {
 
 int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src,
                       exec_model **out, stof_error *err) {
+    return exec_model_create_bound(c, p, src, NULL, out, err);
+}
+
+int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_source *src,
+                            const CUdeviceptr *bound, exec_model **out, stof_error *err) {
     *out = NULL;
     int checked = weights_source_check(src, p->g, err);
     if (checked)
@@ -275,6 +284,7 @@ int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src
         return STOF_ERR_NOMEM;
     m->ctx = c;
     m->plan = p;
+    m->bound = bound;
     m->ptr = err_calloc((size_t)p->g->n_tensors, sizeof *m->ptr, err);
     m->rt = err_calloc((size_t)(p->n_segs ? p->n_segs : 1), sizeof *m->rt, err);
     const cuda_driver *drv = c->drv;

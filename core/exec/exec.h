@@ -292,6 +292,11 @@ typedef struct exec_model exec_model;
  * failure nothing is left allocated. */
 int exec_model_create(exec_ctx *c, const exec_plan *p, const weights_source *src,
                       exec_model **out, stof_error *err);
+/* The same with some weights already on the device: bound[t] (per graph
+ * tensor, 0: none) is used in place, not copied (16-byte aligned, the
+ * tensor's dtype and size; the caller keeps it alive while m runs). */
+int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_source *src,
+                            const CUdeviceptr *bound, exec_model **out, stof_error *err);
 void exec_model_free(exec_model *m);
 
 /* One forward pass, kernel by kernel on the model's stream; waits for it and

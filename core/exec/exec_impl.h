@@ -46,6 +46,8 @@ struct exec_model {
     exec_ctx *ctx;
     const exec_plan *plan;
     CUdeviceptr consts;   /* weights and inputs */
+    const CUdeviceptr *bound; /* per tensor: a weight the caller holds on the device (0:
+                                 uploaded into consts); NULL: none */
     CUdeviceptr arena;    /* activations */
     CUdeviceptr *ptr;     /* per tensor: its address, 0 when it has none */
     CUstream stream;

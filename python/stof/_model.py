@@ -214,6 +214,11 @@ class Model:
             if progress is True:
                 sys.stderr.write("\n")
 
+    def plan_offline(self, arch="sm_90"):
+        """Without a GPU: a plan for arch (default settings, unmeasured, its kernels compiled
+        into the cache), to save_plan and run or tune on that GPU later."""
+        _check(_lib.stof_model_plan_offline(self._h, arch.encode()))
+
     def to(self, device=0):
         """Prepares the model on a GPU (kernels compiled, weights uploaded); the first GPU
         call does it on device 0 otherwise."""

@@ -205,6 +205,18 @@ def test_errors():
         left = mask[:, ::-1].copy()
         expect_error(lambda: m(ids, attention_mask=left), "stof takes right padding")
         expect_error(lambda: m.save_plan(os.path.join(root, "p.json")), "no plan to save")
+        # a plan made without a GPU, for an architecture: saved, and it fits the model
+        expect_error(lambda: m.plan_offline("sm_90"), "the GPU kernels run in f16 or bf16")
+        half = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp16")
+        half.plan_offline("sm_90")
+        plan = os.path.join(root, "offline.json")
+        half.save_plan(plan)
+        with open(plan) as f:
+            saved = json.load(f)
+        assert saved["device"]["arch"] == "sm_90" and not saved["device"].get("measured")
+        again = stof.Model.from_plan(plan)
+        assert again.output.shape == (2, 8, 64)
+        expect_error(lambda: half.plan_offline("gfx90a"), "arch must be sm_XX")
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(dict(CONFIG, model_type="longt5"), f)
         expect_error(lambda: stof.Model.from_pretrained(d, batch=2, seq=8),

@@ -165,12 +165,19 @@ STOF_API int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_
                             void *output, void *stream);
 
 /* Tuning, as `stof tune`: the fusion schemes and kernel settings measured on
- * GPU `device` for up to time_limit_s seconds (0: until the search ends).
+ * GPU `device`, with the options of `stof tune` (NULL: its defaults).
  * progress (may be NULL) is called as it goes with the search's stage, the
  * settings measured and the best forward latency so far (ms, 0 before the
  * first). The plan is kept for the next runs and stof_model_save_plan. */
+typedef struct stof_tune_options {
+    double time_limit_s; /* --time-limit: 0 until the search ends */
+    long budget;         /* --budget: settings measured at most, 0 no limit */
+    uint64_t seed;       /* --seed: search order and input values (0: 1) */
+    int reps;            /* --reps: end-to-end runs timed (0: 20) */
+    int check;           /* the end-to-end CPU check: 0 when small enough, 1 always, -1 never */
+} stof_tune_options;
 typedef void (*stof_progress_fn)(const char *stage, long measured, double best_ms, void *ud);
-STOF_API int stof_model_tune(stof_model *m, int device, double time_limit_s,
+STOF_API int stof_model_tune(stof_model *m, int device, const stof_tune_options *options,
                              stof_progress_fn progress, void *ud);
 /* A plan made without a GPU (as `stof tune` on a machine without one): for
  * architecture arch ("sm_90", "sm_80", ...), every class of layers on its

@@ -204,7 +204,8 @@ int main(void) {
         ids[S + 5] = 5;
 
         int calls = 0;
-        rc = stof_model_tune(m, 0, 10.0, on_progress, &calls);
+        stof_tune_options topt = {.time_limit_s = 10.0, .seed = 3};
+        rc = stof_model_tune(m, 0, &topt, on_progress, &calls);
         CHECK_MSG(rc == STOF_OK, "tune: %s", stof_last_error());
         CHECK(calls > 0);
         const char *plan = STOF_BINARY_DIR "/gpu_api_plan.json";

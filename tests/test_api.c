@@ -128,7 +128,8 @@ static void test_model_io(void) {
     stof_device_info info;
     if (stof_device_query(0, &info) != STOF_OK) {
         CHECK_EQ_INT(stof_model_to_device(m, 0), STOF_ERR_NO_DEVICE);
-        CHECK_EQ_INT(stof_model_tune(m, 0, 1.0, NULL, NULL), STOF_ERR_NO_DEVICE);
+        stof_tune_options topt = {.time_limit_s = 1.0};
+        CHECK_EQ_INT(stof_model_tune(m, 0, &topt, NULL, NULL), STOF_ERR_NO_DEVICE);
         printf("test_api: no GPU (%s): stof_model_run and stof_model_tune checked on the "
                "device only\n", stof_last_error());
     }

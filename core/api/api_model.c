@@ -445,8 +445,10 @@ static void relay_progress(void *ud, const search_progress *p) {
           r->ud);
 }
 
-int stof_model_tune(stof_model *m, int device, double time_limit_s, stof_progress_fn progress,
-                    void *ud) {
+int stof_model_tune(stof_model *m, int device, const stof_tune_options *options,
+                    stof_progress_fn progress, void *ud) {
+    stof_tune_options none = {0};
+    const stof_tune_options *t = options ? options : &none;
     stof_error err = {0};
     int rc = check_weights(m, &err);
     if (!rc)
@@ -454,7 +456,10 @@ int stof_model_tune(stof_model *m, int device, double time_limit_s, stof_progres
     if (rc)
         return api_remember(rc, &err);
     progress_relay relay = {progress, ud};
-    tune_options o = {.time_limit_s = time_limit_s > 0 ? time_limit_s : 0, .seed = m->seed,
+    tune_options o = {.time_limit_s = t->time_limit_s > 0 ? t->time_limit_s : 0,
+                      .budget = t->budget > 0 ? t->budget : 0,
+                      .seed = t->seed ? t->seed : m->seed, .reps = t->reps > 0 ? t->reps : 0,
+                      .check = t->check,
                       .progress = progress ? relay_progress : NULL, .ud = &relay};
     plan p;
     tune_outcome res;

@@ -24,6 +24,11 @@ class _TensorRef(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p)]
 
 
+class _TuneOptions(ctypes.Structure):
+    _fields_ = [("time_limit_s", ctypes.c_double), ("budget", ctypes.c_long),
+                ("seed", ctypes.c_uint64), ("reps", ctypes.c_int), ("check", ctypes.c_int)]
+
+
 _PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_long, ctypes.c_double,
                              ctypes.c_void_p)
 
@@ -193,11 +198,13 @@ class Model:
     def save_plan(self, path):
         _check(_lib.stof_model_save_plan(self._h, os.fsencode(path)))
 
-    def tune(self, time_limit=60.0, device=0, progress=True):
+    def tune(self, time_limit=60.0, device=0, progress=True, budget=0, seed=0, reps=0,
+             check=None):
         """Searches fusion schemes and kernel settings on the GPU for up to time_limit
-        seconds; the plan is kept for the next runs (and save_plan). progress: a line that
-        updates as it goes (on stderr), False for none, or a function(stage, measured,
-        best_ms)."""
+        seconds (as `stof tune`: budget, seed, reps; check True/False forces the end-to-end
+        CPU check on or off); the plan is kept for the next runs (and save_plan). progress: a
+        line that updates as it goes (on stderr), False for none, or a function(stage,
+        measured, best_ms)."""
         if progress is True:
             def show(stage, measured, best_ms):
                 best = f"{best_ms:.3f} ms" if best_ms > 0 else "-"
@@ -209,7 +216,9 @@ class Model:
             fn = progress or None
         cb = _PROGRESS(lambda s, n, b, ud: fn(s.decode(), n, b)) if fn else _PROGRESS()
         try:
-            _check(_lib.stof_model_tune(self._h, device, ctypes.c_double(time_limit), cb, None))
+            opt = _TuneOptions(float(time_limit or 0), int(budget), int(seed), int(reps),
+                               0 if check is None else (1 if check else -1))
+            _check(_lib.stof_model_tune(self._h, device, ctypes.byref(opt), cb, None))
         finally:
             if progress is True:
                 sys.stderr.write("\n")

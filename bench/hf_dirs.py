@@ -37,12 +37,39 @@ TOL = 1e-2
 SIZES = dict(hidden=256, layers=4, heads=4, ffn=1024, vocab=1000)
 
 
-def hf_model(arch, max_seq, seed):
-    """(transformers model, config) of arch, random from seed, fp16 on the GPU."""
+def base_config(arch, max_seq):
+    """The sizes of the architecture's base checkpoint (transformers' defaults: bert-base,
+    roberta-base, distilbert-base-uncased, gpt2, ModernBERT-base), positions for max_seq."""
+    import transformers as tr
+    if arch == "bert":
+        return tr.BertConfig(max_position_embeddings=max(512, max_seq)), tr.BertModel
+    if arch == "roberta":
+        return tr.RobertaConfig(vocab_size=50265, max_position_embeddings=max(512, max_seq) + 2,
+                                type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5), \
+            tr.RobertaModel
+    if arch == "distilbert":
+        return tr.DistilBertConfig(max_position_embeddings=max(512, max_seq)), \
+            tr.DistilBertModel
+    if arch == "modernbert":
+        return tr.ModernBertConfig(max_position_embeddings=max(8192, max_seq), pad_token_id=0,
+                                   bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                   sep_token_id=2), tr.ModernBertModel
+    return tr.GPT2Config(n_positions=max(1024, max_seq)), tr.GPT2Model
+
+
+def hf_model(arch, max_seq, seed, base=False):
+    """(transformers model, config) of arch, random from seed, fp16 on the GPU: the small
+    test sizes (SIZES), or the base checkpoint's."""
     import torch
     import transformers as tr
     import torch_models as tm
     s = SIZES
+    if base:
+        cfg, cls = base_config(arch, max_seq)
+        torch.manual_seed(seed)
+        model = cls(cfg)
+        tm.perturb_(model, seed)
+        return model.eval().to(device="cuda", dtype=torch.float16), cfg
     if arch == "bert":
         cfg = tr.BertConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
                             num_attention_heads=s["heads"], intermediate_size=s["ffn"],
@@ -91,13 +118,14 @@ def run_case(args, stof, arch, work, rows):
     d = os.path.join(work, arch)
     bf16 = args.dtype == "bf16"
     shutil.rmtree(d, ignore_errors=True)
-    model, cfg = hf_model(arch, args.seq, seed=11)
+    model, cfg = hf_model(arch, args.seq, seed=11, base=args.base)
     # shards for two of them: the index and the shards are read as one checkpoint
     shard = "300KB" if arch in ("roberta", "distilbert") else "2GB"
     model.save_pretrained(d, safe_serialization=True, max_shard_size=shard)
     n_files = len([f for f in os.listdir(d) if f.endswith(".safetensors")])
     # token ids, clear of roberta's padding id (1): positions then start at 2 as in stof
-    ids = sc.random_ids(SIZES["vocab"] - 3, args.batch, args.seq, seed=5) + 3
+    vocab = getattr(cfg, "vocab_size", SIZES["vocab"])
+    ids = sc.random_ids(vocab - 3, args.batch, args.seq, seed=5) + 3
     ids_path = os.path.join(d, "..", f"{arch}-ids.safetensors")
     sc.save_inputs(ids_path, ids)
     with torch.no_grad():
@@ -109,8 +137,10 @@ def run_case(args, stof, arch, work, rows):
     log_path = os.path.join(work, "stof.log")
     out = os.path.join(work, f"{arch}-{args.dtype}-out.safetensors")
     plan = os.path.join(work, f"{arch}-{args.dtype}-plan.json")
-    runs = [("default scheme", [stof, "run", d] + sets, None), ("tuned plan", None, None)]
-    if arch == "modernbert":
+    runs = [("default scheme", [stof, "run", d] + sets, None)]
+    if not args.no_tune:
+        runs.append(("tuned plan", None, None))
+    if arch == "modernbert" and not args.base:
         runs.append(("CPU reference", [stof, "run", "--cpu", d] + sets, None))
     if arch != "gpt2":  # the encoders take an attention_mask; one plan serves both
         pad_ids, mask, _ = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
@@ -119,8 +149,9 @@ def run_case(args, stof, arch, work, rows):
         with torch.no_grad():
             pad_ref = ref_model(pad_ids.cuda(), attention_mask=mask.cuda()).last_hidden_state
         padded = (pad_path, pad_ref.float().cpu(), mask.bool())
-        runs += [("default scheme, padded", [stof, "run", d] + sets, padded),
-                 ("tuned plan, padded", [stof, "run", plan], padded)]
+        runs.append(("default scheme, padded", [stof, "run", d] + sets, padded))
+        if not args.no_tune:
+            runs.append(("tuned plan, padded", [stof, "run", plan], padded))
     for label, cmd, padded in runs:
         row = {"arch": arch, "files": n_files, "run": label, "dtype": args.dtype}
         try:
@@ -130,6 +161,8 @@ def run_case(args, stof, arch, work, rows):
             if os.path.exists(out):
                 os.remove(out)
             reps = [] if "--cpu" in cmd else ["--reps", "5"]
+            if args.base and "--cpu" not in cmd:
+                reps.append("--no-check")  # transformers is the judge; the CPU would take long
             inputs = padded[0] if padded else ids_path
             sc.run_cmd(cmd + sc.io_args(inputs=inputs, save_output=out) + reps, 600, log_path)
             got = sc.load_output(out)
@@ -159,6 +192,9 @@ def main():
     ap.add_argument("--tune-time", type=float, default=10)
     ap.add_argument("--dtypes", default="fp16,bf16", help="the model's dtype in stof, each a run")
     ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2,modernbert")
+    ap.add_argument("--base", action="store_true",
+                    help="the base checkpoints' sizes (bert-base, ..., ModernBERT-base)")
+    ap.add_argument("--no-tune", action="store_true", help="the default scheme only")
     args = ap.parse_args()
     stof = sc.resolve_stof(args.stof)
     os.makedirs(args.work_dir, exist_ok=True)
@@ -171,7 +207,8 @@ def main():
             run_case(args, stof, arch, args.work_dir, rows)
     head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
-            f"{transformers.__version__}; checkpoints in fp16; batch {args.batch}, seq {args.seq}; "
+            f"{transformers.__version__}; checkpoints in fp16; "
+            f"{'base sizes' if args.base else 'small sizes'}; batch {args.batch}, seq {args.seq}; "
             f"reference: transformers in fp32 on the weights rounded as stof rounds them.")
     lines = [head, "", "Padded rows: real tokens compared; `pad != 0` counts values at padded "
              "positions that are not exactly zero.", "",

@@ -1,7 +1,7 @@
 """Parity of Hugging Face model directories: `stof run DIR` against transformers.
 
 For each architecture stof reads from a model directory (bert, roberta, distilbert, gpt2,
-modernbert):
+modernbert, longformer without global tokens):
 builds the transformers model from a small config (random, seeded; biases and norm gains moved
 off 0/1), saves it with `save_pretrained` (safetensors, fp16; roberta and distilbert split into
 shards), writes random token ids, and runs
@@ -50,6 +50,10 @@ def base_config(arch, max_seq):
     if arch == "distilbert":
         return tr.DistilBertConfig(max_position_embeddings=max(512, max_seq)), \
             tr.DistilBertModel
+    if arch == "longformer":  # longformer-base-4096's sizes: windows of 512
+        return tr.LongformerConfig(vocab_size=50265, max_position_embeddings=max(4096, max_seq) + 2,
+                                   type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5,
+                                   attention_window=512), tr.LongformerModel
     if arch == "modernbert":
         return tr.ModernBertConfig(max_position_embeddings=max(8192, max_seq), pad_token_id=0,
                                    bos_token_id=1, eos_token_id=2, cls_token_id=1,
@@ -81,6 +85,14 @@ def hf_model(arch, max_seq, seed, base=False):
                                vocab_size=s["vocab"], max_position_embeddings=max_seq + 2,
                                type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)
         cls = tr.RobertaModel
+    elif arch == "longformer":
+        # windows of 32 and 16 keys (16 and 8 each side): sparse at seq 128
+        cfg = tr.LongformerConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                                  num_attention_heads=s["heads"], intermediate_size=s["ffn"],
+                                  vocab_size=s["vocab"], max_position_embeddings=max_seq + 2,
+                                  type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5,
+                                  attention_window=[32, 16] * (s["layers"] // 2))
+        cls = tr.LongformerModel
     elif arch == "distilbert":
         cfg = tr.DistilBertConfig(dim=s["hidden"], n_layers=s["layers"], n_heads=s["heads"],
                                   hidden_dim=s["ffn"], vocab_size=s["vocab"],
@@ -120,7 +132,7 @@ def run_case(args, stof, arch, work, rows):
     shutil.rmtree(d, ignore_errors=True)
     model, cfg = hf_model(arch, args.seq, seed=11, base=args.base)
     # shards for two of them: the index and the shards are read as one checkpoint
-    shard = "300KB" if arch in ("roberta", "distilbert") else "2GB"
+    shard = "300KB" if arch in ("roberta", "distilbert") and not args.base else "2GB"
     model.save_pretrained(d, safe_serialization=True, max_shard_size=shard)
     n_files = len([f for f in os.listdir(d) if f.endswith(".safetensors")])
     # token ids, clear of roberta's padding id (1): positions then start at 2 as in stof
@@ -198,7 +210,7 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--tune-time", type=float, default=10)
     ap.add_argument("--dtypes", default="fp16,bf16", help="the model's dtype in stof, each a run")
-    ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2,modernbert")
+    ap.add_argument("--archs", default="bert,roberta,distilbert,gpt2,modernbert,longformer")
     ap.add_argument("--base", action="store_true",
                     help="the base checkpoints' sizes (bert-base, ..., ModernBERT-base)")
     ap.add_argument("--no-tune", action="store_true", help="the default scheme only")

@@ -22,7 +22,11 @@
 -- config.json: the sizes, eps and activation come from it (preset is not used), the mask
 -- defaults to none (the model's own, dense), and RoBERTa / XLM-RoBERTa (model_type roberta,
 -- xlm-roberta) take their position rows from padding_idx + 1 on, as transformers does for
--- sequences without padding.
+-- sequences without padding. Longformer (model_type longformer) is RoBERTa whose layer n
+-- attends a sliding window of attention_window[n] / 2 keys each side (AND `mask` when one
+-- is given); its global attention (global_attention_mask) is not run yet. transformers pads
+-- a Longformer input to a multiple of the window; the real tokens' outputs do not depend on
+-- that padding, so stof runs the length it is given.
 --
 -- Weight names follow BertModel; the fused QKV projection is
 -- encoder.layer.N.attention.self.qkv.{weight,bias} ([3H, H] and [3H]: query,
@@ -52,7 +56,8 @@ if c then
   vocab, type_vocab = need("vocab_size", true), need("type_vocab_size", true)
   max_pos, eps = need("max_position_embeddings", true), need("layer_norm_eps")
   act = hf.activation(c.hidden_act or "gelu", "hidden_act")
-  if c.model_type == "roberta" or c.model_type == "xlm-roberta" then
+  if c.model_type == "roberta" or c.model_type == "xlm-roberta" or
+     c.model_type == "longformer" then
     pos_from = need("pad_token_id", true) + 1 -- positions start after the padding index
     max_pos = max_pos - pos_from
   end
@@ -77,6 +82,23 @@ local H, heads, F = cfg.hidden, cfg.heads, cfg.ffn
 
 local m = stof.model{name = name, dtype = p.dtype}
 local mask = stof.mask.named(p.mask)
+
+-- Longformer: layer n's sliding window (one mask object per distinct window)
+local windows = {}
+local function layer_mask(n)
+  if not (c and c.model_type == "longformer") then return mask end
+  local w = c.attention_window
+  if type(w) == "table" then w = w[n + 1] end
+  if math.type(w) ~= "integer" or w < 2 or w % 2 ~= 0 then
+    error(string.format("config.json: attention_window for layer %d must be an even integer "
+                        .. "of at least 2, got %s", n, tostring(w)))
+  end
+  if not windows[w] then
+    windows[w] = stof.mask.sliding_window{band = w // 2}
+    if mask then windows[w] = windows[w] * mask end
+  end
+  return windows[w]
+end
 
 local function norm(prefix)
   return m:weight(prefix .. ".weight", {H}, {init = "ones"}), m:weight(prefix .. ".bias", {H})
@@ -112,7 +134,7 @@ for n = 0, L - 1 do
     end
     local qkv = linear(".attention.self.qkv", x, 3 * H, H, {".attention.self.query",
                        ".attention.self.key", ".attention.self.value"})
-    local a = m:attention(qkv, {heads = heads, head_dim = H // heads, mask = mask,
+    local a = m:attention(qkv, {heads = heads, head_dim = H // heads, mask = layer_mask(n),
                                 padding = am, name = pre .. ".attention.self"})
     local g1, b1 = norm(pre .. ".attention.output.LayerNorm")
     x = m:layernorm(m:add(linear(".attention.output.dense", a, H, H), x), g1, b1,

@@ -15,6 +15,7 @@
 #include "core/io/weights.h"
 #include "core/lua/lua_api.h"
 #include "core/ref/ref.h"
+#include "ops/mask.h"
 #include "stof.h"
 
 #define WORK STOF_BINARY_DIR "/tests/model_dir/"
@@ -245,6 +246,45 @@ static void export_dir(const graph *g, uint64_t seed, const char *dir, const cha
         free(data[k]);
 }
 
+/* The Longformer directory's layers attend their own windows; a window that
+ * is not a positive even number is an error naming the layer. */
+static void check_longformer_masks(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, WORK "longformer-tiny");
+    const char *params[] = {"batch=1", "seq=16", "dtype=fp32"};
+    graph g;
+    graph_init(&g);
+    stof_error err = {0};
+    int rc = lua_api_build_dir(dir, NULL, params, 3, &g, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc)
+        return;
+    int seen = 0;
+    for (int i = 0; i < g.n_ops; i++) {
+        const graph_op *op = &g.ops[i];
+        if (op->kind != OP_ATTENTION)
+            continue;
+        const mask *m = g.masks[op->attr.attn.mask];
+        int band = seen == 0 ? 3 : 2;
+        CHECK(mask_get(m, 0, 8, 8 + band) && !mask_get(m, 0, 8, 8 + band + 1) &&
+              mask_get(m, 0, 8, 8 - band) && !mask_get(m, 0, 8, 8 - band - 1));
+        CHECK(op->attr.attn.padded);
+        seen++;
+    }
+    CHECK_EQ_INT(seen, 2);
+    graph_free(&g);
+    char bad[256];
+    snprintf(bad, sizeof bad, WORK "longformer-bad");
+    fresh_dir(bad);
+    put(bad, "config.json", "{\"model_type\": \"longformer\", \"hidden_size\": 64,"
+        " \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"intermediate_size\": 96,"
+        " \"vocab_size\": 50, \"type_vocab_size\": 1, \"max_position_embeddings\": 34,"
+        " \"pad_token_id\": 1, \"layer_norm_eps\": 1e-5, \"attention_window\": [6, 5]}");
+    graph_init(&g);
+    CHECK_EQ_INT(lua_api_build_dir(bad, NULL, params, 3, &g, NULL, &err), STOF_ERR_SCRIPT);
+    CHECK_CONTAINS(err.msg, "attention_window for layer 1 must be an even integer");
+}
+
 /* The public API opens the directory as the CLI does: the same output from
  * the same inputs (the ones seed 5 gives) and the directory's weights. */
 static void check_api_open(const char *dir, const char *const *params, int n_params,
@@ -406,6 +446,16 @@ static void test_dir_models(void) {
                     " \"local_attention\": 8, \"global_rope_theta\": 160000.0,"
                     " \"local_rope_theta\": 10000.0}",
                     "modernbert.lua", "model.", 1, 4);
+    /* Longformer: RoBERTa's positions, a window per layer (6 and 4 keys: 3 and 2 each side) */
+    check_dir_model("longformer-tiny",
+                    "{\"model_type\": \"longformer\", \"hidden_size\": 64,"
+                    " \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
+                    " \"intermediate_size\": 96, \"vocab_size\": 50, \"type_vocab_size\": 1,"
+                    " \"max_position_embeddings\": 34, \"pad_token_id\": 1,"
+                    " \"layer_norm_eps\": 1e-5, \"hidden_act\": \"gelu\","
+                    " \"attention_window\": [6, 4]}",
+                    "bert.lua", "longformer.", 1, 2);
+    check_longformer_masks();
     /* a model type without a script says which ones have one */
     const char *dir = WORK "llama";
     fresh_dir(dir);
@@ -416,7 +466,8 @@ static void test_dir_models(void) {
     CHECK_EQ_INT(model_dir_open(dir, &md, &err), STOF_OK);
     char supported[128];
     CHECK(model_dir_script(&md, supported, sizeof supported) == NULL);
-    CHECK(strcmp(supported, "bert, roberta, xlm-roberta, distilbert, gpt2, modernbert") == 0);
+    CHECK(strcmp(supported, "bert, roberta, xlm-roberta, longformer, distilbert, gpt2, "
+                            "modernbert") == 0);
     model_dir_free(&md);
 }
 

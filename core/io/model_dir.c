@@ -265,6 +265,7 @@ static const struct {
     {"bert", "bert.lua"},
     {"roberta", "bert.lua"},
     {"xlm-roberta", "bert.lua"},
+    {"longformer", "bert.lua"},
     {"distilbert", "distilbert.lua"},
     {"gpt2", "gpt2.lua"},
     {"modernbert", "modernbert.lua"},

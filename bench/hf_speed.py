@@ -44,7 +44,16 @@ def bert_base(max_seq):
         lambda cfg: tr.BertModel(cfg, add_pooling_layer=False)
 
 
-MODELS = {"modernbert-base": modernbert_base, "bert-base": bert_base}
+def longformer_base(max_seq):
+    import transformers as tr
+    # longformer-base-4096's sizes: windows of 512, 4098 positions
+    return tr.LongformerConfig(vocab_size=50265, max_position_embeddings=max(4096, max_seq) + 2,
+                               type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5,
+                               attention_window=512), tr.LongformerModel
+
+
+MODELS = {"modernbert-base": modernbert_base, "bert-base": bert_base,
+          "longformer-base": longformer_base}
 
 
 def build(name, max_seq, work):

@@ -60,7 +60,8 @@ def build(name, max_seq, work):
     import torch
     import torch_models as tm
     cfg, cls = MODELS[name](max_seq)
-    cfg._attn_implementation = "sdpa"
+    # SDPA where transformers has it (Longformer has its own attention only)
+    cfg._attn_implementation = "eager" if name.startswith("longformer") else "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
     tm.perturb_(model, 0)
@@ -164,7 +165,8 @@ def report(rows, args, stof):
     variants = args.variants.split(",")
     head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
-            f"{transformers.__version__}; fp16, random weights, transformers with SDPA; "
+            f"{transformers.__version__}; fp16, random weights, transformers with SDPA (Longformer: "
+            f"its own attention, no SDPA there); "
             f"median of {args.reps} runs, ms; stof tuned for {args.tune_time:g} s a shape.")
     pad = ["stof padded", "padded / full", "eager padded"] if args.padded else []
     lines = [head, "", "| model | (batch, seq) | " + " | ".join(variants) +

@@ -543,16 +543,7 @@ static int luaapi_glu(lua_State *L) {
 
 /* m:mask_rows(x, mask, {name =}): x where mask[b, s] != 0, zeros elsewhere */
 static int luaapi_mask_rows(lua_State *L) {
-    luaapi_self(L);
-    graph_op op;
-    int x = luaapi_check_tensor(L, 2);
-    int mask = luaapi_check_tensor(L, 3);
-    int opts = luaapi_options(L, 4, "mask_rows", luaapi_opts_name);
-    luaapi_op_begin(L, &op, OP_MASK_ROWS, opts, "mask_rows");
-    op.inputs[0] = x;
-    op.inputs[1] = mask;
-    op.n_inputs = 2;
-    return luaapi_op_push(L, &op);
+    return luaapi_binary(L, OP_MASK_ROWS, "mask_rows");
 }
 
 /* m:rotary(qkv, {heads =, head_dim =, theta =, kv_heads =, name =}): RoPE on Q and K */

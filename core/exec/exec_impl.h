@@ -80,6 +80,17 @@ struct exec_launcher {
 /* The row of template t (never NULL for a valid id). */
 const exec_launcher *exec_launcher_get(fusion_template_id t);
 
+/* What exec_settings.c asks of the launchers (exec_launch.c): whether t runs
+ * on gemm_exec (the GEMM family and the memory-bound templates) or on the
+ * attention planner; the kernel problem of segment s; for attention also
+ * what the plan forces (f may be NULL). */
+int exec_launch_is_gemm_family(fusion_template_id t);
+int exec_launch_is_attention(fusion_template_id t);
+int exec_launch_gemm_problem(const graph *g, const exec_segment *s, gemm_exec_problem *p,
+                             stof_error *err);
+void exec_launch_attention_problem(const graph *g, const exec_segment *s, mha_exec_problem *p,
+                                   mha_exec_force *f);
+
 /* "segment #5-#7 (gemm bias add)" into buf. */
 const char *exec_segment_name(const graph *g, int first, int n, char *buf, size_t cap);
 

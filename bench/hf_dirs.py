@@ -10,7 +10,8 @@ shards), writes random token ids, and runs
   - `stof tune DIR -o plan.json` then `stof run plan.json` (the plan finds the folder again),
 
 and ModernBERT also `stof run --cpu DIR` (the CPU reference on its own), each with
-`--inputs ids.safetensors --save-output out.safetensors`; then, for the encoders, both again
+`--inputs ids.safetensors --save-output out.safetensors` (bert's inputs a sentence pair: the
+second half of each sequence `token_type_ids` 1); then, for the encoders, both again
 on a padded batch (lengths drawn from 25-100% of seq, an `attention_mask` in the inputs file,
 the same tuned plan), against transformers given the same `attention_mask`: real tokens
 compared, padded positions required to be exact zeros. It compares stof's output with the
@@ -139,13 +140,19 @@ def run_case(args, stof, arch, work, rows):
     vocab = getattr(cfg, "vocab_size", SIZES["vocab"])
     ids = sc.random_ids(vocab - 3, args.batch, args.seq, seed=5) + 3
     ids_path = os.path.join(d, "..", f"{arch}-ids.safetensors")
-    sc.save_inputs(ids_path, ids)
+    # BERT: a sentence pair, the second half of each sequence segment B (token_type_ids)
+    types = None
+    kw = {}
+    if arch == "bert":
+        types = (torch.arange(args.seq)[None, :] >= args.seq // 2).long().expand(args.batch, -1)
+        kw["token_type_ids"] = types.cuda()
+    sc.save_inputs(ids_path, ids, token_type_ids=types)
     with torch.no_grad():
         # stof rounds the checkpoint's fp16 values to the model's dtype: so does the reference
         ref_model = model.to(torch.bfloat16) if bf16 else model
         # transformers itself in that dtype: what the dtype alone costs against fp32
-        same_dtype = ref_model(ids.cuda()).last_hidden_state.float()
-        ref = ref_model.float()(ids.cuda()).last_hidden_state
+        same_dtype = ref_model(ids.cuda(), **kw).last_hidden_state.float()
+        ref = ref_model.float()(ids.cuda(), **kw).last_hidden_state
     row = {"arch": arch, "files": n_files, "run": f"transformers in {args.dtype}",
            "dtype": args.dtype, "reference_only": True}
     row["rel"], row["max_abs"], row["nonfinite"] = rel_error(same_dtype, ref)
@@ -164,9 +171,10 @@ def run_case(args, stof, arch, work, rows):
     if arch != "gpt2":  # the encoders take an attention_mask; one plan serves both
         pad_ids, mask, _ = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
         pad_path = os.path.join(d, "..", f"{arch}-padded.safetensors")
-        sc.save_inputs(pad_path, pad_ids, attention_mask=mask)
+        sc.save_inputs(pad_path, pad_ids, attention_mask=mask, token_type_ids=types)
         with torch.no_grad():
-            pad_ref = ref_model(pad_ids.cuda(), attention_mask=mask.cuda()).last_hidden_state
+            pad_ref = ref_model(pad_ids.cuda(), attention_mask=mask.cuda(),
+                                **kw).last_hidden_state
         padded = (pad_path, pad_ref.float().cpu(), mask.bool())
         runs.append(("default scheme, padded", [stof, "run", d] + sets, padded))
         if not args.no_tune:

@@ -215,12 +215,14 @@ def save_safetensors(tensors, path):
     os.replace(tmp, path)
 
 
-def save_inputs(path, ids, dec_ids=None, dtype=None, attention_mask=None):
+def save_inputs(path, ids, dec_ids=None, dtype=None, attention_mask=None, token_type_ids=None):
     import torch
     dtype = dtype or torch.int32
     t = {"input_ids": ids.detach().to("cpu", dtype).contiguous()}
     if attention_mask is not None:
         t["attention_mask"] = attention_mask.detach().to("cpu", dtype).contiguous()
+    if token_type_ids is not None:
+        t["token_type_ids"] = token_type_ids.detach().to("cpu", dtype).contiguous()
     if dec_ids is not None:
         t["decoder_input_ids"] = dec_ids.detach().to("cpu", dtype).contiguous()
     save_safetensors(t, path)

@@ -68,7 +68,8 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
                a->attr.rotary.theta == b->attr.rotary.theta;
     case OP_EMBEDDING:
         return a->attr.embedding.has_position == b->attr.embedding.has_position &&
-               a->attr.embedding.has_type == b->attr.embedding.has_type;
+               a->attr.embedding.has_type == b->attr.embedding.has_type &&
+               a->attr.embedding.has_type_ids == b->attr.embedding.has_type_ids;
     case OP_ATTENTION: {
         const op_attention *x = &a->attr.attn, *y = &b->attr.attn;
         return x->heads == y->heads && x->head_dim == y->head_dim && x->cross == y->cross &&

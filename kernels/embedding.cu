@@ -6,6 +6,10 @@
 // threads idle at hidden / VEC < THREADS). Consecutive threads take
 // consecutive chunks of one row: coalesced 16-byte loads at VEC = 8.
 //
+// With HAS_TYPE_IDS each token adds its own type row (a sentence pair's
+// second segment), else row 0. A type id outside the table is bad input
+// like a bad id.
+//
 // Ids are on the device, so the host cannot validate them before the
 // launch, and clamping a bad id would silently embed the wrong token. An id
 // outside [0, vocab) makes its row zeros and records t + 1 in *error (the
@@ -30,6 +34,9 @@
 #ifndef HAS_TYPE
 #define HAS_TYPE 1
 #endif
+#ifndef HAS_TYPE_IDS  // the type row of each token (type_ids), else row 0
+#define HAS_TYPE_IDS 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 
@@ -48,11 +55,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_
         const long long t = idx / chunks;
         const int col = (int)(idx - t * chunks) * VEC;
         const int id = __ldg(a.ids + t);
+#if HAS_TYPE_IDS
+        const int type_row = __ldg(a.type_ids + t);
+        const bool bad_type = type_row < 0 || type_row >= a.type_vocab;
+#else
+        const int type_row = 0;
+        const bool bad_type = false;
+#endif
         float f[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
             f[e] = 0.0f;
-        if (id < 0 || id >= a.vocab) {
+        if (id < 0 || id >= a.vocab || bad_type) {
             if (col == 0)
                 atomicCAS(a.error, 0, (int)(t + 1));
             stof::store_chunk(out + t * a.hidden + col, f);
@@ -61,7 +75,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_
         stof::add_chunk(f, word + (long long)id * a.hidden + col);
         // Hugging Face BERT's order, as the CPU reference: word + type, then + position
 #if HAS_TYPE
-        stof::add_chunk(f, static_cast<const elem_t *>(a.type) + col);
+        stof::add_chunk(f, static_cast<const elem_t *>(a.type) + (long long)type_row * a.hidden +
+                               col);
 #endif
 #if HAS_POS
         stof::add_chunk(f, static_cast<const elem_t *>(a.pos) + (t % a.seq_len) * a.hidden + col);

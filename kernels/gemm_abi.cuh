@@ -251,8 +251,10 @@ typedef struct stof_mi_args {
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mi_args) == STOF_MI_ARGS_BYTES,
                             "stof_mi_args layout changed: host and kernels must agree");
 
-/* embedding.cu: out[t, :] = word[ids[t]] (+ pos[t % seq_len]) (+ type[0])
- * for every token t < tokens (ids [B, S] flattened, int32).
+/* embedding.cu: out[t, :] = word[ids[t]] (+ pos[t % seq_len]) (+ type[r]),
+ * r = type_ids[t] with HAS_TYPE_IDS, else 0, for every token t < tokens
+ * (ids and type_ids [B, S] flattened, int32). A type id outside
+ * [0, type_vocab) is bad input as a bad id is.
  * An id outside [0, vocab) cannot be clamped silently: its output row is
  * written as zeros and *error (a device int32 the host zeroes beforehand)
  * gets t + 1 for one such token (the first to claim it), so the host can
@@ -262,11 +264,12 @@ typedef struct stof_embed_args {
     const void *word, *pos, *type;
     void *out;
     stof_i32 *error;
+    const stof_i32 *type_ids;
     stof_i64 tokens;
-    stof_i32 seq_len, hidden, vocab, pad_;
+    stof_i32 seq_len, hidden, vocab, type_vocab;
 } stof_embed_args;
 
-#define STOF_EMBED_ARGS_BYTES (7 * 8 + 4 * 4)
+#define STOF_EMBED_ARGS_BYTES (8 * 8 + 4 * 4)
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES,
                             "stof_embed_args layout changed: host and kernels must agree");
 

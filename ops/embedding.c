@@ -1,6 +1,7 @@
-/* The embedding gather: out[b, s] = word[ids[b, s]] + type[0] + pos[s].
- * BERT adds the token-type row 0 (single-segment inputs) and positions;
- * GPT-2 adds positions only; T5 has word rows alone. */
+/* The embedding gather: out[b, s] = word[ids[b, s]] + type[t] + pos[s], t the
+ * token's type (type_ids[b, s]; without them row 0, single-segment inputs).
+ * BERT adds a token-type row and positions; GPT-2 adds positions only; T5
+ * has word rows alone. */
 #include <math.h>
 
 #include "core/base/error.h"
@@ -15,8 +16,13 @@ static int type_slot(const graph_op *op) {
     return op->attr.embedding.has_type ? 2 + (op->attr.embedding.has_position != 0) : -1;
 }
 
+static int type_ids_slot(const graph_op *op) {
+    return op->attr.embedding.has_type_ids ? type_slot(op) + 1 : -1;
+}
+
 static int expected_inputs(const graph_op *op) {
-    return 2 + (op->attr.embedding.has_position != 0) + (op->attr.embedding.has_type != 0);
+    return 2 + (op->attr.embedding.has_position != 0) + (op->attr.embedding.has_type != 0) +
+           (op->attr.embedding.has_type_ids != 0 && op->attr.embedding.has_type != 0);
 }
 
 /* An optional table [rows, H] next to word [V, H]. */
@@ -77,6 +83,17 @@ int ops_embedding_infer(OPS_INFER_ARGS) {
     if (type_slot(op) >= 0 &&
         (rc = check_table(op, word, ops_input(g, op, type_slot(op)), "type", err)))
         return rc;
+    if (op->attr.embedding.has_type_ids && type_slot(op) < 0)
+        return ops_fail(op, err, STOF_ERR_INVALID, "token type ids need the token type table");
+    if (type_ids_slot(op) >= 0) {
+        const graph_tensor *tid = ops_input(g, op, type_ids_slot(op));
+        char ts[OPS_TENSOR_STR_MAX], is[OPS_TENSOR_STR_MAX];
+        if (tid->dtype != STOF_I32 || tid->ndim != 2 || tid->shape[0] != ids->shape[0] ||
+            tid->shape[1] != ids->shape[1])
+            return ops_fail(op, err, STOF_ERR_SHAPE, "token type ids %s must be int32 in the "
+                            "shape of the ids %s", ops_tensor_str(tid, ts, sizeof ts),
+                            ops_tensor_str(ids, is, sizeof is));
+    }
     out->dtype = word->dtype;
     out->ndim = 3;
     out->shape[0] = ids->shape[0];
@@ -126,20 +143,27 @@ int ops_embedding_ref(OPS_REF_ARGS) {
     int64_t batch = ids->shape[0], seq = ids->shape[1];
     int64_t vocab = word->shape[0], width = word->shape[1];
     const float *pos = position_slot(op) >= 0 ? in[position_slot(op)] : NULL;
-    const float *type0 = type_slot(op) >= 0 ? in[type_slot(op)] : NULL;
+    const float *types = type_slot(op) >= 0 ? in[type_slot(op)] : NULL;
+    const float *type_ids = type_ids_slot(op) >= 0 ? in[type_ids_slot(op)] : NULL;
+    int64_t n_types = types ? ops_input(g, op, type_slot(op))->shape[0] : 0;
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t s = 0; s < seq; s++) {
             float id = in[0][b * seq + s];
             int rc = check_id(op, id, b, s, vocab, err);
+            if (!rc && type_ids)
+                rc = check_id(op, type_ids[b * seq + s], b, s, n_types, err);
             if (rc)
                 return rc;
             const float *w_row = in[1] + (int64_t)id * width;
+            const float *type_row = types ? types + (type_ids ? (int64_t)type_ids[b * seq + s] : 0) *
+                                                        width
+                                          : NULL;
             float *y = out + (b * seq + s) * width;
             /* Hugging Face BERT's order: word + type, then + position. */
             for (int64_t j = 0; j < width; j++) {
                 float v = w_row[j];
-                if (type0)
-                    v += type0[j];
+                if (type_row)
+                    v += type_row[j];
                 if (pos)
                     v += pos[s * width + j];
                 y[j] = v;

@@ -38,8 +38,8 @@ static const op_desc op_table[OP_KIND_COUNT] = {
         ops_unary_infer, ops_relu_cost, ops_relu_ref},
     [OP_SOFTMAX] = {OP_SOFTMAX, "softmax", OP_CLASS_MI, 1, 1,
         ops_unary_infer, ops_softmax_cost, ops_softmax_ref},
-    /* ids, word, then position and type when the attributes say so */
-    [OP_EMBEDDING] = {OP_EMBEDDING, "embedding", OP_CLASS_MI, 2, 4,
+    /* ids, word, then position, type and type ids when the attributes say so */
+    [OP_EMBEDDING] = {OP_EMBEDDING, "embedding", OP_CLASS_MI, 2, 5,
         ops_embedding_infer, ops_embedding_cost, ops_embedding_ref},
     /* qkv, or q and kv (cross), the attention_mask when padded, then the relative
      * position table when relpos */

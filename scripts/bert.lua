@@ -108,10 +108,15 @@ local function activation(x) return hf.apply(m, act, x) end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
 local am = hf.attention_mask(m, p)
+-- from a model directory, a sentence pair's segments as transformers' tokenizers give them
+-- (optional: without, every token is of type 0)
+local types = c and m:input("token_type_ids", {p.batch, p.seq},
+                            {dtype = "int32", high = type_vocab, optional = true})
 local x = m:embedding(ids, m:weight("embeddings.word_embeddings.weight", {vocab, H}), {
   position = m:weight("embeddings.position_embeddings.weight", {max_pos, H},
                       {rows_from = pos_from}),
   token_type = m:weight("embeddings.token_type_embeddings.weight", {type_vocab, H}),
+  token_type_ids = types or nil,
   name = "embeddings",
 })
 local g, b = norm("embeddings.LayerNorm")

@@ -883,17 +883,19 @@ static void test_mi_chain(gpu *g, util_rng *rng) {
 #define EMB_VOCAB 1000
 #define EMB_MAX_POS 512
 
-/* bad: plant two out-of-range ids and expect zero rows and the error. */
+/* bad: plant two out-of-range ids and expect zero rows and the error;
+ * has_type 2: a type row per token (type ids 0 and 1). */
 static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has_type, int bad,
                           util_rng *rng) {
     const int tokens = EMB_BATCH * EMB_SEQ;
     char label[160];
     snprintf(label, sizeof label, "embedding %s B=%d S=%d width=%d%s%s%s", stof_dtype_name(dt),
-             EMB_BATCH, EMB_SEQ, width, has_pos ? " +pos" : "", has_type ? " +type" : "",
-             bad ? " (bad ids)" : "");
+             EMB_BATCH, EMB_SEQ, width, has_pos ? " +pos" : "",
+             has_type == 2 ? " +type ids" : has_type ? " +type" : "", bad ? " (bad ids)" : "");
     gemm_exec_problem p = {.tmpl = FUSION_T_EMBEDDING, .dtype = dt, .m = tokens, .n = width,
                            .seq_len = EMB_SEQ, .vocab = EMB_VOCAB, .has_position = has_pos,
-                           .has_type = has_type};
+                           .has_type = has_type != 0, .has_type_ids = has_type == 2,
+                           .type_vocab = 2};
     gemm_exec_plan *plan = make_plan(g, &p, NULL, label);
     if (!plan)
         return;
@@ -902,15 +904,17 @@ static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has
     float *w = malloc(nw * 4), *pos = malloc(np * 4), *type = malloc(nt * 4);
     uint16_t *wb = malloc(nw * 2), *pb = malloc(np * 2), *tb = malloc(nt * 2);
     uint16_t *host = malloc(no * 2);
-    int32_t ids[EMB_BATCH * EMB_SEQ];
-    CUdeviceptr did = 0, dw = 0, dp = 0, dt_ = 0, dout = 0;
+    int32_t ids[EMB_BATCH * EMB_SEQ], types[EMB_BATCH * EMB_SEQ];
+    CUdeviceptr did = 0, dw = 0, dp = 0, dt_ = 0, dout = 0, dtid = 0;
     const int bad_a = 5, bad_b = 200;
     if (w && pos && type && wb && pb && tb && host) {
         fill(w, wb, nw, dt, rng, -1.0, 1.0);
         fill(pos, pb, np, dt, rng, -1.0, 1.0);
         fill(type, tb, nt, dt, rng, -1.0, 1.0);
-        for (int i = 0; i < tokens; i++)
+        for (int i = 0; i < tokens; i++) {
             ids[i] = (int32_t)(util_rng_double(rng) * EMB_VOCAB);
+            types[i] = has_type == 2 && i % EMB_SEQ >= EMB_SEQ / 3; /* a second segment */
+        }
         ids[tokens - 1] = EMB_VOCAB - 1; /* the last row of the table */
         if (bad) {
             ids[bad_a] = EMB_VOCAB + 3;
@@ -920,8 +924,10 @@ static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has
         gemm_exec_embed_tensors t;
         int rc = upload(g, &did, ids, sizeof ids) || upload(g, &dw, wb, nw * 2) ||
                  upload(g, &dp, pb, np * 2) || upload(g, &dt_, tb, nt * 2) ||
-                 dalloc(g, &dout, no * 2) || poison(g, dout, no);
-        t = (gemm_exec_embed_tensors){.ids = did, .word = dw, .pos = dp, .type = dt_, .out = dout};
+                 upload(g, &dtid, types, sizeof types) || dalloc(g, &dout, no * 2) ||
+                 poison(g, dout, no);
+        t = (gemm_exec_embed_tensors){.ids = did, .word = dw, .pos = dp, .type = dt_,
+                                      .type_ids = dtid, .out = dout};
         if (!rc && (rc = gemm_exec_embedding(g->ctx, plan, &t, 0, &err)) != STOF_OK) {
             n_runs++;
             printf("%-72s LAUNCH FAILED: %s\n", label, err.msg);
@@ -938,7 +944,7 @@ static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has
                     if (!zero) {
                         ref = w[(size_t)ids[i] * width + n];
                         if (has_type)
-                            ref += type[n];
+                            ref += type[(size_t)types[i] * width + n];
                         if (has_pos)
                             ref += pos[(size_t)(i % EMB_SEQ) * width + n];
                     }
@@ -968,6 +974,7 @@ static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has
     dfree(g, &dw);
     dfree(g, &dp);
     dfree(g, &dt_);
+    dfree(g, &dtid);
     dfree(g, &dout);
     free(w);
     free(pos);
@@ -985,7 +992,7 @@ static void test_embedding(gpu *g, util_rng *rng) {
     for (int d = 0; d < 2 && !g->dead; d++) {
         for (int wi = 0; wi < 2 && !g->dead; wi++)
             for (int pos = 0; pos < 2 && !g->dead; pos++)
-                for (int type = 0; type < 2 && !g->dead; type++)
+                for (int type = 0; type < 3 && !g->dead; type++)
                     run_embedding(g, dts[d], widths[wi], pos, type, 0, rng);
         if (!g->dead)
             run_embedding(g, dts[d], 768, 1, 1, 1, rng);

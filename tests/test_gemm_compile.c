@@ -311,12 +311,13 @@ static void list_embedding(variant *v, int cap, int *n) {
     for (int a = 0; a < 2; a++)
         for (int d = 0; d < 2; d++)
             for (int pos = 0; pos < 2; pos++)
-                for (int type = 0; type < 2; type++)
+                for (int type = 0; type < 3; type++)
                     for (int vec = 1; vec <= 8; vec *= 8) {
                         gemm_exec_problem p = {.tmpl = FUSION_T_EMBEDDING, .dtype = dtypes[d],
                                                .m = 512, .n = 768, .seq_len = 128,
                                                .vocab = 30522, .has_position = pos,
-                                               .has_type = type};
+                                               .has_type = type != 0,
+                                               .has_type_ids = type == 2, .type_vocab = 2};
                         int vals[FUSION_MAX_PARAMS] = {vec == 8 ? 256 : 128, vec};
                         add(v, cap, n, &p, vals, archs[a]);
                     }

@@ -170,7 +170,7 @@ static void test_table(void) {
     CHECK_EQ_INT(op_kind_from_name(NULL), -1);
     CHECK(strcmp(op_class_name(OP_CLASS_CI), "CI") == 0);
     CHECK(strcmp(op_class_name(OP_CLASS_MI), "MI") == 0);
-    CHECK_EQ_INT(op_describe(OP_EMBEDDING)->max_inputs, 4);
+    CHECK_EQ_INT(op_describe(OP_EMBEDDING)->max_inputs, 5);
     CHECK_EQ_INT(op_describe(OP_ATTENTION)->max_inputs, 4);
 }
 
@@ -746,6 +746,37 @@ static void test_embedding_ref(void) {
     free(run_ref(&g, y_t5, (const float *const[]){id_vals, ws}, STOF_ERR_INVALID, &err));
     CHECK_CONTAINS(err.msg, "not an integer");
     id_vals[7] = saved;
+
+    /* a type row per token (a sentence pair's second segment): type_ids */
+    int tids = TENSOR(&g, "token_type_ids", STOF_I32, B, S);
+    op = OP(OP_EMBEDDING, ids, word, pos, type, tids);
+    op.attr.embedding.has_position = op.attr.embedding.has_type = 1;
+    op.attr.embedding.has_type_ids = 1;
+    int y_pair = add_op(&g, &op, &err);
+    CHECK_MSG(y_pair >= 0, "%s", err.msg);
+    float tid_vals[B * S];
+    for (int i = 0; i < B * S; i++)
+        tid_vals[i] = (float)(i % S >= 3); /* the last two tokens: segment B */
+    double want_pair[B * S * H];
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < S; s++)
+            for (int h = 0; h < H; h++) {
+                int id = (int)id_vals[b * S + s], o = (b * S + s) * H + h;
+                want_pair[o] = (double)ws[id * H + h] + ps[s * H + h] + ts[(s >= 3) * H + h];
+            }
+    got = run_ref(&g, y_pair, (const float *const[]){id_vals, ws, ps, ts, tid_vals}, STOF_OK,
+                  &err);
+    CHECK_NEAR(max_rel_err(got, want_pair, B * S * H), 0, TOL);
+    free(got);
+    tid_vals[6] = T;
+    free(run_ref(&g, y_pair, (const float *const[]){id_vals, ws, ps, ts, tid_vals},
+                 STOF_ERR_INVALID, &err));
+    CHECK_CONTAINS(err.msg, "id 2 at [1, 1] is outside the vocabulary [0, 2)");
+    int wrong = TENSOR(&g, "wrong_types", STOF_I32, B, S + 1);
+    op = OP(OP_EMBEDDING, ids, word, pos, type, wrong);
+    op.attr.embedding.has_position = op.attr.embedding.has_type = 1;
+    op.attr.embedding.has_type_ids = 1;
+    REJECT(&g, &op, STOF_ERR_SHAPE, "token type ids 'wrong_types' [2, 6] must be int32");
 
     /* cost: 2 adds per element; the ids, the gathered rows (10 word rows,
      * 5 positions, 1 type row) and the output */

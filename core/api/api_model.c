@@ -112,7 +112,7 @@ static void tensor_info(const graph_tensor *t, stof_tensor_info *info) {
     info->ndim = t->ndim;
     for (int d = 0; d < t->ndim && d < STOF_MAX_DIMS; d++)
         info->shape[d] = t->shape[d];
-    info->optional = t->init == GRAPH_INIT_PADDING;
+    info->optional = graph_input_optional(t);
 }
 
 /* The graph index of the model's input number i (in graph order), or -1. */
@@ -335,9 +335,10 @@ static int match_inputs(const graph *g, const stof_tensor_ref *in, int n, const 
     }
     for (int t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].role == GRAPH_INPUT && !data[t] &&
-            g->tensors[t].init != GRAPH_INIT_PADDING)
-            return err_set(err, STOF_ERR_INVALID, "input '%s' is missing (only an "
-                           "attention_mask may be left out)", g->tensors[t].name);
+            !graph_input_optional(&g->tensors[t]))
+            return err_set(err, STOF_ERR_INVALID, "input '%s' is missing (only an optional "
+                           "input, such as an attention_mask, may be left out)",
+                           g->tensors[t].name);
     return STOF_OK;
 }
 

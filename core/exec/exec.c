@@ -667,11 +667,13 @@ static int copy_input(exec_model *m, const exec_io *io, CUstream st, stof_error 
     if (io->data)
         return cuda_check(drv, drv->MemcpyDtoDAsync(m->ptr[io->tensor], io->data, bytes, st),
                           "cuMemcpyDtoDAsync(input)", err);
-    if (t->init != GRAPH_INIT_PADDING)
-        return err_set(err, STOF_ERR_INVALID, "input '%s' is needed (only an attention_mask "
+    if (!graph_input_optional(t))
+        return err_set(err, STOF_ERR_INVALID, "input '%s' is needed (only an optional input "
                        "may be left out)", t->name);
-    return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], 1, bytes / 4, st),
-                      "cuMemsetD32Async(attention_mask: no padding)", err);
+    /* an attention_mask left out: ones (no padding); another optional input: zeros */
+    unsigned fill = t->init == GRAPH_INIT_PADDING ? 1 : 0;
+    return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], fill, bytes / 4, st),
+                      "cuMemsetD32Async(an input left out)", err);
 }
 
 static int copy_output(exec_model *m, CUdeviceptr out, CUstream st, stof_error *err) {

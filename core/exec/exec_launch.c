@@ -256,15 +256,17 @@ static int mi_supports(const graph *g, int first, int n, const fusion_match *m,
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 typedef struct embed_roles {
-    int ids, word, pos, type;
+    int ids, word, pos, type, type_ids;
 } embed_roles;
 
 static void embed_read(const graph *g, int first, gemm_exec_problem *p, embed_roles *r) {
     const graph_op *op = &g->ops[first];
     const graph_tensor *ids = tensor(g, op->inputs[0]), *y = tensor(g, op->output);
     int has_pos = op->attr.embedding.has_position != 0, has_type = op->attr.embedding.has_type != 0;
+    int has_ids = has_type && op->attr.embedding.has_type_ids;
     *r = (embed_roles){op->inputs[0], op->inputs[1], has_pos ? op->inputs[2] : -1,
-                       has_type ? op->inputs[2 + has_pos] : -1};
+                       has_type ? op->inputs[2 + has_pos] : -1,
+                       has_ids ? op->inputs[3 + has_pos] : -1};
     memset(p, 0, sizeof *p);
     p->tmpl = FUSION_T_EMBEDDING;
     p->dtype = y->dtype;
@@ -274,6 +276,8 @@ static void embed_read(const graph *g, int first, gemm_exec_problem *p, embed_ro
     p->vocab = (int)tensor(g, r->word)->shape[0];
     p->has_position = has_pos;
     p->has_type = has_type;
+    p->has_type_ids = has_ids;
+    p->type_vocab = has_type ? (int)tensor(g, r->type)->shape[0] : 0;
 }
 
 static int embed_supports(const graph *g, int first, int n, const fusion_match *m,
@@ -482,6 +486,7 @@ static int embed_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, sto
     embed_read(m->plan->g, s->first, &p, &r);
     rt->t.embed = (gemm_exec_embed_tensors){.ids = ptr_of(m, r.ids), .word = ptr_of(m, r.word),
                                             .pos = ptr_of(m, r.pos), .type = ptr_of(m, r.type),
+                                            .type_ids = ptr_of(m, r.type_ids),
                                             .out = ptr_of(m, s->out)};
     return STOF_OK;
 }

@@ -12,7 +12,7 @@
 #include "stof.h"
 
 #define GRAPH_MAX_DIMS 4
-#define GRAPH_MAX_INPUTS 4
+#define GRAPH_MAX_INPUTS 5
 #define GRAPH_NAME_MAX 96
 #define GRAPH_MAX_SOURCE_PARTS 16
 
@@ -56,7 +56,14 @@ typedef struct graph_tensor {
                           assembles it from other tensors; 0: read under its own name */
     int constant;      /* weights: its init's exact value (0, or 1) whatever the weight
                           file: the bias of a norm a model has without one */
+    int optional;      /* inputs: a run may leave it out; then its init (zeros) */
 } graph_tensor;
+
+/* An input a run may leave out: an attention_mask (then all ones) or one
+ * marked optional (then zeros). */
+static inline int graph_input_optional(const graph_tensor *t) {
+    return t->role == GRAPH_INPUT && (t->optional || t->init == GRAPH_INIT_PADDING);
+}
 
 /* A weight a checkpoint stores as several tensors (a fused QKV projection
  * from query, key and value): the parts, concatenated along dim 0. */
@@ -122,7 +129,9 @@ typedef struct graph_op {
         struct { int weight_kn; } gemm; /* 1: W stored [K, N] (GPT-2 Conv1D) */
         struct { float eps; } norm;
         struct { int tanh; } gelu;      /* 1: tanh approximation (GPT-2) */
-        struct { int has_position, has_type; } embedding; /* inputs: ids, word, [pos], [type] */
+        /* inputs: ids, word, [pos], [type], [type ids: the row of type per token; without,
+         * row 0] */
+        struct { int has_position, has_type, has_type_ids; } embedding;
         struct { int act; } glu;        /* OP_GLU_GELU, OP_GLU_GELU_TANH or OP_GLU_SILU */
         /* x [B, S, (heads + 2 kv_heads) head_dim] laid out [B, S, Q | K | V] with heads,
          * kv_heads and kv_heads heads: Q and K rotated by position s (the halves of each

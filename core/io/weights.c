@@ -225,8 +225,8 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         int i = weights_find(f, name, &prefix_len, err);
         if (i == -2)
             return STOF_ERR_FORMAT;
-        if (i < 0 && x->init == GRAPH_INIT_PADDING)
-            return STOF_OK; /* optional: no padding */
+        if (i < 0 && graph_input_optional(x))
+            return STOF_OK; /* left out: its init (no padding, type 0) */
         if (i < 0 && x->role == GRAPH_INPUT)
             return err_set(err, STOF_ERR_MISMATCH, "%s: input '%s' missing (a file of inputs "
                            "gives every input of the model; nothing is drawn at random beside "

@@ -236,9 +236,10 @@ static luaapi_model *luaapi_self(lua_State *L) {
     return luaL_checkudata(L, 1, LUAAPI_MODEL);
 }
 
-/* m:input(name, shape, {dtype =, high =, scale =, attention_mask =}) */
+/* m:input(name, shape, {dtype =, high =, scale =, attention_mask =, optional =}) */
 static int luaapi_input(lua_State *L) {
-    static const char *const allowed[] = {"dtype", "high", "scale", "attention_mask", NULL};
+    static const char *const allowed[] = {"dtype", "high", "scale", "attention_mask", "optional",
+                                          NULL};
     luaapi_model *m = luaapi_self(L);
     graph_tensor t;
     memset(&t, 0, sizeof t);
@@ -263,6 +264,10 @@ static int luaapi_input(lua_State *L) {
         return luaL_error(L, "input '%s': high applies to int32 inputs only", t.name);
     t.init = t.dtype == STOF_I32 ? GRAPH_INIT_TOKENS : GRAPH_INIT_UNIFORM;
     t.init_high = high;
+    /* optional: a run may leave it out, and it is then zeros (token_type_ids) */
+    t.optional = luaapi_opt_bool(L, opts, "optional", 0, "input");
+    if (t.optional)
+        t.init = GRAPH_INIT_ZEROS;
     t.init_scale = (float)luaapi_opt_number(L, opts, "scale", 1.0, "input");
     return luaapi_declare(L, &t);
 }
@@ -573,7 +578,8 @@ static int luaapi_softmax(lua_State *L) {
 
 /* m:embedding(ids, word, {position =, token_type =, name =}) */
 static int luaapi_embedding(lua_State *L) {
-    static const char *const allowed[] = {"position", "token_type", "name", NULL};
+    static const char *const allowed[] = {"position", "token_type", "token_type_ids", "name",
+                                          NULL};
     luaapi_self(L);
     graph_op op;
     int ids = luaapi_check_tensor(L, 2), word = luaapi_check_tensor(L, 3);
@@ -581,14 +587,20 @@ static int luaapi_embedding(lua_State *L) {
     luaapi_op_begin(L, &op, OP_EMBEDDING, opts, "embedding");
     int pos = luaapi_opt_tensor(L, opts, "position", "embedding");
     int type = luaapi_opt_tensor(L, opts, "token_type", "embedding");
+    int type_ids = luaapi_opt_tensor(L, opts, "token_type_ids", "embedding");
+    if (type_ids >= 0 && type < 0)
+        return luaL_error(L, "embedding: token_type_ids need the token_type table");
     op.inputs[op.n_inputs++] = ids;
     op.inputs[op.n_inputs++] = word;
     if (pos >= 0)
         op.inputs[op.n_inputs++] = pos;
     if (type >= 0)
         op.inputs[op.n_inputs++] = type;
+    if (type_ids >= 0)
+        op.inputs[op.n_inputs++] = type_ids;
     op.attr.embedding.has_position = pos >= 0;
     op.attr.embedding.has_type = type >= 0;
+    op.attr.embedding.has_type_ids = type_ids >= 0;
     return luaapi_op_push(L, &op);
 }
 

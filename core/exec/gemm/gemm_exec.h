@@ -65,6 +65,7 @@ typedef struct gemm_exec_problem {
     float eps;               /* gemm_ln, MI chain norm */
     int seq_len, vocab;      /* embedding, rotary: positions are row % seq_len */
     int has_position, has_type;
+    int has_type_ids, type_vocab; /* embedding: a type row per token (of type_vocab rows) */
     int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU */
     int heads, kv_heads, head_dim; /* rotary: Q heads, K (and V) heads, their size */
     float theta;             /* rotary: the frequencies' base */
@@ -204,6 +205,7 @@ typedef struct gemm_exec_mi_tensors {
 
 typedef struct gemm_exec_embed_tensors {
     CUdeviceptr ids;               /* int32 [M] (= [B, S]) */
+    CUdeviceptr type_ids;          /* int32 [M], with has_type_ids */
     CUdeviceptr word, pos, type;   /* [vocab, N], [>= seq_len, N], [>= 1, N] */
     CUdeviceptr out;               /* [M, N] */
 } gemm_exec_embed_tensors;

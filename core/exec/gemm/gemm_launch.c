@@ -207,7 +207,8 @@ int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tenso
         (rc = check_ptr(what, "word", t->word, err)) ||
         (rc = check_ptr(what, "out", t->out, err)) ||
         (p->has_position && (rc = check_ptr(what, "pos", t->pos, err))) ||
-        (p->has_type && (rc = check_ptr(what, "type", t->type, err))))
+        (p->has_type && (rc = check_ptr(what, "type", t->type, err))) ||
+        (p->has_type_ids && (rc = check_ptr(what, "type_ids", t->type_ids, err))))
         return rc;
     if (!plan->d_error)
         return err_set(err, STOF_ERR_INVALID, "embedding: the plan has no error flag");
@@ -215,6 +216,8 @@ int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tenso
     a->word = PTR(t->word);
     a->pos = p->has_position ? PTR(t->pos) : NULL;
     a->type = p->has_type ? PTR(t->type) : NULL;
+    a->type_ids = p->has_type_ids ? (const int32_t *)PTR(t->type_ids) : NULL;
+    a->type_vocab = p->type_vocab;
     a->out = PTR(t->out);
     a->error = (int32_t *)PTR(plan->d_error);
     a->tokens = p->m;
@@ -416,7 +419,8 @@ int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUd
     const gemm_exec_problem *p = &plan->problem;
     return err_set(err, STOF_ERR_INVALID,
                    "embedding: token %lld (batch %lld, position %lld) has %s, outside the "
-                   "vocabulary [0, %d); its row was written as zeros",
+                   "vocabulary [0, %d)%s; its row was written as zeros",
                    (long long)token, (long long)(token / p->seq_len),
-                   (long long)(token % p->seq_len), id_text, p->vocab);
+                   (long long)(token % p->seq_len), id_text, p->vocab,
+                   p->has_type_ids ? ", or a token type outside the type table" : "");
 }

@@ -101,9 +101,10 @@ STOF_API int stof_model_num_inputs(const stof_model *m);
 STOF_API int stof_model_input_info(const stof_model *m, int i, stof_tensor_info *info);
 STOF_API int stof_model_output_info(const stof_model *m, stof_tensor_info *info);
 
-/* Weights from a safetensors file instead (NULL: none, every weight drawn
- * from the seed), checked against the model first; the model directory's
- * by default. */
+/* Weights from a safetensors file instead, checked against the model first;
+ * the model directory's by default. NULL drops the file: a script's model
+ * then draws its weights from the seed, a model directory's asks for
+ * weights again (or stof_model_set_seed for random ones). */
 STOF_API int stof_model_set_weights(stof_model *m, const char *path);
 /* Weights straight from host memory the caller owns (a live framework's
  * tensors: no file written): names as a checkpoint has them (a prefix such

@@ -35,16 +35,26 @@ static void sig_add(sig_buf *b, const char *fmt, ...) {
 }
 
 /* The attributes of one op that change its kernel's time beyond the dims:
- * a GEMM's weight layout, attention's flags and mask. */
+ * a GEMM's weight layout, a gated unit's activation, rotary's heads and
+ * theta, the embedding's type ids, attention's flags and mask. (An entry
+ * without an attribute that was added later keeps its old meaning: the
+ * attribute's default.) */
 static void sig_op(sig_buf *b, const graph *g, const graph_op *op) {
     sig_add(b, "%s%s", op_describe(op->kind)->name,
             op->kind == OP_GELU && op->attr.gelu.tanh ? "_tanh" : "");
     if (op->kind == OP_GEMM && op->attr.gemm.weight_kn)
         sig_add(b, "/kn");
+    if (op->kind == OP_GLU)
+        sig_add(b, "/a%d", op->attr.glu.act);
+    if (op->kind == OP_ROTARY)
+        sig_add(b, "/h%d/%d/t%g", op->attr.rotary.heads, op->attr.rotary.kv_heads,
+                (double)op->attr.rotary.theta);
+    if (op->kind == OP_EMBEDDING && op->attr.embedding.has_type_ids)
+        sig_add(b, "/tid");
     if (op->kind != OP_ATTENTION)
         return;
     const op_attention *a = &op->attr.attn;
-    sig_add(b, "/c%d/x%d/r%d", a->causal, a->cross, a->relpos);
+    sig_add(b, "/c%d/x%d/r%d%s", a->causal, a->cross, a->relpos, a->padded ? "/pad" : "");
     if (a->mask >= 0 && a->mask < g->n_masks && g->masks[a->mask])
         sig_add(b, "/m%016llx", (unsigned long long)g->masks[a->mask]->fingerprint);
 }

@@ -203,6 +203,18 @@ int main(void) {
         CHECK_CONTAINS(stof_last_error(), "token 69 (batch 1, position 5) has id 30522");
         ids[S + 5] = 5;
 
+        /* a left-padded mask: the kernels take right padding; an error, no output */
+        int32_t left[B * S];
+        for (int i = 0; i < B * S; i++)
+            left[i] = i < S || i % S >= 40;
+        drv->MemcpyHtoD(d.ids, ids, sizeof ids);
+        drv->MemcpyHtoD(d.mask, left, sizeof left);
+        stof_tensor_ref both[] = {{"input_ids", (void *)(uintptr_t)d.ids},
+                                  {"attention_mask", (void *)(uintptr_t)d.mask}};
+        CHECK_EQ_INT(stof_model_run(m, both, 2, (void *)(uintptr_t)d.out, d.stream),
+                     STOF_ERR_UNSUPPORTED);
+        CHECK_CONTAINS(stof_last_error(), "row 1 has a token at position 40 after padding at 0");
+
         int calls = 0;
         stof_tune_options topt = {.time_limit_s = 10.0, .seed = 3};
         rc = stof_model_tune(m, 0, &topt, on_progress, &calls);

@@ -955,14 +955,14 @@ static void run_embedding(gpu *g, stof_dtype dt, int width, int has_pos, int has
                 }
             }
             int64_t bad_token = -1;
-            int src = gemm_exec_embedding_status(g->ctx, plan, did, 0, &bad_token, &err);
+            int src = gemm_exec_embedding_status(g->ctx, plan, did, dtid, 0, &bad_token, &err);
             if (bad) {
                 CHECK_MSG(src == STOF_ERR_INVALID && (bad_token == bad_a || bad_token == bad_b),
                           "%s: status %d, bad token %lld: %s", label, src, (long long)bad_token,
                           err.msg);
                 if (src == STOF_ERR_INVALID)
                     printf("    reported: %s\n", err.msg);
-                src = gemm_exec_embedding_status(g->ctx, plan, did, 0, &bad_token, &err);
+                src = gemm_exec_embedding_status(g->ctx, plan, did, dtid, 0, &bad_token, &err);
                 CHECK_MSG(src == STOF_OK, "%s: the flag was not cleared: %s", label, err.msg);
             } else {
                 CHECK_MSG(src == STOF_OK, "%s: status: %s", label, err.msg);

@@ -11,6 +11,7 @@
 #include "core/base/error.h"
 #include "core/base/file.h"
 #include "core/exec/exec.h"
+#include "core/gpu/cuda_driver.h"
 #include "core/graph/graph.h"
 #include "core/io/model_dir.h"
 #include "core/io/safetensors.h"
@@ -423,8 +424,15 @@ int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum, double *
 
 /* ---- plans --------------------------------------------------------------------------------- */
 
+/* The model's GPU context, on `device`: made once; another device later is
+ * an error rather than a silent change. */
 static int ensure_ctx(stof_model *m, int device, stof_error *err) {
-    return m->ctx ? STOF_OK : exec_ctx_create(device, &m->ctx, err);
+    if (!m->ctx)
+        return exec_ctx_create(device, &m->ctx, err);
+    int on = exec_ctx_device(m->ctx)->ordinal;
+    return on == device ? STOF_OK
+                        : err_set(err, STOF_ERR_INVALID, "the model is on GPU %d already, not %d",
+                                  on, device);
 }
 
 static void keep_plan(stof_model *m, plan *p) {
@@ -552,11 +560,18 @@ static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
 
 int stof_model_to_device(stof_model *m, int device) {
     stof_error err = {0};
-    if (m->ctx && exec_ctx_device(m->ctx)->ordinal != device)
-        return api_remember(err_set(&err, STOF_ERR_INVALID, "the model is on GPU %d already",
-                                    exec_ctx_device(m->ctx)->ordinal),
-                            &err);
     return api_remember(ensure_gpu_model(m, device, &err), &err);
+}
+
+/* Whether `stream` is being captured into a CUDA graph (0 when the driver
+ * cannot tell: the run then reports its own error). */
+static int capturing(void *stream) {
+    const cuda_driver *drv = NULL;
+    stof_error ignored = {0};
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (cuda_driver_get(&drv, &ignored) || drv->StreamIsCapturing((CUstream)stream, &st))
+        return 0;
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_inputs, void *output,
@@ -568,6 +583,11 @@ int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_inputs, v
     int rc = data && io ? match_inputs(g, inputs, n_inputs, data, &err) : STOF_ERR_NOMEM;
     if (!rc && !output)
         rc = err_set(&err, STOF_ERR_INVALID, "no output tensor given");
+    /* compiling and uploading would break the caller's capture: done before it */
+    if (!rc && !m->xmodel && capturing(stream))
+        rc = err_set(&err, STOF_ERR_INVALID, "the model is not on the GPU yet and the stream is "
+                     "being captured: call stof_model_to_device (or run it once) before the "
+                     "capture");
     if (!rc)
         rc = ensure_gpu_model(m, m->ctx ? exec_ctx_device(m->ctx)->ordinal : 0, &err);
     int n = 0;

@@ -117,6 +117,19 @@ static size_t exec_aligned(size_t bytes) {
     return (bytes + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
 }
 
+/* The bytes the weights and inputs take in consts: all of them but those
+ * bound in place (bound may be NULL), aligned as const_tensors lays them. */
+static size_t const_bytes(const exec_plan *p, const CUdeviceptr *bound) {
+    const graph *g = p->g;
+    size_t span = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const graph_tensor *x = &g->tensors[t];
+        if ((x->role == GRAPH_WEIGHT || x->role == GRAPH_INPUT) && !(bound && bound[t]))
+            span += exec_aligned(graph_tensor_bytes(x));
+    }
+    return span;
+}
+
 /* The weights and inputs of m's graph in graph order (*n of them, the list
  * malloc'd), their places in m->consts set in m->ptr; *span: the bytes
  * they take there, *largest: the most one takes (aligned, both). */
@@ -292,8 +305,7 @@ int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_sourc
     if (!rc)
         rc = cuda_check(drv, drv->CtxSetCurrent(c->gemm->cu), "cuCtxSetCurrent", err);
     if (!rc)
-        rc = device_alloc(c, &m->consts, p->weight_bytes + p->input_bytes,
-                          "weights and inputs", err);
+        rc = device_alloc(c, &m->consts, const_bytes(p, bound), "weights and inputs", err);
     if (!rc)
         rc = device_alloc(c, &m->arena, p->arena_bytes, "the activation arena", err);
     if (!rc)
@@ -671,9 +683,37 @@ static int copy_input(exec_model *m, const exec_io *io, CUstream st, stof_error 
         return err_set(err, STOF_ERR_INVALID, "input '%s' is needed (only an optional input "
                        "may be left out)", t->name);
     /* an attention_mask left out: ones (no padding); another optional input: zeros */
-    unsigned fill = t->init == GRAPH_INIT_PADDING ? 1 : 0;
-    return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], fill, bytes / 4, st),
-                      "cuMemsetD32Async(an input left out)", err);
+    if (t->init == GRAPH_INIT_PADDING)
+        return cuda_check(drv, drv->MemsetD32Async(m->ptr[io->tensor], 1, bytes / 4, st),
+                          "cuMemsetD32Async(attention_mask: no padding)", err);
+    return cuda_check(drv, drv->MemsetD8Async(m->ptr[io->tensor], 0, bytes, st),
+                      "cuMemsetD8Async(an optional input left out: zeros)", err);
+}
+
+/* A given attention_mask, read back: right padding, or an error naming the
+ * row (the kernels find a row's length by bisection, which only right
+ * padding makes exact). The output is not copied out when it is wrong. */
+static int check_attention_mask(exec_model *m, int t, stof_error *err) {
+    const graph_tensor *x = &m->plan->g->tensors[t];
+    if (x->init != GRAPH_INIT_PADDING)
+        return STOF_OK;
+    int64_t n = graph_tensor_numel(x), seq = x->shape[x->ndim - 1];
+    int32_t *v32 = err_malloc(sizeof *v32 * (size_t)n, err);
+    int64_t *v = err_malloc(sizeof *v * (size_t)n, err);
+    int rc = v32 && v ? STOF_OK : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = cuda_check(m->ctx->drv, m->ctx->drv->MemcpyDtoH(v32, m->ptr[t], sizeof *v32 * (size_t)n),
+                        "cuMemcpyDtoH(attention_mask)", err);
+    for (int64_t i = 0; !rc && i < n; i++)
+        v[i] = v32[i];
+    if (!rc) {
+        char what[160];
+        snprintf(what, sizeof what, "input '%s'", x->name);
+        rc = weights_check_attention_mask(what, v, n / seq, seq, err);
+    }
+    free(v);
+    free(v32);
+    return rc;
 }
 
 static int copy_output(exec_model *m, CUdeviceptr out, CUstream st, stof_error *err) {
@@ -724,6 +764,9 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
     for (int s = 0; !rc && s < m->plan->n_segs; s++)
         if (m->rt[s].launcher->status)
             rc = m->rt[s].launcher->status(m, &m->rt[s], err);
+    for (int i = 0; !rc && i < n; i++)
+        if (in[i].data)
+            rc = check_attention_mask(m, in[i].tensor, err);
     if (!rc)
         rc = copy_output(m, out, m->stream, err);
     if (!rc)

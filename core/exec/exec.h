@@ -340,7 +340,8 @@ int exec_model_measure(exec_ctx *c, const exec_plan *p, uint64_t seed, int reps,
  * and before what is queued there next (events, no host wait in between).
  * An input with no pointer (0) must be one that can be left out (an
  * attention_mask: then all ones, no padding). Returns once the pass is done
- * and its inputs checked (a token id outside the vocabulary is an error).
+ * and its inputs checked (a token id outside the vocabulary, an
+ * attention_mask that is not right-padded: errors, and out is not written).
  * When `caller` is capturing (the caller's CUDA graph), the copies and the
  * kernels are captured on it instead, nothing waits, and the bad-id check
  * is left to the next run outside a capture. */

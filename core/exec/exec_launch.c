@@ -496,7 +496,8 @@ static int embed_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_
 }
 
 static int embed_status(exec_model *m, const exec_seg_rt *rt, stof_error *err) {
-    return gemm_exec_embedding_status(m->ctx->gemm, rt->kplan, rt->t.embed.ids, m->stream, NULL,
+    return gemm_exec_embedding_status(m->ctx->gemm, rt->kplan, rt->t.embed.ids,
+                                      rt->t.embed.type_ids, m->stream, NULL,
                                       err);
 }
 

@@ -252,30 +252,23 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
     return rc;
 }
 
-/* An attention_mask: each row 1s, then 0s (transformers' right padding). A
- * left-padded or holed row would need a mask of any keys, which the
- * kernels do not take: refused, naming the row. */
-static int weights_check_padding(const weights_origin *o, const graph_tensor *x,
-                                 const int64_t *v, stof_error *err) {
-    const char *name = o->file->tensors[o->index[0]].name;
-    int64_t seq = x->shape[x->ndim - 1], rows = graph_tensor_numel(x) / seq;
+int weights_check_attention_mask(const char *what, const int64_t *v, int64_t rows,
+                                 int64_t seq, stof_error *err) {
     for (int64_t r = 0; r < rows; r++) {
         int64_t zero_at = -1;
         for (int64_t s = 0; s < seq; s++) {
             int64_t m = v[r * seq + s];
             if (m != 0 && m != 1)
-                return err_set(err, STOF_ERR_INVALID, "%s: tensor '%s': row %lld holds %lld at "
-                               "position %lld (an attention_mask holds 1 for a token, 0 for "
-                               "padding)", o->file->path, name, (long long)r, (long long)m,
-                               (long long)s);
+                return err_set(err, STOF_ERR_INVALID, "%s: row %lld holds %lld at position %lld "
+                               "(an attention_mask holds 1 for a token, 0 for padding)", what,
+                               (long long)r, (long long)m, (long long)s);
             if (m == 0 && zero_at < 0)
                 zero_at = s;
             if (m == 1 && zero_at >= 0)
-                return err_set(err, STOF_ERR_UNSUPPORTED, "%s: tensor '%s': row %lld has a "
-                               "token at position %lld after padding at %lld: stof takes "
-                               "right padding (each row 1s, then 0s; tokenizer padding_side "
-                               "\"right\")", o->file->path, name, (long long)r, (long long)s,
-                               (long long)zero_at);
+                return err_set(err, STOF_ERR_UNSUPPORTED, "%s: row %lld has a token at position "
+                               "%lld after padding at %lld: stof takes right padding (each row "
+                               "1s, then 0s; tokenizer padding_side \"right\")", what,
+                               (long long)r, (long long)s, (long long)zero_at);
         }
     }
     return STOF_OK;
@@ -289,8 +282,13 @@ static int weights_read_ids(const weights_origin *o, const graph_tensor *x, floa
     if (!ids)
         return STOF_ERR_NOMEM;
     int rc = safetensors_read_i64(o->file, o->index[0], ids, err);
-    if (!rc && x->init == GRAPH_INIT_PADDING)
-        rc = weights_check_padding(o, x, ids, err);
+    if (!rc && x->init == GRAPH_INIT_PADDING) {
+        char what[600];
+        snprintf(what, sizeof what, "%s: tensor '%s'", o->file->path,
+                 o->file->tensors[o->index[0]].name);
+        int64_t seq = x->shape[x->ndim - 1];
+        rc = weights_check_attention_mask(what, ids, n / seq, seq, err);
+    }
     for (int64_t i = 0; i < n && !rc; i++) {
         if (ids[i] < 0 || ids[i] >= x->init_high)
             rc = err_set(err, STOF_ERR_INVALID, "%s: tensor '%s': id %lld at index %lld is "

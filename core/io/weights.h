@@ -31,6 +31,13 @@ void weights_fill_range(const graph_tensor *t, uint64_t seed, int64_t first, int
  * fp16 or bf16 bits, fp32 as it is. */
 void weights_store(stof_dtype dtype, const float *v, int64_t n, void *out);
 
+/* An attention_mask [rows, seq]: each row 1s, then 0s (transformers' right
+ * padding). Anything else is an error naming `what`, the row and the
+ * position: a left-padded or holed row would need a mask of any keys,
+ * which the kernels do not take. */
+int weights_check_attention_mask(const char *what, const int64_t *v, int64_t rows, int64_t seq,
+                                 stof_error *err);
+
 /* Rounds x to what dtype can hold (fp16, bf16; fp32 and int32 unchanged). */
 float weights_round(stof_dtype dtype, float x);
 

@@ -231,9 +231,11 @@ class Model:
     def to(self, device=0):
         """Prepares the model on a GPU (kernels compiled, weights uploaded); the first GPU
         call does it on device 0 otherwise."""
-        if isinstance(device, str):
-            device = int(device.split(":")[1]) if ":" in device else 0
+        if not isinstance(device, int):  # "cuda:1", torch.device("cuda", 1)
+            text = str(device)
+            device = int(text.split(":")[1]) if ":" in text else 0
         _check(_lib.stof_model_to_device(self._h, device))
+        self._device = device
         return self
 
     # ---- running ----
@@ -282,10 +284,15 @@ class Model:
         import torch
         specs = self._specs(given)
         device = next(v.device for v in given.values() if _is_torch(v) and v.is_cuda)
+        if getattr(self, "_device", None) is None:
+            self.to(device.index or 0)  # the inputs' GPU
         keep, refs = [], []
+        torch_dtypes = {"int32": torch.int32, "fp16": torch.float16, "bf16": torch.bfloat16}
         for name, t in given.items():
-            want = torch.int32 if specs[name].dtype == "int32" else \
-                {"fp16": torch.float16, "bf16": torch.bfloat16}[specs[name].dtype]
+            want = torch_dtypes.get(specs[name].dtype)
+            if want is None:
+                raise StofError(f"input '{name}' is {specs[name].dtype}: the GPU runs fp16 or "
+                                "bf16 models (give dtype='fp16' or 'bf16')")
             t = torch.as_tensor(t).to(device=device, dtype=want).contiguous()
             keep.append(t)
             refs.append(_TensorRef(name.encode(), t.data_ptr()))

@@ -66,7 +66,7 @@ def bert_weights(seed=3):
     return w
 
 
-def numpy_bert(w, ids, mask):
+def numpy_bert(w, ids, mask, types=None):
     """BertModel's last hidden state (one layer, 2 heads of 32), with transformers' masking: padded
     keys get -inf; the rows of padded positions are not compared."""
     def ln(x, n):
@@ -78,7 +78,8 @@ def numpy_bert(w, ids, mask):
         return x @ w[n + ".weight"].T + w[n + ".bias"]
 
     B, S = ids.shape
-    x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][0]
+    t = w["embeddings.token_type_embeddings.weight"][types if types is not None else 0]
+    x = (w["embeddings.word_embeddings.weight"][ids] + t
          + w["embeddings.position_embeddings.weight"][np.arange(S)])
     x = ln(x.astype(np.float64), "embeddings.LayerNorm")
     pre = "encoder.layer.0."
@@ -143,7 +144,8 @@ def test_cpu_against_numpy():
         m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
         names = [(t.name, t.dtype, t.shape, t.optional) for t in m.inputs]
         assert names == [("input_ids", "int32", (2, 8), False),
-                         ("attention_mask", "int32", (2, 8), True)], names
+                         ("attention_mask", "int32", (2, 8), True),
+                         ("token_type_ids", "int32", (2, 8), True)], names
         assert m.output.shape == (2, 8, 64)
         ids, mask = ids_and_mask()
         full = m(ids)
@@ -154,6 +156,12 @@ def test_cpu_against_numpy():
         real = mask.astype(bool)
         assert rel(padded[real], want[real]) < 1e-5
         assert np.all(padded[~real] == 0)
+        # a sentence pair: the last three tokens of each row segment B
+        types = np.zeros_like(ids)
+        types[:, 5:] = 1
+        pair = m(ids, token_type_ids=types)
+        assert rel(pair, numpy_bert(w, ids, np.ones_like(mask), types)) < 1e-5
+        assert rel(pair, full) > 1e-3  # the types change the output
         assert "bert.lua" in m.script and "input_ids" in repr(m)
     finally:
         shutil.rmtree(root)
@@ -197,7 +205,8 @@ def test_errors():
         d, _ = make_dir(root)
         m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
         ids, mask = ids_and_mask()
-        expect_error(lambda: m(ids, token_type_ids=ids), "'token_type_ids' is not an input")
+        expect_error(lambda: m(ids, position_ids=ids), "'position_ids' is not an input")
+        expect_error(lambda: m(ids, token_type_ids=ids), "input 'token_type_ids': 94 at index 0")
         expect_error(lambda: m(ids[:, :4]), "has shape [2, 4], the model takes [2, 8]")
         bad = ids.copy()
         bad[0, 2] = 100

@@ -237,11 +237,12 @@ int gemm_exec_mask_rows(gemm_exec_ctx *c, const gemm_exec_plan *plan,
 
 /* The embedding's bad-id flag: synchronizes stream s, reads the flag and
  * clears it. STOF_OK when every id since the last call was in [0, vocab);
- * else STOF_ERR_INVALID naming one bad token and its id (read back from
- * ids), and *bad_token (may be NULL) gets its index. Launches with bad ids
+ * else STOF_ERR_INVALID naming one bad token and its id or its token type
+ * (read back from ids and type_ids, which may be 0), and *bad_token (may be NULL) gets its index. Launches with bad ids
  * wrote zero rows for them. */
 int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUdeviceptr ids,
-                               CUstream s, int64_t *bad_token, stof_error *err);
+                               CUdeviceptr type_ids, CUstream s, int64_t *bad_token,
+                               stof_error *err);
 
 /* The argument blocks the launches pass (exposed for tests); STOF_ERR_INVALID
  * for a missing, misaligned or short tensor. */

@@ -390,8 +390,18 @@ int gemm_exec_mask_rows(gemm_exec_ctx *c, const gemm_exec_plan *plan,
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 
+/* Element `token` of an int32 device array, or -1 when it cannot be read. */
+static int read_i32(const gemm_exec_ctx *c, CUdeviceptr a, int64_t token, int32_t *v) {
+    return a && a % 4 == 0 &&
+                   c->drv->MemcpyDtoH(v, a + (CUdeviceptr)token * sizeof *v, sizeof *v) ==
+                       CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+
 int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUdeviceptr ids,
-                               CUstream s, int64_t *bad_token, stof_error *err) {
+                               CUdeviceptr type_ids, CUstream s, int64_t *bad_token,
+                               stof_error *err) {
     if (bad_token)
         *bad_token = -1;
     int rc = wrong_plan(plan, FUSION_T_EMBEDDING, err);
@@ -405,22 +415,28 @@ int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUd
     if (flag == 0)
         return STOF_OK;
     int64_t token = (int64_t)flag - 1;
-    int32_t id = 0;
     if ((rc = cuda_check(c->drv, c->drv->MemsetD32Async(plan->d_error, 0, 1, s),
                          "cuMemsetD32Async(embedding error flag)", err)) ||
         (rc = cuda_check(c->drv, c->drv->StreamSynchronize(s), "cuStreamSynchronize", err)))
         return rc;
-    char id_text[32] = "an id";
-    if (ids && ids % 4 == 0 &&
-        c->drv->MemcpyDtoH(&id, ids + (CUdeviceptr)token * sizeof id, sizeof id) == CUDA_SUCCESS)
-        snprintf(id_text, sizeof id_text, "id %d", (int)id);
     if (bad_token)
         *bad_token = token;
     const gemm_exec_problem *p = &plan->problem;
+    int32_t id = 0, type = 0;
+    char what[96] = "an id";
+    int id_known = read_i32(c, ids, token, &id) == 0;
+    if (id_known)
+        snprintf(what, sizeof what, "id %d", (int)id);
+    /* the id was fine: its token type was not */
+    if (p->has_type_ids && (!id_known || (id >= 0 && id < p->vocab)) &&
+        read_i32(c, type_ids, token, &type) == 0 && (type < 0 || type >= p->type_vocab))
+        return err_set(err, STOF_ERR_INVALID, "embedding: token %lld (batch %lld, position %lld) "
+                       "has token type %d, outside the type table [0, %d); its row was written "
+                       "as zeros", (long long)token, (long long)(token / p->seq_len),
+                       (long long)(token % p->seq_len), (int)type, p->type_vocab);
     return err_set(err, STOF_ERR_INVALID,
                    "embedding: token %lld (batch %lld, position %lld) has %s, outside the "
-                   "vocabulary [0, %d)%s; its row was written as zeros",
+                   "vocabulary [0, %d); its row was written as zeros",
                    (long long)token, (long long)(token / p->seq_len),
-                   (long long)(token % p->seq_len), id_text, p->vocab,
-                   p->has_type_ids ? ", or a token type outside the type table" : "");
+                   (long long)(token % p->seq_len), what, p->vocab);
 }

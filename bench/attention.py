@@ -69,7 +69,9 @@ def run_case(ctx, mask_name, batch, seq, check_only=False, measure=MEASURE):
     scale = 1.0 / math.sqrt(D)
     attn = ctx.attention(batch=batch, heads=H, head_dim=D, q_len=seq, mask=mask,
                          measure=measure)
-    analytical = ctx.attention(batch=batch, heads=H, head_dim=D, q_len=seq, mask=mask)
+    # the analytical choice alone (not a measured one remembered from an earlier run)
+    analytical = ctx.attention(batch=batch, heads=H, head_dim=D, q_len=seq, mask=mask,
+                               measure=-1)
     out = torch.empty(batch, seq, H * D, dtype=torch.float16, device="cuda")
 
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale)

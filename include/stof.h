@@ -264,9 +264,11 @@ typedef struct stof_attention_desc {
     int relpos_bidirectional;
     stof_attention_kernel kernel; /* AUTO, or force one */
     int block_m, block_n, num_warps; /* block-wise parameters when forced (0: selector's) */
-    int measure; /* 0: the analytical choice only; N > 0: at plan time, time Eq. 2's N best
-                    block-wise settings and a few fixed ones (and row-wise when Eq. 1 chose
-                    it) on scratch buffers and keep the fastest */
+    int measure; /* N > 0: at plan time, time Eq. 2's N best block-wise settings and a few
+                    fixed ones (and row-wise when Eq. 1 chose it) on scratch buffers and keep
+                    the fastest, remembered for this problem on this kind of GPU (the kernel
+                    cache's attention-wisdom.txt); 0: that remembered choice when there is
+                    one, else the analytical one; -1: the analytical choice only */
     int wgmma;   /* block-wise: 1 = the Hopper build (warpgroup MMA; sm_90 GPUs, BLOCK_M =
                     16 num_warps, a multiple of 64), -1 = the mma.sync build, 0 = automatic
                     (the Hopper build on sm_90 where the sizes allow it and head_dim is a

@@ -719,6 +719,58 @@ static void time_setting(gpu *g, const setting *s, const mha_exec_problem *p, co
     mha_exec_plan_free(g->ctx, plan);
 }
 
+/* A measured plan is remembered for its problem on this device: the next
+ * plan with nothing forced takes it; measure -1 and STOF_ATTENTION_WISDOM=0
+ * keep to the analytical choice. */
+static void test_wisdom(gpu *g) {
+    if (!g->ctx->nvrtc.dir[0]) {
+        printf("wisdom: SKIPPED (no kernel cache folder to remember in)\n");
+        return;
+    }
+    stof_error err = {0};
+    mask_spec *spec = NULL;
+    mask *m = NULL;
+    if (mask_spec_parse("bigbird{seed=7}", &spec, &err) || mask_build(spec, 1, 768, 768, &m, &err)) {
+        CHECK_MSG(0, "wisdom mask: %s", err.msg);
+        mask_spec_free(spec);
+        return;
+    }
+    mha_exec_problem p = {.mask = m, .batch = 2, .heads = 4, .head_dim = 64, .q_len = 768,
+                          .k_len = 768, .dtype = STOF_F16, .scale = 0.125f};
+    mha_exec_force measured = {.kernel = -1, .measure = 3};
+    mha_exec_force analytic = {.kernel = -1, .measure = -1};
+    mha_exec_plan *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    int rc = mha_exec_plan_create(g->ctx, &p, &measured, &a, &err);
+    CHECK_MSG(rc == STOF_OK, "wisdom: measured plan: %s", err.msg);
+    if (!rc)
+        rc = mha_exec_plan_create(g->ctx, &p, NULL, &b, &err);
+    CHECK_MSG(rc == STOF_OK, "wisdom: remembered plan: %s", err.msg);
+    if (!rc) {
+        const mha_exec_config *x = &a->config, *y = &b->config;
+        int same = x->kernel == y->kernel && x->block_m == y->block_m &&
+                   x->block_n == y->block_n && x->num_warps == y->num_warps &&
+                   x->rows_per_warp == y->rows_per_warp && x->wgmma == y->wgmma &&
+                   x->tma == y->tma;
+        printf("wisdom: measured %s\n        then, nothing forced: %s\n", a->reason, b->reason);
+        CHECK_MSG(same && strncmp(b->reason, "remembered", 10) == 0,
+                  "wisdom: the measured choice was not taken again");
+        rc = mha_exec_plan_create(g->ctx, &p, &analytic, &c, &err);
+        CHECK_MSG(rc == STOF_OK && strncmp(c->reason, "remembered", 10) != 0,
+                  "wisdom: measure -1 did not keep to the analytical choice");
+        setenv("STOF_ATTENTION_WISDOM", "0", 1);
+        rc = mha_exec_plan_create(g->ctx, &p, NULL, &d, &err);
+        unsetenv("STOF_ATTENTION_WISDOM");
+        CHECK_MSG(rc == STOF_OK && strncmp(d->reason, "remembered", 10) != 0,
+                  "wisdom: STOF_ATTENTION_WISDOM=0 still took the remembered choice");
+    }
+    mha_exec_plan_free(g->ctx, a);
+    mha_exec_plan_free(g->ctx, b);
+    mha_exec_plan_free(g->ctx, c);
+    mha_exec_plan_free(g->ctx, d);
+    mask_free(m);
+    mask_spec_free(spec);
+}
+
 /* Every setting of list at one shape, on random fp16 inputs. */
 static void time_shape(gpu *g, const tshape *sh, const setting *list, int n_list) {
     stof_error err = {0};
@@ -919,6 +971,8 @@ int main(int argc, char **argv) {
     for (int c = 0; c < N_CASES && !g.dead && !sweep; c++)
         if (!strcmp(cases[c].name, MEASURED_CASE))
             run_case(&g, &cases[c], STOF_F16, 64, seed++, measured_settings, 2);
+    if (!g.dead && !sweep)
+        test_wisdom(&g);
     printf("correctness: %.1f s (%d kernels compiled, %d from the disk cache); %d runs split "
            "block rows\n",
            util_now() - t0, g.ctx->nvrtc.compiled, g.ctx->nvrtc.disk_hits, n_split_runs);

@@ -8,10 +8,13 @@
 #include <string.h>
 #include <pthread.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include "check.h"
 #include "core/gpu/device.h"
+#include "core/base/file.h"
 #include "core/exec/attention/mha_exec.h"
+#include "core/exec/attention/mha_exec_internal.h"
 #include "core/gpu/nvrtc.h"
 #include "ops/mask.h"
 #include "ops/mask_format.h"
@@ -1279,7 +1282,75 @@ static void test_ctx(void) {
     }
 }
 
+/* The remembered measured choices (mha_exec_wisdom.c) without a GPU: a
+ * context that only names a device and a cache folder. */
+static void test_wisdom_file(void) {
+    mha_exec_ctx c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.nvrtc.dir, sizeof c.nvrtc.dir, "%s", STOF_BINARY_DIR "/tests/wisdom");
+    mkdir(c.nvrtc.dir, 0755);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/attention-wisdom.txt", c.nvrtc.dir);
+    remove(path);
+    snprintf(c.info.name, sizeof c.info.name, "A GPU\tnamed oddly");
+    snprintf(c.arch, sizeof c.arch, "sm_90");
+    c.info.sm_count = 132;
+    mask *m = NULL;
+    mask_spec *spec = NULL;
+    stof_error err = {0};
+    CHECK(mask_spec_parse("bigbird{seed=3}", &spec, &err) == STOF_OK &&
+          mask_build(spec, 1, 256, 256, &m, &err) == STOF_OK);
+    mha_exec_problem p = {.mask = m, .batch = 2, .heads = 4, .head_dim = 64, .q_len = 256,
+                          .k_len = 256, .dtype = STOF_F16, .scale = 0.125f};
+    mha_exec_force f = {0};
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &p, m, &f), 0); /* no file yet */
+    mha_exec_config cfg = {.kernel = MHA_KERNEL_BLOCK_WISE, .block_m = 64, .block_n = 128,
+                           .num_warps = 4, .stages = 3, .wgmma = 1, .tma = 1};
+    mha_wisdom_record(&c, &p, m, &cfg, 0.25f);
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &p, m, &f), 1);
+    CHECK(f.kernel == MHA_KERNEL_BLOCK_WISE && f.block_m == 64 && f.block_n == 128 &&
+          f.num_warps == 4 && f.stages == 3 && f.wgmma == 1 && f.tma == 1 && f.measure == 0);
+    /* a newer measurement replaces the entry; other problems keep theirs */
+    mha_exec_problem q = p;
+    q.batch = 8;
+    mha_exec_config other = {.kernel = MHA_KERNEL_ROW_WISE, .rows_per_warp = 2,
+                             .warps_per_block = 4};
+    mha_wisdom_record(&c, &q, m, &other, 0.5f);
+    cfg.block_n = 64;
+    cfg.tma = 0;
+    mha_wisdom_record(&c, &p, m, &cfg, 0.2f);
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &p, m, &f), 1);
+    CHECK(f.block_n == 64 && f.tma == -1 && f.wgmma == 1);
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &q, m, &f), 1);
+    CHECK(f.kernel == MHA_KERNEL_ROW_WISE && f.rows_per_warp == 2 && f.warps_per_block == 4);
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_EQ_INT(file_read(path, "wisdom", 0, &text, &n, &err), STOF_OK);
+    int lines = 0;
+    for (size_t i = 0; text && i < n; i++)
+        lines += text[i] == '\n';
+    CHECK_EQ_INT(lines, 2);
+    free(text);
+    /* another kind of GPU knows nothing of it; the switch turns it off */
+    c.info.sm_count = 78;
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &p, m, &f), 0);
+    c.info.sm_count = 132;
+    setenv("STOF_ATTENTION_WISDOM", "0", 1);
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &p, m, &f), 0);
+    unsetenv("STOF_ATTENTION_WISDOM");
+    /* a damaged line is skipped, not an error */
+    FILE *fp = fopen(path, "w");
+    if (fp) {
+        fputs("garbage without tabs\nA GPU named oddly|sm_90|132\tb2 junk\t1 2\n", fp);
+        fclose(fp);
+    }
+    CHECK_EQ_INT(mha_wisdom_lookup(&c, &p, m, &f), 0);
+    mask_free(m);
+    mask_spec_free(spec);
+}
+
 int main(void) {
+    test_wisdom_file();
     test_validate();
     test_fold();
     test_configs();

@@ -120,7 +120,9 @@ class Attention:
             d.relpos_bidirectional = int(relpos.get("bidirectional", True))
         d.kernel = _KERNELS[kernel]
         d.block_m, d.block_n, d.num_warps = block_m, block_n, num_warps
-        d.measure = measure  # > 0: time that many of Eq. 2's best settings (+ a few) at plan time
+        # > 0: time that many of Eq. 2's best settings (+ a few) at plan time, and remember the
+        # fastest; 0: a remembered measured choice, else the analytical one; -1: analytical only
+        d.measure = measure
         # the Hopper (warpgroup MMA) build: True, False (mma.sync) or None (automatic)
         d.wgmma = 0 if wgmma is None else (1 if wgmma else -1)
         # K, V tiles by the tensor memory accelerator (sm_90+): True, False (cp.async) or

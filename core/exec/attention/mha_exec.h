@@ -234,7 +234,9 @@ typedef struct mha_exec_force {
     int block_m, block_n, num_warps;
     int rows_per_warp, warps_per_block;
     int stages;  /* block-wise K/V pipeline depth 2..4; 0 = automatic */
-    int measure; /* 0 = the analytical choice; N = time N + a few candidates */
+    int measure; /* 0 = a remembered measured choice, else the analytical one (see
+                    mha_exec_wisdom.c); N > 0 = time N + a few candidates (and remember the
+                    fastest when nothing else is forced); -1 = the analytical choice only */
     int split_chunk; /* block-wise rows cut into work items: 0 = automatic
                         (mha_exec_split_chunk), -1 = never, N > 0 = chunks of N
                         loaded blocks (every longer row is cut) */

@@ -39,6 +39,13 @@ void mha_relpos_far_runs(const mha_exec_problem *p, size_t *first_end, size_t *l
 int mha_plan_measured(mha_exec_ctx *c, const mha_exec_plan *base, const mask *folded,
                       const mha_device_limits *lim, const mha_exec_force *force,
                       mha_exec_plan **out, stof_error *err);
+/* Measured choices remembered per device (mha_exec_wisdom.c): lookup fills
+ * f with the configuration remembered for the problem (1) or leaves it
+ * (0); record remembers one. Both ignore a missing or unreadable file. */
+int mha_wisdom_lookup(const mha_exec_ctx *c, const mha_exec_problem *p, const mask *folded,
+                      mha_exec_force *f);
+void mha_wisdom_record(const mha_exec_ctx *c, const mha_exec_problem *p, const mask *folded,
+                       const mha_exec_config *cfg, float ms);
 /* Loaded blocks of block row i of batch b in the BSR load list. */
 int mha_bsr_row_len(const mask_bsr *f, int b, int i);
 

@@ -272,6 +272,14 @@ static int plan_analytic(mha_exec_ctx *c, const mha_exec_plan *base, const mask 
     return STOF_OK;
 }
 
+/* Whether force leaves the kernel and its settings to the planner (what a
+ * remembered measurement may then decide). */
+static int nothing_forced(const mha_exec_force *f) {
+    return !f || (f->kernel < 0 && !f->block_m && !f->block_n && !f->num_warps &&
+                  !f->rows_per_warp && !f->warps_per_block && !f->stages && !f->wgmma &&
+                  !f->tma && !f->split_chunk);
+}
+
 int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_exec_force *force,
                          mha_exec_plan **out, stof_error *err) {
     *out = NULL;
@@ -292,10 +300,19 @@ int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_e
     base.allowed_pairs = count_allowed(folded, p->batch);
     mha_device_limits lim;
     mha_plan_device_limits(c, &base, &lim);
-    if (force && force->measure > 0)
+    mha_exec_force remembered;
+    if (force && force->measure > 0) {
         rc = mha_plan_measured(c, &base, folded, &lim, force, out, err);
-    else
+        if (!rc && nothing_forced(force))
+            mha_wisdom_record(c, p, folded, &(*out)->config, (*out)->measured_ms);
+    } else if (nothing_forced(force) && !(force && force->measure < 0) &&
+               mha_wisdom_lookup(c, p, folded, &remembered) &&
+               plan_analytic(c, &base, folded, &lim, &remembered, out, err) == STOF_OK) {
+        snprintf((*out)->reason, sizeof (*out)->reason, "remembered: the measured choice for "
+                 "this problem on this device (%s)", "attention-wisdom.txt");
+    } else {
         rc = plan_analytic(c, &base, folded, &lim, force, out, err);
+    }
     mask_free(folded);
     if (!rc)
         (*out)->problem.mask = NULL;

@@ -285,6 +285,10 @@ class Model:
         specs = self._specs(given)
         device = next(v.device for v in given.values() if _is_torch(v) and v.is_cuda)
         if getattr(self, "_device", None) is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise StofError("the model is not on the GPU yet and torch's stream is being "
+                                "captured: call model.to(device) (or run it once) before the "
+                                "capture")
             self.to(device.index or 0)  # the inputs' GPU
         keep, refs = [], []
         torch_dtypes = {"int32": torch.int32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -15,19 +15,8 @@
 // outside [0, vocab) makes its row zeros and records t + 1 in *error (the
 // first bad token to claim the flag); the host reads the flag back and
 // fails with the token and its id (gemm_exec_embedding_status).
-#include "common.cuh"
-#include "gemm_abi.cuh"
-#include "vec_chunk.cuh"
+#include "grid_stride.cuh"
 
-#ifndef STOF_DTYPE
-#define STOF_DTYPE 1
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef VEC
-#define VEC 8
-#endif
 #ifndef HAS_POS
 #define HAS_POS 1
 #endif
@@ -38,11 +27,6 @@
 #define HAS_TYPE_IDS 0
 #endif
 
-using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
-
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC is 1, 2, 4 or 8");
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
-
 extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_embed_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     static_assert(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES, "ABI mismatch");
@@ -50,8 +34,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_
     const long long total = a.tokens * chunks;
     const elem_t *word = static_cast<const elem_t *>(a.word);
     elem_t *out = static_cast<elem_t *>(a.out);
-    for (long long idx = (long long)blockIdx.x * THREADS + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * THREADS) {
+    STOF_GRID_STRIDE(idx, total) {
         const long long t = idx / chunks;
         const int col = (int)(idx - t * chunks) * VEC;
         const int id = __ldg(a.ids + t);

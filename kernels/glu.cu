@@ -5,27 +5,12 @@
 // The output is rows x (f / VEC) chunks of VEC elements, one chunk a thread
 // in a grid-stride loop over that flat index space; consecutive threads take
 // consecutive chunks of a row, so both halves are read coalesced.
-#include "common.cuh"
-#include "gemm_abi.cuh"
-#include "vec_chunk.cuh"
+#include "grid_stride.cuh"
 
-#ifndef STOF_DTYPE
-#define STOF_DTYPE 1
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef VEC
-#define VEC 8
-#endif
 #ifndef ACT
 #define ACT STOF_ACT_GELU
 #endif
 
-using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
-
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC is 1, 2, 4 or 8");
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
 static_assert(ACT == STOF_ACT_GELU || ACT == STOF_ACT_GELU_TANH || ACT == STOF_ACT_SILU,
               "ACT: gelu, gelu tanh or silu");
 
@@ -36,8 +21,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_glu(const stof_glu_ar
     const long long total = a.rows * chunks;
     const elem_t *x = static_cast<const elem_t *>(a.x);
     elem_t *y = static_cast<elem_t *>(a.y);
-    for (long long idx = (long long)blockIdx.x * THREADS + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * THREADS) {
+    STOF_GRID_STRIDE(idx, total) {
         const long long r = idx / chunks;
         const int col = (int)(idx - r * chunks) * VEC;
         float in[VEC], gate[VEC];

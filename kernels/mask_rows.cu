@@ -2,24 +2,7 @@
 // (batch, position) of an attention_mask [B, S] (1 = token, 0 = padding).
 // Rows of n elements, rows x (n / VEC) chunks, one chunk a thread in a
 // grid-stride loop; a padded row is written without reading x.
-#include "common.cuh"
-#include "gemm_abi.cuh"
-#include "vec_chunk.cuh"
-
-#ifndef STOF_DTYPE
-#define STOF_DTYPE 1
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef VEC
-#define VEC 8
-#endif
-
-using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
-
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC is 1, 2, 4 or 8");
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
+#include "grid_stride.cuh"
 
 extern "C" __global__ void __launch_bounds__(THREADS) stof_mask_rows(const stof_mask_rows_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
@@ -28,8 +11,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mask_rows(const stof_
     const long long total = a.rows * chunks;
     const elem_t *x = static_cast<const elem_t *>(a.x);
     elem_t *y = static_cast<elem_t *>(a.y);
-    for (long long idx = (long long)blockIdx.x * THREADS + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * THREADS) {
+    STOF_GRID_STRIDE(idx, total) {
         const long long r = idx / chunks;
         const long long at = r * a.n + (idx - r * chunks) * VEC;
         float v[VEC];

@@ -12,27 +12,12 @@
 // (--use_fast_math) is accurate: each is reduced to [-pi, pi] in double
 // first, and the frequencies are taken in double, so fp32 carries only the
 // reduced angle.
-#include "common.cuh"
-#include "gemm_abi.cuh"
-#include "vec_chunk.cuh"
+#include "grid_stride.cuh"
 
-#ifndef STOF_DTYPE
-#define STOF_DTYPE 1
-#endif
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef VEC
-#define VEC 8
-#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
 
-using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
-
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC is 1, 2, 4 or 8");
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
 static_assert(HEAD_DIM % 2 == 0 && (HEAD_DIM / 2) % VEC == 0, "VEC divides half a head");
 
 constexpr int kHalf = HEAD_DIM / 2;
@@ -56,8 +41,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_rotary(const stof_rot
     const double log2_theta = log2((double)a.theta);
     const elem_t *x = static_cast<const elem_t *>(a.x);
     elem_t *y = static_cast<elem_t *>(a.y);
-    for (long long idx = (long long)blockIdx.x * THREADS + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * THREADS) {
+    STOF_GRID_STRIDE(idx, total) {
         const long long r = idx / units;
         const int u = (int)(idx - r * units);
         const elem_t *xr = x + r * a.width;

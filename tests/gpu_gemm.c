@@ -1028,13 +1028,6 @@ static double xy_reference(const gemm_exec_problem *p, const float *x, const int
     return j < half ? a * cos(angle) - b * sin(angle) : b * cos(angle) + a * sin(angle);
 }
 
-static int launch_xy(gpu *g, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
-                     stof_error *err) {
-    if (plan->problem.tmpl == FUSION_T_MASK_ROWS)
-        return gemm_exec_mask_rows(g->ctx, plan, t, 0, err);
-    return plan->problem.tmpl == FUSION_T_GLU ? gemm_exec_glu(g->ctx, plan, t, 0, err)
-                                              : gemm_exec_rotary(g->ctx, plan, t, 0, err);
-}
 
 /* One glu, rotary or mask_rows problem at one setting (NULL: the
  * default): fresh inputs (mask_rows: every third row padded, and the
@@ -1058,7 +1051,7 @@ static void run_xy(gpu *g, const gemm_exec_problem *p, const int *values, const 
         int rc = upload(g, &dx, xb, nx * 2) || dalloc(g, &dy, ny * 2) || poison(g, dy, ny) ||
                  upload(g, &dm, mask, (size_t)p->m * sizeof *mask);
         t = (gemm_exec_xy_tensors){.x = dx, .y = dy, .mask = dm};
-        if (!rc && (rc = launch_xy(g, plan, &t, &err)) != STOF_OK)
+        if (!rc && (rc = gemm_exec_xy(g->ctx, plan, &t, 0, &err)) != STOF_OK)
             launch_failed(label, &err);
         if (!rc && !fetch(g, host, dy, ny)) {
             verdict v;

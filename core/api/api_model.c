@@ -116,30 +116,51 @@ static void tensor_info(const graph_tensor *t, stof_tensor_info *info) {
     info->optional = graph_input_optional(t);
 }
 
-/* The graph index of the model's input number i (in graph order), or -1. */
-static int input_tensor(const graph *g, int i) {
+/* The tensors the API lists, each kind in graph order: the inputs, and the
+ * weights a checkpoint gives (not the constants a script fixes). */
+typedef int (*tensor_kind)(const graph_tensor *t);
+
+static int is_input(const graph_tensor *t) {
+    return t->role == GRAPH_INPUT;
+}
+
+static int is_checkpoint_weight(const graph_tensor *t) {
+    return t->role == GRAPH_WEIGHT && !t->constant;
+}
+
+static int count_of(const graph *g, tensor_kind kind) {
+    int n = 0;
     for (int t = 0; t < g->n_tensors; t++)
-        if (g->tensors[t].role == GRAPH_INPUT && i-- == 0)
+        n += kind(&g->tensors[t]);
+    return n;
+}
+
+/* The graph index of the i-th tensor of the kind, or -1. */
+static int nth_of(const graph *g, tensor_kind kind, int i) {
+    for (int t = 0; t < g->n_tensors; t++)
+        if (kind(&g->tensors[t]) && i-- == 0)
             return t;
     return -1;
 }
 
-int stof_model_num_inputs(const stof_model *m) {
-    int n = 0;
-    for (int t = 0; t < m->g.n_tensors; t++)
-        n += m->g.tensors[t].role == GRAPH_INPUT;
-    return n;
-}
-
-int stof_model_input_info(const stof_model *m, int i, stof_tensor_info *info) {
+static int nth_info(const stof_model *m, tensor_kind kind, const char *what, int i,
+                    stof_tensor_info *info) {
     stof_error err = {0};
-    int t = input_tensor(&m->g, i);
+    int t = nth_of(&m->g, kind, i);
     if (t < 0)
-        return api_remember(err_set(&err, STOF_ERR_INVALID, "input %d: the model has %d", i,
-                                    stof_model_num_inputs(m)),
+        return api_remember(err_set(&err, STOF_ERR_INVALID, "%s %d: the model has %d", what, i,
+                                    count_of(&m->g, kind)),
                             &err);
     tensor_info(&m->g.tensors[t], info);
     return api_remember(STOF_OK, &err);
+}
+
+int stof_model_num_inputs(const stof_model *m) {
+    return count_of(&m->g, is_input);
+}
+
+int stof_model_input_info(const stof_model *m, int i, stof_tensor_info *info) {
+    return nth_info(m, is_input, "input", i, info);
 }
 
 int stof_model_output_info(const stof_model *m, stof_tensor_info *info) {
@@ -173,35 +194,12 @@ int stof_model_set_weights(stof_model *m, const char *path) {
     return api_remember(STOF_OK, &err);
 }
 
-/* The weights a checkpoint gives (not the constants a script fixes). */
-static int is_checkpoint_weight(const graph_tensor *t) {
-    return t->role == GRAPH_WEIGHT && !t->constant;
-}
-
-/* The graph index of weight number i, or -1. */
-static int weight_tensor(const graph *g, int i) {
-    for (int t = 0; t < g->n_tensors; t++)
-        if (is_checkpoint_weight(&g->tensors[t]) && i-- == 0)
-            return t;
-    return -1;
-}
-
 int stof_model_num_weights(const stof_model *m) {
-    int n = 0;
-    for (int t = 0; t < m->g.n_tensors; t++)
-        n += is_checkpoint_weight(&m->g.tensors[t]);
-    return n;
+    return count_of(&m->g, is_checkpoint_weight);
 }
 
 int stof_model_weight_info(const stof_model *m, int i, stof_tensor_info *info) {
-    stof_error err = {0};
-    int t = weight_tensor(&m->g, i);
-    if (t < 0)
-        return api_remember(err_set(&err, STOF_ERR_INVALID, "weight %d: the model has %d", i,
-                                    stof_model_num_weights(m)),
-                            &err);
-    tensor_info(&m->g.tensors[t], info);
-    return api_remember(STOF_OK, &err);
+    return nth_info(m, is_checkpoint_weight, "weight", i, info);
 }
 
 int stof_model_set_weights_device(stof_model *m, const stof_tensor_ref *w, int n) {
@@ -359,19 +357,16 @@ static int host_input(const graph_tensor *t, const void *data, float *out, stof_
     }
     const int32_t *v = data;
     int64_t seq = t->shape[t->ndim - 1];
-    for (int64_t i = 0; i < n; i++) {
-        if (v[i] < 0 || v[i] >= t->init_high)
+    int rc = t->init == GRAPH_INIT_PADDING ? weights_check_input_mask(t, v, err) : STOF_OK;
+    for (int64_t i = 0; !rc && i < n; i++) {
+        if (t->init != GRAPH_INIT_PADDING && (v[i] < 0 || v[i] >= t->init_high))
             return err_set(err, STOF_ERR_INVALID, "input '%s': %d at index %lld (row %lld, "
                            "position %lld) is outside [0, %lld)", t->name, (int)v[i],
                            (long long)i, (long long)(i / seq), (long long)(i % seq),
                            (long long)t->init_high);
-        if (t->init == GRAPH_INIT_PADDING && v[i] == 1 && i % seq && v[i - 1] == 0)
-            return err_set(err, STOF_ERR_UNSUPPORTED, "input '%s': row %lld has a token at "
-                           "position %lld after padding: stof takes right padding (each row "
-                           "1s, then 0s)", t->name, (long long)(i / seq), (long long)(i % seq));
         out[i] = (float)v[i];
     }
-    return STOF_OK;
+    return rc;
 }
 
 /* ---- the CPU reference ------------------------------------------------------------------- */

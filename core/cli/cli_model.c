@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/cli/cli.h"
+#include "core/exec/attention/mha_exec.h"
 #include "core/gpu/device.h"
 #include "ops/mask.h"
 #include "ops/ops.h"
@@ -116,30 +117,13 @@ static int used_causally(const graph *g, int id) {
     return 0;
 }
 
-/* What a causal attention over m sees: m's pairs with j <= i + (k_len -
- * q_len), for the picture; m NULL: every such pair. */
+/* What a causal attention over m sees (m NULL: every pair), for the
+ * picture: the executor's own fold of the causal rule into a mask. */
 static int causal_picture(const mask *m, int q_len, int k_len, mask **out, stof_error *err) {
-    int rc = mask_alloc(m ? m->batch : 1, q_len, k_len, out, err);
-    if (rc)
-        return rc;
-    mask *c = *out;
-    for (int b = 0; b < c->batch; b++)
-        for (int i = 0; i < q_len; i++) {
-            uint64_t *row = c->bits + ((size_t)b * q_len + i) * c->words;
-            int end = i + (k_len - q_len) + 1;
-            end = end < 0 ? 0 : end > k_len ? k_len : end;
-            if (m)
-                memcpy(row, m->bits + ((size_t)b * q_len + i) * m->words,
-                       sizeof *row * (size_t)c->words);
-            else
-                mask_row_set_range(row, 0, end);
-            for (int j = end; j < k_len; j++)
-                row[j / 64] &= ~(1ULL << (j % 64));
-        }
-    char desc[512];
-    snprintf(desc, sizeof desc, "causal%s%s", m ? " AND " : "", m && m->desc ? m->desc : "");
-    c->desc = strdup(desc);
-    return STOF_OK;
+    mha_exec_problem p = {.mask = m, .causal = 1, .batch = m ? m->batch : 1, .heads = 1,
+                          .head_dim = 64, .q_len = q_len, .k_len = k_len, .dtype = STOF_F16,
+                          .scale = 1.0f};
+    return mha_exec_fold_mask(&p, out, err);
 }
 
 /* A dense causal model (GPT-2 without a mask): its picture is the causal one. */

@@ -697,22 +697,14 @@ static int check_attention_mask(exec_model *m, int t, stof_error *err) {
     const graph_tensor *x = &m->plan->g->tensors[t];
     if (x->init != GRAPH_INIT_PADDING)
         return STOF_OK;
-    int64_t n = graph_tensor_numel(x), seq = x->shape[x->ndim - 1];
-    int32_t *v32 = err_malloc(sizeof *v32 * (size_t)n, err);
-    int64_t *v = err_malloc(sizeof *v * (size_t)n, err);
-    int rc = v32 && v ? STOF_OK : STOF_ERR_NOMEM;
+    size_t bytes = graph_tensor_bytes(x);
+    int32_t *v = err_malloc(bytes, err);
+    int rc = v ? cuda_check(m->ctx->drv, m->ctx->drv->MemcpyDtoH(v, m->ptr[t], bytes),
+                            "cuMemcpyDtoH(attention_mask)", err)
+               : STOF_ERR_NOMEM;
     if (!rc)
-        rc = cuda_check(m->ctx->drv, m->ctx->drv->MemcpyDtoH(v32, m->ptr[t], sizeof *v32 * (size_t)n),
-                        "cuMemcpyDtoH(attention_mask)", err);
-    for (int64_t i = 0; !rc && i < n; i++)
-        v[i] = v32[i];
-    if (!rc) {
-        char what[160];
-        snprintf(what, sizeof what, "input '%s'", x->name);
-        rc = weights_check_attention_mask(what, v, n / seq, seq, err);
-    }
+        rc = weights_check_input_mask(x, v, err);
     free(v);
-    free(v32);
     return rc;
 }
 

@@ -288,66 +288,42 @@ static int embed_supports(const graph *g, int first, int n, const fusion_match *
     return gemm_exec_validate(&p, err);
 }
 
-/* ---- glu and rotary ---------------------------------------------------------------------------- */
+/* ---- glu, rotary and mask_rows: one op a segment, its input to its output ---------------------- */
 
-static void glu_read(const graph *g, int first, gemm_exec_problem *p) {
+/* The problem of elementwise op `first`: rows of its output's last dim
+ * (mask_rows: B x S rows of the rest), and the op's own attributes. */
+static void elementwise_read(const graph *g, int first, gemm_exec_problem *p) {
     static const int act_code[] = {[OP_GLU_GELU] = STOF_ACT_GELU,
                                    [OP_GLU_GELU_TANH] = STOF_ACT_GELU_TANH,
                                    [OP_GLU_SILU] = STOF_ACT_SILU};
     const graph_op *op = &g->ops[first];
     const graph_tensor *y = tensor(g, op->output);
-    int act = op->attr.glu.act;
     memset(p, 0, sizeof *p);
-    p->tmpl = FUSION_T_GLU;
     p->dtype = y->dtype;
     p->n = last_dim(y);
+    if (op->kind == OP_MASK_ROWS)
+        p->n = y->ndim >= 2 ? graph_tensor_numel(y) / (y->shape[0] * y->shape[1]) : 0;
     p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
-    p->glu_act = act >= 0 && act <= OP_GLU_SILU ? act_code[act] : -1;
+    if (op->kind == OP_GLU) {
+        int act = op->attr.glu.act;
+        p->tmpl = FUSION_T_GLU;
+        p->glu_act = act >= 0 && act <= OP_GLU_SILU ? act_code[act] : -1;
+    } else if (op->kind == OP_ROTARY) {
+        p->tmpl = FUSION_T_ROTARY;
+        p->seq_len = y->ndim == 3 ? (int)y->shape[1] : 0;
+        p->heads = op->attr.rotary.heads;
+        p->kv_heads = op->attr.rotary.kv_heads;
+        p->head_dim = op->attr.rotary.head_dim;
+        p->theta = op->attr.rotary.theta;
+    } else {
+        p->tmpl = FUSION_T_MASK_ROWS;
+    }
 }
 
-static void rotary_read(const graph *g, int first, gemm_exec_problem *p) {
-    const graph_op *op = &g->ops[first];
-    const graph_tensor *y = tensor(g, op->output);
-    memset(p, 0, sizeof *p);
-    p->tmpl = FUSION_T_ROTARY;
-    p->dtype = y->dtype;
-    p->n = last_dim(y);
-    p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
-    p->seq_len = y->ndim == 3 ? (int)y->shape[1] : 0;
-    p->heads = op->attr.rotary.heads;
-    p->kv_heads = op->attr.rotary.kv_heads;
-    p->head_dim = op->attr.rotary.head_dim;
-    p->theta = op->attr.rotary.theta;
-}
-
-/* x [B, S, ...] as B x S rows of the rest. */
-static void mask_rows_read(const graph *g, int first, gemm_exec_problem *p) {
-    const graph_tensor *y = tensor(g, g->ops[first].output);
-    memset(p, 0, sizeof *p);
-    p->tmpl = FUSION_T_MASK_ROWS;
-    p->dtype = y->dtype;
-    p->m = y->ndim >= 2 ? y->shape[0] * y->shape[1] : 0;
-    p->n = p->m ? graph_tensor_numel(y) / p->m : 0;
-}
-
-static int mask_rows_supports(const graph *g, int first, int n, const fusion_match *m,
-                              stof_error *err) {
+static int elementwise_supports(const graph *g, int first, int n, const fusion_match *m,
+                                stof_error *err) {
     gemm_exec_problem p;
-    mask_rows_read(g, first, &p);
-    return gemm_exec_validate(&p, err);
-}
-
-static int glu_supports(const graph *g, int first, int n, const fusion_match *m,
-                        stof_error *err) {
-    gemm_exec_problem p;
-    glu_read(g, first, &p);
-    return gemm_exec_validate(&p, err);
-}
-
-static int rotary_supports(const graph *g, int first, int n, const fusion_match *m,
-                           stof_error *err) {
-    gemm_exec_problem p;
-    rotary_read(g, first, &p);
+    elementwise_read(g, first, &p);
     return gemm_exec_validate(&p, err);
 }
 
@@ -371,13 +347,9 @@ static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *
         return mi_read(g, s->first, s->n, &s->match, p, &r, err);
     }
     case FUSION_T_GLU:
-        glu_read(g, s->first, p);
-        return STOF_OK;
     case FUSION_T_ROTARY:
-        rotary_read(g, s->first, p);
-        return STOF_OK;
     case FUSION_T_MASK_ROWS:
-        mask_rows_read(g, s->first, p);
+        elementwise_read(g, s->first, p);
         return STOF_OK;
     default: {
         embed_roles r;
@@ -657,17 +629,8 @@ static int xy_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_e
     return STOF_OK;
 }
 
-static int mask_rows_launch(exec_model *m, const exec_seg_rt *rt, CUstream st,
-                            stof_error *err) {
-    return gemm_exec_mask_rows(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
-}
-
-static int glu_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
-    return gemm_exec_glu(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
-}
-
-static int rotary_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
-    return gemm_exec_rotary(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
+static int xy_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return gemm_exec_xy(m->ctx->gemm, rt->kplan, &rt->t.xy, st, err);
 }
 
 /* ---- the table ------------------------------------------------------------------------------------ */
@@ -688,9 +651,9 @@ static const exec_launcher launchers[FUSION_T_COUNT] = {
     [FUSION_T_ATTENTION_ROW] = ATTN,
     [FUSION_T_ATTENTION_BLOCK] = ATTN,
     [FUSION_T_EMBEDDING] = GX(embed_supports, embed_bind, embed_launch, embed_status),
-    [FUSION_T_GLU] = GX(glu_supports, xy_bind, glu_launch, NULL),
-    [FUSION_T_ROTARY] = GX(rotary_supports, xy_bind, rotary_launch, NULL),
-    [FUSION_T_MASK_ROWS] = GX(mask_rows_supports, xy_bind, mask_rows_launch, NULL),
+    [FUSION_T_GLU] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
+    [FUSION_T_ROTARY] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
+    [FUSION_T_MASK_ROWS] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
 };
 
 const exec_launcher *exec_launcher_get(fusion_template_id t) {

@@ -274,6 +274,20 @@ int weights_check_attention_mask(const char *what, const int64_t *v, int64_t row
     return STOF_OK;
 }
 
+int weights_check_input_mask(const graph_tensor *x, const int32_t *v, stof_error *err) {
+    int64_t n = graph_tensor_numel(x), seq = x->shape[x->ndim - 1];
+    int64_t *wide = err_malloc(sizeof *wide * (size_t)n, err);
+    if (!wide)
+        return STOF_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++)
+        wide[i] = v[i];
+    char what[160];
+    snprintf(what, sizeof what, "input '%s'", x->name);
+    int rc = weights_check_attention_mask(what, wide, n / seq, seq, err);
+    free(wide);
+    return rc;
+}
+
 /* Token ids from the file, each in [0, high), as exact floats. */
 static int weights_read_ids(const weights_origin *o, const graph_tensor *x, float *out,
                             stof_error *err) {

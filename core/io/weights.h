@@ -37,6 +37,8 @@ void weights_store(stof_dtype dtype, const float *v, int64_t n, void *out);
  * which the kernels do not take. */
 int weights_check_attention_mask(const char *what, const int64_t *v, int64_t rows, int64_t seq,
                                  stof_error *err);
+/* The same for input x's int32 values (from a caller's buffer), naming the input. */
+int weights_check_input_mask(const graph_tensor *x, const int32_t *v, stof_error *err);
 
 /* Rounds x to what dtype can hold (fp16, bf16; fp32 and int32 unchanged). */
 float weights_round(stof_dtype dtype, float x);

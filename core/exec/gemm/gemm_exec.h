@@ -14,9 +14,8 @@
  *                      properties, NVRTC cache, loaded modules;
  *   gemm_exec_plan     a problem and a setting made ready: checked against
  *                      the template's constraints, compiled, loaded;
- *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding /
- *   _glu / _rotary / _mask_rows
- *                      one launch on a CUstream.
+ *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding / _xy
+ *                      one launch on a CUstream (_xy: glu, rotary, mask_rows).
  *
  * The CPU pieces (validation, feasibility, compile requests, argument
  * blocks) need no GPU and are exposed for tests and offline planning. */
@@ -228,12 +227,9 @@ int gemm_exec_mi_chain(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                        const gemm_exec_mi_tensors *t, CUstream s, stof_error *err);
 int gemm_exec_embedding(gemm_exec_ctx *c, const gemm_exec_plan *plan,
                         const gemm_exec_embed_tensors *t, CUstream s, stof_error *err);
-int gemm_exec_glu(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
-                  CUstream s, stof_error *err);
-int gemm_exec_rotary(gemm_exec_ctx *c, const gemm_exec_plan *plan,
-                     const gemm_exec_xy_tensors *t, CUstream s, stof_error *err);
-int gemm_exec_mask_rows(gemm_exec_ctx *c, const gemm_exec_plan *plan,
-                        const gemm_exec_xy_tensors *t, CUstream s, stof_error *err);
+/* glu, rotary or mask_rows, as the plan's template says. */
+int gemm_exec_xy(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                 CUstream s, stof_error *err);
 
 /* The embedding's bad-id flag: synchronizes stream s, reads the flag and
  * clears it. STOF_OK when every id since the last call was in [0, vocab);

@@ -369,24 +369,22 @@ int gemm_exec_embedding(gemm_exec_ctx *c, const gemm_exec_plan *plan,
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 
-int gemm_exec_glu(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
-                  CUstream s, stof_error *err) {
-    stof_glu_args a;
-    int rc = gemm_exec_glu_args(plan, t, &a, err);
-    return rc ? rc : launch(c, plan, &a, s, err);
-}
-
-int gemm_exec_rotary(gemm_exec_ctx *c, const gemm_exec_plan *plan,
-                     const gemm_exec_xy_tensors *t, CUstream s, stof_error *err) {
-    stof_rotary_args a;
-    int rc = gemm_exec_rotary_args(plan, t, &a, err);
-    return rc ? rc : launch(c, plan, &a, s, err);
-}
-
-int gemm_exec_mask_rows(gemm_exec_ctx *c, const gemm_exec_plan *plan,
-                        const gemm_exec_xy_tensors *t, CUstream s, stof_error *err) {
-    stof_mask_rows_args a;
-    int rc = gemm_exec_mask_rows_args(plan, t, &a, err);
+int gemm_exec_xy(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_xy_tensors *t,
+                 CUstream s, stof_error *err) {
+    union {
+        stof_glu_args glu;
+        stof_rotary_args rotary;
+        stof_mask_rows_args mask_rows;
+    } a;
+    int rc;
+    switch (plan->problem.tmpl) {
+    case FUSION_T_GLU: rc = gemm_exec_glu_args(plan, t, &a.glu, err); break;
+    case FUSION_T_ROTARY: rc = gemm_exec_rotary_args(plan, t, &a.rotary, err); break;
+    case FUSION_T_MASK_ROWS: rc = gemm_exec_mask_rows_args(plan, t, &a.mask_rows, err); break;
+    default:
+        return err_set(err, STOF_ERR_INVALID, "a %s plan launched as glu, rotary or mask_rows",
+                       gemm_template_name(plan->problem.tmpl));
+    }
     return rc ? rc : launch(c, plan, &a, s, err);
 }
 

@@ -67,6 +67,19 @@ void gemm_first_feasible(const gemm_exec_problem *p, const int (*candidates)[5],
     }
 }
 
+void gemm_grid_stride_defaults(int64_t row, int *v) {
+    v[0] = 256;
+    v[1] = gemm_widest_vec(row);
+}
+
+void gemm_grid_stride_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan, int64_t units) {
+    const int threads = plan->values[0];
+    int64_t blocks = gemm_ceil_div(units, threads);
+    int64_t cap = (int64_t)(c->info.sm_count > 0 ? c->info.sm_count : 132) * 16;
+    plan->grid[0] = (unsigned)(blocks < cap ? blocks : cap);
+    plan->block[0] = (unsigned)threads;
+}
+
 void gemm_request_define(gemm_exec_request *r, const char *name, long long value) {
     if (r->req.n_options < GEMM_EXEC_MAX_OPTS) {
         snprintf(r->opts[r->req.n_options], sizeof r->opts[0], "-D%s=%lld", name, value);

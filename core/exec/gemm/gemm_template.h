@@ -91,6 +91,13 @@ int gemm_widest_vec(int64_t n);
 void gemm_first_feasible(const gemm_exec_problem *p, const int (*candidates)[5], int n, int from,
                          int *v);
 
+/* The memory-bound templates' grid-stride loops (embedding, glu, rotary,
+ * mask_rows): THREADS, VEC by default 256 and the widest chunk dividing
+ * `row`; a grid of enough THREADS-blocks for `units` chunks, at most 16 a
+ * multiprocessor (the loop strides over the rest). */
+void gemm_grid_stride_defaults(int64_t row, int *v);
+void gemm_grid_stride_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan, int64_t units);
+
 /* Appends -Dname=value to the request (up to GEMM_EXEC_MAX_OPTS). */
 void gemm_request_define(gemm_exec_request *r, const char *name, long long value);
 

@@ -14,23 +14,6 @@ static int no_row_reduce(const gemm_exec_problem *p) {
     return 0;
 }
 
-/* THREADS, VEC: 256 threads, the widest chunk the row allows (rotary: half
- * a head). */
-static void grid_stride_defaults(int64_t row, int *v) {
-    v[0] = 256;
-    v[1] = gemm_widest_vec(row);
-}
-
-/* Enough blocks of THREADS for `units` chunks, at most a few times what the
- * GPU holds at once (the loop strides over the rest). */
-static void grid_stride_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan, int64_t units) {
-    const int threads = plan->values[0];
-    int64_t blocks = gemm_ceil_div(units, threads);
-    int64_t cap = (int64_t)(c->info.sm_count > 0 ? c->info.sm_count : 132) * 16;
-    plan->grid[0] = (unsigned)(blocks < cap ? blocks : cap);
-    plan->block[0] = (unsigned)threads;
-}
-
 /* ---- glu ------------------------------------------------------------------------------- */
 
 static int validate_glu(const gemm_exec_problem *p, stof_error *err) {
@@ -44,9 +27,10 @@ static int validate_glu(const gemm_exec_problem *p, stof_error *err) {
     return STOF_OK;
 }
 
-static void glu_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
+/* glu and mask_rows: chunks of a row of n. */
+static void row_chunk_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
-    grid_stride_defaults(p->n, v);
+    gemm_grid_stride_defaults(p->n, v);
 }
 
 static void glu_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
@@ -56,9 +40,9 @@ static void glu_defines(gemm_exec_request *r, const gemm_exec_problem *p, const 
     gemm_request_define(r, "ACT", p->glu_act);
 }
 
-static void glu_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
+static void row_chunk_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     const gemm_exec_problem *p = &plan->problem;
-    grid_stride_shape(c, plan, p->m * (p->n / plan->values[1]));
+    gemm_grid_stride_shape(c, plan, p->m * (p->n / plan->values[1]));
 }
 
 static void glu_describe(const gemm_exec_problem *p, char *buf, size_t n) {
@@ -73,9 +57,9 @@ const gemm_template gemm_template_glu = {
     .n_name = "F",
     .validate = validate_glu,
     .row_reduce = no_row_reduce,
-    .defaults = glu_defaults,
+    .defaults = row_chunk_defaults,
     .defines = glu_defines,
-    .launch_shape = glu_launch_shape,
+    .launch_shape = row_chunk_launch_shape,
     .residual_at = GEMM_RESIDUAL_UNSHOWN,
     .describe_extra = glu_describe,
 };
@@ -102,7 +86,7 @@ static int validate_rotary(const gemm_exec_problem *p, stof_error *err) {
 
 static void rotary_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
-    grid_stride_defaults(p->head_dim / 2, v);
+    gemm_grid_stride_defaults(p->head_dim / 2, v);
 }
 
 static void rotary_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
@@ -118,7 +102,7 @@ static void rotary_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     const gemm_exec_problem *p = &plan->problem;
     const int vec = plan->values[1];
     int64_t rotated = (int64_t)(p->heads + p->kv_heads) * p->head_dim;
-    grid_stride_shape(c, plan, p->m * (rotated / 2 / vec + (p->n - rotated) / vec));
+    gemm_grid_stride_shape(c, plan, p->m * (rotated / 2 / vec + (p->n - rotated) / vec));
 }
 
 static void rotary_describe(const gemm_exec_problem *p, char *buf, size_t n) {
@@ -148,11 +132,6 @@ static int validate_mask_rows(const gemm_exec_problem *p, stof_error *err) {
     return STOF_OK;
 }
 
-static void mask_rows_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
-    (void)arch;
-    grid_stride_defaults(p->n, v);
-}
-
 static void no_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
                        const char *arch) {
     (void)r;
@@ -161,19 +140,14 @@ static void no_defines(gemm_exec_request *r, const gemm_exec_problem *p, const i
     (void)arch;
 }
 
-static void mask_rows_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
-    const gemm_exec_problem *p = &plan->problem;
-    grid_stride_shape(c, plan, p->m * (p->n / plan->values[1]));
-}
-
 const gemm_template gemm_template_mask_rows = {
     .id = FUSION_T_MASK_ROWS,
     .kernel = STOF_MASK_ROWS_KERNEL,
     .n_name = "N",
     .validate = validate_mask_rows,
     .row_reduce = no_row_reduce,
-    .defaults = mask_rows_defaults,
+    .defaults = row_chunk_defaults,
     .defines = no_defines,
-    .launch_shape = mask_rows_launch_shape,
+    .launch_shape = row_chunk_launch_shape,
     .residual_at = GEMM_RESIDUAL_UNSHOWN,
 };

@@ -119,8 +119,7 @@ static int embedding_row_reduce(const gemm_exec_problem *p) {
 /* THREADS, VEC */
 static void embedding_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
-    v[0] = 256;
-    v[1] = gemm_widest_vec(p->n);
+    gemm_grid_stride_defaults(p->n, v);
 }
 
 static void embedding_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
@@ -133,14 +132,11 @@ static void embedding_defines(gemm_exec_request *r, const gemm_exec_problem *p, 
         gemm_request_define(r, "HAS_TYPE_IDS", 1);
 }
 
-/* A grid-stride loop: enough blocks to fill the GPU a few times over. */
+/* A grid-stride loop over chunks of VEC: enough blocks to fill the GPU a
+ * few times over. */
 static void embedding_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     const gemm_exec_problem *p = &plan->problem;
-    const int *v = plan->values;
-    int64_t blocks = gemm_ceil_div(p->m * (p->n / v[1]), v[0]);
-    int64_t cap = (int64_t)(c->info.sm_count > 0 ? c->info.sm_count : 132) * 16;
-    plan->grid[0] = (unsigned)(blocks < cap ? blocks : cap);
-    plan->block[0] = (unsigned)v[0];
+    gemm_grid_stride_shape(c, plan, p->m * (p->n / plan->values[1]));
 }
 
 /* The tables a description adds. */

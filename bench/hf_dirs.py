@@ -38,30 +38,6 @@ TOL = 1e-2
 SIZES = dict(hidden=256, layers=4, heads=4, ffn=1024, vocab=1000)
 
 
-def base_config(arch, max_seq):
-    """The sizes of the architecture's base checkpoint (transformers' defaults: bert-base,
-    roberta-base, distilbert-base-uncased, gpt2, ModernBERT-base), positions for max_seq."""
-    import transformers as tr
-    if arch == "bert":
-        return tr.BertConfig(max_position_embeddings=max(512, max_seq)), tr.BertModel
-    if arch == "roberta":
-        return tr.RobertaConfig(vocab_size=50265, max_position_embeddings=max(512, max_seq) + 2,
-                                type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5), \
-            tr.RobertaModel
-    if arch == "distilbert":
-        return tr.DistilBertConfig(max_position_embeddings=max(512, max_seq)), \
-            tr.DistilBertModel
-    if arch == "longformer":  # longformer-base-4096's sizes: windows of 512
-        return tr.LongformerConfig(vocab_size=50265, max_position_embeddings=max(4096, max_seq) + 2,
-                                   type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5,
-                                   attention_window=512), tr.LongformerModel
-    if arch == "modernbert":
-        return tr.ModernBertConfig(max_position_embeddings=max(8192, max_seq), pad_token_id=0,
-                                   bos_token_id=1, eos_token_id=2, cls_token_id=1,
-                                   sep_token_id=2), tr.ModernBertModel
-    return tr.GPT2Config(n_positions=max(1024, max_seq)), tr.GPT2Model
-
-
 def hf_model(arch, max_seq, seed, base=False):
     """(transformers model, config) of arch, random from seed, fp16 on the GPU: the small
     test sizes (SIZES), or the base checkpoint's."""
@@ -70,7 +46,7 @@ def hf_model(arch, max_seq, seed, base=False):
     import torch_models as tm
     s = SIZES
     if base:
-        cfg, cls = base_config(arch, max_seq)
+        cfg, cls = tm.base_config(arch, max_seq)
         torch.manual_seed(seed)
         model = cls(cfg)
         tm.perturb_(model, seed)

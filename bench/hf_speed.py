@@ -28,38 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stof_cli as sc  # noqa: E402
 from stof_cli import log  # noqa: E402
 
-
-def modernbert_base(max_seq):
-    import transformers as tr
-    # ModernBertConfig's defaults are answerdotai/ModernBERT-base's sizes
-    return tr.ModernBertConfig(max_position_embeddings=max_seq, pad_token_id=0, bos_token_id=1,
-                               eos_token_id=2, cls_token_id=1, sep_token_id=2), \
-        tr.ModernBertModel
-
-
-def bert_base(max_seq):
-    import transformers as tr
-    # BertConfig's defaults are bert-base's sizes
-    return tr.BertConfig(max_position_embeddings=max(512, max_seq)), \
-        lambda cfg: tr.BertModel(cfg, add_pooling_layer=False)
-
-
-def longformer_base(max_seq):
-    import transformers as tr
-    # longformer-base-4096's sizes: windows of 512, 4098 positions
-    return tr.LongformerConfig(vocab_size=50265, max_position_embeddings=max(4096, max_seq) + 2,
-                               type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5,
-                               attention_window=512), tr.LongformerModel
-
-
-MODELS = {"modernbert-base": modernbert_base, "bert-base": bert_base,
-          "longformer-base": longformer_base}
+# the models by name: the architecture whose base sizes they have (torch_models.base_config)
+MODELS = {"modernbert-base": "modernbert", "bert-base": "bert", "longformer-base": "longformer"}
 
 
 def build(name, max_seq, work):
     import torch
     import torch_models as tm
-    cfg, cls = MODELS[name](max_seq)
+    cfg, cls = tm.base_config(MODELS[name], max_seq)
     # SDPA where transformers has it (Longformer has its own attention only)
     cfg._attn_implementation = "eager" if name.startswith("longformer") else "sdpa"
     torch.manual_seed(0)

@@ -135,6 +135,33 @@ def script_mismatches(name, script_path):
             if m not in text]
 
 
+def base_config(arch, max_seq):
+    """(config, model constructor) of the architecture's base checkpoint (transformers'
+    defaults: bert-base (no pooler), roberta-base, distilbert-base-uncased, gpt2,
+    ModernBERT-base, longformer-base-4096), positions for max_seq: bench/hf_dirs.py and
+    bench/hf_speed.py build their models from it."""
+    import transformers as tr
+    if arch == "bert":
+        return tr.BertConfig(max_position_embeddings=max(512, max_seq)), \
+            lambda cfg: tr.BertModel(cfg, add_pooling_layer=False)
+    if arch == "roberta":
+        return tr.RobertaConfig(vocab_size=50265, max_position_embeddings=max(512, max_seq) + 2,
+                                type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5), \
+            tr.RobertaModel
+    if arch == "distilbert":
+        return tr.DistilBertConfig(max_position_embeddings=max(512, max_seq)), \
+            tr.DistilBertModel
+    if arch == "longformer":  # longformer-base-4096's sizes: windows of 512
+        return tr.LongformerConfig(vocab_size=50265, max_position_embeddings=max(4096, max_seq) + 2,
+                                   type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5,
+                                   attention_window=512), tr.LongformerModel
+    if arch == "modernbert":
+        return tr.ModernBertConfig(max_position_embeddings=max(8192, max_seq), pad_token_id=0,
+                                   bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                   sep_token_id=2), tr.ModernBertModel
+    return tr.GPT2Config(n_positions=max(1024, max_seq)), tr.GPT2Model
+
+
 def perturb_(model, seed):
     """Moves every 1-D parameter (biases, norm gains) off its 0 / 1 init and gives T5's
     relative-position tables unit scale: a weight loaded in the wrong place then changes the

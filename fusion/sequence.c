@@ -72,7 +72,8 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
                a->attr.embedding.has_type_ids == b->attr.embedding.has_type_ids;
     case OP_ATTENTION: {
         const op_attention *x = &a->attr.attn, *y = &b->attr.attn;
-        return x->heads == y->heads && x->head_dim == y->head_dim && x->cross == y->cross &&
+        return x->heads == y->heads && op_attention_kv_heads(x) == op_attention_kv_heads(y) &&
+               x->head_dim == y->head_dim && x->cross == y->cross &&
                x->causal == y->causal && x->mask == y->mask && x->scale == y->scale &&
                x->relpos == y->relpos && x->relpos_buckets == y->relpos_buckets &&
                x->relpos_max_distance == y->relpos_max_distance &&

@@ -10,7 +10,7 @@
  *
  * Tensors. Strides are in elements. Row i of batch b, head h of Q starts at
  *   q + b * q_batch_stride + i * q_row_stride + h * HEAD_DIM
- * and likewise for K, V (key row j) and O. The host offsets the base
+ * and likewise for O, and for K, V (key row j) at head h / kv_group. The host offsets the base
  * pointers for the packed layouts: self-attention reads qkv [B, S, 3, H, D]
  * (k = qkv + H*D, v = qkv + 2*H*D, row stride 3*H*D), cross-attention q
  * [B, Sq, H*D] and kv [B, Sk, 2, H, D]. O is [B, Sq, H*D]. Base pointers are
@@ -150,7 +150,8 @@ typedef struct stof_attn_args {
     float scale_log2;               /* scale * log2(e): scores are exponentiated with exp2 */
     stof_i32 relpos_buckets, relpos_max_distance, relpos_bidirectional;
     stof_i32 n_slots;               /* split pieces in the work list (all stored batches) */
-    stof_i32 reserved;              /* keeps the 4-byte count even */
+    stof_i32 kv_group;              /* query heads per K/V head (grouped-query attention;
+                                       1: one K/V head per query head) */
     /* K/V by tensor maps (block-wise -DTMA=1 builds only; see below) */
     stof_i32 k_tma_batch, v_tma_batch; /* batch b reads the map's batch b times this (0:
                                           one K, V for every batch) */

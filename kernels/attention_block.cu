@@ -184,8 +184,10 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     const elem_t *q = static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
                       row_base * a.q_row_stride + h * HEAD_DIM;
 #if !TMA  // (the TMA build addresses K and V through its tensor maps)
-    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride + h * HEAD_DIM;
-    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride + h * HEAD_DIM;
+    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride +
+                         (h / a.kv_group) * HEAD_DIM;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride +
+                         (h / a.kv_group) * HEAD_DIM;
 #endif
     elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
                   h * HEAD_DIM;

@@ -241,7 +241,7 @@ __device__ __forceinline__ void load_kv_tma(unsigned sk, unsigned sv, int stage,
 #pragma unroll
     for (int p = 0; p < HEAD_DIM / 64; ++p) {
         const unsigned off = (stage * kStageElems + p * (BLOCK_N * 64)) * sizeof(elem_t);
-        const int x = h * HEAD_DIM + p * 64;
+        const int x = (h / a.kv_group) * HEAD_DIM + p * 64;
         stof::tma::copy_3d(sk + off, &a.tmap_k, x, row, b * a.k_tma_batch, bar);
         stof::tma::copy_3d(sv + off, &a.tmap_v, x, row, b * a.v_tma_batch, bar);
     }

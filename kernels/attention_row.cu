@@ -150,8 +150,10 @@ stof_attention_row(const stof_attn_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     float *sq = s_query[warp];
 
-    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride + h * HEAD_DIM;
-    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride + h * HEAD_DIM;
+    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride +
+                         (h / a.kv_group) * HEAD_DIM;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride +
+                         (h / a.kv_group) * HEAD_DIM;
     const long long ptr_base = a.fmt_batch == 1 ? 0LL : (long long)b * (a.q_len + 1);
 #if PADDING
     // keys past the sequence's length are masked; its padded rows write zeros

@@ -3,11 +3,13 @@
  * buckets.
  *
  * Q, K and V are read in place with strides: self-attention from the QKV
- * GEMM's output [B, S, 3, H, D], cross-attention from q [B, Sq, H, D] and
- * kv [B, Sk, 2, H, D]. The output is [B, Sq, H*D], ready for the output
+ * GEMM's output [B, S, Q | K | V] (H, KVH and KVH heads of D), cross-attention
+ * from q [B, Sq, H, D] and kv [B, Sk, 2, KVH, D]. With KVH < H (grouped-query
+ * attention) query head h reads K/V head h / (H / KVH). The output is [B, Sq, H*D], ready for the output
  * projection. A pair (i, j) is allowed when the mask allows it and, when
  * causal, j <= i + (Sk - Sq) (the last query sees every key). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/base/error.h"
@@ -81,6 +83,11 @@ static int check_attrs(const graph_op *op, stof_error *err) {
                         "heads and head_dim must be positive, got heads = %d, head_dim = %d",
                         a->heads, a->head_dim);
     /* T5 uses scale 1.0, so any positive finite scale is fine. */
+    int kvh = op_attention_kv_heads(a);
+    if (a->kv_heads < 0 || a->heads % kvh)
+        return ops_fail(op, err, STOF_ERR_INVALID,
+                        "kv_heads must divide heads (grouped-query attention), got heads = %d, "
+                        "kv_heads = %d", a->heads, a->kv_heads);
     if (!isfinite(a->scale) || a->scale <= 0.0f)
         return ops_fail(op, err, STOF_ERR_INVALID, "scale must be positive and finite, got %g",
                         (double)a->scale);
@@ -98,29 +105,36 @@ static int check_attrs(const graph_op *op, stof_error *err) {
                     a->relpos ? ", relpos table" : "", op->n_inputs);
 }
 
-/* t is [B, S, parts * H * D]. */
-static int check_packed(const graph_op *op, const graph_tensor *t, const char *role, int parts,
-                        stof_error *err) {
+/* t is [B, S, (q_parts H + kv_parts KVH) D]. */
+static int check_packed(const graph_op *op, const graph_tensor *t, const char *role, int q_parts,
+                        int kv_parts, stof_error *err) {
     const op_attention *a = &op->attr.attn;
     int rc;
     if ((rc = ops_require_float(op, t, role, err)) ||
         (rc = ops_require_rank(op, t, role, 3, 3, err)))
         return rc;
-    int64_t want = (int64_t)parts * a->heads * a->head_dim;
+    int kvh = op_attention_kv_heads(a);
+    int64_t want = ((int64_t)q_parts * a->heads + (int64_t)kv_parts * kvh) * a->head_dim;
     if (ops_last_dim(t) == want)
         return STOF_OK;
-    char ts[OPS_TENSOR_STR_MAX];
-    return ops_fail(op, err, STOF_ERR_SHAPE,
-                    "%s %s has %lld features but %d heads of dim %d need %s%lld", role,
-                    ops_tensor_str(t, ts, sizeof ts), (long long)ops_last_dim(t), a->heads,
-                    a->head_dim, parts == 1 ? "" : parts == 2 ? "2 x H x D = " : "3 x H x D = ",
-                    (long long)want);
+    static const char *const mha_rule[] = {"", "H x D = ", "2 x H x D = ", "3 x H x D = "};
+    char ts[OPS_TENSOR_STR_MAX], heads[64];
+    const char *rule = mha_rule[q_parts + kv_parts];
+    if (kvh == a->heads) {
+        snprintf(heads, sizeof heads, "%d heads", a->heads);
+    } else {
+        snprintf(heads, sizeof heads, "%d query and %d K/V heads", a->heads, kvh);
+        rule = q_parts ? (kv_parts ? "(H + 2 KVH) x D = " : "H x D = ") : "2 x KVH x D = ";
+    }
+    return ops_fail(op, err, STOF_ERR_SHAPE, "%s %s has %lld features but %s of dim %d need %s%lld",
+                    role, ops_tensor_str(t, ts, sizeof ts), (long long)ops_last_dim(t), heads,
+                    a->head_dim, q_parts + kv_parts == 1 ? "" : rule, (long long)want);
 }
 
 static int check_cross_pair(const graph_op *op, const graph_tensor *q, const graph_tensor *kv,
                             stof_error *err) {
     int rc;
-    if ((rc = check_packed(op, kv, "kv", 2, err)) ||
+    if ((rc = check_packed(op, kv, "kv", 0, 2, err)) ||
         (rc = ops_require_same_dtype(op, q, "q", kv, "kv", err)))
         return rc;
     if (q->shape[0] == kv->shape[0])
@@ -217,10 +231,10 @@ int ops_attention_infer(OPS_INFER_ARGS) {
         return rc;
     const graph_tensor *q = ops_input(g, op, 0);
     if (a->cross) {
-        if ((rc = check_packed(op, q, "q", 1, err)) ||
+        if ((rc = check_packed(op, q, "q", 1, 0, err)) ||
             (rc = check_cross_pair(op, q, ops_input(g, op, 1), err)))
             return rc;
-    } else if ((rc = check_packed(op, q, "qkv", 3, err))) {
+    } else if ((rc = check_packed(op, q, "qkv", 1, 2, err))) {
         return rc;
     }
     if (a->relpos && (rc = check_relpos_table(op, q, ops_input(g, op, op->n_inputs - 1), err)))
@@ -287,6 +301,7 @@ typedef struct attn_ctx {
     const op_attention *attr;
     const float *q, *k, *v;      /* head 0 of token 0 of batch 0 */
     int64_t q_stride, kv_stride; /* floats from one token to the next */
+    int64_t group;               /* query heads per K/V head */
     const float *table;          /* relpos bias [buckets, H], or NULL */
     const int *bucket;           /* bucket of j - i at bucket[j - i + sq - 1] */
     const mask *m;               /* or NULL */
@@ -297,18 +312,20 @@ typedef struct attn_ctx {
 } attn_ctx;
 
 static void locate_inputs(attn_ctx *c, const float *const *in, int n_inputs) {
-    int64_t hd = c->geo.heads * c->geo.dim;
+    int64_t kvh = op_attention_kv_heads(c->attr);
+    int64_t hd = c->geo.heads * c->geo.dim, kvd = kvh * c->geo.dim;
+    c->group = c->geo.heads / kvh;
     if (c->attr->cross) {
         c->q = in[0];
         c->q_stride = hd;
         c->k = in[1];
-        c->v = in[1] + hd;
-        c->kv_stride = 2 * hd;
+        c->v = in[1] + kvd;
+        c->kv_stride = 2 * kvd;
     } else {
         c->q = in[0];
         c->k = in[0] + hd;
-        c->v = in[0] + 2 * hd;
-        c->q_stride = c->kv_stride = 3 * hd;
+        c->v = in[0] + hd + kvd;
+        c->q_stride = c->kv_stride = hd + 2 * kvd;
     }
     c->table = c->attr->relpos ? in[n_inputs - 1] : NULL;
     c->padding = c->attr->padded ? in[1] : NULL;
@@ -339,7 +356,7 @@ static int64_t allowed_keys(const attn_ctx *c, int64_t b, int64_t i) {
 
 static double pair_score(const attn_ctx *c, const float *q, int64_t b, int64_t h, int64_t i,
                          int64_t j) {
-    const float *k = c->k + (b * c->geo.sk + j) * c->kv_stride + h * c->geo.dim;
+    const float *k = c->k + (b * c->geo.sk + j) * c->kv_stride + h / c->group * c->geo.dim;
     double dot = 0.0;
     for (int64_t d = 0; d < c->geo.dim; d++)
         dot += (double)q[d] * k[d];
@@ -371,7 +388,7 @@ static void attend_row(const attn_ctx *c, int64_t b, int64_t h, int64_t i, int64
     for (int64_t t = 0; t < n; t++) {
         int64_t j = c->keys[t];
         double p = exp(c->scores[j] - max);
-        const float *v = c->v + (b * c->geo.sk + j) * c->kv_stride + h * dim;
+        const float *v = c->v + (b * c->geo.sk + j) * c->kv_stride + h / c->group * dim;
         for (int64_t d = 0; d < dim; d++)
             c->acc[d] += p * v[d];
         sum += p;

@@ -3,7 +3,8 @@
 -- Builds: token + position embeddings -> N blocks of
 --     x = x + c_proj(attention(c_attn(ln_1(x))))       (causal, AND the mask if any)
 --     x = x + mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))
--- -> ln_f, and outputs the last hidden state [batch, seq, 768].
+-- -> ln_f, and outputs the last hidden state [batch, seq, 768], or with head = true the
+-- logits [batch, seq, vocab] of the language-modelling head (tied to wte, as GPT2LMHeadModel).
 --
 -- From a Hugging Face model directory (stof graph|run|tune DIR), stof.config is its
 -- config.json: n_embd, n_head, n_layer, n_inner, vocab_size, n_positions,
@@ -16,15 +17,20 @@
 --   mask    "none"   a pattern name or text form (stof.mask.named), combined
 --                    with causal: a pair is attended when both allow it
 --   dtype   "fp16"   fp16, bf16 or fp32
+--   head    false    (true from a directory of GPT2LMHeadModel) output the logits
+--   padding false    (true from a model directory) an input attention_mask [batch, seq]
+--                    (optional at run time; right padding); rows past a sequence's
+--                    length are zeros before the head
 --
 -- GPT-2's Conv1D weights are stored [in, out], so every projection is a GEMM
 -- with kn = true. Weight names follow GPT2Model (wte.weight, h.N.attn.c_attn.weight, ...).
 local c = stof.config
-local p = stof.params{layers = 0, batch = 8, seq = 512, mask = "none", dtype = "fp16"}
+local hf = require("hf")
+local p = stof.params{layers = 0, batch = 8, seq = 512, mask = "none", dtype = "fp16",
+                      head = hf.has_lm_head(c), padding = c ~= nil}
 
 local H, heads, F, vocab, n_positions, eps, layers, tanh
 if c then
-  local hf = require("hf")
   H, heads, layers = hf.need(c, "n_embd", true), hf.need(c, "n_head", true),
                      hf.need(c, "n_layer", true)
   F = c.n_inner and hf.need(c, "n_inner", true) or 4 * H
@@ -62,7 +68,9 @@ local function conv1d(prefix, x, n_in, n_out)
 end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})
-local x = m:embedding(ids, m:weight("wte.weight", {vocab, H}),
+local am = hf.attention_mask(m, p)
+local wte = m:weight("wte.weight", {vocab, H})
+local x = m:embedding(ids, wte,
                       {position = m:weight("wpe.weight", {n_positions, H}), name = "embeddings"})
 
 for n = 0, layers - 1 do
@@ -70,12 +78,13 @@ for n = 0, layers - 1 do
     local pre = "h." .. n
     local qkv = conv1d(pre .. ".attn.c_attn", layernorm(pre .. ".ln_1", x), H, 3 * H)
     local a = m:attention(qkv, {heads = heads, head_dim = H // heads, causal = true,
-                                mask = mask, name = pre .. ".attn"})
+                                mask = mask, padding = am, name = pre .. ".attn"})
     x = m:add(x, conv1d(pre .. ".attn.c_proj", a, H, H))
     local h = conv1d(pre .. ".mlp.c_fc", layernorm(pre .. ".ln_2", x), H, F)
     x = m:add(x, conv1d(pre .. ".mlp.c_proj", m:gelu(h, {tanh = tanh}), F, H))
   end)
 end
 
-m:output(layernorm("ln_f", x))
+x = hf.zero_padding(m, layernorm("ln_f", x), am)
+m:output(p.head and hf.lm_head(m, c, x, wte, vocab, H, true) or x)
 return m

@@ -3,6 +3,7 @@
 --   local H = hf.need(c, "hidden_size", true)       -- an integer, or an error naming the key
 --   local tanh = hf.activation(c.hidden_act or "gelu", "hidden_act")
 --   local am = hf.attention_mask(m, p)              -- the run-time padding input, or nil
+--   local logits = hf.lm_head(m, c, x, wte, V, H)   -- tied or own language-modelling head
 local hf = {}
 
 -- The config's value of key: a number (an integer when whole), else an error that names it.
@@ -39,6 +40,38 @@ end
 function hf.zero_padding(m, x, am)
   if not am then return x end
   return m:mask_rows(x, am, {name = "padding"})
+end
+
+-- Whether the config describes a model with a language-modelling head (its architectures
+-- end in LMHeadModel or ForCausalLM): the default of a decoder's `head` parameter.
+function hf.has_lm_head(c)
+  local a = c and c.architectures and c.architectures[1]
+  return type(a) == "string" and (a:find("LMHeadModel$") ~= nil or a:find("ForCausalLM$") ~= nil)
+end
+
+-- The logits [batch, seq, vocab] of hidden states x [batch, seq, H]: the head is the word
+-- embedding wte [vocab, H] when the config ties them (tie_word_embeddings; when the config
+-- does not say, tied_default, the model class's default), else its own lm_head.weight.
+function hf.lm_head(m, c, x, wte, vocab, H, tied_default)
+  local tied = tied_default
+  if c and c.tie_word_embeddings ~= nil then tied = c.tie_word_embeddings end
+  local w = wte
+  if not tied then
+    w = m:weight("lm_head.weight", {vocab, H})
+  end
+  return m:gemm(x, w, {name = "lm_head"})
+end
+
+-- The rotary theta of a config: rope_parameters.rope_theta (transformers 5), else rope_theta,
+-- else default. Scaled ropes (linear, dynamic, yarn, llama3) are refused, not approximated.
+function hf.rope_theta(c, default)
+  local rp = c.rope_parameters or c.rope_scaling
+  local kind = rp and (rp.rope_type or rp.type)
+  if kind and kind ~= "default" then
+    error(string.format("config.json: rope type '%s' (stof runs the default rotary "
+                        .. "embedding)", tostring(kind)), 2)
+  end
+  return (c.rope_parameters and c.rope_parameters.rope_theta) or c.rope_theta or default
 end
 
 -- x through the activation a (hf.activation's answer) in model m.

@@ -55,6 +55,8 @@ static void sig_op(sig_buf *b, const graph *g, const graph_op *op) {
         return;
     const op_attention *a = &op->attr.attn;
     sig_add(b, "/c%d/x%d/r%d%s", a->causal, a->cross, a->relpos, a->padded ? "/pad" : "");
+    if (op_attention_kv_heads(a) != a->heads)
+        sig_add(b, "/kv%d", op_attention_kv_heads(a));
     if (a->mask >= 0 && a->mask < g->n_masks && g->masks[a->mask])
         sig_add(b, "/m%016llx", (unsigned long long)g->masks[a->mask]->fingerprint);
 }

@@ -238,11 +238,11 @@ expect(dir_save_over_weights 2 "--save-output .*hf-bert/model.safetensors is the
        run --cpu ${WORK}/hf-bert --set batch=1 --set seq=8 --save-output ${WORK}/hf-bert/model.safetensors)
 expect(dir_save_over_config 2 "is the file of the model directory's config"
        run --cpu ${WORK}/hf-bert --set batch=1 --set seq=8 --save-output ${WORK}/hf-bert/config.json)
-file(MAKE_DIRECTORY ${WORK}/hf-llama)
-file(WRITE ${WORK}/hf-llama/config.json "{\"model_type\": \"llama\"}")
-file(WRITE ${WORK}/hf-llama/model.safetensors "")
-expect(dir_unknown_type 1 "model_type 'llama' is not one stof has a script for \\(it has: bert, roberta"
-       graph ${WORK}/hf-llama)
+file(MAKE_DIRECTORY ${WORK}/hf-falcon)
+file(WRITE ${WORK}/hf-falcon/config.json "{\"model_type\": \"falcon\"}")
+file(WRITE ${WORK}/hf-falcon/model.safetensors "")
+expect(dir_unknown_type 1 "model_type 'falcon' is not one stof has a script for \\(it has: bert, roberta"
+       graph ${WORK}/hf-falcon)
 file(MAKE_DIRECTORY ${WORK}/hf-none)
 file(COPY ${WORK}/hf-bert/config.json DESTINATION ${WORK}/hf-none)
 expect(dir_no_weights 1 "has no model.safetensors or model.safetensors.index.json"

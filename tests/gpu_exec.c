@@ -518,13 +518,15 @@ static int export_weights(const graph *g, uint64_t seed, const char *path, stof_
         weights_fill(x, seed, data[t]);
         const graph_source *s = graph_source_of(g, t);
         int parts = s ? s->n : 1;
-        int64_t rows = x->shape[0] / parts, row = graph_tensor_numel(x) / x->shape[0];
+        int64_t row = graph_tensor_numel(x) / x->shape[0], first = 0;
         for (int k = 0; k < parts && n < cap; k++, n++) {
+            int64_t rows = s ? s->part_rows[k] : x->shape[0];
             e[n] = (safetensors_entry){s ? graph_source_part(g, s, k) : x->name,
-                                       SAFETENSORS_F32, x->ndim, {0}, data[t] + k * rows * row};
+                                       SAFETENSORS_F32, x->ndim, {0}, data[t] + first * row};
             for (int d = 0; d < x->ndim; d++)
                 e[n].shape[d] = x->shape[d];
             e[n].shape[0] = rows;
+            first += rows;
         }
     }
     int rc = e && data ? safetensors_write(path, e, n, err) : STOF_ERR_NOMEM;

@@ -166,7 +166,7 @@ static void test_validation(void) {
         CHECK_CONTAINS(err.msg, "f16 or bf16");
     }
     p.dtype = STOF_BF16;
-    const int64_t sizes[][3] = {{0, 768, 768},  {1, 768, 764},   {1, 764, 768},
+    const int64_t sizes[][3] = {{0, 768, 768},  {1, 768, 764},   {1, 768, 4},
                                 {1, 0, 768},    {1, 768, 0},     {-5, 768, 768},
                                 {(int64_t)INT32_MAX + 1, 768, 768}, {1, 768, (int64_t)1 << 32}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -174,8 +174,18 @@ static void test_validation(void) {
         p.n = sizes[i][1];
         p.k = sizes[i][2];
         CHECK_EQ_INT(cublaslt_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED);
-        CHECK_CONTAINS(err.msg, "multiples of 8");
+        CHECK_CONTAINS(err.msg, "multiple of 8");
     }
+    /* a vocabulary-wide head: any N with the weight [N, K]; [K, N] rows need N % 8 == 0 */
+    p.m = 3;
+    p.n = 50257;
+    p.k = 768;
+    p.weight_kn = 0;
+    CHECK_EQ_INT(cublaslt_exec_validate(&p, &err), STOF_OK);
+    p.weight_kn = 1;
+    CHECK_EQ_INT(cublaslt_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "stored [K, N]");
+    p.weight_kn = 0;
     p.m = 7;
     p.n = 8;
     p.k = 8;

@@ -197,15 +197,17 @@ static void export_dir(const graph *g, uint64_t seed, const char *dir, const cha
         weights_fill(x, seed, v);
         const graph_source *src = graph_source_of(g, t);
         int parts = src && !src->row_offset ? src->n : 1;
-        int64_t rows = x->shape[0] / parts, row = numel / x->shape[0];
+        int64_t row = numel / x->shape[0], first = 0;
         for (int k = 0; k < parts && n < 256; k++, n++) {
+            int64_t rows = parts > 1 ? src->part_rows[k] : x->shape[0];
             snprintf(names[n], sizeof names[n], "%s%s", prefix,
                      src && !src->row_offset ? graph_source_part(g, src, k) : x->name);
             e[n] = (safetensors_entry){names[n], SAFETENSORS_F32, x->ndim, {0}, NULL};
             memcpy(e[n].shape, x->shape, sizeof x->shape[0] * (size_t)x->ndim);
             e[n].shape[0] = rows;
             data[n] = malloc(sizeof(float) * (size_t)(rows * row));
-            memcpy(data[n], v + k * rows * row, sizeof(float) * (size_t)(rows * row));
+            memcpy(data[n], v + first * row, sizeof(float) * (size_t)(rows * row));
+            first += rows;
             if (src && src->row_offset) {
                 int64_t off = src->row_offset;
                 float *wide = malloc(sizeof(float) * (size_t)((rows + off) * row));
@@ -412,6 +414,40 @@ static void check_dir_model(const char *name, const char *config, const char *sc
     graph_free(&g);
 }
 
+/* The decoders with their language-modelling heads: GPT-2 tied, GPT-Neo's local and global
+ * layers (a window of 4 in 16 tokens), Mistral's grouped-query attention with a sliding window
+ * of 5 and its own head, Llama tied and dense. */
+static void test_dir_decoders(void) {
+    check_dir_model("gpt2-lm-tiny",
+                    "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"],"
+                    " \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50,"
+                    " \"n_positions\": 32, \"layer_norm_epsilon\": 1e-5}",
+                    "gpt2.lua", "transformer.", 1, 2);
+    check_dir_model("gpt-neo-tiny",
+                    "{\"model_type\": \"gpt_neo\", \"architectures\": [\"GPTNeoForCausalLM\"],"
+                    " \"hidden_size\": 64, \"num_layers\": 2, \"num_heads\": 2,"
+                    " \"vocab_size\": 50, \"max_position_embeddings\": 32, \"window_size\": 4,"
+                    " \"attention_types\": [[[\"global\", \"local\"], 1]],"
+                    " \"layer_norm_epsilon\": 1e-5, \"activation_function\": \"gelu_new\"}",
+                    "gpt_neo.lua", "transformer.", 1, 2);
+    check_dir_model("mistral-tiny",
+                    "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"],"
+                    " \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16,"
+                    " \"vocab_size\": 50, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6,"
+                    " \"rope_theta\": 10000.0, \"sliding_window\": 5,"
+                    " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}",
+                    "mistral.lua", "model.", 2, 2);
+    check_dir_model("llama-tiny",
+                    "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"],"
+                    " \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 1,"
+                    " \"vocab_size\": 50, \"max_position_embeddings\": 64,"
+                    " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0},"
+                    " \"tie_word_embeddings\": true}",
+                    "mistral.lua", "model.", 1, 1);
+}
+
 static void test_dir_models(void) {
     check_dir_model("bert-tiny",
                     "{\"model_type\": \"bert\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
@@ -456,10 +492,11 @@ static void test_dir_models(void) {
                     " \"attention_window\": [6, 4]}",
                     "bert.lua", "longformer.", 1, 2);
     check_longformer_masks();
+    test_dir_decoders();
     /* a model type without a script says which ones have one */
-    const char *dir = WORK "llama";
+    const char *dir = WORK "falcon";
     fresh_dir(dir);
-    put(dir, "config.json", "{\"model_type\": \"llama\"}");
+    put(dir, "config.json", "{\"model_type\": \"falcon\"}");
     put(dir, "model.safetensors", "");
     model_dir md;
     stof_error err = {0};
@@ -467,7 +504,7 @@ static void test_dir_models(void) {
     char supported[128];
     CHECK(model_dir_script(&md, supported, sizeof supported) == NULL);
     CHECK(strcmp(supported, "bert, roberta, xlm-roberta, longformer, distilbert, gpt2, "
-                            "modernbert") == 0);
+                            "gpt_neo, mistral, llama, modernbert") == 0);
     model_dir_free(&md);
 }
 

@@ -905,6 +905,12 @@ static void test_attention_self_shapes(void) {
     op.inputs[0] = qkv25;
     REJECT(&g, &op, STOF_ERR_SHAPE, "attention", "qkv 'qkv25' [2, 6, 25] has 25 features",
            "2 heads of dim 4 need 3 x H x D = 24");
+    /* grouped-query: one K/V head for the two query heads is (2 + 2) x 4 = 16 wide */
+    op.attr.attn.kv_heads = 1;
+    REJECT(&g, &op, STOF_ERR_SHAPE, "2 query and 1 K/V heads of dim 4 need (H + 2 KVH) x D = 16");
+    op.attr.attn.kv_heads = 3;
+    REJECT(&g, &op, STOF_ERR_INVALID, "kv_heads must divide heads", "kv_heads = 3");
+    op.attr.attn.kv_heads = 0;
     op.inputs[0] = qkv2d;
     REJECT(&g, &op, STOF_ERR_SHAPE, "qkv 'qkv2d'", "rank 3");
     op.inputs[0] = qkv_i;
@@ -1055,7 +1061,12 @@ typedef struct attn_case {
     int relpos, bidir;    /* relpos bias table, 32 buckets, max distance 20 */
     float scale;          /* 0: 1/sqrt(dim) */
     uint64_t seed;
+    int kv_heads;         /* 0: heads; fewer: grouped-query attention */
 } attn_case;
+
+static int case_kv_heads(const attn_case *c) {
+    return c->kv_heads ? c->kv_heads : c->heads;
+}
 
 /* allowed[b][i][j] from the mask rows and the causal rule. */
 static uint8_t *dense_allowed(const attn_case *c, const uint8_t *mask_dense) {
@@ -1077,7 +1088,7 @@ static uint8_t *dense_allowed(const attn_case *c, const uint8_t *mask_dense) {
 static double *dense_attention(const attn_case *c, const float *q, int q_stride,
                                const float *k, const float *v, int kv_stride,
                                const float *table, const uint8_t *allowed, double scale) {
-    int hd = c->heads * c->dim;
+    int hd = c->heads * c->dim, group = c->heads / case_kv_heads(c);
     double *o = zeros_d((int64_t)c->batch * c->sq * hd);
     double *s = malloc(sizeof(double) * c->sq * c->sk);
     for (int b = 0; b < c->batch; b++)
@@ -1087,7 +1098,7 @@ static double *dense_attention(const attn_case *c, const float *q, int q_stride,
                     double dot = 0;
                     for (int d = 0; d < c->dim; d++)
                         dot += (double)q[(b * c->sq + i) * q_stride + h * c->dim + d] *
-                               k[(b * c->sk + j) * kv_stride + h * c->dim + d];
+                               k[(b * c->sk + j) * kv_stride + h / group * c->dim + d];
                     double bias = table ? table[op_relpos_bucket(j - i, c->bidir, 32, 20) *
                                                     c->heads + h]
                                         : 0.0;
@@ -1106,7 +1117,8 @@ static double *dense_attention(const attn_case *c, const float *q, int q_stride,
                 for (int j = 0; j < c->sk; j++)
                     for (int d = 0; d < c->dim; d++)
                         o[(b * c->sq + i) * hd + h * c->dim + d] +=
-                            row[j] / sum * v[(b * c->sk + j) * kv_stride + h * c->dim + d];
+                            row[j] / sum *
+                            v[(b * c->sk + j) * kv_stride + h / group * c->dim + d];
             }
         }
     free(s);
@@ -1156,12 +1168,13 @@ static void run_attention_case(const attn_case *c) {
     graph_init(&g);
     stof_error err = {0};
     util_rng rng = {c->seed};
-    int hd = c->heads * c->dim;
-    int q_stride = c->cross ? hd : 3 * hd, kv_stride = c->cross ? 2 * hd : 3 * hd;
+    int hd = c->heads * c->dim, kvd = case_kv_heads(c) * c->dim;
+    int q_stride = c->cross ? hd : hd + 2 * kvd, kv_stride = c->cross ? 2 * kvd : hd + 2 * kvd;
     int q_t = TENSOR(&g, "q", STOF_F32, c->batch, c->sq, q_stride);
     int kv_t = c->cross ? TENSOR(&g, "kv", STOF_F32, c->batch, c->sk, kv_stride) : -1;
     graph_op op = attention_op(c->heads, c->dim, q_t, kv_t);
     op.attr.attn.causal = c->causal;
+    op.attr.attn.kv_heads = c->kv_heads;
     if (c->scale > 0)
         op.attr.attn.scale = c->scale;
     int table_t = c->relpos ? TENSOR(&g, "table", STOF_F32, 32, c->heads) : -1;
@@ -1183,7 +1196,7 @@ static void run_attention_case(const attn_case *c) {
     float *kvs = c->cross ? random_floats(&rng, (int64_t)c->batch * c->sk * kv_stride, -2, 2)
                           : NULL;
     float *ts = c->relpos ? random_floats(&rng, 32 * c->heads, -3, 3) : NULL;
-    const float *k = c->cross ? kvs : qs + hd, *v = c->cross ? kvs + hd : qs + 2 * hd;
+    const float *k = c->cross ? kvs : qs + hd, *v = c->cross ? kvs + kvd : qs + hd + kvd;
     uint8_t *allowed = dense_allowed(c, mask_dense);
     double *want = dense_attention(c, qs, q_stride, k, v, kv_stride, ts, allowed,
                                    op.attr.attn.scale);
@@ -1218,22 +1231,25 @@ static void run_attention_case(const attn_case *c) {
 
 static void test_attention_ref(void) {
     static const attn_case cases[] = {
-        {"dense", 2, 9, 9, 3, 8, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-        {"shared mask", 2, 11, 11, 2, 8, 0, 0, 1, 0.4, 0, 0, 0, 0, 2},
-        {"shared mask, 70 keys (2 words a row)", 2, 70, 70, 2, 4, 0, 0, 1, 0.3, 0, 0, 0, 0, 3},
-        {"causal", 2, 10, 10, 2, 8, 0, 1, 0, 0, 0, 0, 0, 0, 4},
-        {"causal and mask", 1, 67, 67, 1, 8, 0, 1, 1, 0.5, 0, 0, 0, 0, 5},
-        {"per-batch masks", 3, 12, 12, 2, 4, 0, 0, 3, 0.35, 0, 0, 0, 0, 6},
-        {"fully masked rows (shared)", 2, 8, 8, 2, 4, 0, 0, 1, 0.5, 1, 0, 0, 0, 7},
-        {"fully masked rows (per batch, causal)", 2, 8, 8, 2, 4, 0, 1, 2, 0.5, 1, 0, 0, 0, 8},
-        {"cross", 2, 5, 13, 2, 8, 1, 0, 0, 0, 0, 0, 0, 0, 9},
-        {"cross, causal, Sq < Sk", 2, 5, 13, 2, 8, 1, 1, 0, 0, 0, 0, 0, 0, 10},
-        {"cross, causal, Sq > Sk", 2, 9, 4, 2, 8, 1, 1, 0, 0, 0, 0, 0, 0, 11},
-        {"cross, per-batch mask, causal", 2, 6, 75, 2, 4, 1, 1, 2, 0.3, 0, 0, 0, 0, 12},
-        {"relpos bidirectional, scale 1", 2, 40, 40, 3, 4, 0, 0, 0, 0, 0, 1, 1, 1.0f, 13},
-        {"relpos causal decoder, scale 1", 1, 40, 40, 2, 4, 0, 1, 0, 0, 0, 1, 0, 1.0f, 14},
-        {"relpos with mask", 2, 30, 30, 2, 4, 0, 0, 1, 0.5, 1, 1, 1, 1.0f, 15},
-        {"relpos cross", 2, 7, 30, 2, 4, 1, 0, 0, 0, 0, 1, 1, 0.5f, 16},
+        {"dense", 2, 9, 9, 3, 8, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0},
+        {"shared mask", 2, 11, 11, 2, 8, 0, 0, 1, 0.4, 0, 0, 0, 0, 2, 0},
+        {"shared mask, 70 keys (2 words a row)", 2, 70, 70, 2, 4, 0, 0, 1, 0.3, 0, 0, 0, 0, 3, 0},
+        {"causal", 2, 10, 10, 2, 8, 0, 1, 0, 0, 0, 0, 0, 0, 4, 0},
+        {"causal and mask", 1, 67, 67, 1, 8, 0, 1, 1, 0.5, 0, 0, 0, 0, 5, 0},
+        {"per-batch masks", 3, 12, 12, 2, 4, 0, 0, 3, 0.35, 0, 0, 0, 0, 6, 0},
+        {"fully masked rows (shared)", 2, 8, 8, 2, 4, 0, 0, 1, 0.5, 1, 0, 0, 0, 7, 0},
+        {"fully masked rows (per batch, causal)", 2, 8, 8, 2, 4, 0, 1, 2, 0.5, 1, 0, 0, 0, 8, 0},
+        {"cross", 2, 5, 13, 2, 8, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0},
+        {"cross, causal, Sq < Sk", 2, 5, 13, 2, 8, 1, 1, 0, 0, 0, 0, 0, 0, 10, 0},
+        {"cross, causal, Sq > Sk", 2, 9, 4, 2, 8, 1, 1, 0, 0, 0, 0, 0, 0, 11, 0},
+        {"cross, per-batch mask, causal", 2, 6, 75, 2, 4, 1, 1, 2, 0.3, 0, 0, 0, 0, 12, 0},
+        {"relpos bidirectional, scale 1", 2, 40, 40, 3, 4, 0, 0, 0, 0, 0, 1, 1, 1.0f, 13, 0},
+        {"relpos causal decoder, scale 1", 1, 40, 40, 2, 4, 0, 1, 0, 0, 0, 1, 0, 1.0f, 14, 0},
+        {"relpos with mask", 2, 30, 30, 2, 4, 0, 0, 1, 0.5, 1, 1, 1, 1.0f, 15, 0},
+        {"relpos cross", 2, 7, 30, 2, 4, 1, 0, 0, 0, 0, 1, 1, 0.5f, 16, 0},
+        {"grouped-query, causal", 2, 12, 12, 4, 8, 0, 1, 0, 0, 0, 0, 0, 0, 17, 2},
+        {"grouped-query, one K/V head, mask", 2, 10, 10, 3, 4, 0, 1, 1, 0.5, 0, 0, 0, 0, 18, 1},
+        {"grouped-query cross", 2, 5, 9, 6, 4, 1, 0, 0, 0, 0, 0, 0, 0, 19, 3},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         run_attention_case(&cases[k]);

@@ -407,9 +407,11 @@ static void export_values(const graph *g, uint64_t seed, const char *path, const
         weights_fill(x, seed, v);
         const graph_source *s = graph_source_of(g, t);
         int parts = s ? s->n : 1;
-        for (int k = 0; k < parts; k++)
-            export_add(b, o, x, s ? graph_source_part(g, s, k) : x->name, v,
-                       k * x->shape[0] / parts, x->shape[0] / parts);
+        for (int k = 0, first = 0; k < parts; k++) {
+            int64_t rows = s ? s->part_rows[k] : x->shape[0];
+            export_add(b, o, x, s ? graph_source_part(g, s, k) : x->name, v, first, rows);
+            first += (int)rows;
+        }
         free(v);
     }
     stof_error err = {0};
@@ -582,7 +584,7 @@ static void test_sources(void) {
         f = open_ok(path);
         src.weights = src.inputs = f;
         CHECK(weights_source_check(&src, &g, &err) == STOF_ERR_MISMATCH);
-        CHECK_CONTAINS(err.msg, "in 2 equal parts");
+        CHECK_CONTAINS(err.msg, "in parts of 2 + 2 rows");
         safetensors_close(f);
     }
     e[0].shape[0] = e[1].shape[0] = 2;

@@ -67,6 +67,7 @@ static int select_for_op(const graph *g, const graph_op *op, const mha_device_li
 static int same_problem(const graph *g, const graph_op *a, const graph_op *b) {
     return a->attr.attn.mask == b->attr.attn.mask && a->attr.attn.cross == b->attr.attn.cross &&
            a->attr.attn.heads == b->attr.attn.heads &&
+           op_attention_kv_heads(&a->attr.attn) == op_attention_kv_heads(&b->attr.attn) &&
            a->attr.attn.head_dim == b->attr.attn.head_dim &&
            memcmp(g->tensors[a->inputs[0]].shape, g->tensors[b->inputs[0]].shape,
                   sizeof g->tensors[0].shape) == 0 &&

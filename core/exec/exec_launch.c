@@ -535,6 +535,7 @@ static void attn_read(const graph *g, int first, mha_exec_problem *p) {
     p->causal = a->causal;
     p->batch = (int)y->shape[0];
     p->heads = a->heads;
+    p->kv_heads = op_attention_kv_heads(a);
     p->head_dim = a->head_dim;
     p->q_len = (int)y->shape[1];
     p->k_len = (int)kv->shape[1];

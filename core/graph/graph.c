@@ -317,8 +317,30 @@ static int check_source(const graph *g, int tensor, const char *const *parts, in
     return STOF_OK;
 }
 
-int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof_error *err) {
+/* The parts' rows: given (each >= 1, adding up to the weight's), or equal shares. */
+static int source_rows(const graph_tensor *t, const int64_t *rows, int n, int64_t *out,
+                       stof_error *err) {
+    int64_t total = t->ndim > 0 ? t->shape[0] : 0, sum = 0;
+    for (int k = 0; k < n; k++) {
+        out[k] = rows ? rows[k] : total / n;
+        if (out[k] < 1)
+            return err_set(err, STOF_ERR_INVALID, "weight '%s': part %d of %lld rows", t->name,
+                           k + 1, (long long)out[k]);
+        sum += out[k];
+    }
+    if (sum == total)
+        return STOF_OK;
+    return err_set(err, STOF_ERR_INVALID, "weight '%s' has %lld rows: its %d parts %s %lld",
+                   t->name, (long long)total, n, rows ? "add up to" : "cannot share them equally, "
+                   "giving", (long long)sum);
+}
+
+int graph_set_source(graph *g, int tensor, const char *const *parts, const int64_t *rows, int n,
+                     stof_error *err) {
+    int64_t part_rows[GRAPH_MAX_SOURCE_PARTS];
     int rc = check_source(g, tensor, parts, n, err);
+    if (!rc)
+        rc = source_rows(&g->tensors[tensor], rows, n, part_rows, err);
     if (!rc)
         rc = grow((void **)&g->sources, &g->cap_sources, g->n_sources + 1, sizeof *g->sources,
                   err);
@@ -327,7 +349,8 @@ int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof
                   sizeof *g->source_names, err);
     if (rc)
         return rc;
-    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n, 0};
+    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n, 0, {0}};
+    memcpy(g->sources[g->n_sources].part_rows, part_rows, sizeof part_rows[0] * (size_t)n);
     for (int k = 0; k < n; k++)
         snprintf(g->source_names[g->n_source_names++], GRAPH_NAME_MAX, "%s", parts[k]);
     g->tensors[tensor].source = ++g->n_sources;
@@ -339,7 +362,7 @@ int graph_set_source_rows(graph *g, int tensor, int64_t rows, stof_error *err) {
         return err_set(err, STOF_ERR_INVALID, "a row offset in 1..%lld, got %lld",
                        (long long)GRAPH_MAX_DIM_SIZE, (long long)rows);
     const char *self = tensor >= 0 && tensor < g->n_tensors ? g->tensors[tensor].name : "";
-    int rc = graph_set_source(g, tensor, &self, 1, err);
+    int rc = graph_set_source(g, tensor, &self, NULL, 1, err);
     if (!rc)
         g->sources[g->n_sources - 1].row_offset = rows;
     return rc;

@@ -72,6 +72,7 @@ typedef struct graph_source {
     int first, n;     /* its parts' names: graph.source_names[first .. first + n - 1] */
     int64_t row_offset; /* > 0: the weight is rows row_offset.. of its one part (RoBERTa's
                            position table starts at padding_idx + 1) */
+    int64_t part_rows[GRAPH_MAX_SOURCE_PARTS]; /* rows (dim 0) of each part, in order */
 } graph_source;
 
 typedef enum op_kind {
@@ -92,8 +93,10 @@ typedef enum op_kind {
 } op_kind;
 
 /* Masked multi-head attention.
- * Self-attention: inputs {qkv [B, S, 3*H*D] laid out [B, S, 3, H, D]}.
- * Cross-attention: inputs {q [B, Sq, H*D], kv [B, Sk, 2*H*D] laid out [B, Sk, 2, H, D]}.
+ * Self-attention: inputs {qkv [B, S, (H + 2 KVH) D] laid out [B, S, Q | K | V] with H, KVH
+ * and KVH heads of D}.
+ * Cross-attention: inputs {q [B, Sq, H*D], kv [B, Sk, 2*KVH*D] laid out [B, Sk, 2, KVH, D]}.
+ * Grouped-query attention when KVH < H: query head h reads K/V head h / (H / KVH).
  * Optional (self-attention, when padded): an attention_mask [B, S] int32,
  * each row ones then zeros: keys j >= len_b are masked out and rows
  * i >= len_b are zeros, len_b the row's count of ones.
@@ -112,7 +115,13 @@ typedef struct op_attention {
     int relpos_max_distance;
     int relpos_bidirectional;
     int padded;         /* 1 when the attention_mask input is present (input 1) */
+    int kv_heads;       /* K/V heads (KVH), dividing heads; 0: heads (no grouping) */
 } op_attention;
+
+/* The attention's K/V head count (kv_heads, or heads when 0). */
+static inline int op_attention_kv_heads(const op_attention *a) {
+    return a->kv_heads > 0 ? a->kv_heads : a->heads;
+}
 
 /* The activation of an OP_GLU. */
 enum { OP_GLU_GELU = 0, OP_GLU_GELU_TANH, OP_GLU_SILU };
@@ -194,8 +203,11 @@ int graph_set_output(graph *g, int tensor, stof_error *err);
 
 /* Weight `tensor` is read from a weight file as the concatenation along
  * dim 0 of the n tensors named parts (1 to GRAPH_MAX_SOURCE_PARTS names,
- * each shorter than GRAPH_NAME_MAX, no name twice); once per weight. */
-int graph_set_source(graph *g, int tensor, const char *const *parts, int n, stof_error *err);
+ * each shorter than GRAPH_NAME_MAX, no name twice); once per weight. rows:
+ * each part's rows, adding up to the weight's (grouped-query attention stacks
+ * a Q of more rows than K and V), or NULL for n equal parts. */
+int graph_set_source(graph *g, int tensor, const char *const *parts, const int64_t *rows, int n,
+                     stof_error *err);
 /* Weight `tensor` is rows `rows`.. (dim 0) of the checkpoint tensor of its
  * own name, its shape[0] of them (rows >= 1; no other source). */
 int graph_set_source_rows(graph *g, int tensor, int64_t rows, stof_error *err);

@@ -268,6 +268,9 @@ static const struct {
     {"longformer", "bert.lua"},
     {"distilbert", "distilbert.lua"},
     {"gpt2", "gpt2.lua"},
+    {"gpt_neo", "gpt_neo.lua"},
+    {"mistral", "mistral.lua"},
+    {"llama", "mistral.lua"},
     {"modernbert", "modernbert.lua"},
 };
 

@@ -117,17 +117,14 @@ static int weights_same_shape(const safetensors_tensor *p, const graph_tensor *x
     return 1;
 }
 
-/* The parts concatenate along dim 0 to x's shape, in equal parts: a fused
- * projection (Q, K and V in one weight) splits its rows evenly, and parts
- * whose rows merely add up (Q of 1000 rows, K of 536) would put K's rows in
- * V's place. */
+/* The parts concatenate along dim 0 to x's shape, each with the rows the
+ * graph gives it: parts whose rows merely add up (Q of 1000 rows, K of 536
+ * where the model splits 768 each) would put K's rows in V's place. */
 static int weights_concat_fits(const safetensors_file *f, const weights_origin *o,
-                               const graph_tensor *x) {
-    if (x->shape[0] % o->n != 0)
-        return 0;
+                               const graph_source *s, const graph_tensor *x) {
     for (int k = 0; k < o->n; k++) {
         const safetensors_tensor *p = &f->tensors[o->index[k]];
-        if (p->ndim != x->ndim || p->shape[0] != x->shape[0] / o->n)
+        if (p->ndim != x->ndim || p->shape[0] != s->part_rows[k])
             return 0;
         for (int d = 1; d < x->ndim; d++)
             if (p->shape[d] != x->shape[d])
@@ -153,18 +150,19 @@ static int weights_check_rows(const safetensors_file *f, const weights_origin *o
                    graph_shape_str(x, want, sizeof want), (long long)o->row_offset);
 }
 
+/* s: the source x is assembled from, or NULL when it is read whole. */
 static int weights_check_shape(const safetensors_file *f, const weights_origin *o,
-                               const graph_tensor *x, int assembled, stof_error *err) {
+                               const graph_tensor *x, const graph_source *s, stof_error *err) {
     char want[160], got[160];
     graph_shape_str(x, want, sizeof want);
-    if (!assembled) {
+    if (!s) {
         const safetensors_tensor *p = &f->tensors[o->index[0]];
         if (weights_same_shape(p, x))
             return STOF_OK;
         return err_set(err, STOF_ERR_MISMATCH, "%s: tensor '%s' is %s, expected %s", f->path,
                        p->name, safetensors_shape_str(p, got, sizeof got), want);
     }
-    if (weights_concat_fits(f, o, x))
+    if (weights_concat_fits(f, o, s, x))
         return STOF_OK;
     char parts[640] = "";
     size_t used = 0;
@@ -173,9 +171,14 @@ static int weights_check_shape(const safetensors_file *f, const weights_origin *
         used += (size_t)snprintf(parts + used, sizeof parts - used, "%s'%s' %s", k ? " + " : "",
                                  p->name, safetensors_shape_str(p, got, sizeof got));
     }
+    char rows[160] = "";
+    used = 0;
+    for (int k = 0; k < o->n && used < sizeof rows; k++)
+        used += (size_t)snprintf(rows + used, sizeof rows - used, "%s%lld", k ? " + " : "",
+                                 (long long)s->part_rows[k]);
     return err_set(err, STOF_ERR_MISMATCH, "%s: weight '%s' %s is assembled from %s: they must "
-                   "concatenate along dim 0 to its shape, in %d equal parts", f->path, x->name,
-                   want, parts, o->n);
+                   "concatenate along dim 0 to its shape, in parts of %s rows", f->path,
+                   x->name, want, parts, rows);
 }
 
 /* The file tensor of name (safetensors_find), or for a LayerNorm's weight
@@ -246,7 +249,7 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
     }
     o->n = n;
     int rc = o->row_offset ? weights_check_rows(f, o, x, err)
-                           : weights_check_shape(f, o, x, s != NULL, err);
+                           : weights_check_shape(f, o, x, s, err);
     if (!rc)
         o->file = f;
     return rc;

@@ -283,6 +283,29 @@ static double luaapi_default_scale(const graph_tensor *t, graph_init_kind init) 
 
 /* from = {"a", "b", ...}: the checkpoint tensors a weight file assembles the
  * weight from (into parts); returns their count, 0 when absent. */
+/* opts.from_rows: the rows of each of the n parts (a list of n integers), into rows; 0
+ * when absent (equal parts). */
+static int luaapi_weight_from_rows(lua_State *L, int opts, const char *weight, int n,
+                                   int64_t *rows) {
+    if (!opts || lua_getfield(L, opts, "from_rows") == LUA_TNIL) {
+        if (opts)
+            lua_pop(L, 1);
+        return 0;
+    }
+    if (!lua_istable(L, -1) || luaL_len(L, -1) != n || n == 0)
+        luaL_error(L, "weight '%s': from_rows must list the rows of each of the %d parts of "
+                   "'from'", weight, n);
+    for (int k = 0; k < n; k++) {
+        int ok = 0;
+        rows[k] = lua_geti(L, -1, k + 1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &ok) : 0;
+        if (!ok || rows[k] < 1)
+            luaL_error(L, "weight '%s': from_rows[%d] must be a positive integer", weight, k + 1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return 1;
+}
+
 static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
                               char parts[][GRAPH_NAME_MAX]) {
     if (!opts || lua_getfield(L, opts, "from") == LUA_TNIL) {
@@ -309,8 +332,8 @@ static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
 
 /* m:weight(name, shape, {init =, scale =, dtype =, from =, rows_from =, constant =}) */
 static int luaapi_weight(lua_State *L) {
-    static const char *const allowed[] = {"init",      "scale",    "dtype", "from",
-                                          "rows_from", "constant", NULL};
+    static const char *const allowed[] = {"init",      "scale",    "dtype",    "from",
+                                          "from_rows", "rows_from", "constant", NULL};
     static const char *const inits[] = {"uniform", "ones", "zeros", NULL};
     static const graph_init_kind init_of[] = {GRAPH_INIT_UNIFORM, GRAPH_INIT_ONES, GRAPH_INIT_ZEROS};
     luaapi_model *m = luaapi_self(L);
@@ -345,6 +368,8 @@ static int luaapi_weight(lua_State *L) {
     char parts[GRAPH_MAX_SOURCE_PARTS][GRAPH_NAME_MAX];
     const char *names[GRAPH_MAX_SOURCE_PARTS];
     int n_parts = luaapi_weight_from(L, opts, t.name, parts);
+    int64_t part_rows[GRAPH_MAX_SOURCE_PARTS];
+    int has_rows = luaapi_weight_from_rows(L, opts, t.name, n_parts, part_rows);
     double rows = luaapi_opt_number(L, opts, "rows_from", 0, "weight");
     if (t.constant && (n_parts > 0 || rows != 0))
         return luaL_error(L, "weight '%s': a constant is read from no file (no from, rows_from)",
@@ -366,7 +391,8 @@ static int luaapi_weight(lua_State *L) {
         names[i] = parts[i];
     stof_error e;
     const luaapi_tensor *w = lua_touserdata(L, -1);
-    if (graph_set_source(luaapi_graph(L), w->id, names, n_parts, &e) != STOF_OK)
+    if (graph_set_source(luaapi_graph(L), w->id, names, has_rows ? part_rows : NULL, n_parts,
+                         &e) != STOF_OK)
         return luaL_error(L, "%s", e.msg);
     return 1;
 }
@@ -650,8 +676,8 @@ static int luaapi_attention_mask(lua_State *L, int opts, const graph_op *op) {
 
 /* m:attention(qkv, opts) or m:attention(q, kv, opts) (cross-attention). */
 static int luaapi_attention(lua_State *L) {
-    static const char *const allowed[] = {"heads", "head_dim", "mask", "causal", "scale",
-                                          "relpos", "padding", "name", NULL};
+    static const char *const allowed[] = {"heads", "head_dim", "kv_heads", "mask", "causal",
+                                          "scale", "relpos", "padding", "name", NULL};
     luaapi_self(L);
     graph_op op;
     int cross = luaapi_is_tensor(L, 3);
@@ -666,6 +692,7 @@ static int luaapi_attention(lua_State *L) {
     a->head_dim = (int)luaapi_opt_int(L, opts, "head_dim", 0, 1, 1 << 16, "attention");
     if (!a->heads || !a->head_dim)
         return luaL_error(L, "attention: heads and head_dim are required");
+    a->kv_heads = (int)luaapi_opt_int(L, opts, "kv_heads", a->heads, 1, 1 << 16, "attention");
     a->cross = cross;
     a->causal = luaapi_opt_bool(L, opts, "causal", 0, "attention");
     a->scale = (float)luaapi_opt_number(L, opts, "scale", 1.0 / sqrt((double)a->head_dim),

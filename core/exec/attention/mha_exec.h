@@ -47,7 +47,15 @@ typedef struct mha_exec_problem {
      * (mha_exec_tensors.pad_mask); keys past a row's length are masked and its
      * padded rows are zeros. */
     int padded;
+    /* Grouped-query attention: K and V have kv_heads heads (dividing heads), query head h
+     * reads K/V head h / (heads / kv_heads). 0: heads. */
+    int kv_heads;
 } mha_exec_problem;
+
+/* The problem's K/V head count (kv_heads, or heads when 0). */
+static inline int mha_exec_kv_heads(const mha_exec_problem *p) {
+    return p->kv_heads > 0 ? p->kv_heads : p->heads;
+}
 
 /* Head sizes the kernels are built and tested for. */
 #define MHA_EXEC_HEAD_DIMS "32, 64, 80, 128"

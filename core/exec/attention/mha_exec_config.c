@@ -79,6 +79,10 @@ int mha_exec_validate(const mha_exec_problem *p, stof_error *err) {
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: q_len %d and k_len %d must not exceed %d", p->q_len,
                        p->k_len, MASK_MAX_LEN);
+    if (p->kv_heads < 0 || p->heads % mha_exec_kv_heads(p))
+        return err_set(err, STOF_ERR_INVALID,
+                       "attention: kv_heads %d must divide heads %d (grouped-query attention)",
+                       p->kv_heads, p->heads);
     if (!mha_exec_head_dim_supported(p->head_dim))
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "attention: head_dim %d is not supported by the GPU kernels (supported: "

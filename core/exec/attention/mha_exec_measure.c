@@ -63,8 +63,9 @@ static int scratch_alloc(mha_exec_ctx *c, const mha_exec_problem *p, mha_scratch
     memset(s, 0, sizeof *s);
     const size_t elem = stof_dtype_size(p->dtype);
     const int64_t hd = (int64_t)p->heads * p->head_dim;
+    const int64_t kvd = (int64_t)mha_exec_kv_heads(p) * p->head_dim, width = hd + 2 * kvd;
     const int rows = p->q_len > p->k_len ? p->q_len : p->k_len;
-    const size_t qkv_batch = (size_t)(3 * hd * rows) * elem, o_batch = (size_t)(hd * p->q_len) * elem;
+    const size_t qkv_batch = (size_t)(width * rows) * elem, o_batch = (size_t)(hd * p->q_len) * elem;
     size_t fit = MHA_EXEC_MEASURE_BYTES / (qkv_batch + o_batch);
     int batch = fit < 1 ? 1 : fit < (size_t)p->batch ? (int)fit : p->batch;
     int rc;
@@ -98,10 +99,10 @@ static int scratch_alloc(mha_exec_ctx *c, const mha_exec_problem *p, mha_scratch
     memset(t, 0, sizeof *t);
     t->q = s->qkv;
     t->k = s->qkv + (CUdeviceptr)(hd * (int64_t)elem);
-    t->v = s->qkv + (CUdeviceptr)(2 * hd * (int64_t)elem);
+    t->v = s->qkv + (CUdeviceptr)((hd + kvd) * (int64_t)elem);
     t->o = s->o;
-    t->q_row_stride = t->k_row_stride = t->v_row_stride = 3 * hd;
-    t->q_batch_stride = t->k_batch_stride = t->v_batch_stride = 3 * hd * rows;
+    t->q_row_stride = t->k_row_stride = t->v_row_stride = width;
+    t->q_batch_stride = t->k_batch_stride = t->v_batch_stride = width * rows;
     t->o_row_stride = hd;
     t->o_batch_stride = hd * p->q_len;
     /* the relpos table ([buckets][heads]) reads the start of q: in range */

@@ -18,13 +18,14 @@
 void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o,
                              const mha_exec_problem *p, size_t elem_bytes) {
     int64_t hd = (int64_t)p->heads * p->head_dim;
+    int64_t kvd = (int64_t)mha_exec_kv_heads(p) * p->head_dim, width = hd + 2 * kvd;
     memset(t, 0, sizeof *t);
     t->q = qkv;
     t->k = qkv + (CUdeviceptr)(hd * (int64_t)elem_bytes);
-    t->v = qkv + (CUdeviceptr)(2 * hd * (int64_t)elem_bytes);
+    t->v = qkv + (CUdeviceptr)((hd + kvd) * (int64_t)elem_bytes);
     t->o = o;
-    t->q_row_stride = t->k_row_stride = t->v_row_stride = 3 * hd;
-    t->q_batch_stride = t->k_batch_stride = t->v_batch_stride = 3 * hd * p->q_len;
+    t->q_row_stride = t->k_row_stride = t->v_row_stride = width;
+    t->q_batch_stride = t->k_batch_stride = t->v_batch_stride = width * p->q_len;
     t->o_row_stride = hd;
     t->o_batch_stride = hd * p->q_len;
 }
@@ -32,15 +33,16 @@ void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o
 void mha_exec_tensors_cross(mha_exec_tensors *t, CUdeviceptr q, CUdeviceptr kv, CUdeviceptr o,
                             const mha_exec_problem *p, size_t elem_bytes) {
     int64_t hd = (int64_t)p->heads * p->head_dim;
+    int64_t kvd = (int64_t)mha_exec_kv_heads(p) * p->head_dim;
     memset(t, 0, sizeof *t);
     t->q = q;
     t->k = kv;
-    t->v = kv + (CUdeviceptr)(hd * (int64_t)elem_bytes);
+    t->v = kv + (CUdeviceptr)(kvd * (int64_t)elem_bytes);
     t->o = o;
     t->q_row_stride = hd;
     t->q_batch_stride = hd * p->q_len;
-    t->k_row_stride = t->v_row_stride = 2 * hd;
-    t->k_batch_stride = t->v_batch_stride = 2 * hd * p->k_len;
+    t->k_row_stride = t->v_row_stride = 2 * kvd;
+    t->k_batch_stride = t->v_batch_stride = 2 * kvd * p->k_len;
     t->o_row_stride = hd;
     t->o_batch_stride = hd * p->q_len;
 }
@@ -85,6 +87,7 @@ void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
     a->q_len = p->q_len;
     a->k_len = p->k_len;
     a->heads = p->heads;
+    a->kv_group = p->heads / mha_exec_kv_heads(p);
     a->fmt_batch = plan->fmt_batch;
     a->scale_log2 = p->scale * 1.4426950408889634f;
     a->relpos_buckets = p->relpos_buckets;
@@ -107,7 +110,7 @@ static int check_tensor(const char *name, CUdeviceptr ptr, int64_t batch_stride,
 }
 
 /* The tensor map of K or V for the TMA build (attention_abi.cuh): 16-bit
- * elements, dims (heads * head_dim, k_len, batches), boxes 64 x BLOCK_N x 1
+ * elements, dims (kv_heads * head_dim, k_len, batches), boxes 64 x BLOCK_N x 1
  * in the 128-byte swizzle, rows outside the tensor read as zeros. A batch
  * stride of 0 (one tensor for every batch) is one batch, *batch_step 0. */
 static int encode_kv_map(const cuda_driver *drv, const mha_exec_plan *plan, const char *name,
@@ -116,7 +119,7 @@ static int encode_kv_map(const cuda_driver *drv, const mha_exec_plan *plan, cons
     const mha_exec_problem *p = &plan->problem;
     const int one = batch_stride == 0 || p->batch == 1;
     const cuuint64_t e = 2, row_bytes = (cuuint64_t)row_stride * e;
-    const cuuint64_t dims[3] = {(cuuint64_t)p->heads * (cuuint64_t)p->head_dim,
+    const cuuint64_t dims[3] = {(cuuint64_t)mha_exec_kv_heads(p) * (cuuint64_t)p->head_dim,
                                 (cuuint64_t)p->k_len, one ? 1 : (cuuint64_t)p->batch};
     const cuuint64_t strides[2] = {row_bytes,
                                    one ? row_bytes * (cuuint64_t)p->k_len

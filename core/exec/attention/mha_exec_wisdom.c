@@ -40,8 +40,8 @@ static void device_key(const mha_exec_ctx *c, char *out, size_t cap) {
 /* Every field of the problem that changes the kernel's time, and the
  * folded mask's fingerprint. */
 static void problem_key(const mha_exec_problem *p, const mask *folded, char *out, size_t cap) {
-    snprintf(out, cap, "b%d h%d d%d q%d k%d t%d c%d s%.6g r%d/%d/%d/%d p%d m%016llx", p->batch,
-             p->heads, p->head_dim, p->q_len, p->k_len, (int)p->dtype, p->causal,
+    snprintf(out, cap, "b%d h%d/%d d%d q%d k%d t%d c%d s%.6g r%d/%d/%d/%d p%d m%016llx",
+             p->batch, p->heads, mha_exec_kv_heads(p), p->head_dim, p->q_len, p->k_len, (int)p->dtype, p->causal,
              (double)p->scale, p->relpos, p->relpos_buckets, p->relpos_max_distance,
              p->relpos_bidirectional, p->padded, (unsigned long long)folded->fingerprint);
 }

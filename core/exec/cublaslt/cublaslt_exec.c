@@ -30,11 +30,15 @@ int cublaslt_exec_validate(const gemm_exec_problem *p, stof_error *err) {
         (int)p->epi.norm < FUSION_NORM_NONE || p->epi.norm > FUSION_NORM_RMSNORM)
         return err_set(err, STOF_ERR_INVALID, "cublaslt: unknown activation %d or norm %d",
                        (int)p->epi.act, (int)p->epi.norm);
-    if (p->m < 1 || p->m > INT32_MAX || p->n < 8 || p->n > INT32_MAX || p->k < 8 ||
-        p->k > INT32_MAX || p->n % 8 || p->k % 8)
+    /* N may be any width (a language model's head over a vocabulary of 50257): cuBLASLt
+     * picks kernels for the rows' alignment from the layouts. K stays a multiple of 8 so
+     * that x and w rows are 16-byte aligned. */
+    if (p->m < 1 || p->m > INT32_MAX || p->n < 1 || p->n > INT32_MAX || p->k < 8 ||
+        p->k > INT32_MAX || p->k % 8 || (p->weight_kn && p->n % 8))
         return err_set(err, STOF_ERR_UNSUPPORTED,
-                       "cublaslt: M = %lld, N = %lld, K = %lld: M must be in 1..2^31-1 and N, "
-                       "K positive multiples of 8 (16-byte aligned rows)",
+                       "cublaslt: M = %lld, N = %lld, K = %lld: M and N must be in 1..2^31-1, "
+                       "K a positive multiple of 8 (16-byte aligned rows), and N too when the "
+                       "weight is stored [K, N]",
                        (long long)p->m, (long long)p->n, (long long)p->k);
     if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
         return err_set(err, STOF_ERR_UNSUPPORTED,
@@ -81,14 +85,15 @@ const char *cublaslt_exec_epilogue_name(cublasLtEpilogue_t e) {
     }
 }
 
-/* A row stride: 0 becomes row_len; else a multiple of 8 of at least row_len. */
+/* A row stride: 0 becomes row_len (packed rows, whatever their length); else a multiple of
+ * 8 of at least row_len. */
 static int fix_stride(const char *name, int64_t *stride, int64_t row_len, stof_error *err) {
     if (*stride == 0)
         *stride = row_len;
-    if (*stride < row_len || *stride % 8)
+    if (*stride < row_len || (*stride % 8 && *stride != row_len))
         return err_set(err, STOF_ERR_INVALID,
-                       "cublaslt: the row stride of %s is %lld: it must be a multiple of 8 "
-                       "elements and at least %lld", name, (long long)*stride,
+                       "cublaslt: the row stride of %s is %lld: it must be the row's length or "
+                       "a multiple of 8 elements of at least %lld", name, (long long)*stride,
                        (long long)row_len);
     return STOF_OK;
 }

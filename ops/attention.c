@@ -63,7 +63,7 @@ typedef struct attn_geom {
 } attn_geom;
 
 static int expected_inputs(const op_attention *a) {
-    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0);
+    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0) + (a->decode ? 1 : 0);
 }
 
 /* Valid once ops_attention_infer has checked the input shapes. */
@@ -91,6 +91,9 @@ static int check_attrs(const graph_op *op, stof_error *err) {
     if (!isfinite(a->scale) || a->scale <= 0.0f)
         return ops_fail(op, err, STOF_ERR_INVALID, "scale must be positive and finite, got %g",
                         (double)a->scale);
+    if (a->decode && (a->cross || a->relpos || a->padded || !a->causal))
+        return ops_fail(op, err, STOF_ERR_UNSUPPORTED, "a decode step is causal self-attention "
+                        "without relpos or padding");
     if (op->n_inputs == expected_inputs(a))
         return STOF_OK;
     if (a->relpos && op->n_inputs == expected_inputs(a) - 1)
@@ -197,6 +200,20 @@ static int check_padding(const graph_op *op, const graph_tensor *m, const attn_g
                     (long long)geo->sq);
 }
 
+/* A decode step: one query a sequence, and its position, int32 [B, 1]. */
+static int check_decode(const graph_op *op, const graph_tensor *pos, const attn_geom *geo,
+                        stof_error *err) {
+    char ps[OPS_TENSOR_STR_MAX];
+    if (geo->sq != 1)
+        return ops_fail(op, err, STOF_ERR_SHAPE, "a decode step has one query a sequence, "
+                        "not %lld", (long long)geo->sq);
+    if (pos->dtype == STOF_I32 && pos->ndim == 2 && pos->shape[0] == geo->batch &&
+        pos->shape[1] == 1)
+        return STOF_OK;
+    return ops_fail(op, err, STOF_ERR_SHAPE, "positions %s must be int32 [%lld, 1]",
+                    ops_tensor_str(pos, ps, sizeof ps), (long long)geo->batch);
+}
+
 static int check_mask(const graph *g, const graph_op *op, const attn_geom *geo,
                       stof_error *err) {
     int id = op->attr.attn.mask;
@@ -207,7 +224,11 @@ static int check_mask(const graph *g, const graph_op *op, const attn_geom *geo,
                         id, g->n_masks);
     const mask *m = g->masks[id];
     const char *desc = m->desc ? m->desc : "?";
-    if (m->q_len != geo->sq || m->k_len != geo->sk)
+    if (op->attr.attn.decode && m->q_len != m->k_len)
+        return ops_fail(op, err, STOF_ERR_SHAPE, "mask %d (%s) of a decode step is %d x %d: its "
+                        "rows are the positions of a context, so square", id, desc, m->q_len,
+                        m->k_len);
+    if (!op->attr.attn.decode && (m->q_len != geo->sq || m->k_len != geo->sk))
         return ops_fail(op, err, STOF_ERR_SHAPE,
                         "mask %d (%s) is %d x %d (queries x keys) but the attention has %lld "
                         "queries and %lld keys",
@@ -241,6 +262,8 @@ int ops_attention_infer(OPS_INFER_ARGS) {
         return rc;
     attn_geom geo = attn_geometry(g, op);
     if (a->padded && (rc = check_padding(op, ops_input(g, op, 1), &geo, err)))
+        return rc;
+    if (a->decode && (rc = check_decode(op, ops_input(g, op, 1), &geo, err)))
         return rc;
     if ((rc = check_mask(g, op, &geo, err)))
         return rc;
@@ -289,6 +312,13 @@ static int64_t allowed_pairs(const graph *g, const graph_op *op, const attn_geom
 
 void ops_attention_cost(OPS_COST_ARGS) {
     attn_geom geo = attn_geometry(g, op);
+    if (op->attr.attn.decode) { /* at most the context's keys a step */
+        const mask *m = op->attr.attn.mask >= 0 ? g->masks[op->attr.attn.mask] : NULL;
+        *flops = 4.0 * (double)geo.heads * (double)geo.dim * (double)geo.batch *
+                 (double)(m ? m->k_len : 1);
+        *bytes = ops_io_bytes(g, op);
+        return;
+    }
     /* Per allowed pair and head: D multiply-adds for q.k and D for p.v. */
     *flops = 4.0 * (double)geo.heads * (double)geo.dim * (double)allowed_pairs(g, op, &geo);
     *bytes = ops_io_bytes(g, op);
@@ -443,5 +473,8 @@ int ops_attention_ref_rows(const graph *g, const graph_op *op, const float *cons
 
 int ops_attention_ref(OPS_REF_ARGS) {
     attn_geom geo = attn_geometry(g, op);
+    if (op->attr.attn.decode)
+        return ops_fail(op, err, STOF_ERR_INVALID, "a decode step's attention runs with its KV "
+                        "cache (ops_attention_decode_ref)");
     return ops_attention_ref_rows(g, op, in, 0, geo.batch * geo.sq, out, err);
 }

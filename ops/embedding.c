@@ -1,5 +1,7 @@
-/* The embedding gather: out[b, s] = word[ids[b, s]] + type[t] + pos[s], t the
- * token's type (type_ids[b, s]; without them row 0, single-segment inputs).
+/* The embedding gather: out[b, s] = word[ids[b, s]] + type[t] + pos[p], t the
+ * token's type (type_ids[b, s]; without them row 0, single-segment inputs), p
+ * its position (position_ids[b, s]: a decode step's tokens sit past the
+ * cached ones; without them s).
  * BERT adds a token-type row and positions; GPT-2 adds positions only; T5
  * has word rows alone. */
 #include <math.h>
@@ -22,7 +24,24 @@ static int type_ids_slot(const graph_op *op) {
 
 static int expected_inputs(const graph_op *op) {
     return 2 + (op->attr.embedding.has_position != 0) + (op->attr.embedding.has_type != 0) +
-           (op->attr.embedding.has_type_ids != 0 && op->attr.embedding.has_type != 0);
+           (op->attr.embedding.has_type_ids != 0 && op->attr.embedding.has_type != 0) +
+           (op->attr.embedding.has_position_ids != 0 && op->attr.embedding.has_position != 0);
+}
+
+/* The position ids come last. */
+static int position_ids_slot(const graph_op *op) {
+    return op->attr.embedding.has_position_ids ? expected_inputs(op) - 1 : -1;
+}
+
+/* int32 in the shape of the ids. */
+static int check_id_tensor(const graph_op *op, const graph_tensor *ids, const graph_tensor *t,
+                           const char *role, stof_error *err) {
+    if (t->dtype == STOF_I32 && t->ndim == 2 && t->shape[0] == ids->shape[0] &&
+        t->shape[1] == ids->shape[1])
+        return STOF_OK;
+    char ts[OPS_TENSOR_STR_MAX], is[OPS_TENSOR_STR_MAX];
+    return ops_fail(op, err, STOF_ERR_SHAPE, "%s %s must be int32 in the shape of the ids %s",
+                    role, ops_tensor_str(t, ts, sizeof ts), ops_tensor_str(ids, is, sizeof is));
 }
 
 /* An optional table [rows, H] next to word [V, H]. */
@@ -77,23 +96,25 @@ int ops_embedding_infer(OPS_INFER_ARGS) {
     if (position_slot(op) >= 0) {
         const graph_tensor *pos = ops_input(g, op, position_slot(op));
         if ((rc = check_table(op, word, pos, "position", err)) ||
-            (rc = check_positions_fit(op, ids, pos, err)))
+            (!op->attr.embedding.has_position_ids &&
+             (rc = check_positions_fit(op, ids, pos, err))))
             return rc;
     }
+    if (op->attr.embedding.has_position_ids && position_slot(op) < 0)
+        return ops_fail(op, err, STOF_ERR_INVALID, "position ids need the position table");
+    if (position_ids_slot(op) >= 0 &&
+        (rc = check_id_tensor(op, ids, ops_input(g, op, position_ids_slot(op)), "position ids",
+                              err)))
+        return rc;
     if (type_slot(op) >= 0 &&
         (rc = check_table(op, word, ops_input(g, op, type_slot(op)), "type", err)))
         return rc;
     if (op->attr.embedding.has_type_ids && type_slot(op) < 0)
         return ops_fail(op, err, STOF_ERR_INVALID, "token type ids need the token type table");
-    if (type_ids_slot(op) >= 0) {
-        const graph_tensor *tid = ops_input(g, op, type_ids_slot(op));
-        char ts[OPS_TENSOR_STR_MAX], is[OPS_TENSOR_STR_MAX];
-        if (tid->dtype != STOF_I32 || tid->ndim != 2 || tid->shape[0] != ids->shape[0] ||
-            tid->shape[1] != ids->shape[1])
-            return ops_fail(op, err, STOF_ERR_SHAPE, "token type ids %s must be int32 in the "
-                            "shape of the ids %s", ops_tensor_str(tid, ts, sizeof ts),
-                            ops_tensor_str(ids, is, sizeof is));
-    }
+    if (type_ids_slot(op) >= 0 &&
+        (rc = check_id_tensor(op, ids, ops_input(g, op, type_ids_slot(op)), "token type ids",
+                              err)))
+        return rc;
     out->dtype = word->dtype;
     out->ndim = 3;
     out->shape[0] = ids->shape[0];
@@ -145,15 +166,20 @@ int ops_embedding_ref(OPS_REF_ARGS) {
     const float *pos = position_slot(op) >= 0 ? in[position_slot(op)] : NULL;
     const float *types = type_slot(op) >= 0 ? in[type_slot(op)] : NULL;
     const float *type_ids = type_ids_slot(op) >= 0 ? in[type_ids_slot(op)] : NULL;
+    const float *pos_ids = position_ids_slot(op) >= 0 ? in[position_ids_slot(op)] : NULL;
     int64_t n_types = types ? ops_input(g, op, type_slot(op))->shape[0] : 0;
+    int64_t n_pos = pos ? ops_input(g, op, position_slot(op))->shape[0] : 0;
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t s = 0; s < seq; s++) {
             float id = in[0][b * seq + s];
             int rc = check_id(op, id, b, s, vocab, err);
             if (!rc && type_ids)
                 rc = check_id(op, type_ids[b * seq + s], b, s, n_types, err);
+            if (!rc && pos_ids)
+                rc = check_id(op, pos_ids[b * seq + s], b, s, n_pos, err);
             if (rc)
                 return rc;
+            int64_t p = pos_ids ? (int64_t)pos_ids[b * seq + s] : s;
             const float *w_row = in[1] + (int64_t)id * width;
             const float *type_row = types ? types + (type_ids ? (int64_t)type_ids[b * seq + s] : 0) *
                                                         width
@@ -165,7 +191,7 @@ int ops_embedding_ref(OPS_REF_ARGS) {
                 if (type_row)
                     v += type_row[j];
                 if (pos)
-                    v += pos[s * width + j];
+                    v += pos[p * width + j];
                 y[j] = v;
             }
         }

@@ -314,6 +314,25 @@ int mask_alloc(int batch, int q_len, int k_len, mask **out, stof_error *err) {
     return STOF_OK;
 }
 
+int mask_copy(const mask *m, mask **out, stof_error *err) {
+    int rc = mask_alloc(m->batch, m->q_len, m->k_len, out, err);
+    if (rc)
+        return rc;
+    mask *c = *out;
+    memcpy(c->bits, m->bits, sizeof *m->bits * (size_t)m->batch * (size_t)m->q_len *
+                                 (size_t)m->words);
+    free(c->desc);
+    c->desc = err_malloc(strlen(m->desc ? m->desc : "") + 1, err);
+    if (!c->desc) {
+        mask_free(c);
+        *out = NULL;
+        return STOF_ERR_NOMEM;
+    }
+    strcpy(c->desc, m->desc ? m->desc : "");
+    c->fingerprint = m->fingerprint;
+    return STOF_OK;
+}
+
 void mask_free(mask *m) {
     if (!m)
         return;

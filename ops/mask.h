@@ -89,6 +89,8 @@ int mask_build(const mask_spec *spec, int batch, int q_len, int k_len, mask **ou
 int mask_from_dense(const uint8_t *dense, int batch, int q_len, int k_len, const char *desc,
                     mask **out, stof_error *err);
 void mask_free(mask *m);
+/* A copy of m, bits, text form and fingerprint. */
+int mask_copy(const mask *m, mask **out, stof_error *err);
 
 static inline int mask_get(const mask *m, int b, int i, int j) {
     const uint64_t *row = m->bits + ((int64_t)(m->batch == 1 ? 0 : b) * m->q_len + i) * m->words;

@@ -39,7 +39,7 @@ static const op_desc op_table[OP_KIND_COUNT] = {
     [OP_SOFTMAX] = {OP_SOFTMAX, "softmax", OP_CLASS_MI, 1, 1,
         ops_unary_infer, ops_softmax_cost, ops_softmax_ref},
     /* ids, word, then position, type and type ids when the attributes say so */
-    [OP_EMBEDDING] = {OP_EMBEDDING, "embedding", OP_CLASS_MI, 2, 5,
+    [OP_EMBEDDING] = {OP_EMBEDDING, "embedding", OP_CLASS_MI, 2, 6,
         ops_embedding_infer, ops_embedding_cost, ops_embedding_ref},
     /* qkv, or q and kv (cross), the attention_mask when padded, then the relative
      * position table when relpos */
@@ -47,7 +47,7 @@ static const op_desc op_table[OP_KIND_COUNT] = {
         ops_attention_infer, ops_attention_cost, ops_attention_ref},
     [OP_GLU] = {OP_GLU, "glu", OP_CLASS_MI, 1, 1,
         ops_glu_infer, ops_glu_cost, ops_glu_ref},
-    [OP_ROTARY] = {OP_ROTARY, "rotary", OP_CLASS_MI, 1, 1,
+    [OP_ROTARY] = {OP_ROTARY, "rotary", OP_CLASS_MI, 1, 2,
         ops_rotary_infer, ops_rotary_cost, ops_rotary_ref},
     [OP_MASK_ROWS] = {OP_MASK_ROWS, "mask_rows", OP_CLASS_MI, 2, 2,
         ops_mask_rows_infer, ops_mask_rows_cost, ops_mask_rows_ref},

@@ -5,7 +5,8 @@
  *           input, the second the gate (as Hugging Face chunks Wi's output);
  *   rotary  x [B, S, (H + 2 KVH) D], Q | K | V: every head of Q and K has the
  *           pairs (j, j + D/2) rotated by s * theta^(-2j/D), position s the
- *           row's index in the sequence; V is copied. The angles are computed
+ *           row's index in the sequence or given by a positions input (a
+ *           decode step's); V is copied. The angles are computed
  *           in double, so the reference is not the weak link. */
 #include <math.h>
 
@@ -71,6 +72,19 @@ int ops_rotary_infer(OPS_INFER_ARGS) {
         return ops_fail(op, err, STOF_ERR_INVALID, "head_dim must be even, got %d", d);
     if (!(isfinite(theta) && theta > 1.0f))
         return ops_fail(op, err, STOF_ERR_INVALID, "theta must be above 1, got %g", (double)theta);
+    if (op->n_inputs != 1 + (op->attr.rotary.has_positions != 0))
+        return ops_fail(op, err, STOF_ERR_INVALID, "takes %d inputs (x%s), got %d",
+                        1 + (op->attr.rotary.has_positions != 0),
+                        op->attr.rotary.has_positions ? ", positions" : "", op->n_inputs);
+    if (op->attr.rotary.has_positions) {
+        const graph_tensor *p = ops_input(g, op, 1);
+        char ps[OPS_TENSOR_STR_MAX];
+        if (p->dtype != STOF_I32 || p->ndim != 2 || p->shape[0] != x->shape[0] ||
+            p->shape[1] != x->shape[1])
+            return ops_fail(op, err, STOF_ERR_SHAPE, "positions %s must be int32 [%lld, %lld]",
+                            ops_tensor_str(p, ps, sizeof ps), (long long)x->shape[0],
+                            (long long)x->shape[1]);
+    }
     int64_t want = (int64_t)(h + 2 * kvh) * d;
     if (ops_last_dim(x) != want)
         return ops_fail(op, err, STOF_ERR_SHAPE, "x has %lld features, but Q, K and V of %d, %d "
@@ -100,12 +114,18 @@ int ops_rotary_ref(OPS_REF_ARGS) {
     int64_t batch = x->shape[0], seq = x->shape[1], n = ops_last_dim(x);
     int d = op->attr.rotary.head_dim;
     int rotated = op->attr.rotary.heads + op->attr.rotary.kv_heads; /* Q and K heads */
+    const float *positions = op->attr.rotary.has_positions ? in[1] : NULL;
     for (int64_t b = 0; b < batch; b++)
         for (int64_t s = 0; s < seq; s++) {
             const float *xr = in[0] + (b * seq + s) * n;
             float *yr = out + (b * seq + s) * n;
+            float at = positions ? positions[b * seq + s] : (float)s;
+            if (!(at >= 0.0f && at < 16777216.0f && at == floorf(at)))
+                return ops_fail(op, err, STOF_ERR_INVALID, "position %g at [%lld, %lld] is not "
+                                "a non-negative integer", (double)at, (long long)b,
+                                (long long)s);
             for (int hd = 0; hd < rotated; hd++)
-                rotate_head(xr + (int64_t)hd * d, yr + (int64_t)hd * d, d, s,
+                rotate_head(xr + (int64_t)hd * d, yr + (int64_t)hd * d, d, (int64_t)at,
                             op->attr.rotary.theta);
             for (int64_t j = (int64_t)rotated * d; j < n; j++)
                 yr[j] = xr[j];

@@ -35,7 +35,7 @@ if c then
                      hf.need(c, "n_layer", true)
   F = c.n_inner and hf.need(c, "n_inner", true) or 4 * H
   vocab, n_positions = hf.need(c, "vocab_size", true), hf.need(c, "n_positions", true)
-  eps = hf.need(c, "layer_norm_epsilon")
+  eps = c.layer_norm_epsilon and hf.need(c, "layer_norm_epsilon") or 1e-5
   tanh = hf.activation(c.activation_function or "gelu_new", "activation_function")
   if tanh == "relu" then
     error("config.json: activation_function relu (stof's gpt2.lua runs gelu_new, "

@@ -13,7 +13,9 @@
  * ||out - ref|| / ||ref|| (< 5e-3 fp16, < 2e-2 bf16), every element finite,
  * rows with no allowed key exactly zero. The "padded" cases pass a run-time
  * attention_mask of the given lengths (-DPADDING=1 builds): keys past a
- * sequence's length are masked, its padded rows must be zeros. One line per run, so a remote log
+ * sequence's length are masked, its padded rows must be zeros. The "GQA" cases
+ * (grouped-query attention) give K and V fewer heads than Q (kv_heads): query
+ * head h reads K/V head h / (heads / kv_heads). One line per run, so a remote log
  * says what is wrong. Then the block-wise kernel is timed at one big shape
  * at several settings and depths, and a measured plan is made there, and
  * split rows off vs automatic at Longformer and BigBird (1, 4096) and
@@ -52,48 +54,63 @@ typedef struct tcase {
     float scale;               /* 0: 1/sqrt(head_dim); negative: the kernels' pre-scaled path */
     int shared_kv;             /* cross only: one K, V for every batch (batch stride 0) */
     const int *pad;            /* a run-time attention_mask of these lengths, one a batch */
+    int kv_heads;              /* grouped-query attention: K/V heads (dividing heads); 0: heads */
 } tcase;
+
+static int case_kv_heads(const tcase *tc) {
+    return tc->kv_heads > 0 ? tc->kv_heads : tc->heads;
+}
 
 static const int pad_3[] = {257, 100, 1}, pad_2[] = {1000, 333}, pad_0[] = {0, 64};
 
 static const tcase cases[] = {
-    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0, NULL},
-    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0, NULL},
-    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0, NULL},
-    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0, NULL},
-    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL},
-    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL},
-    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL},
-    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL},
+    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0, NULL, 0},
+    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0, 0,
+     NULL, 0},
+    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL, 0},
     {"scattered", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 2, 2, 257,
-     257, 0, 0, 0, 0, 0, 0, NULL},
+     257, 0, 0, 0, 0, 0, 0, NULL, 0},
     {"scattered+causal", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 1, 2,
-     100, 100, 1, 0, 0, 0, 0, 0, NULL},
-    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0, NULL},
+     100, 100, 1, 0, 0, 0, 0, 0, NULL, 0},
+    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0, NULL, 0},
     {"key_padding [0,77]", SRC_SPEC, "key_padding{lengths=[0, 77]}", 2, 2, 100, 100, 0, 0, 0, 0,
-     0, 0, NULL},
+     0, 0, NULL, 0},
     {"key_padding [100,37,1]", SRC_SPEC, "key_padding{lengths=[100, 37, 1]}", 3, 2, 100, 100, 0,
-     0, 0, 0, 0, 0, NULL},
+     0, 0, 0, 0, 0, NULL, 0},
     {"per_batch(sliding,bigbird)", SRC_SPEC, "per_batch(sliding_window{band=8}, bigbird{})", 2, 2,
-     257, 257, 0, 0, 0, 0, 0, 0, NULL},
-    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0, NULL},
-    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0, NULL},
-    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0, NULL},
-    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0, NULL},
-    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0, NULL},
-    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f, 0, NULL},
-    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0, NULL},
-    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f, 0, NULL},
-    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0, NULL},
-    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1, NULL},
-    {"padded full [257,100,1]", SRC_NONE, NULL, 3, 2, 257, 257, 0, 0, 0, 0, 0, 0, pad_3},
+     257, 257, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0, NULL, 0},
+    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0, NULL, 0},
+    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0, NULL, 0},
+    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0, NULL, 0},
+    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0, NULL, 0},
+    {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f, 0,
+     NULL, 0},
+    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0, NULL, 0},
+    {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f, 0,
+     NULL, 0},
+    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0, NULL, 0},
+    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1, NULL, 0},
+    {"padded full [257,100,1]", SRC_NONE, NULL, 3, 2, 257, 257, 0, 0, 0, 0, 0, 0, pad_3, 0},
     {"padded sliding_window{} [1000,333]", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0,
-     0, 0, 0, 0, pad_2},
+     0, 0, 0, 0, pad_2, 0},
     {"padded bigbird{} [257,100,1]", SRC_SPEC, "bigbird{}", 3, 2, 257, 257, 0, 0, 0, 0, 0, 0,
-     pad_3},
-    {"padded causal [0,64]", SRC_NONE, NULL, 2, 2, 128, 128, 1, 0, 0, 0, 0, 0, pad_0},
+     pad_3, 0},
+    {"padded causal [0,64]", SRC_NONE, NULL, 2, 2, 128, 128, 1, 0, 0, 0, 0, 0, pad_0, 0},
     {"padded T5 relpos bidir [1000,333]", SRC_NONE, NULL, 2, 2, 1000, 1000, 0, 0, 1, 1, 1.0f, 0,
-     pad_2},
+     pad_2, 0},
+    /* grouped-query attention: query head h reads K/V head h / (heads / kv_heads) */
+    {"GQA causal H4 KV2", SRC_NONE, NULL, 2, 4, 257, 257, 1, 0, 0, 0, 0, 0, NULL, 2},
+    {"GQA sliding_window{} H4 KV1", SRC_SPEC, "sliding_window{}", 2, 4, 1000, 1000, 0, 0, 0, 0, 0,
+     0, NULL, 1},
+    {"GQA padded bigbird{} H4 KV2 [257,100,1]", SRC_SPEC, "bigbird{}", 3, 4, 257, 257, 0, 0, 0, 0,
+     0, 0, pad_3, 2},
+    {"GQA cross full H4 KV2", SRC_NONE, NULL, 2, 4, 100, 257, 0, 1, 0, 0, 0, 0, NULL, 2},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -172,9 +189,10 @@ static int n_split_runs;
 /* ---- host data --------------------------------------------------------------------------- */
 
 /* Inputs as the dtype's values (float, exactly representable) in the
- * reference's own layout [B][S][H][D], and the reference output. */
+ * reference's own layout, q [B][Sq][H][D], k and v [B][Sk][KVH][D], and the
+ * reference output. */
 typedef struct data {
-    int B, H, Sq, Sk, D;
+    int B, H, KVH, Sq, Sk, D;
     stof_dtype dtype;
     float *q, *k, *v, *table; /* table [buckets][H] */
     double *ref;              /* [B][Sq][H][D] */
@@ -203,6 +221,7 @@ static int allowed(const tcase *tc, const mask *m, int b, int i, int j) {
  * kernels' formats and of the planner's fold. */
 static void reference(const tcase *tc, const mask *m, float scale, data *d) {
     double *s = malloc((size_t)d->Sk * sizeof *s);
+    int group = d->H / d->KVH; /* query heads per K/V head */
     for (int b = 0; b < d->B; b++)
         for (int i = 0; i < d->Sq; i++) {
             int any = 0;
@@ -216,11 +235,12 @@ static void reference(const tcase *tc, const mask *m, float scale, data *d) {
                 if (!any)
                     continue;
                 const float *q = d->q + (((size_t)b * d->Sq + i) * d->H + h) * d->D;
+                int kh = h / group;
                 double mx = -INFINITY;
                 for (int j = 0; j < d->Sk; j++) {
                     if (!allowed(tc, m, b, i, j))
                         continue;
-                    const float *k = d->k + (((size_t)b * d->Sk + j) * d->H + h) * d->D;
+                    const float *k = d->k + (((size_t)b * d->Sk + j) * d->KVH + kh) * d->D;
                     double dot = 0.0;
                     for (int x = 0; x < d->D; x++)
                         dot += (double)q[x] * k[x];
@@ -238,7 +258,7 @@ static void reference(const tcase *tc, const mask *m, float scale, data *d) {
                         continue;
                     double p = exp(s[j] - mx);
                     sum += p;
-                    const float *v = d->v + (((size_t)b * d->Sk + j) * d->H + h) * d->D;
+                    const float *v = d->v + (((size_t)b * d->Sk + j) * d->KVH + kh) * d->D;
                     for (int x = 0; x < d->D; x++)
                         out[x] += p * v[x];
                 }
@@ -293,24 +313,23 @@ static int upload_bits(gpu *g, CUdeviceptr *d, const uint16_t *h, size_t n) {
     return upload(g, d, h, n * 2);
 }
 
-/* Self-attention: qkv [B, S, 3, H, D]; cross: q [B, Sq, H, D], kv [B, Sk, 2, H, D]. */
+/* Self-attention: qkv [B, S, (H + 2 KVH) D], per token Q's H heads, then K's
+ * and V's KVH heads; cross: q [B, Sq, H, D], kv [B, Sk, 2, KVH, D]. */
 static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
-    size_t hd = (size_t)d->H * d->D;
-    int parts = tc->cross ? 2 : 3;
-    size_t nkv = (size_t)d->B * d->Sk * parts * hd;
-    uint16_t *kv = malloc(nkv * 2);
-    for (int b = 0; b < d->B; b++)
-        for (int j = 0; j < d->Sk; j++)
-            for (size_t x = 0; x < hd; x++) {
-                size_t src = ((size_t)b * d->Sk + j) * hd + x;
-                uint16_t *row = kv + ((size_t)b * d->Sk + j) * parts * hd;
-                int off = tc->cross ? 0 : 1; /* q takes part 0 when packed */
-                row[(size_t)off * hd + x] = to_bits(d->dtype, d->k[src]);
-                row[(size_t)(off + 1) * hd + x] = to_bits(d->dtype, d->v[src]);
-                if (!tc->cross)
-                    row[x] = to_bits(d->dtype, d->q[src]);
-            }
-    int rc = upload_bits(g, &db->kv, kv, nkv);
+    size_t hd = (size_t)d->H * d->D, kvd = (size_t)d->KVH * d->D;
+    size_t qd = tc->cross ? 0 : hd; /* Q's columns, first in a packed row */
+    size_t width = qd + 2 * kvd, rows = (size_t)d->B * d->Sk;
+    uint16_t *kv = malloc(rows * width * 2);
+    for (size_t r = 0; r < rows; r++) { /* packed: Sq == Sk, row r is token r of q too */
+        uint16_t *row = kv + r * width;
+        for (size_t x = 0; x < qd; x++)
+            row[x] = to_bits(d->dtype, d->q[r * hd + x]);
+        for (size_t x = 0; x < kvd; x++) {
+            row[qd + x] = to_bits(d->dtype, d->k[r * kvd + x]);
+            row[qd + kvd + x] = to_bits(d->dtype, d->v[r * kvd + x]);
+        }
+    }
+    int rc = upload_bits(g, &db->kv, kv, rows * width);
     free(kv);
     if (rc)
         return rc;
@@ -454,7 +473,7 @@ static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype 
                           .relpos = tc->relpos, .relpos_buckets = RELPOS_BUCKETS,
                           .relpos_max_distance = RELPOS_MAX_DISTANCE,
                           .relpos_bidirectional = tc->bidirectional,
-                          .padded = tc->pad != NULL};
+                          .padded = tc->pad != NULL, .kv_heads = tc->kv_heads};
     return p;
 }
 
@@ -552,9 +571,9 @@ static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t 
     CHECK_MSG(rc == STOF_OK, "mask %s: %s", tc->name, err.msg);
     if (rc)
         return;
-    data d = {.B = tc->batch, .H = tc->heads, .Sq = tc->q_len, .Sk = tc->k_len, .D = D,
-              .dtype = dtype};
-    size_t nq = (size_t)d.B * d.Sq * d.H * D, nk = (size_t)d.B * d.Sk * d.H * D;
+    data d = {.B = tc->batch, .H = tc->heads, .KVH = case_kv_heads(tc), .Sq = tc->q_len,
+              .Sk = tc->k_len, .D = D, .dtype = dtype};
+    size_t nq = (size_t)d.B * d.Sq * d.H * D, nk = (size_t)d.B * d.Sk * d.KVH * D;
     d.q = malloc(nq * sizeof *d.q);
     d.k = malloc(nk * sizeof *d.k);
     d.v = malloc(nk * sizeof *d.v);
@@ -896,8 +915,8 @@ static void timing(gpu *g) {
  * unidirectional relative-position bias, at two sizes (the larger one a
  * t5-base decoder at batch 8). */
 static const tcase sweep_cases[] = {
-    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0, NULL},
-    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0, NULL},
+    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0, NULL, 0},
+    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0, NULL, 0},
 };
 
 /* only: a setting's name ("128x16w1") to run that one alone, or NULL. */

@@ -29,6 +29,7 @@ set(STOF_ROOMS
   core/exec/attention  # the attention kernel planner
   core/exec      # the executor (exec.h public, exec_impl.h private)
   core/tune      # the GPU cost backend of the search
+  core/gen       # generation: the decode step, the KV cache, sampling, the loop
   core/lua       # scripts -> graph (sandboxed Lua): the front end, that nothing below needs
   core/api       # the C API (include/stof.h)
   core/cli       # the stof command

@@ -285,6 +285,9 @@ static int embed_supports(const graph *g, int first, int n, const fusion_match *
     gemm_exec_problem p;
     embed_roles r;
     embed_read(g, first, &p, &r);
+    if (g->ops[first].attr.embedding.has_position_ids)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "embedding: position ids given at run time "
+                       "(a decode step's) are read by the CPU reference only");
     return gemm_exec_validate(&p, err);
 }
 
@@ -324,6 +327,9 @@ static int elementwise_supports(const graph *g, int first, int n, const fusion_m
                                 stof_error *err) {
     gemm_exec_problem p;
     elementwise_read(g, first, &p);
+    if (g->ops[first].kind == OP_ROTARY && g->ops[first].attr.rotary.has_positions)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "rotary: positions given at run time (a "
+                       "decode step's) are read by the CPU reference only");
     return gemm_exec_validate(&p, err);
 }
 

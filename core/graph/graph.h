@@ -12,7 +12,7 @@
 #include "stof.h"
 
 #define GRAPH_MAX_DIMS 4
-#define GRAPH_MAX_INPUTS 5
+#define GRAPH_MAX_INPUTS 6
 #define GRAPH_NAME_MAX 96
 #define GRAPH_MAX_SOURCE_PARTS 16
 
@@ -116,6 +116,11 @@ typedef struct op_attention {
     int relpos_bidirectional;
     int padded;         /* 1 when the attention_mask input is present (input 1) */
     int kv_heads;       /* K/V heads (KVH), dividing heads; 0: heads (no grouping) */
+    /* A decode step (self-attention, causal): inputs {qkv [B, 1, W], positions [B, 1] int32};
+     * the token of batch b sits at position p = positions[b], its K and V go to the KV cache,
+     * and it attends the cached keys j <= p that row p of the mask (context x context)
+     * allows. Run with its cache (ops_attention_decode_ref), not by the op table. */
+    int decode;
 } op_attention;
 
 /* The attention's K/V head count (kv_heads, or heads when 0). */
@@ -139,13 +144,14 @@ typedef struct graph_op {
         struct { float eps; } norm;
         struct { int tanh; } gelu;      /* 1: tanh approximation (GPT-2) */
         /* inputs: ids, word, [pos], [type], [type ids: the row of type per token; without,
-         * row 0] */
-        struct { int has_position, has_type, has_type_ids; } embedding;
+         * row 0], [position ids [B, S] int32: the row of pos per token; without, s] */
+        struct { int has_position, has_type, has_type_ids, has_position_ids; } embedding;
         struct { int act; } glu;        /* OP_GLU_GELU, OP_GLU_GELU_TANH or OP_GLU_SILU */
         /* x [B, S, (heads + 2 kv_heads) head_dim] laid out [B, S, Q | K | V] with heads,
          * kv_heads and kv_heads heads: Q and K rotated by position s (the halves of each
-         * head_dim as the pairs, as GPT-NeoX and Hugging Face do), V as it is */
-        struct { int heads, kv_heads, head_dim; float theta; } rotary;
+         * head_dim as the pairs, as GPT-NeoX and Hugging Face do), V as it is; with
+         * has_positions, by positions[b, s] (input 1, int32 [B, S]) instead */
+        struct { int heads, kv_heads, head_dim; float theta; int has_positions; } rotary;
         op_attention attn;
     } attr;
 } graph_op;

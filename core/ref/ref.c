@@ -76,7 +76,7 @@ static size_t tensor_floats_bytes(const graph *g, int t) {
     return (size_t)graph_tensor_numel(&g->tensors[t]) * sizeof(float);
 }
 
-static int run_op(const graph *g, int i, ref_values *rv, stof_error *err) {
+static int run_op(const graph *g, int i, ref_values *rv, const ref_hooks *h, stof_error *err) {
     const graph_op *op = &g->ops[i];
     const graph_tensor *out = &g->tensors[op->output];
     const float *in[GRAPH_MAX_INPUTS] = {0};
@@ -89,7 +89,13 @@ static int run_op(const graph *g, int i, ref_values *rv, stof_error *err) {
     float *y = err_malloc((size_t)graph_tensor_numel(out) * sizeof(float), err);
     if (!y)
         return err_prefix(err, "op #%d '%s': ", i, op->name);
-    int rc = op_describe(op->kind)->ref(g, op, in, y, err);
+    int handled = 0, rc = STOF_OK;
+    if (h && h->run)
+        rc = h->run(h->ctx, g, i, in, y, &handled, err);
+    if (!rc && !handled)
+        rc = op_describe(op->kind)->ref(g, op, in, y, err);
+    if (!rc && h && h->after)
+        rc = h->after(h->ctx, g, i, in, y, err);
     if (rc) {
         free(y);
         return err_prefix(err, "op #%d '%s': ", i, op->name);
@@ -99,6 +105,10 @@ static int run_op(const graph *g, int i, ref_values *rv, stof_error *err) {
 }
 
 int ref_execute(const graph *g, ref_values *rv, stof_error *err) {
+    return ref_execute_hooked(g, rv, NULL, err);
+}
+
+int ref_execute_hooked(const graph *g, ref_values *rv, const ref_hooks *h, stof_error *err) {
     int *last = last_uses(g, err);
     if (!last)
         return STOF_ERR_NOMEM;
@@ -108,7 +118,7 @@ int ref_execute(const graph *g, ref_values *rv, stof_error *err) {
             live += tensor_floats_bytes(g, t);
     int rc = STOF_OK;
     for (int i = 0; i < g->n_ops && rc == STOF_OK; i++) {
-        if ((rc = run_op(g, i, rv, err)))
+        if ((rc = run_op(g, i, rv, h, err)))
             break;
         live += tensor_floats_bytes(g, g->ops[i].output);
         if (live > rv->peak_bytes)

@@ -1,0 +1,114 @@
+/* Text generation with a decoder: the prompts' prefill, then one decode step
+ * per new token, each reading and extending a KV cache.
+ *
+ *   gen_decoder   the decode step's graph, derived from the model's graph
+ *                 at the full context: every op on one token a sequence,
+ *                 its positions an input, each attention a decode step with
+ *                 a KV cache sized by its mask (a window's ring buffer);
+ *   gen_sample    the next token from a row of logits: greedy, or sampled
+ *                 with temperature, top-k and top-p from a seeded stream
+ *                 per sequence (the same tokens on every run);
+ *   gen_run_cpu   the whole generation on the CPU reference: the ground
+ *                 truth, and what a machine without a GPU can do. With
+ *                 recompute, every token re-runs the whole forward pass with
+ *                 no cache: what the cached run must agree with.
+ *
+ * The model's graphs come from the caller (the script built at the prompts'
+ * and at the context's length: core/lua is above this room). Prompts are
+ * right padded: sequence b's tokens at positions 0 .. len[b] - 1. */
+#ifndef STOF_CORE_GEN_H
+#define STOF_CORE_GEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/graph/graph.h"
+#include "core/io/weights.h"
+#include "ops/kv_cache.h"
+#include "stof.h"
+
+#define GEN_MAX_STOP 16
+
+typedef struct gen_options {
+    int max_new_tokens;   /* >= 1 */
+    float temperature;    /* 0: greedy (the first of the largest logits) */
+    int top_k;            /* 0: every token */
+    float top_p;          /* (0, 1]; 1: every token */
+    uint64_t seed;
+    int32_t stop[GEN_MAX_STOP]; /* a sequence ends after it makes one of these */
+    int n_stop;
+    int recompute;        /* no cache: the whole forward pass again for each token */
+} gen_options;
+
+/* The options' defaults: greedy, seed 1, no stop tokens. */
+gen_options gen_options_default(int max_new_tokens);
+int gen_options_check(const gen_options *o, int64_t vocab, stof_error *err);
+
+typedef struct gen_prompts {
+    int batch;
+    const int32_t *ids;   /* [batch][stride]: sequence b's tokens first, then anything */
+    int stride;
+    const int *len;       /* [batch], each >= 1 */
+} gen_prompts;
+
+typedef struct gen_result {
+    int batch, max_new;
+    int32_t *tokens;      /* [batch][max_new]: the new tokens, -1 past a sequence's end */
+    int *n_new;           /* [batch] */
+    float *logits;        /* [max_new][batch][vocab] when gen_run_cpu is asked to keep them:
+                             the logits each token was drawn from (zeros once ended) */
+    int64_t vocab;
+    size_t cache_bytes;   /* the KV cache's (0 when recomputing) */
+    int steps;            /* forward passes run: the prefill and each decode step */
+} gen_result;
+
+void gen_result_free(gen_result *r);
+
+/* ---- the decode step ------------------------------------------------------------------ */
+
+typedef struct gen_layer {
+    int op;               /* the decode attention's op in gen_decoder.g */
+    int source_op;        /* its attention op in the context graph */
+    int heads, kv_heads, head_dim;
+    const mask *mask;     /* in gen_decoder.g (context x context), or NULL: dense */
+    int64_t cap;          /* cache slots: ops_kv_cache_span */
+} gen_layer;
+
+typedef struct gen_decoder {
+    graph g;              /* batch B, one token a sequence */
+    int ids, positions;   /* its input_ids [B, 1] and position_ids [B, 1] */
+    int64_t context;      /* positions 0 .. context - 1 */
+    int64_t vocab;        /* the logits' width */
+    gen_layer *layers;
+    int n_layers;
+} gen_decoder;
+
+/* The decode step of `model`, the decoder's graph built at (batch, context);
+ * its output must be logits [batch, context, vocab]. An op the step cannot
+ * run on one token (cross-attention, a relative position bias, a
+ * non-causal attention) is an error naming it. */
+int gen_decoder_build(const graph *model, gen_decoder *d, stof_error *err);
+void gen_decoder_free(gen_decoder *d);
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+
+/* The token drawn from row (vocab logits) for sequence b at step t: greedy,
+ * or from the distribution the options leave (temperature, then top-k, then
+ * top-p), with the stream of (seed, b, t). scratch: 2 * vocab floats, order:
+ * 2 * vocab ints. */
+int32_t gen_sample(const gen_options *o, const float *row, int64_t vocab, int b, int t,
+                   float *scratch, int32_t *order);
+
+/* ---- the CPU reference ----------------------------------------------------------------------- */
+
+typedef struct gen_model {
+    const graph *prefill;  /* the model at (batch, the longest prompt) */
+    const graph *context;  /* the model at (batch, context >= longest prompt + max_new - 1) */
+    weights_source weights;
+} gen_model;
+
+/* Generates for every prompt; keep_logits fills r->logits. */
+int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
+                int keep_logits, gen_result *r, stof_error *err);
+
+#endif

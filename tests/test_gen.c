@@ -1,0 +1,302 @@
+/* Generation on the CPU reference (core/gen): tiny decoders built from their
+ * config.json by the shipped scripts (GPT-2 with its head, GPT-Neo's local and
+ * global layers, Mistral's grouped-query attention and sliding window, Llama)
+ * on random weights; the cached decode gives the tokens and logits of
+ * re-running the whole forward pass for every token, for greedy and sampled
+ * generation, ragged prompts, stop tokens; the caches follow the masks; every
+ * error path. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "check.h"
+#include "core/gen/gen.h"
+#include "core/lua/lua_api.h"
+#include "ops/kv_cache.h"
+#include "ops/mask.h"
+
+#define SCRIPTS STOF_SOURCE_DIR "/scripts/"
+
+enum { BATCH = 3, LONGEST = 6, NEW = 10, CONTEXT = LONGEST + NEW - 1 };
+static const int LENS[BATCH] = {6, 3, 1};
+
+typedef struct tiny {
+    const char *name, *script, *config;
+    int64_t caps[4]; /* the cache slots each attention layer should get */
+    int n_layers;
+} tiny;
+
+static const tiny models[] = {
+    {"gpt2", "gpt2.lua",
+     "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"], \"n_embd\": 32,"
+     " \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 40, \"n_positions\": 32}",
+     {CONTEXT, CONTEXT}, 2},
+    {"gpt-neo", "gpt_neo.lua",
+     "{\"model_type\": \"gpt_neo\", \"architectures\": [\"GPTNeoForCausalLM\"],"
+     " \"hidden_size\": 32, \"num_layers\": 2, \"num_heads\": 2, \"vocab_size\": 40,"
+     " \"max_position_embeddings\": 32, \"window_size\": 4,"
+     " \"attention_types\": [[[\"global\", \"local\"], 1]]}",
+     {CONTEXT, 4}, 2},
+    {"mistral", "mistral.lua",
+     "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"],"
+     " \"hidden_size\": 32, \"intermediate_size\": 48, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+     " \"vocab_size\": 40, \"max_position_embeddings\": 64, \"sliding_window\": 5,"
+     " \"tie_word_embeddings\": false}",
+     {5, 5}, 2},
+    {"llama", "mistral.lua",
+     "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"],"
+     " \"hidden_size\": 32, \"intermediate_size\": 48, \"num_hidden_layers\": 1,"
+     " \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"vocab_size\": 40,"
+     " \"max_position_embeddings\": 64, \"tie_word_embeddings\": true}",
+     {CONTEXT}, 1},
+};
+
+/* The model at (batch, seq), fp32, from its config; extra: one more --set. */
+static int build(const tiny *t, int batch, int seq, const char *extra, graph *g,
+                 stof_error *err) {
+    char b[32], s[32], path[512];
+    snprintf(b, sizeof b, "batch=%d", batch);
+    snprintf(s, sizeof s, "seq=%d", seq);
+    snprintf(path, sizeof path, SCRIPTS "%s", t->script);
+    const char *params[] = {b, s, "dtype=fp32", extra};
+    cJSON *config = cJSON_Parse(t->config);
+    graph_init(g);
+    int rc = lua_api_build_config(path, params, extra ? 4 : 3, config, g, NULL, err);
+    cJSON_Delete(config);
+    return rc;
+}
+
+typedef struct fixture {
+    graph prefill, context;
+    gen_model m;
+    int32_t ids[BATCH * LONGEST];
+    gen_prompts p;
+} fixture;
+
+static int fixture_open(const tiny *t, fixture *f, stof_error *err) {
+    memset(f, 0, sizeof *f);
+    int rc = build(t, BATCH, LONGEST, NULL, &f->prefill, err);
+    if (!rc)
+        rc = build(t, BATCH, CONTEXT, NULL, &f->context, err);
+    for (int k = 0; k < BATCH * LONGEST; k++)
+        f->ids[k] = (k * 7 + 3) % 40;
+    f->m = (gen_model){&f->prefill, &f->context, weights_source_seeded(11)};
+    f->p = (gen_prompts){BATCH, f->ids, LONGEST, LENS};
+    return rc;
+}
+
+static void fixture_close(fixture *f) {
+    graph_free(&f->prefill);
+    graph_free(&f->context);
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* The cached run against recomputing everything: the same tokens, logits within fp32
+ * rounding. */
+static void check_against_recompute(const tiny *t, fixture *f, gen_options o) {
+    stof_error err = {0};
+    gen_result cached, full;
+    o.recompute = 0;
+    int rc = gen_run_cpu(&f->m, &f->p, &o, 1, &cached, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
+    o.recompute = 1;
+    int rc2 = gen_run_cpu(&f->m, &f->p, &o, 1, &full, &err);
+    CHECK_MSG(rc2 == STOF_OK, "%s recompute: %s", t->name, err.msg);
+    if (rc || rc2)
+        return;
+    CHECK_MSG(memcmp(cached.tokens, full.tokens, sizeof *full.tokens * BATCH * NEW) == 0,
+              "%s (temperature %g): the cached tokens differ from recomputing", t->name,
+              (double)o.temperature);
+    double d = max_rel_diff(cached.logits, full.logits, (size_t)NEW * BATCH * 40);
+    CHECK_MSG(d < 1e-4, "%s: logits differ by %g (relative to the largest)", t->name, d);
+    CHECK_EQ_INT(cached.steps, NEW);   /* the prefill and NEW - 1 steps */
+    CHECK(cached.cache_bytes > 0 && full.cache_bytes == 0);
+    for (int b = 0; b < BATCH; b++)
+        CHECK_EQ_INT(cached.n_new[b], NEW);
+    gen_result_free(&cached);
+    gen_result_free(&full);
+}
+
+/* The caches follow the masks: a window keeps its window, a dense layer the context. */
+static void check_caches(const tiny *t, fixture *f) {
+    gen_decoder d;
+    stof_error err = {0};
+    int rc = gen_decoder_build(&f->context, &d, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
+    if (rc)
+        return;
+    CHECK_EQ_INT(d.n_layers, t->n_layers);
+    for (int l = 0; l < d.n_layers && l < t->n_layers; l++)
+        CHECK_MSG(d.layers[l].cap == t->caps[l], "%s layer %d: %lld slots, expected %lld",
+                  t->name, l, (long long)d.layers[l].cap, (long long)t->caps[l]);
+    CHECK_EQ_INT(d.context, CONTEXT);
+    CHECK_EQ_INT(d.vocab, 40);
+    gen_decoder_free(&d);
+}
+
+static void test_models(void) {
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        const tiny *t = &models[k];
+        fixture f;
+        stof_error err = {0};
+        int rc = fixture_open(t, &f, &err);
+        CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
+        if (!rc) {
+            check_caches(t, &f);
+            check_against_recompute(t, &f, gen_options_default(NEW));
+            gen_options o = gen_options_default(NEW);
+            o.temperature = 0.8f;
+            o.top_k = 12;
+            o.top_p = 0.9f;
+            o.seed = 7;
+            check_against_recompute(t, &f, o);
+        }
+        fixture_close(&f);
+    }
+}
+
+/* Sampling is reproducible from its seed, and a stop token ends its sequence. */
+static void test_seed_and_stop(void) {
+    fixture f;
+    stof_error err = {0};
+    CHECK_EQ_INT(fixture_open(&models[2], &f, &err), STOF_OK);
+    gen_options o = gen_options_default(NEW);
+    o.temperature = 1.0f;
+    o.seed = 3;
+    gen_result a, b, c;
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &a, &err), STOF_OK);
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &b, &err), STOF_OK);
+    o.seed = 4;
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &c, &err), STOF_OK);
+    CHECK(a.tokens && b.tokens && memcmp(a.tokens, b.tokens, sizeof *a.tokens * BATCH * NEW) == 0);
+    CHECK(a.tokens && c.tokens && memcmp(a.tokens, c.tokens, sizeof *a.tokens * BATCH * NEW) != 0);
+    /* stop at sequence 1's third token: it ends there, the others go on */
+    o.seed = 3;
+    o.stop[0] = a.tokens ? a.tokens[NEW + 2] : 0;
+    o.n_stop = 1;
+    gen_result s;
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &s, &err), STOF_OK);
+    if (s.tokens && a.tokens) {
+        int first = 0;
+        while (a.tokens[NEW + first] != o.stop[0])
+            first++;
+        CHECK_EQ_INT(s.n_new[1], first + 1);
+        CHECK_EQ_INT(s.tokens[NEW + first], o.stop[0]);
+        CHECK_EQ_INT(s.tokens[NEW + first + 1], -1);
+        CHECK(memcmp(s.tokens + NEW, a.tokens + NEW, sizeof *a.tokens * (size_t)(first + 1)) == 0);
+    }
+    gen_result_free(&a);
+    gen_result_free(&b);
+    gen_result_free(&c);
+    gen_result_free(&s);
+    fixture_close(&f);
+}
+
+static void test_sample(void) {
+    const float row[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, 0.0f};
+    float scratch[12];
+    int32_t order[12];
+    gen_options o = gen_options_default(1);
+    CHECK_EQ_INT(gen_sample(&o, row, 6, 0, 0, scratch, order), 1); /* the first of the ties */
+    o.temperature = 5.0f;
+    o.top_k = 1;
+    for (int t = 0; t < 20; t++)
+        CHECK_EQ_INT(gen_sample(&o, row, 6, 0, t, scratch, order), 1);
+    o.top_k = 0;
+    o.top_p = 1e-6f; /* the single most likely token */
+    for (int t = 0; t < 20; t++)
+        CHECK_EQ_INT(gen_sample(&o, row, 6, 1, t, scratch, order), 1);
+    /* top_k 3: only tokens 1, 3 and 4 ever come */
+    o.top_p = 1.0f;
+    o.top_k = 3;
+    int seen[6] = {0};
+    for (int t = 0; t < 200; t++)
+        seen[gen_sample(&o, row, 6, 2, t, scratch, order)]++;
+    CHECK(seen[1] && seen[3] && seen[4] && !seen[0] && !seen[2] && !seen[5]);
+}
+
+static void test_errors(void) {
+    fixture f;
+    stof_error err = {0};
+    CHECK_EQ_INT(fixture_open(&models[0], &f, &err), STOF_OK);
+    gen_result r;
+    gen_options o = gen_options_default(NEW + 1); /* one more than the context holds */
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &r, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "up to 16 tokens");
+    o = gen_options_default(0);
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &r, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "max_new_tokens");
+    o = gen_options_default(2);
+    o.top_p = 0.0f;
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &r, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "top_p");
+    o = gen_options_default(2);
+    o.stop[0] = 40;
+    o.n_stop = 1;
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &r, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "stop token 40");
+    o = gen_options_default(2);
+    f.ids[1] = 40;
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &r, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "prompt 0: token 40 at 1");
+    f.ids[1] = 1;
+    fixture_close(&f);
+
+    /* no head: hidden states are not logits */
+    graph g;
+    CHECK_EQ_INT(build(&models[0], 1, 8, "head=false", &g, &err), STOF_OK);
+    gen_decoder d;
+    CHECK_EQ_INT(gen_decoder_build(&g, &d, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "head=true");
+    graph_free(&g);
+    /* ragged prompts without an attention_mask */
+    CHECK_EQ_INT(fixture_open(&models[0], &f, &err), STOF_OK);
+    graph_free(&f.prefill);
+    CHECK_EQ_INT(build(&models[0], BATCH, LONGEST, "padding=false", &f.prefill, &err), STOF_OK);
+    o = gen_options_default(2);
+    CHECK_EQ_INT(gen_run_cpu(&f.m, &f.p, &o, 0, &r, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "attention_mask");
+    fixture_close(&f);
+}
+
+/* Cache slots from masks: a window of 4 keys, a dense layer, a global first key. */
+static void test_span(void) {
+    stof_error err = {0};
+    mask_spec *spec = NULL;
+    mask *m = NULL;
+    CHECK_EQ_INT(mask_spec_parse("sliding_window{band=3}", &spec, &err), STOF_OK);
+    CHECK_EQ_INT(mask_build(spec, 1, 100, 100, &m, &err), STOF_OK);
+    CHECK_EQ_INT(ops_kv_cache_span(m, 100), 4);
+    mask_free(m);
+    mask_spec_free(spec);
+    CHECK_EQ_INT(ops_kv_cache_span(NULL, 77), 77);
+    CHECK_EQ_INT(mask_spec_parse("longformer{band=3, global=1}", &spec,
+                                 &err), STOF_OK);
+    if (spec) {
+        CHECK_EQ_INT(mask_build(spec, 1, 100, 100, &m, &err), STOF_OK);
+        CHECK_EQ_INT(ops_kv_cache_span(m, 100), 100);
+        mask_free(m);
+        mask_spec_free(spec);
+    }
+}
+
+int main(void) {
+    test_sample();
+    test_span();
+    test_models();
+    test_seed_and_stop();
+    test_errors();
+    return check_summary("test_gen");
+}

@@ -170,7 +170,7 @@ static void test_table(void) {
     CHECK_EQ_INT(op_kind_from_name(NULL), -1);
     CHECK(strcmp(op_class_name(OP_CLASS_CI), "CI") == 0);
     CHECK(strcmp(op_class_name(OP_CLASS_MI), "MI") == 0);
-    CHECK_EQ_INT(op_describe(OP_EMBEDDING)->max_inputs, 5);
+    CHECK_EQ_INT(op_describe(OP_EMBEDDING)->max_inputs, 6);
     CHECK_EQ_INT(op_describe(OP_ATTENTION)->max_inputs, 4);
 }
 

@@ -151,7 +151,7 @@ typedef struct graph_op {
          * kv_heads and kv_heads heads: Q and K rotated by position s (the halves of each
          * head_dim as the pairs, as GPT-NeoX and Hugging Face do), V as it is; with
          * has_positions, by positions[b, s] (input 1, int32 [B, S]) instead */
-        struct { int heads, kv_heads, head_dim; float theta; int has_positions; } rotary;
+        struct { int has_positions, heads, kv_heads, head_dim; float theta; } rotary;
         op_attention attn;
     } attr;
 } graph_op;

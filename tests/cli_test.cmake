@@ -249,6 +249,54 @@ expect(dir_no_weights 1 "has no model.safetensors or model.safetensors.index.jso
        run --cpu ${WORK}/hf-none --set batch=1 --set seq=8)
 expect(dir_graph_no_weights 0 "model bert" graph ${WORK}/hf-none --set batch=1 --set seq=8)
 
+# stof generate: the cached decode gives the tokens of recomputing every pass; sampling
+# repeats from its seed; ragged prompts from a file; the errors a user meets
+set(gen generate --cpu scripts/gpt2.lua --set layers=1 --set head=true --set padding=true
+    --max-new-tokens 4)
+expect(gen_cached 0 "sequence 0: 1,2,3 \\| [0-9]+,[0-9]+,[0-9]+,[0-9]+\n.*KV cache"
+       ${gen} --prompt "1,2,3" --prompt "7 8")
+string(REGEX MATCHALL "sequence [0-9]: [^\n]*" gen_tokens "${last_output}")
+expect(gen_recompute 0 "no cache" ${gen} --prompt "1,2,3" --prompt "7 8" --recompute)
+string(REGEX MATCHALL "sequence [0-9]: [^\n]*" gen_tokens_full "${last_output}")
+if(NOT gen_tokens STREQUAL gen_tokens_full OR gen_tokens STREQUAL "")
+  message(SEND_ERROR "gen: cached ${gen_tokens} != recomputed ${gen_tokens_full}")
+  math(EXPR failures "${failures} + 1")
+endif()
+file(WRITE ${WORK}/prompts.txt "# two prompts\n1, 2, 3\n\n7 8\n")
+expect(gen_file 0 "sequence 1: 7,8 \\|" ${gen} --prompt-ids ${WORK}/prompts.txt)
+string(REGEX MATCHALL "sequence [0-9]: [^\n]*" gen_tokens_file "${last_output}")
+if(NOT gen_tokens STREQUAL gen_tokens_file)
+  message(SEND_ERROR "gen: --prompt-ids gave ${gen_tokens_file}, --prompt ${gen_tokens}")
+  math(EXPR failures "${failures} + 1")
+endif()
+expect(gen_sampled 0 "sampled \\(temperature 0.8, top-k 20, top-p 0.9, seed 5\\)"
+       ${gen} --prompt "1,2" --temperature 0.8 --top-k 20 --top-p 0.9 --seed 5)
+set(gen_sampled_once "${last_output}")
+expect(gen_sampled_again 0 "sampled" ${gen} --prompt "1,2" --temperature 0.8 --top-k 20
+       --top-p 0.9 --seed 5)
+if(NOT gen_sampled_once STREQUAL last_output)
+  string(REGEX REPLACE "in [0-9.]+ s \\([0-9.]+ tokens/s\\)" "" a "${gen_sampled_once}")
+  string(REGEX REPLACE "in [0-9.]+ s \\([0-9.]+ tokens/s\\)" "" b "${last_output}")
+  if(NOT a STREQUAL b)
+    message(SEND_ERROR "gen: one seed, two samples:\n${a}\n${b}")
+    math(EXPR failures "${failures} + 1")
+  endif()
+endif()
+expect(gen_no_cpu 1 "add --cpu" generate scripts/gpt2.lua --prompt 1)
+expect(gen_no_prompt 1 "needs prompts" ${gen})
+expect(gen_bad_id 1 "--prompt 1: 'x' is not a token id" ${gen} --prompt "1,x")
+file(WRITE ${WORK}/prompts.bad "1 2\n4 -3\n")
+expect(gen_bad_file_id 1 "prompts.bad:2: '-3' is not a token id" ${gen}
+       --prompt-ids ${WORK}/prompts.bad)
+expect(gen_vocab 1 "prompt 0: token 50257 at 1 is outside the vocabulary \\[0, 50257\\)"
+       ${gen} --prompt "1,50257")
+expect(gen_no_head 1 "--set head=true" generate --cpu scripts/gpt2.lua --set layers=1
+       --prompt "1,2")
+expect(gen_ragged_no_mask 1 "need its attention_mask input \\(--set padding=true\\)"
+       generate --cpu scripts/gpt2.lua --set layers=1 --set head=true --prompt "1,2"
+       --prompt 3)
+expect(gen_top_p 2 "--top-p expects a number" ${gen} --prompt 1 --top-p 0)
+
 message(STATUS "cli: ${passes} passed, ${failures} failed")
 if(failures GREATER 0)
   message(FATAL_ERROR "cli: ${failures} checks failed")

@@ -71,6 +71,22 @@ static const struct {
      "  stof mha-select SCRIPT|DIR [--set k=v ...] [--arch sm_XX]\n"
      "                                     the attention kernel the analytical model picks\n"
      "                                     (paper Eq. 1, 2) and its score table\n"},
+    {"generate",
+     "  stof generate --cpu SCRIPT|DIR [--set k=v ...] (--prompt \"1,2,3\" ... | --prompt-ids\n"
+     "           FILE) [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+     "           [--seed N] [--stop ID ...] [--ignore-eos] [--recompute] [--weights FILE]\n"
+     "                                     generate text token ids with a decoder (its\n"
+     "                                     language-modelling head): the prompts' prefill,\n"
+     "                                     then a decode step a token against a KV cache\n"
+     "                                     sized by each layer's mask. Greedy by default;\n"
+     "                                     --temperature > 0 samples (top-k, top-p) from\n"
+     "                                     --seed, reproducibly. Stops at --stop tokens and\n"
+     "                                     the config's eos_token_id (--ignore-eos: not).\n"
+     "                                     --prompt-ids: a prompt a line, ids separated by\n"
+     "                                     commas or spaces. --recompute: no cache, the\n"
+     "                                     whole pass again for every token (the ground\n"
+     "                                     truth). --cpu: the fp32 CPU reference (the GPU\n"
+     "                                     decode step is not built yet)\n"},
     {"version", "  stof version                       stof's version and commit\n"},
 };
 #define N_HELPS ((int)(sizeof helps / sizeof helps[0]))
@@ -125,7 +141,8 @@ static const char *const option_names[] = {
     "--cpu",    "--set",    "--seed",   "--png",     "--px",     "--block",       "--mask-index",
     "--arch",   "--scheme", "--reps",   "--check",   "--no-check", "-o",          "--output",
     "--budget", "--time-limit", "--script", "--weights", "--inputs", "--save-output",
-    "--profile"};
+    "--profile", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
+    "--top-p", "--stop", "--ignore-eos", "--recompute"};
 #define N_OPTIONS ((int)(sizeof option_names / sizeof option_names[0]))
 
 /* The index of opt in option_names (-o and --output, --check and --no-check
@@ -143,7 +160,66 @@ static int option_index(const char *opt) {
 /* Options that may be given many times; the others only once, since a
  * second --weights would silently win over the first. */
 static int option_repeats(const char *opt) {
-    return strcmp(opt, "--set") == 0 || strcmp(opt, "--scheme") == 0;
+    return strcmp(opt, "--set") == 0 || strcmp(opt, "--scheme") == 0 ||
+           strcmp(opt, "--prompt") == 0 || strcmp(opt, "--stop") == 0;
+}
+
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "stof: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, s);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int is_generate_option(const char *opt) {
+    static const char *const names[] = {"--prompt", "--prompt-ids", "--max-new-tokens",
+                                        "--temperature", "--top-k", "--top-p", "--stop"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (strcmp(opt, names[k]) == 0)
+            return 1;
+    return 0;
+}
+
+/* The options of stof generate that take a value. */
+static int parse_generate_option(const char *opt, const char *v, cli_args *a) {
+    long n;
+    if (strcmp(opt, "--prompt") == 0) {
+        if (a->n_prompts == CLI_MAX_PROMPTS) {
+            fprintf(stderr, "stof: at most %d --prompt options (--prompt-ids FILE takes "
+                    "more)\n", CLI_MAX_PROMPTS);
+            return 1;
+        }
+        a->prompts[a->n_prompts++] = v;
+    } else if (strcmp(opt, "--prompt-ids") == 0) {
+        a->prompt_file = v;
+    } else if (strcmp(opt, "--max-new-tokens") == 0) {
+        if (parse_int(opt, v, 1, 1 << 20, &n))
+            return 1;
+        a->max_new_tokens = (int)n;
+    } else if (strcmp(opt, "--temperature") == 0) {
+        return parse_double(opt, v, 0.0, 1e4, &a->temperature);
+    } else if (strcmp(opt, "--top-k") == 0) {
+        if (parse_int(opt, v, 0, 1L << 30, &n))
+            return 1;
+        a->top_k = (int)n;
+    } else if (strcmp(opt, "--top-p") == 0) {
+        if (parse_double(opt, v, 1e-9, 1.0, &a->top_p))
+            return 1;
+    } else {
+        if (a->n_stops == CLI_MAX_STOPS) {
+            fprintf(stderr, "stof: at most %d --stop tokens\n", CLI_MAX_STOPS);
+            return 1;
+        }
+        if (parse_int(opt, v, 0, INT32_MAX, &n))
+            return 1;
+        a->stops[a->n_stops++] = (int32_t)n;
+    }
+    return 0;
 }
 
 static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned char *seen) {
@@ -163,6 +239,10 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned cha
     }
     if (strcmp(opt, "--profile") == 0) {
         a->profile = 1;
+        return 0;
+    }
+    if (strcmp(opt, "--ignore-eos") == 0 || strcmp(opt, "--recompute") == 0) {
+        *(opt[2] == 'i' ? &a->ignore_eos : &a->recompute) = 1;
         return 0;
     }
     if (strcmp(opt, "--check") == 0 || strcmp(opt, "--no-check") == 0) {
@@ -239,6 +319,8 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned cha
             return 1;
         }
         a->time_limit = s;
+    } else if (is_generate_option(opt)) {
+        return parse_generate_option(opt, v, a);
     } else {
         a->arch = v;
     }
@@ -302,6 +384,8 @@ int cli_parse(int argc, char **argv, int first, cli_args *a) {
     a->png_px = 0; /* automatic: one pixel a token up to 4096 */
     a->block = 64;
     a->reps = 20;
+    a->max_new_tokens = 32;
+    a->top_p = 1.0;
     unsigned char seen[N_OPTIONS] = {0};
     for (int i = first; i < argc; i++) {
         if (strncmp(argv[i], "--", 2) == 0 || strcmp(argv[i], "-o") == 0) {
@@ -429,6 +513,7 @@ static const cli_command commands[] = {
     {"plan", cli_cmd_plan, 1},
     {"mask", cli_cmd_mask, 0},
     {"mha-select", cli_cmd_mha_select, 0},
+    {"generate", cli_cmd_generate, 0},
 };
 
 int main(int argc, char **argv) {

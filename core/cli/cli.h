@@ -5,10 +5,13 @@
 #include <stdint.h>
 
 #include "core/graph/graph.h"
+#include "core/io/weights.h"
 #include "core/lua/lua_api.h"
 #include "core/plan/plan.h"
 
 #define CLI_MAX_SCHEMES 16
+#define CLI_MAX_PROMPTS 256
+#define CLI_MAX_STOPS 8
 
 /* When `stof run` compares with the CPU reference. */
 enum { CLI_CHECK_AUTO = 0, CLI_CHECK_ALWAYS, CLI_CHECK_NEVER };
@@ -37,6 +40,18 @@ typedef struct cli_args {
     const char *weights;     /* --weights FILE.safetensors: every weight from it */
     const char *inputs;      /* --inputs FILE.safetensors: the inputs it holds from it */
     const char *save_output; /* --save-output FILE.safetensors: the output, as "output" */
+    /* stof generate */
+    const char *prompts[CLI_MAX_PROMPTS]; /* --prompt "1,2,3", repeated */
+    int n_prompts;
+    const char *prompt_file;  /* --prompt-ids FILE: a prompt a line */
+    int max_new_tokens;       /* --max-new-tokens N */
+    double temperature;       /* --temperature T (0: greedy) */
+    int top_k;                /* --top-k K */
+    double top_p;             /* --top-p P */
+    int32_t stops[CLI_MAX_STOPS]; /* --stop ID, repeated */
+    int n_stops;
+    int ignore_eos;           /* --ignore-eos: the config's eos_token_id does not stop */
+    int recompute;            /* --recompute: no KV cache, the whole pass for every token */
 } cli_args;
 
 /* Parses argv[first..]; prints the problem and returns non-zero on bad
@@ -60,6 +75,17 @@ void cli_print_masks(const graph *g);
  * problems a cache met that the run went on past. */
 void cli_warn_cache(const char *what, int count, const char *first);
 
+/* The values of a run: weights from --weights, else from the model directory dir (the
+ * command's, or the plan's; "" for none), else drawn from --seed; inputs from --inputs.
+ * cli_values_open checks the files against g (every problem at once); prints the problems
+ * and returns 1. */
+typedef struct cli_values {
+    struct safetensors_file *weights, *inputs;
+    weights_source src;
+} cli_values;
+int cli_values_open(const cli_args *a, const graph *g, const char *dir, cli_values *v);
+void cli_values_close(cli_values *v);
+
 int cli_cmd_info(const cli_args *a);
 int cli_cmd_graph(const cli_args *a);
 int cli_cmd_run(const cli_args *a);
@@ -67,6 +93,7 @@ int cli_cmd_mask(const cli_args *a);
 int cli_cmd_mha_select(const cli_args *a);
 int cli_cmd_tune(const cli_args *a);
 int cli_cmd_plan(const cli_args *a);
+int cli_cmd_generate(const cli_args *a);
 
 /* cli_run.c: `stof run PLAN.json`. */
 int cli_run_plan(const cli_args *a);

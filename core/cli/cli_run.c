@@ -28,22 +28,13 @@
 
 /* ---- values: --weights, --inputs, --save-output ------------------------------------------ */
 
-typedef struct run_values {
-    safetensors_file *weights, *inputs;
-    weights_source src;
-} run_values;
-
-static void values_close(run_values *v) {
+void cli_values_close(cli_values *v) {
     safetensors_close(v->weights);
     safetensors_close(v->inputs);
     memset(v, 0, sizeof *v);
 }
 
-/* Opens the files of --weights and --inputs and checks them against g
- * (every problem at once); prints the problems and returns 1. */
-/* Weights from --weights, else from the model directory dir (the command's,
- * or the plan's; "" for none), else drawn from --seed. */
-static int values_open(const cli_args *a, const graph *g, const char *dir, run_values *v) {
+int cli_values_open(const cli_args *a, const graph *g, const char *dir, cli_values *v) {
     memset(v, 0, sizeof *v);
     v->src = weights_source_seeded(a->seed);
     stof_error err = {0};
@@ -59,14 +50,14 @@ static int values_open(const cli_args *a, const graph *g, const char *dir, run_v
         rc = weights_source_check(&v->src, g, &err);
     if (rc) {
         fprintf(stderr, "stof: %s\n", err.msg);
-        values_close(v);
+        cli_values_close(v);
         return 1;
     }
     return 0;
 }
 
 /* Where the values came from, when a file gave some. */
-static void values_print(const run_values *v, const graph *g) {
+static void values_print(const cli_values *v, const graph *g) {
     if (!v->weights && !v->inputs)
         return;
     char line[2048];
@@ -101,8 +92,8 @@ static int run_cpu(const cli_args *a) {
     graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
-    run_values vals;
-    if (values_open(a, &g, info.model_dir, &vals)) {
+    cli_values vals;
+    if (cli_values_open(a, &g, info.model_dir, &vals)) {
         graph_free(&g);
         return 1;
     }
@@ -115,7 +106,7 @@ static int run_cpu(const cli_args *a) {
     if (rc) {
         fprintf(stderr, "stof: %s\n", err.msg);
         ref_values_free(&rv);
-        values_close(&vals);
+        cli_values_close(&vals);
         graph_free(&g);
         return 1;
     }
@@ -137,7 +128,7 @@ static int run_cpu(const cli_args *a) {
     printf("\ntime %.2f s, peak host memory %.1f MB\n", util_now() - t0, rv.peak_bytes / 1e6);
     int bad = save_output(a, &g, rv.data[g.output]);
     ref_values_free(&rv);
-    values_close(&vals);
+    cli_values_close(&vals);
     graph_free(&g);
     return bad;
 }
@@ -223,7 +214,7 @@ typedef struct run_state {
     exec_plan *plan;
     exec_ctx *ctx;
     exec_model *model;
-    run_values vals;
+    cli_values vals;
     float *eager, *replayed, *ref;
 } run_state;
 
@@ -236,7 +227,7 @@ static void run_free(run_state *r) {
     free(r->eager);
     free(r->replayed);
     free(r->ref);
-    values_close(&r->vals);
+    cli_values_close(&r->vals);
     if (r->have_graph)
         graph_free(&r->g);
 }
@@ -455,7 +446,7 @@ static int run_gpu(const cli_args *a) {
 
 static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const char *plan_path) {
     stof_error err = {0};
-    if (values_open(a, &r->g, r->info.model_dir, &r->vals)) {
+    if (cli_values_open(a, &r->g, r->info.model_dir, &r->vals)) {
         run_free(r);
         return 1;
     }

@@ -49,10 +49,10 @@ static int input_of(const graph *g, graph_init_kind init) {
     return -1;
 }
 
-/* g at (batch, at least `need` positions), with logits and, when the prompts are ragged (or
- * `ragged`), an attention_mask input. */
+/* g at (batch, at least `need` positions), with logits and an attention_mask input when
+ * mask_needed says (1: always, -1: when the prompts do not fill g, 0: never). */
 static int check_graph(const graph *g, const char *what, const gen_prompts *p, int64_t need,
-                       int ragged, stof_error *err) {
+                       int mask_needed, stof_error *err) {
     int ids = graph_find_tensor(g, "input_ids");
     if (ids < 0 || g->output < 0 || g->tensors[g->output].ndim != 3)
         return err_set(err, STOF_ERR_UNSUPPORTED, "generation needs a model with input_ids and "
@@ -62,8 +62,9 @@ static int check_graph(const graph *g, const char *what, const gen_prompts *p, i
         return err_set(err, STOF_ERR_INVALID, "the %s graph takes input_ids [%lld, %lld], not "
                        "%d sequences of up to %lld tokens", what, (long long)in->shape[0],
                        (long long)(in->ndim > 1 ? in->shape[1] : 0), p->batch, (long long)need);
-    for (int b = 0; b < p->batch && !ragged; b++)
-        ragged = p->len[b] != in->shape[1];
+    int ragged = mask_needed > 0;
+    for (int b = 0; b < p->batch && mask_needed < 0; b++)
+        ragged |= p->len[b] != in->shape[1];
     if (ragged && input_of(g, GRAPH_INIT_PADDING) < 0)
         return err_set(err, STOF_ERR_UNSUPPORTED, "prompts shorter than the %s graph's %lld "
                        "tokens need its attention_mask input (--set padding=true)", what,
@@ -318,7 +319,7 @@ int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
     if (!rc)
         rc = check_graph(ctx, "context", p, need, o->recompute, err);
     if (!rc && !o->recompute)
-        rc = check_graph(m->prefill, "prefill", p, longest(p), 0, err);
+        rc = check_graph(m->prefill, "prefill", p, longest(p), -1, err);
     if (!rc)
         rc = run_alloc(&c, vocab, err);
     if (!rc && o->recompute)

@@ -258,6 +258,27 @@ int model_dir_open_weights(const model_dir *md, safetensors_file **out, stof_err
     return rc;
 }
 
+static int eos_value(const cJSON *v, int32_t *out) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX ||
+        v->valuedouble != (double)(int32_t)v->valuedouble)
+        return 0;
+    *out = (int32_t)v->valuedouble;
+    return 1;
+}
+
+int model_dir_eos_tokens(const model_dir *md, int32_t *out, int cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(md->config, "eos_token_id");
+    if (!cJSON_IsArray(v))
+        return cap > 0 && eos_value(v, out);
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (n < cap && eos_value(e, &out[n]))
+            n++;
+    }
+    return n;
+}
+
 /* model_type -> the script that builds it (scripts/). */
 static const struct {
     const char *model_type, *script;

@@ -8,6 +8,8 @@
 #ifndef STOF_CORE_MODEL_DIR_H
 #define STOF_CORE_MODEL_DIR_H
 
+#include <stdint.h>
+
 #include "stof.h"
 
 struct cJSON;
@@ -52,6 +54,10 @@ int model_dir_has_weights(const char *path);
  * weight_map against them: every name it lists is in the shard it names. */
 int model_dir_open_weights(const model_dir *md, struct safetensors_file **out,
                            stof_error *err);
+
+/* The config's eos_token_id (a number or a list of them) into out (at most cap); the count,
+ * 0 when it has none. */
+int model_dir_eos_tokens(const model_dir *md, int32_t *out, int cap);
 
 /* The shipped script that builds md's architecture (by model_type), or
  * NULL with the supported model types in supported ("bert, roberta, ..."). */

@@ -38,6 +38,12 @@ int lua_api_build_config(const char *path, const char *const *params, int n_para
 int lua_api_build_dir(const char *dir, const char *script, const char *const *params,
                       int n_params, graph *g, graph_script *info, stof_error *err);
 
+/* The model of info built again (its script, with its model directory's config when it has
+ * one) with the parameters it resolved, `set` ("key=value") replacing theirs: the same model
+ * at another shape. out_info may be NULL. */
+int lua_api_rebuild(const graph_script *info, const char *const *set, int n_set, graph *g,
+                    graph_script *out_info, stof_error *err);
+
 /* The path of the shipped script `name`: the first folder that holds it of
  * $STOF_SCRIPTS_DIR, ../share/stof/scripts beside the running program, the
  * same beside the library, the install prefix's, the source tree's. */

@@ -95,3 +95,35 @@ int lua_api_build_dir(const char *dir, const char *script, const char *const *pa
     model_dir_free(&md);
     return rc;
 }
+
+/* Whether "key=value" text kv sets key. */
+static int sets_key(const char *kv, const char *key) {
+    size_t n = strlen(key);
+    return strncmp(kv, key, n) == 0 && kv[n] == '=';
+}
+
+int lua_api_rebuild(const graph_script *info, const char *const *set, int n_set, graph *g,
+                    graph_script *out_info, stof_error *err) {
+    enum { TEXT = sizeof info->params[0].key + sizeof info->params[0].value + 2 };
+    const char *params[2 * GRAPH_SCRIPT_MAX_PARAMS];
+    int n = 0;
+    char (*own)[TEXT] = calloc(GRAPH_SCRIPT_MAX_PARAMS, sizeof *own);
+    if (!own)
+        return err_set(err, STOF_ERR_NOMEM, "out of host memory");
+    for (int k = 0; k < info->n_params && k < GRAPH_SCRIPT_MAX_PARAMS; k++) {
+        int replaced = 0;
+        for (int j = 0; j < n_set && !replaced; j++)
+            replaced = sets_key(set[j], info->params[k].key);
+        if (replaced)
+            continue;
+        snprintf(own[k], sizeof own[k], "%s=%s", info->params[k].key, info->params[k].value);
+        params[n++] = own[k];
+    }
+    for (int j = 0; j < n_set && n < 2 * GRAPH_SCRIPT_MAX_PARAMS; j++)
+        params[n++] = set[j];
+    int rc = info->model_dir[0]
+                 ? lua_api_build_dir(info->model_dir, info->path, params, n, g, out_info, err)
+                 : lua_api_build(info->path, params, n, g, out_info, err);
+    free(own);
+    return rc;
+}

@@ -1,0 +1,263 @@
+/* `stof generate`: token ids from a decoder, on the CPU reference (core/gen).
+ *
+ * The model is built three times from one script and its resolved
+ * parameters: as given (its weights and config), at the prompts' batch and
+ * longest length (the prefill), and at the full context (the decode step and
+ * its masks). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/base/error.h"
+#include "core/base/file.h"
+#include "core/cli/cli.h"
+#include "core/gen/gen.h"
+#include "core/io/model_dir.h"
+
+typedef struct prompts {
+    int batch, stride;
+    int32_t *ids;   /* [batch][stride] */
+    int *len;
+} prompts;
+
+static void prompts_free(prompts *p) {
+    free(p->ids);
+    free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+/* The ids of one prompt's text ("1,2,3" or "1 2 3") appended as row p->batch; what names it
+ * in messages. */
+static int add_prompt(prompts *p, const char *text, const char *what) {
+    int n = 0, cap = 16;
+    int32_t *row = malloc(sizeof *row * (size_t)cap);
+    const char *s = text;
+    while (row) {
+        while (*s == ',' || *s == ' ' || *s == '\t' || *s == '\r')
+            s++;
+        if (!*s || *s == '\n')
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "stof: %s: '%.*s' is not a token id (ids are non-negative "
+                    "integers, separated by commas or spaces)\n", what,
+                    (int)strcspn(s, ", \t\r\n") < 20 ? (int)strcspn(s, ", \t\r\n") : 20, s);
+            free(row);
+            return 1;
+        }
+        if (n == cap)
+            row = realloc(row, sizeof *row * (size_t)(cap *= 2));
+        if (row)
+            row[n++] = (int32_t)v;
+        s = end;
+    }
+    if (row && n == 0) {
+        fprintf(stderr, "stof: %s has no token ids\n", what);
+        free(row);
+        return 1;
+    }
+    int32_t *ids = row ? realloc(p->ids, sizeof *ids * (size_t)(p->stride + n)) : NULL;
+    int *len = ids ? realloc(p->len, sizeof *len * (size_t)(p->batch + 1)) : NULL;
+    if (ids)
+        p->ids = ids;
+    if (len)
+        p->len = len;
+    if (!row || !ids || !len) {
+        free(row);
+        fprintf(stderr, "stof: out of host memory\n");
+        return 1;
+    }
+    /* rows are stored [batch][n] for now; pack_prompts gives them one stride */
+    memcpy(p->ids + (size_t)p->stride, row, sizeof *row * (size_t)n);
+    p->stride += n;
+    p->len[p->batch++] = n;
+    free(row);
+    return 0;
+}
+
+/* The prompts, concatenated by add_prompt, laid out [batch][longest]. */
+static int pack_prompts(prompts *p) {
+    int longest = 0;
+    for (int b = 0; b < p->batch; b++)
+        longest = p->len[b] > longest ? p->len[b] : longest;
+    int32_t *packed = calloc((size_t)p->batch * (size_t)longest, sizeof *packed);
+    if (!packed) {
+        fprintf(stderr, "stof: out of host memory\n");
+        return 1;
+    }
+    size_t at = 0;
+    for (int b = 0; b < p->batch; b++) {
+        memcpy(packed + (size_t)b * longest, p->ids + at, sizeof *packed * (size_t)p->len[b]);
+        at += (size_t)p->len[b];
+    }
+    free(p->ids);
+    p->ids = packed;
+    p->stride = longest;
+    return 0;
+}
+
+/* --prompt texts, and the lines of --prompt-ids (blank lines and # comments skipped). */
+static int read_prompts(const cli_args *a, prompts *p) {
+    memset(p, 0, sizeof *p);
+    char what[1100];
+    for (int k = 0; k < a->n_prompts; k++) {
+        snprintf(what, sizeof what, "--prompt %d", k + 1);
+        if (add_prompt(p, a->prompts[k], what))
+            return 1;
+    }
+    if (a->prompt_file) {
+        char *text = NULL;
+        size_t len = 0;
+        stof_error err = {0};
+        if (file_read(a->prompt_file, "prompt ids", 64u << 20, &text, &len, &err)) {
+            fprintf(stderr, "stof: %s\n", err.msg);
+            return 1;
+        }
+        int line = 1, rc = 0;
+        for (char *s = text; *s && !rc; line++) {
+            char *eol = strchr(s, '\n');
+            const char *t = s + strspn(s, " \t\r");
+            if (*t != '#' && *t != '\n' && *t) {
+                snprintf(what, sizeof what, "%.1024s:%d", a->prompt_file, line);
+                rc = add_prompt(p, s, what);
+            }
+            s = eol ? eol + 1 : s + strlen(s);
+        }
+        free(text);
+        if (rc)
+            return 1;
+    }
+    if (p->batch == 0) {
+        fprintf(stderr, "stof: generate needs prompts: --prompt \"1,2,3\" or --prompt-ids FILE\n");
+        return 1;
+    }
+    return pack_prompts(p);
+}
+
+/* The options, with the config's eos_token_id among the stop tokens unless --ignore-eos. */
+static gen_options options_of(const cli_args *a, const char *dir) {
+    gen_options o = gen_options_default(a->max_new_tokens);
+    o.temperature = (float)a->temperature;
+    o.top_k = a->top_k;
+    o.top_p = (float)a->top_p;
+    o.seed = a->seed;
+    o.recompute = a->recompute;
+    for (int k = 0; k < a->n_stops; k++)
+        o.stop[o.n_stop++] = a->stops[k];
+    model_dir md;
+    stof_error err = {0};
+    if (!a->ignore_eos && dir[0] && model_dir_open_config(dir, &md, &err) == STOF_OK) {
+        o.n_stop += model_dir_eos_tokens(&md, o.stop + o.n_stop, GEN_MAX_STOP - o.n_stop);
+        model_dir_free(&md);
+    }
+    return o;
+}
+
+/* The model at (batch, seq), from the one built as given. */
+static int rebuild(const graph_script *info, int batch, int seq, graph *g) {
+    char b[32], s[32];
+    snprintf(b, sizeof b, "batch=%d", batch);
+    snprintf(s, sizeof s, "seq=%d", seq);
+    const char *set[] = {b, s};
+    stof_error err = {0};
+    graph_init(g);
+    if (lua_api_rebuild(info, set, 2, g, NULL, &err) == STOF_OK)
+        return 0;
+    fprintf(stderr, "stof: %s\n", err.msg);
+    return 1;
+}
+
+static void print_stop(const gen_options *o) {
+    if (!o->n_stop)
+        return;
+    printf(", stops at");
+    for (int k = 0; k < o->n_stop; k++)
+        printf(" %d", o->stop[k]);
+}
+
+static void print_result(const prompts *p, const gen_options *o, const gen_result *r,
+                         double seconds) {
+    printf("generate: %d sequence%s, %s", p->batch, p->batch == 1 ? "" : "s",
+           o->temperature == 0.0f ? "greedy" : "sampled");
+    if (o->temperature != 0.0f)
+        printf(" (temperature %g, top-k %d, top-p %g, seed %llu)", (double)o->temperature,
+               o->top_k, (double)o->top_p, (unsigned long long)o->seed);
+    print_stop(o);
+    printf("\n");
+    int total = 0;
+    for (int b = 0; b < p->batch; b++) {
+        printf("sequence %d:", b);
+        for (int s = 0; s < p->len[b]; s++)
+            printf("%s%d", s ? "," : " ", p->ids[(size_t)b * p->stride + s]);
+        printf(" |");
+        for (int t = 0; t < r->n_new[b]; t++)
+            printf("%s%d", t ? "," : " ", r->tokens[(size_t)b * r->max_new + t]);
+        printf("\n");
+        total += r->n_new[b];
+    }
+    printf("CPU reference (fp32): %d forward passes, %d new tokens in %.2f s (%.1f tokens/s)",
+           r->steps, total, seconds, seconds > 0 ? total / seconds : 0.0);
+    if (o->recompute)
+        printf(", no cache: the whole pass for every token\n");
+    else
+        printf(", KV cache %.1f KiB\n", (double)r->cache_bytes / 1024.0);
+}
+
+static int generate(const cli_args *a, const graph_script *info, const prompts *p,
+                    const cli_values *v) {
+    gen_options o = options_of(a, info->model_dir);
+    graph prefill, context;
+    int rc = rebuild(info, p->batch, p->stride, &prefill);
+    if (!rc && (rc = rebuild(info, p->batch, p->stride + o.max_new_tokens - 1, &context)))
+        graph_free(&prefill);
+    if (rc)
+        return 1;
+    cli_print_masks(&context);
+    gen_model m = {&prefill, &context, v->src};
+    gen_prompts gp = {p->batch, p->ids, p->stride, p->len};
+    gen_result r;
+    stof_error err = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = gen_run_cpu(&m, &gp, &o, 0, &r, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc)
+        fprintf(stderr, "stof: %s\n", err.msg);
+    else
+        print_result(p, &o, &r, (double)(t1.tv_sec - t0.tv_sec) +
+                                    (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    gen_result_free(&r);
+    graph_free(&prefill);
+    graph_free(&context);
+    return rc != 0;
+}
+
+int cli_cmd_generate(const cli_args *a) {
+    if (!a->cpu) {
+        fprintf(stderr, "stof: generate runs on the CPU reference for now: add --cpu (the GPU "
+                "decode step is not built yet)\n");
+        return 1;
+    }
+    prompts p;
+    if (read_prompts(a, &p))
+        return 1;
+    graph g;
+    graph_script info;
+    memset(&info, 0, sizeof info);
+    cli_values v;
+    int rc = cli_load_graph(a, &g, &info);
+    if (!rc) {
+        rc = cli_values_open(a, &g, info.model_dir, &v);
+        graph_free(&g);
+    }
+    if (!rc) {
+        rc = generate(a, &info, &p, &v);
+        cli_values_close(&v);
+    }
+    prompts_free(&p);
+    return rc;
+}

@@ -1,9 +1,8 @@
 /* `stof generate`: token ids from a decoder, on the CPU reference (core/gen).
  *
- * The model is built three times from one script and its resolved
- * parameters: as given (its weights and config), at the prompts' batch and
- * longest length (the prefill), and at the full context (the decode step and
- * its masks). */
+ * The model is built twice from one script: as given, at the prompts' batch
+ * and longest length (the prefill), and with the parameters it resolved at
+ * the full context (the decode step and its masks). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,23 +206,21 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
         printf(", KV cache %.1f KiB\n", (double)r->cache_bytes / 1024.0);
 }
 
+/* prefill: the model at the prompts' batch and longest length, as loaded. */
 static int generate(const cli_args *a, const graph_script *info, const prompts *p,
-                    const cli_values *v) {
+                    const graph *prefill, const cli_values *v) {
     gen_options o = options_of(a, info->model_dir);
-    graph prefill, context;
-    int rc = rebuild(info, p->batch, p->stride, &prefill);
-    if (!rc && (rc = rebuild(info, p->batch, p->stride + o.max_new_tokens - 1, &context)))
-        graph_free(&prefill);
-    if (rc)
+    graph context;
+    if (rebuild(info, p->batch, p->stride + o.max_new_tokens - 1, &context))
         return 1;
     cli_print_masks(&context);
-    gen_model m = {&prefill, &context, v->src};
+    gen_model m = {prefill, &context, v->src};
     gen_prompts gp = {p->batch, p->ids, p->stride, p->len};
     gen_result r;
     stof_error err = {0};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    rc = gen_run_cpu(&m, &gp, &o, 0, &r, &err);
+    int rc = gen_run_cpu(&m, &gp, &o, 0, &r, &err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc)
         fprintf(stderr, "stof: %s\n", err.msg);
@@ -231,7 +228,6 @@ static int generate(const cli_args *a, const graph_script *info, const prompts *
         print_result(p, &o, &r, (double)(t1.tv_sec - t0.tv_sec) +
                                     (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
     gen_result_free(&r);
-    graph_free(&prefill);
     graph_free(&context);
     return rc != 0;
 }
@@ -245,18 +241,26 @@ int cli_cmd_generate(const cli_args *a) {
     prompts p;
     if (read_prompts(a, &p))
         return 1;
-    graph g;
+    /* the model as given, at the prompts' shape: the prefill */
+    cli_args at = *a;
+    char batch[32], seq[32];
+    snprintf(batch, sizeof batch, "batch=%d", p.batch);
+    snprintf(seq, sizeof seq, "seq=%d", p.stride);
+    int rc = at.n_params + 2 > GRAPH_SCRIPT_MAX_PARAMS;
+    if (rc)
+        fprintf(stderr, "stof: at most %d --set parameters\n", GRAPH_SCRIPT_MAX_PARAMS - 2);
+    at.params[at.n_params++] = batch;
+    at.params[at.n_params++] = seq;
+    graph prefill;
     graph_script info;
     memset(&info, 0, sizeof info);
     cli_values v;
-    int rc = cli_load_graph(a, &g, &info);
-    if (!rc) {
-        rc = cli_values_open(a, &g, info.model_dir, &v);
-        graph_free(&g);
-    }
-    if (!rc) {
-        rc = generate(a, &info, &p, &v);
-        cli_values_close(&v);
+    if (!rc && !(rc = cli_load_graph(&at, &prefill, &info))) {
+        if (!(rc = cli_values_open(a, &prefill, info.model_dir, &v))) {
+            rc = generate(a, &info, &p, &prefill, &v);
+            cli_values_close(&v);
+        }
+        graph_free(&prefill);
     }
     prompts_free(&p);
     return rc;

@@ -148,6 +148,32 @@ STOF_API int stof_model_set_weights_device(stof_model *m, const stof_tensor_ref 
 STOF_API int stof_model_run_cpu(stof_model *m, const stof_tensor_ref *inputs, int n_inputs,
                                 float *output);
 
+/* Text generation with a decoder that outputs logits (a *ForCausalLM directory; a script with
+ * head = true): each of n prompts (prompts[i], lens[i] >= 1 tokens) gets up to
+ * max_new_tokens new ones, written to out_tokens [n][max_new_tokens] (-1 past a sequence's
+ * end), their count to out_lens[n]. The prompts' prefill runs once, then one decode step a
+ * token against a KV cache sized by each layer's mask (a sliding window keeps its window).
+ * Greedy when temperature is 0, else sampled (top_k, top_p) from a stream of (seed,
+ * sequence, step): the same tokens on every run. A sequence ends at one of stop_tokens, or
+ * at the config's eos_token_id when use_eos. Runs on the fp32 CPU reference (the GPU decode
+ * step is not built yet). */
+typedef struct stof_generate_options {
+    int max_new_tokens;          /* >= 1 */
+    float temperature;           /* 0: greedy */
+    int top_k;                   /* 0: every token */
+    float top_p;                 /* (0, 1]; 0 is taken as 1 */
+    uint64_t seed;               /* 0: 1 */
+    const int32_t *stop_tokens;  /* at most 16, with the eos ids */
+    int n_stop_tokens;
+    int use_eos;                 /* 1: the model directory's eos_token_id ends a sequence */
+    int recompute;               /* 1: no cache, the whole pass again for every token (the
+                                    ground truth the cached run agrees with) */
+} stof_generate_options;
+STOF_API int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompts,
+                                     const int *lens, int n,
+                                     const stof_generate_options *options, int32_t *out_tokens,
+                                     int *out_lens);
+
 /* Prepares the model on GPU `device`: its plan (tuned or loaded), else the
  * default scheme; compiles the kernels and uploads the weights. The first
  * stof_model_run does it on device 0 when not called. */

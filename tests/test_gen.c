@@ -17,6 +17,7 @@
 #include "core/lua/lua_api.h"
 #include "ops/kv_cache.h"
 #include "ops/mask.h"
+#include "stof.h"
 
 #define SCRIPTS STOF_SOURCE_DIR "/scripts/"
 
@@ -292,11 +293,72 @@ static void test_span(void) {
     }
 }
 
+/* The public API: a config-only directory generates once random weights are asked for, the
+ * tokens of the core loop on the same seed; eos from the config ends a sequence. */
+static void test_api(void) {
+    const char *dir = STOF_BINARY_DIR "/tests/gen-mistral";
+    char cmd[512], path[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+    CHECK(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs(models[2].config, f);
+    fclose(f);
+    const char *params[] = {"dtype=fp32", "seq=8"};
+    stof_model *m = NULL;
+    CHECK_MSG(stof_model_open(dir, params, 2, &m) == STOF_OK, "%s", stof_last_error());
+    if (!m)
+        return;
+    const int32_t p0[] = {1, 2, 3, 4, 5, 6}, p1[] = {7, 8, 9}, p2[] = {10};
+    const int32_t *prompts[] = {p0, p1, p2};
+    int32_t got[BATCH * NEW];
+    int lens_out[BATCH];
+    stof_generate_options o = {.max_new_tokens = NEW};
+    CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "has no model.safetensors");
+    stof_model_set_seed(m, 11);
+    CHECK_MSG(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out) == STOF_OK,
+              "%s", stof_last_error());
+    fixture fx;
+    stof_error err = {0};
+    CHECK_EQ_INT(fixture_open(&models[2], &fx, &err), STOF_OK);
+    for (int b = 0; b < BATCH; b++)
+        memcpy(fx.ids + b * LONGEST, prompts[b], sizeof *fx.ids * (size_t)LENS[b]);
+    gen_options go = gen_options_default(NEW);
+    gen_result r;
+    CHECK_EQ_INT(gen_run_cpu(&fx.m, &fx.p, &go, 0, &r, &err), STOF_OK);
+    CHECK(r.tokens && memcmp(r.tokens, got, sizeof got) == 0);
+    for (int b = 0; b < BATCH; b++)
+        CHECK_EQ_INT(lens_out[b], NEW);
+    /* a stop token: the first token of sequence 0 */
+    int32_t stop = got[0];
+    o.stop_tokens = &stop;
+    o.n_stop_tokens = 1;
+    CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out), STOF_OK);
+    CHECK_EQ_INT(lens_out[0], 1);
+    CHECK_EQ_INT(got[1], -1);
+    o.n_stop_tokens = 0;
+    o.max_new_tokens = 0;
+    CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "max_new_tokens");
+    CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, 0, &o, got, lens_out),
+                 STOF_ERR_INVALID);
+    gen_result_free(&r);
+    fixture_close(&fx);
+    stof_model_free(m);
+}
+
 int main(void) {
     test_sample();
     test_span();
     test_models();
     test_seed_and_stop();
     test_errors();
+    test_api();
     return check_summary("test_gen");
 }

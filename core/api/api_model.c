@@ -23,21 +23,6 @@
 #include "fusion/scheme.h"
 #include "search/search.h"
 
-struct stof_model {
-    graph g;
-    graph_script script;
-    safetensors_file *weights; /* the model directory's, or stof_model_set_weights' */
-    uint64_t seed;             /* for what no file gives */
-    int weights_missing;       /* a model directory without weights, none given since */
-    CUdeviceptr *bound;        /* per tensor: the caller's device weight (set_weights_device) */
-    plan pl;                   /* tuned or loaded; has_plan */
-    int has_plan;
-    /* on the GPU, made at the first run (or after a new plan) */
-    exec_ctx *ctx;
-    exec_plan *xplan;
-    exec_model *xmodel;
-};
-
 /* ---- opening ----------------------------------------------------------------------------- */
 
 int stof_model_open(const char *path, const char *const *params, int n_params,
@@ -288,10 +273,7 @@ void stof_model_set_seed(stof_model *m, uint64_t seed) {
     drop_gpu_model(m);
 }
 
-/* A model directory opened without weights runs only once some are given
- * (or a seed asked for explicitly): never on weights drawn at random
- * unasked. */
-static int check_weights(const stof_model *m, stof_error *err) {
+int api_check_weights(const stof_model *m, stof_error *err) {
     if (!m->weights_missing)
         return STOF_OK;
     return err_set(err, STOF_ERR_INVALID, "%s has no model.safetensors or "
@@ -377,7 +359,7 @@ int stof_model_run_cpu(stof_model *m, const stof_tensor_ref *inputs, int n_input
     const void **data = err_calloc((size_t)m->g.n_tensors, sizeof *data, &err);
     if (!data)
         return api_remember(STOF_ERR_NOMEM, &err);
-    int rc = check_weights(m, &err);
+    int rc = api_check_weights(m, &err);
     if (!rc && m->bound)
         rc = err_set(&err, STOF_ERR_INVALID, "the model's weights are on the GPU "
                      "(stof_model_set_weights_device): the CPU reference reads host weights");
@@ -454,7 +436,7 @@ int stof_model_tune(stof_model *m, int device, const stof_tune_options *options,
     stof_tune_options none = {0};
     const stof_tune_options *t = options ? options : &none;
     stof_error err = {0};
-    int rc = check_weights(m, &err);
+    int rc = api_check_weights(m, &err);
     if (!rc)
         rc = ensure_ctx(m, device, &err);
     if (rc)
@@ -537,7 +519,7 @@ static int default_exec_plan(const graph *g, exec_plan **out, stof_error *err) {
 static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
     if (m->xmodel)
         return STOF_OK;
-    int rc = check_weights(m, err);
+    int rc = api_check_weights(m, err);
     if (!rc)
         rc = ensure_ctx(m, device, err);
     if (!rc && m->has_plan)

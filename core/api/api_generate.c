@@ -1,0 +1,109 @@
+/* Text generation through the public API (include/stof.h): the model rebuilt at the
+ * prompts' and at the context's shape from its resolved parameters, then core/gen. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/api/api_internal.h"
+#include "core/base/error.h"
+#include "core/gen/gen.h"
+#include "core/io/model_dir.h"
+#include "core/lua/lua_api.h"
+
+static int rebuild(const stof_model *m, int batch, int seq, graph *g, stof_error *err) {
+    char b[32], s[32];
+    snprintf(b, sizeof b, "batch=%d", batch);
+    snprintf(s, sizeof s, "seq=%d", seq);
+    const char *set[] = {b, s};
+    graph_init(g);
+    return lua_api_rebuild(&m->script, set, 2, g, NULL, err);
+}
+
+static int options_of(const stof_model *m, const stof_generate_options *in, gen_options *o,
+                      stof_error *err) {
+    *o = gen_options_default(in->max_new_tokens);
+    o->temperature = in->temperature;
+    o->top_k = in->top_k;
+    o->top_p = in->top_p == 0.0f ? 1.0f : in->top_p;
+    o->seed = in->seed ? in->seed : 1;
+    o->recompute = in->recompute;
+    if (in->n_stop_tokens < 0 || in->n_stop_tokens > GEN_MAX_STOP ||
+        (in->n_stop_tokens && !in->stop_tokens))
+        return err_set(err, STOF_ERR_INVALID, "0 to %d stop tokens, got %d", GEN_MAX_STOP,
+                       in->n_stop_tokens);
+    for (int k = 0; k < in->n_stop_tokens; k++)
+        o->stop[o->n_stop++] = in->stop_tokens[k];
+    model_dir md;
+    if (in->use_eos && m->script.model_dir[0] &&
+        model_dir_open_config(m->script.model_dir, &md, err) == STOF_OK) {
+        o->n_stop += model_dir_eos_tokens(&md, o->stop + o->n_stop, GEN_MAX_STOP - o->n_stop);
+        model_dir_free(&md);
+    }
+    return STOF_OK;
+}
+
+/* The prompts laid out [n][longest] into *ids. */
+static int pack(const int32_t *const *prompts, const int *lens, int n, int32_t **ids,
+                int *longest, stof_error *err) {
+    *ids = NULL;
+    *longest = 0;
+    for (int b = 0; b < n; b++) {
+        if (!prompts[b] || lens[b] < 1)
+            return err_set(err, STOF_ERR_INVALID, "prompt %d is empty", b);
+        *longest = lens[b] > *longest ? lens[b] : *longest;
+    }
+    *ids = err_calloc((size_t)n * (size_t)*longest, sizeof **ids, err);
+    if (!*ids)
+        return STOF_ERR_NOMEM;
+    for (int b = 0; b < n; b++)
+        memcpy(*ids + (size_t)b * *longest, prompts[b], sizeof **ids * (size_t)lens[b]);
+    return STOF_OK;
+}
+
+static int generate(stof_model *m, const gen_prompts *p, const gen_options *o,
+                    int32_t *out_tokens, int *out_lens, stof_error *err) {
+    graph prefill, context;
+    int rc = rebuild(m, p->batch, p->stride, &prefill, err);
+    if (!rc && (rc = rebuild(m, p->batch, p->stride + o->max_new_tokens - 1, &context, err)))
+        graph_free(&prefill);
+    if (rc)
+        return rc;
+    gen_model gm = {&prefill, &context, {.seed = m->seed, .weights = m->weights}};
+    gen_result r;
+    rc = gen_run_cpu(&gm, p, o, 0, &r, err);
+    if (!rc) {
+        memcpy(out_tokens, r.tokens, sizeof *out_tokens * (size_t)p->batch * (size_t)r.max_new);
+        memcpy(out_lens, r.n_new, sizeof *out_lens * (size_t)p->batch);
+    }
+    gen_result_free(&r);
+    graph_free(&prefill);
+    graph_free(&context);
+    return rc;
+}
+
+int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompts, const int *lens,
+                            int n, const stof_generate_options *options, int32_t *out_tokens,
+                            int *out_lens) {
+    stof_error err = {0};
+    if (!m || !prompts || !lens || n < 1 || !options || !out_tokens || !out_lens)
+        return api_remember(err_set(&err, STOF_ERR_INVALID, "generate: a model, 1 or more "
+                                    "prompts with their lengths, options and the outputs are "
+                                    "needed"), &err);
+    int rc = api_check_weights(m, &err);
+    if (!rc && m->bound)
+        rc = err_set(&err, STOF_ERR_INVALID, "the model's weights are on the GPU "
+                     "(stof_model_set_weights_device): the CPU reference reads host weights");
+    gen_options o;
+    if (!rc)
+        rc = options_of(m, options, &o, &err);
+    int longest = 0;
+    int32_t *ids = NULL;
+    if (!rc)
+        rc = pack(prompts, lens, n, &ids, &longest, &err);
+    if (!rc) {
+        gen_prompts p = {n, ids, longest, lens};
+        rc = generate(m, &p, &o, out_tokens, out_lens, &err);
+    }
+    free(ids);
+    return api_remember(rc, &err);
+}

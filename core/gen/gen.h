@@ -88,6 +88,9 @@ typedef struct gen_decoder {
  * run on one token (cross-attention, a relative position bias, a
  * non-causal attention) is an error naming it. */
 int gen_decoder_build(const graph *model, gen_decoder *d, stof_error *err);
+/* That model takes input_ids [B, S] and outputs logits [B, S, vocab] (not hidden states: the
+ * error says to build it with its head). */
+int gen_check_logits(const graph *model, stof_error *err);
 void gen_decoder_free(gen_decoder *d);
 
 /* ---- sampling ------------------------------------------------------------------------------ */

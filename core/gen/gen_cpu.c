@@ -313,7 +313,9 @@ int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
     const graph *ctx = m->context;
     int64_t need = (int64_t)longest(p) + o->max_new_tokens - 1;
     int64_t vocab = ctx->output >= 0 ? ctx->tensors[ctx->output].shape[2] : 0;
-    int rc = check_prompts(p, vocab, err);
+    int rc = gen_check_logits(ctx, err);
+    if (!rc)
+        rc = check_prompts(p, vocab, err);
     if (!rc)
         rc = gen_options_check(o, vocab, err);
     if (!rc)

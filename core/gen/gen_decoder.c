@@ -151,12 +151,12 @@ static void follow_layer(derive *x, int i, int *open) {
     *open = layer;
 }
 
-static int check_model(const graph *g, int *ids, stof_error *err) {
-    *ids = graph_find_tensor(g, "input_ids");
-    if (*ids < 0 || g->output < 0)
+int gen_check_logits(const graph *g, stof_error *err) {
+    int ids = graph_find_tensor(g, "input_ids");
+    if (ids < 0 || g->output < 0)
         return err_set(err, STOF_ERR_UNSUPPORTED, "generation needs a model with an input "
                        "'input_ids' [batch, seq] and an output");
-    const graph_tensor *in = &g->tensors[*ids], *out = &g->tensors[g->output];
+    const graph_tensor *in = &g->tensors[ids], *out = &g->tensors[g->output];
     if (in->ndim != 2 || in->dtype != STOF_I32 || out->ndim != 3 ||
         out->shape[0] != in->shape[0] || out->shape[1] != in->shape[1])
         return err_set(err, STOF_ERR_UNSUPPORTED, "generation needs logits [batch, seq, vocab] "
@@ -194,10 +194,10 @@ static int derive_all(derive *x, int src_ids, stof_error *err) {
 int gen_decoder_build(const graph *model, gen_decoder *d, stof_error *err) {
     memset(d, 0, sizeof *d);
     graph_init(&d->g);
-    int ids;
-    int rc = check_model(model, &ids, err);
+    int rc = gen_check_logits(model, err);
     if (rc)
         return rc;
+    int ids = graph_find_tensor(model, "input_ids");
     const graph_tensor *out = &model->tensors[model->output];
     d->context = out->shape[1];
     d->vocab = out->shape[2];

@@ -15,6 +15,13 @@ class _TensorInfo(ctypes.Structure):
                 ("shape", ctypes.c_int64 * 8), ("optional", ctypes.c_int)]
 
 
+class _GenerateOptions(ctypes.Structure):
+    _fields_ = [("max_new_tokens", ctypes.c_int), ("temperature", ctypes.c_float),
+                ("top_k", ctypes.c_int), ("top_p", ctypes.c_float), ("seed", ctypes.c_uint64),
+                ("stop_tokens", ctypes.c_void_p), ("n_stop_tokens", ctypes.c_int),
+                ("use_eos", ctypes.c_int), ("recompute", ctypes.c_int)]
+
+
 class _Weight(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("ndim", ctypes.c_int),
                 ("shape", ctypes.c_int64 * 8), ("data", ctypes.c_void_p)]
@@ -222,6 +229,38 @@ class Model:
         finally:
             if progress is True:
                 sys.stderr.write("\n")
+
+    def generate(self, prompts, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
+                 seed=1, stop_tokens=(), use_eos=True, recompute=False, device="cpu"):
+        """Token ids generated after each prompt (a list of token id lists, or one list), as
+        a list of lists: the prompts' prefill, then a decode step a token against a KV cache
+        (a sliding window keeps its window). Greedy when temperature is 0, else sampled
+        (top_k, top_p) from seed, the same on every run. A sequence ends at one of stop_tokens
+        or, with use_eos, at the model directory's eos_token_id. The model must output logits
+        (a *ForCausalLM directory, or head=True). device: "cpu", the fp32 CPU reference (the
+        GPU decode step is not built yet). recompute: no cache, the whole pass for every token."""
+        if device != "cpu":
+            raise StofError("generate runs on the CPU reference for now (device=\"cpu\"): the "
+                            "GPU decode step is not built yet")
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]
+        rows = [(ctypes.c_int32 * len(p))(*[int(t) for t in p]) for p in prompts]
+        n = len(rows)
+        if n == 0:
+            raise StofError("generate needs at least one prompt")
+        ptrs = (ctypes.POINTER(ctypes.c_int32) * n)(
+            *[ctypes.cast(r, ctypes.POINTER(ctypes.c_int32)) for r in rows])
+        lens = (ctypes.c_int * n)(*[len(p) for p in prompts])
+        stops = (ctypes.c_int32 * max(1, len(stop_tokens)))(*[int(t) for t in stop_tokens])
+        opt = _GenerateOptions(int(max_new_tokens), float(temperature), int(top_k),
+                               float(top_p), int(seed), ctypes.cast(stops, ctypes.c_void_p),
+                               len(stop_tokens), 1 if use_eos else 0, 1 if recompute else 0)
+        out = (ctypes.c_int32 * (n * max(1, int(max_new_tokens))))()
+        out_lens = (ctypes.c_int * n)()
+        _check(_lib.stof_model_generate_cpu(self._h, ptrs, lens, n, ctypes.byref(opt), out,
+                                            out_lens))
+        return [list(out[b * max_new_tokens:b * max_new_tokens + out_lens[b]])
+                for b in range(n)]
 
     def plan_offline(self, arch="sm_90"):
         """Without a GPU: a plan for arch (default settings, unmeasured, its kernels compiled

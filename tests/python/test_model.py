@@ -236,6 +236,98 @@ def test_errors():
         shutil.rmtree(root)
 
 
+GPT2_CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 32,
+               "n_layer": 2, "n_head": 2, "vocab_size": 50, "n_positions": 32,
+               "layer_norm_epsilon": 1e-5, "eos_token_id": 49}
+
+
+def gpt2_weights(seed=5):
+    rng = np.random.default_rng(seed)
+    H, V, P = 32, 50, 32
+    w = {"wte.weight": rng.uniform(-0.5, 0.5, (V, H)), "wpe.weight": rng.uniform(-0.5, 0.5, (P, H)),
+         "ln_f.weight": 1 + rng.uniform(-0.1, 0.1, H), "ln_f.bias": rng.uniform(-0.1, 0.1, H)}
+    for n in range(2):
+        pre = f"h.{n}."
+        for name, shape in (("ln_1.weight", H), ("ln_1.bias", H), ("ln_2.weight", H),
+                            ("ln_2.bias", H), ("attn.c_attn.weight", (H, 3 * H)),
+                            ("attn.c_attn.bias", 3 * H), ("attn.c_proj.weight", (H, H)),
+                            ("attn.c_proj.bias", H), ("mlp.c_fc.weight", (H, 4 * H)),
+                            ("mlp.c_fc.bias", 4 * H), ("mlp.c_proj.weight", (4 * H, H)),
+                            ("mlp.c_proj.bias", H)):
+            scale = 0.1 if "bias" in name else 0.4
+            w[pre + name] = rng.uniform(-scale, scale, shape) + (1 if name.endswith("ln_1.weight")
+                                                                  or name.endswith("ln_2.weight")
+                                                                  else 0)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def numpy_gpt2_logits(w, ids):
+    """GPT2LMHeadModel's logits [S, V] for one sequence, in float64."""
+    def ln(x, g, b):
+        m = x.mean(-1, keepdims=True)
+        return (x - m) / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
+
+    def gelu_new(x):
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+    S, H, heads = len(ids), 32, 2
+    x = W["wte.weight"][ids] + W["wpe.weight"][:S]
+    for n in range(2):
+        p = f"h.{n}."
+        h = ln(x, W[p + "ln_1.weight"], W[p + "ln_1.bias"])
+        q, k, v = np.split(h @ W[p + "attn.c_attn.weight"] + W[p + "attn.c_attn.bias"], 3, -1)
+        out = np.zeros_like(x)
+        for hd in range(heads):
+            sl = slice(hd * 16, hd * 16 + 16)
+            s = q[:, sl] @ k[:, sl].T / 4.0
+            s[np.triu_indices(S, 1)] = -np.inf
+            pr = np.exp(s - s.max(-1, keepdims=True))
+            out[:, sl] = pr / pr.sum(-1, keepdims=True) @ v[:, sl]
+        x = x + out @ W[p + "attn.c_proj.weight"] + W[p + "attn.c_proj.bias"]
+        h = ln(x, W[p + "ln_2.weight"], W[p + "ln_2.bias"])
+        x = x + gelu_new(h @ W[p + "mlp.c_fc.weight"] + W[p + "mlp.c_fc.bias"]) \
+            @ W[p + "mlp.c_proj.weight"] + W[p + "mlp.c_proj.bias"]
+    return ln(x, W["ln_f.weight"], W["ln_f.bias"]) @ W["wte.weight"].T
+
+
+def numpy_greedy(w, prompt, n):
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(np.argmax(numpy_gpt2_logits(w, np.array(ids))[-1])))
+    return ids[len(prompt):]
+
+
+def test_generate():
+    root = tempfile.mkdtemp()
+    try:
+        d = os.path.join(root, "tiny-gpt2")
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(GPT2_CONFIG, f)
+        w = gpt2_weights()
+        write_safetensors(os.path.join(d, "model.safetensors"), w)
+        m = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp32")
+        prompts = [[3, 14, 15, 9, 2, 6], [5, 35], [8]]
+        got = m.generate(prompts, max_new_tokens=8, use_eos=False)
+        want = [numpy_greedy(w, p, 8) for p in prompts]
+        assert got == want, (got, want)
+        assert m.generate(prompts, max_new_tokens=8, use_eos=False, recompute=True) == got
+        assert m.generate(prompts[0], max_new_tokens=8, use_eos=False) == [got[0]]
+        # sampling: the same seed, the same tokens
+        a = m.generate(prompts, max_new_tokens=8, temperature=0.9, top_k=10, seed=4)
+        assert a == m.generate(prompts, max_new_tokens=8, temperature=0.9, top_k=10, seed=4)
+        # a stop token ends its sequence, the token included
+        stop = got[1][2]
+        cut = m.generate(prompts, max_new_tokens=8, stop_tokens=[stop], use_eos=False)
+        assert cut[1] == got[1][:got[1].index(stop) + 1]
+        expect_error(lambda: m.generate(prompts, device="cuda"), "the GPU decode step")
+        expect_error(lambda: m.generate([[3, 50]], max_new_tokens=4), "token 50 at 1 is outside")
+        hidden = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp32", head="false")
+        expect_error(lambda: hidden.generate([[1, 2]], max_new_tokens=4), "--set head=true")
+    finally:
+        shutil.rmtree(root)
+
+
 def test_masks_and_version():
     assert stof.__version__.count(".") == 2
     mk = stof.Mask.pattern("sliding_window{band=2}", q_len=10)

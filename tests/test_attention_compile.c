@@ -16,6 +16,7 @@
 #include "core/exec/attention/mha_exec.h"
 #include "core/exec/attention/mha_exec_internal.h"
 #include "core/gpu/nvrtc.h"
+#include "core/exec/attention/mha_decode.h"
 #include "ops/mask.h"
 #include "ops/mask_format.h"
 
@@ -1349,7 +1350,46 @@ static void test_wisdom_file(void) {
     mask_spec_free(spec);
 }
 
+/* The decode-step kernels (attention_decode.cu): every head size and dtype compiles, with its
+ * three entry points; the planner's choice of splits and its refusals. */
+static void test_decode(void) {
+    nvrtc_cache c;
+    nvrtc_cache_init(&c, "");
+    static const int dims[] = {32, 64, 80, 128};
+    for (int d = 0; d < 4; d++)
+        for (int t = 1; t <= 2; t++) {
+            char o0[32], o1[32];
+            snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", dims[d]);
+            snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", t);
+            nvrtc_request req = {.source = "attention_decode.cu", .arch = "sm_90",
+                                 .options = {o0, o1}, .n_options = 2};
+            const void *bin = NULL;
+            size_t size = 0;
+            stof_error err = {0};
+            int rc = nvrtc_get(&c, &req, &bin, &size, &err);
+            CHECK_MSG(rc == STOF_OK, "attention_decode.cu %s %s: %s", o0, o1, err.msg);
+            CHECK(rc || (bytes_contain(bin, size, STOF_DECODE_KERNEL) &&
+                         bytes_contain(bin, size, STOF_DECODE_COMBINE_KERNEL) &&
+                         bytes_contain(bin, size, STOF_KV_STORE_KERNEL)));
+        }
+    nvrtc_cache_free(&c);
+    stof_error err = {0};
+    mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL};
+    CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_OK);
+    /* one sequence of 32 heads on 132 SMs: split until 2 waves or 64 keys a split */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 16);
+    p.batch = 64; /* 2048 CTAs already */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 1);
+    p.batch = 1;
+    p.cap = 100; /* few keys: no split below 64 a chunk */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 1);
+    p.cap = 5000;
+    CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "5000 cache slots for a context of 4096");
+}
+
 int main(void) {
+    test_decode();
     test_wisdom_file();
     test_validate();
     test_fold();

@@ -1,0 +1,209 @@
+/* Decode-step attention on the GPU: see mha_decode.h. */
+#include "core/exec/attention/mha_decode.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+
+int mha_decode_validate(const mha_decode_problem *p, stof_error *err) {
+    if (p->batch < 1 || p->heads < 1 || p->kv_heads < 1 || p->heads % p->kv_heads)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: batch %d, heads %d and kv_heads "
+                       "%d must be positive, kv_heads dividing heads", p->batch, p->heads,
+                       p->kv_heads);
+    if (p->batch > 65535 || p->heads > 65535)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: batch %d and heads %d must "
+                       "not exceed 65535 (grid limits)", p->batch, p->heads);
+    if (!mha_exec_head_dim_supported(p->head_dim))
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: head_dim %d (supported: "
+                       MHA_EXEC_HEAD_DIMS ")", p->head_dim);
+    if (p->dtype != STOF_F16 && p->dtype != STOF_BF16)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: the GPU kernels run in f16 "
+                       "or bf16, not %s", stof_dtype_name(p->dtype));
+    if (p->cap < 1 || p->context < 1 || p->cap > p->context)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: %d cache slots for a context "
+                       "of %d positions (1 .. context)", p->cap, p->context);
+    if (!isfinite(p->scale))
+        return err_set(err, STOF_ERR_INVALID, "decode attention: scale %g", (double)p->scale);
+    const mask *m = p->mask;
+    if (m && (m->q_len != p->context || m->k_len != p->context ||
+              (m->batch != 1 && m->batch != p->batch)))
+        return err_set(err, STOF_ERR_SHAPE, "decode attention: the mask is %d x %d (batch %d), "
+                       "the context %d x %d (batch 1 or %d)", m->q_len, m->k_len, m->batch,
+                       p->context, p->context, p->batch);
+    return STOF_OK;
+}
+
+int mha_decode_default_splits(const mha_decode_problem *p, int sm_count) {
+    int ctas = p->batch * p->heads, splits = 1;
+    while (ctas * splits < 2 * sm_count && (p->cap + 2 * splits - 1) / (2 * splits) >= 64)
+        splits *= 2;
+    return splits;
+}
+
+static int load_kernels(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
+    const mha_decode_problem *p = &pl->problem;
+    char o0[32], o1[32];
+    snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", p->head_dim);
+    snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", (int)p->dtype);
+    nvrtc_request req = {.source = "attention_decode.cu", .arch = c->arch,
+                         .options = {o0, o1}, .n_options = 2};
+    gpu_module *m;
+    int rc = gpu_ctx_function(c, &req, STOF_DECODE_KERNEL, 0, &m, err);
+    if (rc)
+        return rc;
+    pl->decode = m->func;
+    if ((rc = cuda_check(c->drv, c->drv->ModuleGetFunction(&pl->combine, m->module,
+                                                           STOF_DECODE_COMBINE_KERNEL),
+                         "cuModuleGetFunction(decode combine)", err)))
+        return rc;
+    return cuda_check(c->drv, c->drv->ModuleGetFunction(&pl->store, m->module,
+                                                       STOF_KV_STORE_KERNEL),
+                      "cuModuleGetFunction(kv store)", err);
+}
+
+/* The mask's bits and the split's workspace on the device. */
+static int upload(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
+    const mha_decode_problem *p = &pl->problem;
+    int rc = STOF_OK;
+    if (p->mask) {
+        size_t bytes = sizeof(uint64_t) * (size_t)p->mask->batch * (size_t)p->mask->q_len *
+                       (size_t)p->mask->words;
+        rc = cuda_check(c->drv, c->drv->MemAlloc(&pl->d_mask, bytes),
+                        "cuMemAlloc(decode mask)", err);
+        if (!rc)
+            rc = cuda_check(c->drv, c->drv->MemcpyHtoD(pl->d_mask, p->mask->bits, bytes),
+                            "cuMemcpyHtoD(decode mask)", err);
+    }
+    if (!rc && pl->splits > 1) {
+        size_t units = (size_t)p->batch * (size_t)p->heads * (size_t)pl->splits;
+        pl->workspace_ml_offset = units * (size_t)p->head_dim * sizeof(float);
+        rc = cuda_check(c->drv, c->drv->MemAlloc(&pl->d_workspace, pl->workspace_ml_offset +
+                                                                       units * 2 * sizeof(float)),
+                        "cuMemAlloc(decode workspace)", err);
+    }
+    return rc;
+}
+
+int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits,
+                           mha_decode_plan **out, stof_error *err) {
+    *out = NULL;
+    int rc = mha_decode_validate(p, err);
+    if (rc)
+        return rc;
+    if (splits < 0 || splits > 1024)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: splits %d (0: chosen, up to "
+                       "1024)", splits);
+    mha_decode_plan *pl = err_calloc(1, sizeof *pl, err);
+    if (!pl)
+        return STOF_ERR_NOMEM;
+    pl->problem = *p;
+    pl->ctx = c;
+    pl->splits = splits ? splits : mha_decode_default_splits(p, c->info.sm_count);
+    if (pl->splits > p->cap)
+        pl->splits = p->cap;
+    pl->chunk = (p->cap + pl->splits - 1) / pl->splits;
+    rc = load_kernels(c, pl, err);
+    if (!rc)
+        rc = upload(c, pl, err);
+    if (rc) {
+        mha_decode_plan_free(pl);
+        return rc;
+    }
+    *out = pl;
+    return STOF_OK;
+}
+
+void mha_decode_plan_free(mha_decode_plan *pl) {
+    if (!pl)
+        return;
+    if (pl->d_mask)
+        pl->ctx->drv->MemFree(pl->d_mask);
+    if (pl->d_workspace)
+        pl->ctx->drv->MemFree(pl->d_workspace);
+    free(pl);
+}
+
+static void fill_args(const mha_decode_plan *pl, stof_decode_args *a) {
+    const mha_decode_problem *p = &pl->problem;
+    memset(a, 0, sizeof *a);
+    a->mask = (const stof_u64 *)(uintptr_t)pl->d_mask;
+    a->partial_o = (float *)(uintptr_t)pl->d_workspace;
+    a->partial_ml = pl->d_workspace
+                        ? (float *)(uintptr_t)(pl->d_workspace + pl->workspace_ml_offset)
+                        : NULL;
+    a->heads = p->heads;
+    a->kv_heads = p->kv_heads;
+    a->cap = p->cap;
+    a->context = p->context;
+    a->words = p->mask ? p->mask->words : 0;
+    a->mask_batch = p->mask ? p->mask->batch : 1;
+    a->splits = pl->splits;
+    a->chunk = pl->chunk;
+    a->scale_log2 = p->scale * 1.4426950408889634f;
+}
+
+static int64_t packed_width(const mha_decode_problem *p) {
+    return ((int64_t)p->heads + 2 * (int64_t)p->kv_heads) * p->head_dim;
+}
+
+static int check_ptr(const char *name, CUdeviceptr ptr, stof_error *err) {
+    if (ptr && ptr % 16 == 0)
+        return STOF_OK;
+    return err_set(err, STOF_ERR_INVALID, "decode attention: %s must be a 16-byte aligned "
+                   "device pointer (got 0x%llx)", name, (unsigned long long)ptr);
+}
+
+int mha_decode_run(const mha_decode_plan *pl, const mha_decode_tensors *t, CUstream s,
+                   stof_error *err) {
+    const mha_decode_problem *p = &pl->problem;
+    int rc;
+    if ((rc = check_ptr("qkv", t->qkv, err)) || (rc = check_ptr("positions", t->positions, err)) ||
+        (rc = check_ptr("k_cache", t->k_cache, err)) ||
+        (rc = check_ptr("v_cache", t->v_cache, err)) || (rc = check_ptr("o", t->o, err)))
+        return rc;
+    stof_decode_args a;
+    fill_args(pl, &a);
+    a.qkv = (const void *)(uintptr_t)t->qkv;
+    a.positions = (const stof_i32 *)(uintptr_t)t->positions;
+    a.k_cache = (void *)(uintptr_t)t->k_cache;
+    a.v_cache = (void *)(uintptr_t)t->v_cache;
+    a.o = (void *)(uintptr_t)t->o;
+    a.qkv_row_stride = t->qkv_row_stride ? t->qkv_row_stride : packed_width(p);
+    void *params[] = {&a};
+    const unsigned grid[3] = {(unsigned)p->heads, (unsigned)p->batch, (unsigned)pl->splits};
+    const unsigned block[3] = {STOF_DECODE_WARPS * 32, 1, 1};
+    const unsigned cgrid[3] = {(unsigned)p->heads, (unsigned)p->batch, 1};
+    rc = cuda_launch(pl->ctx->drv, pl->decode, grid, block, 0, s, params, pl->ctx->pdl,
+                     "cuLaunchKernel(decode attention)", err);
+    if (rc || pl->splits == 1)
+        return rc;
+    return cuda_launch(pl->ctx->drv, pl->combine, cgrid, block, 0, s, params, pl->ctx->pdl,
+                       "cuLaunchKernel(decode combine)", err);
+}
+
+int mha_decode_store(const mha_decode_plan *pl, CUdeviceptr qkv, int seq, CUdeviceptr pad_mask,
+                     CUdeviceptr k_cache, CUdeviceptr v_cache, CUstream s, stof_error *err) {
+    const mha_decode_problem *p = &pl->problem;
+    int rc;
+    if ((rc = check_ptr("qkv", qkv, err)) || (rc = check_ptr("k_cache", k_cache, err)) ||
+        (rc = check_ptr("v_cache", v_cache, err)))
+        return rc;
+    if (seq < 1)
+        return err_set(err, STOF_ERR_INVALID, "kv store: seq %d", seq);
+    stof_decode_args a;
+    fill_args(pl, &a);
+    a.qkv = (const void *)(uintptr_t)qkv;
+    a.pad_mask = (const stof_i32 *)(uintptr_t)pad_mask;
+    a.k_cache = (void *)(uintptr_t)k_cache;
+    a.v_cache = (void *)(uintptr_t)v_cache;
+    a.qkv_row_stride = packed_width(p);
+    a.seq = seq;
+    void *params[] = {&a};
+    const unsigned grid[3] = {(unsigned)seq, (unsigned)p->batch, 1};
+    const unsigned block[3] = {STOF_DECODE_WARPS * 32, 1, 1};
+    return cuda_launch(pl->ctx->drv, pl->store, grid, block, 0, s, params, pl->ctx->pdl,
+                       "cuLaunchKernel(kv store)", err);
+}

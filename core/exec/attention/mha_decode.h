@@ -1,0 +1,66 @@
+/* Decode-step attention on the GPU (kernels/attention_decode.cu): one new token a sequence
+ * against its layer's KV cache, and the prefill's store into that cache.
+ *
+ *   mha_decode_plan   a layer's step made ready: its mask's bits on the device, the split of
+ *                     the keys over CTAs (flash-decoding) and its workspace, the kernels
+ *                     compiled and loaded;
+ *   mha_decode_run    one step: writes the new K and V into the cache, attends, writes O;
+ *   mha_decode_store  after a prefill: the K and V of each sequence's last cap positions.
+ *
+ * The CPU reference of both is ops/kv_cache.h. */
+#ifndef STOF_CORE_MHA_DECODE_H
+#define STOF_CORE_MHA_DECODE_H
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include "core/exec/attention/mha_exec.h"
+#include "kernels/attention_decode_abi.cuh"
+#include "ops/mask.h"
+#include "stof.h"
+
+typedef struct mha_decode_problem {
+    int batch, heads, kv_heads, head_dim;
+    stof_dtype dtype;       /* STOF_F16 or STOF_BF16 */
+    int cap;                /* cache slots a sequence (ops_kv_cache_span) */
+    int context;            /* positions 0 .. context - 1 */
+    float scale;
+    const mask *mask;       /* context x context, batch 1 or `batch`; NULL: every earlier key */
+} mha_decode_problem;
+
+int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
+
+/* The split of a step's at most cap keys over CTAs: enough CTAs for the GPU's SMs when the
+ * batch and heads are few, at least 64 keys a split; splits 0 asks for that. */
+int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
+
+typedef struct mha_decode_plan {
+    mha_decode_problem problem;
+    int splits, chunk;
+    CUdeviceptr d_mask;      /* the mask's bits, or 0 */
+    CUdeviceptr d_workspace; /* partial O and (m, l) when splits > 1 */
+    size_t workspace_ml_offset;
+    CUfunction decode, combine, store;
+    mha_exec_ctx *ctx;
+} mha_decode_plan;
+
+int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits,
+                           mha_decode_plan **out, stof_error *err);
+void mha_decode_plan_free(mha_decode_plan *plan);
+
+/* The tensors of a step: qkv [batch] rows of (heads + 2 kv_heads) head_dim (row stride in
+ * elements, 0: packed), positions int32 [batch], the caches [batch][cap][kv_heads][head_dim],
+ * o [batch][heads * head_dim]. */
+typedef struct mha_decode_tensors {
+    CUdeviceptr qkv, positions, k_cache, v_cache, o;
+    int64_t qkv_row_stride;
+} mha_decode_tensors;
+
+int mha_decode_run(const mha_decode_plan *plan, const mha_decode_tensors *t, CUstream s,
+                   stof_error *err);
+/* A prefill's qkv [batch, seq, width] (pad_mask: its attention_mask [batch, seq], or 0) into
+ * the caches. */
+int mha_decode_store(const mha_decode_plan *plan, CUdeviceptr qkv, int seq, CUdeviceptr pad_mask,
+                     CUdeviceptr k_cache, CUdeviceptr v_cache, CUstream s, stof_error *err);
+
+#endif

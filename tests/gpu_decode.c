@@ -1,0 +1,287 @@
+/* Decode-step attention on the GPU (core/exec/attention/mha_decode.h) against its CPU
+ * reference (ops/kv_cache.h), on the same fp16/bf16-rounded values:
+ *   - a prefill's store into the cache (right-padded lengths, a ring shorter than them);
+ *   - steps at the positions each sequence reached: dense causal (the whole context), a
+ *     sliding window whose ring wraps, grouped-query heads, a per-batch random mask; split
+ *     over CTAs or not;
+ *   - the cache after the step holds the new token's K and V in its slot.
+ * Outputs are poisoned (NaN) before each launch. Exits 77 without a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/base/util.h"
+#include "core/exec/attention/mha_decode.h"
+#include "ops/kv_cache.h"
+#include "ops/mask.h"
+
+#define GPU_CTX_TYPE mha_exec_ctx
+#include "gpu_common.h"
+
+typedef struct dcase {
+    const char *name;
+    int batch, heads, kv_heads, context;
+    const char *mask;  /* text form, NULL: dense causal */
+    int cap;           /* 0: the mask's span */
+    int splits;        /* 0: chosen */
+    int lens[4];       /* each sequence's prefill length; the step's position */
+} dcase;
+
+static const dcase cases[] = {
+    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}},
+    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}},
+    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}},
+    {"window 64 (ring wraps)", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63}},
+    {"window 64 one split", 2, 4, 1, 400, "sliding_window{band=63}", 0, 1, {300, 10}},
+    {"random per batch", 2, 4, 4, 200,
+     "per_batch(random{rate=0.5, block=4, seed=1}, random{rate=0.3, block=8, seed=2})", 0, 3,
+     {150, 77}},
+    {"longformer (global first key)", 4, 2, 2, 256, "longformer{band=16, global=2}", 0, 0,
+     {255, 17, 100, 3}},
+};
+
+typedef struct host {
+    float *qkv_prefill;  /* [B][seq][W] */
+    float *qkv_step;     /* [B][W] */
+    float out_ref[4 * 8 * 128];
+} host;
+
+static void fill(float *x, size_t n, stof_dtype t, util_rng *r) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = from_bits(t, to_bits(t, (float)(2.0 * util_rng_double(r) - 1.0)));
+}
+
+static int upload_f(gpu *g, CUdeviceptr *d, const float *x, size_t n, stof_dtype t) {
+    uint16_t *b = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        b[i] = to_bits(t, x[i]);
+    int rc = upload(g, d, b, n * 2);
+    free(b);
+    return rc;
+}
+
+/* The case's mask (NULL: dense). */
+static mask *case_mask(const dcase *c) {
+    if (!c->mask)
+        return NULL;
+    mask_spec *s = NULL;
+    mask *m = NULL;
+    stof_error err = {0};
+    CHECK_MSG(mask_spec_parse(c->mask, &s, &err) == STOF_OK, "%s", err.msg);
+    CHECK_MSG(s && mask_build(s, c->batch, c->context, c->context, &m, &err) == STOF_OK, "%s",
+              err.msg);
+    mask_spec_free(s);
+    return m;
+}
+
+static double rel_err(const uint16_t *got, const float *want, size_t n, stof_dtype t,
+                      long *bad) {
+    double num = 0, den = 0;
+    *bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float y = from_bits(t, got[i]);
+        if (!isfinite(y))
+            (*bad)++;
+        num += ((double)y - want[i]) * ((double)y - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed) {
+    mask *m = case_mask(c);
+    int64_t span = ops_kv_cache_span(m, c->context);
+    int cap = c->cap ? c->cap : (int)span;
+    int B = c->batch, H = c->heads, KVH = c->kv_heads, seq = 0;
+    for (int b = 0; b < B; b++)
+        seq = c->lens[b] > seq ? c->lens[b] : seq;
+    int64_t W = (int64_t)(H + 2 * KVH) * D;
+    util_rng rng = {seed};
+    float *pre = malloc(sizeof *pre * (size_t)(B * seq * W));
+    float *step = malloc(sizeof *step * (size_t)(B * W));
+    fill(pre, (size_t)(B * seq * W), t, &rng);
+    fill(step, (size_t)(B * W), t, &rng);
+    /* the reference: the store, then the step */
+    ops_kv_cache ref;
+    stof_error err = {0};
+    CHECK_EQ_INT(ops_kv_cache_alloc(&ref, B, cap, KVH, D, &err), STOF_OK);
+    int64_t lens[4];
+    float pos[4];
+    for (int b = 0; b < B; b++) {
+        lens[b] = c->lens[b];
+        pos[b] = (float)c->lens[b];
+    }
+    ops_kv_cache_store_prefix(&ref, pre, seq, H, lens);
+    op_attention a = {.heads = H, .head_dim = D, .causal = 1, .kv_heads = KVH, .decode = 1,
+                      .scale = 1.0f / sqrtf((float)D), .mask = m ? 0 : -1};
+    float *want = malloc(sizeof *want * (size_t)(B * H * D));
+    int rc = ops_attention_decode_ref(&a, m, step, pos, &ref, want, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: reference: %s", c->name, err.msg);
+
+    mha_decode_problem p = {B, H, KVH, D, t, cap, c->context, a.scale, m};
+    mha_decode_plan *pl = NULL;
+    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, c->splits, &pl, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: plan: %s", c->name, err.msg);
+    CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_pad = 0, d_k = 0, d_v = 0, d_o = 0;
+    int32_t ipos[4], *am = calloc((size_t)(B * seq), sizeof *am);
+    for (int b = 0; b < B; b++) {
+        ipos[b] = c->lens[b];
+        for (int s = 0; s < c->lens[b]; s++)
+            am[b * seq + s] = 1;
+    }
+    size_t cache_elems = (size_t)B * cap * KVH * D;
+    if (!rc && !upload_f(g, &d_pre, pre, (size_t)(B * seq * W), t) &&
+        !upload_f(g, &d_step, step, (size_t)(B * W), t) &&
+        !upload(g, &d_pos, ipos, sizeof(int32_t) * (size_t)B) &&
+        !upload(g, &d_pad, am, sizeof(int32_t) * (size_t)(B * seq)) &&
+        !dalloc(g, &d_k, cache_elems * 2) && !dalloc(g, &d_v, cache_elems * 2) &&
+        !dalloc(g, &d_o, (size_t)(B * H * D) * 2) && !poison(g, d_k, cache_elems) &&
+        !poison(g, d_v, cache_elems) && !poison(g, d_o, (size_t)(B * H * D))) {
+        rc = mha_decode_store(pl, d_pre, seq, d_pad, d_k, d_v, 0, &err);
+        mha_decode_tensors tt = {d_step, d_pos, d_k, d_v, d_o, 0};
+        if (!rc)
+            rc = mha_decode_run(pl, &tt, 0, &err);
+        CHECK_MSG(rc == STOF_OK, "%s: launch: %s", c->name, err.msg);
+        uint16_t *o = malloc((size_t)(B * H * D) * 2), *kc = malloc(cache_elems * 2);
+        if (!rc && !fetch(g, o, d_o, (size_t)(B * H * D)) && !fetch(g, kc, d_k, cache_elems)) {
+            long bad;
+            double e = rel_err(o, want, (size_t)(B * H * D), t, &bad);
+            double tol = t == STOF_BF16 ? 2e-2 : 5e-3;
+            CHECK_MSG(e < tol && bad == 0, "%s %s D=%d: rel %.2e, %ld non-finite", c->name,
+                      stof_dtype_name(t), D, e, bad);
+            /* the cache: every slot a sequence can still read equals the reference's */
+            long diff = 0;
+            for (int b = 0; b < B; b++)
+                for (int64_t j = c->lens[b] > cap - 1 ? c->lens[b] - cap + 1 : 0; j <= c->lens[b];
+                     j++)
+                    for (int x = 0; x < KVH * D; x++) {
+                        size_t at = ((size_t)b * cap + (size_t)(j % cap)) * KVH * D + x;
+                        diff += from_bits(t, kc[at]) != ref.k[at];
+                    }
+            CHECK_MSG(diff == 0, "%s: %ld cached key values differ", c->name, diff);
+            printf("%-30s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d rel=%.2e %s\n", c->name,
+                   stof_dtype_name(t), D, B, H, KVH, cap, pl->splits, e,
+                   e < tol && bad == 0 && diff == 0 ? "PASS" : "FAIL");
+        }
+        free(o);
+        free(kc);
+    }
+    CUdeviceptr *all[] = {&d_pre, &d_step, &d_pos, &d_pad, &d_k, &d_v, &d_o};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        dfree(g, all[k]);
+    mha_decode_plan_free(pl);
+    ops_kv_cache_free(&ref);
+    free(am);
+    free(want);
+    free(pre);
+    free(step);
+    mask_free(m);
+}
+
+/* Refusals before anything is launched. */
+static void test_validation(gpu *g) {
+    stof_error err = {0};
+    mha_decode_plan *pl = NULL;
+    mha_decode_problem p = {2, 4, 3, 64, STOF_F16, 10, 10, 0.125f, NULL};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "kv_heads dividing heads");
+    p.kv_heads = 2;
+    p.cap = 11;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "11 cache slots for a context of 10");
+    p.cap = 10;
+    p.dtype = STOF_F32;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    p.dtype = STOF_F16;
+    p.head_dim = 48;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK(pl == NULL);
+}
+
+/* Informational: one step's time with every sequence at the end of a full cache, and the
+ * bandwidth of reading that cache once (K and V). */
+static void timing(gpu *g) {
+    static const int shapes[][5] = {/* batch, heads, kv_heads, head_dim, cap */
+                                    {1, 32, 8, 64, 4096}, {8, 32, 8, 64, 4096},
+                                    {64, 32, 8, 64, 4096}, {1, 12, 12, 64, 2048},
+                                    {64, 12, 12, 64, 2048}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && !g->dead; i++) {
+        const int B = shapes[i][0], H = shapes[i][1], KVH = shapes[i][2], D = shapes[i][3];
+        const int cap = shapes[i][4];
+        mha_decode_problem p = {B, H, KVH, D, STOF_F16, cap, cap, 0.125f, NULL};
+        mha_decode_plan *pl = NULL;
+        stof_error err = {0};
+        if (mha_decode_plan_create(g->ctx, &p, 0, &pl, &err)) {
+            CHECK_MSG(0, "timing plan: %s", err.msg);
+            continue;
+        }
+        size_t cache = (size_t)B * cap * KVH * D, W = (size_t)(H + 2 * KVH) * D;
+        CUdeviceptr q = 0, pos = 0, k = 0, v = 0, o = 0;
+        int32_t *ip = malloc(sizeof *ip * (size_t)B);
+        for (int b = 0; b < B; b++)
+            ip[b] = cap - 1;
+        CUevent e0 = NULL, e1 = NULL;
+        if (!dalloc(g, &q, (size_t)B * W * 2) && !upload(g, &pos, ip, sizeof *ip * (size_t)B) &&
+            !dalloc(g, &k, cache * 2) && !dalloc(g, &v, cache * 2) &&
+            !dalloc(g, &o, (size_t)B * H * D * 2) && !poison(g, q, (size_t)B * W) &&
+            !check_cu(g, g->drv->MemsetD16Async(q, 0x3c00, (size_t)B * W, 0), "memset") &&
+            !check_cu(g, g->drv->MemsetD16Async(k, 0x3c00, cache, 0), "memset") &&
+            !check_cu(g, g->drv->MemsetD16Async(v, 0x3c00, cache, 0), "memset") &&
+            !check_cu(g, g->drv->EventCreate(&e0, 0), "event") &&
+            !check_cu(g, g->drv->EventCreate(&e1, 0), "event")) {
+            mha_decode_tensors t = {q, pos, k, v, o, 0};
+            enum { REPS = 50 };
+            int rc = mha_decode_run(pl, &t, 0, &err);
+            g->drv->EventRecord(e0, 0);
+            for (int r = 0; r < REPS && !rc; r++)
+                rc = mha_decode_run(pl, &t, 0, &err);
+            g->drv->EventRecord(e1, 0);
+            g->drv->EventSynchronize(e1);
+            float ms = 0;
+            g->drv->EventElapsedTime(&ms, e0, e1);
+            double us = 1000.0 * ms / REPS, gbs = 2.0 * cache * 2 / (us * 1e3);
+            CHECK_MSG(rc == STOF_OK, "timing: %s", err.msg);
+            printf("time B=%-3d H=%d/%d D=%d cache %5d: splits %2d, %7.1f us a step, %6.0f GB/s "
+                   "of K and V\n", B, H, KVH, D, cap, pl->splits, us, gbs);
+        }
+        if (e0)
+            g->drv->EventDestroy(e0);
+        if (e1)
+            g->drv->EventDestroy(e1);
+        CUdeviceptr *all[] = {&q, &pos, &k, &v, &o};
+        for (size_t a = 0; a < 5; a++)
+            dfree(g, all[a]);
+        free(ip);
+        mha_decode_plan_free(pl);
+    }
+}
+
+int main(int argc, char **argv) {
+    gpu g = {0};
+    stof_error err = {0};
+    int rc = mha_exec_ctx_create(0, &g.ctx, &err);
+    if (rc == STOF_ERR_NO_DEVICE) {
+        printf("SKIPPED: %s\n", err.msg);
+        return 77;
+    }
+    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
+    if (rc)
+        return check_summary("gpu_decode");
+    g.drv = g.ctx->drv;
+    printf("GPU: %s (%s, %d SMs)\n", g.ctx->info.name, g.ctx->arch, g.ctx->info.sm_count);
+    int quick = argc > 1 && !strcmp(argv[1], "quick");
+    static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
+    static const int dims[] = {64, 128, 80};
+    uint64_t seed = 1;
+    test_validation(&g);
+    for (int di = 0; di < 2 && !g.dead; di++)
+        for (int hi = 0; hi < (quick ? 2 : 3) && !g.dead; hi++)
+            for (size_t c = 0; c < sizeof cases / sizeof cases[0] && !g.dead; c++)
+                run_case(&g, &cases[c], dtypes[di], dims[hi], seed++);
+    if (!g.dead && !(argc > 1 && !strcmp(argv[1], "notime")))
+        timing(&g);
+    mha_exec_ctx_free(g.ctx);
+    return check_summary("gpu_decode");
+}

@@ -1,17 +1,20 @@
 // Decode-step attention against a KV cache (attention_decode_abi.cuh): one query a sequence,
 // its keys in the cache's ring of `cap` slots.
 //
-// Grid (heads, batch, splits), STOF_DECODE_WARPS warps. Each warp takes every
-// STOF_DECODE_WARPS-th key of the CTA's chunk:
+// Grid (kv_heads, batch, splits), STOF_DECODE_WARPS warps: a CTA serves the GROUP query heads
+// that share one K/V head, so each key and value is read once for all of them. Each warp takes
+// tiles of 32 keys of the CTA's chunk:
 //
-//   s_j = q . k_j            each lane holds pairs of q's dims, a warp reduction sums them
-//   online softmax (base 2)  the warp's running maximum m and sum l
-//   O += p_j v_j             the lane's pairs of dims
+//   lane l takes key j = tile + l: s_g = q_g . k_j for each head g of the group (its K row
+//                                  read as 16-byte vectors, the q's from shared memory)
+//   tile max and sum by shuffles, online softmax (base 2) per head
+//   O_g += sum_j p_gj v_j:         lanes own pairs of dims; p_gj comes by shuffle, key after
+//                                  key, V rows read coalesced
 //
 // then the warps merge through shared memory: O / l into the output (one split), or the
 // partial (O, m, l) to the workspace that stof_attention_decode_combine merges. The CTA of
-// split 0 and the first query head of each K/V head also writes the new token's K and V into
-// its slot; every CTA reads the new key from qkv itself, so no CTA waits for another.
+// split 0 also writes the new token's K and V into its slot; every CTA reads the new key from
+// qkv itself, so no CTA waits for another.
 #include "attention_common.cuh"
 #include "attention_decode_abi.cuh"
 
@@ -21,6 +24,9 @@
 #ifndef STOF_DTYPE
 #define STOF_DTYPE 1
 #endif
+#ifndef GROUP // query heads a K/V head
+#define GROUP 1
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -28,9 +34,11 @@ using namespace stof::attn;
 constexpr int kWarps = STOF_DECODE_WARPS;
 constexpr int kPairs = HEAD_DIM / 2;
 constexpr int kRounds = (kPairs + 31) / 32; // pairs a lane holds (the last round may be short)
+constexpr int kVecs = HEAD_DIM / 8;         // 16-byte vectors of a K row
 
 static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
+static_assert(GROUP >= 1 && GROUP <= STOF_DECODE_MAX_GROUP, "GROUP: 1 to 16 query heads");
 
 __device__ __forceinline__ float2 load_pair(const elem_t *row, int p) {
     return unpack2<elem_t>(*reinterpret_cast<const unsigned *>(row + 2 * p));
@@ -40,6 +48,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -56,132 +71,184 @@ __device__ __forceinline__ bool allowed(const stof_decode_args &a, int b, int po
 __device__ __forceinline__ void store_new(const stof_decode_args &a, const elem_t *krow,
                                           const elem_t *vrow, int b, int kvh, int pos) {
     const long long slot = ((long long)b * a.cap + pos % a.cap) * a.kv_heads + kvh;
-    unsigned *kc = reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.k_cache) + slot * HEAD_DIM);
-    unsigned *vc = reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.v_cache) + slot * HEAD_DIM);
+    unsigned *kc =
+        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.k_cache) + slot * HEAD_DIM);
+    unsigned *vc =
+        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.v_cache) + slot * HEAD_DIM);
     for (int p = threadIdx.x; p < kPairs; p += blockDim.x) {
         kc[p] = reinterpret_cast<const unsigned *>(krow)[p];
         vc[p] = reinterpret_cast<const unsigned *>(vrow)[p];
     }
 }
 
-struct warp_state {
-    float m, l;
-    float2 acc[kRounds];
+struct decode_smem {
+    float q[GROUP][HEAD_DIM];   // scaled by scale * log2(e)
+    float m[kWarps][GROUP], l[kWarps][GROUP];
+    float o[kWarps][GROUP][HEAD_DIM];
 };
 
-// One key: its score, the online softmax, its value into the accumulator.
-__device__ __forceinline__ void attend_key(warp_state &st, const float2 (&q)[kRounds],
-                                           const elem_t *k, const elem_t *v, int lane) {
-    float part = 0.0f;
+struct warp_state {
+    float m[GROUP], l[GROUP];
+    float2 acc[GROUP][kRounds];
+};
+
+// s_g = q_g . k for the lane's key row.
+__device__ __forceinline__ void scores(const decode_smem &sm, const elem_t *krow,
+                                       float (&s)[GROUP]) {
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-        const int p = lane + 32 * r;
-        if (p < kPairs) {
-            const float2 x = load_pair(k, p);
-            part = fmaf(q[r].x, x.x, fmaf(q[r].y, x.y, part));
-        }
-    }
-    const float s = warp_sum(part); // already scaled by scale * log2(e) through q
-    const float m = fmaxf(st.m, s);
-    const float corr = exp2f(st.m - m), pj = exp2f(s - m);
-    st.l = st.l * corr + pj;
-    st.m = m;
+    for (int g = 0; g < GROUP; ++g)
+        s[g] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-        const int p = lane + 32 * r;
-        if (p < kPairs) {
-            const float2 x = load_pair(v, p);
-            st.acc[r].x = st.acc[r].x * corr + pj * x.x;
-            st.acc[r].y = st.acc[r].y * corr + pj * x.y;
+    for (int vi = 0; vi < kVecs; ++vi) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
+        const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 x = unpack2<elem_t>(words[e]);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g)
+                s[g] = fmaf(sm.q[g][vi * 8 + 2 * e], x.x,
+                            fmaf(sm.q[g][vi * 8 + 2 * e + 1], x.y, s[g]));
         }
     }
 }
 
-struct merge_smem {
-    float m[kWarps], l[kWarps];
-    float o[kWarps][HEAD_DIM];
-};
+// The tile's online-softmax update: p_g of the lane's key, the state rescaled.
+__device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], bool valid) {
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        const float mt = warp_max(valid ? s[g] : STOF_NEG_INF);
+        const float m = fmaxf(st.m[g], mt);
+        if (m == STOF_NEG_INF) { // nothing allowed yet: the state stays empty
+            s[g] = 0.0f;
+            continue;
+        }
+        const float corr = exp2f(st.m[g] - m); // 0 when st.m was -inf
+        s[g] = valid ? exp2f(s[g] - m) : 0.0f;
+        st.l[g] = st.l[g] * corr + warp_sum(s[g]);
+        st.m[g] = m;
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r) {
+            st.acc[g][r].x *= corr;
+            st.acc[g][r].y *= corr;
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode(const __grid_constant__ stof_decode_args a) {
-    __shared__ merge_smem sm;
-    const int h = blockIdx.x, b = blockIdx.y, z = blockIdx.z;
+    __shared__ decode_smem sm;
+    const int kvh = blockIdx.x, b = blockIdx.y, z = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = a.heads / a.kv_heads, kvh = h / group;
     const int pos = a.positions[b];
     const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
-    const elem_t *qrow = row + h * HEAD_DIM;
     const elem_t *knew = row + (a.heads + kvh) * HEAD_DIM;
     const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
-    if (z == 0 && h % group == 0)
+    if (z == 0)
         store_new(a, knew, vnew, b, kvh, pos);
-
-    float2 q[kRounds];
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-        const int p = lane + 32 * r;
-        const float2 x = p < kPairs ? load_pair(qrow, p) : make_float2(0.0f, 0.0f);
-        q[r] = make_float2(x.x * a.scale_log2, x.y * a.scale_log2);
+    for (int i = threadIdx.x; i < GROUP * kPairs; i += blockDim.x) {
+        const int g = i / kPairs, p = i % kPairs;
+        const float2 x = load_pair(row + (kvh * GROUP + g) * HEAD_DIM, p);
+        sm.q[g][2 * p] = x.x * a.scale_log2;
+        sm.q[g][2 * p + 1] = x.y * a.scale_log2;
     }
-    warp_state st;
-    st.m = STOF_NEG_INF;
-    st.l = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r)
-        st.acc[r] = make_float2(0.0f, 0.0f);
+    __syncthreads();
 
+    warp_state st;
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        st.m[g] = STOF_NEG_INF;
+        st.l[g] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r)
+            st.acc[g][r] = make_float2(0.0f, 0.0f);
+    }
     const int lo = max(0, pos - a.cap + 1);
     const int first = lo + z * a.chunk, last = min(pos + 1, first + a.chunk);
     const elem_t *kc = static_cast<const elem_t *>(a.k_cache);
     const elem_t *vc = static_cast<const elem_t *>(a.v_cache);
-    for (int j = first + warp; j < last; j += kWarps) {
-        if (!allowed(a, b, pos, j))
-            continue;
-        if (j == pos) {
-            attend_key(st, q, knew, vnew, lane);
-        } else {
-            const long long slot = ((long long)b * a.cap + j % a.cap) * a.kv_heads + kvh;
-            attend_key(st, q, kc + slot * HEAD_DIM, vc + slot * HEAD_DIM, lane);
+    const long long seq_slots = (long long)b * a.cap;
+    for (int tile = first + warp * 32; tile < last; tile += kWarps * 32) {
+        const int j = tile + lane;
+        const bool valid = j < last && allowed(a, b, pos, j);
+        float s[GROUP];
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+            s[g] = STOF_NEG_INF;
+        if (valid) {
+            const elem_t *krow =
+                j == pos ? knew : kc + ((seq_slots + j % a.cap) * a.kv_heads + kvh) * HEAD_DIM;
+            scores(sm, krow, s);
+        }
+        softmax_tile(st, s, valid);
+        const int n = min(32, last - tile);
+        for (int t = 0; t < n; ++t) {
+            if (!__shfl_sync(0xffffffffu, valid, t))
+                continue;
+            const int jt = tile + t;
+            const elem_t *vrow =
+                jt == pos ? vnew : vc + ((seq_slots + jt % a.cap) * a.kv_heads + kvh) * HEAD_DIM;
+            float pg[GROUP];
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g)
+                pg[g] = __shfl_sync(0xffffffffu, s[g], t);
+#pragma unroll
+            for (int r = 0; r < kRounds; ++r) {
+                const int p = lane + 32 * r;
+                if (p < kPairs) {
+                    const float2 x = load_pair(vrow, p);
+#pragma unroll
+                    for (int g = 0; g < GROUP; ++g) {
+                        st.acc[g][r].x = fmaf(pg[g], x.x, st.acc[g][r].x);
+                        st.acc[g][r].y = fmaf(pg[g], x.y, st.acc[g][r].y);
+                    }
+                }
+            }
         }
     }
 
-    // merge the warps: each rescales to the CTA's maximum
+    // merge the warps: each rescaled to the CTA's maximum, per head
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-        const int p = lane + 32 * r;
-        if (p < kPairs) {
-            sm.o[warp][2 * p] = st.acc[r].x;
-            sm.o[warp][2 * p + 1] = st.acc[r].y;
+    for (int g = 0; g < GROUP; ++g) {
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r) {
+            const int p = lane + 32 * r;
+            if (p < kPairs) {
+                sm.o[warp][g][2 * p] = st.acc[g][r].x;
+                sm.o[warp][g][2 * p + 1] = st.acc[g][r].y;
+            }
+        }
+        if (lane == 0) {
+            sm.m[warp][g] = st.m[g];
+            sm.l[warp][g] = st.l[g];
         }
     }
-    if (lane == 0) {
-        sm.m[warp] = st.m;
-        sm.l[warp] = st.l;
-    }
     __syncthreads();
-    float m = STOF_NEG_INF;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-        m = fmaxf(m, sm.m[w]);
-    float l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-        l += sm.m[w] == STOF_NEG_INF ? 0.0f : sm.l[w] * exp2f(sm.m[w] - m);
-    const long long unit = ((long long)b * a.heads + h) * a.splits + z;
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        float o = 0.0f;
+    for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
+        const int g = i / HEAD_DIM, d = i % HEAD_DIM, h = kvh * GROUP + g;
+        float m = STOF_NEG_INF;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w)
-            o += sm.m[w] == STOF_NEG_INF ? 0.0f : sm.o[w][d] * exp2f(sm.m[w] - m);
-        if (a.splits == 1)
+            m = fmaxf(m, sm.m[w][g]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w)
+            if (sm.m[w][g] != STOF_NEG_INF) {
+                const float f = exp2f(sm.m[w][g] - m);
+                l += sm.l[w][g] * f;
+                o += sm.o[w][g][d] * f;
+            }
+        const long long unit = ((long long)b * a.heads + h) * a.splits + z;
+        if (a.splits == 1) {
             static_cast<elem_t *>(a.o)[((long long)b * a.heads + h) * HEAD_DIM + d] =
                 stof::from_float<elem_t>(l > 0.0f ? o / l : 0.0f);
-        else
+        } else {
             a.partial_o[unit * HEAD_DIM + d] = o;
-    }
-    if (a.splits > 1 && threadIdx.x == 0) {
-        a.partial_ml[unit * 2] = m;
-        a.partial_ml[unit * 2 + 1] = l;
+            if (d == 0) {
+                a.partial_ml[unit * 2] = m;
+                a.partial_ml[unit * 2 + 1] = l;
+            }
+        }
     }
 }
 

@@ -12,7 +12,8 @@
  * there and written to slot p % cap, whose old key (p - cap) no query of this step can see.
  * O is [batch, heads * HEAD_DIM].
  *
- * Split keys (flash-decoding): the grid's z splits a sequence's keys into `splits` chunks of
+ * A CTA serves the heads / kv_heads query heads of one K/V head (the build's GROUP), so each
+ * key is read once for all of them. Split keys (flash-decoding): the grid's z splits a sequence's keys into `splits` chunks of
  * `chunk` keys; with splits > 1 each writes its unnormalized fp32 partial O and (m, l) --
  * running maximum in base 2 (-inf for none) and sum -- to
  *   partial_o + ((b * heads + h) * splits + z) * HEAD_DIM, partial_ml + (...) * 2,
@@ -50,5 +51,6 @@ STOF_ABI_STATIC_ASSERT(sizeof(stof_decode_args) == STOF_DECODE_ARGS_BYTES,
 #define STOF_DECODE_COMBINE_KERNEL "stof_attention_decode_combine"
 #define STOF_KV_STORE_KERNEL "stof_kv_cache_store"
 #define STOF_DECODE_WARPS 4
+#define STOF_DECODE_MAX_GROUP 16 /* query heads a K/V head (a build for each) */
 
 #endif

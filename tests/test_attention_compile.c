@@ -1355,14 +1355,15 @@ static void test_wisdom_file(void) {
 static void test_decode(void) {
     nvrtc_cache c;
     nvrtc_cache_init(&c, "");
-    static const int dims[] = {32, 64, 80, 128};
+    static const int dims[] = {32, 64, 80, 128}, groups[] = {1, 4, 16};
     for (int d = 0; d < 4; d++)
         for (int t = 1; t <= 2; t++) {
-            char o0[32], o1[32];
+            char o0[32], o1[32], o2[32];
             snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", dims[d]);
             snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", t);
+            snprintf(o2, sizeof o2, "-DGROUP=%d", groups[(d + t) % 3]);
             nvrtc_request req = {.source = "attention_decode.cu", .arch = "sm_90",
-                                 .options = {o0, o1}, .n_options = 2};
+                                 .options = {o0, o1, o2}, .n_options = 3};
             const void *bin = NULL;
             size_t size = 0;
             stof_error err = {0};
@@ -1376,16 +1377,20 @@ static void test_decode(void) {
     stof_error err = {0};
     mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL};
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_OK);
-    /* one sequence of 32 heads on 132 SMs: split until 2 waves or 64 keys a split */
-    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 16);
-    p.batch = 64; /* 2048 CTAs already */
+    /* one sequence of 8 K/V heads on 132 SMs: split until 2 waves or 128 keys a split */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 32);
+    p.batch = 64; /* 512 CTAs already */
     CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 1);
     p.batch = 1;
-    p.cap = 100; /* few keys: no split below 64 a chunk */
+    p.cap = 200; /* few keys: no split below 128 a chunk */
     CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 1);
     p.cap = 5000;
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "5000 cache slots for a context of 4096");
+    p.cap = 4096;
+    p.kv_heads = 1; /* 32 query heads a K/V head: more than a build holds */
+    CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "32 query heads a K/V head (at most 16)");
 }
 
 int main(void) {

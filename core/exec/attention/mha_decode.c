@@ -16,6 +16,9 @@ int mha_decode_validate(const mha_decode_problem *p, stof_error *err) {
     if (p->batch > 65535 || p->heads > 65535)
         return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: batch %d and heads %d must "
                        "not exceed 65535 (grid limits)", p->batch, p->heads);
+    if (p->heads / p->kv_heads > STOF_DECODE_MAX_GROUP)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: %d query heads a K/V head "
+                       "(at most %d)", p->heads / p->kv_heads, STOF_DECODE_MAX_GROUP);
     if (!mha_exec_head_dim_supported(p->head_dim))
         return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: head_dim %d (supported: "
                        MHA_EXEC_HEAD_DIMS ")", p->head_dim);
@@ -37,19 +40,22 @@ int mha_decode_validate(const mha_decode_problem *p, stof_error *err) {
 }
 
 int mha_decode_default_splits(const mha_decode_problem *p, int sm_count) {
-    int ctas = p->batch * p->heads, splits = 1;
-    while (ctas * splits < 2 * sm_count && (p->cap + 2 * splits - 1) / (2 * splits) >= 64)
+    int ctas = p->batch * p->kv_heads, splits = 1;
+    /* a chunk of at least 128 keys: one tile of 32 for each of the 4 warps */
+    while (ctas * splits < 2 * sm_count &&
+           (p->cap + 2 * splits - 1) / (2 * splits) >= 32 * STOF_DECODE_WARPS)
         splits *= 2;
     return splits;
 }
 
 static int load_kernels(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
     const mha_decode_problem *p = &pl->problem;
-    char o0[32], o1[32];
+    char o0[32], o1[32], o2[32];
     snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", p->head_dim);
     snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", (int)p->dtype);
+    snprintf(o2, sizeof o2, "-DGROUP=%d", p->heads / p->kv_heads);
     nvrtc_request req = {.source = "attention_decode.cu", .arch = c->arch,
-                         .options = {o0, o1}, .n_options = 2};
+                         .options = {o0, o1, o2}, .n_options = 3};
     gpu_module *m;
     int rc = gpu_ctx_function(c, &req, STOF_DECODE_KERNEL, 0, &m, err);
     if (rc)
@@ -173,7 +179,7 @@ int mha_decode_run(const mha_decode_plan *pl, const mha_decode_tensors *t, CUstr
     a.o = (void *)(uintptr_t)t->o;
     a.qkv_row_stride = t->qkv_row_stride ? t->qkv_row_stride : packed_width(p);
     void *params[] = {&a};
-    const unsigned grid[3] = {(unsigned)p->heads, (unsigned)p->batch, (unsigned)pl->splits};
+    const unsigned grid[3] = {(unsigned)p->kv_heads, (unsigned)p->batch, (unsigned)pl->splits};
     const unsigned block[3] = {STOF_DECODE_WARPS * 32, 1, 1};
     const unsigned cgrid[3] = {(unsigned)p->heads, (unsigned)p->batch, 1};
     rc = cuda_launch(pl->ctx->drv, pl->decode, grid, block, 0, s, params, pl->ctx->pdl,

@@ -30,8 +30,9 @@ typedef struct mha_decode_problem {
 
 int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
 
-/* The split of a step's at most cap keys over CTAs: enough CTAs for the GPU's SMs when the
- * batch and heads are few, at least 64 keys a split; splits 0 asks for that. */
+/* The split of a step's at most cap keys over CTAs (one a sequence and K/V head): enough CTAs
+ * for two waves of the GPU's SMs when the batch and heads are few, at least 128 keys a split;
+ * splits 0 asks for that. */
 int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
 
 typedef struct mha_decode_plan {

@@ -65,11 +65,13 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
         return a->attr.rotary.heads == b->attr.rotary.heads &&
                a->attr.rotary.kv_heads == b->attr.rotary.kv_heads &&
                a->attr.rotary.head_dim == b->attr.rotary.head_dim &&
-               a->attr.rotary.theta == b->attr.rotary.theta;
+               a->attr.rotary.theta == b->attr.rotary.theta &&
+               a->attr.rotary.has_positions == b->attr.rotary.has_positions;
     case OP_EMBEDDING:
         return a->attr.embedding.has_position == b->attr.embedding.has_position &&
                a->attr.embedding.has_type == b->attr.embedding.has_type &&
-               a->attr.embedding.has_type_ids == b->attr.embedding.has_type_ids;
+               a->attr.embedding.has_type_ids == b->attr.embedding.has_type_ids &&
+               a->attr.embedding.has_position_ids == b->attr.embedding.has_position_ids;
     case OP_ATTENTION: {
         const op_attention *x = &a->attr.attn, *y = &b->attr.attn;
         return x->heads == y->heads && op_attention_kv_heads(x) == op_attention_kv_heads(y) &&
@@ -77,7 +79,8 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
                x->causal == y->causal && x->mask == y->mask && x->scale == y->scale &&
                x->relpos == y->relpos && x->relpos_buckets == y->relpos_buckets &&
                x->relpos_max_distance == y->relpos_max_distance &&
-               x->relpos_bidirectional == y->relpos_bidirectional && x->padded == y->padded;
+               x->relpos_bidirectional == y->relpos_bidirectional && x->padded == y->padded &&
+               x->decode == y->decode;
     }
     default:
         return 1;

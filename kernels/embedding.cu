@@ -7,8 +7,9 @@
 // consecutive chunks of one row: coalesced 16-byte loads at VEC = 8.
 //
 // With HAS_TYPE_IDS each token adds its own type row (a sentence pair's
-// second segment), else row 0. A type id outside the table is bad input
-// like a bad id.
+// second segment), else row 0; with HAS_POS_IDS its own position row (a
+// decode step's token sits past the cached ones), else t % seq_len. A type
+// or position outside its table is bad input like a bad id.
 //
 // Ids are on the device, so the host cannot validate them before the
 // launch, and clamping a bad id would silently embed the wrong token. An id
@@ -25,6 +26,9 @@
 #endif
 #ifndef HAS_TYPE_IDS  // the type row of each token (type_ids), else row 0
 #define HAS_TYPE_IDS 0
+#endif
+#ifndef HAS_POS_IDS  // the position row of each token (pos_ids), else t % seq_len
+#define HAS_POS_IDS 0
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_embed_args a) {
@@ -45,11 +49,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_
         const int type_row = 0;
         const bool bad_type = false;
 #endif
+#if HAS_POS_IDS
+        const long long pos_row = __ldg(a.pos_ids + t);
+        const bool bad_pos = pos_row < 0 || pos_row >= a.pos_rows;
+#else
+        const long long pos_row = t % a.seq_len;
+        const bool bad_pos = false;
+#endif
         float f[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
             f[e] = 0.0f;
-        if (id < 0 || id >= a.vocab || bad_type) {
+        if (id < 0 || id >= a.vocab || bad_type || bad_pos) {
             if (col == 0)
                 atomicCAS(a.error, 0, (int)(t + 1));
             stof::store_chunk(out + t * a.hidden + col, f);
@@ -62,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_embedding(const stof_
                                col);
 #endif
 #if HAS_POS
-        stof::add_chunk(f, static_cast<const elem_t *>(a.pos) + (t % a.seq_len) * a.hidden + col);
+        stof::add_chunk(f, static_cast<const elem_t *>(a.pos) + pos_row * a.hidden + col);
 #endif
         stof::store_chunk(out + t * a.hidden + col, f);
     }

@@ -265,11 +265,14 @@ typedef struct stof_embed_args {
     void *out;
     stof_i32 *error;
     const stof_i32 *type_ids;
+    const stof_i32 *pos_ids;   /* HAS_POS_IDS builds: each token's position row (a decode
+                                  step's), else t % seq_len */
     stof_i64 tokens;
     stof_i32 seq_len, hidden, vocab, type_vocab;
+    stof_i32 pos_rows, pad_;   /* the position table's rows */
 } stof_embed_args;
 
-#define STOF_EMBED_ARGS_BYTES (8 * 8 + 4 * 4)
+#define STOF_EMBED_ARGS_BYTES (9 * 8 + 6 * 4)
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_embed_args) == STOF_EMBED_ARGS_BYTES,
                             "stof_embed_args layout changed: host and kernels must agree");
 
@@ -295,12 +298,14 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_glu_args) == STOF_GLU_ARGS_BYTES,
 typedef struct stof_rotary_args {
     const void *x;
     void *y;
+    const stof_i32 *positions; /* HAS_POSITIONS builds: each row's position (a decode step's),
+                                  else row % seq_len */
     stof_i64 rows;
     stof_i32 seq_len, width, rotated;
     float theta;
 } stof_rotary_args;
 
-#define STOF_ROTARY_ARGS_BYTES (3 * 8 + 4 * 4)
+#define STOF_ROTARY_ARGS_BYTES (4 * 8 + 4 * 4)
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_rotary_args) == STOF_ROTARY_ARGS_BYTES,
                             "stof_rotary_args layout changed: host and kernels must agree");
 

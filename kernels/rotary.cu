@@ -17,6 +17,9 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
+#ifndef HAS_POSITIONS // each row's position from a.positions (a decode step's), else row % seq_len
+#define HAS_POSITIONS 0
+#endif
 
 static_assert(HEAD_DIM % 2 == 0 && (HEAD_DIM / 2) % VEC == 0, "VEC divides half a head");
 
@@ -58,7 +61,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_rotary(const stof_rot
         float p[VEC], q[VEC];
         stof::load_chunk(p, xr + lo);
         stof::load_chunk(q, xr + hi);
+#if HAS_POSITIONS
+        const long long s = __ldg(a.positions + r);
+#else
         const long long s = r % a.seq_len;
+#endif
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
             float c, sn;

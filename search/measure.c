@@ -51,6 +51,9 @@ static void sig_op(sig_buf *b, const graph *g, const graph_op *op) {
                 (double)op->attr.rotary.theta);
     if (op->kind == OP_EMBEDDING && op->attr.embedding.has_type_ids)
         sig_add(b, "/tid");
+    if ((op->kind == OP_EMBEDDING && op->attr.embedding.has_position_ids) ||
+        (op->kind == OP_ROTARY && op->attr.rotary.has_positions))
+        sig_add(b, "/pid");
     if (op->kind != OP_ATTENTION)
         return;
     const op_attention *a = &op->attr.attn;

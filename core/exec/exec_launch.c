@@ -256,7 +256,7 @@ static int mi_supports(const graph *g, int first, int n, const fusion_match *m,
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 typedef struct embed_roles {
-    int ids, word, pos, type, type_ids;
+    int ids, word, pos, type, type_ids, pos_ids;
 } embed_roles;
 
 static void embed_read(const graph *g, int first, gemm_exec_problem *p, embed_roles *r) {
@@ -264,9 +264,11 @@ static void embed_read(const graph *g, int first, gemm_exec_problem *p, embed_ro
     const graph_tensor *ids = tensor(g, op->inputs[0]), *y = tensor(g, op->output);
     int has_pos = op->attr.embedding.has_position != 0, has_type = op->attr.embedding.has_type != 0;
     int has_ids = has_type && op->attr.embedding.has_type_ids;
+    int has_pos_ids = has_pos && op->attr.embedding.has_position_ids;
     *r = (embed_roles){op->inputs[0], op->inputs[1], has_pos ? op->inputs[2] : -1,
                        has_type ? op->inputs[2 + has_pos] : -1,
-                       has_ids ? op->inputs[3 + has_pos] : -1};
+                       has_ids ? op->inputs[3 + has_pos] : -1,
+                       has_pos_ids ? op->inputs[op->n_inputs - 1] : -1};
     memset(p, 0, sizeof *p);
     p->tmpl = FUSION_T_EMBEDDING;
     p->dtype = y->dtype;
@@ -277,6 +279,8 @@ static void embed_read(const graph *g, int first, gemm_exec_problem *p, embed_ro
     p->has_position = has_pos;
     p->has_type = has_type;
     p->has_type_ids = has_ids;
+    p->has_position_ids = has_pos_ids;
+    p->pos_rows = has_pos ? (int)tensor(g, r->pos)->shape[0] : 0;
     p->type_vocab = has_type ? (int)tensor(g, r->type)->shape[0] : 0;
 }
 
@@ -285,9 +289,6 @@ static int embed_supports(const graph *g, int first, int n, const fusion_match *
     gemm_exec_problem p;
     embed_roles r;
     embed_read(g, first, &p, &r);
-    if (g->ops[first].attr.embedding.has_position_ids)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "embedding: position ids given at run time "
-                       "(a decode step's) are read by the CPU reference only");
     return gemm_exec_validate(&p, err);
 }
 
@@ -318,6 +319,7 @@ static void elementwise_read(const graph *g, int first, gemm_exec_problem *p) {
         p->kv_heads = op->attr.rotary.kv_heads;
         p->head_dim = op->attr.rotary.head_dim;
         p->theta = op->attr.rotary.theta;
+        p->has_position_ids = op->attr.rotary.has_positions;
     } else {
         p->tmpl = FUSION_T_MASK_ROWS;
     }
@@ -327,9 +329,6 @@ static int elementwise_supports(const graph *g, int first, int n, const fusion_m
                                 stof_error *err) {
     gemm_exec_problem p;
     elementwise_read(g, first, &p);
-    if (g->ops[first].kind == OP_ROTARY && g->ops[first].attr.rotary.has_positions)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "rotary: positions given at run time (a "
-                       "decode step's) are read by the CPU reference only");
     return gemm_exec_validate(&p, err);
 }
 
@@ -465,6 +464,7 @@ static int embed_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, sto
     rt->t.embed = (gemm_exec_embed_tensors){.ids = ptr_of(m, r.ids), .word = ptr_of(m, r.word),
                                             .pos = ptr_of(m, r.pos), .type = ptr_of(m, r.type),
                                             .type_ids = ptr_of(m, r.type_ids),
+                                            .pos_ids = ptr_of(m, r.pos_ids),
                                             .out = ptr_of(m, s->out)};
     return STOF_OK;
 }

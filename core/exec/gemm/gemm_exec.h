@@ -65,6 +65,8 @@ typedef struct gemm_exec_problem {
     int seq_len, vocab;      /* embedding, rotary: positions are row % seq_len */
     int has_position, has_type;
     int has_type_ids, type_vocab; /* embedding: a type row per token (of type_vocab rows) */
+    int has_position_ids, pos_rows; /* embedding: a position row per token (of pos_rows);
+                                       rotary: each row's position (in the xy tensors' mask) */
     int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU */
     int heads, kv_heads, head_dim; /* rotary: Q heads, K (and V) heads, their size */
     float theta;             /* rotary: the frequencies' base */
@@ -205,12 +207,13 @@ typedef struct gemm_exec_mi_tensors {
 typedef struct gemm_exec_embed_tensors {
     CUdeviceptr ids;               /* int32 [M] (= [B, S]) */
     CUdeviceptr type_ids;          /* int32 [M], with has_type_ids */
+    CUdeviceptr pos_ids;           /* int32 [M], with has_position_ids */
     CUdeviceptr word, pos, type;   /* [vocab, N], [>= seq_len, N], [>= 1, N] */
     CUdeviceptr out;               /* [M, N] */
 } gemm_exec_embed_tensors;
 
-/* glu: x [M, 2F], y [M, F]; rotary: x, y [M, N]; mask_rows: x, y [M, N]
- * and mask int32 [M]. Packed. */
+/* glu: x [M, 2F], y [M, F]; rotary: x, y [M, N] (and with positions, mask: int32 [M], each
+ * row's position); mask_rows: x, y [M, N] and mask int32 [M]. Packed. */
 typedef struct gemm_exec_xy_tensors {
     CUdeviceptr x, y, mask;
 } gemm_exec_xy_tensors;

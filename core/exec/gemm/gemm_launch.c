@@ -208,7 +208,8 @@ int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tenso
         (rc = check_ptr(what, "out", t->out, err)) ||
         (p->has_position && (rc = check_ptr(what, "pos", t->pos, err))) ||
         (p->has_type && (rc = check_ptr(what, "type", t->type, err))) ||
-        (p->has_type_ids && (rc = check_ptr(what, "type_ids", t->type_ids, err))))
+        (p->has_type_ids && (rc = check_ptr(what, "type_ids", t->type_ids, err))) ||
+        (p->has_position_ids && (rc = check_ptr(what, "pos_ids", t->pos_ids, err))))
         return rc;
     if (!plan->d_error)
         return err_set(err, STOF_ERR_INVALID, "embedding: the plan has no error flag");
@@ -218,6 +219,8 @@ int gemm_exec_embed_args(const gemm_exec_plan *plan, const gemm_exec_embed_tenso
     a->type = p->has_type ? PTR(t->type) : NULL;
     a->type_ids = p->has_type_ids ? (const int32_t *)PTR(t->type_ids) : NULL;
     a->type_vocab = p->type_vocab;
+    a->pos_ids = p->has_position_ids ? (const int32_t *)PTR(t->pos_ids) : NULL;
+    a->pos_rows = p->pos_rows;
     a->out = PTR(t->out);
     a->error = (int32_t *)PTR(plan->d_error);
     a->tokens = p->m;
@@ -257,6 +260,11 @@ int gemm_exec_rotary_args(const gemm_exec_plan *plan, const gemm_exec_xy_tensors
     a->width = (int32_t)p->n;
     a->rotated = p->heads + p->kv_heads;
     a->theta = p->theta;
+    if (p->has_position_ids) {
+        if ((rc = check_ptr("rotary", "positions", t->mask, err)))
+            return rc;
+        a->positions = (const int32_t *)PTR(t->mask);
+    }
     return STOF_OK;
 }
 
@@ -432,6 +440,10 @@ int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUd
                        "has token type %d, outside the type table [0, %d); its row was written "
                        "as zeros", (long long)token, (long long)(token / p->seq_len),
                        (long long)(token % p->seq_len), (int)type, p->type_vocab);
+    if (p->has_position_ids && id_known && id >= 0 && id < p->vocab)
+        return err_set(err, STOF_ERR_INVALID, "embedding: token %lld (batch %lld) sits at a "
+                       "position outside the position table's %d rows; its row was written as "
+                       "zeros", (long long)token, (long long)(token / p->seq_len), p->pos_rows);
     return err_set(err, STOF_ERR_INVALID,
                    "embedding: token %lld (batch %lld, position %lld) has %s, outside the "
                    "vocabulary [0, %d); its row was written as zeros",

@@ -94,6 +94,8 @@ static void rotary_defines(gemm_exec_request *r, const gemm_exec_problem *p, con
     (void)v;
     (void)arch;
     gemm_request_define(r, "HEAD_DIM", p->head_dim);
+    if (p->has_position_ids) /* absent otherwise: the older builds keep their cache keys */
+        gemm_request_define(r, "HAS_POSITIONS", 1);
 }
 
 /* Per row: a unit for VEC pairs of each Q and K head, one for VEC values of
@@ -106,8 +108,8 @@ static void rotary_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
 }
 
 static void rotary_describe(const gemm_exec_problem *p, char *buf, size_t n) {
-    snprintf(buf, n, " heads %d/%d x %d theta %g", p->heads, p->kv_heads, p->head_dim,
-             (double)p->theta);
+    snprintf(buf, n, " heads %d/%d x %d theta %g%s", p->heads, p->kv_heads, p->head_dim,
+             (double)p->theta, p->has_position_ids ? " positions" : "");
 }
 
 const gemm_template gemm_template_rotary = {

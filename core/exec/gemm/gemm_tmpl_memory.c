@@ -103,7 +103,8 @@ static int validate_embedding(const gemm_exec_problem *p, stof_error *err) {
     /* the bad-id flag holds token + 1 in an int32 */
     if (p->m < 1 || p->m >= INT32_MAX || p->n < 1 || p->n > INT32_MAX || p->seq_len < 1 ||
         p->m % p->seq_len || p->vocab < 1 || (p->has_type_ids && (!p->has_type ||
-                                                                    p->type_vocab < 1)))
+                                                                    p->type_vocab < 1)) ||
+        (p->has_position_ids && (!p->has_position || p->pos_rows < 1)))
         return err_set(err, STOF_ERR_INVALID,
                        "embedding: %lld tokens of width %lld, seq_len %d, vocab %d: tokens must "
                        "be a multiple of seq_len, below 2^31 - 1",
@@ -130,6 +131,8 @@ static void embedding_defines(gemm_exec_request *r, const gemm_exec_problem *p, 
     gemm_request_define(r, "HAS_TYPE", p->has_type != 0);
     if (p->has_type_ids) /* absent otherwise: the older builds keep their cache keys */
         gemm_request_define(r, "HAS_TYPE_IDS", 1);
+    if (p->has_position_ids)
+        gemm_request_define(r, "HAS_POS_IDS", 1);
 }
 
 /* A grid-stride loop over chunks of VEC: enough blocks to fill the GPU a
@@ -141,8 +144,8 @@ static void embedding_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan)
 
 /* The tables a description adds. */
 static void embedding_describe(const gemm_exec_problem *p, char *buf, size_t n) {
-    snprintf(buf, n, "%s%s%s", p->has_position ? " pos" : "", p->has_type ? " type" : "",
-             p->has_type_ids ? " type_ids" : "");
+    snprintf(buf, n, "%s%s%s%s", p->has_position ? " pos" : "", p->has_type ? " type" : "",
+             p->has_type_ids ? " type_ids" : "", p->has_position_ids ? " pos_ids" : "");
 }
 
 const gemm_template gemm_template_embedding = {

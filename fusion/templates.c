@@ -231,6 +231,13 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         1, {PATTERN(ONE(TOK(ROTARY)))},
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
         rotary_check},
+    /* SPLITS: the CTAs a sequence's keys are split over (kernels/attention_decode.cu); the
+     * planner picks them when the setting is not given */
+    [FUSION_T_ATTENTION_DECODE] = {FUSION_T_ATTENTION_DECODE, "attention_decode",
+        "attention_decode.cu", 0,
+        1, {PATTERN(ONE(TOK(ATTENTION)))},
+        1, {PARAM("SPLITS", 1, 2, 4, 8, 16, 32, 64)},
+        NULL},
     [FUSION_T_MASK_ROWS] = {FUSION_T_MASK_ROWS, "mask_rows", "mask_rows.cu", 0,
         1, {PATTERN(ONE(TOK(MASK_ROWS)))},
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},

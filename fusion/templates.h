@@ -44,6 +44,7 @@ typedef enum fusion_template_id {
     FUSION_T_GLU,
     FUSION_T_ROTARY,
     FUSION_T_MASK_ROWS,
+    FUSION_T_ATTENTION_DECODE, /* a decode step's attention against its KV cache */
     FUSION_T_COUNT
 } fusion_template_id;
 

@@ -63,7 +63,7 @@ typedef struct attn_geom {
 } attn_geom;
 
 static int expected_inputs(const op_attention *a) {
-    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0) + (a->decode ? 1 : 0);
+    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0) + (a->decode ? 3 : 0);
 }
 
 /* Valid once ops_attention_infer has checked the input shapes. */
@@ -200,18 +200,41 @@ static int check_padding(const graph_op *op, const graph_tensor *m, const attn_g
                     (long long)geo->sq);
 }
 
-/* A decode step: one query a sequence, and its position, int32 [B, 1]. */
-static int check_decode(const graph_op *op, const graph_tensor *pos, const attn_geom *geo,
+/* The K or V cache of a decode step: [B, cap, KVH, D] in the model's dtype. */
+static int check_cache(const graph_op *op, const graph_tensor *qkv, const graph_tensor *c,
+                       const char *role, const attn_geom *geo, stof_error *err) {
+    const op_attention *a = &op->attr.attn;
+    char cs[OPS_TENSOR_STR_MAX];
+    if (c->dtype == qkv->dtype && c->ndim == 4 && c->shape[0] == geo->batch &&
+        c->shape[1] >= 1 && c->shape[2] == op_attention_kv_heads(a) &&
+        c->shape[3] == a->head_dim)
+        return STOF_OK;
+    return ops_fail(op, err, STOF_ERR_SHAPE, "%s %s must be %s [%lld, slots, %d, %d]", role,
+                    ops_tensor_str(c, cs, sizeof cs), stof_dtype_name(qkv->dtype),
+                    (long long)geo->batch, op_attention_kv_heads(a), a->head_dim);
+}
+
+/* A decode step: one query a sequence, its position, int32 [B, 1], its K and V caches. */
+static int check_decode(const graph *g, const graph_op *op, const attn_geom *geo,
                         stof_error *err) {
+    const graph_tensor *qkv = ops_input(g, op, 0), *pos = ops_input(g, op, 1);
+    const graph_tensor *k = ops_input(g, op, 2), *v = ops_input(g, op, 3);
     char ps[OPS_TENSOR_STR_MAX];
     if (geo->sq != 1)
         return ops_fail(op, err, STOF_ERR_SHAPE, "a decode step has one query a sequence, "
                         "not %lld", (long long)geo->sq);
-    if (pos->dtype == STOF_I32 && pos->ndim == 2 && pos->shape[0] == geo->batch &&
-        pos->shape[1] == 1)
-        return STOF_OK;
-    return ops_fail(op, err, STOF_ERR_SHAPE, "positions %s must be int32 [%lld, 1]",
-                    ops_tensor_str(pos, ps, sizeof ps), (long long)geo->batch);
+    if (pos->dtype != STOF_I32 || pos->ndim != 2 || pos->shape[0] != geo->batch ||
+        pos->shape[1] != 1)
+        return ops_fail(op, err, STOF_ERR_SHAPE, "positions %s must be int32 [%lld, 1]",
+                        ops_tensor_str(pos, ps, sizeof ps), (long long)geo->batch);
+    int rc;
+    if ((rc = check_cache(op, qkv, k, "k_cache", geo, err)) ||
+        (rc = check_cache(op, qkv, v, "v_cache", geo, err)))
+        return rc;
+    if (k->shape[1] != v->shape[1])
+        return ops_fail(op, err, STOF_ERR_SHAPE, "k_cache has %lld slots, v_cache %lld",
+                        (long long)k->shape[1], (long long)v->shape[1]);
+    return STOF_OK;
 }
 
 static int check_mask(const graph *g, const graph_op *op, const attn_geom *geo,
@@ -263,7 +286,7 @@ int ops_attention_infer(OPS_INFER_ARGS) {
     attn_geom geo = attn_geometry(g, op);
     if (a->padded && (rc = check_padding(op, ops_input(g, op, 1), &geo, err)))
         return rc;
-    if (a->decode && (rc = check_decode(op, ops_input(g, op, 1), &geo, err)))
+    if (a->decode && (rc = check_decode(g, op, &geo, err)))
         return rc;
     if ((rc = check_mask(g, op, &geo, err)))
         return rc;

@@ -495,25 +495,6 @@ int stof_model_save_plan(const stof_model *m, const char *path) {
 
 /* ---- forward passes on the GPU --------------------------------------------------------------- */
 
-/* The default scheme of every class of layers (exec_default_scheme, as
- * `stof run` without --scheme), into a new executor plan. */
-static int default_exec_plan(const graph *g, exec_plan **out, stof_error *err) {
-    exec_seq *seqs = NULL;
-    int n = 0;
-    int rc = fusion_sequences(g, &seqs, &n, err);
-    fusion_scheme *schemes = rc ? NULL : err_calloc((size_t)n + 1, sizeof *schemes, err);
-    if (!rc && !schemes)
-        rc = STOF_ERR_NOMEM;
-    for (int i = 0; !rc && i < n; i++)
-        if (seqs[i].layer >= 0 && seqs[i].cls == i)
-            rc = exec_default_scheme(g, &seqs[i], &schemes[i], err);
-    if (!rc)
-        rc = exec_plan_create(g, schemes, out, err);
-    free(schemes);
-    free(seqs);
-    return rc;
-}
-
 /* The executor: the plan's schemes and kernels, else the default scheme
  * (every sequence cut greedily, default settings). */
 static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
@@ -526,7 +507,7 @@ static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
         rc = plan_check_fits(&m->pl, exec_ctx_device(m->ctx), NULL, NULL, err);
     if (!rc)
         rc = m->has_plan ? exec_plan_from_plan(&m->pl, &m->g, &m->xplan, err)
-                         : default_exec_plan(&m->g, &m->xplan, err);
+                         : exec_plan_default(&m->g, &m->xplan, err);
     weights_source src = {.seed = m->seed, .weights = m->weights};
     if (!rc)
         rc = exec_model_create_bound(m->ctx, m->xplan, &src, m->bound, &m->xmodel, err);

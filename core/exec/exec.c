@@ -130,9 +130,14 @@ static size_t const_bytes(const exec_plan *p, const CUdeviceptr *bound) {
     return span;
 }
 
+static int is_zeros(const graph_tensor *x) {
+    return x->role == GRAPH_WEIGHT && x->constant && x->init == GRAPH_INIT_ZEROS;
+}
+
 /* The weights and inputs of m's graph in graph order (*n of them, the list
- * malloc'd), their places in m->consts set in m->ptr; *span: the bytes
- * they take there, *largest: the most one takes (aligned, both). */
+ * malloc'd; constant zeros placed but not listed), their places in m->consts
+ * set in m->ptr; *span: the bytes they take there, *largest: the most a
+ * listed one takes (aligned, both). */
 static int const_tensors(exec_model *m, int **list, int *n, size_t *span, size_t *largest,
                          stof_error *err) {
     const graph *g = m->plan->g;
@@ -150,12 +155,30 @@ static int const_tensors(exec_model *m, int **list, int *n, size_t *span, size_t
             continue;
         }
         size_t bytes = exec_aligned(graph_tensor_bytes(x));
-        (*list)[(*n)++] = t;
         m->ptr[t] = m->consts + *span;
         *span += bytes;
+        if (is_zeros(x))
+            continue; /* set on the device, not staged on the host */
+        (*list)[(*n)++] = t;
         *largest = bytes > *largest ? bytes : *largest;
     }
     return STOF_OK;
+}
+
+/* Zeros, whatever the weight file (a norm's missing bias; a KV cache's start), on the device
+ * itself: a cache of gigabytes is not staged on the host. */
+static int zero_consts(exec_model *m, stof_error *err) {
+    const graph *g = m->plan->g;
+    int rc = STOF_OK;
+    for (int t = 0; !rc && t < g->n_tensors; t++)
+        if ((g->tensors[t].role == GRAPH_WEIGHT || g->tensors[t].role == GRAPH_INPUT) &&
+            is_zeros(&g->tensors[t]) && !(m->bound && m->bound[t]))
+            rc = cuda_check(m->ctx->drv,
+                            m->ctx->drv->MemsetD8Async(m->ptr[t], 0,
+                                                       graph_tensor_bytes(&g->tensors[t]), 0),
+                            "cuMemsetD8Async(zeros)", err);
+    return rc ? rc : cuda_check(m->ctx->drv, m->ctx->drv->StreamSynchronize(0),
+                                "cuStreamSynchronize(zeros)", err);
 }
 
 /* Fills and converts the tensors list[0..n) (weights_source_values_many,
@@ -205,7 +228,7 @@ static int upload_consts(exec_model *m, const weights_source *src, stof_error *e
     free(outs);
     free(staged);
     free(list);
-    return rc;
+    return rc ? rc : zero_consts(m, err);
 }
 
 /* ---- segments' kernels --------------------------------------------------------------------- */

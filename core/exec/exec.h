@@ -139,6 +139,9 @@ typedef struct exec_plan {
 int exec_plan_create(const graph *g, const fusion_scheme *schemes, exec_plan **out,
                      stof_error *err);
 void exec_plan_free(exec_plan *p);
+/* The default scheme of every class of layers (exec_default_scheme, as `stof run` without
+ * --scheme), into a new plan. */
+int exec_plan_default(const graph *g, exec_plan **out, stof_error *err);
 
 /* The executor plan of a plan pl over g (which must fit it:
  * plan_check_fits): each sequence class's scheme, each segment's template

@@ -11,6 +11,7 @@
 #include "core/gpu/gpu_timer.h"
 #include "core/exec/exec.h"
 #include "core/exec/gemm/gemm_exec.h"
+#include "core/exec/attention/mha_decode.h"
 #include "core/exec/attention/mha_exec.h"
 
 struct exec_ctx {
@@ -31,6 +32,7 @@ typedef union exec_tensors {
     gemm_exec_embed_tensors embed;
     gemm_exec_xy_tensors xy;       /* glu, rotary */
     mha_exec_tensors attn;
+    mha_decode_tensors decode;
 } exec_tensors;
 
 typedef struct exec_launcher exec_launcher;

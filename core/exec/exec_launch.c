@@ -556,6 +556,8 @@ static void attn_read(const graph *g, int first, mha_exec_problem *p) {
 
 static int attn_supports(const graph *g, int first, int n, const fusion_match *m,
                          stof_error *err) {
+    if (g->ops[first].attr.attn.decode)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "a decode step runs on attention_decode");
     mha_exec_problem p;
     attn_read(g, first, &p);
     return mha_exec_validate(&p, err);
@@ -627,6 +629,72 @@ static fusion_template_id attn_actual(const void *kplan, fusion_template_id plan
                : FUSION_T_ATTENTION_ROW;
 }
 
+/* ---- a decode step's attention ------------------------------------------------------------------ */
+
+static void dec_read(const graph *g, int first, mha_decode_problem *p) {
+    const graph_op *op = &g->ops[first];
+    const op_attention *a = &op->attr.attn;
+    const graph_tensor *cache = tensor(g, op->inputs[2]);
+    const mask *mk = a->mask >= 0 && a->mask < g->n_masks ? g->masks[a->mask] : NULL;
+    *p = (mha_decode_problem){.batch = (int)cache->shape[0], .heads = a->heads,
+                              .kv_heads = op_attention_kv_heads(a), .head_dim = a->head_dim,
+                              .dtype = cache->dtype, .cap = (int)cache->shape[1],
+                              .context = mk ? mk->q_len : (int)cache->shape[1], .scale = a->scale,
+                              .mask = mk};
+}
+
+static int dec_supports(const graph *g, int first, int n, const fusion_match *m,
+                        stof_error *err) {
+    if (!g->ops[first].attr.attn.decode)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode runs decode steps only");
+    mha_decode_problem p;
+    dec_read(g, first, &p);
+    return mha_decode_validate(&p, err);
+}
+
+static int dec_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+    mha_decode_problem p;
+    dec_read(m->plan->g, s->first, &p);
+    mha_decode_plan *plan = NULL;
+    int rc = mha_decode_plan_create(m->ctx->mha, &p, s->has_values ? s->values[0] : 0, &plan,
+                                    err);
+    *kplan = plan;
+    return rc;
+}
+
+static void dec_free(exec_model *m, void *kplan) {
+    (void)m;
+    mha_decode_plan_free(kplan);
+}
+
+static int dec_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
+    const graph_op *op = &m->plan->g->ops[s->first];
+    rt->t.decode = (mha_decode_tensors){.qkv = ptr_of(m, op->inputs[0]),
+                                        .positions = ptr_of(m, op->inputs[1]),
+                                        .k_cache = ptr_of(m, op->inputs[2]),
+                                        .v_cache = ptr_of(m, op->inputs[3]),
+                                        .o = ptr_of(m, s->out)};
+    return STOF_OK;
+}
+
+static int dec_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
+    return mha_decode_run(rt->kplan, &rt->t.decode, st, err);
+}
+
+static size_t dec_describe(const void *kplan, char *buf, size_t n) {
+    const mha_decode_plan *pl = kplan;
+    int len = snprintf(buf, n, "attention_decode: %d query heads on %d K/V heads of %d, %d "
+                       "cache slots of a context of %d, keys split %d ways", pl->problem.heads,
+                       pl->problem.kv_heads, pl->problem.head_dim, pl->problem.cap,
+                       pl->problem.context, pl->splits);
+    return len < 0 ? 0 : (size_t)len;
+}
+
+static fusion_template_id dec_actual(const void *kplan, fusion_template_id planned) {
+    (void)kplan;
+    return planned;
+}
+
 /* glu, rotary and mask_rows: the op's input and output, packed (and
  * mask_rows' mask). */
 static int xy_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
@@ -661,6 +729,8 @@ static const exec_launcher launchers[FUSION_T_COUNT] = {
     [FUSION_T_GLU] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
     [FUSION_T_ROTARY] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
     [FUSION_T_MASK_ROWS] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
+    [FUSION_T_ATTENTION_DECODE] = {NULL, dec_supports, dec_plan, dec_free, dec_bind, dec_launch,
+                                   NULL, dec_describe, dec_actual},
 };
 
 const exec_launcher *exec_launcher_get(fusion_template_id t) {

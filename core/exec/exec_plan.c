@@ -514,3 +514,20 @@ void exec_arena_assign(exec_buffer *b, int n, size_t *arena, size_t *bound) {
     free(idx);
     free(off);
 }
+
+int exec_plan_default(const graph *g, exec_plan **out, stof_error *err) {
+    exec_seq *seqs = NULL;
+    int n = 0;
+    int rc = fusion_sequences(g, &seqs, &n, err);
+    fusion_scheme *schemes = rc ? NULL : err_calloc((size_t)n + 1, sizeof *schemes, err);
+    if (!rc && !schemes)
+        rc = STOF_ERR_NOMEM;
+    for (int i = 0; !rc && i < n; i++)
+        if (seqs[i].layer >= 0 && seqs[i].cls == i)
+            rc = exec_default_scheme(g, &seqs[i], &schemes[i], err);
+    if (!rc)
+        rc = exec_plan_create(g, schemes, out, err);
+    free(schemes);
+    free(seqs);
+    return rc;
+}

@@ -9,6 +9,7 @@
 
 #include "core/base/error.h"
 #include "core/gen/gen.h"
+#include "core/gen/gen_state.h"
 #include "core/ref/ref.h"
 
 typedef struct cpu_run {
@@ -16,29 +17,11 @@ typedef struct cpu_run {
     const gen_prompts *p;
     const gen_options *o;
     gen_result *r;
-    int keep_logits;
-    int64_t *len;        /* [batch] tokens so far: prompt and new */
-    int *done;           /* [batch] */
-    float *scratch;      /* gen_sample's */
-    int32_t *order;
+    gen_state st;        /* the sequences */
     gen_decoder dec;
     ops_kv_cache *caches; /* [dec.n_layers] */
     int *layer_of_op;    /* prefill op -> cache layer, -1 */
 } cpu_run;
-
-void gen_result_free(gen_result *r) {
-    free(r->tokens);
-    free(r->n_new);
-    free(r->logits);
-    memset(r, 0, sizeof *r);
-}
-
-static int longest(const gen_prompts *p) {
-    int most = 0;
-    for (int b = 0; b < p->batch; b++)
-        most = p->len[b] > most ? p->len[b] : most;
-    return most;
-}
 
 /* ---- checks ------------------------------------------------------------------------------- */
 
@@ -72,49 +55,7 @@ static int check_graph(const graph *g, const char *what, const gen_prompts *p, i
     return STOF_OK;
 }
 
-static int check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err) {
-    if (p->batch < 1 || !p->ids || !p->len)
-        return err_set(err, STOF_ERR_INVALID, "no prompts given");
-    for (int b = 0; b < p->batch; b++) {
-        if (p->len[b] < 1 || p->len[b] > p->stride)
-            return err_set(err, STOF_ERR_INVALID, "prompt %d has %d tokens (1 to %d)", b,
-                           p->len[b], p->stride);
-        for (int s = 0; s < p->len[b]; s++) {
-            int32_t id = p->ids[(size_t)b * p->stride + s];
-            if (id < 0 || id >= vocab)
-                return err_set(err, STOF_ERR_INVALID, "prompt %d: token %d at %d is outside "
-                               "the vocabulary [0, %lld)", b, id, s, (long long)vocab);
-        }
-    }
-    return STOF_OK;
-}
-
 /* ---- state -------------------------------------------------------------------------------- */
-
-static int run_alloc(cpu_run *c, int64_t vocab, stof_error *err) {
-    gen_result *r = c->r;
-    int B = c->p->batch, T = c->o->max_new_tokens;
-    r->batch = B;
-    r->max_new = T;
-    r->vocab = vocab;
-    r->tokens = err_malloc(sizeof *r->tokens * (size_t)B * (size_t)T, err);
-    r->n_new = err_calloc((size_t)B, sizeof *r->n_new, err);
-    r->logits = c->keep_logits ? err_calloc((size_t)T * (size_t)B * (size_t)vocab,
-                                            sizeof *r->logits, err)
-                               : NULL;
-    c->len = err_malloc(sizeof *c->len * (size_t)B, err);
-    c->done = err_calloc((size_t)B, sizeof *c->done, err);
-    c->scratch = err_malloc(sizeof *c->scratch * 2 * (size_t)vocab, err);
-    c->order = err_malloc(sizeof *c->order * 2 * (size_t)vocab, err);
-    if (!r->tokens || !r->n_new || (c->keep_logits && !r->logits) || !c->len || !c->done ||
-        !c->scratch || !c->order)
-        return STOF_ERR_NOMEM;
-    for (size_t k = 0; k < (size_t)B * (size_t)T; k++)
-        r->tokens[k] = -1;
-    for (int b = 0; b < B; b++)
-        c->len[b] = c->p->len[b];
-    return STOF_OK;
-}
 
 static void run_free(cpu_run *c) {
     for (int l = 0; c->caches && l < c->dec.n_layers; l++)
@@ -122,47 +63,7 @@ static void run_free(cpu_run *c) {
     free(c->caches);
     gen_decoder_free(&c->dec);
     free(c->layer_of_op);
-    free(c->len);
-    free(c->done);
-    free(c->scratch);
-    free(c->order);
-}
-
-static int all_done(const cpu_run *c) {
-    for (int b = 0; b < c->p->batch; b++)
-        if (!c->done[b])
-            return 0;
-    return 1;
-}
-
-/* The token of sequence b at step t from its row of logits. */
-static void emit(cpu_run *c, int b, int t, const float *row) {
-    if (c->done[b])
-        return;
-    int64_t V = c->r->vocab;
-    int32_t tok = gen_sample(c->o, row, V, b, t, c->scratch, c->order);
-    c->r->tokens[(size_t)b * c->o->max_new_tokens + t] = tok;
-    c->r->n_new[b]++;
-    c->len[b]++;
-    if (c->r->logits)
-        memcpy(c->r->logits + ((size_t)t * c->p->batch + b) * V, row, sizeof *row * (size_t)V);
-    for (int k = 0; k < c->o->n_stop; k++)
-        c->done[b] |= tok == c->o->stop[k];
-    c->done[b] |= c->r->n_new[b] == c->o->max_new_tokens;
-}
-
-/* The last token of sequence b: its newest, or its prompt's last. */
-static int32_t last_token(const cpu_run *c, int b) {
-    int n = c->r->n_new[b];
-    return n ? c->r->tokens[(size_t)b * c->o->max_new_tokens + n - 1]
-             : c->p->ids[(size_t)b * c->p->stride + c->p->len[b] - 1];
-}
-
-/* Token s of sequence b so far (prompt, then new), s < len[b]. */
-static int32_t token_at(const cpu_run *c, int b, int64_t s) {
-    int n_prompt = c->p->len[b];
-    return s < n_prompt ? c->p->ids[(size_t)b * c->p->stride + s]
-                        : c->r->tokens[(size_t)b * c->o->max_new_tokens + (s - n_prompt)];
+    gen_state_free(&c->st);
 }
 
 /* ---- full passes (the prefill, and every step when recomputing) -------------------------- */
@@ -174,8 +75,8 @@ static void fill_sequences(const cpu_run *c, const graph *g, ref_values *rv) {
     int64_t S = g->tensors[ids].shape[1];
     for (int b = 0; b < c->p->batch; b++)
         for (int64_t s = 0; s < S; s++) {
-            int real = s < c->len[b];
-            rv->data[ids][b * S + s] = (float)token_at(c, b, real ? s : 0);
+            int real = s < c->st.len[b];
+            rv->data[ids][b * S + s] = (float)gen_state_token(&c->st, b, real ? s : 0);
             if (am >= 0)
                 rv->data[am][b * S + s] = (float)real;
         }
@@ -192,7 +93,8 @@ static int rerun(const graph *g, ref_values *rv, const ref_hooks *h, stof_error 
 static void emit_last_rows(cpu_run *c, const graph *g, const ref_values *rv, int t) {
     int64_t S = g->tensors[g->output].shape[1], V = c->r->vocab;
     for (int b = 0; b < c->p->batch; b++)
-        emit(c, b, t, rv->data[g->output] + ((size_t)b * S + (size_t)c->len[b] - 1) * V);
+        gen_state_emit(&c->st, b, t,
+                       rv->data[g->output] + ((size_t)b * S + (size_t)c->st.len[b] - 1) * V);
 }
 
 /* The prefill's attention layers store their K and V. */
@@ -204,7 +106,7 @@ static int store_prefix(void *ctx, const graph *g, int i, const float *const *in
     int l = c->layer_of_op[i];
     if (l >= 0)
         ops_kv_cache_store_prefix(&c->caches[l], in[0], g->tensors[g->ops[i].inputs[0]].shape[1],
-                                  g->ops[i].attr.attn.heads, c->len);
+                                  g->ops[i].attr.attn.heads, c->st.len);
     return STOF_OK;
 }
 
@@ -212,7 +114,7 @@ static int recompute_all(cpu_run *c, stof_error *err) {
     const graph *g = c->m->context;
     ref_values rv;
     int rc = ref_values_init(g, &c->m->weights, &rv, err);
-    for (int t = 0; !rc && t < c->o->max_new_tokens && !all_done(c); t++) {
+    for (int t = 0; !rc && t < c->o->max_new_tokens && !gen_state_all_done(&c->st); t++) {
         fill_sequences(c, g, &rv);
         rc = rerun(g, &rv, NULL, err);
         if (!rc)
@@ -291,15 +193,15 @@ static int decode_steps(cpu_run *c, stof_error *err) {
     ref_values rv;
     ref_hooks h = {.ctx = c, .run = attend_cache};
     int rc = ref_values_init(g, &c->m->weights, &rv, err);
-    for (int t = 1; !rc && t < c->o->max_new_tokens && !all_done(c); t++) {
+    for (int t = 1; !rc && t < c->o->max_new_tokens && !gen_state_all_done(&c->st); t++) {
         for (int b = 0; b < c->p->batch; b++) {
-            rv.data[c->dec.ids][b] = (float)last_token(c, b);
+            rv.data[c->dec.ids][b] = (float)gen_state_last(&c->st, b);
             /* an ended sequence stays at its last position (its tokens are dropped) */
-            rv.data[c->dec.positions][b] = (float)(c->len[b] - 1);
+            rv.data[c->dec.positions][b] = (float)(c->st.len[b] - 1);
         }
         rc = rerun(g, &rv, &h, err);
         for (int b = 0; !rc && b < c->p->batch; b++)
-            emit(c, b, t, rv.data[g->output] + (size_t)b * c->r->vocab);
+            gen_state_emit(&c->st, b, t, rv.data[g->output] + (size_t)b * c->r->vocab);
         c->r->steps++;
     }
     ref_values_free(&rv);
@@ -309,21 +211,21 @@ static int decode_steps(cpu_run *c, stof_error *err) {
 int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
                 int keep_logits, gen_result *r, stof_error *err) {
     memset(r, 0, sizeof *r);
-    cpu_run c = {.m = m, .p = p, .o = o, .r = r, .keep_logits = keep_logits};
+    cpu_run c = {.m = m, .p = p, .o = o, .r = r};
     const graph *ctx = m->context;
-    int64_t need = (int64_t)longest(p) + o->max_new_tokens - 1;
+    int64_t need = (int64_t)gen_longest(p) + o->max_new_tokens - 1;
     int64_t vocab = ctx->output >= 0 ? ctx->tensors[ctx->output].shape[2] : 0;
     int rc = gen_check_logits(ctx, err);
     if (!rc)
-        rc = check_prompts(p, vocab, err);
+        rc = gen_check_prompts(p, vocab, err);
     if (!rc)
         rc = gen_options_check(o, vocab, err);
     if (!rc)
         rc = check_graph(ctx, "context", p, need, o->recompute, err);
     if (!rc && !o->recompute)
-        rc = check_graph(m->prefill, "prefill", p, longest(p), -1, err);
+        rc = check_graph(m->prefill, "prefill", p, gen_longest(p), -1, err);
     if (!rc)
-        rc = run_alloc(&c, vocab, err);
+        rc = gen_state_init(&c.st, p, o, vocab, keep_logits, r, err);
     if (!rc && o->recompute)
         rc = recompute_all(&c, err);
     else if (!rc)

@@ -84,6 +84,16 @@ static int derive_mask(derive *x, int id, int *out, stof_error *err) {
     return rc;
 }
 
+/* Layer l's K (kv 0) or V cache: a weight of zeros the steps write, [B, cap, KVH, D]. */
+static int add_cache(derive *x, const gen_layer *l, stof_dtype dtype, int kv, int *id,
+                     stof_error *err) {
+    graph_tensor t = {.role = GRAPH_WEIGHT, .dtype = dtype, .ndim = 4,
+                      .shape = {x->batch, l->cap, l->kv_heads, l->head_dim}, .producer = -1,
+                      .init = GRAPH_INIT_ZEROS, .constant = 1};
+    snprintf(t.name, sizeof t.name, "kv_cache.%d.%s", x->d->n_layers, kv ? "v" : "k");
+    return graph_add_tensor(&x->d->g, &t, id, err);
+}
+
 static int derive_attention(derive *x, int i, graph_op *op, stof_error *err) {
     op_attention *a = &op->attr.attn;
     if (a->cross || a->relpos || !a->causal)
@@ -96,14 +106,18 @@ static int derive_attention(derive *x, int i, graph_op *op, stof_error *err) {
         return rc;
     a->decode = 1;
     a->padded = 0;
-    op->inputs[1] = x->d->positions;
-    op->n_inputs = 2;
-    gen_layer *l = &x->d->layers[x->d->n_layers++];
+    gen_layer *l = &x->d->layers[x->d->n_layers];
     *l = (gen_layer){.op = x->d->g.n_ops, .source_op = i, .heads = a->heads,
                      .kv_heads = op_attention_kv_heads(a), .head_dim = a->head_dim,
                      .mask = a->mask >= 0 ? x->d->g.masks[a->mask] : NULL};
     l->cap = ops_kv_cache_span(l->mask, x->d->context);
-    return STOF_OK;
+    op->inputs[1] = x->d->positions;
+    op->n_inputs = 2;
+    for (int kv = 0; kv < 2 && !rc; kv++)
+        rc = add_cache(x, l, x->d->g.tensors[op->inputs[0]].dtype, kv, &op->inputs[op->n_inputs++],
+                       err);
+    x->d->n_layers++;
+    return rc;
 }
 
 /* Op i of the source on one token. */

@@ -116,7 +116,8 @@ typedef struct op_attention {
     int relpos_bidirectional;
     int padded;         /* 1 when the attention_mask input is present (input 1) */
     int kv_heads;       /* K/V heads (KVH), dividing heads; 0: heads (no grouping) */
-    /* A decode step (self-attention, causal): inputs {qkv [B, 1, W], positions [B, 1] int32};
+    /* A decode step (self-attention, causal): inputs {qkv [B, 1, W], positions [B, 1] int32,
+     * k_cache, v_cache [B, slots, KVH, D] (the layer's KV cache, a weight the step writes)};
      * the token of batch b sits at position p = positions[b], its K and V go to the KV cache,
      * and it attends the cached keys j <= p that row p of the mask (context x context)
      * allows. Run with its cache (ops_attention_decode_ref), not by the op table. */

@@ -1,0 +1,107 @@
+/* The sequences of one generation as it goes: see gen_state.h. */
+#include "core/gen/gen_state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+
+void gen_result_free(gen_result *r) {
+    free(r->tokens);
+    free(r->n_new);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+int gen_longest(const gen_prompts *p) {
+    int most = 0;
+    for (int b = 0; b < p->batch; b++)
+        most = p->len[b] > most ? p->len[b] : most;
+    return most;
+}
+
+int gen_check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err) {
+    if (p->batch < 1 || !p->ids || !p->len)
+        return err_set(err, STOF_ERR_INVALID, "no prompts given");
+    for (int b = 0; b < p->batch; b++) {
+        if (p->len[b] < 1 || p->len[b] > p->stride)
+            return err_set(err, STOF_ERR_INVALID, "prompt %d has %d tokens (1 to %d)", b,
+                           p->len[b], p->stride);
+        for (int s = 0; s < p->len[b]; s++) {
+            int32_t id = p->ids[(size_t)b * p->stride + s];
+            if (id < 0 || id >= vocab)
+                return err_set(err, STOF_ERR_INVALID, "prompt %d: token %d at %d is outside "
+                               "the vocabulary [0, %lld)", b, id, s, (long long)vocab);
+        }
+    }
+    return STOF_OK;
+}
+
+int gen_state_init(gen_state *s, const gen_prompts *p, const gen_options *o, int64_t vocab,
+                   int keep_logits, gen_result *r, stof_error *err) {
+    memset(s, 0, sizeof *s);
+    s->p = p;
+    s->o = o;
+    s->r = r;
+    int B = p->batch, T = o->max_new_tokens;
+    r->batch = B;
+    r->max_new = T;
+    r->vocab = vocab;
+    r->tokens = err_malloc(sizeof *r->tokens * (size_t)B * (size_t)T, err);
+    r->n_new = err_calloc((size_t)B, sizeof *r->n_new, err);
+    r->logits = keep_logits ? err_calloc((size_t)T * (size_t)B * (size_t)vocab,
+                                         sizeof *r->logits, err)
+                            : NULL;
+    s->len = err_malloc(sizeof *s->len * (size_t)B, err);
+    s->done = err_calloc((size_t)B, sizeof *s->done, err);
+    s->scratch = err_malloc(sizeof *s->scratch * 2 * (size_t)vocab, err);
+    s->order = err_malloc(sizeof *s->order * 2 * (size_t)vocab, err);
+    if (!r->tokens || !r->n_new || (keep_logits && !r->logits) || !s->len || !s->done ||
+        !s->scratch || !s->order)
+        return STOF_ERR_NOMEM;
+    for (size_t k = 0; k < (size_t)B * (size_t)T; k++)
+        r->tokens[k] = -1;
+    for (int b = 0; b < B; b++)
+        s->len[b] = p->len[b];
+    return STOF_OK;
+}
+
+void gen_state_free(gen_state *s) {
+    free(s->len);
+    free(s->done);
+    free(s->scratch);
+    free(s->order);
+    memset(s, 0, sizeof *s);
+}
+
+int gen_state_all_done(const gen_state *s) {
+    for (int b = 0; b < s->p->batch; b++)
+        if (!s->done[b])
+            return 0;
+    return 1;
+}
+
+void gen_state_emit(gen_state *s, int b, int t, const float *row) {
+    if (s->done[b])
+        return;
+    int64_t V = s->r->vocab;
+    int32_t tok = gen_sample(s->o, row, V, b, t, s->scratch, s->order);
+    s->r->tokens[(size_t)b * s->o->max_new_tokens + t] = tok;
+    s->r->n_new[b]++;
+    s->len[b]++;
+    if (s->r->logits)
+        memcpy(s->r->logits + ((size_t)t * s->p->batch + b) * V, row, sizeof *row * (size_t)V);
+    for (int k = 0; k < s->o->n_stop; k++)
+        s->done[b] |= tok == s->o->stop[k];
+    s->done[b] |= s->r->n_new[b] == s->o->max_new_tokens;
+}
+
+int32_t gen_state_token(const gen_state *s, int b, int64_t i) {
+    int n_prompt = s->p->len[b];
+    return i < n_prompt ? s->p->ids[(size_t)b * s->p->stride + i]
+                        : s->r->tokens[(size_t)b * s->o->max_new_tokens + (i - n_prompt)];
+}
+
+int32_t gen_state_last(const gen_state *s, int b) {
+    return gen_state_token(s, b, s->len[b] - 1);
+}

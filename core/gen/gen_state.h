@@ -1,0 +1,36 @@
+/* The sequences of one generation as it goes, shared by the CPU and GPU loops: each
+ * sequence's tokens so far, which ended, and the result they fill (gen.h). Internal to
+ * core/gen. */
+#ifndef STOF_CORE_GEN_STATE_H
+#define STOF_CORE_GEN_STATE_H
+
+#include "core/gen/gen.h"
+
+typedef struct gen_state {
+    const gen_prompts *p;
+    const gen_options *o;
+    gen_result *r;
+    int64_t *len;        /* [batch] tokens so far: prompt and new */
+    int *done;           /* [batch] */
+    float *scratch;      /* gen_sample's */
+    int32_t *order;
+} gen_state;
+
+/* The result's arrays (logits kept when keep_logits) and the state's. */
+int gen_state_init(gen_state *s, const gen_prompts *p, const gen_options *o, int64_t vocab,
+                   int keep_logits, gen_result *r, stof_error *err);
+void gen_state_free(gen_state *s);
+
+int gen_state_all_done(const gen_state *s);
+/* The token of sequence b at step t from its row of logits (nothing once it ended). */
+void gen_state_emit(gen_state *s, int b, int t, const float *row);
+/* Token i of sequence b so far (prompt, then new), i < len[b]; its newest. */
+int32_t gen_state_token(const gen_state *s, int b, int64_t i);
+int32_t gen_state_last(const gen_state *s, int b);
+
+/* Checks of the prompts (lengths, ids in the vocabulary). */
+int gen_check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err);
+/* The longest prompt. */
+int gen_longest(const gen_prompts *p);
+
+#endif

@@ -1,7 +1,8 @@
 """Parity of decoders from Hugging Face model directories: logits and generated tokens.
 
 For gpt2, gpt_neo (local layers of a 32-token window at seq 128), mistral (grouped-query
-attention, 8 query / 2 K/V heads, a sliding window of 48 at seq 128) and llama (4 query / 1 K/V
+attention, 8 query / 2 K/V heads, a sliding window of 24 at seq 128: a generation's cache ring
+wraps) and llama (4 query / 1 K/V
 head, tied head): builds the *ForCausalLM model from a small config (random, seeded; vocabulary
 1003, so the head's width is not a multiple of 8), saves it with `save_pretrained` (safetensors,
 fp16), and checks
@@ -9,10 +10,12 @@ fp16), and checks
   - logits: `stof run DIR` (the default scheme on the GPU, fp16) on random ids, full and right
     padded (an `attention_mask`, lengths 25-100%), against transformers in fp32 on the same
     fp16-rounded weights: real tokens compared, padded positions exact zeros;
-  - generation: `stof generate --cpu DIR` (the fp32 CPU reference with its KV cache; ragged
-    prompts of 16, 9 and 5 tokens, 32 new tokens, greedy) against transformers' greedy
+  - generation: `stof generate --cpu DIR` (the fp32 CPU reference with its KV cache) and
+    `stof generate DIR` (the GPU in fp16, the prompts fed through the decode step), ragged
+    prompts of 16, 9 and 5 tokens, 32 new tokens, greedy, against transformers' greedy
     `generate` on each prompt: the tokens must be identical wherever transformers' own margin
-    between its best and second-best logit is above 1e-4 (else the row says where the tie was).
+    between its best and second-best logit is above 1e-4 (CPU) or 2e-2 (GPU, fp16 logits); else
+    the row says where the tie was.
 
 Pass: logits relative error ||stof - ref|| / ||ref|| < 1e-2, no non-finite value; tokens as
 above.
@@ -32,6 +35,7 @@ from stof_cli import log  # noqa: E402
 
 TOL = 1e-2
 MARGIN = 1e-4
+GPU_MARGIN = 2e-2
 VOCAB = 1003
 PROMPTS = (16, 9, 5)
 
@@ -53,7 +57,7 @@ def hf_model(arch, max_seq, seed):
     elif arch == "mistral":
         cfg = tr.MistralConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                                num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-                               sliding_window=48, tie_word_embeddings=False, **common)
+                               sliding_window=24, tie_word_embeddings=False, **common)
         cls = tr.MistralForCausalLM
     else:
         cfg = tr.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=3,
@@ -113,12 +117,16 @@ def first_divergence(ours, theirs, scores):
     return None, None
 
 
-def generation_row(args, stof, arch, d, model, cfg, work, rows):
+def generation_row(args, stof, arch, d, model, cfg, work, rows, gpu=False):
     import torch
     g = torch.Generator().manual_seed(21)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in PROMPTS]
-    row = {"arch": arch, "run": f"generate --cpu, greedy {args.new} tokens"}
-    cmd = [stof, "generate", "--cpu", d, "--max-new-tokens", str(args.new), "--ignore-eos"]
+    where = "GPU fp16" if gpu else "--cpu"
+    row = {"arch": arch, "run": f"generate {where}, greedy {args.new} tokens"}
+    # fp16 logits carry ~1e-3 of error: closer margins than that are ties for the GPU run
+    margin_tol = GPU_MARGIN if gpu else MARGIN
+    cmd = [stof, "generate"] + ([] if gpu else ["--cpu"]) + [d, "--max-new-tokens",
+                                                             str(args.new), "--ignore-eos"]
     for p in prompts:
         cmd += ["--prompt", ",".join(map(str, p))]
     try:
@@ -138,7 +146,7 @@ def generation_row(args, stof, arch, d, model, cfg, work, rows):
             t, margin = first_divergence(ours[k] if k < len(ours) else [], theirs, scores)
             if t is None and k < len(ours) and len(ours[k]) == len(theirs):
                 notes.append(f"{len(theirs)}/{len(theirs)} same")
-            elif t is not None and margin < MARGIN:
+            elif t is not None and margin < margin_tol:
                 notes.append(f"same up to {t}, then a tie (margin {margin:.1e})")
             else:
                 ok = False
@@ -172,6 +180,7 @@ def main():
         model.save_pretrained(d, safe_serialization=True)
         logits_rows(args, stof, arch, d, model, args.work_dir, rows)
         generation_row(args, stof, arch, d, model, cfg, args.work_dir, rows)
+        generation_row(args, stof, arch, d, model, cfg, args.work_dir, rows, gpu=True)
     head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; checkpoints in fp16, vocabulary {VOCAB}; logits: batch "

@@ -282,7 +282,10 @@ if(NOT gen_sampled_once STREQUAL last_output)
     math(EXPR failures "${failures} + 1")
   endif()
 endif()
-expect(gen_no_cpu 1 "add --cpu" generate scripts/gpt2.lua --prompt 1)
+expect(gen_no_gpu 1 "no GPU .*--cpu runs the generation on the CPU reference"
+       generate scripts/gpt2.lua --prompt 1)
+expect(gen_recompute_gpu 1 "--recompute is the CPU reference.s" generate scripts/gpt2.lua
+       --prompt 1 --recompute)
 expect(gen_no_prompt 1 "needs prompts" ${gen})
 expect(gen_bad_id 1 "--prompt 1: 'x' is not a token id" ${gen} --prompt "1,x")
 file(WRITE ${WORK}/prompts.bad "1 2\n4 -3\n")

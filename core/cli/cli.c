@@ -72,7 +72,7 @@ static const struct {
      "                                     the attention kernel the analytical model picks\n"
      "                                     (paper Eq. 1, 2) and its score table\n"},
     {"generate",
-     "  stof generate --cpu SCRIPT|DIR [--set k=v ...] (--prompt \"1,2,3\" ... | --prompt-ids\n"
+     "  stof generate [--cpu] SCRIPT|DIR [--set k=v ...] (--prompt \"1,2,3\" ... | --prompt-ids\n"
      "           FILE) [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
      "           [--seed N] [--stop ID ...] [--ignore-eos] [--recompute] [--weights FILE]\n"
      "                                     generate text token ids with a decoder (its\n"
@@ -85,8 +85,9 @@ static const struct {
      "                                     --prompt-ids: a prompt a line, ids separated by\n"
      "                                     commas or spaces. --recompute: no cache, the\n"
      "                                     whole pass again for every token (the ground\n"
-     "                                     truth). --cpu: the fp32 CPU reference (the GPU\n"
-     "                                     decode step is not built yet)\n"},
+     "                                     truth, --cpu only). On the GPU (fp16, bf16) the\n"
+     "                                     prompts go through the decode step token by\n"
+     "                                     token; --cpu: the fp32 CPU reference\n"},
     {"version", "  stof version                       stof's version and commit\n"},
 };
 #define N_HELPS ((int)(sizeof helps / sizeof helps[0]))

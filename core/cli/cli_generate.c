@@ -179,7 +179,7 @@ static void print_stop(const gen_options *o) {
 }
 
 static void print_result(const prompts *p, const gen_options *o, const gen_result *r,
-                         double seconds) {
+                         double seconds, const char *where) {
     printf("generate: %d sequence%s, %s", p->batch, p->batch == 1 ? "" : "s",
            o->temperature == 0.0f ? "greedy" : "sampled");
     if (o->temperature != 0.0f)
@@ -198,17 +198,19 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
         printf("\n");
         total += r->n_new[b];
     }
-    printf("CPU reference (fp32): %d forward passes, %d new tokens in %.2f s (%.1f tokens/s)",
-           r->steps, total, seconds, seconds > 0 ? total / seconds : 0.0);
+    printf("%s: %d forward passes, %d new tokens in %.3f s (%.1f tokens/s, %.2f ms a pass)",
+           where, r->steps, total, seconds, seconds > 0 ? total / seconds : 0.0,
+           r->steps ? 1e3 * seconds / r->steps : 0.0);
     if (o->recompute)
         printf(", no cache: the whole pass for every token\n");
     else
         printf(", KV cache %.1f KiB\n", (double)r->cache_bytes / 1024.0);
 }
 
-/* prefill: the model at the prompts' batch and longest length, as loaded. */
+/* prefill: the model at the prompts' batch and longest length, as loaded; ctx: the GPU, or
+ * NULL for the CPU reference. */
 static int generate(const cli_args *a, const graph_script *info, const prompts *p,
-                    const graph *prefill, const cli_values *v) {
+                    const graph *prefill, const cli_values *v, exec_ctx *ctx) {
     gen_options o = options_of(a, info->model_dir);
     graph context;
     if (rebuild(info, p->batch, p->stride + o.max_new_tokens - 1, &context))
@@ -220,27 +222,52 @@ static int generate(const cli_args *a, const graph_script *info, const prompts *
     stof_error err = {0};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int rc = gen_run_cpu(&m, &gp, &o, 0, &r, &err);
+    int rc = ctx ? gen_run_gpu(&m, ctx, &gp, &o, 0, &r, &err)
+                 : gen_run_cpu(&m, &gp, &o, 0, &r, &err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    char where[300];
+    if (ctx)
+        snprintf(where, sizeof where, "GPU %.200s (%s, prompts fed through the decode step)",
+                 exec_ctx_device(ctx)->name,
+                 stof_dtype_name(prefill->tensors[prefill->output].dtype));
+    else
+        snprintf(where, sizeof where, "CPU reference (fp32)");
     if (rc)
         fprintf(stderr, "stof: %s\n", err.msg);
     else
         print_result(p, &o, &r, (double)(t1.tv_sec - t0.tv_sec) +
-                                    (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+                                    (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, where);
     gen_result_free(&r);
     graph_free(&context);
     return rc != 0;
 }
 
+/* The GPU, or NULL with the reason said. */
+static exec_ctx *open_gpu(void) {
+    exec_ctx *ctx = NULL;
+    stof_error err = {0};
+    int rc = exec_ctx_create(0, &ctx, &err);
+    if (rc == STOF_ERR_NO_DEVICE)
+        fprintf(stderr, "stof: no GPU (%s): --cpu runs the generation on the CPU reference\n",
+                err.msg);
+    else if (rc)
+        fprintf(stderr, "stof: %s\n", err.msg);
+    return rc ? NULL : ctx;
+}
+
 int cli_cmd_generate(const cli_args *a) {
-    if (!a->cpu) {
-        fprintf(stderr, "stof: generate runs on the CPU reference for now: add --cpu (the GPU "
-                "decode step is not built yet)\n");
+    if (a->recompute && !a->cpu) {
+        fprintf(stderr, "stof: --recompute is the CPU reference's (add --cpu)\n");
         return 1;
     }
     prompts p;
     if (read_prompts(a, &p))
         return 1;
+    exec_ctx *ctx = NULL;
+    if (!a->cpu && !(ctx = open_gpu())) {
+        prompts_free(&p);
+        return 1;
+    }
     /* the model as given, at the prompts' shape: the prefill */
     cli_args at = *a;
     char batch[32], seq[32];
@@ -257,11 +284,12 @@ int cli_cmd_generate(const cli_args *a) {
     cli_values v;
     if (!rc && !(rc = cli_load_graph(&at, &prefill, &info))) {
         if (!(rc = cli_values_open(a, &prefill, info.model_dir, &v))) {
-            rc = generate(a, &info, &p, &prefill, &v);
+            rc = generate(a, &info, &p, &prefill, &v, ctx);
             cli_values_close(&v);
         }
         graph_free(&prefill);
     }
+    exec_ctx_free(ctx);
     prompts_free(&p);
     return rc;
 }

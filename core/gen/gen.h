@@ -11,7 +11,9 @@
  *   gen_run_cpu   the whole generation on the CPU reference: the ground
  *                 truth, and what a machine without a GPU can do. With
  *                 recompute, every token re-runs the whole forward pass with
- *                 no cache: what the cached run must agree with.
+ *                 no cache: what the cached run must agree with;
+ *   gen_run_gpu   the decode steps on the GPU executor, the caches on the
+ *                 device.
  *
  * The model's graphs come from the caller (the script built at the prompts'
  * and at the context's length: core/lua is above this room). Prompts are
@@ -22,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/exec/exec.h"
 #include "core/graph/graph.h"
 #include "core/io/weights.h"
 #include "ops/kv_cache.h"
@@ -112,6 +115,14 @@ typedef struct gen_model {
 
 /* Generates for every prompt; keep_logits fills r->logits. */
 int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
+                int keep_logits, gen_result *r, stof_error *err);
+
+/* ---- the GPU ----------------------------------------------------------------------------- */
+
+/* The same on the GPU of ctx: the decode step on the executor, its caches on the device; the
+ * prompts go through the decode step token by token (m->prefill is not used yet). The model
+ * runs in fp16 or bf16; tokens are drawn on the host as gen_run_cpu draws them. */
+int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,
                 int keep_logits, gen_result *r, stof_error *err);
 
 #endif

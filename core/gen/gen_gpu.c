@@ -1,0 +1,183 @@
+/* Generation on the GPU (gen.h): the decode step's graph on the executor (the default
+ * scheme's kernels, one CUDA graph replayed a step), each attention against its KV cache,
+ * which lives on the device as a weight of the step that its kernel writes.
+ *
+ * The prompts go through the decode step token by token: every step feeds each sequence its
+ * next token -- a prompt's, or the one it just generated -- at its position, and a sequence
+ * whose prompt is all in draws its next token from that step's logits (on the host, with
+ * gen_sample: the same draws as the CPU reference). The prefill pass does not write the
+ * caches yet, so a prompt of n tokens costs n steps. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "core/base/util.h"
+#include "core/exec/exec.h"
+#include "core/gen/gen.h"
+#include "core/gen/gen_state.h"
+#include "core/gpu/cuda_driver.h"
+
+typedef struct gpu_run {
+    const gen_model *m;
+    const gen_prompts *p;
+    const gen_options *o;
+    gen_result *r;
+    gen_state st;
+    gen_decoder dec;
+    exec_ctx *ctx;
+    exec_plan *plan;
+    exec_model *xm;
+    stof_dtype dtype;
+    const cuda_driver *drv;
+    CUdeviceptr d_ids, d_pos, d_out;
+    int32_t *ids, *pos;     /* [batch] a step's inputs */
+    int64_t *fed;           /* [batch] tokens each sequence has in its cache */
+    uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
+    float *row;             /* [vocab] */
+} gpu_run;
+
+static int alloc_host(gpu_run *g, stof_error *err) {
+    size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
+    g->ids = err_malloc(sizeof *g->ids * B, err);
+    g->pos = err_malloc(sizeof *g->pos * B, err);
+    g->fed = err_calloc(B, sizeof *g->fed, err);
+    g->raw = err_malloc(sizeof *g->raw * B * V, err);
+    g->row = err_malloc(sizeof *g->row * V, err);
+    return g->ids && g->pos && g->fed && g->raw && g->row ? STOF_OK : STOF_ERR_NOMEM;
+}
+
+static int alloc_device(gpu_run *g, stof_error *err) {
+    size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
+    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_ids, 4 * B), "cuMemAlloc(ids)", err);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_pos, 4 * B), "cuMemAlloc(positions)",
+                        err);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
+                        err);
+    return rc;
+}
+
+/* The decode step on the executor, its caches' bytes counted. */
+static int prepare(gpu_run *g, stof_error *err) {
+    int rc = gen_decoder_build(g->m->context, &g->dec, err);
+    if (!rc)
+        rc = exec_model_dtype(&g->dec.g, &g->dtype, err);
+    if (!rc && g->dtype != STOF_F16 && g->dtype != STOF_BF16)
+        rc = err_set(err, STOF_ERR_UNSUPPORTED, "generation on the GPU runs fp16 or bf16 models, "
+                     "not %s (the CPU reference runs fp32)", stof_dtype_name(g->dtype));
+    if (!rc)
+        rc = exec_plan_default(&g->dec.g, &g->plan, err);
+    if (!rc)
+        rc = exec_model_create(g->ctx, g->plan, &g->m->weights, &g->xm, err);
+    for (int l = 0; !rc && l < g->dec.n_layers; l++) {
+        const gen_layer *ly = &g->dec.layers[l];
+        g->r->cache_bytes += 2 * stof_dtype_size(g->dtype) * (size_t)g->p->batch *
+                             (size_t)ly->cap * (size_t)ly->kv_heads * (size_t)ly->head_dim;
+    }
+    return rc;
+}
+
+/* The step's inputs: each sequence's next token at its position; an ended one repeats its
+ * last (rewriting its own cache slot with the same values). */
+static void step_inputs(gpu_run *g) {
+    for (int b = 0; b < g->p->batch; b++) {
+        int64_t at = g->st.done[b] ? g->fed[b] - 1 : g->fed[b];
+        g->ids[b] = gen_state_token(&g->st, b, at);
+        g->pos[b] = (int32_t)at;
+    }
+}
+
+static int run_step(gpu_run *g, stof_error *err) {
+    size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
+    exec_io in[2] = {{g->dec.ids, g->d_ids}, {g->dec.positions, g->d_pos}};
+    int rc = cuda_check(g->drv, g->drv->MemcpyHtoD(g->d_ids, g->ids, 4 * B), "cuMemcpyHtoD(ids)",
+                        err);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->MemcpyHtoD(g->d_pos, g->pos, 4 * B),
+                        "cuMemcpyHtoD(positions)", err);
+    if (!rc)
+        rc = exec_model_run_io(g->xm, in, 2, g->d_out, NULL, err);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->MemcpyDtoH(g->raw, g->d_out, 2 * B * V),
+                        "cuMemcpyDtoH(logits)", err);
+    g->r->steps++;
+    return rc;
+}
+
+/* After a step: a sequence whose fed token was its last known one draws the next. */
+static void take_step(gpu_run *g) {
+    size_t V = (size_t)g->r->vocab;
+    for (int b = 0; b < g->p->batch; b++) {
+        if (g->st.done[b])
+            continue;
+        if (++g->fed[b] < g->st.len[b])
+            continue; /* still feeding its prompt */
+        const uint16_t *raw = g->raw + (size_t)b * V;
+        for (size_t v = 0; v < V; v++)
+            g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v])
+                                              : util_f16_to_f32(raw[v]);
+        gen_state_emit(&g->st, b, g->r->n_new[b], g->row);
+    }
+}
+
+static void run_free(gpu_run *g) {
+    if (g->drv) {
+        if (g->d_ids)
+            g->drv->MemFree(g->d_ids);
+        if (g->d_pos)
+            g->drv->MemFree(g->d_pos);
+        if (g->d_out)
+            g->drv->MemFree(g->d_out);
+    }
+    exec_model_free(g->xm);
+    exec_plan_free(g->plan);
+    gen_decoder_free(&g->dec);
+    gen_state_free(&g->st);
+    free(g->ids);
+    free(g->pos);
+    free(g->fed);
+    free(g->raw);
+    free(g->row);
+}
+
+int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,
+                int keep_logits, gen_result *r, stof_error *err) {
+    memset(r, 0, sizeof *r);
+    gpu_run g = {.m = m, .p = p, .o = o, .r = r, .ctx = ctx, .drv = exec_ctx_driver(ctx)};
+    const graph *cg = m->context;
+    int rc = gen_check_logits(cg, err);
+    int64_t vocab = rc ? 0 : cg->tensors[cg->output].shape[2];
+    int64_t need = (int64_t)gen_longest(p) + o->max_new_tokens - 1;
+    if (!rc)
+        rc = gen_check_prompts(p, vocab, err);
+    if (!rc)
+        rc = gen_options_check(o, vocab, err);
+    if (!rc && o->recompute)
+        rc = err_set(err, STOF_ERR_UNSUPPORTED, "recompute is the CPU reference's");
+    if (!rc && (cg->tensors[cg->output].shape[0] != p->batch ||
+                cg->tensors[cg->output].shape[1] < need))
+        rc = err_set(err, STOF_ERR_INVALID, "the context graph is built for %lld sequences of "
+                     "%lld tokens, not %d of up to %lld", (long long)cg->tensors[cg->output].shape[0],
+                     (long long)cg->tensors[cg->output].shape[1], p->batch, (long long)need);
+    if (!rc)
+        rc = gen_state_init(&g.st, p, o, vocab, keep_logits, r, err);
+    if (!rc)
+        rc = alloc_host(&g, err);
+    if (!rc)
+        rc = exec_ctx_make_current(ctx, err);
+    if (!rc)
+        rc = prepare(&g, err);
+    if (!rc)
+        rc = alloc_device(&g, err);
+    while (!rc && !gen_state_all_done(&g.st)) {
+        step_inputs(&g);
+        rc = run_step(&g, err);
+        if (!rc)
+            take_step(&g);
+    }
+    run_free(&g);
+    if (rc)
+        gen_result_free(r);
+    return rc;
+}

@@ -137,6 +137,7 @@ __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], 
 
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode(const __grid_constant__ stof_decode_args a) {
+    stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
     __shared__ decode_smem sm;
     const int kvh = blockIdx.x, b = blockIdx.y, z = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -255,6 +256,7 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
 // Merges the splits of (head, sequence) = (blockIdx.x, blockIdx.y) into O.
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode_combine(const __grid_constant__ stof_decode_args a) {
+    stof::grid_dependency_begin();
     const int h = blockIdx.x, b = blockIdx.y;
     const long long base = ((long long)b * a.heads + h) * a.splits;
     float m = STOF_NEG_INF;
@@ -297,6 +299,7 @@ __device__ __forceinline__ int prefill_length(const stof_decode_args &a, int b) 
 // cap positions of the sequence only (rows sharing a slot would race; the older is gone).
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_kv_cache_store(const __grid_constant__ stof_decode_args a) {
+    stof::grid_dependency_begin();
     const int s = blockIdx.x, b = blockIdx.y;
     const int len = prefill_length(a, b);
     if (s >= len || s < len - a.cap)

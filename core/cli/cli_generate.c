@@ -205,6 +205,10 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
         printf(", no cache: the whole pass for every token\n");
     else
         printf(", KV cache %.1f KiB\n", (double)r->cache_bytes / 1024.0);
+    if (r->steps_s > 0)
+        printf("GPU: setup %.2f s (kernels, weights); the steps %.3f s: %.3f ms a step, %.1f "
+               "new tokens/s\n", r->setup_s, r->steps_s, 1e3 * r->steps_s / r->steps,
+               total / r->steps_s);
 }
 
 /* prefill: the model at the prompts' batch and longest length, as loaded; ctx: the GPU, or

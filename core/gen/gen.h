@@ -63,6 +63,8 @@ typedef struct gen_result {
     int64_t vocab;
     size_t cache_bytes;   /* the KV cache's (0 when recomputing) */
     int steps;            /* forward passes run: the prefill and each decode step */
+    double setup_s;       /* GPU: the step's plan, kernels and weights made ready */
+    double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */
 } gen_result;
 
 void gen_result_free(gen_result *r);

@@ -58,6 +58,24 @@ static int alloc_device(gpu_run *g, stof_error *err) {
     return rc;
 }
 
+/* The default scheme cuts a step's GEMMs as a prefill's, into tiles made for thousands of
+ * rows; a step has one row a sequence, where cuBLASLt's own choice reads the weights with
+ * more blocks. Every GEMM segment cuBLASLt can run goes to it (the rest keep the default):
+ * until the step is tuned, the better default. */
+static int prefer_cublaslt(exec_plan *plan, const graph *g, stof_error *err) {
+    for (int s = 0; s < plan->n_segs; s++) {
+        const exec_segment *seg = &plan->segs[s];
+        stof_error why = {0};
+        if (seg->tmpl != FUSION_T_GEMM_EPILOGUE ||
+            exec_segment_supports(g, seg->first, seg->n, &seg->match, FUSION_T_CUBLASLT, &why))
+            continue;
+        int rc = exec_plan_set_choice(plan, s, FUSION_T_CUBLASLT, NULL, err);
+        if (rc)
+            return rc;
+    }
+    return STOF_OK;
+}
+
 /* The decode step on the executor, its caches' bytes counted. */
 static int prepare(gpu_run *g, stof_error *err) {
     int rc = gen_decoder_build(g->m->context, &g->dec, err);
@@ -68,6 +86,8 @@ static int prepare(gpu_run *g, stof_error *err) {
                      "not %s (the CPU reference runs fp32)", stof_dtype_name(g->dtype));
     if (!rc)
         rc = exec_plan_default(&g->dec.g, &g->plan, err);
+    if (!rc)
+        rc = prefer_cublaslt(g->plan, &g->dec.g, err);
     if (!rc)
         rc = exec_model_create(g->ctx, g->plan, &g->m->weights, &g->xm, err);
     for (int l = 0; !rc && l < g->dec.n_layers; l++) {
@@ -164,18 +184,22 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
         rc = gen_state_init(&g.st, p, o, vocab, keep_logits, r, err);
     if (!rc)
         rc = alloc_host(&g, err);
+    double t_setup = util_now();
     if (!rc)
         rc = exec_ctx_make_current(ctx, err);
     if (!rc)
         rc = prepare(&g, err);
     if (!rc)
         rc = alloc_device(&g, err);
+    r->setup_s = util_now() - t_setup;
+    double t0 = util_now();
     while (!rc && !gen_state_all_done(&g.st)) {
         step_inputs(&g);
         rc = run_step(&g, err);
         if (!rc)
             take_step(&g);
     }
+    r->steps_s = util_now() - t0;
     run_free(&g);
     if (rc)
         gen_result_free(r);

@@ -1,0 +1,153 @@
+"""Decode speed: `stof generate` beside transformers' `generate`, in one run.
+
+For each model (random weights, seeded, fp16; saved once as a model directory) and each batch:
+prompts of --prompt random tokens, --new greedy tokens (no end-of-sequence stop), timed as
+
+  - transformers `generate` with its static cache (which compiles the forward by itself), after
+    a warm-up call of the same shape: the time a new token costs, (t(new tokens) - t(1 token))
+    / (new - 1);
+  - `stof generate DIR` on the GPU: the time a decode step costs as it reports it (setup apart;
+    the prompts go through the decode step too, so every step is one token a sequence).
+
+It also gives the time to read the weights once at the GPU's bandwidth (--bandwidth GB/s) and
+the live KV cache (the weights bound every step's time at batch 1). Speed is a benchmark: the
+table, not a pass or fail.
+
+    python3 bench/hf_generate.py [--stof build/stof] [--models gpt2,mistral-1b] [--batches 1,8,64]
+           [--prompt 128] [--new 64] [--out bench/out/hf_generate.md]
+"""
+import argparse
+import datetime
+import os
+import re
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stof_cli as sc  # noqa: E402
+from stof_cli import log  # noqa: E402
+
+
+def config(name, max_pos):
+    import transformers as tr
+    if name == "gpt2":  # 124M
+        return tr.GPT2Config(n_positions=max(1024, max_pos)), tr.GPT2LMHeadModel
+    if name == "gpt2-large":  # 774M
+        return tr.GPT2Config(n_embd=1280, n_layer=36, n_head=20,
+                             n_positions=max(1024, max_pos)), tr.GPT2LMHeadModel
+    # Mistral-shaped 1B: 16 layers, 2048 wide, 32 query / 8 K/V heads, a window of 4096
+    return tr.MistralConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                            vocab_size=32000, max_position_embeddings=max(8192, max_pos),
+                            sliding_window=4096, tie_word_embeddings=False), tr.MistralForCausalLM
+
+
+def weight_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def hf_token_ms(model, ids, new):
+    import torch
+    kw = dict(do_sample=False, cache_implementation="static", pad_token_id=0,
+              eos_token_id=None)
+
+    def run(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    run(new)  # warm-up: compiles for this shape
+    run(1)
+    one, full = run(1), run(new)
+    return 1e3 * (full - one) / (new - 1)
+
+
+def stof_step_ms(stof, d, ids, new, work, log_path):
+    path = os.path.join(work, "prompts.txt")
+    with open(path, "w") as f:
+        for row in ids.tolist():
+            f.write(",".join(map(str, row)) + "\n")
+    out, _ = sc.run_cmd([stof, "generate", d, "--prompt-ids", path, "--max-new-tokens",
+                         str(new), "--ignore-eos"], 900, log_path)
+    m = re.search(r"the steps [0-9.]+ s: ([0-9.]+) ms a step", out)
+    kv = re.search(r"KV cache ([0-9.]+) KiB", out)
+    if not m:
+        raise sc.CmdError("no step time in: " + out[-300:])
+    return float(m.group(1)), float(kv.group(1)) * 1024 if kv else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stof", default="build/stof")
+    ap.add_argument("--models", default="gpt2,mistral-1b")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--bandwidth", type=float, default=4800.0, help="GB/s of the GPU's memory")
+    ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_generate"))
+    ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_generate.md"))
+    args = ap.parse_args()
+    stof = sc.resolve_stof(args.stof)
+    import torch
+    import transformers
+    import torch_models as tm
+    os.makedirs(args.work_dir, exist_ok=True)
+    log_path = os.path.join(args.work_dir, "stof.log")
+    rows = []
+    for name in args.models.split(","):
+        cfg, cls = config(name, args.prompt + args.new)
+        torch.manual_seed(3)
+        model = cls(cfg)
+        tm.perturb_(model, 3)
+        model = model.eval().to(device="cuda", dtype=torch.float16)
+        d = os.path.join(args.work_dir, name)
+        shutil.rmtree(d, ignore_errors=True)
+        model.save_pretrained(d, safe_serialization=True)
+        wb = weight_bytes(model)
+        for b in map(int, args.batches.split(",")):
+            ids = sc.random_ids(cfg.vocab_size, b, args.prompt, seed=5)
+            row = {"model": name, "batch": b, "weights_ms": wb / (args.bandwidth * 1e6)}
+            try:
+                with torch.no_grad():
+                    row["hf"] = hf_token_ms(model, ids.cuda(), args.new)
+            except Exception as e:  # noqa: BLE001 -- the row says why
+                row["hf_note"] = str(e).splitlines()[0][:120]
+            try:
+                row["stof"], row["cache"] = stof_step_ms(stof, d, ids, args.new, args.work_dir,
+                                                         log_path)
+            except sc.CmdError as e:
+                row["stof_note"] = str(e)[:200]
+            rows.append(row)
+            log(f"  {name:10s} batch {b:3d}: " + ", ".join(
+                f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                if k not in ("model", "batch")))
+        del model
+        torch.cuda.empty_cache()
+    head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
+            f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
+            f"{transformers.__version__}; fp16, random weights; prompts of {args.prompt} tokens, "
+            f"{args.new} new tokens, greedy. transformers: `generate` with its static cache "
+            f"(compiled), per new token; stof: `stof generate` on the GPU, per decode step "
+            f"(the prompt goes through the step too). Weights read at {args.bandwidth:.0f} GB/s.")
+    lines = [head, "", "| model | batch | weights read (ms) | transformers (ms/token) | "
+             "stof (ms/step) | stof / weights | speedup | KV cache (MiB) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        hf = f"{r['hf']:.3f}" if "hf" in r else f"error: {r.get('hf_note')}"
+        st = f"{r['stof']:.3f}" if "stof" in r else f"error: {r.get('stof_note')}"
+        ratio = f"{r['stof'] / r['weights_ms']:.1f}x" if "stof" in r else ""
+        sp = f"{r['hf'] / r['stof']:.2f}x" if "hf" in r and "stof" in r else ""
+        kv = f"{r.get('cache', 0) / 2**20:.1f}"
+        lines.append(f"| {r['model']} | {r['batch']} | {r['weights_ms']:.3f} | {hf} | {st} | "
+                     f"{ratio} | {sp} | {kv} |")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    log("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,6 +34,8 @@ typedef struct gpu_run {
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
     float *row;             /* [vocab] */
+    float *f16;             /* fp16 bits -> float, all 65536 (fp16 models): a row of logits
+                               converts by lookup, not bit by bit */
 } gpu_run;
 
 static int alloc_host(gpu_run *g, stof_error *err) {
@@ -43,7 +45,10 @@ static int alloc_host(gpu_run *g, stof_error *err) {
     g->fed = err_calloc(B, sizeof *g->fed, err);
     g->raw = err_malloc(sizeof *g->raw * B * V, err);
     g->row = err_malloc(sizeof *g->row * V, err);
-    return g->ids && g->pos && g->fed && g->raw && g->row ? STOF_OK : STOF_ERR_NOMEM;
+    g->f16 = err_malloc(sizeof *g->f16 * 65536, err);
+    for (uint32_t h = 0; g->f16 && h < 65536; h++)
+        g->f16[h] = util_f16_to_f32((uint16_t)h);
+    return g->ids && g->pos && g->fed && g->raw && g->row && g->f16 ? STOF_OK : STOF_ERR_NOMEM;
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
@@ -135,8 +140,7 @@ static void take_step(gpu_run *g) {
             continue; /* still feeding its prompt */
         const uint16_t *raw = g->raw + (size_t)b * V;
         for (size_t v = 0; v < V; v++)
-            g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v])
-                                              : util_f16_to_f32(raw[v]);
+            g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : g->f16[raw[v]];
         gen_state_emit(&g->st, b, g->r->n_new[b], g->row);
     }
 }
@@ -159,6 +163,7 @@ static void run_free(gpu_run *g) {
     free(g->fed);
     free(g->raw);
     free(g->row);
+    free(g->f16);
 }
 
 int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,

@@ -155,8 +155,8 @@ STOF_API int stof_model_run_cpu(stof_model *m, const stof_tensor_ref *inputs, in
  * token against a KV cache sized by each layer's mask (a sliding window keeps its window).
  * Greedy when temperature is 0, else sampled (top_k, top_p) from a stream of (seed,
  * sequence, step): the same tokens on every run. A sequence ends at one of stop_tokens, or
- * at the config's eos_token_id when use_eos. Runs on the fp32 CPU reference (the GPU decode
- * step is not built yet). */
+ * at the config's eos_token_id when use_eos. On the fp32 CPU reference, or on the GPU
+ * (stof_model_generate). */
 typedef struct stof_generate_options {
     int max_new_tokens;          /* >= 1 */
     float temperature;           /* 0: greedy */
@@ -173,6 +173,13 @@ STOF_API int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompt
                                      const int *lens, int n,
                                      const stof_generate_options *options, int32_t *out_tokens,
                                      int *out_lens);
+/* The same on GPU `device` (an fp16 or bf16 model): the decode step on the executor, one
+ * CUDA graph a step, its KV caches on the device; the prompts go through the decode step
+ * token by token. The tokens are drawn as stof_model_generate_cpu draws them (recompute is
+ * the CPU's). */
+STOF_API int stof_model_generate(stof_model *m, int device, const int32_t *const *prompts,
+                                 const int *lens, int n, const stof_generate_options *options,
+                                 int32_t *out_tokens, int *out_lens);
 
 /* Prepares the model on GPU `device`: its plan (tuned or loaded), else the
  * default scheme; compiles the kernels and uploads the weights. The first

@@ -60,7 +60,8 @@ static int pack(const int32_t *const *prompts, const int *lens, int n, int32_t *
     return STOF_OK;
 }
 
-static int generate(stof_model *m, const gen_prompts *p, const gen_options *o,
+/* device < 0: the CPU reference. */
+static int generate(stof_model *m, int device, const gen_prompts *p, const gen_options *o,
                     int32_t *out_tokens, int *out_lens, stof_error *err) {
     graph prefill, context;
     int rc = rebuild(m, p->batch, p->stride, &prefill, err);
@@ -70,7 +71,8 @@ static int generate(stof_model *m, const gen_prompts *p, const gen_options *o,
         return rc;
     gen_model gm = {&prefill, &context, {.seed = m->seed, .weights = m->weights}};
     gen_result r;
-    rc = gen_run_cpu(&gm, p, o, 0, &r, err);
+    rc = device < 0 ? gen_run_cpu(&gm, p, o, 0, &r, err)
+                    : gen_run_gpu(&gm, m->ctx, p, o, 0, &r, err);
     if (!rc) {
         memcpy(out_tokens, r.tokens, sizeof *out_tokens * (size_t)p->batch * (size_t)r.max_new);
         memcpy(out_lens, r.n_new, sizeof *out_lens * (size_t)p->batch);
@@ -81,9 +83,9 @@ static int generate(stof_model *m, const gen_prompts *p, const gen_options *o,
     return rc;
 }
 
-int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompts, const int *lens,
-                            int n, const stof_generate_options *options, int32_t *out_tokens,
-                            int *out_lens) {
+static int generate_on(stof_model *m, int device, const int32_t *const *prompts,
+                       const int *lens, int n, const stof_generate_options *options,
+                       int32_t *out_tokens, int *out_lens) {
     stof_error err = {0};
     if (!m || !prompts || !lens || n < 1 || !options || !out_tokens || !out_lens)
         return api_remember(err_set(&err, STOF_ERR_INVALID, "generate: a model, 1 or more "
@@ -91,19 +93,38 @@ int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompts, const 
                                     "needed"), &err);
     int rc = api_check_weights(m, &err);
     if (!rc && m->bound)
-        rc = err_set(&err, STOF_ERR_INVALID, "the model's weights are on the GPU "
-                     "(stof_model_set_weights_device): the CPU reference reads host weights");
+        rc = err_set(&err, STOF_ERR_INVALID, "generation reads the weights from the host "
+                     "(a file, or stof_model_set_weights_memory), not from the caller's device "
+                     "pointers (stof_model_set_weights_device)");
     gen_options o;
     if (!rc)
         rc = options_of(m, options, &o, &err);
+    if (!rc && device >= 0)
+        rc = api_ensure_ctx(m, device, &err);
     int longest = 0;
     int32_t *ids = NULL;
     if (!rc)
         rc = pack(prompts, lens, n, &ids, &longest, &err);
     if (!rc) {
         gen_prompts p = {n, ids, longest, lens};
-        rc = generate(m, &p, &o, out_tokens, out_lens, &err);
+        rc = generate(m, device, &p, &o, out_tokens, out_lens, &err);
     }
     free(ids);
     return api_remember(rc, &err);
+}
+
+int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompts, const int *lens,
+                            int n, const stof_generate_options *options, int32_t *out_tokens,
+                            int *out_lens) {
+    return generate_on(m, -1, prompts, lens, n, options, out_tokens, out_lens);
+}
+
+int stof_model_generate(stof_model *m, int device, const int32_t *const *prompts,
+                        const int *lens, int n, const stof_generate_options *options,
+                        int32_t *out_tokens, int *out_lens) {
+    stof_error err = {0};
+    if (device < 0)
+        return api_remember(err_set(&err, STOF_ERR_INVALID, "generate: GPU %d (0 or more; "
+                                    "stof_model_generate_cpu runs on the CPU)", device), &err);
+    return generate_on(m, device, prompts, lens, n, options, out_tokens, out_lens);
 }

@@ -36,6 +36,10 @@ struct stof_model {
  * for explicitly): never on weights drawn at random unasked. */
 int api_check_weights(const stof_model *m, stof_error *err);
 
+/* The model's GPU context, on `device`: made once; another device later is an error rather
+ * than a silent change. */
+int api_ensure_ctx(stof_model *m, int device, stof_error *err);
+
 /* Records err as the calling thread's last error (for stof_last_error) and
  * returns rc. */
 int api_remember(int rc, const stof_error *err);

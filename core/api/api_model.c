@@ -403,7 +403,7 @@ int stof_model_run_reference(stof_model *m, uint64_t seed, double *sum, double *
 
 /* The model's GPU context, on `device`: made once; another device later is
  * an error rather than a silent change. */
-static int ensure_ctx(stof_model *m, int device, stof_error *err) {
+int api_ensure_ctx(stof_model *m, int device, stof_error *err) {
     if (!m->ctx)
         return exec_ctx_create(device, &m->ctx, err);
     int on = exec_ctx_device(m->ctx)->ordinal;
@@ -438,7 +438,7 @@ int stof_model_tune(stof_model *m, int device, const stof_tune_options *options,
     stof_error err = {0};
     int rc = api_check_weights(m, &err);
     if (!rc)
-        rc = ensure_ctx(m, device, &err);
+        rc = api_ensure_ctx(m, device, &err);
     if (rc)
         return api_remember(rc, &err);
     progress_relay relay = {progress, ud};
@@ -502,7 +502,7 @@ static int ensure_gpu_model(stof_model *m, int device, stof_error *err) {
         return STOF_OK;
     int rc = api_check_weights(m, err);
     if (!rc)
-        rc = ensure_ctx(m, device, err);
+        rc = api_ensure_ctx(m, device, err);
     if (!rc && m->has_plan)
         rc = plan_check_fits(&m->pl, exec_ctx_device(m->ctx), NULL, NULL, err);
     if (!rc)

@@ -15,6 +15,20 @@ class _TensorInfo(ctypes.Structure):
                 ("shape", ctypes.c_int64 * 8), ("optional", ctypes.c_int)]
 
 
+def _gpu_ordinal(device):
+    """None for "cpu"; the GPU's ordinal for "cuda", "cuda:N", N or a torch.device."""
+    text = str(device)
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    if isinstance(device, int) and device >= 0:
+        return device
+    raise StofError(f"device {device!r}: \"cpu\", \"cuda\", \"cuda:N\" or a GPU's number")
+
+
 class _GenerateOptions(ctypes.Structure):
     _fields_ = [("max_new_tokens", ctypes.c_int), ("temperature", ctypes.c_float),
                 ("top_k", ctypes.c_int), ("top_p", ctypes.c_float), ("seed", ctypes.c_uint64),
@@ -238,10 +252,10 @@ class Model:
         (top_k, top_p) from seed, the same on every run. A sequence ends at one of stop_tokens
         or, with use_eos, at the model directory's eos_token_id. The model must output logits
         (a *ForCausalLM directory, or head=True). device: "cpu", the fp32 CPU reference (the
-        GPU decode step is not built yet). recompute: no cache, the whole pass for every token."""
-        if device != "cpu":
-            raise StofError("generate runs on the CPU reference for now (device=\"cpu\"): the "
-                            "GPU decode step is not built yet")
+        device: "cpu", the fp32 CPU reference, or "cuda" / "cuda:N" / N, a GPU (fp16 or bf16
+        models; the prompts go through the decode step token by token). recompute (CPU): no
+        cache, the whole pass for every token."""
+        gpu = _gpu_ordinal(device)
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         rows = [(ctypes.c_int32 * len(p))(*[int(t) for t in p]) for p in prompts]
@@ -257,7 +271,11 @@ class Model:
                                len(stop_tokens), 1 if use_eos else 0, 1 if recompute else 0)
         out = (ctypes.c_int32 * (n * max(1, int(max_new_tokens))))()
         out_lens = (ctypes.c_int * n)()
-        _check(_lib.stof_model_generate_cpu(self._h, ptrs, lens, n, ctypes.byref(opt), out,
+        if gpu is None:
+            _check(_lib.stof_model_generate_cpu(self._h, ptrs, lens, n, ctypes.byref(opt), out,
+                                                out_lens))
+        else:
+            _check(_lib.stof_model_generate(self._h, gpu, ptrs, lens, n, ctypes.byref(opt), out,
                                             out_lens))
         return [list(out[b * max_new_tokens:b * max_new_tokens + out_lens[b]])
                 for b in range(n)]

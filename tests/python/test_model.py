@@ -320,7 +320,14 @@ def test_generate():
         stop = got[1][2]
         cut = m.generate(prompts, max_new_tokens=8, stop_tokens=[stop], use_eos=False)
         assert cut[1] == got[1][:got[1].index(stop) + 1]
-        expect_error(lambda: m.generate(prompts, device="cuda"), "the GPU decode step")
+        expect_error(lambda: m.generate(prompts, device="tpu"), "device 'tpu'")
+        if _cuda() is not None:
+            # the GPU in fp16 against the CPU reference on the same fp16-rounded weights
+            half = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp16")
+            want16 = half.generate(prompts, max_new_tokens=8, use_eos=False)
+            got16 = half.generate(prompts, max_new_tokens=8, use_eos=False, device="cuda")
+            assert got16 == want16, (got16, want16)
+            expect_error(lambda: m.generate(prompts, device="cuda"), "fp16 or bf16")
         expect_error(lambda: m.generate([[3, 50]], max_new_tokens=4), "token 50 at 1 is outside")
         hidden = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp32", head="false")
         expect_error(lambda: hidden.generate([[1, 2]], max_new_tokens=4), "--set head=true")

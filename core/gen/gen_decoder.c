@@ -176,7 +176,7 @@ int gen_check_logits(const graph *g, stof_error *err) {
         return err_set(err, STOF_ERR_UNSUPPORTED, "generation needs logits [batch, seq, vocab] "
                        "for input_ids [batch, seq]; the model's output '%s' is not (a model "
                        "without its language-modelling head: --set head=true)", out->name);
-    if (in->init_high > 0 && out->shape[2] < in->init_high)
+    if (in->init_high > 0 && out->shape[2] != in->init_high)
         return err_set(err, STOF_ERR_UNSUPPORTED, "the output '%s' has %lld features for a "
                        "vocabulary of %lld: not logits (a model without its head: --set "
                        "head=true)", out->name, (long long)out->shape[2],

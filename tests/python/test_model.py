@@ -328,7 +328,8 @@ def test_generate():
             want16 = half.generate(prompts, max_new_tokens=8, use_eos=False)
             got16 = half.generate(prompts, max_new_tokens=8, use_eos=False, device="cuda")
             assert got16 == want16, (got16, want16)
-            expect_error(lambda: m.generate(prompts, device="cuda"), "fp16 or bf16")
+            expect_error(lambda: m.generate(prompts, max_new_tokens=4, device="cuda"),
+                         "fp16 or bf16")
         expect_error(lambda: m.generate([[3, 50]], max_new_tokens=4), "token 50 at 1 is outside")
         hidden = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp32", head="false")
         expect_error(lambda: hidden.generate([[1, 2]], max_new_tokens=4), "--set head=true")

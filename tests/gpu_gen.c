@@ -133,6 +133,15 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
     CHECK_MSG(rg == STOF_OK, "%s GPU: %s", t->name, err.msg);
     if (!rc && !rg)
         compare(t, &cpu, &gpu);
+    /* greedy without the logits kept: the tokens chosen on the GPU, the same */
+    gen_result fast;
+    int rf = gen_run_gpu(&m, ctx, &p, &o, 0, &fast, &err);
+    CHECK_MSG(rf == STOF_OK, "%s GPU argmax: %s", t->name, err.msg);
+    if (!rf && !rg)
+        CHECK_MSG(memcmp(fast.tokens, gpu.tokens, sizeof *fast.tokens * BATCH * NEW) == 0,
+                  "%s: the GPU's argmax chose other tokens than the host's", t->name);
+    if (!rf)
+        gen_result_free(&fast);
     if (!rc)
         gen_result_free(&cpu);
     if (!rg)

@@ -1373,6 +1373,17 @@ static void test_decode(void) {
                          bytes_contain(bin, size, STOF_DECODE_COMBINE_KERNEL) &&
                          bytes_contain(bin, size, STOF_KV_STORE_KERNEL)));
         }
+    /* the decode step's greedy argmax */
+    for (int t = 1; t <= 2; t++) {
+        char o0[32];
+        snprintf(o0, sizeof o0, "-DSTOF_DTYPE=%d", t);
+        nvrtc_request req = {.source = "sample.cu", .arch = "sm_90", .options = {o0},
+                             .n_options = 1};
+        const void *bin = NULL;
+        size_t size = 0;
+        stof_error err = {0};
+        CHECK_MSG(nvrtc_get(&c, &req, &bin, &size, &err) == STOF_OK, "sample.cu: %s", err.msg);
+    }
     nvrtc_cache_free(&c);
     stof_error err = {0};
     mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL};

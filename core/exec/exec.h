@@ -355,6 +355,11 @@ typedef struct exec_io {
 int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, CUstream caller,
                       stof_error *err);
 
+/* Greedy tokens: out[r] (int32) = the index of the largest of row r of logits [rows, vocab]
+ * (the first of equal ones), on the legacy default stream. */
+int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
+                     CUdeviceptr out, stof_error *err);
+
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);
 

@@ -4,8 +4,9 @@
  *
  * The prompts go through the decode step token by token: every step feeds each sequence its
  * next token -- a prompt's, or the one it just generated -- at its position, and a sequence
- * whose prompt is all in draws its next token from that step's logits (on the host, with
- * gen_sample: the same draws as the CPU reference). The prefill pass does not write the
+ * whose prompt is all in draws its next token from that step's logits: greedy ones by an
+ * argmax on the GPU (one token a sequence comes back), sampled ones on the host with
+ * gen_sample (the same draws as the CPU reference). The prefill pass does not write the
  * caches yet, so a prompt of n tokens costs n steps. */
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,9 @@ typedef struct gpu_run {
     exec_model *xm;
     stof_dtype dtype;
     const cuda_driver *drv;
-    CUdeviceptr d_ids, d_pos, d_out;
+    CUdeviceptr d_ids, d_pos, d_out, d_tok;
+    int on_gpu_argmax;      /* greedy without the logits kept: tokens chosen on the GPU */
+    int32_t *tok;           /* [batch] their tokens */
     int32_t *ids, *pos;     /* [batch] a step's inputs */
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
@@ -46,9 +49,11 @@ static int alloc_host(gpu_run *g, stof_error *err) {
     g->raw = err_malloc(sizeof *g->raw * B * V, err);
     g->row = err_malloc(sizeof *g->row * V, err);
     g->f16 = err_malloc(sizeof *g->f16 * 65536, err);
+    g->tok = err_malloc(sizeof *g->tok * B, err);
     for (uint32_t h = 0; g->f16 && h < 65536; h++)
         g->f16[h] = util_f16_to_f32((uint16_t)h);
-    return g->ids && g->pos && g->fed && g->raw && g->row && g->f16 ? STOF_OK : STOF_ERR_NOMEM;
+    return g->ids && g->pos && g->fed && g->raw && g->row && g->f16 && g->tok ? STOF_OK
+                                                                             : STOF_ERR_NOMEM;
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
@@ -60,6 +65,8 @@ static int alloc_device(gpu_run *g, stof_error *err) {
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
                         err);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_tok, 4 * B), "cuMemAlloc(tokens)", err);
     return rc;
 }
 
@@ -123,7 +130,12 @@ static int run_step(gpu_run *g, stof_error *err) {
                         "cuMemcpyHtoD(positions)", err);
     if (!rc)
         rc = exec_model_run_io(g->xm, in, 2, g->d_out, NULL, err);
-    if (!rc)
+    if (!rc && g->on_gpu_argmax)
+        rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, (int64_t)V, g->d_tok, err);
+    if (!rc && g->on_gpu_argmax)
+        rc = cuda_check(g->drv, g->drv->MemcpyDtoH(g->tok, g->d_tok, 4 * B),
+                        "cuMemcpyDtoH(tokens)", err);
+    else if (!rc)
         rc = cuda_check(g->drv, g->drv->MemcpyDtoH(g->raw, g->d_out, 2 * B * V),
                         "cuMemcpyDtoH(logits)", err);
     g->r->steps++;
@@ -138,6 +150,10 @@ static void take_step(gpu_run *g) {
             continue;
         if (++g->fed[b] < g->st.len[b])
             continue; /* still feeding its prompt */
+        if (g->on_gpu_argmax) {
+            gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[b], NULL);
+            continue;
+        }
         const uint16_t *raw = g->raw + (size_t)b * V;
         for (size_t v = 0; v < V; v++)
             g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : g->f16[raw[v]];
@@ -153,6 +169,8 @@ static void run_free(gpu_run *g) {
             g->drv->MemFree(g->d_pos);
         if (g->d_out)
             g->drv->MemFree(g->d_out);
+        if (g->d_tok)
+            g->drv->MemFree(g->d_tok);
     }
     exec_model_free(g->xm);
     exec_plan_free(g->plan);
@@ -164,12 +182,14 @@ static void run_free(gpu_run *g) {
     free(g->raw);
     free(g->row);
     free(g->f16);
+    free(g->tok);
 }
 
 int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,
                 int keep_logits, gen_result *r, stof_error *err) {
     memset(r, 0, sizeof *r);
-    gpu_run g = {.m = m, .p = p, .o = o, .r = r, .ctx = ctx, .drv = exec_ctx_driver(ctx)};
+    gpu_run g = {.m = m, .p = p, .o = o, .r = r, .ctx = ctx, .drv = exec_ctx_driver(ctx),
+                 .on_gpu_argmax = o->temperature == 0.0f && !keep_logits};
     const graph *cg = m->context;
     int rc = gen_check_logits(cg, err);
     int64_t vocab = rc ? 0 : cg->tensors[cg->output].shape[2];

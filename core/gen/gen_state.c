@@ -82,14 +82,19 @@ int gen_state_all_done(const gen_state *s) {
 }
 
 void gen_state_emit(gen_state *s, int b, int t, const float *row) {
+    if (!s->done[b])
+        gen_state_emit_token(s, b, t, gen_sample(s->o, row, s->r->vocab, b, t, s->scratch,
+                                                 s->order), row);
+}
+
+void gen_state_emit_token(gen_state *s, int b, int t, int32_t tok, const float *row) {
     if (s->done[b])
         return;
     int64_t V = s->r->vocab;
-    int32_t tok = gen_sample(s->o, row, V, b, t, s->scratch, s->order);
     s->r->tokens[(size_t)b * s->o->max_new_tokens + t] = tok;
     s->r->n_new[b]++;
     s->len[b]++;
-    if (s->r->logits)
+    if (s->r->logits && row)
         memcpy(s->r->logits + ((size_t)t * s->p->batch + b) * V, row, sizeof *row * (size_t)V);
     for (int k = 0; k < s->o->n_stop; k++)
         s->done[b] |= tok == s->o->stop[k];

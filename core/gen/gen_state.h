@@ -24,6 +24,8 @@ void gen_state_free(gen_state *s);
 int gen_state_all_done(const gen_state *s);
 /* The token of sequence b at step t from its row of logits (nothing once it ended). */
 void gen_state_emit(gen_state *s, int b, int t, const float *row);
+/* The same with the token chosen already (a greedy argmax on the GPU); row may be NULL. */
+void gen_state_emit_token(gen_state *s, int b, int t, int32_t tok, const float *row);
 /* Token i of sequence b so far (prompt, then new), i < len[b]; its newest. */
 int32_t gen_state_token(const gen_state *s, int b, int64_t i);
 int32_t gen_state_last(const gen_state *s, int b);

@@ -32,6 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stof_cli as sc  # noqa: E402
 from stof_cli import log  # noqa: E402
+import torch_models as tm  # noqa: E402
 
 TOL = 1e-2
 MARGIN = 1e-4
@@ -44,7 +45,6 @@ def hf_model(arch, max_seq, seed):
     """(transformers *ForCausalLM, config) of arch, random from seed, fp16 on the GPU."""
     import torch
     import transformers as tr
-    import torch_models as tm
     common = dict(vocab_size=VOCAB, max_position_embeddings=max_seq)
     if arch == "gpt2":
         cfg = tr.GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=VOCAB,
@@ -70,13 +70,6 @@ def hf_model(arch, max_seq, seed):
     return model.eval().to(device="cuda", dtype=torch.float16), cfg
 
 
-def rel_error(got, want):
-    import torch
-    got, want = got.float().cpu(), want.float().cpu()
-    nonfinite = int((~torch.isfinite(got)).sum())
-    return float((got - want).norm() / want.norm()), float((got - want).abs().max()), nonfinite
-
-
 def logits_rows(args, stof, arch, d, model, work, rows):
     import torch
     ids = sc.random_ids(VOCAB, args.batch, args.seq, seed=5)
@@ -98,7 +91,7 @@ def logits_rows(args, stof, arch, d, model, work, rows):
                        + ["--reps", "3"], 600, log_path)
             got = sc.load_output(out)
             real = (m if m is not None else torch.ones_like(x)).bool()
-            row["rel"], row["max_abs"], row["nonfinite"] = rel_error(got[real], ref[real])
+            row["rel"], row["max_abs"], row["nonfinite"] = tm.rel_error(got[real], ref[real])
             row["pad_nonzero"] = int((got[~real] != 0).sum())
             row["ok"] = row["nonfinite"] == 0 and row["rel"] < TOL and row["pad_nonzero"] == 0
         except sc.CmdError as e:

@@ -33,6 +33,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stof_cli as sc  # noqa: E402
 from stof_cli import log  # noqa: E402
+import torch_models as tm  # noqa: E402
 
 TOL = 1e-2
 SIZES = dict(hidden=256, layers=4, heads=4, ffn=1024, vocab=1000)
@@ -43,7 +44,6 @@ def hf_model(arch, max_seq, seed, base=False):
     test sizes (SIZES), or the base checkpoint's."""
     import torch
     import transformers as tr
-    import torch_models as tm
     s = SIZES
     if base:
         cfg, cls = tm.base_config(arch, max_seq)
@@ -94,14 +94,6 @@ def hf_model(arch, max_seq, seed, base=False):
     return model.eval().to(device="cuda", dtype=torch.float16), cfg
 
 
-def rel_error(got, want):
-    import torch
-    got, want = got.float().cpu(), want.float().cpu()
-    nonfinite = int((~torch.isfinite(got)).sum())
-    rel = float((got - want).norm() / want.norm())
-    return rel, float((got - want).abs().max()), nonfinite
-
-
 def run_case(args, stof, arch, work, rows):
     import torch
     d = os.path.join(work, arch)
@@ -131,7 +123,7 @@ def run_case(args, stof, arch, work, rows):
         ref = ref_model.float()(ids.cuda(), **kw).last_hidden_state
     row = {"arch": arch, "files": n_files, "run": f"transformers in {args.dtype}",
            "dtype": args.dtype, "reference_only": True}
-    row["rel"], row["max_abs"], row["nonfinite"] = rel_error(same_dtype, ref)
+    row["rel"], row["max_abs"], row["nonfinite"] = tm.rel_error(same_dtype, ref)
     row["ok"] = True
     rows.append(row)
     sets = ["--set", f"batch={args.batch}", "--set", f"seq={args.seq}",
@@ -171,10 +163,10 @@ def run_case(args, stof, arch, work, rows):
             got = sc.load_output(out)
             if padded:
                 real = padded[2]
-                row["rel"], row["max_abs"], row["nonfinite"] = rel_error(got[real], padded[1][real])
+                row["rel"], row["max_abs"], row["nonfinite"] = tm.rel_error(got[real], padded[1][real])
                 row["pad_nonzero"] = int((got[~real] != 0).sum())
             else:
-                row["rel"], row["max_abs"], row["nonfinite"] = rel_error(got, ref)
+                row["rel"], row["max_abs"], row["nonfinite"] = tm.rel_error(got, ref)
             row["ok"] = (row["nonfinite"] == 0 and row["rel"] < TOL and
                          row.get("pad_nonzero", 0) == 0)
         except sc.CmdError as e:

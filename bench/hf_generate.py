@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stof_cli as sc  # noqa: E402
 from stof_cli import log  # noqa: E402
+import torch_models as tm  # noqa: E402
 
 
 def config(name, max_pos):
@@ -92,7 +93,6 @@ def main():
     stof = sc.resolve_stof(args.stof)
     import torch
     import transformers
-    import torch_models as tm
     os.makedirs(args.work_dir, exist_ok=True)
     log_path = os.path.join(args.work_dir, "stof.log")
     rows = []

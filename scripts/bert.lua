@@ -127,14 +127,9 @@ for n = 0, L - 1 do
     local pre = "encoder.layer." .. n
     -- parts: the checkpoint's tensors the fused weight and bias are stacked from
     local function linear(name, x_in, n_out, n_in, parts)
-      local function from(suffix)
-        if not parts then return nil end
-        local names = {}
-        for i, part in ipairs(parts) do names[i] = pre .. part .. suffix end
-        return names
-      end
-      local w = m:weight(pre .. name .. ".weight", {n_out, n_in}, {from = from(".weight")})
-      local bias = m:weight(pre .. name .. ".bias", {n_out}, {from = from(".bias")})
+      local w = m:weight(pre .. name .. ".weight", {n_out, n_in},
+                         {from = hf.parts(parts, ".weight", pre)})
+      local bias = m:weight(pre .. name .. ".bias", {n_out}, {from = hf.parts(parts, ".bias", pre)})
       return m:linear(x_in, w, bias, {name = pre .. name})
     end
     local qkv = linear(".attention.self.qkv", x, 3 * H, H, {".attention.self.query",

@@ -45,14 +45,10 @@ end
 
 -- parts: the checkpoint's projections a fused weight is stacked from
 local function linear(name, x, n_out, n_in, parts)
-  local function from(suffix)
-    if not parts then return nil end
-    local names = {}
-    for i, part in ipairs(parts) do names[i] = part .. suffix end
-    return names
-  end
-  return m:linear(x, m:weight(name .. ".weight", {n_out, n_in}, {from = from(".weight")}),
-                  m:weight(name .. ".bias", {n_out}, {from = from(".bias")}), {name = name})
+  return m:linear(x, m:weight(name .. ".weight", {n_out, n_in},
+                              {from = hf.parts(parts, ".weight")}),
+                  m:weight(name .. ".bias", {n_out}, {from = hf.parts(parts, ".bias")}),
+                  {name = name})
 end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})

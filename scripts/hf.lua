@@ -42,6 +42,15 @@ function hf.zero_padding(m, x, am)
   return m:mask_rows(x, am, {name = "padding"})
 end
 
+-- The checkpoint names a stacked weight is read from (m:weight's `from`): prefix .. part ..
+-- suffix for each of parts, or nil without parts.
+function hf.parts(parts, suffix, prefix)
+  if not parts then return nil end
+  local names = {}
+  for i, part in ipairs(parts) do names[i] = (prefix or "") .. part .. suffix end
+  return names
+end
+
 -- Whether the config describes a model with a language-modelling head (its architectures
 -- end in LMHeadModel or ForCausalLM): the default of a decoder's `head` parameter.
 function hf.has_lm_head(c)

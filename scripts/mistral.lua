@@ -70,15 +70,10 @@ end
 -- config says the model has one.
 -- rows: each part's rows (nil: equal parts).
 local function projection(name, x, n_out, n_in, parts, bias, rows)
-  local function from(suffix)
-    if not parts then return nil end
-    local names = {}
-    for i, part in ipairs(parts) do names[i] = part .. suffix end
-    return names
-  end
-  local w = m:weight(name .. ".weight", {n_out, n_in}, {from = from(".weight"), from_rows = rows})
+  local w = m:weight(name .. ".weight", {n_out, n_in},
+                     {from = hf.parts(parts, ".weight"), from_rows = rows})
   if bias then
-    return m:linear(x, w, m:weight(name .. ".bias", {n_out}, {from = from(".bias"),
+    return m:linear(x, w, m:weight(name .. ".bias", {n_out}, {from = hf.parts(parts, ".bias"),
                                                             from_rows = rows}), {name = name})
   end
   return m:gemm(x, w, {name = name})

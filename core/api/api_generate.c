@@ -7,17 +7,7 @@
 #include "core/api/api_internal.h"
 #include "core/base/error.h"
 #include "core/gen/gen.h"
-#include "core/io/model_dir.h"
 #include "core/lua/lua_api.h"
-
-static int rebuild(const stof_model *m, int batch, int seq, graph *g, stof_error *err) {
-    char b[32], s[32];
-    snprintf(b, sizeof b, "batch=%d", batch);
-    snprintf(s, sizeof s, "seq=%d", seq);
-    const char *set[] = {b, s};
-    graph_init(g);
-    return lua_api_rebuild(&m->script, set, 2, g, NULL, err);
-}
 
 static int options_of(const stof_model *m, const stof_generate_options *in, gen_options *o,
                       stof_error *err) {
@@ -33,12 +23,8 @@ static int options_of(const stof_model *m, const stof_generate_options *in, gen_
                        in->n_stop_tokens);
     for (int k = 0; k < in->n_stop_tokens; k++)
         o->stop[o->n_stop++] = in->stop_tokens[k];
-    model_dir md;
-    if (in->use_eos && m->script.model_dir[0] &&
-        model_dir_open_config(m->script.model_dir, &md, err) == STOF_OK) {
-        o->n_stop += model_dir_eos_tokens(&md, o->stop + o->n_stop, GEN_MAX_STOP - o->n_stop);
-        model_dir_free(&md);
-    }
+    if (in->use_eos)
+        gen_options_add_eos(o, m->script.model_dir);
     return STOF_OK;
 }
 
@@ -64,8 +50,10 @@ static int pack(const int32_t *const *prompts, const int *lens, int n, int32_t *
 static int generate(stof_model *m, int device, const gen_prompts *p, const gen_options *o,
                     int32_t *out_tokens, int *out_lens, stof_error *err) {
     graph prefill, context;
-    int rc = rebuild(m, p->batch, p->stride, &prefill, err);
-    if (!rc && (rc = rebuild(m, p->batch, p->stride + o->max_new_tokens - 1, &context, err)))
+    int rc = lua_api_rebuild_at(&m->script, p->batch, p->stride, &prefill, err);
+    if (!rc && (rc = lua_api_rebuild_at(&m->script, p->batch,
+                                              p->stride + o->max_new_tokens - 1, &context,
+                                              err)))
         graph_free(&prefill);
     if (rc)
         return rc;

@@ -159,16 +159,15 @@ const char *stof_model_script(const stof_model *m) {
 
 /* ---- weights ----------------------------------------------------------------------------- */
 
-int stof_model_set_weights(stof_model *m, const char *path) {
-    stof_error err = {0};
-    safetensors_file *f = NULL;
-    int rc = path ? safetensors_open(path, &f, &err) : STOF_OK;
+/* Weights file f (rc: how opening it went) checked against the model and, when it fits, made
+ * the model's (NULL: none, every weight from the seed); else closed. */
+static int adopt_weights(stof_model *m, safetensors_file *f, int rc, stof_error *err) {
     weights_source src = {.seed = m->seed, .weights = f};
     if (!rc)
-        rc = weights_source_check(&src, &m->g, &err);
+        rc = weights_source_check(&src, &m->g, err);
     if (rc) {
         safetensors_close(f);
-        return api_remember(rc, &err);
+        return api_remember(rc, err);
     }
     safetensors_close(m->weights);
     m->weights = f;
@@ -176,7 +175,14 @@ int stof_model_set_weights(stof_model *m, const char *path) {
     free(m->bound);
     m->bound = NULL;
     drop_gpu_model(m);
-    return api_remember(STOF_OK, &err);
+    return api_remember(STOF_OK, err);
+}
+
+int stof_model_set_weights(stof_model *m, const char *path) {
+    stof_error err = {0};
+    safetensors_file *f = NULL;
+    int rc = path ? safetensors_open(path, &f, &err) : STOF_OK;
+    return adopt_weights(m, f, rc, &err);
 }
 
 int stof_model_num_weights(const stof_model *m) {
@@ -251,20 +257,7 @@ int stof_model_set_weights_memory(stof_model *m, const stof_weight *w, int n) {
     if (!rc)
         rc = safetensors_from_memory("weights in memory", e, n, &f, &err);
     free(e);
-    weights_source src = {.seed = m->seed, .weights = f};
-    if (!rc)
-        rc = weights_source_check(&src, &m->g, &err);
-    if (rc) {
-        safetensors_close(f);
-        return api_remember(rc, &err);
-    }
-    safetensors_close(m->weights);
-    m->weights = f;
-    m->weights_missing = 0;
-    free(m->bound);
-    m->bound = NULL;
-    drop_gpu_model(m);
-    return api_remember(STOF_OK, &err);
+    return adopt_weights(m, f, rc, &err);
 }
 
 void stof_model_set_seed(stof_model *m, uint64_t seed) {

@@ -13,7 +13,6 @@
 #include "core/base/file.h"
 #include "core/cli/cli.h"
 #include "core/gen/gen.h"
-#include "core/io/model_dir.h"
 
 typedef struct prompts {
     int batch, stride;
@@ -147,24 +146,15 @@ static gen_options options_of(const cli_args *a, const char *dir) {
     o.recompute = a->recompute;
     for (int k = 0; k < a->n_stops; k++)
         o.stop[o.n_stop++] = a->stops[k];
-    model_dir md;
-    stof_error err = {0};
-    if (!a->ignore_eos && dir[0] && model_dir_open_config(dir, &md, &err) == STOF_OK) {
-        o.n_stop += model_dir_eos_tokens(&md, o.stop + o.n_stop, GEN_MAX_STOP - o.n_stop);
-        model_dir_free(&md);
-    }
+    if (!a->ignore_eos)
+        gen_options_add_eos(&o, dir);
     return o;
 }
 
-/* The model at (batch, seq), from the one built as given. */
+/* The model at (batch, seq), from the one built as given; says what went wrong. */
 static int rebuild(const graph_script *info, int batch, int seq, graph *g) {
-    char b[32], s[32];
-    snprintf(b, sizeof b, "batch=%d", batch);
-    snprintf(s, sizeof s, "seq=%d", seq);
-    const char *set[] = {b, s};
     stof_error err = {0};
-    graph_init(g);
-    if (lua_api_rebuild(info, set, 2, g, NULL, &err) == STOF_OK)
+    if (lua_api_rebuild_at(info, batch, seq, g, &err) == STOF_OK)
         return 0;
     fprintf(stderr, "stof: %s\n", err.msg);
     return 1;

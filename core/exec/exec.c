@@ -382,6 +382,15 @@ static int sync_stream(exec_model *m, stof_error *err) {
                       "cuStreamSynchronize (a kernel of the forward pass failed)", err);
 }
 
+/* After a pass: the errors its kernels flagged on the device (bad ids). */
+static int segments_status(exec_model *m, stof_error *err) {
+    int rc = STOF_OK;
+    for (int s = 0; !rc && s < m->plan->n_segs; s++)
+        if (m->rt[s].launcher->status)
+            rc = m->rt[s].launcher->status(m, &m->rt[s], err);
+    return rc;
+}
+
 int exec_model_run(exec_model *m, stof_error *err) {
     int rc = cuda_check(m->ctx->drv, m->ctx->drv->CtxSetCurrent(m->ctx->gemm->cu),
                         "cuCtxSetCurrent", err);
@@ -389,9 +398,8 @@ int exec_model_run(exec_model *m, stof_error *err) {
         rc = launch_all(m, err);
     if (!rc)
         rc = sync_stream(m, err);
-    for (int s = 0; !rc && s < m->plan->n_segs; s++)
-        if (m->rt[s].launcher->status)
-            rc = m->rt[s].launcher->status(m, &m->rt[s], err);
+    if (!rc)
+        rc = segments_status(m, err);
     return rc;
 }
 
@@ -776,9 +784,8 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
         rc = replay_async(m, err);
     if (!rc)
         rc = sync_stream(m, err);
-    for (int s = 0; !rc && s < m->plan->n_segs; s++)
-        if (m->rt[s].launcher->status)
-            rc = m->rt[s].launcher->status(m, &m->rt[s], err);
+    if (!rc)
+        rc = segments_status(m, err);
     for (int i = 0; !rc && i < n; i++)
         if (in[i].data)
             rc = check_attention_mask(m, in[i].tensor, err);

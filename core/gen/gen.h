@@ -46,6 +46,9 @@ typedef struct gen_options {
 /* The options' defaults: greedy, seed 1, no stop tokens. */
 gen_options gen_options_default(int max_new_tokens);
 int gen_options_check(const gen_options *o, int64_t vocab, stof_error *err);
+/* The model directory's eos_token_id (one or a list) added to the stop tokens, as many as fit;
+ * nothing for "" or a directory without one. */
+void gen_options_add_eos(gen_options *o, const char *dir);
 
 typedef struct gen_prompts {
     int batch;

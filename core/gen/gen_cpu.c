@@ -23,38 +23,6 @@ typedef struct cpu_run {
     int *layer_of_op;    /* prefill op -> cache layer, -1 */
 } cpu_run;
 
-/* ---- checks ------------------------------------------------------------------------------- */
-
-static int input_of(const graph *g, graph_init_kind init) {
-    for (int t = 0; t < g->n_tensors; t++)
-        if (g->tensors[t].role == GRAPH_INPUT && g->tensors[t].init == init)
-            return t;
-    return -1;
-}
-
-/* g at (batch, at least `need` positions), with logits and an attention_mask input when
- * mask_needed says (1: always, -1: when the prompts do not fill g, 0: never). */
-static int check_graph(const graph *g, const char *what, const gen_prompts *p, int64_t need,
-                       int mask_needed, stof_error *err) {
-    int ids = graph_find_tensor(g, "input_ids");
-    if (ids < 0 || g->output < 0 || g->tensors[g->output].ndim != 3)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "generation needs a model with input_ids and "
-                       "logits [batch, seq, vocab]");
-    const graph_tensor *in = &g->tensors[ids];
-    if (in->ndim != 2 || in->shape[0] != p->batch || in->shape[1] < need)
-        return err_set(err, STOF_ERR_INVALID, "the %s graph takes input_ids [%lld, %lld], not "
-                       "%d sequences of up to %lld tokens", what, (long long)in->shape[0],
-                       (long long)(in->ndim > 1 ? in->shape[1] : 0), p->batch, (long long)need);
-    int ragged = mask_needed > 0;
-    for (int b = 0; b < p->batch && mask_needed < 0; b++)
-        ragged |= p->len[b] != in->shape[1];
-    if (ragged && input_of(g, GRAPH_INIT_PADDING) < 0)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "prompts shorter than the %s graph's %lld "
-                       "tokens need its attention_mask input (--set padding=true)", what,
-                       (long long)in->shape[1]);
-    return STOF_OK;
-}
-
 /* ---- state -------------------------------------------------------------------------------- */
 
 static void run_free(cpu_run *c) {
@@ -71,7 +39,7 @@ static void run_free(cpu_run *c) {
 /* input_ids and the attention_mask of g [B, S] from the sequences so far (padding repeats the
  * first token: any id of the vocabulary does, the mask hides it). */
 static void fill_sequences(const cpu_run *c, const graph *g, ref_values *rv) {
-    int ids = graph_find_tensor(g, "input_ids"), am = input_of(g, GRAPH_INIT_PADDING);
+    int ids = graph_find_tensor(g, "input_ids"), am = gen_input_of(g, GRAPH_INIT_PADDING);
     int64_t S = g->tensors[ids].shape[1];
     for (int b = 0; b < c->p->batch; b++)
         for (int64_t s = 0; s < S; s++) {
@@ -212,18 +180,10 @@ int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
                 int keep_logits, gen_result *r, stof_error *err) {
     memset(r, 0, sizeof *r);
     cpu_run c = {.m = m, .p = p, .o = o, .r = r};
-    const graph *ctx = m->context;
-    int64_t need = (int64_t)gen_longest(p) + o->max_new_tokens - 1;
-    int64_t vocab = ctx->output >= 0 ? ctx->tensors[ctx->output].shape[2] : 0;
-    int rc = gen_check_logits(ctx, err);
-    if (!rc)
-        rc = gen_check_prompts(p, vocab, err);
-    if (!rc)
-        rc = gen_options_check(o, vocab, err);
-    if (!rc)
-        rc = check_graph(ctx, "context", p, need, o->recompute, err);
+    int64_t vocab;
+    int rc = gen_check_run(m, p, o, &vocab, err);
     if (!rc && !o->recompute)
-        rc = check_graph(m->prefill, "prefill", p, gen_longest(p), -1, err);
+        rc = gen_check_graph(m->prefill, "prefill", p, gen_longest(p), -1, err);
     if (!rc)
         rc = gen_state_init(&c.st, p, o, vocab, keep_logits, r, err);
     if (!rc && o->recompute)

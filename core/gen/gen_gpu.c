@@ -190,21 +190,9 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
     memset(r, 0, sizeof *r);
     gpu_run g = {.m = m, .p = p, .o = o, .r = r, .ctx = ctx, .drv = exec_ctx_driver(ctx),
                  .on_gpu_argmax = o->temperature == 0.0f && !keep_logits};
-    const graph *cg = m->context;
-    int rc = gen_check_logits(cg, err);
-    int64_t vocab = rc ? 0 : cg->tensors[cg->output].shape[2];
-    int64_t need = (int64_t)gen_longest(p) + o->max_new_tokens - 1;
-    if (!rc)
-        rc = gen_check_prompts(p, vocab, err);
-    if (!rc)
-        rc = gen_options_check(o, vocab, err);
-    if (!rc && o->recompute)
-        rc = err_set(err, STOF_ERR_UNSUPPORTED, "recompute is the CPU reference's");
-    if (!rc && (cg->tensors[cg->output].shape[0] != p->batch ||
-                cg->tensors[cg->output].shape[1] < need))
-        rc = err_set(err, STOF_ERR_INVALID, "the context graph is built for %lld sequences of "
-                     "%lld tokens, not %d of up to %lld", (long long)cg->tensors[cg->output].shape[0],
-                     (long long)cg->tensors[cg->output].shape[1], p->batch, (long long)need);
+    int64_t vocab;
+    int rc = o->recompute ? err_set(err, STOF_ERR_UNSUPPORTED, "recompute is the CPU reference's")
+                          : gen_check_run(m, p, o, &vocab, err);
     if (!rc)
         rc = gen_state_init(&g.st, p, o, vocab, keep_logits, r, err);
     if (!rc)

@@ -12,6 +12,7 @@
 #include "core/base/error.h"
 #include "core/base/util.h"
 #include "core/gen/gen.h"
+#include "core/io/model_dir.h"
 
 gen_options gen_options_default(int max_new_tokens) {
     gen_options o;
@@ -43,6 +44,15 @@ int gen_options_check(const gen_options *o, int64_t vocab, stof_error *err) {
             return err_set(err, STOF_ERR_INVALID, "stop token %d is outside the vocabulary "
                            "[0, %lld)", o->stop[k], (long long)vocab);
     return STOF_OK;
+}
+
+void gen_options_add_eos(gen_options *o, const char *dir) {
+    model_dir md;
+    stof_error err = {0};
+    if (!dir[0] || model_dir_open_config(dir, &md, &err) != STOF_OK)
+        return;
+    o->n_stop += model_dir_eos_tokens(&md, o->stop + o->n_stop, GEN_MAX_STOP - o->n_stop);
+    model_dir_free(&md);
 }
 
 static int32_t argmax(const float *row, int64_t vocab) {

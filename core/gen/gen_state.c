@@ -37,6 +37,46 @@ int gen_check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err) {
     return STOF_OK;
 }
 
+int gen_input_of(const graph *g, graph_init_kind init) {
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].role == GRAPH_INPUT && g->tensors[t].init == init)
+            return t;
+    return -1;
+}
+
+int gen_check_graph(const graph *g, const char *what, const gen_prompts *p, int64_t need,
+                    int mask_needed, stof_error *err) {
+    int rc = gen_check_logits(g, err);
+    if (rc)
+        return rc;
+    const graph_tensor *in = &g->tensors[graph_find_tensor(g, "input_ids")];
+    if (in->shape[0] != p->batch || in->shape[1] < need)
+        return err_set(err, STOF_ERR_INVALID, "the %s graph takes input_ids [%lld, %lld], not "
+                       "%d sequences of up to %lld tokens", what, (long long)in->shape[0],
+                       (long long)in->shape[1], p->batch, (long long)need);
+    int ragged = mask_needed > 0;
+    for (int b = 0; b < p->batch && mask_needed < 0; b++)
+        ragged |= p->len[b] != in->shape[1];
+    if (ragged && gen_input_of(g, GRAPH_INIT_PADDING) < 0)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "prompts shorter than the %s graph's %lld "
+                       "tokens need its attention_mask input (--set padding=true)", what,
+                       (long long)in->shape[1]);
+    return STOF_OK;
+}
+
+int gen_check_run(const gen_model *m, const gen_prompts *p, const gen_options *o,
+                  int64_t *vocab, stof_error *err) {
+    const graph *ctx = m->context;
+    int64_t need = (int64_t)gen_longest(p) + o->max_new_tokens - 1;
+    *vocab = 0;
+    int rc = gen_check_graph(ctx, "context", p, need, o->recompute, err);
+    if (rc)
+        return rc;
+    *vocab = ctx->tensors[ctx->output].shape[2];
+    rc = gen_check_prompts(p, *vocab, err);
+    return rc ? rc : gen_options_check(o, *vocab, err);
+}
+
 int gen_state_init(gen_state *s, const gen_prompts *p, const gen_options *o, int64_t vocab,
                    int keep_logits, gen_result *r, stof_error *err) {
     memset(s, 0, sizeof *s);

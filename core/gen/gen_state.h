@@ -30,6 +30,17 @@ void gen_state_emit_token(gen_state *s, int b, int t, int32_t tok, const float *
 int32_t gen_state_token(const gen_state *s, int b, int64_t i);
 int32_t gen_state_last(const gen_state *s, int b);
 
+/* The input of g made with init (the attention_mask: GRAPH_INIT_PADDING), or -1. */
+int gen_input_of(const graph *g, graph_init_kind init);
+/* g takes input_ids [batch, >= need] and gives logits, with an attention_mask input when
+ * mask_needed says (1: always, -1: when the prompts do not fill g, 0: never); what names it. */
+int gen_check_graph(const graph *g, const char *what, const gen_prompts *p, int64_t need,
+                    int mask_needed, stof_error *err);
+/* What every run checks first: the context graph's logits (*vocab their width) and length,
+ * the prompts, the options. */
+int gen_check_run(const gen_model *m, const gen_prompts *p, const gen_options *o,
+                  int64_t *vocab, stof_error *err);
+
 /* Checks of the prompts (lengths, ids in the vocabulary). */
 int gen_check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err);
 /* The longest prompt. */

@@ -43,6 +43,8 @@ int lua_api_build_dir(const char *dir, const char *script, const char *const *pa
  * at another shape. out_info may be NULL. */
 int lua_api_rebuild(const graph_script *info, const char *const *set, int n_set, graph *g,
                     graph_script *out_info, stof_error *err);
+/* lua_api_rebuild at (batch, seq), g graph_init'ed here. */
+int lua_api_rebuild_at(const graph_script *info, int batch, int seq, graph *g, stof_error *err);
 
 /* The path of the shipped script `name`: the first folder that holds it of
  * $STOF_SCRIPTS_DIR, ../share/stof/scripts beside the running program, the

@@ -127,3 +127,12 @@ int lua_api_rebuild(const graph_script *info, const char *const *set, int n_set,
     free(own);
     return rc;
 }
+
+int lua_api_rebuild_at(const graph_script *info, int batch, int seq, graph *g, stof_error *err) {
+    char b[32], s[32];
+    snprintf(b, sizeof b, "batch=%d", batch);
+    snprintf(s, sizeof s, "seq=%d", seq);
+    const char *set[] = {b, s};
+    graph_init(g);
+    return lua_api_rebuild(info, set, 2, g, NULL, err);
+}

@@ -14,7 +14,7 @@ the live KV cache (the weights bound every step's time at batch 1). Speed is a b
 table, not a pass or fail.
 
     python3 bench/hf_generate.py [--stof build/stof] [--models gpt2,mistral-1b] [--batches 1,8,64]
-           [--prompt 128] [--new 64] [--out bench/out/hf_generate.md]
+           [--prompt 128] [--new 64] [--profile] [--skip-hf] [--out bench/out/hf_generate.md]
 """
 import argparse
 import datetime
@@ -65,18 +65,20 @@ def hf_token_ms(model, ids, new):
     return 1e3 * (full - one) / (new - 1)
 
 
-def stof_step_ms(stof, d, ids, new, work, log_path):
+def stof_step_ms(stof, d, ids, new, work, log_path, profile):
     path = os.path.join(work, "prompts.txt")
     with open(path, "w") as f:
         for row in ids.tolist():
             f.write(",".join(map(str, row)) + "\n")
     out, _ = sc.run_cmd([stof, "generate", d, "--prompt-ids", path, "--max-new-tokens",
-                         str(new), "--ignore-eos"], 900, log_path)
+                         str(new), "--ignore-eos"] + (["--profile"] if profile else []),
+                        900, log_path)
     m = re.search(r"the steps [0-9.]+ s: ([0-9.]+) ms a step", out)
     kv = re.search(r"KV cache ([0-9.]+) KiB", out)
     if not m:
         raise sc.CmdError("no step time in: " + out[-300:])
-    return float(m.group(1)), float(kv.group(1)) * 1024 if kv else 0.0
+    prof = out[out.find("profile:"):].strip() if profile and "profile:" in out else ""
+    return float(m.group(1)), float(kv.group(1)) * 1024 if kv else 0.0, prof
 
 
 def main():
@@ -86,6 +88,9 @@ def main():
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--profile", action="store_true",
+                    help="stof's decode step segment by segment, after the table")
+    ap.add_argument("--skip-hf", action="store_true", help="stof alone (no transformers run)")
     ap.add_argument("--bandwidth", type=float, default=4800.0, help="GB/s of the GPU's memory")
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_generate"))
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_generate.md"))
@@ -95,7 +100,7 @@ def main():
     import transformers
     os.makedirs(args.work_dir, exist_ok=True)
     log_path = os.path.join(args.work_dir, "stof.log")
-    rows = []
+    rows, profiles = [], []
     for name in args.models.split(","):
         cfg, cls = config(name, args.prompt + args.new)
         torch.manual_seed(3)
@@ -110,13 +115,17 @@ def main():
             ids = sc.random_ids(cfg.vocab_size, b, args.prompt, seed=5)
             row = {"model": name, "batch": b, "weights_ms": wb / (args.bandwidth * 1e6)}
             try:
+                if args.skip_hf:
+                    raise RuntimeError("not run (--skip-hf)")
                 with torch.no_grad():
                     row["hf"] = hf_token_ms(model, ids.cuda(), args.new)
             except Exception as e:  # noqa: BLE001 -- the row says why
                 row["hf_note"] = str(e).splitlines()[0][:120]
             try:
-                row["stof"], row["cache"] = stof_step_ms(stof, d, ids, args.new, args.work_dir,
-                                                         log_path)
+                row["stof"], row["cache"], prof = stof_step_ms(
+                    stof, d, ids, args.new, args.work_dir, log_path, args.profile)
+                if prof:
+                    profiles.append(f"{name}, batch {b}:\n```\n{prof}\n```")
             except sc.CmdError as e:
                 row["stof_note"] = str(e)[:200]
             rows.append(row)
@@ -142,6 +151,7 @@ def main():
         kv = f"{r.get('cache', 0) / 2**20:.1f}"
         lines.append(f"| {r['model']} | {r['batch']} | {r['weights_ms']:.3f} | {hf} | {st} | "
                      f"{ratio} | {sp} | {kv} |")
+    lines += [""] + profiles if profiles else []
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

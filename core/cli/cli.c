@@ -75,6 +75,7 @@ static const struct {
      "  stof generate [--cpu] SCRIPT|DIR [--set k=v ...] (--prompt \"1,2,3\" ... | --prompt-ids\n"
      "           FILE) [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
      "           [--seed N] [--stop ID ...] [--ignore-eos] [--recompute] [--weights FILE]\n"
+     "           [--profile [--reps N]]\n"
      "                                     generate text token ids with a decoder (its\n"
      "                                     language-modelling head): the prompts' prefill,\n"
      "                                     then a decode step a token against a KV cache\n"
@@ -87,7 +88,8 @@ static const struct {
      "                                     whole pass again for every token (the ground\n"
      "                                     truth, --cpu only). On the GPU (fp16, bf16) the\n"
      "                                     prompts go through the decode step token by\n"
-     "                                     token; --cpu: the fp32 CPU reference\n"},
+     "                                     token; --cpu: the fp32 CPU reference. --profile:\n"
+     "                                     the GPU's decode step timed, segment by segment\n"},
     {"version", "  stof version                       stof's version and commit\n"},
 };
 #define N_HELPS ((int)(sizeof helps / sizeof helps[0]))

@@ -144,6 +144,7 @@ static gen_options options_of(const cli_args *a, const char *dir) {
     o.top_p = (float)a->top_p;
     o.seed = a->seed;
     o.recompute = a->recompute;
+    o.profile_reps = a->profile && !a->cpu ? a->reps : 0;
     for (int k = 0; k < a->n_stops; k++)
         o.stop[o.n_stop++] = a->stops[k];
     if (!a->ignore_eos)
@@ -166,6 +167,20 @@ static void print_stop(const gen_options *o) {
     printf(", stops at");
     for (int k = 0; k < o->n_stop; k++)
         printf(" %d", o->stop[k]);
+}
+
+/* --profile: the decode step's graph alone, then its segments by kind, slowest first. */
+static void print_profile(const gen_result *r) {
+    double total = 0;
+    for (int k = 0; k < r->n_profile; k++)
+        total += r->profile[k].ms;
+    printf("profile: the decode step as a CUDA graph %.3f ms (no host work); its segments "
+           "in place add up to %.3f ms (an event between segments):\n", r->step_graph_ms, total);
+    for (int k = 0; k < r->n_profile; k++) {
+        const gen_profile_row *w = &r->profile[k];
+        printf("  %-36s %-18s x%-3d %8.3f ms %5.1f%%\n", w->ops, w->tmpl, w->count, w->ms,
+               total > 0 ? 100 * w->ms / total : 0.0);
+    }
 }
 
 static void print_result(const prompts *p, const gen_options *o, const gen_result *r,
@@ -199,6 +214,8 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
         printf("GPU: setup %.2f s (kernels, weights); the steps %.3f s: %.3f ms a step, %.1f "
                "new tokens/s\n", r->setup_s, r->steps_s, 1e3 * r->steps_s / r->steps,
                total / r->steps_s);
+    if (r->n_profile)
+        print_profile(r);
 }
 
 /* prefill: the model at the prompts' batch and longest length, as loaded; ctx: the GPU, or

@@ -41,6 +41,8 @@ typedef struct gen_options {
     int32_t stop[GEN_MAX_STOP]; /* a sequence ends after it makes one of these */
     int n_stop;
     int recompute;        /* no cache: the whole forward pass again for each token */
+    int profile_reps;     /* GPU, > 0: after the run, the decode step timed (gen_result's
+                             step_graph_ms and profile), medians of this many replays */
 } gen_options;
 
 /* The options' defaults: greedy, seed 1, no stop tokens. */
@@ -68,7 +70,20 @@ typedef struct gen_result {
     int steps;            /* forward passes run: the prefill and each decode step */
     double setup_s;       /* GPU: the step's plan, kernels and weights made ready */
     double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */
+    /* GPU with profile_reps: the decode step's CUDA graph replayed alone (no host work), and
+     * its segments timed in place, one row per kind (the ops and the template they run on),
+     * summed over the layers, slowest first. */
+    double step_graph_ms;
+    struct gen_profile_row *profile;
+    int n_profile;
 } gen_result;
+
+typedef struct gen_profile_row {
+    char ops[96];         /* the segment's op kinds, "matmul bias gelu" */
+    const char *tmpl;     /* the template's name */
+    int count;            /* segments of this kind in the step */
+    double ms;            /* their time, summed */
+} gen_profile_row;
 
 void gen_result_free(gen_result *r);
 

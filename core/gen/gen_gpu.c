@@ -213,6 +213,8 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
             take_step(&g);
     }
     r->steps_s = util_now() - t0;
+    if (!rc && o->profile_reps > 0)
+        rc = gen_profile_step(g.xm, g.plan, o->profile_reps, r, err);
     run_free(&g);
     if (rc)
         gen_result_free(r);

@@ -10,6 +10,7 @@ void gen_result_free(gen_result *r) {
     free(r->tokens);
     free(r->n_new);
     free(r->logits);
+    free(r->profile);
     memset(r, 0, sizeof *r);
 }
 

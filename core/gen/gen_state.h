@@ -43,6 +43,10 @@ int gen_check_run(const gen_model *m, const gen_prompts *p, const gen_options *o
 
 /* Checks of the prompts (lengths, ids in the vocabulary). */
 int gen_check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err);
+/* After a GPU run with o->profile_reps: the decode step's graph and segments timed into r
+ * (exec_model_time, exec_model_profile). */
+int gen_profile_step(exec_model *xm, const exec_plan *p, int reps, gen_result *r,
+                     stof_error *err);
 /* The longest prompt. */
 int gen_longest(const gen_prompts *p);
 

@@ -135,6 +135,50 @@ __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], 
     }
 }
 
+// Keys a lane loads V pairs of before it multiplies: independent loads in flight, not one
+// memory latency a key.
+constexpr int kUnroll = kRounds >= 4 ? 2 : (kRounds == 2 ? 4 : 8);
+
+// O_g += p_gj v_j over the tile's n keys (p_gj: lane j's s[g], 0 for a key not allowed; the
+// ballot ok_keys says which are, so a key the mask skips never reaches the sum, whatever its
+// slot holds). vseq: the sequence's slot 0 of head kvh; the key at pos is vnew.
+__device__ __forceinline__ void accumulate_v(warp_state &st, const float (&s)[GROUP],
+                                             unsigned ok_keys, int n, int tile, int pos,
+                                             const elem_t *vnew, const elem_t *vseq, int cap,
+                                             int kv_heads) {
+    const int lane = threadIdx.x % 32;
+    for (int t0 = 0; t0 < n; t0 += kUnroll) {
+        float2 x[kUnroll][kRounds];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int jt = tile + min(t0 + u, n - 1);
+            const elem_t *vrow =
+                jt == pos ? vnew : vseq + (long long)(jt % cap) * kv_heads * HEAD_DIM;
+#pragma unroll
+            for (int r = 0; r < kRounds; ++r) {
+                const int p = lane + 32 * r;
+                x[u][r] = p < kPairs ? load_pair(vrow, p) : make_float2(0.0f, 0.0f);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int t = t0 + u;
+            const bool use = t < n && ((ok_keys >> (t & 31)) & 1u);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                const float pg = __shfl_sync(0xffffffffu, s[g], t & 31);
+                if (use) {
+#pragma unroll
+                    for (int r = 0; r < kRounds; ++r) {
+                        st.acc[g][r].x = fmaf(pg, x[u][r].x, st.acc[g][r].x);
+                        st.acc[g][r].y = fmaf(pg, x[u][r].y, st.acc[g][r].y);
+                    }
+                }
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
@@ -182,30 +226,8 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
             scores(sm, krow, s);
         }
         softmax_tile(st, s, valid);
-        const int n = min(32, last - tile);
-        for (int t = 0; t < n; ++t) {
-            if (!__shfl_sync(0xffffffffu, valid, t))
-                continue;
-            const int jt = tile + t;
-            const elem_t *vrow =
-                jt == pos ? vnew : vc + ((seq_slots + jt % a.cap) * a.kv_heads + kvh) * HEAD_DIM;
-            float pg[GROUP];
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g)
-                pg[g] = __shfl_sync(0xffffffffu, s[g], t);
-#pragma unroll
-            for (int r = 0; r < kRounds; ++r) {
-                const int p = lane + 32 * r;
-                if (p < kPairs) {
-                    const float2 x = load_pair(vrow, p);
-#pragma unroll
-                    for (int g = 0; g < GROUP; ++g) {
-                        st.acc[g][r].x = fmaf(pg[g], x.x, st.acc[g][r].x);
-                        st.acc[g][r].y = fmaf(pg[g], x.y, st.acc[g][r].y);
-                    }
-                }
-            }
-        }
+        accumulate_v(st, s, __ballot_sync(0xffffffffu, valid), min(32, last - tile), tile, pos,
+                     vnew, vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM, a.cap, a.kv_heads);
     }
 
     // merge the warps: each rescaled to the CTA's maximum, per head

@@ -391,6 +391,14 @@ static int segments_status(exec_model *m, stof_error *err) {
     return rc;
 }
 
+int exec_model_status(exec_model *m, stof_error *err) {
+    int rc = cuda_check(m->ctx->drv, m->ctx->drv->CtxSetCurrent(m->ctx->gemm->cu),
+                        "cuCtxSetCurrent", err);
+    if (!rc)
+        rc = sync_stream(m, err);
+    return rc ? rc : segments_status(m, err);
+}
+
 int exec_model_run(exec_model *m, stof_error *err) {
     int rc = cuda_check(m->ctx->drv, m->ctx->drv->CtxSetCurrent(m->ctx->gemm->cu),
                         "cuCtxSetCurrent", err);

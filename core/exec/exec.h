@@ -356,9 +356,12 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
                       stof_error *err);
 
 /* Greedy tokens: out[r] (int32) = the index of the largest of row r of logits [rows, vocab]
- * (the first of equal ones), on the legacy default stream. */
+ * (the first of equal ones), launched on stream st (captured when st is capturing). */
 int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     CUdeviceptr out, stof_error *err);
+                     CUdeviceptr out, CUstream st, stof_error *err);
+/* Waits for the model's stream and reads what its kernels flagged (bad token or position
+ * ids): the check exec_model_run_io leaves to a later call when it runs inside a capture. */
+int exec_model_status(exec_model *m, stof_error *err);
 
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);

@@ -6,7 +6,7 @@
 #include "core/exec/exec_impl.h"
 
 int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     CUdeviceptr out, stof_error *err) {
+                     CUdeviceptr out, CUstream st, stof_error *err) {
     if (dtype != STOF_F16 && dtype != STOF_BF16)
         return err_set(err, STOF_ERR_UNSUPPORTED, "argmax: logits in fp16 or bf16, not %s",
                        stof_dtype_name(dtype));
@@ -24,6 +24,6 @@ int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows
     long long n = (long long)vocab;
     void *params[] = {&logits, &n, &out};
     const unsigned grid[3] = {(unsigned)rows, 1, 1}, block[3] = {256, 1, 1};
-    return cuda_launch(c->drv, m->func, grid, block, 0, NULL, params, 0,
+    return cuda_launch(c->drv, m->func, grid, block, 0, st, params, 0,
                        "cuLaunchKernel(argmax)", err);
 }

@@ -30,10 +30,13 @@ typedef struct gpu_run {
     exec_model *xm;
     stof_dtype dtype;
     const cuda_driver *drv;
-    CUdeviceptr d_ids, d_pos, d_out, d_tok;
+    CUdeviceptr d_in, d_out, d_tok; /* d_in: [2][batch] the step's ids, then positions */
+    CUstream stream;
+    CUgraph step_graph;     /* inputs in, the model's pass, the greedy argmax */
+    CUgraphExec step_exec;
     int on_gpu_argmax;      /* greedy without the logits kept: tokens chosen on the GPU */
     int32_t *tok;           /* [batch] their tokens */
-    int32_t *ids, *pos;     /* [batch] a step's inputs */
+    int32_t *in;            /* [2][batch] a step's inputs: ids, then positions */
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
     float *row;             /* [vocab] */
@@ -43,8 +46,7 @@ typedef struct gpu_run {
 
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    g->ids = err_malloc(sizeof *g->ids * B, err);
-    g->pos = err_malloc(sizeof *g->pos * B, err);
+    g->in = err_malloc(sizeof *g->in * 2 * B, err);
     g->fed = err_calloc(B, sizeof *g->fed, err);
     g->raw = err_malloc(sizeof *g->raw * B * V, err);
     g->row = err_malloc(sizeof *g->row * V, err);
@@ -52,22 +54,48 @@ static int alloc_host(gpu_run *g, stof_error *err) {
     g->tok = err_malloc(sizeof *g->tok * B, err);
     for (uint32_t h = 0; g->f16 && h < 65536; h++)
         g->f16[h] = util_f16_to_f32((uint16_t)h);
-    return g->ids && g->pos && g->fed && g->raw && g->row && g->f16 && g->tok ? STOF_OK
+    return g->in && g->fed && g->raw && g->row && g->f16 && g->tok ? STOF_OK
                                                                              : STOF_ERR_NOMEM;
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_ids, 4 * B), "cuMemAlloc(ids)", err);
-    if (!rc)
-        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_pos, 4 * B), "cuMemAlloc(positions)",
+    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, 8 * B), "cuMemAlloc(ids, positions)",
                         err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
                         err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_tok, 4 * B), "cuMemAlloc(tokens)", err);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->StreamCreate(&g->stream, CU_STREAM_NON_BLOCKING),
+                        "cuStreamCreate", err);
     return rc;
+}
+
+/* The whole step as one CUDA graph of its own, made once: the inputs copied into the model,
+ * its pass, and for greedy runs the argmax, so that a step is one copy in, one launch and one
+ * copy out (the model's bad-id flags are read once, after the last step). */
+static int capture_step(gpu_run *g, stof_error *err) {
+    const cuda_driver *drv = g->drv;
+    size_t B = (size_t)g->p->batch;
+    exec_io in[2] = {{g->dec.ids, g->d_in}, {g->dec.positions, g->d_in + 4 * B}};
+    int rc = cuda_check(drv, drv->StreamBeginCapture(g->stream,
+                                                     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                        "cuStreamBeginCapture(decode step)", err);
+    if (rc)
+        return rc;
+    rc = exec_model_run_io(g->xm, in, 2, g->d_out, g->stream, err);
+    if (!rc && g->on_gpu_argmax)
+        rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
+                              g->stream, err);
+    CUgraph captured = NULL; /* the capture ends whatever happened */
+    int end = cuda_check(drv, drv->StreamEndCapture(g->stream, &captured),
+                         "cuStreamEndCapture(decode step)", rc ? NULL : err);
+    g->step_graph = captured;
+    rc = rc ? rc : end;
+    return rc ? rc : cuda_check(drv, drv->GraphInstantiate(&g->step_exec, captured, 0),
+                                "cuGraphInstantiate(decode step)", err);
 }
 
 /* The default scheme cuts a step's GEMMs as a prefill's, into tiles made for thousands of
@@ -102,6 +130,8 @@ static int prepare(gpu_run *g, stof_error *err) {
         rc = prefer_cublaslt(g->plan, &g->dec.g, err);
     if (!rc)
         rc = exec_model_create(g->ctx, g->plan, &g->m->weights, &g->xm, err);
+    if (!rc) /* the model's own graph, which --profile replays */
+        rc = exec_model_capture(g->xm, err);
     for (int l = 0; !rc && l < g->dec.n_layers; l++) {
         const gen_layer *ly = &g->dec.layers[l];
         g->r->cache_bytes += 2 * stof_dtype_size(g->dtype) * (size_t)g->p->batch *
@@ -115,29 +145,28 @@ static int prepare(gpu_run *g, stof_error *err) {
 static void step_inputs(gpu_run *g) {
     for (int b = 0; b < g->p->batch; b++) {
         int64_t at = g->st.done[b] ? g->fed[b] - 1 : g->fed[b];
-        g->ids[b] = gen_state_token(&g->st, b, at);
-        g->pos[b] = (int32_t)at;
+        g->in[b] = gen_state_token(&g->st, b, at);
+        g->in[g->p->batch + b] = (int32_t)at;
     }
 }
 
 static int run_step(gpu_run *g, stof_error *err) {
+    const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    exec_io in[2] = {{g->dec.ids, g->d_ids}, {g->dec.positions, g->d_pos}};
-    int rc = cuda_check(g->drv, g->drv->MemcpyHtoD(g->d_ids, g->ids, 4 * B), "cuMemcpyHtoD(ids)",
-                        err);
+    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in, g->in, 8 * B, g->stream),
+                        "cuMemcpyHtoDAsync(ids, positions)", err);
     if (!rc)
-        rc = cuda_check(g->drv, g->drv->MemcpyHtoD(g->d_pos, g->pos, 4 * B),
-                        "cuMemcpyHtoD(positions)", err);
-    if (!rc)
-        rc = exec_model_run_io(g->xm, in, 2, g->d_out, NULL, err);
+        rc = cuda_check(drv, drv->GraphLaunch(g->step_exec, g->stream), "cuGraphLaunch(decode "
+                        "step)", err);
     if (!rc && g->on_gpu_argmax)
-        rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, (int64_t)V, g->d_tok, err);
-    if (!rc && g->on_gpu_argmax)
-        rc = cuda_check(g->drv, g->drv->MemcpyDtoH(g->tok, g->d_tok, 4 * B),
-                        "cuMemcpyDtoH(tokens)", err);
+        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->tok, g->d_tok, 4 * B, g->stream),
+                        "cuMemcpyDtoHAsync(tokens)", err);
     else if (!rc)
-        rc = cuda_check(g->drv, g->drv->MemcpyDtoH(g->raw, g->d_out, 2 * B * V),
-                        "cuMemcpyDtoH(logits)", err);
+        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->raw, g->d_out, 2 * B * V, g->stream),
+                        "cuMemcpyDtoHAsync(logits)", err);
+    if (!rc)
+        rc = cuda_check(drv, drv->StreamSynchronize(g->stream),
+                        "cuStreamSynchronize (a kernel of the decode step failed)", err);
     g->r->steps++;
     return rc;
 }
@@ -163,10 +192,14 @@ static void take_step(gpu_run *g) {
 
 static void run_free(gpu_run *g) {
     if (g->drv) {
-        if (g->d_ids)
-            g->drv->MemFree(g->d_ids);
-        if (g->d_pos)
-            g->drv->MemFree(g->d_pos);
+        if (g->step_exec)
+            g->drv->GraphExecDestroy(g->step_exec);
+        if (g->step_graph)
+            g->drv->GraphDestroy(g->step_graph);
+        if (g->stream)
+            g->drv->StreamDestroy(g->stream);
+        if (g->d_in)
+            g->drv->MemFree(g->d_in);
         if (g->d_out)
             g->drv->MemFree(g->d_out);
         if (g->d_tok)
@@ -176,8 +209,7 @@ static void run_free(gpu_run *g) {
     exec_plan_free(g->plan);
     gen_decoder_free(&g->dec);
     gen_state_free(&g->st);
-    free(g->ids);
-    free(g->pos);
+    free(g->in);
     free(g->fed);
     free(g->raw);
     free(g->row);
@@ -204,6 +236,8 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
         rc = prepare(&g, err);
     if (!rc)
         rc = alloc_device(&g, err);
+    if (!rc)
+        rc = capture_step(&g, err);
     r->setup_s = util_now() - t_setup;
     double t0 = util_now();
     while (!rc && !gen_state_all_done(&g.st)) {
@@ -213,6 +247,8 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
             take_step(&g);
     }
     r->steps_s = util_now() - t0;
+    if (!rc)
+        rc = exec_model_status(g.xm, err);
     if (!rc && o->profile_reps > 0)
         rc = gen_profile_step(g.xm, g.plan, o->profile_reps, r, err);
     run_free(&g);

@@ -6,8 +6,9 @@ prompts of --prompt random tokens, --new greedy tokens (no end-of-sequence stop)
   - transformers `generate` with its static cache (which compiles the forward by itself), after
     a warm-up call of the same shape: the time a new token costs, (t(new tokens) - t(1 token))
     / (new - 1);
-  - `stof generate DIR` on the GPU: the time a decode step costs as it reports it (setup apart;
-    the prompts go through the decode step too, so every step is one token a sequence).
+  - `stof generate DIR` on the GPU: the time a decode step costs as it reports it (setup and
+    the prefill pass apart; every step is one token a sequence), and the prefill pass of the
+    prompts that fills the caches.
 
 It also gives the time to read the weights once at the GPU's bandwidth (--bandwidth GB/s) and
 the live KV cache (the weights bound every step's time at batch 1). Speed is a benchmark: the
@@ -78,7 +79,9 @@ def stof_step_ms(stof, d, ids, new, work, log_path, profile):
     if not m:
         raise sc.CmdError("no step time in: " + out[-300:])
     prof = out[out.find("profile:"):].strip() if profile and "profile:" in out else ""
-    return float(m.group(1)), float(kv.group(1)) * 1024 if kv else 0.0, prof
+    pre = re.search(r"the prefill pass ([0-9.]+) ms", out)
+    return (float(m.group(1)), float(kv.group(1)) * 1024 if kv else 0.0,
+            float(pre.group(1)) if pre else None, prof)
 
 
 def main():
@@ -122,7 +125,7 @@ def main():
             except Exception as e:  # noqa: BLE001 -- the row says why
                 row["hf_note"] = str(e).splitlines()[0][:120]
             try:
-                row["stof"], row["cache"], prof = stof_step_ms(
+                row["stof"], row["cache"], row["prefill"], prof = stof_step_ms(
                     stof, d, ids, args.new, args.work_dir, log_path, args.profile)
                 if prof:
                     profiles.append(f"{name}, batch {b}:\n```\n{prof}\n```")
@@ -138,19 +141,24 @@ def main():
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; fp16, random weights; prompts of {args.prompt} tokens, "
             f"{args.new} new tokens, greedy. transformers: `generate` with its static cache "
-            f"(compiled), per new token; stof: `stof generate` on the GPU, per decode step "
-            f"(the prompt goes through the step too). Weights read at {args.bandwidth:.0f} GB/s.")
-    lines = [head, "", "| model | batch | weights read (ms) | transformers (ms/token) | "
-             "stof (ms/step) | stof / weights | speedup | KV cache (MiB) |",
-             "|---|---|---|---|---|---|---|---|"]
+            f"(compiled), per new token; stof: `stof generate` on the GPU, per decode step, and "
+            f"its prefill pass of the prompts. Weights read at {args.bandwidth:.0f} GB/s.")
+    lines = [head, "", "| model | batch | weights + live cache read (ms) | transformers (ms/token) | "
+             "stof (ms/step) | stof / read | speedup | KV cache (MiB) | stof prefill (ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         hf = f"{r['hf']:.3f}" if "hf" in r else f"error: {r.get('hf_note')}"
         st = f"{r['stof']:.3f}" if "stof" in r else f"error: {r.get('stof_note')}"
-        ratio = f"{r['stof'] / r['weights_ms']:.1f}x" if "stof" in r else ""
+        # the live cache of an average step: the prompt and half the new tokens of the
+        # cache's prompt + new - 1 slots
+        live = r.get("cache", 0) * (args.prompt + args.new / 2) / (args.prompt + args.new - 1)
+        read_ms = r["weights_ms"] + live / (args.bandwidth * 1e6)
+        ratio = f"{r['stof'] / read_ms:.1f}x" if "stof" in r else ""
         sp = f"{r['hf'] / r['stof']:.2f}x" if "hf" in r and "stof" in r else ""
         kv = f"{r.get('cache', 0) / 2**20:.1f}"
-        lines.append(f"| {r['model']} | {r['batch']} | {r['weights_ms']:.3f} | {hf} | {st} | "
-                     f"{ratio} | {sp} | {kv} |")
+        pre = f"{r['prefill']:.2f}" if r.get("prefill") is not None else "token by token"
+        lines.append(f"| {r['model']} | {r['batch']} | {read_ms:.3f} | {hf} | {st} | "
+                     f"{ratio} | {sp} | {kv} | {pre} |")
     lines += [""] + profiles if profiles else []
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

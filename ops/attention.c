@@ -63,7 +63,8 @@ typedef struct attn_geom {
 } attn_geom;
 
 static int expected_inputs(const op_attention *a) {
-    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0) + (a->decode ? 3 : 0);
+    return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0) + (a->decode ? 3 : 0) +
+           (a->store ? 2 : 0);
 }
 
 /* Valid once ops_attention_infer has checked the input shapes. */
@@ -94,6 +95,9 @@ static int check_attrs(const graph_op *op, stof_error *err) {
     if (a->decode && (a->cross || a->relpos || a->padded || !a->causal))
         return ops_fail(op, err, STOF_ERR_UNSUPPORTED, "a decode step is causal self-attention "
                         "without relpos or padding");
+    if (a->store && (a->cross || a->relpos || a->decode || !a->causal))
+        return ops_fail(op, err, STOF_ERR_UNSUPPORTED, "a KV-cache store is a causal "
+                        "self-attention's, without relpos");
     if (op->n_inputs == expected_inputs(a))
         return STOF_OK;
     if (a->relpos && op->n_inputs == expected_inputs(a) - 1)
@@ -214,6 +218,19 @@ static int check_cache(const graph_op *op, const graph_tensor *qkv, const graph_
                     (long long)geo->batch, op_attention_kv_heads(a), a->head_dim);
 }
 
+/* A K and a V cache of as many slots. */
+static int check_caches(const graph_op *op, const graph_tensor *qkv, const graph_tensor *k,
+                        const graph_tensor *v, const attn_geom *geo, stof_error *err) {
+    int rc;
+    if ((rc = check_cache(op, qkv, k, "k_cache", geo, err)) ||
+        (rc = check_cache(op, qkv, v, "v_cache", geo, err)))
+        return rc;
+    if (k->shape[1] != v->shape[1])
+        return ops_fail(op, err, STOF_ERR_SHAPE, "k_cache has %lld slots, v_cache %lld",
+                        (long long)k->shape[1], (long long)v->shape[1]);
+    return STOF_OK;
+}
+
 /* A decode step: one query a sequence, its position, int32 [B, 1], its K and V caches. */
 static int check_decode(const graph *g, const graph_op *op, const attn_geom *geo,
                         stof_error *err) {
@@ -227,14 +244,14 @@ static int check_decode(const graph *g, const graph_op *op, const attn_geom *geo
         pos->shape[1] != 1)
         return ops_fail(op, err, STOF_ERR_SHAPE, "positions %s must be int32 [%lld, 1]",
                         ops_tensor_str(pos, ps, sizeof ps), (long long)geo->batch);
-    int rc;
-    if ((rc = check_cache(op, qkv, k, "k_cache", geo, err)) ||
-        (rc = check_cache(op, qkv, v, "v_cache", geo, err)))
-        return rc;
-    if (k->shape[1] != v->shape[1])
-        return ops_fail(op, err, STOF_ERR_SHAPE, "k_cache has %lld slots, v_cache %lld",
-                        (long long)k->shape[1], (long long)v->shape[1]);
-    return STOF_OK;
+    return check_caches(op, qkv, k, v, geo, err);
+}
+
+/* A prefill's store: its K and V caches, the last two inputs. */
+static int check_store(const graph *g, const graph_op *op, const attn_geom *geo,
+                       stof_error *err) {
+    return check_caches(op, ops_input(g, op, 0), ops_input(g, op, op->n_inputs - 2),
+                        ops_input(g, op, op->n_inputs - 1), geo, err);
 }
 
 static int check_mask(const graph *g, const graph_op *op, const attn_geom *geo,
@@ -287,6 +304,8 @@ int ops_attention_infer(OPS_INFER_ARGS) {
     if (a->padded && (rc = check_padding(op, ops_input(g, op, 1), &geo, err)))
         return rc;
     if (a->decode && (rc = check_decode(g, op, &geo, err)))
+        return rc;
+    if (a->store && (rc = check_store(g, op, &geo, err)))
         return rc;
     if ((rc = check_mask(g, op, &geo, err)))
         return rc;

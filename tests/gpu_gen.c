@@ -1,8 +1,8 @@
 /* Generation on the GPU (core/gen, gen_run_gpu) against the CPU reference (gen_run_cpu) on the
  * same fp16 models: tiny decoders built from their config.json by the shipped scripts (GPT-2
  * with its head, GPT-Neo's local and global layers, Mistral's grouped-query attention with a
- * sliding window its ring wraps past, Llama), random weights, ragged prompts fed through the
- * decode step. Every step's logits within fp16's error of the reference's; greedy tokens the
+ * sliding window its ring wraps past, Llama), random weights, ragged prompts through the
+ * prefill pass that fills the caches, and token by token through the decode step. Every step's logits within fp16's error of the reference's; greedy tokens the
  * same wherever the reference's margin between its two best logits is not a near tie. Exits 77
  * without a GPU. */
 #include <math.h>
@@ -106,9 +106,10 @@ static void compare(const tiny *t, const gen_result *cpu, const gen_result *gpu)
               worst);
     CHECK_MSG(wrong == 0, "%s: %d sequences' tokens differ where the reference is sure", t->name,
               wrong);
-    printf("%-8s GPU against the CPU reference: logits rel <= %.2e, %d tokens the same, %d near "
-           "ties, %d wrong; %d GPU steps, KV cache %zu B\n", t->name, worst, same, ties, wrong,
-           gpu->steps, gpu->cache_bytes);
+    printf("%-8s GPU (%s) against the CPU reference: logits rel <= %.2e, %d tokens the same, "
+           "%d near ties, %d wrong; %d GPU steps, KV cache %zu B\n", t->name,
+           gpu->prefilled ? "prefill pass" : "prompts fed", worst, same, ties, wrong, gpu->steps,
+           gpu->cache_bytes);
 }
 
 static void run_model(exec_ctx *ctx, const tiny *t) {
@@ -133,6 +134,8 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
     CHECK_MSG(rg == STOF_OK, "%s GPU: %s", t->name, err.msg);
     if (!rc && !rg)
         compare(t, &cpu, &gpu);
+    CHECK_MSG(rg || gpu.prefilled, "%s: the prompts did not go through the prefill pass",
+              t->name);
     /* greedy without the logits kept: the tokens chosen on the GPU, the same */
     gen_result fast;
     int rf = gen_run_gpu(&m, ctx, &p, &o, 0, &fast, &err);
@@ -142,6 +145,18 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
                   "%s: the GPU's argmax chose other tokens than the host's", t->name);
     if (!rf)
         gen_result_free(&fast);
+    /* the prompts token by token through the decode step instead: the reference's too */
+    gen_options fed_o = o;
+    fed_o.feed_prompts = 1;
+    gen_result fed;
+    int rd = gen_run_gpu(&m, ctx, &p, &fed_o, 1, &fed, &err);
+    CHECK_MSG(rd == STOF_OK, "%s GPU, prompts fed: %s", t->name, err.msg);
+    if (!rd && !rc) {
+        CHECK_MSG(!fed.prefilled, "%s: prompts fed, yet a prefill ran", t->name);
+        compare(t, &cpu, &fed);
+    }
+    if (!rd)
+        gen_result_free(&fed);
     if (!rc)
         gen_result_free(&cpu);
     if (!rg)

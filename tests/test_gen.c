@@ -147,6 +147,58 @@ static void check_caches(const tiny *t, fixture *f) {
     gen_decoder_free(&d);
 }
 
+/* The prefill pass: the model up to its last attention, each attention storing into caches
+ * named and shaped as the decode step's, nothing after it, no weight it does not read. */
+static void check_prefill(const tiny *t, fixture *f) {
+    gen_decoder d;
+    graph pg;
+    stof_error err = {0};
+    int rc = gen_decoder_build(&f->context, &d, &err);
+    if (!rc)
+        rc = gen_prefill_build(&f->prefill, &d, &pg, &err);
+    CHECK_MSG(rc == STOF_OK, "%s prefill: %s", t->name, err.msg);
+    if (rc) {
+        gen_decoder_free(&d);
+        return;
+    }
+    int stores = 0;
+    for (int i = 0; i < pg.n_ops; i++) {
+        const graph_op *op = &pg.ops[i];
+        if (op->kind != OP_ATTENTION)
+            continue;
+        CHECK(op->attr.attn.store && !op->attr.attn.decode);
+        for (int kv = 0; kv < 2; kv++) {
+            const graph_tensor *c = &pg.tensors[op->inputs[op->n_inputs - 2 + kv]];
+            int s = graph_find_tensor(&d.g, c->name);
+            CHECK_MSG(s >= 0, "%s: cache '%s' is not the decode step's", t->name, c->name);
+            if (s >= 0)
+                CHECK(c->shape[1] == d.g.tensors[s].shape[1] &&
+                      c->shape[2] == d.g.tensors[s].shape[2]);
+        }
+        stores++;
+    }
+    CHECK_EQ_INT(stores, d.n_layers);
+    const graph_op *last = &pg.ops[pg.n_ops - 1];
+    CHECK(last->kind == OP_ATTENTION && pg.output == last->output);
+    CHECK(pg.tensors[pg.output].shape[0] == BATCH && pg.tensors[pg.output].shape[1] == LONGEST);
+    for (int w = 0; w < pg.n_tensors; w++) { /* every weight and input is read */
+        int read = pg.tensors[w].role == GRAPH_ACTIVATION || w == pg.output;
+        for (int i = 0; !read && i < pg.n_ops; i++)
+            for (int k = 0; k < pg.ops[i].n_inputs; k++)
+                read |= pg.ops[i].inputs[k] == w;
+        CHECK_MSG(read, "%s prefill: '%s' is read by no op", t->name, pg.tensors[w].name);
+    }
+    graph_free(&pg);
+    /* a prefill at another batch is not this step's */
+    graph other;
+    rc = build(t, BATCH - 1, LONGEST, NULL, &other, &err);
+    CHECK_EQ_INT(rc, STOF_OK);
+    if (!rc)
+        CHECK_EQ_INT(gen_prefill_build(&other, &d, &pg, &err), STOF_ERR_INVALID);
+    graph_free(&other);
+    gen_decoder_free(&d);
+}
+
 static void test_models(void) {
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         const tiny *t = &models[k];
@@ -156,6 +208,7 @@ static void test_models(void) {
         CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
         if (!rc) {
             check_caches(t, &f);
+            check_prefill(t, &f);
             check_against_recompute(t, &f, gen_options_default(NEW));
             gen_options o = gen_options_default(NEW);
             o.temperature = 0.8f;

@@ -193,6 +193,12 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
     print_stop(o);
     printf("\n");
     int total = 0;
+    char prefill_text[64];
+    if (r->prefilled)
+        snprintf(prefill_text, sizeof prefill_text, "the prefill pass %.3f ms",
+                 1e3 * r->prefill_s);
+    else
+        snprintf(prefill_text, sizeof prefill_text, "token by token through the step");
     for (int b = 0; b < p->batch; b++) {
         printf("sequence %d:", b);
         for (int s = 0; s < p->len[b]; s++)
@@ -211,9 +217,9 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
     else
         printf(", KV cache %.1f KiB\n", (double)r->cache_bytes / 1024.0);
     if (r->steps_s > 0)
-        printf("GPU: setup %.2f s (kernels, weights); the steps %.3f s: %.3f ms a step, %.1f "
-               "new tokens/s\n", r->setup_s, r->steps_s, 1e3 * r->steps_s / r->steps,
-               total / r->steps_s);
+        printf("GPU: setup %.2f s (kernels, weights); prompts: %s; the steps %.3f s: %.3f ms "
+               "a step, %.1f new tokens/s\n", r->setup_s, prefill_text, r->steps_s,
+               1e3 * r->steps_s / r->steps, total / r->steps_s);
     if (r->n_profile)
         print_profile(r);
 }
@@ -238,8 +244,7 @@ static int generate(const cli_args *a, const graph_script *info, const prompts *
     clock_gettime(CLOCK_MONOTONIC, &t1);
     char where[300];
     if (ctx)
-        snprintf(where, sizeof where, "GPU %.200s (%s, prompts fed through the decode step)",
-                 exec_ctx_device(ctx)->name,
+        snprintf(where, sizeof where, "GPU %.200s (%s)", exec_ctx_device(ctx)->name,
                  stof_dtype_name(prefill->tensors[prefill->output].dtype));
     else
         snprintf(where, sizeof where, "CPU reference (fp32)");

@@ -289,9 +289,11 @@ void exec_model_free(exec_model *m) {
     if (m->graph)
         drv->GraphDestroy(m->graph);
     if (m->rt)
-        for (int s = 0; s < m->plan->n_segs; s++)
+        for (int s = 0; s < m->plan->n_segs; s++) {
+            exec_seg_rt_release(&m->rt[s]);
             if (m->rt[s].owns_kplan)
                 m->rt[s].launcher->free_plan(m, m->rt[s].kplan);
+        }
     gpu_timer_free(&m->timer);
     if (m->stream)
         drv->StreamDestroy(m->stream);
@@ -747,8 +749,14 @@ static int check_attention_mask(exec_model *m, int t, stof_error *err) {
     return rc;
 }
 
+CUdeviceptr exec_model_tensor(const exec_model *m, int t) {
+    return t >= 0 && t < m->plan->g->n_tensors ? m->ptr[t] : 0;
+}
+
 static int copy_output(exec_model *m, CUdeviceptr out, CUstream st, stof_error *err) {
     const graph *g = m->plan->g;
+    if (!out)
+        return STOF_OK;
     return cuda_check(m->ctx->drv,
                       m->ctx->drv->MemcpyDtoDAsync(out, m->ptr[g->output],
                                                    graph_tensor_bytes(&g->tensors[g->output]),

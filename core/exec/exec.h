@@ -341,8 +341,9 @@ int exec_model_measure(exec_ctx *c, const exec_plan *p, uint64_t seed, int reps,
  * input buffers, the captured forward pass replayed, the output copied to
  * out (the model's dtype), all ordered after the work already on `caller`
  * and before what is queued there next (events, no host wait in between).
- * An input with no pointer (0) must be one that can be left out (an
- * attention_mask: then all ones, no padding). Returns once the pass is done
+ * With out 0 the output is not copied. An input with no pointer (0) must be
+ * one that can be left out (an attention_mask: then all ones, no padding).
+ * Returns once the pass is done
  * and its inputs checked (a token id outside the vocabulary, an
  * attention_mask that is not right-padded: errors, and out is not written).
  * When `caller` is capturing (the caller's CUDA graph), the copies and the
@@ -362,6 +363,10 @@ int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows
 /* Waits for the model's stream and reads what its kernels flagged (bad token or position
  * ids): the check exec_model_run_io leaves to a later call when it runs inside a capture. */
 int exec_model_status(exec_model *m, stof_error *err);
+
+/* The device address of tensor t (a weight, an input or an activation in the arena; 0 when
+ * it has none): for binding it into another model (exec_model_create_bound). */
+CUdeviceptr exec_model_tensor(const exec_model *m, int t);
 
 /* Copies the output back as fp32: graph_tensor_numel(output) floats. */
 int exec_model_output(exec_model *m, float *out, stof_error *err);

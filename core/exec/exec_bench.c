@@ -30,6 +30,8 @@ static void use_copy(exec_bench *b, int c) {
 void exec_bench_free(exec_bench *b) {
     if (!b)
         return;
+    for (int c = 0; b->rt && c < b->n_copies; c++)
+        exec_seg_rt_release(&b->rt[c]);
     if (b->kplan)
         b->launcher->free_plan(&b->model, b->kplan);
     free(b->rt);

@@ -37,12 +37,23 @@ typedef union exec_tensors {
 
 typedef struct exec_launcher exec_launcher;
 
+/* A prefill attention's store into its KV cache (op_attention.store), after the attention. */
+typedef struct exec_kv_store {
+    mha_decode_plan *plan;
+    CUdeviceptr qkv, pad_mask, k_cache, v_cache;
+    int seq;
+} exec_kv_store;
+
 typedef struct exec_seg_rt {
     const exec_launcher *launcher;
     void *kplan;          /* gemm_exec_plan, cublaslt_exec_plan or mha_exec_plan */
     int owns_kplan;       /* 0: shared with an identical segment before it */
     exec_tensors t;
+    exec_kv_store *store; /* attention that fills a KV cache, else NULL */
 } exec_seg_rt;
+
+/* What a segment's binding holds besides its kernel plan (a KV-cache store), freed. */
+void exec_seg_rt_release(exec_seg_rt *rt);
 
 struct exec_model {
     exec_ctx *ctx;

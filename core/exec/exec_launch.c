@@ -8,6 +8,7 @@
  * produce. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/base/error.h"
@@ -597,6 +598,37 @@ static void attn_free(exec_model *m, void *kplan) {
     mha_exec_plan_free(m->ctx->mha, kplan);
 }
 
+void exec_seg_rt_release(exec_seg_rt *rt) {
+    if (rt->store)
+        mha_decode_plan_free(rt->store->plan);
+    free(rt->store);
+    rt->store = NULL;
+}
+
+/* op_attention.store: the store kernel's plan for the op's caches (its last two inputs). */
+static int attn_bind_store(exec_model *m, const graph_op *op, const mha_exec_problem *p,
+                           exec_seg_rt *rt, stof_error *err) {
+    const graph *g = m->plan->g;
+    const graph_tensor *k = tensor(g, op->inputs[op->n_inputs - 2]);
+    mha_decode_problem dp = {.batch = p->batch, .heads = p->heads, .kv_heads = p->kv_heads,
+                             .head_dim = p->head_dim, .dtype = p->dtype,
+                             .cap = (int)k->shape[1], .context = (int)k->shape[1],
+                             .scale = p->scale};
+    exec_seg_rt_release(rt);
+    rt->store = err_calloc(1, sizeof *rt->store, err);
+    if (!rt->store)
+        return STOF_ERR_NOMEM;
+    *rt->store = (exec_kv_store){.qkv = ptr_of(m, op->inputs[0]),
+                                 .pad_mask = p->padded ? ptr_of(m, op->inputs[1]) : 0,
+                                 .k_cache = ptr_of(m, op->inputs[op->n_inputs - 2]),
+                                 .v_cache = ptr_of(m, op->inputs[op->n_inputs - 1]),
+                                 .seq = p->q_len};
+    int rc = mha_decode_plan_create(m->ctx->mha, &dp, 1, &rt->store->plan, err);
+    if (rc)
+        exec_seg_rt_release(rt);
+    return rc;
+}
+
 static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
     const graph *g = m->plan->g;
     const graph_op *op = &g->ops[s->first];
@@ -612,11 +644,16 @@ static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof
         rt->t.attn.relpos_table = ptr_of(m, op->inputs[op->n_inputs - 1]);
     if (op->attr.attn.padded)
         rt->t.attn.pad_mask = ptr_of(m, op->inputs[1]);
-    return STOF_OK;
+    return op->attr.attn.store ? attn_bind_store(m, op, p, rt, err) : STOF_OK;
 }
 
 static int attn_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_error *err) {
-    return mha_exec_run(m->ctx->mha, rt->kplan, &rt->t.attn, st, err);
+    int rc = mha_exec_run(m->ctx->mha, rt->kplan, &rt->t.attn, st, err);
+    const exec_kv_store *k = rt->store;
+    if (!rc && k)
+        rc = mha_decode_store(k->plan, k->qkv, k->seq, k->pad_mask, k->k_cache, k->v_cache, st,
+                              err);
+    return rc;
 }
 
 static size_t attn_describe(const void *kplan, char *buf, size_t n) {

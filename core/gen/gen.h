@@ -41,6 +41,8 @@ typedef struct gen_options {
     int32_t stop[GEN_MAX_STOP]; /* a sequence ends after it makes one of these */
     int n_stop;
     int recompute;        /* no cache: the whole forward pass again for each token */
+    int feed_prompts;     /* GPU: 1 sends the prompts token by token through the decode step
+                             instead of the prefill pass */
     int profile_reps;     /* GPU, > 0: after the run, the decode step timed (gen_result's
                              step_graph_ms and profile), medians of this many replays */
 } gen_options;
@@ -68,7 +70,11 @@ typedef struct gen_result {
     int64_t vocab;
     size_t cache_bytes;   /* the KV cache's (0 when recomputing) */
     int steps;            /* forward passes run: the prefill and each decode step */
-    double setup_s;       /* GPU: the step's plan, kernels and weights made ready */
+    double setup_s;       /* GPU: the step's plan, kernels and weights made ready (and the
+                             prefill's) */
+    int prefilled;        /* GPU: 1 when the prompts went through the prefill pass, 0 when
+                             token by token through the decode step */
+    double prefill_s;     /* GPU: the prefill pass */
     double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */
     /* GPU with profile_reps: the decode step's CUDA graph replayed alone (no host work), and
      * its segments timed in place, one row per kind (the ops and the template they run on),
@@ -111,6 +117,12 @@ typedef struct gen_decoder {
  * run on one token (cross-attention, a relative position bias, a
  * non-causal attention) is an error naming it. */
 int gen_decoder_build(const graph *model, gen_decoder *d, stof_error *err);
+/* The prompts' pass that fills the caches of decode step d: the model `prefill` (at the
+ * decode step's batch and the longest prompt) up to its last attention, each attention storing
+ * its K and V (op_attention.store) into caches named and shaped as d's, its output that last
+ * attention's (the logits come from the decode step, fed each prompt's last token). Only the
+ * tensors those ops read are in it. */
+int gen_prefill_build(const graph *prefill, const gen_decoder *d, graph *out, stof_error *err);
 /* That model takes input_ids [B, S] and outputs logits [B, S, vocab] (not hidden states: the
  * error says to build it with its head). */
 int gen_check_logits(const graph *model, stof_error *err);

@@ -1,5 +1,7 @@
-/* The decode step's graph, derived from the model's graph at the full context
- * (gen.h). Every op of a decoder works on each token by itself except the
+/* The graphs of a generation derived from the model's (gen.h): the decode step, and the
+ * prefill that fills its caches (at the end of this file).
+ *
+ * The decode step comes from the model's graph at the full context. Every op of a decoder works on each token by itself except the
  * embedding's and the rotary's positions and the attention, so the step is the
  * same ops on [B, 1] with:
  *   - a position_ids input [B, 1]: the embedding's position rows and the
@@ -20,7 +22,8 @@
 
 typedef struct derive {
     const graph *src;
-    gen_decoder *d;
+    graph *out;      /* the graph being made */
+    gen_decoder *d;  /* the decode step (made, or being made) */
     int *map;        /* src tensor -> d.g tensor, -1: none */
     int *mask_map;   /* src mask -> d.g mask, -1: not copied yet */
     int batch;
@@ -43,21 +46,21 @@ static int derive_input(derive *x, int t, stof_error *err) {
                        "decode step's own", GEN_POSITIONS_NAME);
     graph_tensor t1 = *s;
     t1.shape[1] = 1;
-    return graph_add_tensor(&x->d->g, &t1, &x->map[t], err);
+    return graph_add_tensor(x->out, &t1, &x->map[t], err);
 }
 
 /* A weight as it is, with the checkpoint names it is read from. */
 static int derive_weight(derive *x, int t, stof_error *err) {
-    int rc = graph_add_tensor(&x->d->g, &x->src->tensors[t], &x->map[t], err);
+    int rc = graph_add_tensor(x->out, &x->src->tensors[t], &x->map[t], err);
     const graph_source *s = rc ? NULL : graph_source_of(x->src, t);
     if (!s)
         return rc;
     if (s->row_offset)
-        return graph_set_source_rows(&x->d->g, x->map[t], s->row_offset, err);
+        return graph_set_source_rows(x->out, x->map[t], s->row_offset, err);
     const char *parts[GRAPH_MAX_SOURCE_PARTS];
     for (int k = 0; k < s->n; k++)
         parts[k] = graph_source_part(x->src, s, k);
-    return graph_set_source(&x->d->g, x->map[t], parts, s->part_rows, s->n, err);
+    return graph_set_source(x->out, x->map[t], parts, s->part_rows, s->n, err);
 }
 
 static int add_positions(derive *x, stof_error *err) {
@@ -79,19 +82,20 @@ static int derive_mask(derive *x, int id, int *out, stof_error *err) {
     mask *copy = NULL;
     int rc = mask_copy(x->src->masks[id], &copy, err);
     if (!rc)
-        rc = graph_add_mask(&x->d->g, copy, mask_release, &x->mask_map[id], err);
+        rc = graph_add_mask(x->out, copy, mask_release, &x->mask_map[id], err);
     *out = x->mask_map[id];
     return rc;
 }
 
-/* Layer l's K (kv 0) or V cache: a weight of zeros the steps write, [B, cap, KVH, D]. */
-static int add_cache(derive *x, const gen_layer *l, stof_dtype dtype, int kv, int *id,
+/* The K (kv 0) or V cache of the step's attention `layer`: a weight of zeros the steps write,
+ * [B, cap, KVH, D], named alike in the step and the prefill. */
+static int add_cache(derive *x, int layer, const gen_layer *l, stof_dtype dtype, int kv, int *id,
                      stof_error *err) {
     graph_tensor t = {.role = GRAPH_WEIGHT, .dtype = dtype, .ndim = 4,
                       .shape = {x->batch, l->cap, l->kv_heads, l->head_dim}, .producer = -1,
                       .init = GRAPH_INIT_ZEROS, .constant = 1};
-    snprintf(t.name, sizeof t.name, "kv_cache.%d.%s", x->d->n_layers, kv ? "v" : "k");
-    return graph_add_tensor(&x->d->g, &t, id, err);
+    snprintf(t.name, sizeof t.name, "kv_cache.%d.%s", layer, kv ? "v" : "k");
+    return graph_add_tensor(x->out, &t, id, err);
 }
 
 static int derive_attention(derive *x, int i, graph_op *op, stof_error *err) {
@@ -114,8 +118,8 @@ static int derive_attention(derive *x, int i, graph_op *op, stof_error *err) {
     op->inputs[1] = x->d->positions;
     op->n_inputs = 2;
     for (int kv = 0; kv < 2 && !rc; kv++)
-        rc = add_cache(x, l, x->d->g.tensors[op->inputs[0]].dtype, kv, &op->inputs[op->n_inputs++],
-                       err);
+        rc = add_cache(x, x->d->n_layers, l, x->out->tensors[op->inputs[0]].dtype, kv,
+                       &op->inputs[op->n_inputs++], err);
     x->d->n_layers++;
     return rc;
 }
@@ -159,9 +163,9 @@ static void follow_layer(derive *x, int i, int *open) {
     if (layer == *open)
         return;
     if (*open >= 0)
-        graph_end_layer(&x->d->g);
+        graph_end_layer(x->out);
     if (layer >= 0)
-        graph_begin_layer(&x->d->g);
+        graph_begin_layer(x->out);
     *open = layer;
 }
 
@@ -205,6 +209,20 @@ static int derive_all(derive *x, int src_ids, stof_error *err) {
     return rc;
 }
 
+/* x's tensor and mask maps, every entry -1 (none yet). */
+static int derive_maps(derive *x, stof_error *err) {
+    const graph *src = x->src;
+    x->map = err_malloc(sizeof *x->map * (size_t)(src->n_tensors ? src->n_tensors : 1), err);
+    x->mask_map = err_malloc(sizeof *x->mask_map * (size_t)(src->n_masks + 1), err);
+    if (!x->map || !x->mask_map)
+        return STOF_ERR_NOMEM;
+    for (int t = 0; t < src->n_tensors; t++)
+        x->map[t] = -1;
+    for (int k = 0; k < src->n_masks; k++)
+        x->mask_map[k] = -1;
+    return STOF_OK;
+}
+
 int gen_decoder_build(const graph *model, gen_decoder *d, stof_error *err) {
     memset(d, 0, sizeof *d);
     graph_init(&d->g);
@@ -216,15 +234,9 @@ int gen_decoder_build(const graph *model, gen_decoder *d, stof_error *err) {
     d->context = out->shape[1];
     d->vocab = out->shape[2];
     snprintf(d->g.name, sizeof d->g.name, "%.80s.decode", model->name);
-    derive x = {.src = model, .d = d, .batch = (int)out->shape[0]};
-    x.map = err_malloc(sizeof *x.map * (size_t)(model->n_tensors ? model->n_tensors : 1), err);
-    x.mask_map = err_malloc(sizeof *x.mask_map * (size_t)(model->n_masks + 1), err);
+    derive x = {.src = model, .out = &d->g, .d = d, .batch = (int)out->shape[0]};
     d->layers = err_calloc((size_t)model->n_ops + 1, sizeof *d->layers, err);
-    rc = x.map && x.mask_map && d->layers ? STOF_OK : STOF_ERR_NOMEM;
-    for (int t = 0; !rc && t < model->n_tensors; t++)
-        x.map[t] = -1;
-    for (int k = 0; !rc && k < model->n_masks; k++)
-        x.mask_map[k] = -1;
+    rc = d->layers ? derive_maps(&x, err) : STOF_ERR_NOMEM;
     if (!rc)
         rc = derive_all(&x, ids, err);
     free(x.map);
@@ -238,4 +250,94 @@ void gen_decoder_free(gen_decoder *d) {
     graph_free(&d->g);
     free(d->layers);
     memset(d, 0, sizeof *d);
+}
+
+/* ---- the prefill that fills the step's caches ------------------------------------------- */
+
+/* The last attention op of g, or -1. */
+static int last_attention(const graph *g) {
+    int last = -1;
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == OP_ATTENTION)
+            last = i;
+    return last;
+}
+
+/* Attention `layer` of the prefill: the same op, storing into the step's caches. */
+static int prefill_attention(derive *x, int layer, graph_op *op, stof_error *err) {
+    op_attention *a = &op->attr.attn;
+    const gen_layer *l = layer < x->d->n_layers ? &x->d->layers[layer] : NULL;
+    if (!l || l->heads != a->heads || l->kv_heads != op_attention_kv_heads(a) ||
+        l->head_dim != a->head_dim)
+        return err_set(err, STOF_ERR_INVALID, "prefill: attention '%s' is not the decode "
+                       "step's attention %d", op->name, layer);
+    if (op->n_inputs + 2 > GRAPH_MAX_INPUTS)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "prefill: attention '%s' has no room for its "
+                       "caches", op->name);
+    int rc = derive_mask(x, a->mask, &a->mask, err);
+    a->store = 1;
+    for (int kv = 0; kv < 2 && !rc; kv++)
+        rc = add_cache(x, layer, l, x->out->tensors[op->inputs[0]].dtype, kv,
+                       &op->inputs[op->n_inputs++], err);
+    return rc;
+}
+
+/* The tensors ops 0 .. last read, added as they are (inputs and weights only). */
+static int prefill_tensors(derive *x, int last, stof_error *err) {
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i <= last; i++) {
+        const graph_op *op = &x->src->ops[i];
+        for (int k = 0; !rc && k < op->n_inputs; k++) {
+            int t = op->inputs[k];
+            graph_role r = x->src->tensors[t].role;
+            if (x->map[t] >= 0 || (r != GRAPH_INPUT && r != GRAPH_WEIGHT))
+                continue;
+            rc = r == GRAPH_WEIGHT ? derive_weight(x, t, err)
+                                   : graph_add_tensor(x->out, &x->src->tensors[t], &x->map[t],
+                                                      err);
+        }
+    }
+    return rc;
+}
+
+static int prefill_ops(derive *x, int last, stof_error *err) {
+    int rc = prefill_tensors(x, last, err), open = -1, layer = 0;
+    for (int i = 0; !rc && i <= last; i++) {
+        graph_op op = x->src->ops[i];
+        follow_layer(x, i, &open);
+        for (int k = 0; k < op.n_inputs; k++)
+            op.inputs[k] = x->map[op.inputs[k]];
+        if (op.kind == OP_ATTENTION)
+            rc = prefill_attention(x, layer++, &op, err);
+        if (!rc)
+            rc = op_add(x->out, &op, &x->map[op.output], err);
+    }
+    if (!rc && open >= 0)
+        graph_end_layer(x->out);
+    if (!rc && layer != x->d->n_layers)
+        rc = err_set(err, STOF_ERR_INVALID, "prefill: %d attention ops, the decode step has %d",
+                     layer, x->d->n_layers);
+    return rc ? rc : graph_set_output(x->out, x->map[x->src->ops[last].output], err);
+}
+
+int gen_prefill_build(const graph *prefill, const gen_decoder *d, graph *out, stof_error *err) {
+    graph_init(out);
+    int last = last_attention(prefill);
+    if (last < 0)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "prefill: the model has no attention");
+    const graph_tensor *y = &prefill->tensors[prefill->ops[last].output];
+    snprintf(out->name, sizeof out->name, "%.80s.prefill", prefill->name);
+    /* the prefill only reads the step (its layers' caches) */
+    derive x = {.src = prefill, .out = out, .d = (gen_decoder *)d, .batch = (int)y->shape[0]};
+    int rc = x.batch == d->g.tensors[d->ids].shape[0]
+                 ? derive_maps(&x, err)
+                 : err_set(err, STOF_ERR_INVALID, "prefill: batch %d, the decode step's %lld",
+                           x.batch, (long long)d->g.tensors[d->ids].shape[0]);
+    if (!rc)
+        rc = prefill_ops(&x, last, err);
+    free(x.map);
+    free(x.mask_map);
+    if (rc)
+        graph_free(out);
+    return rc;
 }

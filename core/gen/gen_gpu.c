@@ -1,13 +1,15 @@
 /* Generation on the GPU (gen.h): the decode step's graph on the executor (the default
- * scheme's kernels, one CUDA graph replayed a step), each attention against its KV cache,
- * which lives on the device as a weight of the step that its kernel writes.
+ * scheme's kernels), each attention against its KV cache, which lives on the device as a
+ * weight of the step that its kernel writes. A step is one CUDA graph of its own: the inputs
+ * copied in, the model's pass, the greedy argmax.
  *
- * The prompts go through the decode step token by token: every step feeds each sequence its
- * next token -- a prompt's, or the one it just generated -- at its position, and a sequence
- * whose prompt is all in draws its next token from that step's logits: greedy ones by an
- * argmax on the GPU (one token a sequence comes back), sampled ones on the host with
- * gen_sample (the same draws as the CPU reference). The prefill pass does not write the
- * caches yet, so a prompt of n tokens costs n steps. */
+ * The prompts go through the prefill pass (gen_gpu_prefill.c), which fills the caches up to
+ * each prompt's last token; that token then goes through the first step, whose logits give the
+ * first new token. Every step feeds each sequence its next token -- the one it just
+ * generated, or a prompt's when the prefill could not take the prompts and they go token by
+ * token -- at its position; a sequence whose prompt is all in draws its next token from that
+ * step's logits: greedy ones by an argmax on the GPU (one token a sequence comes back),
+ * sampled ones on the host with gen_sample (the same draws as the CPU reference). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -238,7 +240,12 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
         rc = alloc_device(&g, err);
     if (!rc)
         rc = capture_step(&g, err);
-    r->setup_s = util_now() - t_setup;
+    if (!rc && !o->feed_prompts)
+        rc = gen_gpu_prefill(ctx, m, &g.dec, g.xm, p, g.stream, &r->prefilled, &r->prefill_s,
+                             err);
+    for (int b = 0; !rc && r->prefilled && b < p->batch; b++)
+        g.fed[b] = p->len[b] - 1; /* its last token goes through the step: the first logits */
+    r->setup_s = util_now() - t_setup - r->prefill_s;
     double t0 = util_now();
     while (!rc && !gen_state_all_done(&g.st)) {
         step_inputs(&g);

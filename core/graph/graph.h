@@ -122,6 +122,12 @@ typedef struct op_attention {
      * and it attends the cached keys j <= p that row p of the mask (context x context)
      * allows. Run with its cache (ops_attention_decode_ref), not by the op table. */
     int decode;
+    /* A prefill that fills a KV cache (causal self-attention, no relpos): inputs {qkv,
+     * [attention_mask], k_cache, v_cache} with the caches [B, slots, KVH, D] as a decode step
+     * has them. Besides its output, the K and V of each sequence's last `slots` real rows
+     * (right padded by the attention_mask) go to the cache, row s at slot s % slots. The op
+     * table's CPU reference computes the output only; the executor writes the cache. */
+    int store;
 } op_attention;
 
 /* The attention's K/V head count (kv_heads, or heads when 0). */

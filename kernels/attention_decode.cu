@@ -139,21 +139,32 @@ __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], 
 // memory latency a key.
 constexpr int kUnroll = kRounds >= 4 ? 2 : (kRounds == 2 ? 4 : 8);
 
+// The ring slot of key tile + t (t < 32) from the tile's own, tile_slot = tile % cap: no
+// division a key once the ring holds a tile.
+__device__ __forceinline__ int ring_slot(int tile_slot, int t, int tile, int cap) {
+    if (cap < 32)
+        return (tile + t) % cap;
+    const int s = tile_slot + t;
+    return s >= cap ? s - cap : s;
+}
+
 // O_g += p_gj v_j over the tile's n keys (p_gj: lane j's s[g], 0 for a key not allowed; the
 // ballot ok_keys says which are, so a key the mask skips never reaches the sum, whatever its
 // slot holds). vseq: the sequence's slot 0 of head kvh; the key at pos is vnew.
 __device__ __forceinline__ void accumulate_v(warp_state &st, const float (&s)[GROUP],
-                                             unsigned ok_keys, int n, int tile, int pos,
-                                             const elem_t *vnew, const elem_t *vseq, int cap,
-                                             int kv_heads) {
+                                             unsigned ok_keys, int n, int tile, int tile_slot,
+                                             int pos, const elem_t *vnew, const elem_t *vseq,
+                                             int cap, int kv_heads) {
     const int lane = threadIdx.x % 32;
     for (int t0 = 0; t0 < n; t0 += kUnroll) {
         float2 x[kUnroll][kRounds];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-            const int jt = tile + min(t0 + u, n - 1);
+            const int t = min(t0 + u, n - 1);
             const elem_t *vrow =
-                jt == pos ? vnew : vseq + (long long)(jt % cap) * kv_heads * HEAD_DIM;
+                tile + t == pos
+                    ? vnew
+                    : vseq + (long long)ring_slot(tile_slot, t, tile, cap) * kv_heads * HEAD_DIM;
 #pragma unroll
             for (int r = 0; r < kRounds; ++r) {
                 const int p = lane + 32 * r;
@@ -214,20 +225,27 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     const elem_t *vc = static_cast<const elem_t *>(a.v_cache);
     const long long seq_slots = (long long)b * a.cap;
     for (int tile = first + warp * 32; tile < last; tile += kWarps * 32) {
-        const int j = tile + lane;
-        const bool valid = j < last && allowed(a, b, pos, j);
+        const int j = tile + lane, tile_slot = tile % a.cap;
+        // the key's scores and its mask bit are loaded side by side: neither waits for the other
         float s[GROUP];
 #pragma unroll
         for (int g = 0; g < GROUP; ++g)
             s[g] = STOF_NEG_INF;
-        if (valid) {
+        if (j < last) {
             const elem_t *krow =
-                j == pos ? knew : kc + ((seq_slots + j % a.cap) * a.kv_heads + kvh) * HEAD_DIM;
+                j == pos ? knew
+                         : kc + ((seq_slots + ring_slot(tile_slot, lane, tile, a.cap)) *
+                                     a.kv_heads + kvh) * HEAD_DIM;
             scores(sm, krow, s);
         }
+        const bool valid = j < last && allowed(a, b, pos, j);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+            s[g] = valid ? s[g] : STOF_NEG_INF;
         softmax_tile(st, s, valid);
-        accumulate_v(st, s, __ballot_sync(0xffffffffu, valid), min(32, last - tile), tile, pos,
-                     vnew, vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM, a.cap, a.kv_heads);
+        accumulate_v(st, s, __ballot_sync(0xffffffffu, valid), min(32, last - tile), tile,
+                     tile_slot, pos, vnew, vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM, a.cap,
+                     a.kv_heads);
     }
 
     // merge the warps: each rescaled to the CTA's maximum, per head

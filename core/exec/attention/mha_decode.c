@@ -70,11 +70,24 @@ static int load_kernels(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
                       "cuModuleGetFunction(kv store)", err);
 }
 
-/* The mask's bits and the split's workspace on the device. */
+/* Whether mask m allows, at every position, every key the ring of cap slots holds there
+ * (pos - cap + 1 .. pos): then the kernel's causal ring is the mask (a causal mask, a window
+ * as wide as its cache) and its bits need not be read a key. */
+static int mask_is_ring(const mask *m, int cap) {
+    for (int b = 0; b < m->batch; b++)
+        for (int pos = 0; pos < m->q_len; pos++) {
+            int lo = pos - cap + 1 > 0 ? pos - cap + 1 : 0, hi = pos + 1;
+            if (mask_row_count_range(mask_row(m, b, pos), lo, hi) != hi - lo)
+                return 0;
+        }
+    return 1;
+}
+
+/* The mask's bits (unless the ring is the mask) and the split's workspace on the device. */
 static int upload(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
     const mha_decode_problem *p = &pl->problem;
     int rc = STOF_OK;
-    if (p->mask) {
+    if (p->mask && !mask_is_ring(p->mask, p->cap)) {
         size_t bytes = sizeof(uint64_t) * (size_t)p->mask->batch * (size_t)p->mask->q_len *
                        (size_t)p->mask->words;
         rc = cuda_check(c->drv, c->drv->MemAlloc(&pl->d_mask, bytes),

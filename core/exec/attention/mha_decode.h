@@ -38,7 +38,7 @@ int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
 typedef struct mha_decode_plan {
     mha_decode_problem problem;
     int splits, chunk;
-    CUdeviceptr d_mask;      /* the mask's bits, or 0 */
+    CUdeviceptr d_mask;      /* the mask's bits, or 0: no mask, or one the ring of cap slots is */
     CUdeviceptr d_workspace; /* partial O and (m, l) when splits > 1 */
     size_t workspace_ml_offset;
     CUfunction decode, combine, store;

@@ -150,21 +150,21 @@ __device__ __forceinline__ int ring_slot(int tile_slot, int t, int tile, int cap
 
 // O_g += p_gj v_j over the tile's n keys (p_gj: lane j's s[g], 0 for a key not allowed; the
 // ballot ok_keys says which are, so a key the mask skips never reaches the sum, whatever its
-// slot holds). vseq: the sequence's slot 0 of head kvh; the key at pos is vnew.
+// slot holds). my_slot: the ring slot of the lane's key (tile + lane); vseq: the sequence's
+// slot 0 of head kvh; the key at pos is vnew.
 __device__ __forceinline__ void accumulate_v(warp_state &st, const float (&s)[GROUP],
-                                             unsigned ok_keys, int n, int tile, int tile_slot,
+                                             unsigned ok_keys, int n, int tile, int my_slot,
                                              int pos, const elem_t *vnew, const elem_t *vseq,
-                                             int cap, int kv_heads) {
+                                             int kv_heads) {
     const int lane = threadIdx.x % 32;
     for (int t0 = 0; t0 < n; t0 += kUnroll) {
         float2 x[kUnroll][kRounds];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int t = min(t0 + u, n - 1);
+            const int slot = __shfl_sync(0xffffffffu, my_slot, t);
             const elem_t *vrow =
-                tile + t == pos
-                    ? vnew
-                    : vseq + (long long)ring_slot(tile_slot, t, tile, cap) * kv_heads * HEAD_DIM;
+                tile + t == pos ? vnew : vseq + (long long)slot * kv_heads * HEAD_DIM;
 #pragma unroll
             for (int r = 0; r < kRounds; ++r) {
                 const int p = lane + 32 * r;
@@ -225,7 +225,8 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     const elem_t *vc = static_cast<const elem_t *>(a.v_cache);
     const long long seq_slots = (long long)b * a.cap;
     for (int tile = first + warp * 32; tile < last; tile += kWarps * 32) {
-        const int j = tile + lane, tile_slot = tile % a.cap;
+        const int j = tile + lane;
+        const int my_slot = ring_slot(tile % a.cap, lane, tile, a.cap);
         // the key's scores and its mask bit are loaded side by side: neither waits for the other
         float s[GROUP];
 #pragma unroll
@@ -234,8 +235,7 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         if (j < last) {
             const elem_t *krow =
                 j == pos ? knew
-                         : kc + ((seq_slots + ring_slot(tile_slot, lane, tile, a.cap)) *
-                                     a.kv_heads + kvh) * HEAD_DIM;
+                         : kc + ((seq_slots + my_slot) * a.kv_heads + kvh) * HEAD_DIM;
             scores(sm, krow, s);
         }
         const bool valid = j < last && allowed(a, b, pos, j);
@@ -244,7 +244,7 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
             s[g] = valid ? s[g] : STOF_NEG_INF;
         softmax_tile(st, s, valid);
         accumulate_v(st, s, __ballot_sync(0xffffffffu, valid), min(32, last - tile), tile,
-                     tile_slot, pos, vnew, vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM, a.cap,
+                     my_slot, pos, vnew, vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM,
                      a.kv_heads);
     }
 

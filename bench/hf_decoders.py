@@ -11,7 +11,7 @@ fp16), and checks
     padded (an `attention_mask`, lengths 25-100%), against transformers in fp32 on the same
     fp16-rounded weights: real tokens compared, padded positions exact zeros;
   - generation: `stof generate --cpu DIR` (the fp32 CPU reference with its KV cache) and
-    `stof generate DIR` (the GPU in fp16, the prompts fed through the decode step), ragged
+    `stof generate DIR` (the GPU in fp16, the prompts through its prefill pass), ragged
     prompts of 16, 9 and 5 tokens, 32 new tokens, greedy, against transformers' greedy
     `generate` on each prompt: the tokens must be identical wherever transformers' own margin
     between its best and second-best logit is above 1e-4 (CPU) or 2e-2 (GPU, fp16 logits); else

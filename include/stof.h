@@ -173,10 +173,9 @@ STOF_API int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompt
                                      const int *lens, int n,
                                      const stof_generate_options *options, int32_t *out_tokens,
                                      int *out_lens);
-/* The same on GPU `device` (an fp16 or bf16 model): the decode step on the executor, one
- * CUDA graph a step, its KV caches on the device; the prompts go through the decode step
- * token by token. The tokens are drawn as stof_model_generate_cpu draws them (recompute is
- * the CPU's). */
+/* The same on GPU `device` (an fp16 or bf16 model): a prefill pass of the prompts that fills
+ * the KV caches on the device, then the decode step on the executor, one CUDA graph a step.
+ * The tokens are drawn as stof_model_generate_cpu draws them (recompute is the CPU's). */
 STOF_API int stof_model_generate(stof_model *m, int device, const int32_t *const *prompts,
                                  const int *lens, int n, const stof_generate_options *options,
                                  int32_t *out_tokens, int *out_lens);

@@ -86,10 +86,10 @@ static const struct {
      "                                     --prompt-ids: a prompt a line, ids separated by\n"
      "                                     commas or spaces. --recompute: no cache, the\n"
      "                                     whole pass again for every token (the ground\n"
-     "                                     truth, --cpu only). On the GPU (fp16, bf16) the\n"
-     "                                     prompts go through the decode step token by\n"
-     "                                     token; --cpu: the fp32 CPU reference. --profile:\n"
-     "                                     the GPU's decode step timed, segment by segment\n"},
+     "                                     truth, --cpu only). On the GPU (fp16, bf16) a\n"
+     "                                     prefill pass fills the caches; --cpu: the fp32\n"
+     "                                     CPU reference. --profile: the GPU's decode step\n"
+     "                                     timed, segment by segment\n"},
     {"version", "  stof version                       stof's version and commit\n"},
 };
 #define N_HELPS ((int)(sizeof helps / sizeof helps[0]))

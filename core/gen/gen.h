@@ -151,9 +151,10 @@ int gen_run_cpu(const gen_model *m, const gen_prompts *p, const gen_options *o,
 
 /* ---- the GPU ----------------------------------------------------------------------------- */
 
-/* The same on the GPU of ctx: the decode step on the executor, its caches on the device; the
- * prompts go through the decode step token by token (m->prefill is not used yet). The model
- * runs in fp16 or bf16; tokens are drawn on the host as gen_run_cpu draws them. */
+/* The same on the GPU of ctx: the prompts through the prefill pass (m->prefill up to its last
+ * attention, gen_prefill_build) filling the caches on the device, then the decode step on the
+ * executor, one CUDA graph a step. The model runs in fp16 or bf16; tokens are drawn as
+ * gen_run_cpu draws them (greedy ones by an argmax on the GPU). */
 int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,
                 int keep_logits, gen_result *r, stof_error *err);
 

@@ -251,10 +251,10 @@ class Model:
         (a sliding window keeps its window). Greedy when temperature is 0, else sampled
         (top_k, top_p) from seed, the same on every run. A sequence ends at one of stop_tokens
         or, with use_eos, at the model directory's eos_token_id. The model must output logits
-        (a *ForCausalLM directory, or head=True). device: "cpu", the fp32 CPU reference (the
-        device: "cpu", the fp32 CPU reference, or "cuda" / "cuda:N" / N, a GPU (fp16 or bf16
-        models; the prompts go through the decode step token by token). recompute (CPU): no
-        cache, the whole pass for every token."""
+        (a *ForCausalLM directory, or head=True). device: "cpu", the fp32 CPU reference, or
+        "cuda" / "cuda:N" / N, a GPU (fp16 or bf16 models; a prefill pass fills the KV caches,
+        then a decode step a token). recompute (CPU): no cache, the whole pass for every
+        token."""
         gpu = _gpu_ordinal(device)
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]

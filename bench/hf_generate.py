@@ -15,7 +15,8 @@ the live KV cache (the weights bound every step's time at batch 1). Speed is a b
 table, not a pass or fail.
 
     python3 bench/hf_generate.py [--stof build/stof] [--models gpt2,mistral-1b] [--batches 1,8,64]
-           [--prompt 128] [--new 64] [--profile] [--skip-hf] [--out bench/out/hf_generate.md]
+           [--prompt 128] [--new 64] [--tune-step S] [--profile] [--skip-hf]
+           [--out bench/out/hf_generate.md]
 """
 import argparse
 import datetime
@@ -66,13 +67,14 @@ def hf_token_ms(model, ids, new):
     return 1e3 * (full - one) / (new - 1)
 
 
-def stof_step_ms(stof, d, ids, new, work, log_path, profile):
+def stof_step_ms(stof, d, ids, new, work, log_path, profile, tune_step):
     path = os.path.join(work, "prompts.txt")
     with open(path, "w") as f:
         for row in ids.tolist():
             f.write(",".join(map(str, row)) + "\n")
     out, _ = sc.run_cmd([stof, "generate", d, "--prompt-ids", path, "--max-new-tokens",
-                         str(new), "--ignore-eos"] + (["--profile"] if profile else []),
+                         str(new), "--ignore-eos"] + (["--profile"] if profile else []) +
+                        (["--tune-step", str(tune_step)] if tune_step else []),
                         900, log_path)
     m = re.search(r"the steps [0-9.]+ s: ([0-9.]+) ms a step", out)
     kv = re.search(r"KV cache ([0-9.]+) KiB", out)
@@ -93,6 +95,8 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--profile", action="store_true",
                     help="stof's decode step segment by segment, after the table")
+    ap.add_argument("--tune-step", type=float, default=0,
+                    help="seconds of tuning the decode step first (stof generate --tune-step)")
     ap.add_argument("--skip-hf", action="store_true", help="stof alone (no transformers run)")
     ap.add_argument("--bandwidth", type=float, default=4800.0, help="GB/s of the GPU's memory")
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_generate"))
@@ -126,7 +130,8 @@ def main():
                 row["hf_note"] = str(e).splitlines()[0][:120]
             try:
                 row["stof"], row["cache"], row["prefill"], prof = stof_step_ms(
-                    stof, d, ids, args.new, args.work_dir, log_path, args.profile)
+                    stof, d, ids, args.new, args.work_dir, log_path, args.profile,
+                    args.tune_step)
                 if prof:
                     profiles.append(f"{name}, batch {b}:\n```\n{prof}\n```")
             except sc.CmdError as e:
@@ -142,7 +147,9 @@ def main():
             f"{transformers.__version__}; fp16, random weights; prompts of {args.prompt} tokens, "
             f"{args.new} new tokens, greedy. transformers: `generate` with its static cache "
             f"(compiled), per new token; stof: `stof generate` on the GPU, per decode step, and "
-            f"its prefill pass of the prompts. Weights read at {args.bandwidth:.0f} GB/s.")
+            f"its prefill pass of the prompts"
+            + (f"; the step tuned for {args.tune_step:g} s first" if args.tune_step else "")
+            + f". Weights read at {args.bandwidth:.0f} GB/s.")
     lines = [head, "", "| model | batch | weights + live cache read (ms) | transformers (ms/token) | "
              "stof (ms/step) | stof / read | speedup | KV cache (MiB) | stof prefill (ms) |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -11,9 +11,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/base/error.h"
 #include "ops/mask.h"
+#include "ops/kv_cache.h"
 #include "ops/ops_impl.h"
 
 /* ---- T5 relative position buckets ---------------------------------------- */
@@ -513,10 +515,32 @@ int ops_attention_ref_rows(const graph *g, const graph_op *op, const float *cons
     return rc;
 }
 
+/* A decode step on the caches its inputs hold: their copy takes the new K and V (the inputs
+ * stay as they are), then the step attends (ops_attention_decode_ref). A generation keeps its
+ * caches across steps through the executor's hooks instead. */
+static int decode_ref(const graph *g, const graph_op *op, const float *const *in, float *out,
+                      stof_error *err) {
+    const graph_tensor *k = ops_input(g, op, 2);
+    const op_attention *a = &op->attr.attn;
+    ops_kv_cache c;
+    int rc = ops_kv_cache_alloc(&c, k->shape[0], k->shape[1], (int)k->shape[2],
+                                (int)k->shape[3], err);
+    if (rc)
+        return rc;
+    size_t n = (size_t)graph_tensor_numel(k);
+    memcpy(c.k, in[2], sizeof *c.k * n);
+    memcpy(c.v, in[3], sizeof *c.v * n);
+    rc = ops_attention_decode_ref(a, a->mask >= 0 ? g->masks[a->mask] : NULL, in[0], in[1], &c,
+                                  out, err);
+    ops_kv_cache_free(&c);
+    if (rc && err)
+        err_prefix(err, "attention '%s': ", op->name);
+    return rc;
+}
+
 int ops_attention_ref(OPS_REF_ARGS) {
     attn_geom geo = attn_geometry(g, op);
     if (op->attr.attn.decode)
-        return ops_fail(op, err, STOF_ERR_INVALID, "a decode step's attention runs with its KV "
-                        "cache (ops_attention_decode_ref)");
+        return decode_ref(g, op, in, out, err);
     return ops_attention_ref_rows(g, op, in, 0, geo.batch * geo.sq, out, err);
 }

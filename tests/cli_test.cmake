@@ -286,6 +286,10 @@ expect(gen_no_gpu 1 "no GPU .*--cpu runs the generation on the CPU reference"
        generate scripts/gpt2.lua --prompt 1)
 expect(gen_recompute_gpu 1 "--recompute is the CPU reference.s" generate scripts/gpt2.lua
        --prompt 1 --recompute)
+expect(gen_tune_cpu 1 "--tune-step tunes the GPU.s decode step" generate --cpu scripts/gpt2.lua
+       --prompt 1 --tune-step 5)
+expect(gen_tune_bad 2 "--tune-step expects seconds above 0, got '0'" generate --cpu
+       scripts/gpt2.lua --prompt 1 --tune-step 0)
 expect(gen_no_prompt 1 "needs prompts" ${gen})
 expect(gen_bad_id 1 "--prompt 1: 'x' is not a token id" ${gen} --prompt "1,x")
 file(WRITE ${WORK}/prompts.bad "1 2\n4 -3\n")

@@ -200,61 +200,82 @@ static void test_validation(gpu *g) {
     CHECK(pl == NULL);
 }
 
+/* One step's time (us) of plan pl with every sequence at the end of a full cache; -1 when it
+ * could not run. */
+static double time_step(gpu *g, const mha_decode_plan *pl) {
+    const mha_decode_problem *p = &pl->problem;
+    const int B = p->batch, H = p->heads, KVH = p->kv_heads, D = p->head_dim, cap = p->cap;
+    size_t cache = (size_t)B * cap * KVH * D, W = (size_t)(H + 2 * KVH) * D;
+    CUdeviceptr q = 0, pos = 0, k = 0, v = 0, o = 0;
+    int32_t *ip = malloc(sizeof *ip * (size_t)B);
+    for (int b = 0; ip && b < B; b++)
+        ip[b] = cap - 1;
+    CUevent e0 = NULL, e1 = NULL;
+    double us = -1;
+    stof_error err = {0};
+    if (ip && !dalloc(g, &q, (size_t)B * W * 2) && !upload(g, &pos, ip, sizeof *ip * (size_t)B) &&
+        !dalloc(g, &k, cache * 2) && !dalloc(g, &v, cache * 2) &&
+        !dalloc(g, &o, (size_t)B * H * D * 2) && !poison(g, q, (size_t)B * W) &&
+        !check_cu(g, g->drv->MemsetD16Async(q, 0x3c00, (size_t)B * W, 0), "memset") &&
+        !check_cu(g, g->drv->MemsetD16Async(k, 0x3c00, cache, 0), "memset") &&
+        !check_cu(g, g->drv->MemsetD16Async(v, 0x3c00, cache, 0), "memset") &&
+        !check_cu(g, g->drv->EventCreate(&e0, 0), "event") &&
+        !check_cu(g, g->drv->EventCreate(&e1, 0), "event")) {
+        mha_decode_tensors t = {q, pos, k, v, o, 0};
+        enum { REPS = 50 };
+        int rc = mha_decode_run(pl, &t, 0, &err);
+        g->drv->EventRecord(e0, 0);
+        for (int r = 0; r < REPS && !rc; r++)
+            rc = mha_decode_run(pl, &t, 0, &err);
+        g->drv->EventRecord(e1, 0);
+        g->drv->EventSynchronize(e1);
+        float ms = 0;
+        g->drv->EventElapsedTime(&ms, e0, e1);
+        CHECK_MSG(rc == STOF_OK, "timing: %s", err.msg);
+        us = rc ? -1 : 1000.0 * ms / REPS;
+    }
+    if (e0)
+        g->drv->EventDestroy(e0);
+    if (e1)
+        g->drv->EventDestroy(e1);
+    CUdeviceptr *all[] = {&q, &pos, &k, &v, &o};
+    for (size_t a = 0; a < 5; a++)
+        dfree(g, all[a]);
+    free(ip);
+    return us;
+}
+
 /* Informational: one step's time with every sequence at the end of a full cache, and the
- * bandwidth of reading that cache once (K and V). */
+ * bandwidth of reading that cache once (K and V), with the planner's split of the keys and
+ * with others beside it. */
 static void timing(gpu *g) {
     static const int shapes[][5] = {/* batch, heads, kv_heads, head_dim, cap */
                                     {1, 32, 8, 64, 4096}, {8, 32, 8, 64, 4096},
                                     {64, 32, 8, 64, 4096}, {1, 12, 12, 64, 2048},
-                                    {64, 12, 12, 64, 2048}};
+                                    {64, 12, 12, 64, 2048}, {64, 20, 20, 64, 2112}};
+    static const int splits[] = {0, 1, 2, 4, 8, 16};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && !g->dead; i++) {
         const int B = shapes[i][0], H = shapes[i][1], KVH = shapes[i][2], D = shapes[i][3];
         const int cap = shapes[i][4];
         mha_decode_problem p = {B, H, KVH, D, STOF_F16, cap, cap, 0.125f, NULL};
-        mha_decode_plan *pl = NULL;
-        stof_error err = {0};
-        if (mha_decode_plan_create(g->ctx, &p, 0, &pl, &err)) {
-            CHECK_MSG(0, "timing plan: %s", err.msg);
-            continue;
+        printf("time B=%-3d H=%d/%d D=%d cache %5d:", B, H, KVH, D, cap);
+        for (size_t k = 0; k < sizeof splits / sizeof splits[0] && !g->dead; k++) {
+            mha_decode_plan *pl = NULL;
+            stof_error err = {0};
+            if (mha_decode_plan_create(g->ctx, &p, splits[k], &pl, &err)) {
+                CHECK_MSG(0, "timing plan: %s", err.msg);
+                continue;
+            }
+            double us = time_step(g, pl);
+            double gbs = 2.0 * (double)B * cap * KVH * D * 2 / (us * 1e3);
+            if (k == 0)
+                printf(" planner's split %d: %.1f us (%.0f GB/s of K and V); others:", pl->splits,
+                       us, gbs);
+            else
+                printf(" %d: %.1f", splits[k], us);
+            mha_decode_plan_free(pl);
         }
-        size_t cache = (size_t)B * cap * KVH * D, W = (size_t)(H + 2 * KVH) * D;
-        CUdeviceptr q = 0, pos = 0, k = 0, v = 0, o = 0;
-        int32_t *ip = malloc(sizeof *ip * (size_t)B);
-        for (int b = 0; b < B; b++)
-            ip[b] = cap - 1;
-        CUevent e0 = NULL, e1 = NULL;
-        if (!dalloc(g, &q, (size_t)B * W * 2) && !upload(g, &pos, ip, sizeof *ip * (size_t)B) &&
-            !dalloc(g, &k, cache * 2) && !dalloc(g, &v, cache * 2) &&
-            !dalloc(g, &o, (size_t)B * H * D * 2) && !poison(g, q, (size_t)B * W) &&
-            !check_cu(g, g->drv->MemsetD16Async(q, 0x3c00, (size_t)B * W, 0), "memset") &&
-            !check_cu(g, g->drv->MemsetD16Async(k, 0x3c00, cache, 0), "memset") &&
-            !check_cu(g, g->drv->MemsetD16Async(v, 0x3c00, cache, 0), "memset") &&
-            !check_cu(g, g->drv->EventCreate(&e0, 0), "event") &&
-            !check_cu(g, g->drv->EventCreate(&e1, 0), "event")) {
-            mha_decode_tensors t = {q, pos, k, v, o, 0};
-            enum { REPS = 50 };
-            int rc = mha_decode_run(pl, &t, 0, &err);
-            g->drv->EventRecord(e0, 0);
-            for (int r = 0; r < REPS && !rc; r++)
-                rc = mha_decode_run(pl, &t, 0, &err);
-            g->drv->EventRecord(e1, 0);
-            g->drv->EventSynchronize(e1);
-            float ms = 0;
-            g->drv->EventElapsedTime(&ms, e0, e1);
-            double us = 1000.0 * ms / REPS, gbs = 2.0 * cache * 2 / (us * 1e3);
-            CHECK_MSG(rc == STOF_OK, "timing: %s", err.msg);
-            printf("time B=%-3d H=%d/%d D=%d cache %5d: splits %2d, %7.1f us a step, %6.0f GB/s "
-                   "of K and V\n", B, H, KVH, D, cap, pl->splits, us, gbs);
-        }
-        if (e0)
-            g->drv->EventDestroy(e0);
-        if (e1)
-            g->drv->EventDestroy(e1);
-        CUdeviceptr *all[] = {&q, &pos, &k, &v, &o};
-        for (size_t a = 0; a < 5; a++)
-            dfree(g, all[a]);
-        free(ip);
-        mha_decode_plan_free(pl);
+        printf("\n");
     }
 }
 

@@ -48,7 +48,7 @@ static const tiny models[] = {
      " \"max_position_embeddings\": 64, \"tie_word_embeddings\": true}"},
 };
 
-static int build(const tiny *t, int seq, graph *g, stof_error *err) {
+static int build(const tiny *t, int seq, graph *g, graph_script *info, stof_error *err) {
     char b[32], s[32], path[512];
     snprintf(b, sizeof b, "batch=%d", BATCH);
     snprintf(s, sizeof s, "seq=%d", seq);
@@ -56,7 +56,7 @@ static int build(const tiny *t, int seq, graph *g, stof_error *err) {
     const char *params[] = {b, s, "dtype=fp16"};
     cJSON *config = cJSON_Parse(t->config);
     graph_init(g);
-    int rc = lua_api_build_config(path, params, 3, config, g, NULL, err);
+    int rc = lua_api_build_config(path, params, 3, config, g, info, err);
     cJSON_Delete(config);
     return rc;
 }
@@ -108,23 +108,24 @@ static void compare(const tiny *t, const gen_result *cpu, const gen_result *gpu)
               wrong);
     printf("%-8s GPU (%s) against the CPU reference: logits rel <= %.2e, %d tokens the same, "
            "%d near ties, %d wrong; %d GPU steps, KV cache %zu B\n", t->name,
-           gpu->prefilled ? "prefill pass" : "prompts fed", worst, same, ties, wrong, gpu->steps,
+           gpu->tune_s > 0 ? "tuned step" : gpu->prefilled ? "prefill pass" : "prompts fed", worst, same, ties, wrong, gpu->steps,
            gpu->cache_bytes);
 }
 
 static void run_model(exec_ctx *ctx, const tiny *t) {
     graph prefill, context;
     stof_error err = {0};
-    int rc = build(t, LONGEST, &prefill, &err);
+    graph_script info;
+    int rc = build(t, LONGEST, &prefill, NULL, &err);
     if (!rc)
-        rc = build(t, CONTEXT, &context, &err);
+        rc = build(t, CONTEXT, &context, &info, &err);
     CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
     if (rc)
         return;
     int32_t ids[BATCH * LONGEST];
     for (int k = 0; k < BATCH * LONGEST; k++)
         ids[k] = (k * 37 + 11) % VOCAB;
-    gen_model m = {&prefill, &context, weights_source_seeded(7)};
+    gen_model m = {&prefill, &context, weights_source_seeded(7), &info};
     gen_prompts p = {BATCH, ids, LONGEST, LENS};
     gen_options o = gen_options_default(NEW);
     gen_result cpu, gpu;
@@ -157,6 +158,20 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
     }
     if (!rd)
         gen_result_free(&fed);
+    /* the decode step tuned first (a short search): the reference's tokens still */
+    tune_options tune = {.budget = 40, .time_limit_s = 4, .seed = 3};
+    gen_options tuned_o = o;
+    tuned_o.tune_step = &tune;
+    gen_result tuned;
+    int rt = gen_run_gpu(&m, ctx, &p, &tuned_o, 1, &tuned, &err);
+    CHECK_MSG(rt == STOF_OK, "%s GPU, step tuned: %s", t->name, err.msg);
+    if (!rt && !rc) {
+        CHECK_MSG(tuned.tune_s > 0 && tuned.tuned_step_ms > 0, "%s: no tuning recorded",
+                  t->name);
+        compare(t, &cpu, &tuned);
+    }
+    if (!rt)
+        gen_result_free(&tuned);
     if (!rc)
         gen_result_free(&cpu);
     if (!rg)

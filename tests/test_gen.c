@@ -85,7 +85,7 @@ static int fixture_open(const tiny *t, fixture *f, stof_error *err) {
         rc = build(t, BATCH, CONTEXT, NULL, &f->context, err);
     for (int k = 0; k < BATCH * LONGEST; k++)
         f->ids[k] = (k * 7 + 3) % 40;
-    f->m = (gen_model){&f->prefill, &f->context, weights_source_seeded(11)};
+    f->m = (gen_model){&f->prefill, &f->context, weights_source_seeded(11), NULL};
     f->p = (gen_prompts){BATCH, f->ids, LONGEST, LENS};
     return rc;
 }
@@ -199,6 +199,33 @@ static void check_prefill(const tiny *t, fixture *f) {
     gen_decoder_free(&d);
 }
 
+/* The decode step through the op table's reference (its caches as inputs, all zeros, every
+ * position 0): the logits of the model run on one token. */
+static void check_step_reference(const tiny *t, fixture *f) {
+    gen_decoder d;
+    graph one;
+    graph_init(&one);
+    stof_error err = {0};
+    float *step = NULL, *full = NULL;
+    int rc = gen_decoder_build(&f->context, &d, &err);
+    if (!rc)
+        rc = build(t, BATCH, 1, NULL, &one, &err);
+    if (!rc)
+        rc = exec_reference(&d.g, &f->m.weights, &step, &err);
+    if (!rc)
+        rc = exec_reference(&one, &f->m.weights, &full, &err);
+    CHECK_MSG(rc == STOF_OK, "%s step reference: %s", t->name, err.msg);
+    if (!rc) {
+        double diff = max_rel_diff(step, full, (size_t)BATCH * 40);
+        CHECK_MSG(diff < 1e-5, "%s: the step's reference differs from one token's by %g",
+                  t->name, diff);
+    }
+    free(step);
+    free(full);
+    graph_free(&one);
+    gen_decoder_free(&d);
+}
+
 static void test_models(void) {
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         const tiny *t = &models[k];
@@ -209,6 +236,7 @@ static void test_models(void) {
         if (!rc) {
             check_caches(t, &f);
             check_prefill(t, &f);
+            check_step_reference(t, &f);
             check_against_recompute(t, &f, gen_options_default(NEW));
             gen_options o = gen_options_default(NEW);
             o.temperature = 0.8f;

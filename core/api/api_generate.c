@@ -57,7 +57,7 @@ static int generate(stof_model *m, int device, const gen_prompts *p, const gen_o
         graph_free(&prefill);
     if (rc)
         return rc;
-    gen_model gm = {&prefill, &context, {.seed = m->seed, .weights = m->weights}};
+    gen_model gm = {&prefill, &context, {.seed = m->seed, .weights = m->weights}, &m->script};
     gen_result r;
     rc = device < 0 ? gen_run_cpu(&gm, p, o, 0, &r, err)
                     : gen_run_gpu(&gm, m->ctx, p, o, 0, &r, err);

@@ -75,7 +75,7 @@ static const struct {
      "  stof generate [--cpu] SCRIPT|DIR [--set k=v ...] (--prompt \"1,2,3\" ... | --prompt-ids\n"
      "           FILE) [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
      "           [--seed N] [--stop ID ...] [--ignore-eos] [--recompute] [--weights FILE]\n"
-     "           [--profile [--reps N]]\n"
+     "           [--tune-step S] [--profile [--reps N]]\n"
      "                                     generate text token ids with a decoder (its\n"
      "                                     language-modelling head): the prompts' prefill,\n"
      "                                     then a decode step a token against a KV cache\n"
@@ -88,8 +88,10 @@ static const struct {
      "                                     whole pass again for every token (the ground\n"
      "                                     truth, --cpu only). On the GPU (fp16, bf16) a\n"
      "                                     prefill pass fills the caches; --cpu: the fp32\n"
-     "                                     CPU reference. --profile: the GPU's decode step\n"
-     "                                     timed, segment by segment\n"},
+     "                                     CPU reference. --tune-step S: the decode step\n"
+     "                                     tuned first (S seconds of search; measurements\n"
+     "                                     cached as stof tune's). --profile: the GPU's\n"
+     "                                     decode step timed, segment by segment\n"},
     {"version", "  stof version                       stof's version and commit\n"},
 };
 #define N_HELPS ((int)(sizeof helps / sizeof helps[0]))
@@ -145,7 +147,7 @@ static const char *const option_names[] = {
     "--arch",   "--scheme", "--reps",   "--check",   "--no-check", "-o",          "--output",
     "--budget", "--time-limit", "--script", "--weights", "--inputs", "--save-output",
     "--profile", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
-    "--top-p", "--stop", "--ignore-eos", "--recompute"};
+    "--top-p", "--stop", "--ignore-eos", "--recompute", "--tune-step"};
 #define N_OPTIONS ((int)(sizeof option_names / sizeof option_names[0]))
 
 /* The index of opt in option_names (-o and --output, --check and --no-check
@@ -176,6 +178,19 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
         return 1;
     }
     *out = v;
+    return 0;
+}
+
+/* A number of seconds above 0 (and at most 1e7) into *out. */
+static int parse_seconds(const char *opt, const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double s = strtod(v, &end);
+    if (errno || *end || end == v || !(s > 0) || s > 1e7) {
+        fprintf(stderr, "stof: %s expects seconds above 0, got '%s'\n", opt, v);
+        return 1;
+    }
+    *out = s;
     return 0;
 }
 
@@ -313,15 +328,9 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned cha
         if (parse_int(opt, v, 1, 1L << 40, &n))
             return 1;
         a->budget = n;
-    } else if (strcmp(opt, "--time-limit") == 0) {
-        char *end;
-        errno = 0;
-        double s = strtod(v, &end);
-        if (errno || *end || end == v || !(s > 0) || s > 1e7) {
-            fprintf(stderr, "stof: --time-limit expects seconds above 0, got '%s'\n", v);
-            return 1;
-        }
-        a->time_limit = s;
+    } else if (strcmp(opt, "--tune-step") == 0 || strcmp(opt, "--time-limit") == 0) {
+        return parse_seconds(opt, v, opt[2] == 't' && opt[3] == 'u' ? &a->tune_step
+                                                                    : &a->time_limit);
     } else if (is_generate_option(opt)) {
         return parse_generate_option(opt, v, a);
     } else {

@@ -220,6 +220,9 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
         printf("GPU: setup %.2f s (kernels, weights); prompts: %s; the steps %.3f s: %.3f ms "
                "a step, %.1f new tokens/s\n", r->setup_s, prefill_text, r->steps_s,
                1e3 * r->steps_s / r->steps, total / r->steps_s);
+    if (r->tune_s > 0)
+        printf("decode step tuned in %.1f s: %.3f ms as a CUDA graph when the tuner measured it\n",
+               r->tune_s, r->tuned_step_ms);
     if (r->n_profile)
         print_profile(r);
 }
@@ -233,7 +236,16 @@ static int generate(const cli_args *a, const graph_script *info, const prompts *
     if (rebuild(info, p->batch, p->stride + o.max_new_tokens - 1, &context))
         return 1;
     cli_print_masks(&context);
-    gen_model m = {prefill, &context, v->src};
+    gen_model m = {prefill, &context, v->src, info};
+    char cache_path[1100];
+    tune_options tune = {.time_limit_s = a->tune_step, .seed = a->seed, .reps = a->reps};
+    if (a->tune_step > 0 && ctx) {
+        cli_tune_cache_path(cache_path, sizeof cache_path);
+        tune.cache_path = cache_path[0] ? cache_path : NULL;
+        o.tune_step = &tune;
+        printf("tuning the decode step for %g s (measurements cached in %s)\n", a->tune_step,
+               cache_path[0] ? cache_path : "memory only");
+    }
     gen_prompts gp = {p->batch, p->ids, p->stride, p->len};
     gen_result r;
     stof_error err = {0};
@@ -274,6 +286,10 @@ static exec_ctx *open_gpu(void) {
 int cli_cmd_generate(const cli_args *a) {
     if (a->recompute && !a->cpu) {
         fprintf(stderr, "stof: --recompute is the CPU reference's (add --cpu)\n");
+        return 1;
+    }
+    if (a->tune_step > 0 && a->cpu) {
+        fprintf(stderr, "stof: --tune-step tunes the GPU's decode step (not with --cpu)\n");
         return 1;
     }
     prompts p;

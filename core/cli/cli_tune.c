@@ -161,15 +161,20 @@ static void print_time_breakdown(const tune_outcome *o) {
            b->prepared, s->prepare_calls, b->prepare_skipped);
 }
 
+void cli_tune_cache_path(char *buf, size_t n) {
+    nvrtc_cache kc;
+    nvrtc_cache_init(&kc, NULL);
+    buf[0] = '\0';
+    if (kc.dir[0] && make_dirs(kc.dir) == 0)
+        snprintf(buf, n, "%s/%s", kc.dir, CLI_TUNE_CACHE_FILE);
+    nvrtc_cache_free(&kc);
+}
+
 static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
                         const graph_script *info) {
     const stof_device_info *dev = exec_ctx_device(ctx);
-    nvrtc_cache kc;
-    nvrtc_cache_init(&kc, NULL);
-    char cache_path[1100] = "";
-    if (kc.dir[0] && make_dirs(kc.dir) == 0)
-        snprintf(cache_path, sizeof cache_path, "%s/%s", kc.dir, CLI_TUNE_CACHE_FILE);
-    nvrtc_cache_free(&kc);
+    char cache_path[1100];
+    cli_tune_cache_path(cache_path, sizeof cache_path);
     printf("tuning %s (%s) on %s (%s, %d SMs)\n", g->name, info->name, dev->name,
            exec_ctx_arch(ctx), dev->sm_count);
     char budget[32] = "no budget", limit[32] = "no time limit";

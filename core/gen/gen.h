@@ -27,6 +27,7 @@
 #include "core/exec/exec.h"
 #include "core/graph/graph.h"
 #include "core/io/weights.h"
+#include "core/tune/tune_backend.h"
 #include "ops/kv_cache.h"
 #include "stof.h"
 
@@ -43,6 +44,8 @@ typedef struct gen_options {
     int recompute;        /* no cache: the whole forward pass again for each token */
     int feed_prompts;     /* GPU: 1 sends the prompts token by token through the decode step
                              instead of the prefill pass */
+    const tune_options *tune_step; /* GPU: the decode step tuned first (the search on its
+                             graph, tune_gpu), NULL: its default scheme, GEMMs on cuBLASLt */
     int profile_reps;     /* GPU, > 0: after the run, the decode step timed (gen_result's
                              step_graph_ms and profile), medians of this many replays */
 } gen_options;
@@ -75,6 +78,8 @@ typedef struct gen_result {
     int prefilled;        /* GPU: 1 when the prompts went through the prefill pass, 0 when
                              token by token through the decode step */
     double prefill_s;     /* GPU: the prefill pass */
+    double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
+    double tuned_step_ms; /* graph replay as the tuner measured it */
     double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */
     /* GPU with profile_reps: the decode step's CUDA graph replayed alone (no host work), and
      * its segments timed in place, one row per kind (the ops and the template they run on),
@@ -143,6 +148,8 @@ typedef struct gen_model {
     const graph *prefill;  /* the model at (batch, the longest prompt) */
     const graph *context;  /* the model at (batch, context >= longest prompt + max_new - 1) */
     weights_source weights;
+    const graph_script *script; /* where the model came from: a tuned step's plan names it
+                                   (NULL: the step cannot be tuned) */
 } gen_model;
 
 /* Generates for every prompt; keep_logits fills r->logits. */

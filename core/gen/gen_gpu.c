@@ -19,6 +19,7 @@
 #include "core/gen/gen.h"
 #include "core/gen/gen_state.h"
 #include "core/gpu/cuda_driver.h"
+#include "core/plan/plan.h"
 
 typedef struct gpu_run {
     const gen_model *m;
@@ -104,18 +105,34 @@ static int capture_step(gpu_run *g, stof_error *err) {
  * rows; a step has one row a sequence, where cuBLASLt's own choice reads the weights with
  * more blocks. Every GEMM segment cuBLASLt can run goes to it (the rest keep the default):
  * until the step is tuned, the better default. */
-static int prefer_cublaslt(exec_plan *plan, const graph *g, stof_error *err) {
-    for (int s = 0; s < plan->n_segs; s++) {
-        const exec_segment *seg = &plan->segs[s];
+static int prefer_cublaslt(exec_plan *xp, const graph *g, stof_error *err) {
+    for (int s = 0; s < xp->n_segs; s++) {
+        const exec_segment *seg = &xp->segs[s];
         stof_error why = {0};
         if (seg->tmpl != FUSION_T_GEMM_EPILOGUE ||
             exec_segment_supports(g, seg->first, seg->n, &seg->match, FUSION_T_CUBLASLT, &why))
             continue;
-        int rc = exec_plan_set_choice(plan, s, FUSION_T_CUBLASLT, NULL, err);
+        int rc = exec_plan_set_choice(xp, s, FUSION_T_CUBLASLT, NULL, err);
         if (rc)
             return rc;
     }
     return STOF_OK;
+}
+
+/* The decode step tuned on the GPU (gen_options.tune_step): the search's plan of its graph. */
+static int tuned_plan(gpu_run *g, stof_error *err) {
+    if (!g->m->script)
+        return err_set(err, STOF_ERR_INVALID, "tuning the decode step needs the model's script");
+    plan p;
+    tune_outcome res;
+    int rc = tune_gpu(g->ctx, &g->dec.g, g->m->script, g->o->tune_step, &p, &res, err);
+    if (rc)
+        return err_prefix(err, "tuning the decode step: ");
+    rc = exec_plan_from_plan(&p, &g->dec.g, &g->plan, err);
+    g->r->tune_s = res.seconds;
+    g->r->tuned_step_ms = res.graph_ms;
+    plan_free(&p);
+    return rc;
 }
 
 /* The decode step on the executor, its caches' bytes counted. */
@@ -126,9 +143,9 @@ static int prepare(gpu_run *g, stof_error *err) {
     if (!rc && g->dtype != STOF_F16 && g->dtype != STOF_BF16)
         rc = err_set(err, STOF_ERR_UNSUPPORTED, "generation on the GPU runs fp16 or bf16 models, "
                      "not %s (the CPU reference runs fp32)", stof_dtype_name(g->dtype));
-    if (!rc)
-        rc = exec_plan_default(&g->dec.g, &g->plan, err);
-    if (!rc)
+    if (!rc && g->o->tune_step)
+        rc = tuned_plan(g, err);
+    else if (!rc && !(rc = exec_plan_default(&g->dec.g, &g->plan, err)))
         rc = prefer_cublaslt(g->plan, &g->dec.g, err);
     if (!rc)
         rc = exec_model_create(g->ctx, g->plan, &g->m->weights, &g->xm, err);

@@ -1388,12 +1388,14 @@ static void test_decode(void) {
     stof_error err = {0};
     mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL};
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_OK);
-    /* one sequence of 8 K/V heads on 132 SMs: split until 2 waves or 128 keys a split */
-    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 32);
-    p.batch = 64; /* 512 CTAs already */
-    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 1);
-    p.batch = 1;
-    p.cap = 200; /* few keys: no split below 128 a chunk */
+    /* one sequence of 8 K/V heads on 132 SMs: split down to 256 keys a split */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 16);
+    p.batch = 64; /* 512 CTAs: split until 32 an SM (4224) */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 16);
+    p.kv_heads = 16, p.heads = 32; /* 1024 CTAs */
+    CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 8);
+    p.kv_heads = 8, p.batch = 1;
+    p.cap = 500; /* few keys: no split below 256 a chunk */
     CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 1);
     p.cap = 5000;
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_ERR_INVALID);

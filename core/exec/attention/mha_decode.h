@@ -30,9 +30,10 @@ typedef struct mha_decode_problem {
 
 int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
 
-/* The split of a step's at most cap keys over CTAs (one a sequence and K/V head): enough CTAs
- * for two waves of the GPU's SMs when the batch and heads are few, at least 128 keys a split;
+/* The split of a step's at most cap keys over CTAs (one a sequence and K/V head): doubled
+ * until there are MHA_DECODE_CTAS_PER_SM CTAs an SM or a split would get fewer than 256 keys;
  * splits 0 asks for that. */
+#define MHA_DECODE_CTAS_PER_SM 32
 int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
 
 typedef struct mha_decode_plan {

@@ -193,10 +193,13 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
     print_stop(o);
     printf("\n");
     int total = 0;
-    char prefill_text[64];
+    char prefill_text[320];
     if (r->prefilled)
         snprintf(prefill_text, sizeof prefill_text, "the prefill pass %.3f ms",
                  1e3 * r->prefill_s);
+    else if (r->prefill_skipped[0])
+        snprintf(prefill_text, sizeof prefill_text, "token by token through the step (the "
+                 "prefill pass did not fit: %.200s)", r->prefill_skipped);
     else
         snprintf(prefill_text, sizeof prefill_text, "token by token through the step");
     for (int b = 0; b < p->batch; b++) {

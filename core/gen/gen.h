@@ -72,12 +72,15 @@ typedef struct gen_result {
                              the logits each token was drawn from (zeros once ended) */
     int64_t vocab;
     size_t cache_bytes;   /* the KV cache's (0 when recomputing) */
-    int steps;            /* forward passes run: the prefill and each decode step */
+    int steps;            /* forward passes run: the CPU's prefill and each decode step (the
+                             GPU's prefill pass is not counted: prefilled says it ran) */
     double setup_s;       /* GPU: the step's plan, kernels and weights made ready (and the
                              prefill's) */
     int prefilled;        /* GPU: 1 when the prompts went through the prefill pass, 0 when
                              token by token through the decode step */
     double prefill_s;     /* GPU: the prefill pass */
+    char prefill_skipped[200]; /* GPU: why the prompts went token by token when the prefill
+                             pass did not fit in the device's memory ("" otherwise) */
     double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
     double tuned_step_ms; /* graph replay as the tuner measured it */
     double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */

@@ -10,6 +10,7 @@
  * token -- at its position; a sequence whose prompt is all in draws its next token from that
  * step's logits: greedy ones by an argmax on the GPU (one token a sequence comes back),
  * sampled ones on the host with gen_sample (the same draws as the CPU reference). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,7 +84,17 @@ static int capture_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch;
     exec_io in[2] = {{g->dec.ids, g->d_in}, {g->dec.positions, g->d_in + 4 * B}};
-    int rc = cuda_check(drv, drv->StreamBeginCapture(g->stream,
+    /* the argmax kernel loaded (compiled or read) before the capture, not inside it: run once
+     * on logits of zeros */
+    int rc = cuda_check(drv, drv->MemsetD8Async(g->d_out, 0, 2 * B * (size_t)g->r->vocab,
+                                                g->stream), "cuMemsetD8Async(logits)", err);
+    if (!rc && g->on_gpu_argmax)
+        rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
+                              g->stream, err);
+    if (!rc)
+        rc = cuda_check(drv, drv->StreamSynchronize(g->stream), "cuStreamSynchronize", err);
+    if (!rc)
+        rc = cuda_check(drv, drv->StreamBeginCapture(g->stream,
                                                      CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                         "cuStreamBeginCapture(decode step)", err);
     if (rc)
@@ -126,9 +137,17 @@ static int tuned_plan(gpu_run *g, stof_error *err) {
     plan p;
     tune_outcome res;
     int rc = tune_gpu(g->ctx, &g->dec.g, g->m->script, g->o->tune_step, &p, &res, err);
-    if (rc)
-        return err_prefix(err, "tuning the decode step: ");
+    if (rc) {
+        if (err)
+            err_prefix(err, "tuning the decode step: ");
+        return rc;
+    }
     rc = exec_plan_from_plan(&p, &g->dec.g, &g->plan, err);
+    /* The tuner's step runs at position 0 (an input of zeros), where the attention sees one
+     * key: its split of the keys is not measured on a real cache, so the planner's stays. */
+    for (int s = 0; !rc && s < g->plan->n_segs; s++)
+        if (g->plan->segs[s].tmpl == FUSION_T_ATTENTION_DECODE)
+            rc = exec_plan_set_choice(g->plan, s, FUSION_T_ATTENTION_DECODE, NULL, err);
     g->r->tune_s = res.seconds;
     g->r->tuned_step_ms = res.graph_ms;
     plan_free(&p);
@@ -260,6 +279,11 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
     if (!rc && !o->feed_prompts)
         rc = gen_gpu_prefill(ctx, m, &g.dec, g.xm, p, g.stream, &r->prefilled, &r->prefill_s,
                              err);
+    if (rc == STOF_ERR_DEVICE_OOM) { /* the step alone fits: the prompts go through it */
+        snprintf(r->prefill_skipped, sizeof r->prefill_skipped, "%.199s",
+                 err ? err->msg : "out of device memory");
+        rc = STOF_OK;
+    }
     for (int b = 0; !rc && r->prefilled && b < p->batch; b++)
         g.fed[b] = p->len[b] - 1; /* its last token goes through the step: the first logits */
     r->setup_s = util_now() - t_setup - r->prefill_s;

@@ -133,7 +133,10 @@ int gen_gpu_prefill(exec_ctx *ctx, const gen_model *m, const gen_decoder *dec,
         rc = exec_model_create_bound(ctx, f.plan, &m->weights, f.bound, &f.xm, err);
     if (!rc)
         rc = upload_prompts(&f, err);
-    if (!rc) /* the step's caches are zeroed on its own stream */
+    if (!rc) /* the pass's graph made before it is timed */
+        rc = exec_model_capture(f.xm, err);
+    if (!rc) /* the prompts' copies from pageable memory have landed before another stream
+                reads them */
         rc = cuda_check(f.drv, f.drv->CtxSynchronize(NULL), "cuCtxSynchronize", err);
     double t0 = util_now();
     exec_io in[2] = {{f.ids, f.d_ids}, {f.pad, f.d_pad}};
@@ -145,5 +148,7 @@ int gen_gpu_prefill(exec_ctx *ctx, const gen_model *m, const gen_decoder *dec,
     *run_s = util_now() - t0;
     *ran = !rc;
     prefill_free(&f);
-    return rc ? err_prefix(err, "prefill: ") : STOF_OK;
+    if (rc && err)
+        err_prefix(err, "prefill: ");
+    return rc;
 }

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "check.h"
+#include "core/base/util.h"
 #include "core/gen/gen.h"
 #include "core/lua/lua_api.h"
 #include "ops/kv_cache.h"
@@ -309,6 +310,75 @@ static void test_sample(void) {
     CHECK(seen[1] && seen[3] && seen[4] && !seen[0] && !seen[2] && !seen[5]);
 }
 
+static const float *g_key; /* the reference's sort key */
+
+static int by_key_desc(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_key[x] != g_key[y])
+        return g_key[x] > g_key[y] ? -1 : 1;
+    return x < y ? -1 : 1;
+}
+
+/* Sampling against a reference written here: every token drawn under top-k and top-p is in
+ * the set a full sort gives, and with every token kept the draws follow the softmax. */
+static void test_sample_sets(void) {
+    enum { V = 300, DRAWS = 400 };
+    static float row[V], scaled[V], scratch[2 * V];
+    static int32_t order[2 * V], sorted[V];
+    util_rng r = {42};
+    for (int v = 0; v < V; v++)
+        row[v] = (float)(util_rng_double(&r) * 8.0);
+    row[17] = row[18]; /* a tie */
+    const int ks[] = {0, 1, 5, 40, V - 1};
+    const float ps[] = {1.0f, 0.9f, 0.5f, 0.05f};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+            gen_options o = gen_options_default(1);
+            o.temperature = 0.7f;
+            o.top_k = ks[ki];
+            o.top_p = ps[pi];
+            for (int v = 0; v < V; v++) {
+                scaled[v] = row[v] / o.temperature;
+                sorted[v] = v;
+            }
+            g_key = scaled;
+            qsort(sorted, V, sizeof *sorted, by_key_desc);
+            int keep = o.top_k > 0 ? o.top_k : V;
+            double sum = 0, mass = 0;
+            for (int k = 0; k < keep; k++)
+                sum += exp((double)scaled[sorted[k]] - scaled[sorted[0]]);
+            int n = 0; /* the top-p prefix, one token of slack for the order of the sums */
+            while (n < keep && (n == 0 || mass < (double)o.top_p * sum))
+                mass += exp((double)scaled[sorted[n++]] - scaled[sorted[0]]);
+            n = n < keep ? n + 1 : n;
+            int outside = 0;
+            for (int t = 0; t < DRAWS; t++) {
+                int32_t tok = gen_sample(&o, row, V, 3, t, scratch, order);
+                int in = 0;
+                for (int k = 0; k < n && !in; k++)
+                    in = sorted[k] == tok;
+                outside += !in;
+            }
+            CHECK_MSG(outside == 0, "top_k %d, top_p %g: %d of %d draws outside the kept set",
+                      o.top_k, (double)o.top_p, outside, DRAWS);
+        }
+    /* every token kept: the draws follow the softmax */
+    const float small[4] = {0.0f, 1.0f, 2.0f, 0.5f};
+    gen_options o = gen_options_default(1);
+    o.temperature = 1.0f;
+    int seen[4] = {0};
+    enum { MANY = 8000 };
+    for (int t = 0; t < MANY; t++)
+        seen[gen_sample(&o, small, 4, 5, t, scratch, order)]++;
+    double z = 0;
+    for (int v = 0; v < 4; v++)
+        z += exp(small[v]);
+    for (int v = 0; v < 4; v++)
+        CHECK_MSG(fabs((double)seen[v] / MANY - exp(small[v]) / z) < 0.02,
+                  "token %d drawn %d times of %d, its probability %.3f", v, seen[v], MANY,
+                  exp(small[v]) / z);
+}
+
 static void test_errors(void) {
     fixture f;
     stof_error err = {0};
@@ -436,6 +506,7 @@ static void test_api(void) {
 
 int main(void) {
     test_sample();
+    test_sample_sets();
     test_span();
     test_models();
     test_seed_and_stop();

@@ -4,7 +4,10 @@
  * largest, softmax, keep the smallest set of most likely tokens whose
  * probability reaches top_p, draw. The draw's uniform number is a pure
  * function of (seed, sequence, step), so a sequence's tokens do not depend on
- * the others in its batch nor on how the steps were run. */
+ * the others in its batch nor on how the steps were run. The draw walks the
+ * kept tokens from the most likely (top_k, top_p) or in vocabulary order
+ * (every token), and only the kept ones are ever ordered: a heap selects them,
+ * not a sort of the vocabulary. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,23 +71,67 @@ static int before(const float *key, int32_t x, int32_t y) {
     return key[x] > key[y] || (key[x] == key[y] && x < y);
 }
 
-/* Sorts order[0..n) by decreasing key (merge sort, tmp of n ints): reentrant, unlike qsort
- * with a global key. */
-static void sort_desc(const float *key, int32_t *order, int32_t *tmp, int64_t n) {
-    for (int64_t width = 1; width < n; width *= 2) {
-        for (int64_t lo = 0; lo < n; lo += 2 * width) {
-            int64_t mid = lo + width < n ? lo + width : n;
-            int64_t hi = lo + 2 * width < n ? lo + 2 * width : n;
-            int64_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                tmp[k++] = before(key, order[j], order[i]) ? order[j++] : order[i++];
-            while (i < mid)
-                tmp[k++] = order[i++];
-            while (j < hi)
-                tmp[k++] = order[j++];
-        }
-        memcpy(order, tmp, sizeof *order * (size_t)n);
+/* A binary heap of token indices over `key`: the root is the one that goes first (max = 1) or
+ * last (max = 0) by `before`. */
+typedef struct heap {
+    const float *key;
+    int32_t *at;
+    int64_t n;
+    int max;
+} heap;
+
+static int above(const heap *h, int32_t x, int32_t y) {
+    return h->max ? before(h->key, x, y) : before(h->key, y, x);
+}
+
+static void sift_down(heap *h, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, top = i;
+        if (l < h->n && above(h, h->at[l], h->at[top]))
+            top = l;
+        if (r < h->n && above(h, h->at[r], h->at[top]))
+            top = r;
+        if (top == i)
+            return;
+        int32_t t = h->at[i];
+        h->at[i] = h->at[top];
+        h->at[top] = t;
+        i = top;
     }
+}
+
+static void sift_up(heap *h, int64_t i) {
+    while (i > 0 && above(h, h->at[i], h->at[(i - 1) / 2])) {
+        int32_t t = h->at[i];
+        h->at[i] = h->at[(i - 1) / 2];
+        h->at[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static int32_t heap_pop(heap *h) {
+    int32_t top = h->at[0];
+    h->at[0] = h->at[--h->n];
+    sift_down(h, 0);
+    return top;
+}
+
+/* The keep tokens that go first, in order, into out[0..keep): a heap of the keep best so far
+ * (its root the worst of them), O(vocab log keep). heap_at: keep ints. */
+static void top_sorted(const float *key, int64_t vocab, int64_t keep, int32_t *heap_at,
+                       int32_t *out) {
+    heap h = {key, heap_at, 0, 0};
+    for (int64_t v = 0; v < vocab; v++) {
+        if (h.n < keep) {
+            h.at[h.n++] = (int32_t)v;
+            sift_up(&h, h.n - 1);
+        } else if (before(key, (int32_t)v, h.at[0])) {
+            h.at[0] = (int32_t)v;
+            sift_down(&h, 0);
+        }
+    }
+    for (int64_t k = keep - 1; k >= 0; k--)
+        out[k] = heap_pop(&h);
 }
 
 /* The uniform number of (seed, b, t) in [0, 1). */
@@ -93,30 +140,73 @@ static double draw(uint64_t seed, int b, int t) {
     return util_rng_double(&r);
 }
 
+/* The token the draw u in [0, mass) lands on, walking tokens[0..n) with their weights:
+ * weight[k] for the k-th (by_token 0), or weight[tokens[k]] (by_token 1). */
+static int32_t walk(const int32_t *tokens, const float *weight, int by_token, int64_t n,
+                    double u) {
+    double acc = 0.0;
+    for (int64_t k = 0; k < n; k++) {
+        acc += weight[by_token ? tokens[k] : k];
+        if (u < acc)
+            return tokens[k];
+    }
+    return tokens[n - 1];
+}
+
+/* top_k: the k best sorted, their weights in that order; the top_p prefix of them. */
+static int32_t sample_top_k(const gen_options *o, const float *scaled, int64_t vocab,
+                            int64_t keep, double u01, float *prob, int32_t *order) {
+    int32_t *sorted = order + vocab;
+    top_sorted(scaled, vocab, keep, order, sorted);
+    double sum = 0.0, max = scaled[sorted[0]];
+    for (int64_t k = 0; k < keep; k++)
+        sum += prob[k] = (float)exp((double)scaled[sorted[k]] - max);
+    double mass = 0.0;
+    int64_t n = 0;
+    while (n < keep && (n == 0 || mass < (double)o->top_p * sum))
+        mass += prob[n++];
+    return walk(sorted, prob, 0, n, u01 * mass);
+}
+
+/* Every token: the weights in vocabulary order; with top_p, the most likely ones popped from
+ * a heap until their mass reaches it, so only that prefix is ever ordered. */
+static int32_t sample_all(const gen_options *o, const float *scaled, int64_t vocab, double u01,
+                          float *prob, int32_t *order) {
+    float max = scaled[0];
+    for (int64_t v = 1; v < vocab; v++)
+        max = scaled[v] > max ? scaled[v] : max;
+    double sum = 0.0;
+    for (int64_t v = 0; v < vocab; v++)
+        sum += prob[v] = (float)exp((double)scaled[v] - max);
+    if (o->top_p >= 1.0f) {
+        for (int64_t v = 0; v < vocab; v++)
+            order[v] = (int32_t)v;
+        return walk(order, prob, 1, vocab, u01 * sum);
+    }
+    heap h = {scaled, order, vocab, 1};
+    for (int64_t v = 0; v < vocab; v++)
+        order[v] = (int32_t)v;
+    for (int64_t i = vocab / 2 - 1; i >= 0; i--)
+        sift_down(&h, i);
+    int32_t *taken = order + vocab;
+    double mass = 0.0;
+    int64_t n = 0;
+    while (h.n > 0 && (n == 0 || mass < (double)o->top_p * sum)) {
+        taken[n] = heap_pop(&h);
+        mass += prob[taken[n++]];
+    }
+    return walk(taken, prob, 1, n, u01 * mass);
+}
+
 int32_t gen_sample(const gen_options *o, const float *row, int64_t vocab, int b, int t,
                    float *scratch, int32_t *order) {
     if (o->temperature == 0.0f)
         return argmax(row, vocab);
     float *scaled = scratch, *prob = scratch + vocab;
-    for (int64_t v = 0; v < vocab; v++) {
+    for (int64_t v = 0; v < vocab; v++)
         scaled[v] = row[v] / o->temperature;
-        order[v] = (int32_t)v;
-    }
-    sort_desc(scaled, order, order + vocab, vocab);
-    int64_t keep = o->top_k > 0 && o->top_k < vocab ? o->top_k : vocab;
-    double sum = 0.0, max = scaled[order[0]];
-    for (int64_t k = 0; k < keep; k++)
-        sum += prob[k] = (float)exp((double)scaled[order[k]] - max);
-    /* top-p: the first tokens whose probability reaches top_p (at least one) */
-    double mass = 0.0;
-    int64_t n = 0;
-    while (n < keep && (n == 0 || mass < (double)o->top_p * sum))
-        mass += prob[n++];
-    double u = draw(o->seed, b, t) * mass, acc = 0.0;
-    for (int64_t k = 0; k < n; k++) {
-        acc += prob[k];
-        if (u < acc)
-            return order[k];
-    }
-    return order[n - 1];
+    double u01 = draw(o->seed, b, t);
+    if (o->top_k > 0 && o->top_k < vocab)
+        return sample_top_k(o, scaled, vocab, o->top_k, u01, prob, order);
+    return sample_all(o, scaled, vocab, u01, prob, order);
 }

@@ -190,6 +190,54 @@ __device__ __forceinline__ void accumulate_v(warp_state &st, const float (&s)[GR
     }
 }
 
+// Heads of up to 128 dims with few query heads a K/V head: a tile's 32 V rows (the lane's
+// pairs of each, as the cache packs them) are loaded before the keys are scored, so that the
+// tile costs one memory latency, not one for its keys and more for its values.
+constexpr bool kPrefetchV = kRounds <= 2 && GROUP * kRounds <= 16;
+
+struct v_tile {
+    unsigned raw[kPrefetchV ? 32 : 1][kRounds];
+};
+
+__device__ __forceinline__ void load_v_tile(v_tile &vt, int n, int tile, int my_slot, int pos,
+                                            const elem_t *vnew, const elem_t *vseq,
+                                            int kv_heads) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int t = 0; t < (kPrefetchV ? 32 : 1); ++t) {
+        const int tt = min(t, n - 1); // past the tile's keys: its last again (never used)
+        const int slot = __shfl_sync(0xffffffffu, my_slot, tt);
+        const elem_t *vrow =
+            tile + tt == pos ? vnew : vseq + (long long)slot * kv_heads * HEAD_DIM;
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r) {
+            const int p = lane + 32 * r;
+            vt.raw[t][r] = p < kPairs ? *reinterpret_cast<const unsigned *>(vrow + 2 * p) : 0u;
+        }
+    }
+}
+
+// accumulate_v on a prefetched tile.
+__device__ __forceinline__ void accumulate_v_tile(warp_state &st, const float (&s)[GROUP],
+                                                  unsigned ok_keys, int n, const v_tile &vt) {
+#pragma unroll
+    for (int t = 0; t < (kPrefetchV ? 32 : 1); ++t) {
+        const bool use = t < n && ((ok_keys >> t) & 1u);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            const float pg = __shfl_sync(0xffffffffu, s[g], t);
+            if (use) {
+#pragma unroll
+                for (int r = 0; r < kRounds; ++r) {
+                    const float2 x = unpack2<elem_t>(vt.raw[t][r]);
+                    st.acc[g][r].x = fmaf(pg, x.x, st.acc[g][r].x);
+                    st.acc[g][r].y = fmaf(pg, x.y, st.acc[g][r].y);
+                }
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
@@ -225,8 +273,12 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     const elem_t *vc = static_cast<const elem_t *>(a.v_cache);
     const long long seq_slots = (long long)b * a.cap;
     for (int tile = first + warp * 32; tile < last; tile += kWarps * 32) {
-        const int j = tile + lane;
+        const int j = tile + lane, n = min(32, last - tile);
         const int my_slot = ring_slot(tile % a.cap, lane, tile, a.cap);
+        const elem_t *vseq = vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM;
+        v_tile vt;
+        if (kPrefetchV)
+            load_v_tile(vt, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
         // the key's scores and its mask bit are loaded side by side: neither waits for the other
         float s[GROUP];
 #pragma unroll
@@ -243,9 +295,11 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         for (int g = 0; g < GROUP; ++g)
             s[g] = valid ? s[g] : STOF_NEG_INF;
         softmax_tile(st, s, valid);
-        accumulate_v(st, s, __ballot_sync(0xffffffffu, valid), min(32, last - tile), tile,
-                     my_slot, pos, vnew, vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM,
-                     a.kv_heads);
+        const unsigned ok_keys = __ballot_sync(0xffffffffu, valid);
+        if (kPrefetchV)
+            accumulate_v_tile(st, s, ok_keys, n, vt);
+        else
+            accumulate_v(st, s, ok_keys, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
     }
 
     // merge the warps: each rescaled to the CTA's maximum, per head

@@ -168,6 +168,9 @@ typedef struct stof_generate_options {
     int use_eos;                 /* 1: the model directory's eos_token_id ends a sequence */
     int recompute;               /* 1: no cache, the whole pass again for every token (the
                                     ground truth the cached run agrees with) */
+    double tune_step_s;          /* GPU: > 0 tunes the decode step first for at most this many
+                                    seconds (measurements cached beside the kernel cache, as
+                                    stof tune keeps them); 0: its default scheme */
 } stof_generate_options;
 STOF_API int stof_model_generate_cpu(stof_model *m, const int32_t *const *prompts,
                                      const int *lens, int n,

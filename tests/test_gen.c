@@ -493,6 +493,15 @@ static void test_api(void) {
     CHECK_EQ_INT(lens_out[0], 1);
     CHECK_EQ_INT(got[1], -1);
     o.n_stop_tokens = 0;
+    o.tune_step_s = 5; /* tuning is the GPU's */
+    CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "tunes the GPU's decode step");
+    o.tune_step_s = -1;
+    CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(stof_last_error(), "tune_step_s: seconds from 0");
+    o.tune_step_s = 0;
     o.max_new_tokens = 0;
     CHECK_EQ_INT(stof_model_generate_cpu(m, prompts, LENS, BATCH, &o, got, lens_out),
                  STOF_ERR_INVALID);

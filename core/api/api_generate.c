@@ -17,6 +17,9 @@ static int options_of(const stof_model *m, const stof_generate_options *in, gen_
     o->top_p = in->top_p == 0.0f ? 1.0f : in->top_p;
     o->seed = in->seed ? in->seed : 1;
     o->recompute = in->recompute;
+    if (!(in->tune_step_s >= 0.0) || in->tune_step_s > 1e7)
+        return err_set(err, STOF_ERR_INVALID, "tune_step_s: seconds from 0 (no tuning), got %g",
+                       in->tune_step_s);
     if (in->n_stop_tokens < 0 || in->n_stop_tokens > GEN_MAX_STOP ||
         (in->n_stop_tokens && !in->stop_tokens))
         return err_set(err, STOF_ERR_INVALID, "0 to %d stop tokens, got %d", GEN_MAX_STOP,
@@ -87,6 +90,16 @@ static int generate_on(stof_model *m, int device, const int32_t *const *prompts,
     gen_options o;
     if (!rc)
         rc = options_of(m, options, &o, &err);
+    char cache_path[1100];
+    tune_options tune = {.time_limit_s = options->tune_step_s, .seed = o.seed};
+    if (!rc && options->tune_step_s > 0 && device < 0)
+        rc = err_set(&err, STOF_ERR_INVALID, "tune_step_s tunes the GPU's decode step "
+                     "(stof_model_generate), not the CPU reference's");
+    if (!rc && options->tune_step_s > 0) {
+        tune_cache_path_default(cache_path, sizeof cache_path);
+        tune.cache_path = cache_path[0] ? cache_path : NULL;
+        o.tune_step = &tune;
+    }
     if (!rc && device >= 0)
         rc = api_ensure_ctx(m, device, &err);
     int longest = 0;

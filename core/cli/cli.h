@@ -55,9 +55,6 @@ typedef struct cli_args {
     double tune_step;         /* --tune-step S: the decode step tuned for S seconds first */
 } cli_args;
 
-/* The tuner's measurement cache file beside the kernel cache ("" when there is no cache
- * directory). */
-void cli_tune_cache_path(char *buf, size_t n);
 
 /* Parses argv[first..]; prints the problem and returns non-zero on bad
  * arguments. */

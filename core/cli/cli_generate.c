@@ -243,7 +243,7 @@ static int generate(const cli_args *a, const graph_script *info, const prompts *
     char cache_path[1100];
     tune_options tune = {.time_limit_s = a->tune_step, .seed = a->seed, .reps = a->reps};
     if (a->tune_step > 0 && ctx) {
-        cli_tune_cache_path(cache_path, sizeof cache_path);
+        tune_cache_path_default(cache_path, sizeof cache_path);
         tune.cache_path = cache_path[0] ? cache_path : NULL;
         o.tune_step = &tune;
         printf("tuning the decode step for %g s (measurements cached in %s)\n", a->tune_step,

@@ -3,12 +3,10 @@
  * JSON. Without a GPU: an unmeasured plan of the initial scheme, with its
  * kernels compiled into the NVRTC cache, and a plain word that nothing was
  * measured. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/cli/cli.h"
@@ -18,25 +16,9 @@
 #include "core/tune/tune_backend.h"
 #include "core/base/util.h"
 
-#define CLI_TUNE_CACHE_FILE "tune-cache.txt"
 #define CLI_TUNE_DEFAULT_ARCH "sm_90"
 /* Without a terminal, a progress line at most this often (and at each stage). */
 #define CLI_TUNE_LOG_EVERY_S 5.0
-
-/* mkdir -p: 0 when dir exists afterwards. */
-static int make_dirs(const char *dir) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    return mkdir(path, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
 
 /* ---- progress ------------------------------------------------------------------------------- */
 
@@ -161,20 +143,11 @@ static void print_time_breakdown(const tune_outcome *o) {
            b->prepared, s->prepare_calls, b->prepare_skipped);
 }
 
-void cli_tune_cache_path(char *buf, size_t n) {
-    nvrtc_cache kc;
-    nvrtc_cache_init(&kc, NULL);
-    buf[0] = '\0';
-    if (kc.dir[0] && make_dirs(kc.dir) == 0)
-        snprintf(buf, n, "%s/%s", kc.dir, CLI_TUNE_CACHE_FILE);
-    nvrtc_cache_free(&kc);
-}
-
 static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
                         const graph_script *info) {
     const stof_device_info *dev = exec_ctx_device(ctx);
     char cache_path[1100];
-    cli_tune_cache_path(cache_path, sizeof cache_path);
+    tune_cache_path_default(cache_path, sizeof cache_path);
     printf("tuning %s (%s) on %s (%s, %d SMs)\n", g->name, info->name, dev->name,
            exec_ctx_arch(ctx), dev->sm_count);
     char budget[32] = "no budget", limit[32] = "no time limit";

@@ -172,8 +172,7 @@ static void *disk_load(nvrtc_cache *c, uint64_t key, size_t *size) {
     return bin;
 }
 
-/* mkdir -p for the cache folder. */
-static int make_dirs(const char *dir) {
+int nvrtc_make_dirs(const char *dir) {
     char tmp[sizeof ((nvrtc_cache *)0)->dir];
     snprintf(tmp, sizeof tmp, "%s", dir);
     for (char *p = tmp + 1; *p; p++) {
@@ -193,7 +192,7 @@ static int make_dirs(const char *dir) {
 static void disk_store(nvrtc_cache *c, uint64_t key, const void *cubin, size_t size) {
     if (!c->dir[0])
         return;
-    if (make_dirs(c->dir) != 0) {
+    if (nvrtc_make_dirs(c->dir) != 0) {
         disk_warn(c, "cannot make the kernel cache folder %s: %s", c->dir, strerror(errno));
         return;
     }

@@ -60,6 +60,9 @@ typedef struct nvrtc_cache {
     char slowest[200];   /* source's name and its -D constants (cut to fit) */
 } nvrtc_cache;
 
+/* mkdir -p: 0 when dir exists afterwards (a folder of at most 1023 bytes). */
+int nvrtc_make_dirs(const char *dir);
+
 /* dir NULL: $STOF_CACHE_DIR, else $XDG_CACHE_HOME/stof, else ~/.cache/stof;
  * "" disables the disk cache. The folder is created when first written. A
  * path too long to hold the cache's file names disables it too, with a

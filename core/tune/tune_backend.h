@@ -199,6 +199,11 @@ int tune_initial_schemes(const graph *g, const search_sequence *seqs, int n_seqs
  * afresh (a kernel fixed, or a template given a launcher, is tried again). */
 void tune_cache_device_key(const stof_device_info *dev, char *buf, size_t cap);
 
+/* The measurement cache file stof tune keeps beside the kernel cache (nvrtc_cache's folder,
+ * made when missing): TUNE_CACHE_FILE there, or "" when there is no such folder. */
+#define TUNE_CACHE_FILE "tune-cache.txt"
+void tune_cache_path_default(char *buf, size_t n);
+
 /* Beyond this many FLOPs the end-to-end CPU check is skipped unless asked. */
 #define TUNE_CHECK_MAX_FLOPS 2e10
 #define TUNE_ATTENTION_CANDIDATES 3

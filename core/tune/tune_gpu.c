@@ -11,6 +11,7 @@
 #include "core/base/error.h"
 #include "core/base/util.h"
 #include "core/gpu/kernels.h"
+#include "core/gpu/nvrtc.h"
 #include "core/tune/tune_impl.h"
 #include "ops/ops.h"
 
@@ -233,6 +234,15 @@ static int tune_refine(const graph *g, const tune_options *o, tune_state *t,
                                 err);
     res->timing.refine_s = util_now() - t0;
     return rc;
+}
+
+void tune_cache_path_default(char *buf, size_t n) {
+    nvrtc_cache kc;
+    nvrtc_cache_init(&kc, NULL);
+    buf[0] = '\0';
+    if (kc.dir[0] && nvrtc_make_dirs(kc.dir) == 0)
+        snprintf(buf, n, "%s/%s", kc.dir, TUNE_CACHE_FILE);
+    nvrtc_cache_free(&kc);
 }
 
 int tune_gpu(exec_ctx *ctx, const graph *g, const graph_script *script,

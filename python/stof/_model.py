@@ -33,7 +33,8 @@ class _GenerateOptions(ctypes.Structure):
     _fields_ = [("max_new_tokens", ctypes.c_int), ("temperature", ctypes.c_float),
                 ("top_k", ctypes.c_int), ("top_p", ctypes.c_float), ("seed", ctypes.c_uint64),
                 ("stop_tokens", ctypes.c_void_p), ("n_stop_tokens", ctypes.c_int),
-                ("use_eos", ctypes.c_int), ("recompute", ctypes.c_int)]
+                ("use_eos", ctypes.c_int), ("recompute", ctypes.c_int),
+                ("tune_step_s", ctypes.c_double)]
 
 
 class _Weight(ctypes.Structure):
@@ -245,7 +246,8 @@ class Model:
                 sys.stderr.write("\n")
 
     def generate(self, prompts, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
-                 seed=1, stop_tokens=(), use_eos=True, recompute=False, device="cpu"):
+                 seed=1, stop_tokens=(), use_eos=True, recompute=False, device="cpu",
+                 tune_step=0.0):
         """Token ids generated after each prompt (a list of token id lists, or one list), as
         a list of lists: the prompts' prefill, then a decode step a token against a KV cache
         (a sliding window keeps its window). Greedy when temperature is 0, else sampled
@@ -254,7 +256,8 @@ class Model:
         (a *ForCausalLM directory, or head=True). device: "cpu", the fp32 CPU reference, or
         "cuda" / "cuda:N" / N, a GPU (fp16 or bf16 models; a prefill pass fills the KV caches,
         then a decode step a token). recompute (CPU): no cache, the whole pass for every
-        token."""
+        token. tune_step (GPU): seconds to tune the decode step first (the measurements are
+        cached beside the kernel cache, so a second call is quick); 0: its default scheme."""
         gpu = _gpu_ordinal(device)
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
@@ -268,7 +271,8 @@ class Model:
         stops = (ctypes.c_int32 * max(1, len(stop_tokens)))(*[int(t) for t in stop_tokens])
         opt = _GenerateOptions(int(max_new_tokens), float(temperature), int(top_k),
                                float(top_p), int(seed), ctypes.cast(stops, ctypes.c_void_p),
-                               len(stop_tokens), 1 if use_eos else 0, 1 if recompute else 0)
+                               len(stop_tokens), 1 if use_eos else 0, 1 if recompute else 0,
+                               float(tune_step))
         out = (ctypes.c_int32 * (n * max(1, int(max_new_tokens))))()
         out_lens = (ctypes.c_int * n)()
         if gpu is None:

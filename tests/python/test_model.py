@@ -322,12 +322,18 @@ def test_generate():
         cut = m.generate(prompts, max_new_tokens=8, stop_tokens=[stop], use_eos=False)
         assert cut[1] == got[1][:got[1].index(stop) + 1]
         expect_error(lambda: m.generate(prompts, device="tpu"), "device 'tpu'")
+        expect_error(lambda: m.generate(prompts, tune_step=5), "tunes the GPU's decode step")
+        expect_error(lambda: m.generate(prompts, tune_step=-1), "tune_step_s: seconds from 0")
         if _cuda() is not None:
             # the GPU in fp16 against the CPU reference on the same fp16-rounded weights
             half = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp16")
             want16 = half.generate(prompts, max_new_tokens=8, use_eos=False)
             got16 = half.generate(prompts, max_new_tokens=8, use_eos=False, device="cuda")
             assert got16 == want16, (got16, want16)
+            # the decode step tuned first: still the reference's tokens
+            tuned = half.generate(prompts, max_new_tokens=8, use_eos=False, device="cuda",
+                                  tune_step=3)
+            assert tuned == want16, (tuned, want16)
             expect_error(lambda: m.generate(prompts, max_new_tokens=4, device="cuda"),
                          "fp16 or bf16")
         expect_error(lambda: m.generate([[3, 50]], max_new_tokens=4), "token 50 at 1 is outside")

@@ -137,6 +137,26 @@ template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned u)
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u));
 }
 
+// s[g] += q_g . k for G query rows (D floats each, consecutive from q: shared memory, read as
+// broadcasts) and one key row k of D elements (16-byte loads; D a multiple of 8).
+template <typename T, int D, int G>
+__device__ __forceinline__ void dot_key(const float *q, const T *krow, float (&s)[G]) {
+#pragma unroll
+    for (int vi = 0; vi < D / 8; ++vi) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
+        const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 x = unpack2<T>(words[e]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                s[g] = fmaf(q[g * D + vi * 8 + 2 * e], x.x, s[g]);
+                s[g] = fmaf(q[g * D + vi * 8 + 2 * e + 1], x.y, s[g]);
+            }
+        }
+    }
+}
+
 // ---- T5 relative position bias -------------------------------------------------
 
 // The bias of (query i, key j) in head h, already multiplied by log2(e) to

@@ -34,7 +34,6 @@ using namespace stof::attn;
 constexpr int kWarps = STOF_DECODE_WARPS;
 constexpr int kPairs = HEAD_DIM / 2;
 constexpr int kRounds = (kPairs + 31) / 32; // pairs a lane holds (the last round may be short)
-constexpr int kVecs = HEAD_DIM / 8;         // 16-byte vectors of a K row
 
 static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
@@ -42,20 +41,6 @@ static_assert(GROUP >= 1 && GROUP <= STOF_DECODE_MAX_GROUP, "GROUP: 1 to 16 quer
 
 __device__ __forceinline__ float2 load_pair(const elem_t *row, int p) {
     return unpack2<elem_t>(*reinterpret_cast<const unsigned *>(row + 2 * p));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 // Whether row pos of the mask allows key j (no mask: every key up to pos).
@@ -98,26 +83,14 @@ __device__ __forceinline__ void scores(const decode_smem &sm, const elem_t *krow
 #pragma unroll
     for (int g = 0; g < GROUP; ++g)
         s[g] = 0.0f;
-#pragma unroll
-    for (int vi = 0; vi < kVecs; ++vi) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
-        const unsigned words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 x = unpack2<elem_t>(words[e]);
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g)
-                s[g] = fmaf(sm.q[g][vi * 8 + 2 * e], x.x,
-                            fmaf(sm.q[g][vi * 8 + 2 * e + 1], x.y, s[g]));
-        }
-    }
+    dot_key<elem_t, HEAD_DIM, GROUP>(&sm.q[0][0], krow, s);
 }
 
 // The tile's online-softmax update: p_g of the lane's key, the state rescaled.
 __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], bool valid) {
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
-        const float mt = warp_max(valid ? s[g] : STOF_NEG_INF);
+        const float mt = stof::warp_max(valid ? s[g] : STOF_NEG_INF);
         const float m = fmaxf(st.m[g], mt);
         if (m == STOF_NEG_INF) { // nothing allowed yet: the state stays empty
             s[g] = 0.0f;
@@ -125,7 +98,7 @@ __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], 
         }
         const float corr = exp2f(st.m[g] - m); // 0 when st.m was -inf
         s[g] = valid ? exp2f(s[g] - m) : 0.0f;
-        st.l[g] = st.l[g] * corr + warp_sum(s[g]);
+        st.l[g] = st.l[g] * corr + stof::warp_sum(s[g]);
         st.m[g] = m;
 #pragma unroll
         for (int r = 0; r < kRounds; ++r) {
@@ -134,10 +107,6 @@ __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], 
         }
     }
 }
-
-// Keys a lane loads V pairs of before it multiplies: independent loads in flight, not one
-// memory latency a key.
-constexpr int kUnroll = kRounds >= 4 ? 2 : (kRounds == 2 ? 4 : 8);
 
 // The ring slot of key tile + t (t < 32) from the tile's own, tile_slot = tile % cap: no
 // division a key once the ring holds a tile.
@@ -148,88 +117,55 @@ __device__ __forceinline__ int ring_slot(int tile_slot, int t, int tile, int cap
     return s >= cap ? s - cap : s;
 }
 
-// O_g += p_gj v_j over the tile's n keys (p_gj: lane j's s[g], 0 for a key not allowed; the
-// ballot ok_keys says which are, so a key the mask skips never reaches the sum, whatever its
-// slot holds). my_slot: the ring slot of the lane's key (tile + lane); vseq: the sequence's
-// slot 0 of head kvh; the key at pos is vnew.
-__device__ __forceinline__ void accumulate_v(warp_state &st, const float (&s)[GROUP],
-                                             unsigned ok_keys, int n, int tile, int my_slot,
+// The V rows a lane holds at once, its pairs of each as the cache packs them. Heads of up to
+// 128 dims with few query heads a K/V head hold the whole tile, loaded before its keys are
+// scored, so that a tile costs one memory latency; the others hold kChunk keys at a time,
+// loaded after (fewer registers, still independent loads in flight).
+constexpr bool kPrefetchV = kRounds <= 2 && GROUP * kRounds <= 16;
+constexpr int kChunk = kPrefetchV ? 32 : (kRounds >= 4 ? 2 : (kRounds == 2 ? 4 : 8));
+
+struct v_chunk {
+    unsigned raw[kChunk][kRounds];
+};
+
+// The V pairs of keys tile + t0 .. tile + t0 + kChunk - 1 (past the tile's n keys: its last
+// again, never used). my_slot: the ring slot of the lane's key (tile + lane); vseq: the
+// sequence's slot 0 of head kvh; the key at pos is vnew.
+__device__ __forceinline__ void load_v_chunk(v_chunk &c, int t0, int n, int tile, int my_slot,
                                              int pos, const elem_t *vnew, const elem_t *vseq,
                                              int kv_heads) {
     const int lane = threadIdx.x % 32;
-    for (int t0 = 0; t0 < n; t0 += kUnroll) {
-        float2 x[kUnroll][kRounds];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = min(t0 + u, n - 1);
-            const int slot = __shfl_sync(0xffffffffu, my_slot, t);
-            const elem_t *vrow =
-                tile + t == pos ? vnew : vseq + (long long)slot * kv_heads * HEAD_DIM;
-#pragma unroll
-            for (int r = 0; r < kRounds; ++r) {
-                const int p = lane + 32 * r;
-                x[u][r] = p < kPairs ? load_pair(vrow, p) : make_float2(0.0f, 0.0f);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = t0 + u;
-            const bool use = t < n && ((ok_keys >> (t & 31)) & 1u);
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                const float pg = __shfl_sync(0xffffffffu, s[g], t & 31);
-                if (use) {
-#pragma unroll
-                    for (int r = 0; r < kRounds; ++r) {
-                        st.acc[g][r].x = fmaf(pg, x[u][r].x, st.acc[g][r].x);
-                        st.acc[g][r].y = fmaf(pg, x[u][r].y, st.acc[g][r].y);
-                    }
-                }
-            }
-        }
-    }
-}
-
-// Heads of up to 128 dims with few query heads a K/V head: a tile's 32 V rows (the lane's
-// pairs of each, as the cache packs them) are loaded before the keys are scored, so that the
-// tile costs one memory latency, not one for its keys and more for its values.
-constexpr bool kPrefetchV = kRounds <= 2 && GROUP * kRounds <= 16;
-
-struct v_tile {
-    unsigned raw[kPrefetchV ? 32 : 1][kRounds];
-};
-
-__device__ __forceinline__ void load_v_tile(v_tile &vt, int n, int tile, int my_slot, int pos,
-                                            const elem_t *vnew, const elem_t *vseq,
-                                            int kv_heads) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int t = 0; t < (kPrefetchV ? 32 : 1); ++t) {
-        const int tt = min(t, n - 1); // past the tile's keys: its last again (never used)
-        const int slot = __shfl_sync(0xffffffffu, my_slot, tt);
+    for (int u = 0; u < kChunk; ++u) {
+        const int t = min(t0 + u, n - 1);
+        const int slot = __shfl_sync(0xffffffffu, my_slot, t);
         const elem_t *vrow =
-            tile + tt == pos ? vnew : vseq + (long long)slot * kv_heads * HEAD_DIM;
+            tile + t == pos ? vnew : vseq + (long long)slot * kv_heads * HEAD_DIM;
 #pragma unroll
         for (int r = 0; r < kRounds; ++r) {
             const int p = lane + 32 * r;
-            vt.raw[t][r] = p < kPairs ? *reinterpret_cast<const unsigned *>(vrow + 2 * p) : 0u;
+            c.raw[u][r] = p < kPairs ? *reinterpret_cast<const unsigned *>(vrow + 2 * p) : 0u;
         }
     }
 }
 
-// accumulate_v on a prefetched tile.
-__device__ __forceinline__ void accumulate_v_tile(warp_state &st, const float (&s)[GROUP],
-                                                  unsigned ok_keys, int n, const v_tile &vt) {
+// O_g += p_gj v_j over the chunk's keys (p_gj: lane j's s[g], 0 for a key not allowed; the
+// ballot ok_keys says which are, so a key the mask skips never reaches the sum, whatever its
+// slot holds).
+__device__ __forceinline__ void accumulate_v_chunk(warp_state &st, const float (&s)[GROUP],
+                                                   unsigned ok_keys, int t0, int n,
+                                                   const v_chunk &c) {
 #pragma unroll
-    for (int t = 0; t < (kPrefetchV ? 32 : 1); ++t) {
-        const bool use = t < n && ((ok_keys >> t) & 1u);
+    for (int u = 0; u < kChunk; ++u) {
+        const int t = t0 + u;
+        const bool use = t < n && ((ok_keys >> (t & 31)) & 1u);
 #pragma unroll
         for (int g = 0; g < GROUP; ++g) {
-            const float pg = __shfl_sync(0xffffffffu, s[g], t);
+            const float pg = __shfl_sync(0xffffffffu, s[g], t & 31);
             if (use) {
 #pragma unroll
                 for (int r = 0; r < kRounds; ++r) {
-                    const float2 x = unpack2<elem_t>(vt.raw[t][r]);
+                    const float2 x = unpack2<elem_t>(c.raw[u][r]);
                     st.acc[g][r].x = fmaf(pg, x.x, st.acc[g][r].x);
                     st.acc[g][r].y = fmaf(pg, x.y, st.acc[g][r].y);
                 }
@@ -276,9 +212,9 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         const int j = tile + lane, n = min(32, last - tile);
         const int my_slot = ring_slot(tile % a.cap, lane, tile, a.cap);
         const elem_t *vseq = vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM;
-        v_tile vt;
+        v_chunk whole; // the tile's V rows, when they come before its scores
         if (kPrefetchV)
-            load_v_tile(vt, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
+            load_v_chunk(whole, 0, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
         // the key's scores and its mask bit are loaded side by side: neither waits for the other
         float s[GROUP];
 #pragma unroll
@@ -296,10 +232,15 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
             s[g] = valid ? s[g] : STOF_NEG_INF;
         softmax_tile(st, s, valid);
         const unsigned ok_keys = __ballot_sync(0xffffffffu, valid);
-        if (kPrefetchV)
-            accumulate_v_tile(st, s, ok_keys, n, vt);
-        else
-            accumulate_v(st, s, ok_keys, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
+        if (kPrefetchV) {
+            accumulate_v_chunk(st, s, ok_keys, 0, n, whole);
+        } else {
+            for (int t0 = 0; t0 < n; t0 += kChunk) {
+                v_chunk part;
+                load_v_chunk(part, t0, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
+                accumulate_v_chunk(st, s, ok_keys, t0, n, part);
+            }
+        }
     }
 
     // merge the warps: each rescaled to the CTA's maximum, per head

@@ -43,7 +43,6 @@ using namespace stof::attn;
 
 constexpr int kPairs = HEAD_DIM / 2;            // output dims go by pairs
 constexpr int kPairRounds = (kPairs + 31) / 32; // pairs per lane (the last round may be short)
-constexpr int kVecs = HEAD_DIM / 8;             // 16-byte vectors of a K row
 
 static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
@@ -60,19 +59,9 @@ __device__ __forceinline__ void load_query(float *sq, const elem_t *q, int lane)
 
 // q . k for one key row: 16-byte loads of K, q broadcast from shared memory.
 __device__ __forceinline__ float dot_row(const float *sq, const elem_t *krow) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int vi = 0; vi < kVecs; ++vi) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
-        const unsigned words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 x = unpack2<elem_t>(words[e]);
-            acc = fmaf(sq[vi * 8 + 2 * e], x.x, acc);
-            acc = fmaf(sq[vi * 8 + 2 * e + 1], x.y, acc);
-        }
-    }
-    return acc;
+    float acc[1] = {0.0f};
+    dot_key<elem_t, HEAD_DIM, 1>(sq, krow, acc);
+    return acc[0];
 }
 
 // The lane's score for its key of the chunk (-inf when the chunk is short).

@@ -23,11 +23,7 @@
 --   padding true     an input attention_mask [batch, seq] (optional at run time; right
 --                    padding); rows past a sequence's length are zeros before the head
 local hf = require("hf")
-local c = stof.config
-if not c then
-  error("gpt_neo.lua builds a model from a Hugging Face directory (its config.json); "
-        .. "run it as: stof graph DIR")
-end
+local c = hf.config("gpt_neo.lua")
 local p = stof.params{layers = 0, batch = 8, seq = 512, mask = "none", dtype = "fp16",
                       head = hf.has_lm_head(c), padding = true}
 

@@ -51,6 +51,16 @@ function hf.parts(parts, suffix, prefix)
   return names
 end
 
+-- stof.config, for a script that builds its model from a Hugging Face directory only: an
+-- error naming `script` and how to run it when there is none.
+function hf.config(script)
+  if not stof.config then
+    error(script .. " builds a model from a Hugging Face directory (its config.json); "
+          .. "run it as: stof graph DIR", 2)
+  end
+  return stof.config
+end
+
 -- Whether the config describes a model with a language-modelling head (its architectures
 -- end in LMHeadModel or ForCausalLM): the default of a decoder's `head` parameter.
 function hf.has_lm_head(c)

@@ -219,6 +219,7 @@ static void fill_dims(const graph *g, const int *ops, int n, fusion_dims *d) {
             d->m = m;
             d->n = f;
             d->k = last_dim(&g->tensors[op->inputs[0]]);
+            d->weight_kn = op->attr.gemm.weight_kn;
         } else {
             d->n2 = f;
         }

@@ -168,6 +168,41 @@ static int rotary_check(const fusion_dims *d, const int *v, int limit, stof_erro
     return STOF_OK;
 }
 
+/* ROWS, BLOCK_N, WARPS, UNROLL (kernels/gemv.cu): at most STOF_GEMV_MAX_M rows (beyond, the
+ * tensor-core templates read the weights as well and compute faster), ROWS below twice M
+ * (more would only idle accumulators), BLOCK_N the warps' whole outputs ([N, K]: 1 to 8 a
+ * warp) or whole 16-byte column lanes dividing a warp ([K, N]: BLOCK_N / 8 of them), the
+ * accumulators and the loads in flight within about 160 registers, [K, N]'s partial sums
+ * within 48 KiB of static shared memory. */
+static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
+    (void)limit;
+    const int rows = v[0], block_n = v[1], warps = v[2], unroll = v[3];
+    if (d->m > STOF_GEMV_MAX_M)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "%lld rows (it runs up to %d)",
+                       (long long)d->m, STOF_GEMV_MAX_M);
+    if (rows >= 2 * d->m)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d for %lld rows", rows, (long long)d->m);
+    if (d->weight_kn) {
+        const int lanes = block_n / 8;
+        if (block_n % 8 || 32 % lanes)
+            return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d with [K, N] weights: 8, 16, "
+                           "32, 64, 128 or 256 (16-byte column lanes dividing a warp)", block_n);
+        if (rows * 8 + unroll * 4 > 160)
+            return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x 8 sums and UNROLL %d loads: "
+                           "over 160 registers", rows, unroll);
+        return check_smem("gemv's partial sums", (int64_t)warps * rows * block_n * 4,
+                          48 * 1024, err);
+    }
+    const int outs = block_n / warps;
+    if (block_n % warps || outs < 1 || outs > 8)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d over %d warps: 1 to 8 outputs a "
+                       "warp", block_n, warps);
+    if (rows * outs + unroll * outs * 4 + outs * 8 > 160)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d: over 160 "
+                       "registers", rows, outs, unroll);
+    return STOF_OK;
+}
+
 /* ---- the table ---------------------------------------------------------------- */
 
 #define TOK(k) FUSION_TOK(OP_##k)
@@ -238,6 +273,12 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         1, {PATTERN(ONE(TOK(ATTENTION)))},
         1, {PARAM("SPLITS", 1, 2, 4, 8, 16, 32, 64)},
         NULL},
+    /* a few rows (a decode step's): the weights streamed once, each by one thread */
+    [FUSION_T_GEMV] = {FUSION_T_GEMV, "gemv", "gemv.cu", 0,
+        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
+        4, {PARAM("ROWS", 1, 2, 4, 8, 16), PARAM("BLOCK_N", 4, 8, 16, 32, 64, 128),
+            PARAM("WARPS", 4, 8), PARAM("UNROLL", 2, 4, 8)},
+        gemv_check},
     [FUSION_T_MASK_ROWS] = {FUSION_T_MASK_ROWS, "mask_rows", "mask_rows.cu", 0,
         1, {PATTERN(ONE(TOK(MASK_ROWS)))},
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},

@@ -15,6 +15,8 @@
  *   glu              glu.cu               glu
  *   rotary           rotary.cu            rotary
  *   mask_rows        mask_rows.cu         mask_rows
+ *   attention_decode attention_decode.cu  attention (one query row, a KV cache)
+ *   gemv             gemv.cu              gemm [bias] [gelu|relu] [add], up to 16 rows
  *
  * Every single op matches at least one template, so the all-unfused scheme
  * is always valid. The norm kind is an epilogue flag (fusion_epilogue.norm),
@@ -45,6 +47,7 @@ typedef enum fusion_template_id {
     FUSION_T_ROTARY,
     FUSION_T_MASK_ROWS,
     FUSION_T_ATTENTION_DECODE, /* a decode step's attention against its KV cache */
+    FUSION_T_GEMV,             /* a GEMM of a few rows: a decode step's */
     FUSION_T_COUNT
 } fusion_template_id;
 
@@ -91,6 +94,7 @@ typedef struct fusion_dims {
     int64_t n2;     /* output features of the second GEMM (gemm_chain) */
     int elem_bytes; /* of the activations */
     int row_reduce; /* the segment holds a norm or softmax: whole rows at once */
+    int weight_kn;  /* the first GEMM's weights are [K, N] */
     int batch, heads, head_dim, q_len, k_len; /* attention; rotary: heads and head_dim */
 } fusion_dims;
 

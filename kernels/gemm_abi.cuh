@@ -323,6 +323,26 @@ typedef struct stof_mask_rows_args {
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mask_rows_args) == STOF_MASK_ROWS_ARGS_BYTES,
                             "stof_mask_rows_args layout changed: host and kernels must agree");
 
+/* gemv.cu: gemm_epilogue's product and epilogue (bias, ACT, residual; no norm) for a few rows,
+ * as a matrix-vector product: y[m, n] = residual[m, n] + act(sum_k x[m, k] w[n, k] + bias[n]).
+ * w is [N, K], or with WEIGHT_KN=1 [K, N]. With [N, K] weights N may be any width and y's and
+ * the residual's row strides any value (elements are stored one at a time); with [K, N] ones N
+ * is a multiple of 8. K is a multiple of 8, x and w rows 16-byte aligned. residual may be y
+ * itself; neither may overlap x or w. The template runs at most STOF_GEMV_MAX_M rows, at most
+ * STOF_GEMV_MAX_ROWS a block. */
+typedef struct stof_gemv_args {
+    const void *x, *w, *bias, *residual;
+    void *y;
+    stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride;
+    stof_i32 m, n, k, pad_;
+} stof_gemv_args;
+
+#define STOF_GEMV_ARGS_BYTES (9 * 8 + 4 * 4)
+#define STOF_GEMV_MAX_M 16
+#define STOF_GEMV_MAX_ROWS 16
+STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemv_args) == STOF_GEMV_ARGS_BYTES,
+                            "stof_gemv_args layout changed: host and kernels must agree");
+
 /* Kernel names, for cuModuleGetFunction. */
 #define STOF_GEMM_EPILOGUE_KERNEL "stof_gemm_epilogue"
 #define STOF_GEMM_LN_KERNEL "stof_gemm_ln"
@@ -332,6 +352,7 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mask_rows_args) == STOF_MASK_ROWS_ARGS_B
 #define STOF_GLU_KERNEL "stof_glu"
 #define STOF_ROTARY_KERNEL "stof_rotary"
 #define STOF_MASK_ROWS_KERNEL "stof_mask_rows"
+#define STOF_GEMV_KERNEL "stof_gemv"
 
 /* Activation codes (ACT) and norm codes (NORM), the values of fusion_act and
  * fusion_norm in fusion/match.h. */

@@ -411,9 +411,11 @@ static void test_bert(void) {
     fusion_match m;
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 7, 3, &m, NULL), STOF_OK);
     CHECK(fusion_match_has(&m, FUSION_T_GEMM_EPILOGUE) && !fusion_match_has(&m, FUSION_T_CUBLASLT));
-    /* gemm bias add: both, cuBLASLt through its C operand. */
+    /* gemm bias add: gemm_epilogue, cuBLASLt through its C operand, and gemv (whose
+     * settings then take only a few rows). */
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 3, 3, &m, NULL), STOF_OK);
-    CHECK_EQ_INT(fusion_match_count(&m), 2);
+    CHECK_EQ_INT(fusion_match_count(&m), 3);
+    CHECK(fusion_match_has(&m, FUSION_T_GEMV) && !m.dims.weight_kn);
 
     char msg[64];
     /* attention with the following gemm */
@@ -732,6 +734,32 @@ static void test_templates(void) {
     odd_row.n = 65536;
     expect_setting(FUSION_T_MI_CHAIN, &odd_row, mi_big, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "shared memory");
+    /* gemv: a few rows; ROWS below twice M; [N, K]: 1 to 8 outputs a warp; [K, N]: column
+     * lanes dividing a warp, partial sums within 48 KiB; registers */
+    fusion_dims few = d;
+    few.m = 8;
+    int gv_ok[] = {8, 8, 4, 8}, gv_rows[] = {16, 8, 4, 8}, gv_outs[] = {8, 64, 4, 8},
+        gv_regs[] = {16, 32, 4, 8}, gv_kn[] = {8, 64, 8, 8}, gv_kn_lanes[] = {8, 4, 4, 8};
+    expect_setting(FUSION_T_GEMV, &d, gv_ok, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "rows (it runs up to 16)");
+    expect_setting(FUSION_T_GEMV, &few, gv_ok, H100_SMEM, STOF_OK, NULL);
+    expect_setting(FUSION_T_GEMV, &few, gv_rows, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "ROWS 16 for 8 rows");
+    expect_setting(FUSION_T_GEMV, &few, gv_outs, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "1 to 8 outputs a warp");
+    few.m = 16;
+    expect_setting(FUSION_T_GEMV, &few, gv_regs, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "over 160 registers");
+    few.weight_kn = 1;
+    expect_setting(FUSION_T_GEMV, &few, gv_regs, H100_SMEM, STOF_OK, NULL);
+    expect_setting(FUSION_T_GEMV, &few, gv_kn_lanes, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "column lanes dividing a warp");
+    few.m = 8;
+    expect_setting(FUSION_T_GEMV, &few, gv_kn, H100_SMEM, STOF_OK, NULL);
+    int gv_kn_big[] = {16, 128, 8, 2};
+    few.m = 16;
+    expect_setting(FUSION_T_GEMV, &few, gv_kn_big, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "gemv's partial sums needs 65536 bytes");
     int algo[] = {2}, algo_bad[] = {9};
     expect_setting(FUSION_T_CUBLASLT, &d, algo, 0, STOF_OK, NULL);
     expect_setting(FUSION_T_CUBLASLT, &d, algo_bad, 0, STOF_ERR_INVALID, "ALGO = 9");
@@ -741,11 +769,14 @@ static void test_templates(void) {
     for (int t = 0; t < FUSION_T_COUNT; t++) {
         const fusion_template *tp = fusion_template_get((fusion_template_id)t);
         long total = fusion_template_settings(tp), fit_big = 0, fit_small = 0;
+        fusion_dims dt = d;
+        if (t == FUSION_T_GEMV)
+            dt.m = 8; /* a decode step's batch */
         for (long i = 0; i < total; i++) {
             int v[FUSION_MAX_PARAMS];
             fusion_template_setting(tp, i, v);
-            fit_big += fusion_template_check(tp, &d, v, H100_SMEM, NULL) == STOF_OK;
-            fit_small += fusion_template_check(tp, &d, v, 49152, NULL) == STOF_OK;
+            fit_big += fusion_template_check(tp, &dt, v, H100_SMEM, NULL) == STOF_OK;
+            fit_small += fusion_template_check(tp, &dt, v, 49152, NULL) == STOF_OK;
         }
         printf("  %-16s %-20s %4ld / %4ld / %4ld\n", tp->name, tp->kernel, fit_big, fit_small,
                total);

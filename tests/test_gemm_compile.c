@@ -353,6 +353,27 @@ static void list_glu_rotary(variant *v, int cap, int *n) {
         }
 }
 
+/* gemv: both layouts and dtypes, every epilogue flag, rows of 1 to 16 in one block and split
+ * over blocks, the thread layouts of the search's extremes. */
+static void list_gemv(variant *v, int cap, int *n) {
+    static const int nk[][4] = {{1, 4, 4, 8}, {8, 8, 4, 8}, {16, 16, 8, 4}, {2, 64, 8, 2}};
+    static const int kn[][4] = {{1, 16, 8, 8}, {8, 64, 8, 8}, {16, 8, 4, 4}, {4, 128, 4, 2}};
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 2; d++)
+            for (int i = 0; i < 4; i++)
+                for (int kn_ = 0; kn_ < 2; kn_++) {
+                    const int *vals = kn_ ? kn[i] : nk[i];
+                    gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = dtypes[d],
+                                           .m = vals[0] == 2 ? 3 : vals[0], .n = 2304, .k = 768,
+                                           .weight_kn = kn_};
+                    p.epi.has_bias = (i + d) & 1;
+                    p.epi.act = (fusion_act)((i + a) % 4);
+                    p.epi.has_residual = i >= 2;
+                    int full[FUSION_MAX_PARAMS] = {vals[0], vals[1], vals[2], vals[3]};
+                    add(v, cap, n, &p, full, archs[a]);
+                }
+}
+
 /* gemm_epilogue closing with a norm (sm_90 only, the wgmma build over
  * clusters holding whole rows): layernorm and rmsnorm, both dtypes, rows of
  * 512, 768 and 1024, the flags (bias, erf GELU, residual, pre-norm store)
@@ -408,12 +429,14 @@ static void test_variants_compile(void) {
     list_embedding(v, CAP, &n);
     int n_embed = n - n_gemm - n_ln - n_norm - n_chain - n_mi;
     list_glu_rotary(v, CAP, &n);
+    int n_glu = n - n_gemm - n_ln - n_norm - n_chain - n_mi - n_embed;
+    list_gemv(v, CAP, &n);
     double t0 = util_now();
     int ok = compile_all(v, n);
     printf("compiled %d of %d variants (%d gemm_epilogue, %d gemm_ln, %d gemm_epilogue with a "
-           "norm, %d gemm_chain, %d mi_chain, %d embedding, %d glu and rotary) in %.1f s\n",
-           ok, n, n_gemm, n_ln, n_norm, n_chain, n_mi, n_embed,
-           n - n_gemm - n_ln - n_norm - n_chain - n_mi - n_embed, util_now() - t0);
+           "norm, %d gemm_chain, %d mi_chain, %d embedding, %d glu and rotary, %d gemv) in "
+           "%.1f s\n", ok, n, n_gemm, n_ln, n_norm, n_chain, n_mi, n_embed, n_glu,
+           n - n_gemm - n_ln - n_norm - n_chain - n_mi - n_embed - n_glu, util_now() - t0);
     CHECK(n_gemm >= 200);
     CHECK(n_ln >= 30);
     CHECK(n_norm >= 20);
@@ -936,6 +959,87 @@ static void test_request(void) {
         CHECK_MSG(has_option(&r, want_ch[i]), "missing %s", want_ch[i]);
 }
 
+/* gemv: what it refuses, its defaults (feasible, every row in one block), its defines and
+ * launch shape, its arguments (y, bias and residual any width). */
+static void test_gemv(void) {
+    stof_error err = {0};
+    gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = STOF_F16, .m = 17, .n = 50257,
+                           .k = 768};
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "M must be 1..16");
+    p.m = 8;
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL); /* a vocabulary, [N, K] */
+    p.weight_kn = 1;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "[K, N] weights");
+    p.weight_kn = 0;
+    p.k = 770;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "K a positive multiple");
+    p.k = 768;
+    p.epi.norm = FUSION_NORM_RMSNORM;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "no closing norm");
+    p.epi.norm = FUSION_NORM_NONE;
+    p.dtype = STOF_F32;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
+    p.dtype = STOF_F16;
+
+    static const struct {
+        int64_t m, n, k;
+        int weight_kn, want[4];
+    } cases[] = {
+        {1, 2048, 2048, 0, {1, 4, 4, 8}},   {8, 3072, 2048, 0, {8, 8, 4, 8}},
+        {16, 768, 768, 0, {16, 8, 4, 4}},   {3, 50257, 768, 0, {4, 4, 4, 8}},
+        {1, 768, 768, 1, {1, 16, 8, 8}},    {8, 5120, 1280, 1, {8, 32, 8, 8}},
+        {16, 12288, 768, 1, {16, 64, 8, 4}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gemm_exec_problem q = {.tmpl = FUSION_T_GEMV, .dtype = STOF_BF16, .m = cases[i].m,
+                               .n = cases[i].n, .k = cases[i].k,
+                               .weight_kn = cases[i].weight_kn};
+        int vals[FUSION_MAX_PARAMS] = {0};
+        gemm_exec_default_values(&q, "sm_90", vals);
+        CHECK_MSG(memcmp(vals, cases[i].want, sizeof cases[i].want) == 0,
+                  "gemv case %zu: default %d %d %d %d", i, vals[0], vals[1], vals[2], vals[3]);
+        CHECK_EQ_INT(gemm_exec_check(&q, vals, SMEM_H100, &err), STOF_OK);
+    }
+
+    int vals[FUSION_MAX_PARAMS] = {4, 64, 8, 2};
+    p.m = 3;
+    p.n = 2304;
+    p.weight_kn = 1;
+    p.epi = (fusion_epilogue){1, FUSION_ACT_GELU_TANH, 1, FUSION_NORM_NONE};
+    gemm_exec_request r;
+    gemm_exec_request_init(&r, &p, vals, "sm_90");
+    CHECK(strcmp(r.req.source, "gemv.cu") == 0);
+    const char *want[] = {"-DROWS=4", "-DBLOCK_N=64", "-DWARPS=8", "-DUNROLL=2",
+                          "-DSTOF_DTYPE=1", "-DWEIGHT_KN=1", "-DHAS_BIAS=1", "-DACT=2",
+                          "-DHAS_RESIDUAL=1"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECK_MSG(has_option(&r, want[i]), "missing %s", want[i]);
+    CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMV), "stof_gemv") == 0);
+
+    gemm_exec_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.problem = p;
+    plan.problem.weight_kn = 0;
+    plan.problem.n = 50257;
+    gemm_exec_gemm_tensors t = {.x = 0x1000, .w = 0x2000, .bias = 0x3002, .residual = 0x4002,
+                                .y = 0x5002};
+    stof_gemv_args a;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK(a.x_row_stride == 768 && a.w_row_stride == 768 && a.y_row_stride == 50257 &&
+          a.r_row_stride == 50257 && a.m == 3 && a.n == 50257 && a.k == 768);
+    t.y = 0x5001;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "gemv: y");
+    t.y = 0x5002;
+    t.x = 0x1008;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "16-byte aligned");
+    t.x = 0x1000;
+    t.residual = 0;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "residual");
+    stof_gemm_args ga;
+    expect(gemm_exec_gemm_args(&plan, &t, &ga, &err), STOF_ERR_INVALID, &err,
+           "a gemv plan launched as gemm_epilogue");
+}
+
 static void test_args(void) {
     stof_error err = {0};
     gemm_exec_plan plan;
@@ -1147,6 +1251,7 @@ int main(void) {
     test_defaults();
     test_request();
     test_args();
+    test_gemv();
     test_glu_rotary();
     if (nvrtc_version(&major, &minor, &err) != STOF_OK) {
         printf("NVRTC unavailable (%s): compile checks skipped\n", err.msg);

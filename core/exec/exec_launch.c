@@ -64,7 +64,7 @@ static int is_norm(op_kind k) {
     return k == OP_LAYERNORM || k == OP_RMSNORM;
 }
 
-/* ---- the GEMM family: gemm_epilogue, cublaslt, gemm_ln, gemm_chain -------------------------- */
+/* ---- the GEMM family: gemm_epilogue, cublaslt, gemm_ln, gemm_chain, gemv ------------------- */
 
 /* One GEMM and the epilogue ops after it: the operands each op brings. */
 typedef struct gemm_roles {
@@ -157,6 +157,14 @@ static int gemm_supports(const graph *g, int first, int n, const fusion_match *m
     gemm_exec_problem p;
     gemm_roles r;
     int rc = gemm_read_seg(g, first, n, m, FUSION_T_GEMM_EPILOGUE, &p, &r, err);
+    return rc ? rc : gemm_exec_validate(&p, err);
+}
+
+static int gemv_supports(const graph *g, int first, int n, const fusion_match *m,
+                         stof_error *err) {
+    gemm_exec_problem p;
+    gemm_roles r;
+    int rc = gemm_read_seg(g, first, n, m, FUSION_T_GEMV, &p, &r, err);
     return rc ? rc : gemm_exec_validate(&p, err);
 }
 
@@ -340,7 +348,8 @@ static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *
     switch (s->tmpl) {
     case FUSION_T_GEMM_EPILOGUE:
     case FUSION_T_GEMM_LN:
-    case FUSION_T_CUBLASLT: {
+    case FUSION_T_CUBLASLT:
+    case FUSION_T_GEMV: {
         gemm_roles r;
         return gemm_read_seg(g, s->first, s->n, &s->match, s->tmpl, p, &r, err);
     }
@@ -766,6 +775,7 @@ static const exec_launcher launchers[FUSION_T_COUNT] = {
     [FUSION_T_GLU] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
     [FUSION_T_ROTARY] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
     [FUSION_T_MASK_ROWS] = GX(elementwise_supports, xy_bind, xy_launch, NULL),
+    [FUSION_T_GEMV] = GX(gemv_supports, gemm_bind, gemm_launch, NULL),
     [FUSION_T_ATTENTION_DECODE] = {NULL, dec_supports, dec_plan, dec_free, dec_bind, dec_launch,
                                    NULL, dec_describe, dec_actual},
 };

@@ -42,14 +42,24 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
     return rc;
 }
 
-/* The order exec_segment_template tries templates in: gemm_ln before
- * gemm_epilogue, so that a GEMM closing with a norm, which both match, gets
- * by default the kernel that runs on every architecture (gemm_epilogue's
- * norm is its sm_90 build's; the search measures both); then by id. */
+/* The order exec_segment_template tries templates in: gemv first, which takes only GEMMs of a
+ * few rows (a decode step's), where it reads the weights faster than tiles made for hundreds of
+ * rows; gemm_ln before gemm_epilogue, so that a GEMM closing with a norm, which both match, gets
+ * by default the kernel that runs on every architecture (gemm_epilogue's norm is its sm_90
+ * build's; the search measures both); then by id. */
 static fusion_template_id default_order(int i) {
-    if (i == 0)
-        return FUSION_T_GEMM_LN;
-    return (fusion_template_id)(i <= FUSION_T_GEMM_LN ? i - 1 : i);
+    static const fusion_template_id first[] = {FUSION_T_GEMV, FUSION_T_GEMM_LN};
+    enum { n_first = sizeof first / sizeof first[0] };
+    if (i < n_first)
+        return first[i];
+    /* the others by id, skipping those already tried */
+    for (int t = 0, left = i - n_first; t < FUSION_T_COUNT; t++) {
+        if (t == FUSION_T_GEMV || t == FUSION_T_GEMM_LN)
+            continue;
+        if (left-- == 0)
+            return (fusion_template_id)t;
+    }
+    return FUSION_T_COUNT;
 }
 
 int exec_segment_template(const graph *g, int first, int n, const fusion_match *m,

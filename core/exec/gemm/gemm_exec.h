@@ -4,7 +4,8 @@
  * (kernels/gemm_chain.cu: two GEMMs through an activation, the FFN),
  * mi_chain (kernels/mi_chain.cu), embedding (kernels/embedding.cu), glu
  * (kernels/glu.cu), rotary (kernels/rotary.cu) and mask_rows
- * (kernels/mask_rows.cu) of fusion/templates.h.
+ * (kernels/mask_rows.cu) and gemv (kernels/gemv.cu: a GEMM of a few rows) of
+ * fusion/templates.h.
  *
  *   gemm_exec_problem  what one kernel computes: the template, the sizes,
  *                      the epilogue a matched segment carries (fusion_match);
@@ -15,7 +16,8 @@
  *   gemm_exec_plan     a problem and a setting made ready: checked against
  *                      the template's constraints, compiled, loaded;
  *   gemm_exec_gemm / _gemm_ln / _gemm_chain / _mi_chain / _embedding / _xy
- *                      one launch on a CUstream (_xy: glu, rotary, mask_rows).
+ *                      one launch on a CUstream (_gemm: gemm_epilogue and gemv; _xy: glu,
+ *                      rotary, mask_rows).
  *
  * The CPU pieces (validation, feasibility, compile requests, argument
  * blocks) need no GPU and are exposed for tests and offline planning. */
@@ -38,8 +40,8 @@
 
 typedef struct gemm_exec_problem {
     fusion_template_id tmpl; /* FUSION_T_GEMM_EPILOGUE, _GEMM_LN, _GEMM_CHAIN,
-                                _MI_CHAIN, _EMBEDDING, _GLU, _ROTARY or
-                                _MASK_ROWS */
+                                _MI_CHAIN, _EMBEDDING, _GLU, _ROTARY, _MASK_ROWS
+                                or _GEMV */
     stof_dtype dtype;        /* STOF_F16 or STOF_BF16 */
     int64_t m;               /* rows (tokens); embedding: batch * seq_len */
     int64_t n;               /* GEMM output features (gemm_ln: the normalized
@@ -247,6 +249,10 @@ int gemm_exec_embedding_status(gemm_exec_ctx *c, const gemm_exec_plan *plan, CUd
  * for a missing, misaligned or short tensor. */
 int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
                         stof_gemm_args *a, stof_error *err);
+/* gemv's: the gemm tensors less the norm's (y, bias and residual may be any 16-bit aligned
+ * pointers, their strides any width: stored an element at a time). */
+int gemm_exec_gemv_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
+                        stof_gemv_args *a, stof_error *err);
 int gemm_exec_ln_args(const gemm_exec_plan *plan, const gemm_exec_ln_tensors *t,
                       stof_gemm_ln_args *a, stof_error *err);
 int gemm_exec_chain_args(const gemm_exec_plan *plan, const gemm_exec_chain_tensors *t,

@@ -84,6 +84,51 @@ int gemm_exec_gemm_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
     return STOF_OK;
 }
 
+/* A tensor gemv reads or writes an element at a time (y, the residual): present, aligned to
+ * its elements, a row stride (0 = row_len) of at least row_len. */
+static int check_elementwise(const char *name, CUdeviceptr ptr, int64_t *stride, int64_t row_len,
+                             stof_error *err) {
+    if (*stride == 0)
+        *stride = row_len;
+    if (!ptr || ptr % 2 || *stride < row_len)
+        return err_set(err, STOF_ERR_INVALID,
+                       "gemv: %s must be a device pointer of 16-bit elements with a row stride "
+                       "of at least %lld (pointer 0x%llx, stride %lld)",
+                       name, (long long)row_len, (unsigned long long)ptr, (long long)*stride);
+    return STOF_OK;
+}
+
+int gemm_exec_gemv_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
+                        stof_gemv_args *a, stof_error *err) {
+    const gemm_exec_problem *p = &plan->problem;
+    gemm_exec_gemm_tensors s = *t;
+    int64_t bias_stride = 0;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = wrong_plan(plan, FUSION_T_GEMV, err)) ||
+        (rc = check_tensor("gemv", "x", s.x, &s.x_row_stride, p->k, err)) ||
+        (rc = check_tensor("gemv", "w", s.w, &s.w_row_stride, p->weight_kn ? p->n : p->k,
+                           err)) ||
+        (rc = check_elementwise("y", s.y, &s.y_row_stride, p->n, err)) ||
+        (p->epi.has_bias && (rc = check_elementwise("bias", s.bias, &bias_stride, p->n, err))) ||
+        (p->epi.has_residual &&
+         (rc = check_elementwise("residual", s.residual, &s.r_row_stride, p->n, err))))
+        return rc;
+    a->x = PTR(s.x);
+    a->w = PTR(s.w);
+    a->bias = p->epi.has_bias ? PTR(s.bias) : NULL;
+    a->residual = p->epi.has_residual ? PTR(s.residual) : NULL;
+    a->y = PTR(s.y);
+    a->x_row_stride = s.x_row_stride;
+    a->w_row_stride = s.w_row_stride;
+    a->r_row_stride = p->epi.has_residual ? s.r_row_stride : 0;
+    a->y_row_stride = s.y_row_stride;
+    a->m = (int32_t)p->m;
+    a->n = (int32_t)p->n;
+    a->k = (int32_t)p->k;
+    return STOF_OK;
+}
+
 int gemm_exec_ln_args(const gemm_exec_plan *plan, const gemm_exec_ln_tensors *t,
                       stof_gemm_ln_args *a, stof_error *err) {
     const gemm_exec_problem *p = &plan->problem;
@@ -342,6 +387,11 @@ static int encode_maps(const gemm_exec_ctx *c, const gemm_exec_plan *plan, stof_
 
 int gemm_exec_gemm(gemm_exec_ctx *c, const gemm_exec_plan *plan, const gemm_exec_gemm_tensors *t,
                    CUstream s, stof_error *err) {
+    if (plan->problem.tmpl == FUSION_T_GEMV) {
+        stof_gemv_args g;
+        int rc = gemm_exec_gemv_args(plan, t, &g, err);
+        return rc ? rc : launch(c, plan, &g, s, err);
+    }
     stof_gemm_args a;
     int rc = gemm_exec_gemm_args(plan, t, &a, err);
     if (!rc && gemm_exec_wgmma(&plan->problem, plan->values, plan->arch))

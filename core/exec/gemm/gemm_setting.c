@@ -16,7 +16,7 @@
 static const gemm_template *const gemm_templates[] = {
     &gemm_template_epilogue, &gemm_template_ln,        &gemm_template_chain,
     &gemm_template_mi_chain, &gemm_template_embedding, &gemm_template_glu,
-    &gemm_template_rotary,    &gemm_template_mask_rows,
+    &gemm_template_rotary,    &gemm_template_mask_rows, &gemm_template_gemv,
 };
 
 const gemm_template *gemm_template_get(fusion_template_id t) {
@@ -94,8 +94,8 @@ int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err) {
     const gemm_template *row = gemm_template_get(p->tmpl);
     if (!row)
         return err_set(err, STOF_ERR_INVALID, "gemm_exec runs gemm_epilogue, gemm_ln, "
-                       "gemm_chain, mi_chain, embedding, glu, rotary and mask_rows, not template %d (%s)", (int)p->tmpl,
-                       gemm_template_name(p->tmpl));
+                       "gemm_chain, mi_chain, embedding, glu, rotary, mask_rows and gemv, not "
+                       "template %d (%s)", (int)p->tmpl, gemm_template_name(p->tmpl));
     if (p->dtype != STOF_F16 && p->dtype != STOF_BF16)
         return err_set(err, STOF_ERR_UNSUPPORTED, "%s: dtype %s (f16 or bf16 only)",
                        gemm_template_name(p->tmpl), stof_dtype_name(p->dtype));
@@ -115,6 +115,7 @@ void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d) {
     d->n2 = row && row->uses_n2 ? p->n2 : 0;
     d->elem_bytes = (int)stof_dtype_size(p->dtype);
     d->row_reduce = row ? row->row_reduce(p) : 0;
+    d->weight_kn = p->weight_kn;
     d->heads = p->heads;
     d->head_dim = p->head_dim;
 }

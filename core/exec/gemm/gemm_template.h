@@ -66,6 +66,7 @@ extern const gemm_template gemm_template_embedding;
 extern const gemm_template gemm_template_glu;
 extern const gemm_template gemm_template_rotary;
 extern const gemm_template gemm_template_mask_rows;
+extern const gemm_template gemm_template_gemv;
 
 /* The row of template t; NULL when gemm_exec does not run it. */
 const gemm_template *gemm_template_get(fusion_template_id t);

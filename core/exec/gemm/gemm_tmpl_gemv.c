@@ -1,0 +1,88 @@
+/* gemv's row (kernels/gemv.cu): a GEMM of a few rows with gemm_epilogue's epilogue (bias,
+ * activation, residual; no norm), the weights streamed once. With [N, K] weights its N may be
+ * any width (a vocabulary). */
+#include <stdio.h>
+
+#include "core/base/error.h"
+#include "core/exec/gemm/gemm_template.h"
+
+static int validate_gemv(const gemm_exec_problem *p, stof_error *err) {
+    if (p->m < 1 || p->m > STOF_GEMV_MAX_M || p->n < 1 || p->n > INT32_MAX || p->k < 8 ||
+        p->k > INT32_MAX || p->k % 8 || (p->weight_kn && p->n % 8))
+        return err_set(err, STOF_ERR_UNSUPPORTED,
+                       "gemv: M = %lld, N = %lld, K = %lld: M must be 1..%d, K a positive "
+                       "multiple of 8%s",
+                       (long long)p->m, (long long)p->n, (long long)p->k, STOF_GEMV_MAX_M,
+                       p->weight_kn ? " and N too ([K, N] weights: 16-byte column loads)" : "");
+    if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "gemv: no closing norm (gemm_epilogue and "
+                       "gemm_ln have one)");
+    return STOF_OK;
+}
+
+static int no_row_reduce(const gemm_exec_problem *p) {
+    (void)p;
+    return 0;
+}
+
+static int smallest_rows(int64_t m) {
+    int rows = 1;
+    while (rows < m)
+        rows *= 2;
+    return rows;
+}
+
+/* Enough blocks to keep the memory busy on an H100 / H200 (132 SMs): every row of the block's
+ * x in one pass (ROWS >= M), and the loads of a whole K in flight where registers allow.
+ * [N, K]: one output a warp of four (two from five rows on, which halves the conversions of x
+ * a weight takes), eight loads a lane; [K, N]: the widest column slice of 64, 32 or 16 leaving
+ * at least 128 blocks, eight warps. */
+static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
+    (void)arch;
+    v[0] = smallest_rows(p->m);
+    if (p->weight_kn) {
+        v[1] = 16;
+        for (int w = 64; w > 16; w /= 2)
+            if (p->n / w >= 128) {
+                v[1] = w;
+                break;
+            }
+        v[2] = 8;
+        v[3] = v[0] >= 16 ? 4 : 8;
+        return;
+    }
+    v[2] = 4;
+    v[1] = p->m <= 4 ? 4 : 8;
+    v[3] = v[0] >= 16 ? 4 : 8;
+}
+
+static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
+                         const char *arch) {
+    (void)v;
+    (void)arch;
+    gemm_request_define(r, "WEIGHT_KN", p->weight_kn != 0);
+    gemm_request_define(r, "HAS_BIAS", p->epi.has_bias != 0);
+    gemm_request_define(r, "ACT", (int)p->epi.act);
+    gemm_request_define(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+}
+
+/* Column slices of BLOCK_N, times row groups of ROWS. */
+static void gemv_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
+    (void)c;
+    const gemm_exec_problem *p = &plan->problem;
+    plan->grid[0] = (unsigned)gemm_ceil_div(p->n, plan->values[1]);
+    plan->grid[1] = (unsigned)gemm_ceil_div(p->m, plan->values[0]);
+    plan->block[0] = (unsigned)plan->values[2] * 32;
+}
+
+const gemm_template gemm_template_gemv = {
+    .id = FUSION_T_GEMV,
+    .kernel = STOF_GEMV_KERNEL,
+    .n_name = "N",
+    .validate = validate_gemv,
+    .row_reduce = no_row_reduce,
+    .defaults = gemv_defaults,
+    .defines = gemv_defines,
+    .launch_shape = gemv_launch_shape,
+    .residual_at = GEMM_RESIDUAL_AFTER_ACT,
+};

@@ -1,0 +1,256 @@
+// A GEMM of a few rows (a decode step's one token a sequence) as a matrix-vector product:
+// y[m, n] = epilogue(sum_k x[m, k] w[n, k]) for the ROWS rows of x a block takes (grid y
+// covers M), every weight element read once from memory by one thread and used for all those
+// rows. At one to sixteen rows the weights are nearly all the bytes moved, and tensor-core
+// tiles made for hundreds of rows (gemm_epilogue.cu, cuBLASLt) leave most of a tile empty and
+// too few blocks to keep the memory busy; here every thread has UNROLL weight loads of 16
+// bytes in flight, and the block asks L2 for its whole slice of the weights before it waits
+// for the previous kernel (the weights do not depend on it).
+//
+// [N, K] weights (K contiguous): each warp owns OUTS = BLOCK_N / WARPS outputs; its lanes walk
+//   K eight elements (16 bytes) at a time, then each output's partial sums meet by shuffles.
+// [K, N] weights (WEIGHT_KN, N contiguous: GPT-2's Conv1D): the block owns BLOCK_N columns,
+//   eight a lane; its threads are kColLanes = BLOCK_N / 8 column lanes times kKLanes lanes
+//   over K; partial sums meet by shuffles within a warp, then across warps in shared memory.
+//
+// The epilogue is gemm_epilogue's: + bias[n] (HAS_BIAS), the activation (ACT), + residual[m, n]
+// (HAS_RESIDUAL), rounded once. Sums are fp32. x is read through L1 (each block reads it
+// whole); the weights bypass it. With [N, K] weights N may be any width (a vocabulary), and y,
+// the bias and the residual are accessed an element at a time; with [K, N] weights N is a
+// multiple of 8. K is a multiple of 8; rows m >= M are neither read nor written.
+#include "common.cuh"
+#include "gemm_abi.cuh"
+#include "vec_chunk.cuh"
+
+#ifndef STOF_DTYPE
+#define STOF_DTYPE 1
+#endif
+#ifndef ROWS
+#define ROWS 1
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 8
+#endif
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+#ifndef WEIGHT_KN
+#define WEIGHT_KN 0
+#endif
+#ifndef HAS_BIAS
+#define HAS_BIAS 0
+#endif
+#ifndef ACT
+#define ACT 0
+#endif
+#ifndef HAS_RESIDUAL
+#define HAS_RESIDUAL 0
+#endif
+
+using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
+
+constexpr int kThreads = WARPS * 32;
+static_assert(ROWS >= 1 && ROWS <= STOF_GEMV_MAX_ROWS, "ROWS: 1 .. STOF_GEMV_MAX_ROWS");
+static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL: 1 .. 8");
+#if WEIGHT_KN
+constexpr int kColLanes = BLOCK_N / 8;
+constexpr int kKLanes = kThreads / kColLanes;
+static_assert(BLOCK_N % 8 == 0 && kColLanes <= 32 && 32 % kColLanes == 0,
+              "[K, N]: BLOCK_N / 8 column lanes dividing a warp");
+#else
+constexpr int kOuts = BLOCK_N / WARPS;
+static_assert(BLOCK_N % WARPS == 0 && kOuts >= 1 && kOuts <= 8, "[N, K]: 1 .. 8 outputs a warp");
+#endif
+
+namespace {
+
+// 16 bytes of weights, not kept in L1 (x is what L1 holds).
+__device__ __forceinline__ uint4 load_weights(const elem_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void unpack8(const uint4 &v, float (&f)[8]) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 t = stof::attn::unpack2<elem_t>(u[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+__device__ __forceinline__ const elem_t *row_of(const void *base, long long stride, int row) {
+    return static_cast<const elem_t *>(base) + (long long)row * stride;
+}
+
+// The epilogue of one output, stored.
+__device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, float v) {
+#if HAS_BIAS
+    v += stof::to_float(static_cast<const elem_t *>(a.bias)[n]);
+#endif
+    v = stof_activate<ACT>(v);
+#if HAS_RESIDUAL
+    v += stof::to_float(row_of(a.residual, a.r_row_stride, m)[n]);
+#endif
+    static_cast<elem_t *>(a.y)[(long long)m * a.y_row_stride + n] = stof::from_float<elem_t>(v);
+}
+
+#if !WEIGHT_KN
+// [N, K]: warp w's outputs n0 .. n0 + kOuts - 1, lanes over K in 16-byte chunks.
+__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
+    const elem_t *w[kOuts];
+#pragma unroll
+    for (int o = 0; o < kOuts; ++o) // rows past N read row N - 1 and are not stored
+        w[o] = row_of(a.w, a.w_row_stride, min(n0 + o, a.n - 1));
+    float acc[ROWS][kOuts];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int o = 0; o < kOuts; ++o)
+            acc[r][o] = 0.0f;
+    for (int k0 = lane * 8; k0 < a.k; k0 += 256 * UNROLL) {
+        uint4 wv[UNROLL][kOuts];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int o = 0; o < kOuts; ++o)
+                if (k0 + u * 256 < a.k)
+                    wv[u][o] = load_weights(w[o] + k0 + u * 256);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int k = k0 + u * 256;
+            if (k >= a.k)
+                break;
+            float wf[kOuts][8];
+#pragma unroll
+            for (int o = 0; o < kOuts; ++o)
+                unpack8(wv[u][o], wf[o]);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                if (r >= rows)
+                    break;
+                float xf[8];
+                stof::load_chunk<8>(xf, row_of(a.x, a.x_row_stride, m0 + r) + k);
+#pragma unroll
+                for (int o = 0; o < kOuts; ++o)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        acc[r][o] = fmaf(xf[e], wf[o][e], acc[r][o]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int o = 0; o < kOuts; ++o) {
+            const float v = stof::warp_sum(acc[r][o]);
+            // output (r, o) stored by lane (r * kOuts + o) % 32: the stores spread over lanes
+            if (r < rows && n0 + o < a.n && lane == (r * kOuts + o) % 32)
+                finish(a, m0 + r, n0 + o, v);
+        }
+}
+#else
+// [K, N]: column lane cl's eight columns, k lane kl's rows kl, kl + kKLanes, ...
+__device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int rows) {
+    __shared__ float partial[WARPS][ROWS][BLOCK_N];
+    const int cl = threadIdx.x % kColLanes, kl = threadIdx.x / kColLanes;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n = blockIdx.x * BLOCK_N + cl * 8;
+    const bool live = n < a.n;
+    const elem_t *w = static_cast<const elem_t *>(a.w) + (live ? n : 0);
+    float acc[ROWS][8];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            acc[r][e] = 0.0f;
+    for (int k0 = kl; k0 < a.k; k0 += kKLanes * UNROLL) {
+        uint4 wv[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (k0 + u * kKLanes < a.k && live)
+                wv[u] = load_weights(w + (long long)(k0 + u * kKLanes) * a.w_row_stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int k = k0 + u * kKLanes;
+            if (k >= a.k || !live)
+                break;
+            float wf[8];
+            unpack8(wv[u], wf);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                if (r >= rows)
+                    break;
+                const float xv = stof::to_float(row_of(a.x, a.x_row_stride, m0 + r)[k]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    acc[r][e] = fmaf(xv, wf[e], acc[r][e]);
+            }
+        }
+    }
+    // the k lanes of a warp (lanes cl, cl + kColLanes, ...) first, then the warps
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float v = acc[r][e];
+#pragma unroll
+            for (int o = 16; o >= kColLanes; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane < kColLanes)
+                partial[warp][r][cl * 8 + e] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows * BLOCK_N; i += kThreads) {
+        const int r = i / BLOCK_N, c = i % BLOCK_N;
+        const int col = blockIdx.x * BLOCK_N + c;
+        if (col >= a.n)
+            continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < WARPS; ++q)
+            v += partial[q][r][c];
+        finish(a, m0 + r, col, v);
+    }
+}
+#endif
+
+// This block's weights asked of L2 before the wait: rows of [N, K] weights, or the K rows'
+// BLOCK_N columns of [K, N] ones.
+__device__ __forceinline__ void prefetch_weights(const stof_gemv_args &a) {
+    const long long stride = a.w_row_stride * (long long)sizeof(elem_t);
+#if WEIGHT_KN
+    const int n0 = blockIdx.x * BLOCK_N, cols = min(BLOCK_N, a.n - n0);
+    stof::prefetch_l2(static_cast<const elem_t *>(a.w) + n0, stride, a.k,
+                      cols * (int)sizeof(elem_t));
+#else
+    const int n0 = blockIdx.x * BLOCK_N, outs = min(BLOCK_N, a.n - n0);
+    stof::prefetch_l2(row_of(a.w, a.w_row_stride, n0), stride, outs,
+                      a.k * (int)sizeof(elem_t));
+#endif
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads) stof_gemv(const stof_gemv_args a) {
+    static_assert(sizeof(stof_gemv_args) == STOF_GEMV_ARGS_BYTES, "ABI mismatch");
+    stof::grid_dependency_launch();
+    if (blockIdx.y == 0) // one block of each column slice asks; the others find it in L2
+        prefetch_weights(a);
+    stof::grid_dependency_wait();
+    const int m0 = blockIdx.y * ROWS, rows = min(ROWS, a.m - m0);
+#if WEIGHT_KN
+    gemv_kn(a, m0, rows);
+#else
+    gemv_nk(a, m0, rows);
+#endif
+}

@@ -1,0 +1,330 @@
+/* gemv (kernels/gemv.cu, a GEMM of a few rows) on the GPU against an fp64 CPU reference
+ * written here (gpu_gemm_common.h's), independent of the kernel.
+ *
+ * Shapes: M in {1, 2, 3, 5, 8, 13, 16}; (N, K) in {(768, 768), (2304, 768), (776, 1032),
+ * (3072, 2048)} (776 a multiple of no BLOCK_N, 1032 of no 256-element step of the lanes) in
+ * both weight layouts, and a vocabulary of 50257 outputs over 768 ([N, K] only: [K, N] needs N
+ * a multiple of 8); fp16 and bf16. Each case runs the default setting and one of the explicit
+ * ones below in turn (rows split over blocks, 2 to 8 loads in flight, 4 and 8 warps, 1 to 8
+ * outputs a warp or 1 to 16 column lanes), with an epilogue rotating over the 16 the template
+ * declares ([bias] [gelu|gelu_tanh|relu] [add]), and the residual added in place (y = residual)
+ * on some. Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
+ * NaN before every launch; every row and column is checked: relative error below 1e-2 (fp16)
+ * or 2e-2 (bf16), no NaN or infinity anywhere.
+ *
+ * Then the timing (informational; "notime" skips it): gemv's default against cuBLASLt's first
+ * heuristic choice and gemm_epilogue's default on a decode step's GEMMs (a Mistral-shaped 1B
+ * model's and GPT-2's, their heads included), fp16, M = 1 and 8: the median of 7 batches of 50
+ * launches back to back, with the weights' read rate. Exit 77 with "SKIPPED: <reason>" when
+ * there is no GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/base/util.h"
+#include "core/exec/cublaslt/cublaslt_exec.h"
+#include "core/exec/gemm/gemm_exec.h"
+
+#define GPU_CTX_TYPE gemm_exec_ctx
+#include "gpu_gemm_common.h"
+
+/* ROWS (0: every row in one block), BLOCK_N, WARPS, UNROLL; [N, K] and [K, N] each. */
+static const int nk_settings[][4] = {{0, 4, 4, 8}, {2, 8, 8, 2}, {0, 32, 4, 4}, {4, 64, 8, 2},
+                                     {1, 16, 4, 8}};
+static const int kn_settings[][4] = {{0, 16, 8, 8}, {2, 8, 4, 2}, {0, 128, 4, 4},
+                                     {4, 64, 8, 2}, {1, 32, 8, 8}};
+#define N_SETTINGS 5
+
+static fusion_epilogue epilogue_of(int i) {
+    fusion_epilogue e = {0};
+    e.has_bias = i & 1;
+    e.act = (fusion_act)((i >> 1) & 3);
+    e.has_residual = (i >> 3) & 1;
+    return e;
+}
+
+static int pow2_at_least(int m) {
+    int r = 1;
+    while (r < m)
+        r *= 2;
+    return r;
+}
+
+/* One case: setting -1 is the default. */
+static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int setting,
+                     int in_place) {
+    const gweights *wt = s->wt;
+    const int N = wt->N, M = s->M;
+    gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = wt->dt, .m = M, .n = N, .k = wt->K,
+                           .epi = epi, .weight_kn = weight_kn};
+    int v[FUSION_MAX_PARAMS] = {0};
+    if (setting < 0) {
+        gemm_exec_default_values(&p, g->ctx->arch, v);
+    } else {
+        memcpy(v, (weight_kn ? kn_settings : nk_settings)[setting], sizeof nk_settings[0]);
+        if (v[0] == 0 || v[0] >= 2 * M)
+            v[0] = pow2_at_least(M);
+    }
+    char label[200];
+    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s %s%s%s r%d n%d w%d u%d%s",
+             stof_dtype_name(wt->dt), M, N, wt->K, weight_kn ? "W[K,N]" : "W[N,K]",
+             epi.has_bias ? "bias" : "-", act_label(epi.act),
+             epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "", v[0], v[1], v[2],
+             v[3], setting < 0 ? " default" : "");
+    stof_error err = {0};
+    gemm_exec_plan *plan = NULL;
+    int rc = gemm_exec_plan_create(g->ctx, &p, v, &plan, &err);
+    if (rc) {
+        n_runs++;
+        printf("%-90s PLAN FAILED: %s\n", label, err.msg);
+        CHECK_MSG(0, "%s: %s", label, err.msg);
+        recap_add("%s: plan: %.160s", label, err.msg);
+        g->dead |= rc == STOF_ERR_CUDA;
+        return;
+    }
+    size_t mn = (size_t)M * N;
+    gemm_exec_gemm_tensors t = {.x = s->dx, .w = weight_kn ? wt->dw_kn : wt->dw_nk,
+                                .bias = wt->db, .residual = in_place ? s->dy : s->dr,
+                                .y = s->dy};
+    rc = in_place ? check_cu(g, g->drv->MemcpyHtoD(s->dy, s->res_bits, mn * 2),
+                             "cuMemcpyHtoD(y = residual)")
+                  : poison(g, s->dy, mn);
+    if (!rc && (rc = gemm_exec_gemm(g->ctx, plan, &t, 0, &err)) != STOF_OK) {
+        n_runs++;
+        printf("%-90s LAUNCH FAILED: %s\n", label, err.msg);
+        CHECK_MSG(0, "%s: %s", label, err.msg);
+        recap_add("%s: launch: %.160s", label, err.msg);
+    }
+    if (!rc && !fetch(g, s->hy, s->dy, mn)) {
+        verdict vd;
+        verdict_init(&vd);
+        for (int r = 0; r < M; r++) /* M <= MAX_REF_ROWS: every row has its reference */
+            for (int n = 0; n < N; n++) {
+                double ref = s->acc[(size_t)r * N + n];
+                if (epi.has_bias)
+                    ref += wt->bias[n];
+                ref = act_ref(epi.act, ref);
+                if (epi.has_residual)
+                    ref += s->res[(size_t)r * N + n];
+                verdict_add(&vd, from_bits(wt->dt, s->hy[(size_t)r * N + n]), ref,
+                            (long)r * N + n);
+            }
+        char where[160] = "";
+        if (vd.first_bad >= 0)
+            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", vd.first_bad / N,
+                     vd.first_bad % N, from_bits(wt->dt, s->hy[vd.first_bad]));
+        report(label, &vd, count_nonfinite(s->hy, mn, wt->dt), tol_of(wt->dt), where);
+    }
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+static void test_shapes(gpu *g, util_rng *rng) {
+    static const int Ms[] = {1, 2, 3, 5, 8, 13, 16};
+    static const int shapes[][2] = {{768, 768}, {2304, 768}, {776, 1032}, {3072, 2048},
+                                    {50257, 768}};
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    int turn = 0;
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int sh = 0; sh < 5 && !g->dead; sh++) {
+            gweights wt;
+            const int N = shapes[sh][0], K = shapes[sh][1];
+            /* weights of about 1 / sqrt(K): outputs of the size of the bias and residual */
+            if (make_weights_scaled(g, &wt, N, K, dts[d], sqrt(3.0 / K), rng)) {
+                free_weights(g, &wt);
+                return;
+            }
+            for (int mi = 0; mi < 7 && !g->dead; mi++) {
+                if (N == 50257 && Ms[mi] != 1 && Ms[mi] != 8)
+                    continue; /* the head: a step's batch of 1 and 8 */
+                gset s;
+                if (!make_set(g, &s, &wt, Ms[mi], rng))
+                    for (int kn = 0; kn < 2 && !g->dead; kn++) {
+                        if (kn && N % 8)
+                            continue;
+                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0);
+                        run_case(g, &s, kn, epilogue_of((turn + 5) % 16), turn % N_SETTINGS,
+                                 turn % 3 == 0);
+                        turn++;
+                    }
+                free_set(g, &s);
+            }
+            free_weights(g, &wt);
+        }
+}
+
+/* ---- timing ---------------------------------------------------------------------------- */
+
+#define TIME_BATCHES 7
+#define TIME_LAUNCHES 50
+
+typedef int (*launch_fn)(void *ud, stof_error *err);
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median us a launch over batches of launches back to back; negative on failure. */
+static double time_us(gpu *g, launch_fn fn, void *ud) {
+    CUevent ev[2] = {0, 0};
+    float ms[TIME_BATCHES];
+    stof_error err = {0};
+    int rc = check_cu(g, g->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate") ||
+             check_cu(g, g->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate");
+    for (int i = 0; i < 5 && !rc; i++)
+        rc = fn(ud, &err);
+    for (int b = 0; b < TIME_BATCHES && !rc; b++) {
+        rc = check_cu(g, g->drv->EventRecord(ev[0], 0), "cuEventRecord");
+        for (int i = 0; i < TIME_LAUNCHES && !rc; i++)
+            rc = fn(ud, &err);
+        rc = rc || check_cu(g, g->drv->EventRecord(ev[1], 0), "cuEventRecord") ||
+             check_cu(g, g->drv->EventSynchronize(ev[1]), "cuEventSynchronize") ||
+             check_cu(g, g->drv->EventElapsedTime(&ms[b], ev[0], ev[1]), "cuEventElapsedTime");
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            g->drv->EventDestroy(ev[i]);
+    if (rc) {
+        printf("  failed: %s\n", err.msg);
+        return -1.0;
+    }
+    qsort(ms, TIME_BATCHES, sizeof ms[0], cmp_float);
+    return ms[TIME_BATCHES / 2] * 1000.0 / TIME_LAUNCHES;
+}
+
+typedef struct own_launch {
+    gemm_exec_ctx *ctx;
+    gemm_exec_plan *plan;
+    const gemm_exec_gemm_tensors *t;
+} own_launch;
+
+static int launch_own(void *ud, stof_error *err) {
+    own_launch *l = ud;
+    return gemm_exec_gemm(l->ctx, l->plan, l->t, 0, err);
+}
+
+typedef struct lt_launch {
+    cublaslt_exec_ctx *ctx;
+    cublaslt_exec_plan *plan;
+    const gemm_exec_gemm_tensors *t;
+} lt_launch;
+
+static int launch_lt(void *ud, stof_error *err) {
+    lt_launch *l = ud;
+    return cublaslt_exec_gemm(l->ctx, l->plan, l->t, 0, err);
+}
+
+/* One of our templates at its default setting: us a launch, or -1 (and why) when it cannot. */
+static double time_own(gpu *g, gemm_exec_problem p, const gemm_exec_gemm_tensors *t,
+                       char *why, size_t why_n) {
+    gemm_exec_plan *plan = NULL;
+    stof_error err = {0};
+    if (gemm_exec_plan_create(g->ctx, &p, NULL, &plan, &err)) {
+        snprintf(why, why_n, "%.60s", err.msg);
+        return -1.0;
+    }
+    own_launch l = {g->ctx, plan, t};
+    double us = time_us(g, launch_own, &l);
+    gemm_exec_plan_free(g->ctx, plan);
+    return us;
+}
+
+static double time_lt(gpu *g, cublaslt_exec_ctx *lt, gemm_exec_problem p,
+                      const gemm_exec_gemm_tensors *t) {
+    if (!lt)
+        return -1.0;
+    p.tmpl = FUSION_T_CUBLASLT;
+    cublaslt_exec_plan *plan = NULL;
+    stof_error err = {0};
+    if (cublaslt_exec_plan_create(lt, &p, NULL, &plan, &err))
+        return -1.0;
+    lt_launch l = {lt, plan, t};
+    double us = time_us(g, launch_lt, &l);
+    cublaslt_exec_plan_free(lt, plan);
+    return us;
+}
+
+typedef struct time_shape {
+    const char *what;
+    int n, k, weight_kn;
+} time_shape;
+
+static void timing(gpu *g, util_rng *rng) {
+    static const time_shape shapes[] = {
+        {"1B qkv", 3072, 2048, 0},        {"1B o", 2048, 2048, 0},
+        {"1B gate+up", 11264, 2048, 0},   {"1B down", 2048, 5632, 0},
+        {"1B head", 32000, 2048, 0},      {"gpt2 qkv", 2304, 768, 1},
+        {"gpt2 o", 768, 768, 1},          {"gpt2 fc", 3072, 768, 1},
+        {"gpt2 proj", 768, 3072, 1},      {"gpt2 head", 50257, 768, 0},
+        {"gpt2-large fc", 5120, 1280, 1},
+    };
+    static const int Ms[] = {1, 8};
+    cublaslt_exec_ctx *lt = NULL;
+    stof_error err = {0};
+    if (cublaslt_exec_ctx_create(0, &lt, &err))
+        printf("cuBLASLt: %s (its column is empty)\n", err.msg);
+    printf("\ntiming, fp16, us a launch (median of %d batches of %d back to back) and the "
+           "weights' read rate:\n", TIME_BATCHES, TIME_LAUNCHES);
+    printf("  %-14s %2s %6s %6s %6s  %9s %9s %9s  %s\n", "GEMM", "M", "N", "K", "layout",
+           "gemv", "cublaslt", "gemm_epi", "gemv GB/s");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && !g->dead; i++) {
+        const time_shape *sh = &shapes[i];
+        gweights wt;
+        if (make_weights_scaled(g, &wt, sh->n, sh->k, STOF_F16, sqrt(3.0 / sh->k), rng)) {
+            free_weights(g, &wt);
+            break;
+        }
+        for (int mi = 0; mi < 2 && !g->dead; mi++) {
+            gset s;
+            if (make_set(g, &s, &wt, Ms[mi], rng)) {
+                free_set(g, &s);
+                continue;
+            }
+            gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = STOF_F16, .m = Ms[mi],
+                                   .n = sh->n, .k = sh->k, .weight_kn = sh->weight_kn};
+            gemm_exec_gemm_tensors t = {.x = s.dx, .w = sh->weight_kn ? wt.dw_kn : wt.dw_nk,
+                                        .y = s.dy};
+            char why[64] = "";
+            double gv = time_own(g, p, &t, why, sizeof why);
+            double lt_us = time_lt(g, lt, p, &t);
+            p.tmpl = FUSION_T_GEMM_EPILOGUE;
+            char why2[64] = "";
+            double ep = time_own(g, p, &t, why2, sizeof why2);
+            double bytes = 2.0 * sh->n * sh->k;
+            printf("time %-14s %2d %6d %6d %6s  %9.2f %9.2f %9.2f  %6.0f\n", sh->what, Ms[mi],
+                   sh->n, sh->k, sh->weight_kn ? "[K,N]" : "[N,K]", gv, lt_us, ep,
+                   gv > 0 ? bytes / (gv * 1e3) : 0.0);
+            free_set(g, &s);
+        }
+        free_weights(g, &wt);
+    }
+    cublaslt_exec_ctx_free(lt);
+}
+
+int main(int argc, char **argv) {
+    gpu g = {0};
+    stof_error err = {0};
+    int rc = gemm_exec_ctx_create(0, &g.ctx, &err);
+    if (rc == STOF_ERR_NO_DEVICE) {
+        printf("SKIPPED: %s\n", err.msg);
+        return 77;
+    }
+    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
+    if (rc)
+        return check_summary("gpu_gemv");
+    g.drv = g.ctx->drv;
+    printf("GPU: %s (%s, %d SMs)\n", g.ctx->info.name, g.ctx->arch, g.ctx->info.sm_count);
+    util_rng rng = {20261126};
+    double t0 = util_now();
+    test_shapes(&g, &rng);
+    printf("correctness: %.1f s\n", util_now() - t0);
+    if (g.dead)
+        printf("STOPPED EARLY: a CUDA error left the context unusable (see above)\n");
+    if (!(argc > 1 && !strcmp(argv[1], "notime")) && !g.dead)
+        timing(&g, &rng);
+    gemm_exec_ctx_free(g.ctx);
+    recap_print();
+    return check_summary("gpu_gemv");
+}

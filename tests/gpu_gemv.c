@@ -14,8 +14,9 @@
  *
  * Then the timing (informational; "notime" skips it): gemv's default against cuBLASLt's first
  * heuristic choice and gemm_epilogue's default on a decode step's GEMMs (a Mistral-shaped 1B
- * model's and GPT-2's, their heads included), fp16, M = 1 and 8: the median of 7 batches of 50
- * launches back to back, with the weights' read rate. Exit 77 with "SKIPPED: <reason>" when
+ * model's and GPT-2's, their heads included), fp16, M = 1 and 8: the median of 15 launches, each
+ * after 256 MiB written (the weights come from memory, as in a model many times L2's size),
+ * with the weights' read rate. Exit 77 with "SKIPPED: <reason>" when
  * there is no GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -31,8 +32,8 @@
 #include "gpu_gemm_common.h"
 
 /* ROWS (0: every row in one block), BLOCK_N, WARPS, UNROLL; [N, K] and [K, N] each. */
-static const int nk_settings[][4] = {{0, 4, 4, 8}, {2, 8, 8, 2}, {0, 32, 4, 4}, {4, 64, 8, 2},
-                                     {1, 16, 4, 8}};
+static const int nk_settings[][4] = {{0, 4, 4, 8}, {2, 8, 8, 2}, {0, 16, 4, 2}, {4, 64, 8, 2},
+                                     {1, 16, 4, 4}};
 static const int kn_settings[][4] = {{0, 16, 8, 8}, {2, 8, 4, 2}, {0, 128, 4, 4},
                                      {4, 64, 8, 2}, {1, 32, 8, 8}};
 #define N_SETTINGS 5
@@ -156,8 +157,8 @@ static void test_shapes(gpu *g, util_rng *rng) {
 
 /* ---- timing ---------------------------------------------------------------------------- */
 
-#define TIME_BATCHES 7
-#define TIME_LAUNCHES 50
+#define TIME_REPS 15
+#define FLUSH_BYTES ((size_t)256 << 20) /* past any L2 */
 
 typedef int (*launch_fn)(void *ud, stof_error *err);
 
@@ -166,23 +167,23 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Median us a launch over batches of launches back to back; negative on failure. */
-static double time_us(gpu *g, launch_fn fn, void *ud) {
+/* Median us of one launch with the weights in memory, not in L2 (as in a model whose weights
+ * are many times L2): 256 MiB written before each; negative on failure. */
+static double time_us(gpu *g, CUdeviceptr flush, launch_fn fn, void *ud) {
     CUevent ev[2] = {0, 0};
-    float ms[TIME_BATCHES];
+    float ms[TIME_REPS];
     stof_error err = {0};
     int rc = check_cu(g, g->drv->EventCreate(&ev[0], CU_EVENT_DEFAULT), "cuEventCreate") ||
              check_cu(g, g->drv->EventCreate(&ev[1], CU_EVENT_DEFAULT), "cuEventCreate");
-    for (int i = 0; i < 5 && !rc; i++)
+    for (int i = 0; i < 3 && !rc; i++)
         rc = fn(ud, &err);
-    for (int b = 0; b < TIME_BATCHES && !rc; b++) {
-        rc = check_cu(g, g->drv->EventRecord(ev[0], 0), "cuEventRecord");
-        for (int i = 0; i < TIME_LAUNCHES && !rc; i++)
-            rc = fn(ud, &err);
-        rc = rc || check_cu(g, g->drv->EventRecord(ev[1], 0), "cuEventRecord") ||
+    for (int b = 0; b < TIME_REPS && !rc; b++)
+        rc = check_cu(g, g->drv->MemsetD8Async(flush, (unsigned char)b, FLUSH_BYTES, 0),
+                      "cuMemsetD8Async(flush)") ||
+             check_cu(g, g->drv->EventRecord(ev[0], 0), "cuEventRecord") || fn(ud, &err) ||
+             check_cu(g, g->drv->EventRecord(ev[1], 0), "cuEventRecord") ||
              check_cu(g, g->drv->EventSynchronize(ev[1]), "cuEventSynchronize") ||
              check_cu(g, g->drv->EventElapsedTime(&ms[b], ev[0], ev[1]), "cuEventElapsedTime");
-    }
     for (int i = 0; i < 2; i++)
         if (ev[i])
             g->drv->EventDestroy(ev[i]);
@@ -190,8 +191,8 @@ static double time_us(gpu *g, launch_fn fn, void *ud) {
         printf("  failed: %s\n", err.msg);
         return -1.0;
     }
-    qsort(ms, TIME_BATCHES, sizeof ms[0], cmp_float);
-    return ms[TIME_BATCHES / 2] * 1000.0 / TIME_LAUNCHES;
+    qsort(ms, TIME_REPS, sizeof ms[0], cmp_float);
+    return ms[TIME_REPS / 2] * 1000.0;
 }
 
 typedef struct own_launch {
@@ -217,8 +218,8 @@ static int launch_lt(void *ud, stof_error *err) {
 }
 
 /* One of our templates at its default setting: us a launch, or -1 (and why) when it cannot. */
-static double time_own(gpu *g, gemm_exec_problem p, const gemm_exec_gemm_tensors *t,
-                       char *why, size_t why_n) {
+static double time_own(gpu *g, CUdeviceptr flush, gemm_exec_problem p,
+                       const gemm_exec_gemm_tensors *t, char *why, size_t why_n) {
     gemm_exec_plan *plan = NULL;
     stof_error err = {0};
     if (gemm_exec_plan_create(g->ctx, &p, NULL, &plan, &err)) {
@@ -226,12 +227,12 @@ static double time_own(gpu *g, gemm_exec_problem p, const gemm_exec_gemm_tensors
         return -1.0;
     }
     own_launch l = {g->ctx, plan, t};
-    double us = time_us(g, launch_own, &l);
+    double us = time_us(g, flush, launch_own, &l);
     gemm_exec_plan_free(g->ctx, plan);
     return us;
 }
 
-static double time_lt(gpu *g, cublaslt_exec_ctx *lt, gemm_exec_problem p,
+static double time_lt(gpu *g, CUdeviceptr flush, cublaslt_exec_ctx *lt, gemm_exec_problem p,
                       const gemm_exec_gemm_tensors *t) {
     if (!lt)
         return -1.0;
@@ -241,7 +242,7 @@ static double time_lt(gpu *g, cublaslt_exec_ctx *lt, gemm_exec_problem p,
     if (cublaslt_exec_plan_create(lt, &p, NULL, &plan, &err))
         return -1.0;
     lt_launch l = {lt, plan, t};
-    double us = time_us(g, launch_lt, &l);
+    double us = time_us(g, flush, launch_lt, &l);
     cublaslt_exec_plan_free(lt, plan);
     return us;
 }
@@ -262,11 +263,14 @@ static void timing(gpu *g, util_rng *rng) {
     };
     static const int Ms[] = {1, 8};
     cublaslt_exec_ctx *lt = NULL;
+    CUdeviceptr flush = 0;
     stof_error err = {0};
+    if (dalloc(g, &flush, FLUSH_BYTES))
+        return;
     if (cublaslt_exec_ctx_create(0, &lt, &err))
         printf("cuBLASLt: %s (its column is empty)\n", err.msg);
-    printf("\ntiming, fp16, us a launch (median of %d batches of %d back to back) and the "
-           "weights' read rate:\n", TIME_BATCHES, TIME_LAUNCHES);
+    printf("\ntiming, fp16, us a launch, the weights in memory (L2 flushed before each; median "
+           "of %d) and the weights' read rate:\n", TIME_REPS);
     printf("  %-14s %2s %6s %6s %6s  %9s %9s %9s  %s\n", "GEMM", "M", "N", "K", "layout",
            "gemv", "cublaslt", "gemm_epi", "gemv GB/s");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && !g->dead; i++) {
@@ -287,11 +291,11 @@ static void timing(gpu *g, util_rng *rng) {
             gemm_exec_gemm_tensors t = {.x = s.dx, .w = sh->weight_kn ? wt.dw_kn : wt.dw_nk,
                                         .y = s.dy};
             char why[64] = "";
-            double gv = time_own(g, p, &t, why, sizeof why);
-            double lt_us = time_lt(g, lt, p, &t);
+            double gv = time_own(g, flush, p, &t, why, sizeof why);
+            double lt_us = time_lt(g, flush, lt, p, &t);
             p.tmpl = FUSION_T_GEMM_EPILOGUE;
             char why2[64] = "";
-            double ep = time_own(g, p, &t, why2, sizeof why2);
+            double ep = time_own(g, flush, p, &t, why2, sizeof why2);
             double bytes = 2.0 * sh->n * sh->k;
             printf("time %-14s %2d %6d %6d %6s  %9.2f %9.2f %9.2f  %6.0f\n", sh->what, Ms[mi],
                    sh->n, sh->k, sh->weight_kn ? "[K,N]" : "[N,K]", gv, lt_us, ep,
@@ -301,6 +305,7 @@ static void timing(gpu *g, util_rng *rng) {
         free_weights(g, &wt);
     }
     cublaslt_exec_ctx_free(lt);
+    dfree(g, &flush);
 }
 
 int main(int argc, char **argv) {

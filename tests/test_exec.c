@@ -692,6 +692,35 @@ static void test_kernel_limits(void) {
     graph_free(&g);
 }
 
+/* A vocabulary's head by default: gemv at one row of an odd width, cuBLASLt at more rows (the
+ * tensor-core template takes no such width), gemm_epilogue for a width of whole tiles. */
+static void test_default_head(void) {
+    static const struct {
+        int rows, width;
+        fusion_template_id want;
+    } cases[] = {{1, 50257, FUSION_T_GEMV}, {2, 50257, FUSION_T_CUBLASLT},
+                 {1, 1024, FUSION_T_GEMM_EPILOGUE}, {17, 1001, FUSION_T_CUBLASLT}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char src[320];
+        snprintf(src, sizeof src,
+                 "local m = stof.model{name = 't', dtype = 'fp16'}\n"
+                 "local x = m:input('x', {%d, 1, 64})\n"
+                 "m:output(m:gemm(x, m:weight('w', {%d, 64})))\nreturn m\n",
+                 cases[i].rows, cases[i].width);
+        graph g;
+        if (build_inline(src, &g))
+            return;
+        exec_plan *p = NULL;
+        stof_error err = {0};
+        CHECK_EQ_INT(exec_plan_create(&g, NULL, &p, &err), STOF_OK);
+        if (p)
+            CHECK_MSG(p->n_segs == 1 && p->segs[0].tmpl == cases[i].want,
+                      "case %zu: template %s", i, fusion_template_get(p->segs[0].tmpl)->name);
+        exec_plan_free(p);
+        graph_free(&g);
+    }
+}
+
 /* ---- per-segment choices ------------------------------------------------------------------ */
 
 static void test_choices(void) {
@@ -813,6 +842,7 @@ int main(void) {
     test_t5_plan();
     test_fused_templates();
     test_rejections();
+    test_default_head();
     test_kernel_limits();
     test_choices();
     test_compare();

@@ -42,19 +42,22 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
     return rc;
 }
 
-/* The order exec_segment_template tries templates in: gemv first, which takes only GEMMs of a
- * few rows (a decode step's), where it reads the weights faster than tiles made for hundreds of
- * rows; gemm_ln before gemm_epilogue, so that a GEMM closing with a norm, which both match, gets
- * by default the kernel that runs on every architecture (gemm_epilogue's norm is its sm_90
- * build's; the search measures both); then by id. */
-static fusion_template_id default_order(int i) {
-    static const fusion_template_id first[] = {FUSION_T_GEMV, FUSION_T_GEMM_LN};
-    enum { n_first = sizeof first / sizeof first[0] };
-    if (i < n_first)
-        return first[i];
-    /* the others by id, skipping those already tried */
-    for (int t = 0, left = i - n_first; t < FUSION_T_COUNT; t++) {
-        if (t == FUSION_T_GEMV || t == FUSION_T_GEMM_LN)
+/* The order exec_segment_template tries templates in: gemm_ln before gemm_epilogue, so that a
+ * GEMM closing with a norm, which both match, gets by default the kernel that runs on every
+ * architecture (gemm_epilogue's norm is its sm_90 build's; the search measures both); then by
+ * id. gemv goes first for one row of outputs whose width is no multiple of 8 (a vocabulary's
+ * head at batch 1): there it read the weights faster than cuBLASLt, the one other template that
+ * takes such widths (50257 x 768 fp16 from memory on an H200: 28.6 against 37.2 us).
+ * Elsewhere, with the weights in memory, cuBLASLt was as fast or faster (bench/RESULTS.md), so
+ * gemv is left to the search. */
+static fusion_template_id default_order(int i, int gemv_first) {
+    if (gemv_first && i == 0)
+        return FUSION_T_GEMV;
+    i -= gemv_first;
+    if (i == 0)
+        return FUSION_T_GEMM_LN;
+    for (int t = 0, left = i - 1; t < FUSION_T_COUNT; t++) {
+        if (t == FUSION_T_GEMM_LN || (gemv_first && t == FUSION_T_GEMV))
             continue;
         if (left-- == 0)
             return (fusion_template_id)t;
@@ -66,8 +69,9 @@ int exec_segment_template(const graph *g, int first, int n, const fusion_match *
                           fusion_template_id *t, stof_error *err) {
     char why[768] = "", name[256];
     size_t len = 0;
+    const int gemv_first = m->dims.m == 1 && m->dims.n % 8 != 0;
     for (int i = 0; i < FUSION_T_COUNT; i++) {
-        const fusion_template_id k = default_order(i);
+        const fusion_template_id k = default_order(i, gemv_first);
         if (!fusion_match_has(m, (fusion_template_id)k))
             continue;
         /* the launcher's own reason: the segment's name comes once in front */

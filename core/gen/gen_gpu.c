@@ -112,11 +112,10 @@ static int capture_step(gpu_run *g, stof_error *err) {
                                 "cuGraphInstantiate(decode step)", err);
 }
 
-/* A step has one row a sequence. Up to 16 rows the default scheme runs its GEMMs on gemv,
- * which streams the weights once; above, it would cut them as a prefill's, into tiles made
- * for thousands of rows, where cuBLASLt's own choice reads the weights with more blocks. So
- * every gemm_epilogue segment cuBLASLt can run goes to it (the rest keep the default): until
- * the step is tuned, the better default. */
+/* The default scheme cuts a step's GEMMs as a prefill's, into tiles made for thousands of
+ * rows; a step has one row a sequence, where cuBLASLt's own choice reads the weights with
+ * more blocks. Every gemm_epilogue segment cuBLASLt can run goes to it (the rest keep the
+ * default, a vocabulary's head at batch 1 gemv): until the step is tuned, the better default. */
 static int prefer_cublaslt(exec_plan *xp, const graph *g, stof_error *err) {
     for (int s = 0; s < xp->n_segs; s++) {
         const exec_segment *seg = &xp->segs[s];

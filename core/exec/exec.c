@@ -295,6 +295,7 @@ void exec_model_free(exec_model *m) {
                 m->rt[s].launcher->free_plan(m, m->rt[s].kplan);
         }
     gpu_timer_free(&m->timer);
+    exec_prefetch_free(m);
     if (m->stream)
         drv->StreamDestroy(m->stream);
     if (m->arena)
@@ -345,6 +346,8 @@ int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_sourc
     }
     if (!rc)
         rc = prepare_segments(m, err);
+    if (!rc)
+        rc = exec_prefetch_create(m, err);
     /* copies from pageable memory (the weights, the kernel plans' tables) may
      * still be in flight when cuMemcpyHtoD returns, and the model's stream
      * does not wait for the legacy stream */
@@ -775,8 +778,12 @@ static int run_io_captured(exec_model *m, const exec_io *in, int n, CUdeviceptr 
         rc = copy_input(m, &in[i], caller, err);
     for (int s = 0; !rc && s < m->plan->n_segs; s++) {
         const exec_seg_rt *rt = &m->rt[s];
-        rc = rt->launcher->launch(m, rt, caller, err);
+        rc = exec_prefetch_before(m, s, caller, err);
+        if (!rc)
+            rc = rt->launcher->launch(m, rt, caller, err);
     }
+    if (!rc)
+        rc = exec_prefetch_join(m, caller, err);
     return rc ? rc : copy_output(m, out, caller, err);
 }
 

@@ -36,6 +36,7 @@ typedef union exec_tensors {
 } exec_tensors;
 
 typedef struct exec_launcher exec_launcher;
+typedef struct exec_prefetch exec_prefetch;
 
 /* A prefill attention's store into its KV cache (op_attention.store), after the attention. */
 typedef struct exec_kv_store {
@@ -68,7 +69,16 @@ struct exec_model {
     CUgraphExec graph_exec;
     gpu_timer timer;      /* exec_model_time */
     exec_seg_rt *rt;      /* per segment */
+    exec_prefetch *prefetch; /* weights asked of L2 ahead in captured passes, or NULL */
 };
+
+/* Weights asked of L2 ahead of the segments that read them, in passes captured into the
+ * caller's CUDA graph (exec_prefetch.c). create: nothing before sm_90 or with STOF_PREFETCH=0;
+ * before: ahead of launching segment s on caller (capturing); join: after the last segment. */
+int exec_prefetch_create(exec_model *m, stof_error *err);
+void exec_prefetch_free(exec_model *m);
+int exec_prefetch_before(exec_model *m, int s, CUstream caller, stof_error *err);
+int exec_prefetch_join(exec_model *m, CUstream caller, stof_error *err);
 
 /* How one template is run. A template without a kernel yet has only
  * `missing` (the reason); to plug one in, fill the functions of its row in

@@ -30,12 +30,13 @@ extern "C" __global__ void stof_convert_to_f32(const elem_t *in, float *out, lon
         out[i] = stof::to_float(in[i]);
 }
 
-// Asks L2 for bytes (a multiple of 16) from base (16-byte aligned), in pieces of 32 KiB split
+// Asks L2 for bytes (a multiple of 16) from base (16-byte aligned), in pieces of 16 KiB split
 // over the grid's threads, and returns without waiting for any of it (sm_90's bulk prefetch;
-// nothing elsewhere). A hint: nothing is read into registers, nothing is written.
+// nothing elsewhere). A hint: nothing is read into registers, nothing is written. The host
+// spreads the pieces over many blocks: one SM's copy engine alone takes them slowly.
 extern "C" __global__ void stof_prefetch_l2(const char *base, long long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const long long piece = 32 * 1024;
+    const long long piece = 16 * 1024;
     for (long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * piece; at < bytes;
          at += (long long)gridDim.x * blockDim.x * piece) {
         const long long left = bytes - at;

@@ -382,6 +382,19 @@ static int launch_all(exec_model *m, stof_error *err) {
     return rc;
 }
 
+/* The same on stream st while it is captured into a graph, with weights asked of L2 ahead
+ * on a side branch of the graph (exec_prefetch.c). */
+static int launch_all_captured(exec_model *m, CUstream st, stof_error *err) {
+    int rc = STOF_OK;
+    for (int s = 0; !rc && s < m->plan->n_segs; s++) {
+        const exec_seg_rt *rt = &m->rt[s];
+        rc = exec_prefetch_before(m, s, st, err);
+        if (!rc)
+            rc = rt->launcher->launch(m, rt, st, err);
+    }
+    return rc ? rc : exec_prefetch_join(m, st, err);
+}
+
 static int sync_stream(exec_model *m, stof_error *err) {
     return cuda_check(m->ctx->drv, m->ctx->drv->StreamSynchronize(m->stream),
                       "cuStreamSynchronize (a kernel of the forward pass failed)", err);
@@ -452,7 +465,7 @@ static int capture_pass(exec_model *m, CUevent *ev, CUgraph *captured, CUgraphEx
                         "cuStreamBeginCapture", err);
     if (rc)
         return rc;
-    rc = ev ? record_segments(m, ev, err) : launch_all(m, err);
+    rc = ev ? record_segments(m, ev, err) : launch_all_captured(m, m->stream, err);
     /* end the capture whatever happened: the stream must not stay capturing */
     int end = cuda_check(drv, drv->StreamEndCapture(m->stream, captured), "cuStreamEndCapture",
                          rc ? NULL : err);
@@ -776,14 +789,8 @@ static int run_io_captured(exec_model *m, const exec_io *in, int n, CUdeviceptr 
     int rc = STOF_OK;
     for (int i = 0; !rc && i < n; i++)
         rc = copy_input(m, &in[i], caller, err);
-    for (int s = 0; !rc && s < m->plan->n_segs; s++) {
-        const exec_seg_rt *rt = &m->rt[s];
-        rc = exec_prefetch_before(m, s, caller, err);
-        if (!rc)
-            rc = rt->launcher->launch(m, rt, caller, err);
-    }
     if (!rc)
-        rc = exec_prefetch_join(m, caller, err);
+        rc = launch_all_captured(m, caller, err);
     return rc ? rc : copy_output(m, out, caller, err);
 }
 

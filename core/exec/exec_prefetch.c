@@ -117,7 +117,9 @@ int exec_prefetch_before(exec_model *m, int s, CUstream caller, stof_error *err)
     CUdeviceptr base = pf->at[target];
     long long bytes = pf->bytes[target];
     void *params[] = {&base, &bytes};
-    const unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
+    /* a 16 KiB piece a thread, 32 threads a block: the pieces spread over the SMs */
+    const unsigned grid[3] = {(unsigned)((bytes + (32 << 14) - 1) / (32 << 14)), 1, 1},
+                   block[3] = {32, 1, 1};
     int rc = cuda_check(drv, drv->EventRecord(pf->fork, caller), "cuEventRecord(prefetch)", err);
     if (!rc)
         rc = cuda_check(drv, drv->StreamWaitEvent(pf->side, pf->fork, 0),

@@ -304,6 +304,34 @@ expect(gen_ragged_no_mask 1 "need its attention_mask input \\(--set padding=true
        --prompt 3)
 expect(gen_top_p 2 "--top-p expects a number" ${gen} --prompt 1 --top-p 0)
 
+# stof tune --decode-batch: a decoder's decode steps kept in its plan (planned offline here),
+# stof plan show lists them, stof generate PLAN.json runs the plan's model
+set(tiny_dec scripts/gpt2.lua --set layers=1 --set head=true --set padding=true --set batch=2
+    --set seq=16)
+expect(tune_decode 0 "decode step, batch 1: planned offline for sm_90, unmeasured.*decode step, batch 2: planned offline.*wrote"
+       tune ${tiny_dec} --decode-batch 1,2 -o ${WORK}/decode.json)
+expect(plan_show_decode 0 "decode step, batch 1, caches of 16 positions: unmeasured\n.*attention_decode +SPLITS=1.*decode step, batch 2, caches of 16 positions"
+       plan show ${WORK}/decode.json)
+expect(gen_plan_cpu 0 "the plan.s decode steps are the GPU.s; the CPU reference runs its model.*sequence 1: 7,8 \\|"
+       generate --cpu ${WORK}/decode.json --prompt "1,2,3" --prompt "7 8" --max-new-tokens 4)
+string(REGEX MATCHALL "sequence [0-9]: [^\n]*" gen_tokens_plan "${last_output}")
+if(NOT gen_tokens STREQUAL gen_tokens_plan)
+  message(SEND_ERROR "gen: the plan's model gave ${gen_tokens_plan}, the script ${gen_tokens}")
+  math(EXPR failures "${failures} + 1")
+endif()
+expect(gen_plan_set 2 "a plan fixes the model.s parameters: --set does not go with"
+       generate --cpu ${WORK}/decode.json --set layers=2 --prompt 1)
+expect(gen_plan_gpu 1 "no GPU" generate ${WORK}/decode.json --prompt 1)
+expect(tune_decode_list 2 "--decode-batch expects batch sizes from 1 to 65536 separated by commas"
+       tune ${tiny_dec} --decode-batch 0 -o ${WORK}/x.json)
+expect(tune_decode_twice 2 "--decode-batch names batch 8 twice"
+       tune ${tiny_dec} --decode-batch 8,1,8 -o ${WORK}/x.json)
+expect(tune_decode_context 2 "--decode-context sizes the caches of --decode-batch.s steps"
+       tune ${tiny_dec} --decode-context 8 -o ${WORK}/x.json)
+expect(tune_decode_no_head 1 "--decode-batch 1: the output 'ln_f' has 768 features for a vocabulary of 50257: not logits"
+       tune scripts/gpt2.lua --set layers=1 --set batch=1 --set seq=16 --decode-batch 1
+       -o ${WORK}/x.json)
+
 message(STATUS "cli: ${passes} passed, ${failures} failed")
 if(failures GREATER 0)
   message(FATAL_ERROR "cli: ${failures} checks failed")

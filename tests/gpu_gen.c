@@ -2,8 +2,10 @@
  * same fp16 models: tiny decoders built from their config.json by the shipped scripts (GPT-2
  * with its head, GPT-Neo's local and global layers, Mistral's grouped-query attention with a
  * sliding window its ring wraps past, Llama), random weights, ragged prompts through the
- * prefill pass that fills the caches, and token by token through the decode step. Every step's logits within fp16's error of the reference's; greedy tokens the
- * same wherever the reference's margin between its two best logits is not a near tie. Exits 77
+ * prefill pass that fills the caches, and token by token through the decode step; the step
+ * tuned first, and the step of a plan. Every step's logits within fp16's error of the
+ * reference's; greedy tokens the same wherever the reference's margin between its two best
+ * logits is not a near tie. Exits 77
  * without a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -108,8 +110,42 @@ static void compare(const tiny *t, const gen_result *cpu, const gen_result *gpu)
               wrong);
     printf("%-8s GPU (%s) against the CPU reference: logits rel <= %.2e, %d tokens the same, "
            "%d near ties, %d wrong; %d GPU steps, KV cache %zu B\n", t->name,
-           gpu->tune_s > 0 ? "tuned step" : gpu->prefilled ? "prefill pass" : "prompts fed", worst, same, ties, wrong, gpu->steps,
-           gpu->cache_bytes);
+           gpu->step_from_plan ? "a plan's step"
+           : gpu->tune_s > 0   ? "tuned step"
+           : gpu->prefilled    ? "prefill pass"
+                               : "prompts fed",
+           worst, same, ties, wrong, gpu->steps, gpu->cache_bytes);
+}
+
+/* The decode step from a plan (as stof tune --decode-batch keeps it: here planned offline for
+ * this GPU's architecture, its graph's default kernels): the reference's tokens. */
+static void run_plan_step(exec_ctx *ctx, const tiny *t, const gen_model *m,
+                          const gen_prompts *p, const gen_options *o, const gen_result *cpu) {
+    gen_decoder dec;
+    plan step;
+    tune_offline_stats st;
+    stof_error err = {0};
+    memset(&dec, 0, sizeof dec);
+    memset(&step, 0, sizeof step);
+    int rc = gen_decoder_build(m->context, &dec, &err);
+    if (!rc)
+        rc = tune_offline(&dec.g, m->script, exec_ctx_arch(ctx), NULL, &step, &st, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: the step's plan: %s", t->name, err.msg);
+    gen_decoder_free(&dec);
+    if (rc)
+        return;
+    gen_options po = *o;
+    po.step_plan = &step;
+    gen_result r;
+    rc = gen_run_gpu(m, ctx, p, &po, 1, &r, &err);
+    CHECK_MSG(rc == STOF_OK, "%s GPU, a plan's step: %s", t->name, err.msg);
+    if (!rc) {
+        CHECK_MSG(r.step_from_plan, "%s: the plan's step was not used", t->name);
+        if (cpu)
+            compare(t, cpu, &r);
+        gen_result_free(&r);
+    }
+    plan_free(&step);
 }
 
 static void run_model(exec_ctx *ctx, const tiny *t) {
@@ -172,6 +208,7 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
     }
     if (!rt)
         gen_result_free(&tuned);
+    run_plan_step(ctx, t, &m, &p, &o, rc ? NULL : &cpu);
     if (!rc)
         gen_result_free(&cpu);
     if (!rg)

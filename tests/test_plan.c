@@ -358,6 +358,58 @@ static void expect_text_error(const char *text, const char *needle) {
         plan_free(&p);
 }
 
+/* ==== decode steps ===================================================================================== */
+
+/* A plan holding decode steps (here the fixture's own plan stands in for a step's): written and
+ * read back whole, found by batch; a second step for one batch, a step holding steps, and hand
+ * edits of the "decode" list are refused with the field named. */
+static void test_decode_steps(const fixture *f) {
+    plan p, s1, s8, back;
+    if (make_plan(f, &h100, NULL, &p) || make_plan(f, &h100, NULL, &s1) ||
+        make_plan(f, NULL, "sm_90", &s8))
+        return;
+    stof_error err = {0};
+    CHECK_EQ_INT(plan_add_decode(&p, 1, 2048, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(plan_add_decode(&p, 8, 512, &s8, &err), STOF_OK);
+    CHECK(s1.n_sequences == 0 && s8.n_sequences == 0); /* taken over */
+    plan dup;
+    if (!make_plan(f, &h100, NULL, &dup)) {
+        CHECK_EQ_INT(plan_add_decode(&p, 8, 512, &dup, &err), STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, "already holds a decode step for batch 8");
+        CHECK_EQ_INT(plan_add_decode(&dup, 2, 0, &dup, &err), STOF_ERR_INVALID);
+        plan_free(&dup);
+    }
+    const char *path = WORK "plan_decode.json";
+    CHECK_EQ_INT(plan_write(&p, path, &err), STOF_OK);
+    CHECK_MSG(plan_read(path, &back, &err) == STOF_OK, "%s", err.msg);
+    CHECK(plans_equal(&p, &back) && back.n_decode == 2);
+    const plan_decode *d1 = plan_decode_find(&back, 1), *d8 = plan_decode_find(&back, 8);
+    CHECK(d1 && d8 && !plan_decode_find(&back, 2));
+    if (d1 && d8) {
+        CHECK(d1->context == 2048 && d1->step->device.measured && plans_equal(d1->step, &p));
+        CHECK(d8->context == 512 && !d8->step->device.measured);
+    }
+    char *text = plan_text(&back);
+    plan_free(&back);
+    plan_free(&p);
+    if (!text)
+        return;
+    expect_edit(text, EDIT_SET, "decode/1/batch", NULL, cJSON_CreateNumber(1),
+                "decode[1].batch: a second decode step for batch 1");
+    expect_edit(text, EDIT_SET, "decode/0/context", NULL, cJSON_CreateNumber(0),
+                "decode[0].context: expected an integer from 1");
+    expect_edit(text, EDIT_DELETE, "decode/0/plan", NULL, NULL, "decode[0].plan: missing");
+    expect_edit(text, EDIT_ADD, "decode/0", "extra", cJSON_CreateNumber(1),
+                "decode[0].extra: unknown key");
+    expect_edit(text, EDIT_SET, "decode/1/plan/latency_ms", NULL, cJSON_CreateNumber(-1),
+                "edited.json: decode[1].plan: latency_ms: expected a time");
+    expect_edit(text, EDIT_ADD, "decode/0/plan", "decode", cJSON_CreateArray(),
+                "decode[0].plan: decode: unknown key");
+    expect_edit(text, EDIT_SET, "decode", NULL, cJSON_CreateArray(),
+                "decode: expected 1 to 64 elements, got 0");
+    free(text);
+}
+
 /* A segment of sequence 1 (the layer) whose template has parameters with
  * more than one value; its path in pathbuf. */
 static const plan_segment *tunable_segment(const plan *p, char *pathbuf, size_t cap) {
@@ -636,6 +688,7 @@ int main(void) {
     fixture_load(&f, SCRIPTS "bert.lua", params, 5);
     if (f.ok) {
         test_roundtrip(&f);
+        test_decode_steps(&f);
         test_mismatch(&f);
         test_format_errors(&f);
         test_optional_param(&f);

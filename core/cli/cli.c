@@ -63,7 +63,12 @@ static const struct {
      "                                     cached in tune-cache.txt beside the kernel\n"
      "                                     cache) and write the plan. Without a GPU:\n"
      "                                     an unmeasured plan of the initial scheme for\n"
-     "                                     --arch (default sm_90), kernels precompiled\n"},
+     "                                     --arch (default sm_90), kernels precompiled\n"
+     "            [--decode-batch 1,8,64 [--decode-context N]]\n"
+     "                                     a decoder's decode steps too, one token a\n"
+     "                                     sequence for each batch, caches of N positions\n"
+     "                                     (default: the model's seq); the plan holds them\n"
+     "                                     and stof generate PLAN.json runs them\n"},
     {"plan",
      "  stof plan show PLAN.json           a plan for a person: device, script, schemes,\n"
      "                                     segments, kernels, times, search statistics\n"},
@@ -72,10 +77,10 @@ static const struct {
      "                                     the attention kernel the analytical model picks\n"
      "                                     (paper Eq. 1, 2) and its score table\n"},
     {"generate",
-     "  stof generate [--cpu] SCRIPT|DIR [--set k=v ...] (--prompt \"1,2,3\" ... | --prompt-ids\n"
-     "           FILE) [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-     "           [--seed N] [--stop ID ...] [--ignore-eos] [--recompute] [--weights FILE]\n"
-     "           [--tune-step S] [--profile [--reps N]]\n"
+     "  stof generate [--cpu] SCRIPT|DIR|PLAN.json [--set k=v ...] (--prompt \"1,2,3\" ... |\n"
+     "           --prompt-ids FILE) [--max-new-tokens N] [--temperature T] [--top-k K]\n"
+     "           [--top-p P] [--seed N] [--stop ID ...] [--ignore-eos] [--recompute]\n"
+     "           [--weights FILE] [--tune-step S] [--profile [--reps N]]\n"
      "                                     generate text token ids with a decoder (its\n"
      "                                     language-modelling head): the prompts' prefill,\n"
      "                                     then a decode step a token against a KV cache\n"
@@ -91,7 +96,11 @@ static const struct {
      "                                     CPU reference. --tune-step S: the decode step\n"
      "                                     tuned first (S seconds of search; measurements\n"
      "                                     cached as stof tune's). --profile: the GPU's\n"
-     "                                     decode step timed, segment by segment\n"},
+     "                                     decode step timed, segment by segment.\n"
+     "                                     PLAN.json: the model of a plan of stof tune\n"
+     "                                     --decode-batch, its tuned decode step for the\n"
+     "                                     prompts' batch (the default step when it holds\n"
+     "                                     none for it, or for so long a context)\n"},
     {"version", "  stof version                       stof's version and commit\n"},
 };
 #define N_HELPS ((int)(sizeof helps / sizeof helps[0]))
@@ -147,7 +156,8 @@ static const char *const option_names[] = {
     "--arch",   "--scheme", "--reps",   "--check",   "--no-check", "-o",          "--output",
     "--budget", "--time-limit", "--script", "--weights", "--inputs", "--save-output",
     "--profile", "--prompt", "--prompt-ids", "--max-new-tokens", "--temperature", "--top-k",
-    "--top-p", "--stop", "--ignore-eos", "--recompute", "--tune-step"};
+    "--top-p", "--stop", "--ignore-eos", "--recompute", "--tune-step", "--decode-batch",
+    "--decode-context"};
 #define N_OPTIONS ((int)(sizeof option_names / sizeof option_names[0]))
 
 /* The index of opt in option_names (-o and --output, --check and --no-check
@@ -191,6 +201,37 @@ static int parse_seconds(const char *opt, const char *v, double *out) {
         return 1;
     }
     *out = s;
+    return 0;
+}
+
+/* --decode-batch "1,8,64": distinct batches of 1 to 65536, at most CLI_MAX_DECODE. */
+static int parse_decode_batches(const char *opt, const char *v, cli_args *a) {
+    const char *s = v;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long n = strtol(s, &end, 10);
+        if (errno || end == s || n < 1 || n > 65536 || (*end && *end != ',')) {
+            fprintf(stderr, "stof: %s expects batch sizes from 1 to 65536 separated by commas "
+                    "(\"1,8,64\"), got '%s'\n", opt, v);
+            return 1;
+        }
+        for (int k = 0; k < a->n_decode; k++)
+            if (a->decode_batch[k] == n) {
+                fprintf(stderr, "stof: %s names batch %ld twice\n", opt, n);
+                return 1;
+            }
+        if (a->n_decode == CLI_MAX_DECODE) {
+            fprintf(stderr, "stof: %s: at most %d batch sizes\n", opt, CLI_MAX_DECODE);
+            return 1;
+        }
+        a->decode_batch[a->n_decode++] = (int)n;
+        s = *end ? end + 1 : end;
+        if (*end && !*s) {
+            fprintf(stderr, "stof: %s ends with a comma: '%s'\n", opt, v);
+            return 1;
+        }
+    }
     return 0;
 }
 
@@ -331,6 +372,12 @@ static int parse_option(int argc, char **argv, int *i, cli_args *a, unsigned cha
     } else if (strcmp(opt, "--tune-step") == 0 || strcmp(opt, "--time-limit") == 0) {
         return parse_seconds(opt, v, opt[2] == 't' && opt[3] == 'u' ? &a->tune_step
                                                                     : &a->time_limit);
+    } else if (strcmp(opt, "--decode-batch") == 0) {
+        return parse_decode_batches(opt, v, a);
+    } else if (strcmp(opt, "--decode-context") == 0) {
+        if (parse_int(opt, v, 1, INT32_MAX, &n))
+            return 1;
+        a->decode_context = (int)n;
     } else if (is_generate_option(opt)) {
         return parse_generate_option(opt, v, a);
     } else {

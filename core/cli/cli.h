@@ -12,6 +12,7 @@
 #define CLI_MAX_SCHEMES 16
 #define CLI_MAX_PROMPTS 256
 #define CLI_MAX_STOPS 8
+#define CLI_MAX_DECODE 8
 
 /* When `stof run` compares with the CPU reference. */
 enum { CLI_CHECK_AUTO = 0, CLI_CHECK_ALWAYS, CLI_CHECK_NEVER };
@@ -53,6 +54,10 @@ typedef struct cli_args {
     int ignore_eos;           /* --ignore-eos: the config's eos_token_id does not stop */
     int recompute;            /* --recompute: no KV cache, the whole pass for every token */
     double tune_step;         /* --tune-step S: the decode step tuned for S seconds first */
+    /* stof tune */
+    int decode_batch[CLI_MAX_DECODE]; /* --decode-batch 1,8,64: decode steps tuned too */
+    int n_decode;
+    int decode_context;       /* --decode-context N: their caches' positions (0: the seq) */
 } cli_args;
 
 
@@ -104,5 +109,11 @@ int cli_is_plan(const char *arg);
 
 /* cli_plan.c: a plan for a person, on stdout. */
 void cli_plan_print(const plan *p);
+/* The model of plan p: its script (--script, else where the plan recorded it, beside the plan,
+ * in scripts/), whose bytes must hash to the plan's, built with the plan's parameters, those
+ * named in extra ("key=value") replaced, and the plan's model directory's config. Says what
+ * went wrong. */
+int cli_plan_build(const cli_args *a, const plan *p, const char *const *extra, int n_extra,
+                   graph *g, graph_script *info);
 
 #endif

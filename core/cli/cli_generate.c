@@ -1,8 +1,10 @@
-/* `stof generate`: token ids from a decoder, on the CPU reference (core/gen).
+/* `stof generate`: token ids from a decoder, on the GPU or the CPU reference (core/gen).
  *
  * The model is built twice from one script: as given, at the prompts' batch
  * and longest length (the prefill), and with the parameters it resolved at
- * the full context (the decode step and its masks). */
+ * the full context (the decode step and its masks). From a plan (stof tune
+ * --decode-batch), the model is the plan's, and its decode step for the
+ * prompts' batch runs with caches of the plan's context. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,17 +228,48 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
     if (r->tune_s > 0)
         printf("decode step tuned in %.1f s: %.3f ms as a CUDA graph when the tuner measured it\n",
                r->tune_s, r->tuned_step_ms);
+    if (r->step_from_plan)
+        printf("decode step: the plan's, tuned for a batch of %d\n", p->batch);
     if (r->n_profile)
         print_profile(r);
 }
 
+/* The caches' positions, and the plan's decode step the GPU runs (o->step_plan): the one pl
+ * holds for the prompts' batch when its caches hold the context needed, else none (said). */
+static int64_t plan_step(const cli_args *a, const plan *pl, const prompts *p, int64_t needed,
+                         const exec_ctx *ctx, gen_options *o) {
+    if (!pl)
+        return needed;
+    const plan_decode *d = plan_decode_find(pl, p->batch);
+    if (!ctx) {
+        printf("the plan's decode steps are the GPU's; the CPU reference runs its model\n");
+    } else if (a->tune_step > 0) {
+        printf("--tune-step: the decode step tuned again, not taken from the plan\n");
+    } else if (!d) {
+        printf("the plan holds no decode step for a batch of %d (", p->batch);
+        for (int i = 0; i < pl->n_decode; i++)
+            printf("%s%d", i ? ", " : "batches ", pl->decode[i].batch);
+        printf("%s): the default step (stof tune --decode-batch %d tunes one)\n",
+               pl->n_decode ? "" : "none", p->batch);
+    } else if (d->context < needed) {
+        printf("the plan's decode step for a batch of %d has caches of %lld positions; these "
+               "prompts and new tokens need %lld: the default step\n", p->batch,
+               (long long)d->context, (long long)needed);
+    } else {
+        o->step_plan = d->step;
+        return d->context;
+    }
+    return needed;
+}
+
 /* prefill: the model at the prompts' batch and longest length, as loaded; ctx: the GPU, or
- * NULL for the CPU reference. */
+ * NULL for the CPU reference; pl: the plan the model came from, or NULL. */
 static int generate(const cli_args *a, const graph_script *info, const prompts *p,
-                    const graph *prefill, const cli_values *v, exec_ctx *ctx) {
+                    const graph *prefill, const cli_values *v, exec_ctx *ctx, const plan *pl) {
     gen_options o = options_of(a, info->model_dir);
     graph context;
-    if (rebuild(info, p->batch, p->stride + o.max_new_tokens - 1, &context))
+    int64_t positions = plan_step(a, pl, p, p->stride + o.max_new_tokens - 1, ctx, &o);
+    if (rebuild(info, p->batch, (int)positions, &context))
         return 1;
     cli_print_masks(&context);
     gen_model m = {prefill, &context, v->src, info};
@@ -295,36 +328,50 @@ int cli_cmd_generate(const cli_args *a) {
         fprintf(stderr, "stof: --tune-step tunes the GPU's decode step (not with --cpu)\n");
         return 1;
     }
-    prompts p;
-    if (read_prompts(a, &p))
-        return 1;
-    exec_ctx *ctx = NULL;
-    if (!a->cpu && !(ctx = open_gpu())) {
-        prompts_free(&p);
+    const int from_plan = cli_is_plan(a->script);
+    if (from_plan && a->n_params) {
+        fprintf(stderr, "stof: a plan fixes the model's parameters: --set does not go with %s\n",
+                a->script);
+        return 2;
+    }
+    plan pl;
+    memset(&pl, 0, sizeof pl);
+    stof_error err = {0};
+    if (from_plan && plan_read(a->script, &pl, &err)) {
+        fprintf(stderr, "stof: %s\n", err.msg);
         return 1;
     }
-    /* the model as given, at the prompts' shape: the prefill */
+    prompts p;
+    exec_ctx *ctx = NULL;
+    int rc = read_prompts(a, &p);
+    if (!rc && !a->cpu && !(ctx = open_gpu()))
+        rc = 1;
+    /* the model as given (or as the plan has it), at the prompts' shape: the prefill */
     cli_args at = *a;
     char batch[32], seq[32];
     snprintf(batch, sizeof batch, "batch=%d", p.batch);
     snprintf(seq, sizeof seq, "seq=%d", p.stride);
-    int rc = at.n_params + 2 > GRAPH_SCRIPT_MAX_PARAMS;
-    if (rc)
+    const char *shape[2] = {batch, seq};
+    if (!rc && at.n_params + 2 > GRAPH_SCRIPT_MAX_PARAMS) {
         fprintf(stderr, "stof: at most %d --set parameters\n", GRAPH_SCRIPT_MAX_PARAMS - 2);
+        rc = 1;
+    }
     at.params[at.n_params++] = batch;
     at.params[at.n_params++] = seq;
     graph prefill;
     graph_script info;
     memset(&info, 0, sizeof info);
     cli_values v;
-    if (!rc && !(rc = cli_load_graph(&at, &prefill, &info))) {
+    if (!rc && !(rc = from_plan ? cli_plan_build(a, &pl, shape, 2, &prefill, &info)
+                                : cli_load_graph(&at, &prefill, &info))) {
         if (!(rc = cli_values_open(a, &prefill, info.model_dir, &v))) {
-            rc = generate(a, &info, &p, &prefill, &v, ctx);
+            rc = generate(a, &info, &p, &prefill, &v, ctx, from_plan ? &pl : NULL);
             cli_values_close(&v);
         }
         graph_free(&prefill);
     }
     exec_ctx_free(ctx);
     prompts_free(&p);
+    plan_free(&pl);
     return rc;
 }

@@ -1,10 +1,123 @@
-/* `stof plan show PLAN.json`: a plan for a person. */
+/* Plans on the command line: `stof plan show PLAN.json` (a plan for a person), and the model of
+ * a plan built again (its script found and checked, its parameters, its model directory) for
+ * `stof run PLAN.json` and `stof generate PLAN.json`. */
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/base/file.h"
+#include "core/base/util.h"
 #include "core/cli/cli.h"
+#include "core/io/model_dir.h"
 #include "fusion/templates.h"
 #include "ops/ops.h"
+
+int cli_is_plan(const char *arg) {
+    size_t n = arg ? strlen(arg) : 0;
+    return n > 5 && strcmp(arg + n - 5, ".json") == 0;
+}
+
+static int readable(const char *path) {
+    return path[0] && access(path, R_OK) == 0;
+}
+
+/* The plan's script: --script, else where the plan recorded it, else by
+ * its name beside the plan file, else in scripts/. */
+static int find_script(const cli_args *a, const plan *p, char *out, size_t cap) {
+    if (a->script_path) {
+        snprintf(out, cap, "%s", a->script_path);
+        return 0;
+    }
+    const char *slash = strrchr(a->script, '/');
+    char beside[2048], in_scripts[1024];
+    snprintf(beside, sizeof beside, "%.*s%s", slash ? (int)(slash - a->script + 1) : 0,
+             a->script, p->script_name);
+    snprintf(in_scripts, sizeof in_scripts, "scripts/%s", p->script_name);
+    const char *tried[3] = {p->script_path, beside, in_scripts};
+    for (int i = 0; i < 3; i++)
+        if (readable(tried[i])) {
+            snprintf(out, cap, "%s", tried[i]);
+            return 0;
+        }
+    fprintf(stderr, "stof: the plan's script %s was not found (tried %s%s%s, %s): give it with "
+            "--script PATH\n", p->script_name, p->script_path, p->script_path[0] ? ", " : "",
+            beside, in_scripts);
+    return 1;
+}
+
+/* The script at path is the one the plan was made for: its bytes hash to
+ * the plan's hash. Checked before the script runs: a plan names a file,
+ * and what is there now may be anything. */
+static int script_matches(const plan *p, const char *path) {
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (strcmp(name, p->script_name) != 0) {
+        fprintf(stderr, "stof: the plan is for script %s, not %s\n", p->script_name, name);
+        return 0;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    stof_error err = {0};
+    if (file_read(path, "script", FILE_LIMIT_SCRIPT, &text, &len, &err)) {
+        fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
+        return 0;
+    }
+    uint64_t hash = util_hash(UTIL_HASH_SEED, text, len);
+    free(text);
+    if (hash != p->script_hash) {
+        fprintf(stderr, "stof: %s is not the script the plan was made for (hash 0x%016" PRIx64
+                ", the plan's 0x%016" PRIx64 "): tune again, or give the right one with "
+                "--script PATH\n", path, hash, p->script_hash);
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether the plan's parameter key is one of extra's "key=value" entries. */
+static int overridden(const char *key, const char *const *extra, int n_extra) {
+    size_t n = strlen(key);
+    for (int i = 0; i < n_extra; i++)
+        if (strncmp(extra[i], key, n) == 0 && extra[i][n] == '=')
+            return 1;
+    return 0;
+}
+
+int cli_plan_build(const cli_args *a, const plan *p, const char *const *extra, int n_extra,
+                   graph *g, graph_script *info) {
+    char path[2048];
+    if (find_script(a, p, path, sizeof path) || !script_matches(p, path))
+        return 1;
+    char kv[GRAPH_SCRIPT_MAX_PARAMS][sizeof p->params[0].key + sizeof p->params[0].value + 2];
+    const char *params[GRAPH_SCRIPT_MAX_PARAMS];
+    int n = 0;
+    for (int i = 0; i < p->n_params; i++) {
+        if (overridden(p->params[i].key, extra, n_extra))
+            continue;
+        snprintf(kv[n], sizeof kv[n], "%s=%s", p->params[i].key, p->params[i].value);
+        params[n] = kv[n];
+        n++;
+    }
+    for (int i = 0; i < n_extra && n < GRAPH_SCRIPT_MAX_PARAMS; i++)
+        params[n++] = extra[i];
+    stof_error err = {0};
+    graph_init(g);
+    memset(info, 0, sizeof *info);
+    model_dir md = {0};
+    if (p->model_dir[0] && model_dir_open(p->model_dir, &md, &err)) {
+        fprintf(stderr, "stof: the plan's model directory: %s\n", err.msg);
+        return 1;
+    }
+    int rc = lua_api_build_config(path, params, n, md.config, g, info, &err);
+    model_dir_free(&md);
+    if (rc) {
+        fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
+        graph_free(g);
+        return 1;
+    }
+    snprintf(info->model_dir, sizeof info->model_dir, "%s", p->model_dir);
+    return 0;
+}
 
 /* "BLOCK_M=64 BLOCK_N=128 WARPS=4" */
 static const char *kernel_params(const plan_kernel *k, char *buf, size_t cap) {
@@ -113,11 +226,26 @@ static void print_times(const plan *p) {
                "measured past the limit\n", s->measured_past_limit);
 }
 
+/* A decode step's sequences and times, after the model's. */
+static void print_decode(const plan_decode *d) {
+    const plan *s = d->step;
+    printf("decode step, batch %d, caches of %lld positions:", d->batch, (long long)d->context);
+    if (s->device.measured && s->has_end_to_end)
+        printf(" %.4f ms a step as a CUDA graph when tuned", s->end_to_end.graph_ms);
+    else if (!s->device.measured)
+        printf(" unmeasured");
+    printf("\n");
+    for (int i = 0; i < s->n_sequences; i++)
+        print_sequence(s, i);
+}
+
 void cli_plan_print(const plan *p) {
     print_header(p);
     for (int i = 0; i < p->n_sequences; i++)
         print_sequence(p, i);
     print_times(p);
+    for (int i = 0; i < p->n_decode; i++)
+        print_decode(&p->decode[i]);
 }
 
 int cli_cmd_plan(const cli_args *a) {

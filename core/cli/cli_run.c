@@ -530,94 +530,15 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
 
 /* ---- a plan file ------------------------------------------------------------------------------ */
 
-int cli_is_plan(const char *arg) {
-    size_t n = arg ? strlen(arg) : 0;
-    return n > 5 && strcmp(arg + n - 5, ".json") == 0;
-}
-
-static int readable(const char *path) {
-    return path[0] && access(path, R_OK) == 0;
-}
-
-/* The plan's script: --script, else where the plan recorded it, else by
- * its name beside the plan file, else in scripts/. */
-static int find_script(const cli_args *a, const plan *p, char *out, size_t cap) {
-    if (a->script_path) {
-        snprintf(out, cap, "%s", a->script_path);
-        return 0;
-    }
-    const char *slash = strrchr(a->script, '/');
-    char beside[2048], in_scripts[1024];
-    snprintf(beside, sizeof beside, "%.*s%s", slash ? (int)(slash - a->script + 1) : 0,
-             a->script, p->script_name);
-    snprintf(in_scripts, sizeof in_scripts, "scripts/%s", p->script_name);
-    const char *tried[3] = {p->script_path, beside, in_scripts};
-    for (int i = 0; i < 3; i++)
-        if (readable(tried[i])) {
-            snprintf(out, cap, "%s", tried[i]);
-            return 0;
-        }
-    fprintf(stderr, "stof: the plan's script %s was not found (tried %s%s%s, %s): give it with "
-            "--script PATH\n", p->script_name, p->script_path, p->script_path[0] ? ", " : "",
-            beside, in_scripts);
-    return 1;
-}
-
-/* The script at path is the one the plan was made for: its bytes hash to
- * the plan's hash. Checked before the script runs: a plan names a file,
- * and what is there now may be anything. */
-static int script_matches(const plan *p, const char *path) {
-    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
-    if (strcmp(name, p->script_name) != 0) {
-        fprintf(stderr, "stof: the plan is for script %s, not %s\n", p->script_name, name);
-        return 0;
-    }
-    char *text = NULL;
-    size_t len = 0;
-    stof_error err = {0};
-    if (file_read(path, "script", FILE_LIMIT_SCRIPT, &text, &len, &err)) {
-        fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
-        return 0;
-    }
-    uint64_t hash = util_hash(UTIL_HASH_SEED, text, len);
-    free(text);
-    if (hash != p->script_hash) {
-        fprintf(stderr, "stof: %s is not the script the plan was made for (hash 0x%016" PRIx64
-                ", the plan's 0x%016" PRIx64 "): tune again, or give the right one with "
-                "--script PATH\n", path, hash, p->script_hash);
-        return 0;
-    }
-    return 1;
-}
-
 /* The graph of the plan's script with the plan's parameters. */
 static int plan_graph(const cli_args *a, const plan *p, run_state *r) {
-    char path[2048];
-    if (find_script(a, p, path, sizeof path) || !script_matches(p, path))
+    if (cli_plan_build(a, p, NULL, 0, &r->g, &r->info))
         return 1;
-    char kv[GRAPH_SCRIPT_MAX_PARAMS][sizeof p->params[0].key + sizeof p->params[0].value + 2];
-    const char *params[GRAPH_SCRIPT_MAX_PARAMS];
-    for (int i = 0; i < p->n_params; i++) {
-        snprintf(kv[i], sizeof kv[i], "%s=%s", p->params[i].key, p->params[i].value);
-        params[i] = kv[i];
-    }
-    stof_error err = {0};
-    graph_init(&r->g);
-    model_dir md = {0};
-    if (p->model_dir[0] && model_dir_open(p->model_dir, &md, &err)) {
-        fprintf(stderr, "stof: the plan's model directory: %s\n", err.msg);
-        return 1;
-    }
-    int rc = lua_api_build_config(path, params, p->n_params, md.config, &r->g, &r->info, &err);
-    model_dir_free(&md);
-    if (rc) {
-        fprintf(stderr, "stof: the plan's script: %s\n", err.msg);
-        return 1;
-    }
-    snprintf(r->info.model_dir, sizeof r->info.model_dir, "%s", p->model_dir);
     r->have_graph = 1;
+    stof_error err = {0};
     if (plan_check_fits(p, NULL, &r->info, &r->g, &err)) {
-        fprintf(stderr, "stof: the plan %s does not fit %s: %s\n", a->script, path, err.msg);
+        fprintf(stderr, "stof: the plan %s does not fit %s: %s\n", a->script, r->info.path,
+                err.msg);
         return 1;
     }
     return 0;

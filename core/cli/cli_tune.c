@@ -2,7 +2,8 @@
  * progress on the terminal, the tuned plan timed end to end, written as
  * JSON. Without a GPU: an unmeasured plan of the initial scheme, with its
  * kernels compiled into the NVRTC cache, and a plain word that nothing was
- * measured. */
+ * measured. With --decode-batch, a decoder's decode steps are tuned (or
+ * planned) after the model and kept in its plan. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/cli/cli.h"
+#include "core/gen/gen.h"
 #include "core/gpu/nvrtc_worker.h"
 #include "core/exec/exec.h"
 #include "core/gpu/nvrtc.h"
@@ -49,6 +51,75 @@ static void on_progress(void *ud, const search_progress *p) {
     s->last = now;
 }
 
+/* ---- decode steps: --decode-batch ------------------------------------------------------------- */
+
+/* The decode step of the model at (batch, context): its graph, from the model built there. */
+static int decode_graph(const graph_script *info, int batch, int context, graph *cg,
+                        gen_decoder *dec) {
+    stof_error err = {0};
+    int rc = lua_api_rebuild_at(info, batch, context, cg, &err);
+    if (!rc)
+        rc = gen_decoder_build(cg, dec, &err);
+    if (rc)
+        fprintf(stderr, "stof: --decode-batch %d: %s\n", batch, err.msg);
+    return rc;
+}
+
+/* The model's positions: the second dimension of its first input of two or more (the token
+ * ids, as a plan's shapes record them). */
+static int model_seq(const graph *g) {
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].role == GRAPH_INPUT && g->tensors[t].ndim >= 2)
+            return (int)g->tensors[t].shape[1];
+    return 1;
+}
+
+/* Each --decode-batch's step tuned on ctx (NULL: planned offline for arch) and added to p. */
+static int tune_decode_steps(const cli_args *a, exec_ctx *ctx, const char *arch,
+                             const graph_script *info, const tune_options *o, plan *p) {
+    const int context = a->decode_context ? a->decode_context : (int)p->seq;
+    for (int i = 0; i < a->n_decode; i++) {
+        const int batch = a->decode_batch[i];
+        graph cg;
+        gen_decoder dec;
+        memset(&dec, 0, sizeof dec);
+        graph_init(&cg);
+        int rc = decode_graph(info, batch, context, &cg, &dec);
+        plan step;
+        memset(&step, 0, sizeof step);
+        stof_error err = {0};
+        double seconds = 0, graph_ms = 0;
+        if (!rc && ctx) {
+            tune_outcome res;
+            printf("tuning the decode step for batch %d, caches of %d positions\n", batch,
+                   context);
+            rc = tune_gpu(ctx, &dec.g, info, o, &step, &res, &err);
+            seconds = res.seconds;
+            graph_ms = res.graph_ms;
+        } else if (!rc) {
+            tune_offline_stats st;
+            rc = tune_offline(&dec.g, info, arch, NULL, &step, &st, &err);
+            seconds = st.seconds;
+        }
+        if (!rc)
+            rc = plan_add_decode(p, batch, context, &step, &err);
+        if (rc && err.msg[0])
+            fprintf(stderr, "stof: the decode step for batch %d: %s\n", batch, err.msg);
+        else if (!rc && ctx)
+            printf("decode step, batch %d: %.4f ms a step as a CUDA graph (tuned in %.1f s)\n",
+                   batch, graph_ms, seconds);
+        else if (!rc)
+            printf("decode step, batch %d: planned offline for %s, unmeasured (%.1f s)\n", batch,
+                   arch, seconds);
+        plan_free(&step);
+        gen_decoder_free(&dec);
+        graph_free(&cg);
+        if (rc)
+            return 1;
+    }
+    return 0;
+}
+
 /* ---- offline -------------------------------------------------------------------------------- */
 
 static int tune_offline_cmd(const cli_args *a, const graph *g, const graph_script *info,
@@ -60,7 +131,15 @@ static int tune_offline_cmd(const cli_args *a, const graph *g, const graph_scrip
     plan p;
     tune_offline_stats st;
     stof_error err = {0};
-    if (tune_offline(g, info, arch, NULL, &p, &st, &err) || plan_write(&p, a->output, &err)) {
+    if (tune_offline(g, info, arch, NULL, &p, &st, &err)) {
+        fprintf(stderr, "stof: %s\n", err.msg);
+        return 1;
+    }
+    if (tune_decode_steps(a, NULL, arch, info, NULL, &p)) {
+        plan_free(&p);
+        return 1;
+    }
+    if (plan_write(&p, a->output, &err)) {
         fprintf(stderr, "stof: %s\n", err.msg);
         plan_free(&p);
         return 1;
@@ -189,6 +268,11 @@ static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
                 "segments' defaults first) and nothing was searched: the plan is the initial "
                 "scheme, untuned. Give a longer --time-limit to tune it\n", a->time_limit, past,
                 past == 1 ? "" : "s");
+    o.progress = NULL; /* the decode steps say one line each */
+    if (tune_decode_steps(a, ctx, exec_ctx_arch(ctx), info, &o, &p)) {
+        plan_free(&p);
+        return 1;
+    }
     rc = plan_write(&p, a->output, &err);
     if (rc)
         fprintf(stderr, "stof: %s\n", err.msg);
@@ -209,10 +293,30 @@ int cli_cmd_tune(const cli_args *a) {
                 "not go with it\n");
         return 2;
     }
+    if (a->decode_context && !a->n_decode) {
+        fprintf(stderr, "stof: --decode-context sizes the caches of --decode-batch's steps: give "
+                "--decode-batch too\n");
+        return 2;
+    }
     graph g;
     graph_script info;
     if (cli_load_graph(a, &g, &info))
         return 1;
+    if (a->n_decode) { /* a model that has no decode step says so before any tuning */
+        graph cg;
+        gen_decoder dec;
+        memset(&dec, 0, sizeof dec);
+        graph_init(&cg);
+        int bad = decode_graph(&info, a->decode_batch[0],
+                               a->decode_context ? a->decode_context : model_seq(&g),
+                               &cg, &dec);
+        gen_decoder_free(&dec);
+        graph_free(&cg);
+        if (bad) {
+            graph_free(&g);
+            return 1;
+        }
+    }
     exec_ctx *ctx = NULL;
     stof_error err = {0};
     int rc = exec_ctx_create(0, &ctx, &err);

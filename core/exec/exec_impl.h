@@ -111,6 +111,8 @@ int exec_launch_is_gemm_family(fusion_template_id t);
 int exec_launch_is_attention(fusion_template_id t);
 int exec_launch_gemm_problem(const graph *g, const exec_segment *s, gemm_exec_problem *p,
                              stof_error *err);
+/* A decode step's attention (attention_decode): its problem. */
+void exec_launch_decode_problem(const graph *g, const exec_segment *s, mha_decode_problem *p);
 void exec_launch_attention_problem(const graph *g, const exec_segment *s, mha_exec_problem *p,
                                    mha_exec_force *f);
 

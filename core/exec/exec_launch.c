@@ -804,6 +804,10 @@ int exec_launch_gemm_problem(const graph *g, const exec_segment *s, gemm_exec_pr
     return gx_problem(g, s, p, err);
 }
 
+void exec_launch_decode_problem(const graph *g, const exec_segment *s, mha_decode_problem *p) {
+    dec_read(g, s->first, p);
+}
+
 void exec_launch_attention_problem(const graph *g, const exec_segment *s, mha_exec_problem *p,
                                    mha_exec_force *f) {
     attn_read(g, s->first, p);

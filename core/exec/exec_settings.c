@@ -57,6 +57,16 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
         *n = 1;
         return STOF_OK;
     }
+    if (s->tmpl == FUSION_T_ATTENTION_DECODE) { /* the planner's split of the keys */
+        mha_decode_problem p;
+        exec_launch_decode_problem(g, s, &p);
+        const int splits = mha_decode_default_splits(&p, lim ? lim->sm_count : 0);
+        out[0] = (exec_choice){s->tmpl, {splits < 64 ? splits : 64}};
+        *n = in_space(&out[0]);
+        return *n ? STOF_OK
+                  : err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode: a split of %d is "
+                            "outside the template's parameters", out[0].values[0]);
+    }
     if (!exec_launch_is_attention(s->tmpl))
         return err_set(err, STOF_ERR_UNSUPPORTED, "template %s has no default setting",
                        fusion_template_get(s->tmpl)->name);

@@ -46,6 +46,10 @@ typedef struct gen_options {
                              instead of the prefill pass */
     const tune_options *tune_step; /* GPU: the decode step tuned first (the search on its
                              graph, tune_gpu), NULL: its default scheme, GEMMs on cuBLASLt */
+    const struct plan *step_plan; /* GPU: the decode step's plan, tuned before (a plan's
+                             decode step, stof tune --decode-batch): it must fit the step's
+                             graph (the model's context graph at the plan's batch and context)
+                             and this device; NULL: tune_step or the default */
     int profile_reps;     /* GPU, > 0: after the run, the decode step timed (gen_result's
                              step_graph_ms and profile), medians of this many replays */
 } gen_options;
@@ -81,6 +85,7 @@ typedef struct gen_result {
     double prefill_s;     /* GPU: the prefill pass */
     char prefill_skipped[200]; /* GPU: why the prompts went token by token when the prefill
                              pass did not fit in the device's memory ("" otherwise) */
+    int step_from_plan;   /* GPU: the step ran gen_options.step_plan */
     double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
     double tuned_step_ms; /* graph replay as the tuner measured it */
     double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */

@@ -130,6 +130,17 @@ static int prefer_cublaslt(exec_plan *xp, const graph *g, stof_error *err) {
     return STOF_OK;
 }
 
+/* The executor's plan of a tuned step's plan p. The tuner runs the step at position 0 (an input
+ * of zeros), where the attention sees one key: its split of the keys is not measured on a real
+ * cache, so the planner's stays. */
+static int plan_of_tuned(gpu_run *g, const plan *p, stof_error *err) {
+    int rc = exec_plan_from_plan(p, &g->dec.g, &g->plan, err);
+    for (int s = 0; !rc && s < g->plan->n_segs; s++)
+        if (g->plan->segs[s].tmpl == FUSION_T_ATTENTION_DECODE)
+            rc = exec_plan_set_choice(g->plan, s, FUSION_T_ATTENTION_DECODE, NULL, err);
+    return rc;
+}
+
 /* The decode step tuned on the GPU (gen_options.tune_step): the search's plan of its graph. */
 static int tuned_plan(gpu_run *g, stof_error *err) {
     if (!g->m->script)
@@ -142,15 +153,22 @@ static int tuned_plan(gpu_run *g, stof_error *err) {
             err_prefix(err, "tuning the decode step: ");
         return rc;
     }
-    rc = exec_plan_from_plan(&p, &g->dec.g, &g->plan, err);
-    /* The tuner's step runs at position 0 (an input of zeros), where the attention sees one
-     * key: its split of the keys is not measured on a real cache, so the planner's stays. */
-    for (int s = 0; !rc && s < g->plan->n_segs; s++)
-        if (g->plan->segs[s].tmpl == FUSION_T_ATTENTION_DECODE)
-            rc = exec_plan_set_choice(g->plan, s, FUSION_T_ATTENTION_DECODE, NULL, err);
+    rc = plan_of_tuned(g, &p, err);
     g->r->tune_s = res.seconds;
     g->r->tuned_step_ms = res.graph_ms;
     plan_free(&p);
+    return rc;
+}
+
+/* The decode step of a plan (gen_options.step_plan), checked against this device and the
+ * step's graph. */
+static int given_plan(gpu_run *g, stof_error *err) {
+    int rc = plan_check_fits(g->o->step_plan, exec_ctx_device(g->ctx), NULL, &g->dec.g, err);
+    if (!rc)
+        rc = plan_of_tuned(g, g->o->step_plan, err);
+    if (rc && err)
+        err_prefix(err, "the plan's decode step: ");
+    g->r->step_from_plan = !rc;
     return rc;
 }
 
@@ -162,7 +180,9 @@ static int prepare(gpu_run *g, stof_error *err) {
     if (!rc && g->dtype != STOF_F16 && g->dtype != STOF_BF16)
         rc = err_set(err, STOF_ERR_UNSUPPORTED, "generation on the GPU runs fp16 or bf16 models, "
                      "not %s (the CPU reference runs fp32)", stof_dtype_name(g->dtype));
-    if (!rc && g->o->tune_step)
+    if (!rc && g->o->step_plan)
+        rc = given_plan(g, err);
+    else if (!rc && g->o->tune_step)
         rc = tuned_plan(g, err);
     else if (!rc && !(rc = exec_plan_default(&g->dec.g, &g->plan, err)))
         rc = prefer_cublaslt(g->plan, &g->dec.g, err);

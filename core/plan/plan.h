@@ -36,6 +36,11 @@
  *                "schemes_kept": 6, "rounds": 9}
  *            (optional in "search": "measured_past_limit": N, when the time
  *            limit ran out before the initial scheme was measured)
+ *     "decode": [{"batch": 8, "context": 512, "plan": {...}}, ...]
+ *            (optional: a decoder's decode steps tuned with it, stof tune
+ *            --decode-batch; each "plan" is the step's own plan, a plan as
+ *            above of the step's graph at that batch, one token a sequence,
+ *            with caches of `context` positions, and holds no "decode")
  *   }
  *
  * Reading is strict: every key must be there with the right type, no
@@ -128,6 +133,16 @@ typedef struct plan_stats {
     long measured_past_limit;
 } plan_stats;
 
+struct plan;
+
+/* A decode step tuned with the model: its own plan, for `batch` sequences and caches of
+ * `context` positions. */
+typedef struct plan_decode {
+    int batch;
+    int64_t context;
+    struct plan *step;       /* owned; holds no decode steps */
+} plan_decode;
+
 typedef struct plan {
     int version;
     char stof_version[32];
@@ -151,10 +166,18 @@ typedef struct plan {
     int has_end_to_end;
     plan_end_to_end end_to_end;
     plan_stats stats;
+    int n_decode;
+    plan_decode *decode;     /* owned; batches all different */
 } plan;
 
 /* Frees what the plan owns and zeroes it. */
 void plan_free(plan *p);
+
+/* The decode step the plan holds for `batch` sequences, or NULL. */
+const plan_decode *plan_decode_find(const plan *p, int batch);
+/* Adds the decode step *step (taken over: zeroed) for (batch, context); another batch than
+ * those held. */
+int plan_add_decode(plan *p, int batch, int64_t context, plan *step, stof_error *err);
 
 /* The JSON text (malloc'd, cJSON_Print layout). */
 int plan_to_json(const plan *p, char **text, stof_error *err);

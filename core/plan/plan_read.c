@@ -590,17 +590,21 @@ static int rd_stats(rd *r, const cJSON *root, plan_stats *s) {
     return rc;
 }
 
-static int rd_header(rd *r, const cJSON *root, plan *p) {
-    static const char *const keys[] = {"format", "version", "stof", "device", "script", "shapes",
-                                       "masks", "sequences", "latency_ms", "tuning_s", "search",
-                                       NULL};
-    static const char *const with_e2e[] = {"format", "version", "stof", "device", "script",
-                                           "shapes", "masks", "sequences", "latency_ms",
-                                           "tuning_s", "search", "end_to_end", NULL};
+/* The keys a plan holds: end_to_end and decode are optional (and a decode step's plan holds no
+ * decode of its own). */
+static int rd_header(rd *r, const cJSON *root, plan *p, int is_step) {
+    const char *keys[16] = {"format",     "version",  "stof",   "device", "script",
+                            "shapes",     "masks",    "sequences", "latency_ms", "tuning_s",
+                            "search",     NULL};
+    int n = 11;
     char format[32];
-    /* end_to_end is optional */
     p->has_end_to_end = cJSON_IsObject(root) && get(root, "end_to_end") != NULL;
-    int rc = rd_shape_of(r, root, "", "", p->has_end_to_end ? with_e2e : keys);
+    if (p->has_end_to_end)
+        keys[n++] = "end_to_end";
+    if (!is_step && cJSON_IsObject(root) && get(root, "decode"))
+        keys[n++] = "decode";
+    keys[n] = NULL;
+    int rc = rd_shape_of(r, root, "", "", keys);
     if (!rc)
         rc = rd_str(r, root, "", "format", format, sizeof format);
     if (!rc && strcmp(format, PLAN_FORMAT_NAME) != 0)
@@ -640,8 +644,50 @@ static int rd_end_to_end(rd *r, const cJSON *root, plan *p) {
     return rc;
 }
 
-static int rd_plan(rd *r, const cJSON *root, plan *p) {
-    int rc = rd_header(r, root, p);
+static int rd_plan(rd *r, const cJSON *root, plan *p, int is_step);
+
+/* One decode step: its batch (one not seen before), context and own plan, read with its path
+ * in front of its messages. */
+static int rd_decode_step(rd *r, const cJSON *o, const char *where, plan *p) {
+    static const char *const keys[] = {"batch", "context", "plan", NULL};
+    int batch = 0;
+    int64_t context = 0;
+    int rc = rd_shape_of(r, o, "", where, keys);
+    if (!rc)
+        rc = rd_int32(r, o, where, "batch", 1, 1 << 20, &batch);
+    if (!rc)
+        rc = rd_int(r, o, where, "context", 1, INT32_MAX, &context);
+    if (!rc && plan_decode_find(p, batch))
+        rc = rd_fail(r, where, "batch", "a second decode step for batch %d", batch);
+    if (rc)
+        return rc;
+    char source[1200];
+    snprintf(source, sizeof source, "%s: %s.plan", r->source, where);
+    rd nested = {source, r->err};
+    plan step;
+    memset(&step, 0, sizeof step);
+    rc = rd_plan(&nested, get(o, "plan"), &step, 1);
+    if (!rc)
+        rc = plan_add_decode(p, batch, context, &step, r->err);
+    plan_free(&step);
+    return rc;
+}
+
+static int rd_decode(rd *r, const cJSON *root, plan *p) {
+    if (!get(root, "decode"))
+        return STOF_OK;
+    const cJSON *arr = NULL;
+    int n = 0, rc = rd_array(r, root, "", "decode", 1, 64, &arr, &n);
+    for (const cJSON *c = rc ? NULL : arr->child; c && !rc; c = c->next) {
+        char where[64];
+        path_index(where, sizeof where, "", "decode", p->n_decode);
+        rc = rd_decode_step(r, c, where, p);
+    }
+    return rc;
+}
+
+static int rd_plan(rd *r, const cJSON *root, plan *p, int is_step) {
+    int rc = rd_header(r, root, p, is_step);
     if (!rc)
         rc = rd_stof(r, root, p);
     if (!rc)
@@ -658,7 +704,9 @@ static int rd_plan(rd *r, const cJSON *root, plan *p) {
         rc = rd_latency(r, root, p);
     if (!rc)
         rc = rd_end_to_end(r, root, p);
-    return rc ? rc : rd_stats(r, root, &p->stats);
+    if (!rc)
+        rc = rd_stats(r, root, &p->stats);
+    return rc || is_step ? rc : rd_decode(r, root, p);
 }
 
 /* Line and column of position `at` in text, for a parse error. */
@@ -696,7 +744,7 @@ int plan_from_json(const char *text, size_t len, const char *source, plan *p, st
         return err_set(err, STOF_ERR_FORMAT, "%s: text after the plan (line %d, column %d)",
                        r.source, line, col);
     }
-    int rc = rd_plan(&r, root, p);
+    int rc = rd_plan(&r, root, p, 0);
     cJSON_Delete(root);
     if (rc)
         plan_free(p);

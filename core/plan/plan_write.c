@@ -218,6 +218,25 @@ static void wr_stats(wr *w, cJSON *root, const plan_stats *s) {
         wr_num(w, o, "measured_past_limit", (double)s->measured_past_limit);
 }
 
+static void wr_plan(wr *w, cJSON *root, const plan *p);
+
+/* "decode": each step's batch, context and own plan. */
+static void wr_decode(wr *w, cJSON *root, const plan *p) {
+    if (!p->n_decode)
+        return;
+    cJSON *arr = wr_arr(w, root, "decode");
+    for (int i = 0; arr && i < p->n_decode; i++) {
+        cJSON *o = wr_item(w, arr);
+        if (!o)
+            return;
+        wr_num(w, o, "batch", p->decode[i].batch);
+        wr_num(w, o, "context", (double)p->decode[i].context);
+        cJSON *step = wr_obj(w, o, "plan");
+        if (step)
+            wr_plan(w, step, p->decode[i].step);
+    }
+}
+
 static void wr_plan(wr *w, cJSON *root, const plan *p) {
     wr_str(w, root, "format", PLAN_FORMAT_NAME);
     wr_num(w, root, "version", PLAN_FORMAT_VERSION);
@@ -237,6 +256,7 @@ static void wr_plan(wr *w, cJSON *root, const plan *p) {
     wr_time(w, root, "tuning_s", p->tuning_s);
     wr_end_to_end(w, root, p);
     wr_stats(w, root, &p->stats);
+    wr_decode(w, root, p);
 }
 
 static int finite_times(const plan *p) {
@@ -250,6 +270,8 @@ static int finite_times(const plan *p) {
             ok &= isfinite(p->sequences[i].segments[k].ms) &&
                   fusion_template_get(p->sequences[i].segments[k].kernel.tmpl) != NULL;
     }
+    for (int i = 0; i < p->n_decode; i++)
+        ok &= finite_times(p->decode[i].step);
     return ok;
 }
 

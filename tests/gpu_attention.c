@@ -621,11 +621,6 @@ typedef struct tshape {
     int B, S;
 } tshape;
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* The reference of one (b, h, i) row of the packed fp16 input, in fp64. */
 static double spot_row_error(const mask *m, const tshape *sh, const uint16_t *qkv,
                              const uint16_t *o, int b, int h, int i, float scale) {

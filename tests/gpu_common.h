@@ -35,6 +35,12 @@ static inline float from_bits(stof_dtype t, uint16_t b) {
     return t == STOF_BF16 ? util_bf16_to_f32(b) : util_f16_to_f32(b);
 }
 
+/* qsort's order of floats, for the medians of timed runs. */
+static inline int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 /* ---- the GPU ------------------------------------------------------------------------- */
 
 typedef struct gpu {

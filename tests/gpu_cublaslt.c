@@ -352,11 +352,6 @@ static void test_errors(gpu *g) {
 
 /* ---- timing ----------------------------------------------------------------------------------- */
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 #define TIME_RUNS 20
 
 /* Median of TIME_RUNS launches of the plan's selected algorithm, ms; < 0 on

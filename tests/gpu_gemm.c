@@ -1120,11 +1120,6 @@ static void test_glu_rotary(gpu *g, util_rng *rng) {
 
 /* ---- timing ----------------------------------------------------------------------------------- */
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* One GEMM shape timed in every setting of the list (and first in the
  * default setting, values NULL): medians of 20 runs after 3 warm-ups. */
 static void timing_shape(gpu *g, util_rng *rng, int M, int N, int K, const int (*settings)[6],

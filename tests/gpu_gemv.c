@@ -162,11 +162,6 @@ static void test_shapes(gpu *g, util_rng *rng) {
 
 typedef int (*launch_fn)(void *ud, stof_error *err);
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median us of one launch with the weights in memory, not in L2 (as in a model whose weights
  * are many times L2): 256 MiB written before each; negative on failure. */
 static double time_us(gpu *g, CUdeviceptr flush, launch_fn fn, void *ud) {

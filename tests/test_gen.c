@@ -362,6 +362,38 @@ static void test_sample_sets(void) {
             CHECK_MSG(outside == 0, "top_k %d, top_p %g: %d of %d draws outside the kept set",
                       o.top_k, (double)o.top_p, outside, DRAWS);
         }
+    /* top_p alone in a vocabulary of 5000: ten tokens tied at the top hold 60% of the mass, so
+     * 0.5 keeps exactly nine of them (8.3 tokens' worth), the ties broken by index: every one of
+     * the nine drawn about equally often, the tenth and the rest never */
+    enum { BIG = 5000, TIED = 10, KEPT = 9, MANY_TOP = 3600 };
+    static float big[BIG], big_scratch[2 * BIG];
+    static int32_t big_order[2 * BIG];
+    int tied_at[TIED], count[TIED] = {0}, elsewhere = 0;
+    for (int v = 0; v < BIG; v++)
+        big[v] = 0.0f;
+    for (int k = 0; k < TIED; k++) {
+        tied_at[k] = 37 + k * 491; /* increasing: their order by index */
+        big[tied_at[k]] = logf(1.5f * (BIG - TIED) / TIED);
+    }
+    gen_options op = gen_options_default(1);
+    op.temperature = 1.0f;
+    op.top_p = 0.5f;
+    for (int t = 0; t < MANY_TOP; t++) {
+        int32_t tok = gen_sample(&op, big, BIG, 6, t, big_scratch, big_order);
+        int k = 0;
+        while (k < TIED && tied_at[k] != tok)
+            k++;
+        if (k < TIED)
+            count[k]++;
+        else
+            elsewhere++;
+    }
+    CHECK_MSG(elsewhere == 0 && count[TIED - 1] == 0, "top_p 0.5: %d draws outside the tied "
+              "tokens, %d of the tenth", elsewhere, count[TIED - 1]);
+    for (int k = 0; k < KEPT; k++)
+        CHECK_MSG(abs(count[k] - MANY_TOP / KEPT) < MANY_TOP / KEPT / 4, "top_p 0.5: tied token "
+                  "%d drawn %d times of %d (about %d expected)", k, count[k], MANY_TOP,
+                  MANY_TOP / KEPT);
     /* every token kept: the draws follow the softmax */
     const float small[4] = {0.0f, 1.0f, 2.0f, 0.5f};
     gen_options o = gen_options_default(1);

@@ -6,8 +6,8 @@
  * function of (seed, sequence, step), so a sequence's tokens do not depend on
  * the others in its batch nor on how the steps were run. The draw walks the
  * kept tokens from the most likely (top_k, top_p) or in vocabulary order
- * (every token), and only the kept ones are ever ordered: a heap selects them,
- * not a sort of the vocabulary. */
+ * (every token), and only the kept ones are ever ordered: a heap selects them
+ * (top_k), or a selection by their mass (top_p), not a sort of the vocabulary. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,8 +168,58 @@ static int32_t sample_top_k(const gen_options *o, const float *scaled, int64_t v
     return walk(sorted, prob, 0, n, u01 * mass);
 }
 
-/* Every token: the weights in vocabulary order; with top_p, the most likely ones popped from
- * a heap until their mass reaches it, so only that prefix is ever ordered. */
+static void swap_at(int32_t *a, int64_t i, int64_t j) {
+    int32_t t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+}
+
+/* Partitions a[lo, hi) (hi - lo >= 1) around a pivot, the median of its first, middle and last
+ * tokens: those that go before it first, then it (its place returned), then the rest. */
+static int64_t partition(const float *key, int32_t *a, int64_t lo, int64_t hi) {
+    int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    if (before(key, a[mid], a[lo]))
+        swap_at(a, mid, lo);
+    if (before(key, a[last], a[lo]))
+        swap_at(a, last, lo);
+    if (before(key, a[mid], a[last]))
+        swap_at(a, mid, last); /* the median of the three now at last */
+    int64_t store = lo;
+    for (int64_t i = lo; i < last; i++)
+        if (before(key, a[i], a[last]))
+            swap_at(a, i, store++);
+    swap_at(a, store, last);
+    return store;
+}
+
+/* Moves into a[0, c) the fewest tokens that go first whose weights add up to at least goal
+ * (<= the weights' sum), in no particular order, and returns c: a selection by mass, O(vocab)
+ * expected (quickselect), so that only those c are ever ordered. */
+static int64_t select_by_mass(const float *key, const float *prob, int32_t *a, int64_t n,
+                              double goal) {
+    int64_t lo = 0, hi = n;
+    double above = 0.0; /* the weights of a[0, lo): all go before a[lo, hi) */
+    while (lo < hi) {
+        int64_t m = partition(key, a, lo, hi);
+        double part = 0.0;
+        for (int64_t i = lo; i < m; i++)
+            part += prob[a[i]];
+        if (above + part >= goal) {
+            hi = m;
+            continue;
+        }
+        above += part + prob[a[m]];
+        lo = m + 1;
+        if (above >= goal)
+            break;
+    }
+    return lo;
+}
+
+/* Every token: the weights in vocabulary order; with top_p, the most likely ones until their
+ * mass reaches it: selected by mass (with a margin past the rounding of a sum in another
+ * order), then popped from a heap of those alone in order, so that the kept tokens and their
+ * order are what popping every token would give. */
 static int32_t sample_all(const gen_options *o, const float *scaled, int64_t vocab, double u01,
                           float *prob, int32_t *order) {
     float max = scaled[0];
@@ -183,17 +233,29 @@ static int32_t sample_all(const gen_options *o, const float *scaled, int64_t voc
             order[v] = (int32_t)v;
         return walk(order, prob, 1, vocab, u01 * sum);
     }
-    heap h = {scaled, order, vocab, 1};
+    const double target = (double)o->top_p * sum, goal = target + 1e-9 * sum;
     for (int64_t v = 0; v < vocab; v++)
         order[v] = (int32_t)v;
-    for (int64_t i = vocab / 2 - 1; i >= 0; i--)
-        sift_down(&h, i);
+    int64_t candidates = goal < sum ? select_by_mass(scaled, prob, order, vocab, goal) : vocab;
     int32_t *taken = order + vocab;
     double mass = 0.0;
     int64_t n = 0;
-    while (h.n > 0 && (n == 0 || mass < (double)o->top_p * sum)) {
-        taken[n] = heap_pop(&h);
-        mass += prob[taken[n++]];
+    for (int pass = 0; pass < 2; pass++) {
+        heap h = {scaled, order, candidates, 1};
+        for (int64_t i = candidates / 2 - 1; i >= 0; i--)
+            sift_down(&h, i);
+        mass = 0.0;
+        n = 0;
+        while (h.n > 0 && (n == 0 || mass < target)) {
+            taken[n] = heap_pop(&h);
+            mass += prob[taken[n++]];
+        }
+        if (mass >= target || candidates == vocab)
+            break;
+        /* not reached within the selection (it cannot, by the margin): every token */
+        for (int64_t v = 0; v < vocab; v++)
+            order[v] = (int32_t)v;
+        candidates = vocab;
     }
     return walk(taken, prob, 1, n, u01 * mass);
 }

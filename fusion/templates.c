@@ -186,7 +186,7 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
         const int lanes = block_n / 8;
         if (block_n % 8 || 32 % lanes)
             return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d with [K, N] weights: 8, 16, "
-                           "32, 64, 128 or 256 (16-byte column lanes dividing a warp)", block_n);
+                           "32, 64 or 128 (16-byte column lanes dividing a warp)", block_n);
         if (rows * 8 + unroll * 4 > 160)
             return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x 8 sums and UNROLL %d loads: "
                            "over 160 registers", rows, unroll);

@@ -324,6 +324,8 @@ expect(gen_plan_set 2 "a plan fixes the model.s parameters: --set does not go wi
 expect(gen_plan_gpu 1 "no GPU" generate ${WORK}/decode.json --prompt 1)
 expect(tune_decode_list 2 "--decode-batch expects batch sizes from 1 to 65536 separated by commas"
        tune ${tiny_dec} --decode-batch 0 -o ${WORK}/x.json)
+expect(tune_decode_sign 2 "--decode-batch expects batch sizes from 1 to 65536"
+       tune ${tiny_dec} --decode-batch "+8" -o ${WORK}/x.json)
 expect(tune_decode_twice 2 "--decode-batch names batch 8 twice"
        tune ${tiny_dec} --decode-batch 8,1,8 -o ${WORK}/x.json)
 expect(tune_decode_context 2 "--decode-context sizes the caches of --decode-batch.s steps"

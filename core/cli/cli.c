@@ -207,11 +207,15 @@ static int parse_seconds(const char *opt, const char *v, double *out) {
 /* --decode-batch "1,8,64": distinct batches of 1 to 65536, at most CLI_MAX_DECODE. */
 static int parse_decode_batches(const char *opt, const char *v, cli_args *a) {
     const char *s = v;
+    if (!*v) {
+        fprintf(stderr, "stof: %s expects batch sizes (\"1,8,64\"), got nothing\n", opt);
+        return 1;
+    }
     while (*s) {
-        char *end;
+        char *end = (char *)s;
         errno = 0;
-        long n = strtol(s, &end, 10);
-        if (errno || end == s || n < 1 || n > 65536 || (*end && *end != ',')) {
+        long n = *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : 0; /* no sign, no space */
+        if (errno || n < 1 || n > 65536 || (*end && *end != ',')) {
             fprintf(stderr, "stof: %s expects batch sizes from 1 to 65536 separated by commas "
                     "(\"1,8,64\"), got '%s'\n", opt, v);
             return 1;

@@ -229,7 +229,8 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
         printf("decode step tuned in %.1f s: %.3f ms as a CUDA graph when the tuner measured it\n",
                r->tune_s, r->tuned_step_ms);
     if (r->step_from_plan)
-        printf("decode step: the plan's, tuned for a batch of %d\n", p->batch);
+        printf("decode step: the plan's for a batch of %d (%s)\n", p->batch,
+               o->step_plan->device.measured ? "tuned" : "planned offline, unmeasured");
     if (r->n_profile)
         print_profile(r);
 }
@@ -242,7 +243,8 @@ static int64_t plan_step(const cli_args *a, const plan *pl, const prompts *p, in
         return needed;
     const plan_decode *d = plan_decode_find(pl, p->batch);
     if (!ctx) {
-        printf("the plan's decode steps are the GPU's; the CPU reference runs its model\n");
+        if (pl->n_decode)
+            printf("the plan's decode steps are the GPU's; the CPU reference runs its model\n");
     } else if (a->tune_step > 0) {
         printf("--tune-step: the decode step tuned again, not taken from the plan\n");
     } else if (!d) {
@@ -356,8 +358,10 @@ int cli_cmd_generate(const cli_args *a) {
         fprintf(stderr, "stof: at most %d --set parameters\n", GRAPH_SCRIPT_MAX_PARAMS - 2);
         rc = 1;
     }
-    at.params[at.n_params++] = batch;
-    at.params[at.n_params++] = seq;
+    if (!rc) {
+        at.params[at.n_params++] = batch;
+        at.params[at.n_params++] = seq;
+    }
     graph prefill;
     graph_script info;
     memset(&info, 0, sizeof info);

@@ -98,7 +98,12 @@ int cli_plan_build(const cli_args *a, const plan *p, const char *const *extra, i
         params[n] = kv[n];
         n++;
     }
-    for (int i = 0; i < n_extra && n < GRAPH_SCRIPT_MAX_PARAMS; i++)
+    if (n + n_extra > GRAPH_SCRIPT_MAX_PARAMS) {
+        fprintf(stderr, "stof: the plan's %d parameters and %d more are over the %d a script "
+                "takes\n", n, n_extra, GRAPH_SCRIPT_MAX_PARAMS);
+        return 1;
+    }
+    for (int i = 0; i < n_extra; i++)
         params[n++] = extra[i];
     stof_error err = {0};
     graph_init(g);

@@ -66,7 +66,7 @@ static int decode_graph(const graph_script *info, int batch, int context, graph 
 }
 
 /* The model's positions: the second dimension of its first input of two or more (the token
- * ids, as a plan's shapes record them). */
+ * ids). */
 static int model_seq(const graph *g) {
     for (int t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].role == GRAPH_INPUT && g->tensors[t].ndim >= 2)
@@ -74,10 +74,16 @@ static int model_seq(const graph *g) {
     return 1;
 }
 
-/* Each --decode-batch's step tuned on ctx (NULL: planned offline for arch) and added to p. */
+/* The caches' positions of the decode steps: --decode-context, else the model's seq. */
+static int decode_context(const cli_args *a, const graph *g) {
+    return a->decode_context ? a->decode_context : model_seq(g);
+}
+
+/* Each --decode-batch's step tuned on ctx (NULL: planned offline for arch) and added to p, up
+ * to the first that fails (said; 1 returned: the plan keeps the steps made before it). */
 static int tune_decode_steps(const cli_args *a, exec_ctx *ctx, const char *arch,
-                             const graph_script *info, const tune_options *o, plan *p) {
-    const int context = a->decode_context ? a->decode_context : (int)p->seq;
+                             const graph_script *info, const tune_options *o, int context,
+                             plan *p) {
     for (int i = 0; i < a->n_decode; i++) {
         const int batch = a->decode_batch[i];
         graph cg;
@@ -90,14 +96,14 @@ static int tune_decode_steps(const cli_args *a, exec_ctx *ctx, const char *arch,
         stof_error err = {0};
         double seconds = 0, graph_ms = 0;
         if (!rc && ctx) {
-            tune_outcome res;
+            tune_outcome res = {0};
             printf("tuning the decode step for batch %d, caches of %d positions\n", batch,
                    context);
             rc = tune_gpu(ctx, &dec.g, info, o, &step, &res, &err);
             seconds = res.seconds;
             graph_ms = res.graph_ms;
         } else if (!rc) {
-            tune_offline_stats st;
+            tune_offline_stats st = {0};
             rc = tune_offline(&dec.g, info, arch, NULL, &step, &st, &err);
             seconds = st.seconds;
         }
@@ -135,12 +141,15 @@ static int tune_offline_cmd(const cli_args *a, const graph *g, const graph_scrip
         fprintf(stderr, "stof: %s\n", err.msg);
         return 1;
     }
-    if (tune_decode_steps(a, NULL, arch, info, NULL, &p)) {
+    int steps_failed = tune_decode_steps(a, NULL, arch, info, NULL, decode_context(a, g), &p);
+    if (plan_write(&p, a->output, &err)) {
+        fprintf(stderr, "stof: %s\n", err.msg);
         plan_free(&p);
         return 1;
     }
-    if (plan_write(&p, a->output, &err)) {
-        fprintf(stderr, "stof: %s\n", err.msg);
+    if (steps_failed) {
+        fprintf(stderr, "stof: wrote %s with %d of the %d decode steps asked for\n", a->output,
+                p.n_decode, a->n_decode);
         plan_free(&p);
         return 1;
     }
@@ -269,18 +278,19 @@ static int tune_gpu_cmd(const cli_args *a, exec_ctx *ctx, const graph *g,
                 "scheme, untuned. Give a longer --time-limit to tune it\n", a->time_limit, past,
                 past == 1 ? "" : "s");
     o.progress = NULL; /* the decode steps say one line each */
-    if (tune_decode_steps(a, ctx, exec_ctx_arch(ctx), info, &o, &p)) {
-        plan_free(&p);
-        return 1;
-    }
+    int steps_failed =
+        tune_decode_steps(a, ctx, exec_ctx_arch(ctx), info, &o, decode_context(a, g), &p);
     rc = plan_write(&p, a->output, &err);
     if (rc)
         fprintf(stderr, "stof: %s\n", err.msg);
+    else if (steps_failed)
+        fprintf(stderr, "stof: wrote %s with %d of the %d decode steps asked for\n", a->output,
+                p.n_decode, a->n_decode);
     else
         printf("wrote %s (%s in %.1f s)\n", a->output,
                past > 0 ? "NOT searched: the initial scheme, measured" : "tuned", res.seconds);
     plan_free(&p);
-    return rc ? 1 : 0;
+    return rc || steps_failed ? 1 : 0;
 }
 
 int cli_cmd_tune(const cli_args *a) {
@@ -308,7 +318,7 @@ int cli_cmd_tune(const cli_args *a) {
         memset(&dec, 0, sizeof dec);
         graph_init(&cg);
         int bad = decode_graph(&info, a->decode_batch[0],
-                               a->decode_context ? a->decode_context : model_seq(&g),
+                               decode_context(a, &g),
                                &cg, &dec);
         gen_decoder_free(&dec);
         graph_free(&cg);

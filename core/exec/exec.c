@@ -383,7 +383,8 @@ static int launch_all(exec_model *m, stof_error *err) {
 }
 
 /* The same on stream st while it is captured into a graph, with weights asked of L2 ahead
- * on a side branch of the graph (exec_prefetch.c). */
+ * on a side branch of the graph (exec_prefetch.c), joined back whatever happened (a capture
+ * must not end with a branch left open). */
 static int launch_all_captured(exec_model *m, CUstream st, stof_error *err) {
     int rc = STOF_OK;
     for (int s = 0; !rc && s < m->plan->n_segs; s++) {
@@ -392,7 +393,8 @@ static int launch_all_captured(exec_model *m, CUstream st, stof_error *err) {
         if (!rc)
             rc = rt->launcher->launch(m, rt, st, err);
     }
-    return rc ? rc : exec_prefetch_join(m, st, err);
+    int joined = exec_prefetch_join(m, st, rc ? NULL : err);
+    return rc ? rc : joined;
 }
 
 static int sync_stream(exec_model *m, stof_error *err) {

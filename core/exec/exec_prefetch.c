@@ -1,17 +1,20 @@
 /* Weights asked of L2 ahead of the kernels that read them, in a pass captured into a CUDA graph
  * (a decode step's, the model's own): before segment s is launched, a side branch of the graph
- * that starts once segment s - 1 has finished asks L2 for the largest weight of segment
+ * that starts once segment s - 1 has finished asks L2 for the largest GEMM weight of segment
  * s + lead (kernels/util.cu's stof_prefetch_l2), so that its bytes stream from memory while the
  * kernels in between run. At one token a sequence most kernels are short and each GEMM's first
  * reads wait on memory: a GEMM of 12 MB took 9.5 us from memory and 5.4 us from L2
- * (tests/gpu_gemv, H200). The side branch joins the caller's stream at the end of the pass.
+ * (tests/gpu_gemv, H200). The side branch joins the caller's stream at the end of the pass
+ * (when it forked at all: a stream that never joined the capture cannot be waited on).
  *
- * The lead is 1, as measured on an H200 (decode steps of 32 tokens after prompts of 128, graph
- * replay): gpt2-124M 0.419 -> 0.392 ms at batch 1 and 0.456 -> 0.425 at batch 8 with a lead of
- * 1, no better with 2 or 4; a Mistral-shaped 1B, whose GEMMs read 8 to 46 MB each, 0.993 ->
- * 0.995 with 1 but 1.058 with 2 and 1.101 with 4 (prefetched lines pushed out of L2 before
- * their kernel reads them, the memory read twice). sm_90 and later (bulk prefetch);
- * STOF_PREFETCH=N sets another lead (0: none). */
+ * Off by default until measured as it is now. A first version, which asked for a segment's
+ * largest weight of any kind (so an attention's K cache too, a decode step's weight), made
+ * decode steps on an H200 (32 tokens after prompts of 128, graph replay): gpt2-124M 0.419 ->
+ * 0.392 ms at batch 1 and 0.456 -> 0.425 at batch 8 with a lead of 1, no better with 2 or 4; a
+ * Mistral-shaped 1B 0.993 -> 0.995 with 1 but 1.058 with 2 and 1.101 with 4 (prefetched lines
+ * pushed out of L2 before their kernel reads them). Asking for a cache's first bytes helps no
+ * one (they are a few sequences' rows, mostly not yet written), so only GEMM weights are asked
+ * for now. sm_90 and later (bulk prefetch); STOF_PREFETCH=N sets a lead (0: none). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +25,11 @@
 /* The most a prefetch asks for: under L2's size (50 MB on an H100 or H200), so that it does
  * not push out what the kernels in between read. */
 #define PREFETCH_MAX_BYTES ((int64_t)24 << 20)
-#define PREFETCH_DEFAULT_LEAD 1
+#define PREFETCH_DEFAULT_LEAD 0
 
 struct exec_prefetch {
-    int lead;
+    int lead;          /* 1 .. segments */
+    int forked;        /* this pass forked the side stream into the capture */
     CUstream side;
     CUevent fork, join;
     CUfunction fn;
@@ -33,29 +37,34 @@ struct exec_prefetch {
     int64_t *bytes;
 };
 
-static int lead_of_env(void) {
+/* STOF_PREFETCH: a lead of 0 to `segments` (0: none); the default when unset or not a
+ * number. */
+static int lead_of_env(int segments) {
     const char *v = getenv("STOF_PREFETCH");
-    if (!v || !*v)
+    char *end;
+    long n = v && *v ? strtol(v, &end, 10) : -1;
+    if (!v || !*v || *end || n < 0)
         return PREFETCH_DEFAULT_LEAD;
-    int n = atoi(v);
-    return n < 0 ? 0 : n;
+    return n < segments ? (int)n : segments;
 }
 
-/* Segment s's largest weight (cut to PREFETCH_MAX_BYTES and 16-byte pieces). */
+/* Segment s's largest GEMM weight (cut to PREFETCH_MAX_BYTES and 16-byte pieces). */
 static void largest_weight(const exec_model *m, int s, CUdeviceptr *at, int64_t *bytes) {
     const graph *g = m->plan->g;
     const exec_segment *sg = &m->plan->segs[s];
     *at = 0;
     *bytes = 0;
-    for (int i = sg->first; i < sg->first + sg->n; i++)
-        for (int k = 0; k < g->ops[i].n_inputs; k++) {
-            const graph_tensor *t = &g->tensors[g->ops[i].inputs[k]];
-            int64_t b = (int64_t)graph_tensor_bytes(t);
-            if (t->role == GRAPH_WEIGHT && b > *bytes && m->ptr[g->ops[i].inputs[k]]) {
-                *at = m->ptr[g->ops[i].inputs[k]];
-                *bytes = b;
-            }
+    for (int i = sg->first; i < sg->first + sg->n; i++) {
+        if (g->ops[i].kind != OP_GEMM)
+            continue;
+        const int w = g->ops[i].inputs[1];
+        const graph_tensor *t = &g->tensors[w];
+        int64_t b = (int64_t)graph_tensor_bytes(t);
+        if (t->role == GRAPH_WEIGHT && b > *bytes && m->ptr[w]) {
+            *at = m->ptr[w];
+            *bytes = b;
         }
+    }
     if (*bytes > PREFETCH_MAX_BYTES)
         *bytes = PREFETCH_MAX_BYTES;
     *bytes &= ~(int64_t)15;
@@ -64,7 +73,7 @@ static void largest_weight(const exec_model *m, int s, CUdeviceptr *at, int64_t 
 }
 
 int exec_prefetch_create(exec_model *m, stof_error *err) {
-    const int lead = lead_of_env();
+    const int lead = lead_of_env(m->plan->n_segs);
     if (lead == 0 || m->ctx->gemm->info.cc_major < 9)
         return STOF_OK;
     const cuda_driver *drv = m->ctx->drv;
@@ -122,6 +131,7 @@ int exec_prefetch_before(exec_model *m, int s, CUstream caller, stof_error *err)
     const cuda_driver *drv = m->ctx->drv;
     CUdeviceptr base = pf->at[target];
     long long bytes = pf->bytes[target];
+    pf->forked = 1;
     void *params[] = {&base, &bytes};
     /* a 16 KiB piece a thread, 32 threads a block: the pieces spread over the SMs */
     const unsigned grid[3] = {(unsigned)((bytes + (32 << 14) - 1) / (32 << 14)), 1, 1},
@@ -136,8 +146,9 @@ int exec_prefetch_before(exec_model *m, int s, CUstream caller, stof_error *err)
 
 int exec_prefetch_join(exec_model *m, CUstream caller, stof_error *err) {
     exec_prefetch *pf = m->prefetch;
-    if (!pf)
+    if (!pf || !pf->forked)
         return STOF_OK;
+    pf->forked = 0;
     const cuda_driver *drv = m->ctx->drv;
     int rc = cuda_check(drv, drv->EventRecord(pf->join, pf->side), "cuEventRecord(prefetch)",
                         err);

@@ -198,19 +198,23 @@ static int64_t partition(const float *key, int32_t *a, int64_t lo, int64_t hi) {
 static int64_t select_by_mass(const float *key, const float *prob, int32_t *a, int64_t n,
                               double goal) {
     int64_t lo = 0, hi = n;
-    double above = 0.0; /* the weights of a[0, lo): all go before a[lo, hi) */
-    while (lo < hi) {
+    double ahead = 0.0; /* the weights of a[0, lo): all go before a[lo, hi) */
+    /* a median of three keeps random-looking rows near two passes a halving; a row made to
+     * defeat it gets every token instead (the caller orders them all) */
+    for (int passes = 0; lo < hi; passes++) {
+        if (passes > 128)
+            return n;
         int64_t m = partition(key, a, lo, hi);
         double part = 0.0;
         for (int64_t i = lo; i < m; i++)
             part += prob[a[i]];
-        if (above + part >= goal) {
+        if (ahead + part >= goal) {
             hi = m;
             continue;
         }
-        above += part + prob[a[m]];
+        ahead += part + prob[a[m]];
         lo = m + 1;
-        if (above >= goal)
+        if (ahead >= goal)
             break;
     }
     return lo;

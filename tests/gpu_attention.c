@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/exec/attention/mha_exec.h"
 #include "core/base/util.h"
 #include "ops/mask.h"
@@ -940,15 +941,7 @@ static void sweep_template(gpu *g, int big, const char *only, uint64_t *seed) {
 
 int main(int argc, char **argv) {
     gpu g = {0};
-    stof_error err = {0};
-    int rc = mha_exec_ctx_create(0, &g.ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
-    if (rc)
-        return check_summary("gpu_attention");
+    GPU_TEST_OPEN(mha_exec_ctx_create, g.ctx, "gpu_attention");
     g.drv = g.ctx->drv;
     printf("GPU: %s (%s, %d SMs, %d B smem/block opt-in)\n", g.ctx->info.name, g.ctx->arch,
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);

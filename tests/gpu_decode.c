@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/base/util.h"
 #include "core/exec/attention/mha_decode.h"
 #include "ops/kv_cache.h"
@@ -281,15 +282,7 @@ static void timing(gpu *g) {
 
 int main(int argc, char **argv) {
     gpu g = {0};
-    stof_error err = {0};
-    int rc = mha_exec_ctx_create(0, &g.ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
-    if (rc)
-        return check_summary("gpu_decode");
+    GPU_TEST_OPEN(mha_exec_ctx_create, g.ctx, "gpu_decode");
     g.drv = g.ctx->drv;
     printf("GPU: %s (%s, %d SMs)\n", g.ctx->info.name, g.ctx->arch, g.ctx->info.sm_count);
     int quick = argc > 1 && !strcmp(argv[1], "quick");

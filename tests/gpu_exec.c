@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/gpu/device.h"
 #include "core/exec/exec.h"
 #include "core/lua/lua_api.h"
@@ -599,15 +600,7 @@ static void test_weights_file(gpu *gp, const model_case *mc) {
 
 int main(int argc, char **argv) {
     gpu gp = {0};
-    stof_error err = {0};
-    int rc = exec_ctx_create(0, &gp.ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
-    if (rc)
-        return check_summary("gpu_exec");
+    GPU_TEST_OPEN(exec_ctx_create, gp.ctx, "gpu_exec");
     gp.notime = argc > 1 && strcmp(argv[1], "notime") == 0;
     const char *pdl = getenv("STOF_PDL");
     const stof_device_info *d = exec_ctx_device(gp.ctx);

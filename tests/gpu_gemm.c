@@ -59,6 +59,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/gpu/device.h"
 #include "core/exec/gemm/gemm_exec.h"
 #include "core/base/util.h"
@@ -1552,15 +1553,7 @@ static void compile_ahead(gpu *g) {
 
 int main(int argc, char **argv) {
     gpu g = {0};
-    stof_error err = {0};
-    int rc = gemm_exec_ctx_create(0, &g.ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
-    if (rc)
-        return check_summary("gpu_gemm");
+    GPU_TEST_OPEN(gemm_exec_ctx_create, g.ctx, "gpu_gemm");
     g.drv = g.ctx->drv;
     printf("GPU: %s (%s, %d SMs, %d B smem/block opt-in)\n", g.ctx->info.name, g.ctx->arch,
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);

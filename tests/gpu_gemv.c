@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/base/util.h"
 #include "core/exec/cublaslt/cublaslt_exec.h"
 #include "core/exec/gemm/gemm_exec.h"
@@ -305,15 +306,7 @@ static void timing(gpu *g, util_rng *rng) {
 
 int main(int argc, char **argv) {
     gpu g = {0};
-    stof_error err = {0};
-    int rc = gemm_exec_ctx_create(0, &g.ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
-    if (rc)
-        return check_summary("gpu_gemv");
+    GPU_TEST_OPEN(gemm_exec_ctx_create, g.ctx, "gpu_gemv");
     g.drv = g.ctx->drv;
     printf("GPU: %s (%s, %d SMs)\n", g.ctx->info.name, g.ctx->arch, g.ctx->info.sm_count);
     util_rng rng = {20261126};

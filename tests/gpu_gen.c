@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/exec/exec.h"
 #include "core/gen/gen.h"
 #include "core/lua/lua_api.h"
@@ -219,15 +220,7 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
 
 int main(void) {
     exec_ctx *ctx = NULL;
-    stof_error err = {0};
-    int rc = exec_ctx_create(0, &ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
-    if (rc)
-        return check_summary("gpu_gen");
+    GPU_TEST_OPEN(exec_ctx_create, ctx, "gpu_gen");
     printf("GPU: %s\n", exec_ctx_device(ctx)->name);
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++)
         run_model(ctx, &models[k]);

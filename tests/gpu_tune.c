@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "gpu_open.h"
 #include "core/exec/exec.h"
 #include "core/lua/lua_api.h"
 #include "core/tune/tune_backend.h"
@@ -315,15 +316,9 @@ static void test_tune(exec_ctx *ctx, const graph *g, const graph_script *script,
 int main(int argc, char **argv) {
     long budget = argc > 1 ? strtol(argv[1], NULL, 10) : 60;
     exec_ctx *ctx = NULL;
+    GPU_TEST_OPEN(exec_ctx_create, ctx, "gpu_tune");
     stof_error err = {0};
-    int rc = exec_ctx_create(0, &ctx, &err);
-    if (rc == STOF_ERR_NO_DEVICE) {
-        printf("SKIPPED: %s\n", err.msg);
-        return 77;
-    }
-    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
-    if (rc)
-        return check_summary("gpu_tune");
+    int rc;
     static const char *const params[] = {"preset=small", "batch=2", "seq=128", "mask=bigbird"};
     graph g;
     graph_script script;

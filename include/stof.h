@@ -223,9 +223,10 @@ STOF_API int stof_model_tune(stof_model *m, int device, const stof_tune_options 
 STOF_API int stof_model_plan_offline(stof_model *m, const char *arch);
 /* A plan file written by `stof tune` or stof_model_save_plan, checked
  * against the model (its script, parameters and graph). The decode steps a
- * plan of `stof tune --decode-batch` holds are kept with it (and saved again)
- * but not yet run by stof_model_generate, which makes its own step; `stof
- * generate PLAN.json` runs them. */
+ * plan of `stof tune --decode-batch` holds are kept with it (and saved
+ * again): stof_model_generate runs the one for its prompts' batch when its
+ * caches hold the prompts and new tokens (else, or with tune_step_s, it makes
+ * its own step). */
 STOF_API int stof_model_load_plan(stof_model *m, const char *path);
 STOF_API int stof_model_save_plan(const stof_model *m, const char *path);
 

@@ -411,6 +411,32 @@ static void test_sample_sets(void) {
                   exp(small[v]) / z);
 }
 
+/* Which of a plan's decode steps a generation runs: the one of its batch whose caches hold
+ * what it needs; otherwise none, and a line that says why. */
+static void test_plan_step(void) {
+    plan pl, s1, s8;
+    memset(&pl, 0, sizeof pl);
+    memset(&s1, 0, sizeof s1);
+    memset(&s8, 0, sizeof s8);
+    char why[256] = "";
+    CHECK(gen_plan_step(&pl, 1, 10, why, sizeof why) == NULL);
+    CHECK_CONTAINS(why, "holds no decode steps (stof tune --decode-batch 1 makes one)");
+    CHECK(gen_plan_step(NULL, 1, 10, NULL, 0) == NULL);
+    stof_error err = {0};
+    CHECK_EQ_INT(plan_add_decode(&pl, 1, 64, &s1, &err), STOF_OK);
+    CHECK_EQ_INT(plan_add_decode(&pl, 8, 2048, &s8, &err), STOF_OK);
+    const plan_decode *d = gen_plan_step(&pl, 8, 2048, why, sizeof why);
+    CHECK(d && d->batch == 8 && d->context == 2048 && d->step == pl.decode[1].step);
+    CHECK(gen_plan_step(&pl, 1, 64, NULL, 0) == &pl.decode[0]);
+    CHECK(gen_plan_step(&pl, 1, 65, why, sizeof why) == NULL);
+    CHECK_CONTAINS(why, "a batch of 1 has caches of 64 positions; these prompts and new tokens "
+                        "need 65");
+    CHECK(gen_plan_step(&pl, 3, 10, why, sizeof why) == NULL);
+    CHECK_CONTAINS(why, "no decode step for a batch of 3 (batches 1, 8; stof tune "
+                        "--decode-batch 3 makes one)");
+    plan_free(&pl);
+}
+
 static void test_errors(void) {
     fixture f;
     stof_error err = {0};
@@ -551,6 +577,7 @@ int main(void) {
     test_span();
     test_models();
     test_seed_and_stop();
+    test_plan_step();
     test_errors();
     test_api();
     return check_summary("test_gen");

@@ -49,21 +49,30 @@ static int pack(const int32_t *const *prompts, const int *lens, int n, int32_t *
     return STOF_OK;
 }
 
-/* device < 0: the CPU reference. */
-static int generate(stof_model *m, int device, const gen_prompts *p, const gen_options *o,
+/* device < 0: the CPU reference. On the GPU, a model whose plan holds a decode step for the
+ * prompts' batch, with caches long enough, runs that step (its caches of the plan's length)
+ * unless the step is to be tuned. */
+static int generate(stof_model *m, int device, const gen_prompts *p, const gen_options *in,
                     int32_t *out_tokens, int *out_lens, stof_error *err) {
+    gen_options o = *in;
+    int64_t context_len = p->stride + o.max_new_tokens - 1;
+    const plan_decode *d = device >= 0 && m->has_plan && !o.tune_step
+                               ? gen_plan_step(&m->pl, p->batch, context_len, NULL, 0)
+                               : NULL;
+    if (d) {
+        context_len = d->context;
+        o.step_plan = d->step;
+    }
     graph prefill, context;
     int rc = lua_api_rebuild_at(&m->script, p->batch, p->stride, &prefill, err);
-    if (!rc && (rc = lua_api_rebuild_at(&m->script, p->batch,
-                                              p->stride + o->max_new_tokens - 1, &context,
-                                              err)))
+    if (!rc && (rc = lua_api_rebuild_at(&m->script, p->batch, (int)context_len, &context, err)))
         graph_free(&prefill);
     if (rc)
         return rc;
     gen_model gm = {&prefill, &context, {.seed = m->seed, .weights = m->weights}, &m->script};
     gen_result r;
-    rc = device < 0 ? gen_run_cpu(&gm, p, o, 0, &r, err)
-                    : gen_run_gpu(&gm, m->ctx, p, o, 0, &r, err);
+    rc = device < 0 ? gen_run_cpu(&gm, p, &o, 0, &r, err)
+                    : gen_run_gpu(&gm, m->ctx, p, &o, 0, &r, err);
     if (!rc) {
         memcpy(out_tokens, r.tokens, sizeof *out_tokens * (size_t)p->batch * (size_t)r.max_new);
         memcpy(out_lens, r.n_new, sizeof *out_lens * (size_t)p->batch);

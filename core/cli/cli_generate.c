@@ -241,22 +241,15 @@ static int64_t plan_step(const cli_args *a, const plan *pl, const prompts *p, in
                          const exec_ctx *ctx, gen_options *o) {
     if (!pl)
         return needed;
-    const plan_decode *d = plan_decode_find(pl, p->batch);
+    char why[512];
+    const plan_decode *d = gen_plan_step(pl, p->batch, needed, why, sizeof why);
     if (!ctx) {
         if (pl->n_decode)
             printf("the plan's decode steps are the GPU's; the CPU reference runs its model\n");
     } else if (a->tune_step > 0) {
         printf("--tune-step: the decode step tuned again, not taken from the plan\n");
     } else if (!d) {
-        printf("the plan holds no decode step for a batch of %d (", p->batch);
-        for (int i = 0; i < pl->n_decode; i++)
-            printf("%s%d", i ? ", " : "batches ", pl->decode[i].batch);
-        printf("%s): the default step (stof tune --decode-batch %d tunes one)\n",
-               pl->n_decode ? "" : "none", p->batch);
-    } else if (d->context < needed) {
-        printf("the plan's decode step for a batch of %d has caches of %lld positions; these "
-               "prompts and new tokens need %lld: the default step\n", p->batch,
-               (long long)d->context, (long long)needed);
+        printf("%s: the default step\n", why);
     } else {
         o->step_plan = d->step;
         return d->context;

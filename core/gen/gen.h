@@ -150,6 +150,14 @@ void gen_decoder_free(gen_decoder *d);
 int32_t gen_sample(const gen_options *o, const float *row, int64_t vocab, int b, int t,
                    float *scratch, int32_t *order);
 
+/* ---- a plan's decode steps -------------------------------------------------------------- */
+
+/* The decode step plan pl (may be NULL) holds for `batch` sequences whose caches hold at least
+ * `needed` positions (the longest prompt and the new tokens), or NULL, with why the model's
+ * own step runs instead in why (a line; why may be NULL). */
+const plan_decode *gen_plan_step(const plan *pl, int batch, int64_t needed, char *why,
+                                 size_t n);
+
 /* ---- the CPU reference ----------------------------------------------------------------------- */
 
 typedef struct gen_model {

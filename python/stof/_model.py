@@ -257,7 +257,9 @@ class Model:
         "cuda" / "cuda:N" / N, a GPU (fp16 or bf16 models; a prefill pass fills the KV caches,
         then a decode step a token). recompute (CPU): no cache, the whole pass for every
         token. tune_step (GPU): seconds to tune the decode step first (the measurements are
-        cached beside the kernel cache, so a second call is quick); 0: its default scheme."""
+        cached beside the kernel cache, so a second call is quick); 0: the decode step of the
+        model's plan for this batch (`stof tune --decode-batch`, Model.from_plan) when it has
+        one whose caches hold the prompts and new tokens, else its default scheme."""
         gpu = _gpu_ordinal(device)
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]

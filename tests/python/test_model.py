@@ -324,16 +324,33 @@ def test_generate():
         expect_error(lambda: m.generate(prompts, device="tpu"), "device 'tpu'")
         expect_error(lambda: m.generate(prompts, tune_step=5), "tunes the GPU's decode step")
         expect_error(lambda: m.generate(prompts, tune_step=-1), "tune_step_s: seconds from 0")
+        half = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp16")
+        want16 = half.generate(prompts, max_new_tokens=8, use_eos=False)
+        # a plan of `stof tune --decode-batch` (planned offline without a GPU): the model it
+        # names generates the same tokens, on the GPU through the plan's decode step
+        exe = os.environ.get("STOF_BIN") or shutil.which("stof")
+        planned = None
+        if exe:
+            plan = os.path.join(root, "decode.json")
+            subprocess.run([exe, "tune", d, "--set", "batch=1", "--set", "seq=8", "--set",
+                            "dtype=fp16", "--decode-batch", "3", "--decode-context", "16",
+                            "--time-limit", "5", "-o", plan], check=True, capture_output=True)
+            planned = stof.Model.from_plan(plan)
+            assert planned.generate(prompts, max_new_tokens=8, use_eos=False) == want16
+        else:
+            print("test_generate: the plan's decode step SKIPPED (no stof command)")
         if _cuda() is not None:
             # the GPU in fp16 against the CPU reference on the same fp16-rounded weights
-            half = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp16")
-            want16 = half.generate(prompts, max_new_tokens=8, use_eos=False)
             got16 = half.generate(prompts, max_new_tokens=8, use_eos=False, device="cuda")
             assert got16 == want16, (got16, want16)
             # the decode step tuned first: still the reference's tokens
             tuned = half.generate(prompts, max_new_tokens=8, use_eos=False, device="cuda",
                                   tune_step=3)
             assert tuned == want16, (tuned, want16)
+            if planned is not None:
+                from_plan = planned.generate(prompts, max_new_tokens=8, use_eos=False,
+                                             device="cuda")
+                assert from_plan == want16, (from_plan, want16)
             expect_error(lambda: m.generate(prompts, max_new_tokens=4, device="cuda"),
                          "fp16 or bf16")
         expect_error(lambda: m.generate([[3, 50]], max_new_tokens=4), "token 50 at 1 is outside")

@@ -47,12 +47,6 @@ const char *__lsan_default_suppressions(void) {
 }
 #endif
 
-/* All exponent bits set: infinity or NaN. */
-static int nonfinite_bits(stof_dtype t, uint16_t b) {
-    const uint16_t e = t == STOF_BF16 ? 0x7f80 : 0x7c00;
-    return (b & e) == e;
-}
-
 /* The epilogues cuBLASLt is asked for: [bias] [gelu_tanh|relu], [bias] add. */
 static const fusion_epilogue epilogues[] = {
     {0, FUSION_ACT_NONE, 0, FUSION_NORM_NONE},      {1, FUSION_ACT_NONE, 0, FUSION_NORM_NONE},
@@ -108,40 +102,6 @@ static int make_pair(gpu *g, gweights *wt, gset *s, int M, int N, int K, stof_dt
     return -1;
 }
 
-/* The reference of reference row i (row r of the set), column n. */
-static double reference(const gset *s, const fusion_epilogue *epi, int i, int n) {
-    const int N = s->wt->N;
-    double ref = s->acc[(size_t)i * N + n];
-    if (epi->has_bias)
-        ref += s->wt->bias[n];
-    ref = act_ref(epi->act, ref);
-    if (epi->has_residual)
-        ref += s->res[(size_t)s->rows[i] * N + n];
-    return ref;
-}
-
-/* Checks the packed output in s->hy against the reference. */
-static void judge(const gset *s, const fusion_epilogue *epi, const char *label) {
-    const int N = s->wt->N;
-    const stof_dtype dt = s->wt->dt;
-    const size_t mn = (size_t)s->M * N;
-    verdict v;
-    verdict_init(&v);
-    for (int i = 0; i < s->n_rows; i++)
-        for (int n = 0; n < N; n++) {
-            long at = (long)s->rows[i] * N + n;
-            verdict_add(&v, from_bits(dt, s->hy[at]), reference(s, epi, i, n), at);
-        }
-    long nonfinite = 0;
-    for (size_t i = 0; i < mn; i++)
-        nonfinite += nonfinite_bits(dt, s->hy[i]);
-    char where[160] = "";
-    if (v.first_bad >= 0)
-        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / N,
-                 v.first_bad % N, from_bits(dt, s->hy[v.first_bad]));
-    report(label, &v, nonfinite, tol_of(dt), where);
-}
-
 static void label_of(char *label, size_t n, const gset *s, int kn, const fusion_epilogue *e,
                      int in_place, const char *extra) {
     const gweights *wt = s->wt;
@@ -165,7 +125,7 @@ static void run_plan(gpu *g, gset *s, cublaslt_exec_plan *plan, int in_place,
                                  "cuMemcpyHtoD(y = residual)")
                       : poison(g, s->dy, mn);
     if (!rc && !launch(g, plan, &t, label) && !fetch(g, s->hy, s->dy, mn))
-        judge(s, &p->epi, label);
+        judge_epilogue(s, &p->epi, label);
 }
 
 static void run_case(gpu *g, gset *s, int kn, const fusion_epilogue *epi, int in_place) {
@@ -295,7 +255,7 @@ static void test_strided(gpu *g, util_rng *rng) {
                 }
                 CHECK_MSG(touched == 0, "%s: %ld elements outside the rows written", label,
                           touched);
-                judge(&s, &epi, label);
+                judge_epilogue(&s, &epi, label);
             }
         }
         cublaslt_exec_plan_free(g->ctx, plan);

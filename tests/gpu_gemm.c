@@ -138,30 +138,8 @@ static void run_gemm(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         CHECK_MSG(0, "%s: %s", label, err.msg);
         recap_add("%s: launch: %.160s", label, err.msg);
     }
-    if (!rc && !fetch(g, s->hy, s->dy, mn)) {
-        verdict v;
-        verdict_init(&v);
-        for (int i = 0; i < s->n_rows; i++) {
-            int r = s->rows[i];
-            for (int n = 0; n < N; n++) {
-                double ref = s->acc[(size_t)i * N + n];
-                if (epi.has_bias)
-                    ref += wt->bias[n];
-                ref = act_ref(epi.act, ref);
-                if (epi.has_residual)
-                    ref += s->res[(size_t)r * N + n];
-                verdict_add(&v, from_bits(wt->dt, s->hy[(size_t)r * N + n]), ref,
-                            (long)r * N + n);
-            }
-        }
-        char where[160] = "";
-        if (v.first_bad >= 0) {
-            long r = v.first_bad / N, n = v.first_bad % N;
-            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", r, n,
-                     from_bits(wt->dt, s->hy[v.first_bad]));
-        }
-        report(label, &v, count_nonfinite(s->hy, mn, wt->dt), tol_of(wt->dt), where);
-    }
+    if (!rc && !fetch(g, s->hy, s->dy, mn))
+        judge_epilogue(s, &epi, label);
     gemm_exec_plan_free(g->ctx, plan);
 }
 

@@ -237,4 +237,38 @@ static inline void free_set(gpu *g, gset *s) {
     dfree(g, &s->dy);
 }
 
+/* ---- judging a GEMM's output against its epilogue's reference -------------------------- */
+
+/* The reference of reference row i (row rows[i] of the set), column n: x w^T, then the
+ * epilogue (bias, activation, residual). */
+static inline double epilogue_reference(const gset *s, const fusion_epilogue *epi, int i, int n) {
+    const int N = s->wt->N;
+    double ref = s->acc[(size_t)i * N + n];
+    if (epi->has_bias)
+        ref += s->wt->bias[n];
+    ref = act_ref(epi->act, ref);
+    if (epi->has_residual)
+        ref += s->res[(size_t)s->rows[i] * N + n];
+    return ref;
+}
+
+/* Checks the packed output fetched into s->hy against the reference on the set's reference
+ * rows, and reports it (report()). */
+static inline void judge_epilogue(const gset *s, const fusion_epilogue *epi, const char *label) {
+    const int N = s->wt->N;
+    const stof_dtype dt = s->wt->dt;
+    verdict v;
+    verdict_init(&v);
+    for (int i = 0; i < s->n_rows; i++)
+        for (int n = 0; n < N; n++) {
+            long at = (long)s->rows[i] * N + n;
+            verdict_add(&v, from_bits(dt, s->hy[at]), epilogue_reference(s, epi, i, n), at);
+        }
+    char where[160] = "";
+    if (v.first_bad >= 0)
+        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / N,
+                 v.first_bad % N, from_bits(dt, s->hy[v.first_bad]));
+    report(label, &v, count_nonfinite(s->hy, (size_t)s->M * N, dt), tol_of(dt), where);
+}
+
 #endif

@@ -99,26 +99,8 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         CHECK_MSG(0, "%s: %s", label, err.msg);
         recap_add("%s: launch: %.160s", label, err.msg);
     }
-    if (!rc && !fetch(g, s->hy, s->dy, mn)) {
-        verdict vd;
-        verdict_init(&vd);
-        for (int r = 0; r < M; r++) /* M <= MAX_REF_ROWS: every row has its reference */
-            for (int n = 0; n < N; n++) {
-                double ref = s->acc[(size_t)r * N + n];
-                if (epi.has_bias)
-                    ref += wt->bias[n];
-                ref = act_ref(epi.act, ref);
-                if (epi.has_residual)
-                    ref += s->res[(size_t)r * N + n];
-                verdict_add(&vd, from_bits(wt->dt, s->hy[(size_t)r * N + n]), ref,
-                            (long)r * N + n);
-            }
-        char where[160] = "";
-        if (vd.first_bad >= 0)
-            snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", vd.first_bad / N,
-                     vd.first_bad % N, from_bits(wt->dt, s->hy[vd.first_bad]));
-        report(label, &vd, count_nonfinite(s->hy, mn, wt->dt), tol_of(wt->dt), where);
-    }
+    if (!rc && !fetch(g, s->hy, s->dy, mn)) /* M <= MAX_REF_ROWS: every row is judged */
+        judge_epilogue(s, &epi, label);
     gemm_exec_plan_free(g->ctx, plan);
 }
 

@@ -5,11 +5,9 @@
  * their segments and templates, the buffers, the --weights and --inputs
  * files against the graph) is checked first, so a bad --scheme or a weight
  * file of another model gets its reason on any machine. */
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/cli/cli.h"
 

@@ -50,28 +50,24 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
  * takes such widths (50257 x 768 fp16 from memory on an H200: 28.6 against 37.2 us).
  * Elsewhere, with the weights in memory, cuBLASLt was as fast or faster (bench/RESULTS.md), so
  * gemv is left to the search. */
-static fusion_template_id default_order(int i, int gemv_first) {
-    if (gemv_first && i == 0)
-        return FUSION_T_GEMV;
-    i -= gemv_first;
-    if (i == 0)
-        return FUSION_T_GEMM_LN;
-    for (int t = 0, left = i - 1; t < FUSION_T_COUNT; t++) {
-        if (t == FUSION_T_GEMM_LN || (gemv_first && t == FUSION_T_GEMV))
-            continue;
-        if (left-- == 0)
-            return (fusion_template_id)t;
-    }
-    return FUSION_T_COUNT;
+static void default_order(int gemv_first, fusion_template_id order[FUSION_T_COUNT]) {
+    int n = 0;
+    if (gemv_first)
+        order[n++] = FUSION_T_GEMV;
+    order[n++] = FUSION_T_GEMM_LN;
+    for (int t = 0; t < FUSION_T_COUNT; t++)
+        if (t != FUSION_T_GEMM_LN && !(gemv_first && t == FUSION_T_GEMV))
+            order[n++] = (fusion_template_id)t;
 }
 
 int exec_segment_template(const graph *g, int first, int n, const fusion_match *m,
                           fusion_template_id *t, stof_error *err) {
     char why[768] = "", name[256];
     size_t len = 0;
-    const int gemv_first = m->dims.m == 1 && m->dims.n % 8 != 0;
+    fusion_template_id order[FUSION_T_COUNT];
+    default_order(m->dims.m == 1 && m->dims.n % 8 != 0, order);
     for (int i = 0; i < FUSION_T_COUNT; i++) {
-        const fusion_template_id k = default_order(i, gemv_first);
+        const fusion_template_id k = order[i];
         if (!fusion_match_has(m, (fusion_template_id)k))
             continue;
         /* the launcher's own reason: the segment's name comes once in front */

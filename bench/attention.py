@@ -1,6 +1,6 @@
 """Masked multi-head attention: stof against PyTorch, side by side, in one run.
 
-For each mask (Table 2 parameters: band = global = sqrt(seq_len)) and (batch, seq_len):
+Default: for each mask (Table 2 parameters: band = global = sqrt(seq_len)) and (batch, seq_len):
   - torch-native : scores = q k^T, masked_fill(-inf), softmax, @ v (materialized)
   - sdpa-mask    : scaled_dot_product_attention with the boolean mask
   - flex         : FlexAttention (torch.compile), BlockMask built from the same mask
@@ -9,10 +9,19 @@ For each mask (Table 2 parameters: band = global = sqrt(seq_len)) and (batch, se
 All on the same fp16 inputs (12 heads of 64), median of many runs after warm-up (CUDA
 events), stof's output checked against sdpa-mask's. Writes a markdown table.
 
+--choice: the kernel choice over CASES (the paper's four masks, causal, causal + window,
+documents, random blocks of 16/64/128 at several rates, key padding, per-batch masks; head
+sizes 64 and 128; fp16 and bf16; (1, 128) to (16, 8192)). For each case: the planner's
+analytical choice (measure=-1: the calibrated cost model), every setting the planner ranks
+timed one by one (the measured best), dense FlashAttention (SDPA without a mask) and
+FlexAttention; the summary counts the cases within 10% and 25% of the measured best.
+
     python3 bench/attention.py [--quick] [--out bench/out/attention.md]
+    python3 bench/attention.py --choice [--part K/N] [--no-flex] [--out FILE]
 """
 import argparse
 import datetime
+import json
 import math
 import os
 import subprocess
@@ -143,6 +152,199 @@ def markdown(rows, device, commit):
               f"cases slower than dense FlashAttention: {slower_than_dense} of {len(rows)}."]
     return "\n".join(lines)
 
+# ---- --choice: the analytical choice against a measured sweep ---------------------------
+
+PAPER = ["sliding_window", "dilated", "longformer", "bigbird"]
+
+
+def _cases():
+    """(label, mask kind, mask argument, batch, seq, head_dim, dtype): 44 cases."""
+    c = []
+    for m in PAPER:
+        c += [(m, "text", m, 1, 128, 64, "fp16"), (m, "text", m, 8, 1024, 64, "bf16"),
+              (m, "text", m, 16, 2048, 128, "fp16"), (m, "text", m, 4, 8192, 64, "fp16")]
+    c += [("bigbird", "text", "bigbird", 16, 8192, 64, "fp16"),
+          ("sliding_window", "text", "sliding_window", 16, 8192, 128, "bf16"),
+          ("dilated", "text", "dilated", 1, 2048, 128, "bf16"),
+          ("longformer", "text", "longformer", 2, 512, 128, "fp16")]
+    for b, s, d, t in [(1, 128, 128, "fp16"), (1, 512, 64, "fp16"), (16, 2048, 64, "bf16"),
+                       (2, 8192, 128, "fp16")]:
+        c.append(("causal", "text", "causal", b, s, d, t))
+    win = "intersect(causal, sliding_window{band=256})"
+    for b, s, d, t in [(8, 2048, 64, "fp16"), (16, 4096, 128, "bf16"), (1, 8192, 64, "fp16")]:
+        c.append(("causal+window 256", "text", win, b, s, d, t))
+    for b, s, d, t in [(8, 1024, 64, "fp16"), (16, 4096, 64, "bf16"), (4, 8192, 128, "fp16")]:
+        c.append(("documents", "documents", 7, b, s, d, t))
+    for blk, rate, b, s, d, t in [(16, 0.05, 8, 2048, 64, "fp16"), (16, 0.2, 4, 4096, 128, "bf16"),
+                                  (16, 0.5, 1, 1024, 64, "bf16"), (64, 0.1, 16, 2048, 64, "fp16"),
+                                  (64, 0.3, 2, 8192, 64, "bf16"), (128, 0.2, 8, 4096, 128, "fp16"),
+                                  (128, 0.5, 1, 8192, 64, "fp16")]:
+        c.append((f"random {blk} @{rate}", "text",
+                  f"random{{rate={rate},block={blk},seed=11}}", b, s, d, t))
+    for b, s, d, t in [(16, 512, 64, "fp16"), (8, 2048, 128, "bf16"), (4, 4096, 64, "fp16")]:
+        c.append(("key padding 25-100%", "padding", 3, b, s, d, t))
+    for b, s, d, t in [(4, 1024, 64, "fp16"), (4, 4096, 128, "bf16")]:
+        c.append(("per-batch (4 patterns)", "text",
+                  "per_batch(sliding_window, bigbird, causal, longformer)", b, s, d, t))
+    return c
+
+
+CASES = _cases()
+
+
+def case_mask(kind, arg, batch, seq):
+    """The stof mask and its dense [stored batch, seq, seq] bool array."""
+    import numpy as np
+    if kind == "documents":  # packed documents of random lengths, different in each batch
+        rng = np.random.default_rng(arg)
+        dense = np.zeros((batch, seq, seq), dtype=np.uint8)
+        for b in range(batch):
+            start = 0
+            while start < seq:
+                n = int(rng.integers(seq // 16, seq // 3))
+                dense[b, start:start + n, start:start + n] = 1
+                start += n
+        return stof.Mask.dense(dense), dense.astype(bool)
+    if kind == "padding":  # key padding, lengths drawn from 25-100% of seq
+        rng = np.random.default_rng(arg)
+        lengths = [int(rng.integers(seq // 4, seq + 1)) for _ in range(batch)]
+        arg = "key_padding{lengths=[" + ",".join(map(str, lengths)) + "]}"
+    mask = stof.Mask.pattern(arg, q_len=seq, batch=batch)
+    stored = mask.shape()[0]
+    return mask, np.stack([mask.to_dense(b) for b in range(stored)]).astype(bool)
+
+
+def _time_once_then(fn, best):
+    """A median time, or a single run's when it is already 3x slower than best."""
+    first = sc.time_ms(fn, 1, 1)
+    if best is not None and first > 3 * best:
+        return first
+    reps = max(5, min(30, int(40.0 / max(first, 1e-3))))
+    return sc.time_ms(fn, 2, reps)
+
+
+def sweep(ctx, mask, batch, seq, d, dtype, run_args):
+    """Every setting the planner ranks, forced one by one: {short name: ms}."""
+    import attention_calibrate as cal
+    out, best = {}, None
+    settings = [dict(kernel="block", block_m=bm, block_n=bn, num_warps=w)
+                for bm, bn, w in cal.block_settings(d)] + [dict(kernel="row")]
+    for kw in settings:
+        try:
+            a = ctx.attention(batch=batch, heads=HEADS, head_dim=d, q_len=seq, mask=mask,
+                              dtype=dtype, measure=-1, **kw)
+        except stof.StofError:
+            continue
+        t = _time_once_then(lambda: a.run(*run_args), best)
+        out[short_kernel(a.describe())] = t
+        best = t if best is None else min(best, t)
+    return out
+
+
+def choice_case(ctx, case, flex=True):
+    label, kind, arg, batch, seq, d, dtype = case
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    mask, dense = case_mask(kind, arg, batch, seq)
+    density = float(dense.mean())
+    qkv = torch.empty(batch, seq, 3 * HEADS * d, dtype=tdt, device="cuda").uniform_(-1, 1)
+    hd = HEADS * d
+    q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+    out = torch.empty(batch, seq, hd, dtype=tdt, device="cuda")
+    args = (q, k, v, out)
+    row = {"case": label, "batch": batch, "seq": seq, "d": d, "dtype": dtype,
+           "density": density}
+    a = ctx.attention(batch=batch, heads=HEADS, head_dim=d, q_len=seq, mask=mask, dtype=dtype,
+                      measure=-1)
+    row["choice"], row["reason"] = short_kernel(a.describe()), a.describe()
+    # correctness of the choice on batch 0 against SDPA with the mask
+    out.fill_(float("nan"))
+    a.run(*args)
+    qh, kh, vh = (t[:1].reshape(1, seq, HEADS, d).transpose(1, 2).float() for t in (q, k, v))
+    dm = torch.from_numpy(dense[0]).cuda()
+    ref = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=dm).transpose(1, 2)
+    got = out[:1].float().reshape(1, seq, HEADS, d)
+    ok_rows = dm.any(-1)[None, :, None, None]
+    diff = torch.where(ok_rows, got - ref, torch.zeros_like(ref))
+    row["rel_err"] = (diff.norm() / ref.where(ok_rows, torch.zeros_like(ref)).norm()).item()
+    row["finite"] = bool(torch.isfinite(got.where(ok_rows, torch.zeros_like(got))).all())
+    row["analytical"] = _time_once_then(lambda: a.run(*args), None)
+    del a
+    times = sweep(ctx, mask, batch, seq, d, dtype, args)
+    row["best_kernel"] = min(times, key=times.get)
+    row["best"] = min(row["analytical"], times[row["best_kernel"]])
+    row["swept"] = len(times)
+    qd, kd, vd = (t.reshape(batch, seq, HEADS, d).transpose(1, 2) for t in (q, k, v))
+    row["flash-dense"] = median_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd))
+    row["flex"] = float("nan")
+    if flex:
+        try:
+            dmask = torch.from_numpy(dense).cuda()
+            per_batch = dmask.shape[0] > 1
+
+            def mask_mod(b, h, qi, ki):
+                return dmask[b if per_batch else 0, qi, ki]
+
+            from torch.nn.attention.flex_attention import create_block_mask
+            bm = create_block_mask(mask_mod, batch if per_batch else None, None, seq, seq,
+                                   device="cuda")
+            fx = flex_fn()
+            row["flex"] = median_ms(lambda: fx(qd, kd, vd, block_mask=bm))
+        except Exception as e:  # noqa: BLE001 - the table says it failed
+            print(f"  flex failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    torch.cuda.empty_cache()
+    return row
+
+
+def choice_markdown(rows, device, commit):
+    lines = [f"Device: {device}; date {datetime.date.today()}; commit {commit}; {HEADS} heads; "
+             "ms, median of CUDA-event timings.", "",
+             "analytical: the plan with nothing measured (measure=-1); best: the fastest of "
+             "every setting the planner ranks, each forced and timed; flash-dense: SDPA "
+             "without a mask.", "",
+             "| case | B | S | D | dtype | density | analytical | ms | best | ms | "
+             "analytical / best | flash-dense | flex | vs dense | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['batch']} | {r['seq']} | {r['d']} | {r['dtype']} "
+            f"| {r['density']:.3f} | {r['choice']} | {r['analytical']:.3f} | {r['best_kernel']} "
+            f"| {r['best']:.3f} | {r['analytical'] / r['best']:.2f} | {r['flash-dense']:.3f} "
+            f"| {r['flex']:.3f} | {r['flash-dense'] / r['analytical']:.2f}x | {r['rel_err']:.1e} |")
+    ratios = [r["analytical"] / r["best"] for r in rows]
+    lines += ["", f"Cases: {len(rows)}; analytical within 10% of the best: "
+              f"{sum(x <= 1.10 for x in ratios)}; within 25%: {sum(x <= 1.25 for x in ratios)}; "
+              f"worst {max(ratios):.2f}x; slower than dense FlashAttention: "
+              f"{sum(r['analytical'] > r['flash-dense'] for r in rows)}."]
+    return "\n".join(lines)
+
+
+def choice_main(args, ctx, device, commit):
+    import attention_calibrate as cal
+    torch._dynamo.config.cache_size_limit = 256
+    k, n = (int(x) for x in args.part.split("/"))
+    cases = CASES[k::n]
+    if args.quick:
+        cases = cases[::4]
+    settings = [("block", bm, bn, w, d) for d in (64, 128) for bm, bn, w in cal.block_settings(d)]
+    cal.precompile([s + (t,) for s in settings for t in ("fp16", "bf16")], args.procs)
+    rows = []
+    for case in cases:
+        r = choice_case(ctx, case, flex=not args.no_flex)
+        status = "ok" if r["finite"] and r["rel_err"] < 1e-2 else "WRONG"
+        print(f"{r['case']:24s} B={r['batch']:2d} S={r['seq']:5d} D={r['d']} {r['dtype']} "
+              f"{r['choice']:22s} {r['analytical']:.3f} best {r['best_kernel']:22s} "
+              f"{r['best']:.3f} ({r['analytical'] / r['best']:.2f}) dense "
+              f"{r['flash-dense']:.3f} flex {r['flex']:.3f} {status}", flush=True)
+        rows.append(r)
+    text = choice_markdown(rows, device, commit)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text + "\n")
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    print(text)
+
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -151,6 +353,11 @@ def main():
     ap.add_argument("--out", default="bench/out/attention.md")
     ap.add_argument("--measure", type=int, default=MEASURE,
                     help="candidates stof times when planning (0: analytical choice)")
+    ap.add_argument("--choice", action="store_true",
+                    help="the analytical choice against a measured sweep over CASES")
+    ap.add_argument("--part", default="0/1", help="--choice: every N-th case from K (K/N)")
+    ap.add_argument("--no-flex", action="store_true", help="--choice: skip FlexAttention")
+    ap.add_argument("--procs", type=int, default=12, help="--choice: processes compiling ahead")
     args = ap.parse_args()
     ctx = stof.Context()
     dev = ctx.device()
@@ -162,6 +369,8 @@ def main():
                                     capture_output=True, text=True).stdout.strip() or "?"
         except OSError:
             commit = "?"
+    if args.choice:
+        return choice_main(args, ctx, device, commit)
     shapes = SHAPES[:4] + SHAPES[-1:] if args.quick else SHAPES
     rows = []
     for mask_name in MASKS:

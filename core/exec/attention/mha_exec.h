@@ -173,6 +173,9 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
  * MHA_EXEC_SPLIT_MIN_CHUNK. It splits only when the longest row is at
  * least 1.5 chunks long (a second, small kernel is not free). */
 int mha_exec_split_chunk(const mask_bsr *f, int batch, int heads, int resident);
+/* The same rule on the n block rows' loaded lengths (sorted in place) and
+ * the launch's work in loaded blocks (heads x every launched batch's). */
+int mha_exec_split_chunk_of(int *len, int n, int64_t work, int resident);
 
 /* The work list of a BSR format at a chunk size, per stored batch. */
 typedef struct mha_exec_split {

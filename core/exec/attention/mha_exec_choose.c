@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/exec/attention/mha_exec_cost.h"
 #include "core/exec/attention/mha_exec_internal.h"
 #include "core/gpu/device.h"
 #include "core/base/error.h"
@@ -80,10 +81,12 @@ static int best_runnable(const mha_selection *s, const mha_exec_problem *p, int 
     return best;
 }
 
-/* Runs the selector on the folded mask; *best is the setting to use (-1: none). */
+/* Runs the selector on the folded mask; *best is the setting to use (-1:
+ * none). keep16 (may be NULL) receives the 16 x 16 format it read, for the
+ * caller to free. */
 static int run_selector(const mha_exec_problem *p, const mask *folded,
                         const mha_device_limits *lim, mha_selection *sel, int *best,
-                        stof_error *err) {
+                        mask_bsr **keep16, stof_error *err) {
     mask_bsr *blocks16 = NULL;
     int rc = mask_format_bsr_build(folded, MHA_SELECT_STAGE1_BLOCK, MHA_SELECT_STAGE1_BLOCK,
                                    &blocks16, err);
@@ -93,8 +96,11 @@ static int run_selector(const mha_exec_problem *p, const mask *folded,
                       .q_len = p->q_len, .k_len = p->k_len,
                       .dtype_bytes = (int)stof_dtype_size(p->dtype), .blocks16 = blocks16};
     rc = mha_select(&mp, lim, sel, err);
-    mask_format_bsr_free(blocks16);
     *best = rc ? -1 : best_runnable(sel, p, lim->smem_per_block, NULL);
+    if (keep16 && !rc)
+        *keep16 = blocks16;
+    else
+        mask_format_bsr_free(blocks16);
     return rc;
 }
 
@@ -184,6 +190,150 @@ static int relpos_mid_capacity(const mha_exec_problem *p) {
     return cap;
 }
 
+/* The plain block-wise setting (bm, bn, w) on top of base (head_dim,
+ * dtype, relpos), in the automatic build (set_build) at the forced or
+ * automatic depth. */
+static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn, int w,
+                                    const mha_exec_force *force, const mha_device_limits *lim) {
+    mha_exec_config c = *base;
+    c.kernel = MHA_KERNEL_BLOCK_WISE;
+    c.block_m = bm;
+    c.block_n = bn;
+    c.num_warps = w;
+    set_build(&c, force, lim);
+    return c;
+}
+
+/* Whether the calibrated model chooses: STOF_ATTENTION_MODEL=paper keeps to
+ * the paper's Eq. 1 and 2. */
+static int model_wanted(void) {
+    const char *env = getenv("STOF_ATTENTION_MODEL");
+    return !(env && strcmp(env, "paper") == 0);
+}
+
+/* The model's time of cfg (sizes and build set) on the grid's mask, in us;
+ * -1 when the table has no cost for it. Block-wise plans split long rows
+ * on the resident slots of cfg, as mha_plan_finish does. */
+static double model_time(const mha_cost_table *t, const mha_cost_grid *g,
+                         const mha_exec_problem *p, const mha_exec_config *cfg,
+                         const mha_device_limits *lim) {
+    const int block = cfg->kernel == MHA_KERNEL_BLOCK_WISE;
+    mha_cost_entry e;
+    if (!mha_cost_lookup(t, lim->arch, p->head_dim, cfg->kernel,
+                         block ? cfg->block_m : cfg->rows_per_warp,
+                         block ? cfg->block_n : cfg->warps_per_block, block ? cfg->num_warps : 0,
+                         &e))
+        return -1;
+    int resident = 0;
+    if (block) {
+        int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
+                                                cfg->stages, cfg->head_dim,
+                                                (int)stof_dtype_size(cfg->dtype), lim);
+        resident = (per_sm > 0 ? per_sm : 1) * lim->sm_count;
+    }
+    return mha_cost_predict(&e, g, p->batch, p->heads, lim->sm_count, resident);
+}
+
+/* The settings the model ranks: the selector's table where runnable (in
+ * the automatic build), then the row-wise kernel unless block-wise is
+ * forced. */
+typedef struct model_ranking {
+    mha_exec_config best, second;
+    double best_us, second_us, row_us; /* -1: none */
+} model_ranking;
+
+static void rank(model_ranking *r, const mha_exec_config *c, double us) {
+    if (us < 0)
+        return;
+    if (r->best_us < 0 || us < r->best_us) {
+        r->second = r->best;
+        r->second_us = r->best_us;
+        r->best = *c;
+        r->best_us = us;
+    } else if (r->second_us < 0 || us < r->second_us) {
+        r->second = *c;
+        r->second_us = us;
+    }
+}
+
+static int rank_settings(const mha_exec_problem *p, const mask *folded,
+                         const mha_device_limits *lim, const mha_exec_force *force,
+                         const mha_exec_config *base, const mha_cost_table *t,
+                         model_ranking *r, stof_error *err) {
+    mha_selection *sel = err_malloc(sizeof *sel, err);
+    if (!sel)
+        return STOF_ERR_NOMEM;
+    mask_bsr *blocks16 = NULL;
+    mha_cost_grid g;
+    int best = -1;
+    int rc = run_selector(p, folded, lim, sel, &best, &blocks16, err);
+    if (!rc)
+        rc = mha_cost_grid_build(folded, blocks16, &g, err);
+    mask_format_bsr_free(blocks16);
+    for (int i = 0; !rc && i < sel->n_candidates; i++) {
+        const mha_candidate *k = &sel->table[i];
+        if (!runnable(k, p, lim->smem_per_block))
+            continue;
+        mha_exec_config c = block_config(base, k->block_m, k->block_n, k->num_warps, force, lim);
+        stof_error ignored = {0};
+        if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK)
+            rank(r, &c, model_time(t, &g, p, &c, lim));
+    }
+    if (!rc && !(force && force->kernel == MHA_KERNEL_BLOCK_WISE)) {
+        mha_exec_config c = *base;
+        c.kernel = MHA_KERNEL_ROW_WISE;
+        if (!force || !force->rows_per_warp)
+            c.rows_per_warp = sel->rows_per_warp;
+        if (!force || !force->warps_per_block)
+            c.warps_per_block = sel->warps_per_block;
+        r->row_us = model_time(t, &g, p, &c, lim);
+        rank(r, &c, r->row_us);
+    }
+    if (!rc)
+        mha_cost_grid_free(&g);
+    free(sel);
+    return rc;
+}
+
+/* "block 64x64 w4 wgmma" or "row 1x4". */
+static void short_setting(const mha_exec_config *c, char *out, size_t n) {
+    if (c->kernel == MHA_KERNEL_BLOCK_WISE)
+        snprintf(out, n, "block %dx%d w%d%s", c->block_m, c->block_n, c->num_warps,
+                 c->wgmma ? " wgmma" : "");
+    else
+        snprintf(out, n, "row %dx%d", c->rows_per_warp, c->warps_per_block);
+}
+
+/* The calibrated model's choice (mha_exec_cost.h): 1 with cfg and reason
+ * set; 0 when it has no costs for this device or is switched off (the
+ * caller keeps to Eq. 1 and 2); an error. */
+static int model_choose(const mha_exec_problem *p, const mask *folded,
+                        const mha_device_limits *lim, const mha_exec_force *force,
+                        mha_exec_config *cfg, char *reason, size_t reason_size,
+                        stof_error *err) {
+    if (!model_wanted() || !lim || !lim->arch)
+        return 0;
+    mha_cost_table t;
+    int rc = mha_cost_builtin(&t, err);
+    if (rc)
+        return rc;
+    model_ranking r = {.best_us = -1, .second_us = -1, .row_us = -1};
+    if (mha_cost_has_arch(&t, lim->arch))
+        rc = rank_settings(p, folded, lim, force, cfg, &t, &r, err);
+    mha_cost_table_free(&t);
+    if (rc || r.best_us < 0)
+        return rc;
+    *cfg = r.best;
+    char first[48], second[48] = "none";
+    short_setting(&r.best, first, sizeof first);
+    if (r.second_us >= 0)
+        short_setting(&r.second, second, sizeof second);
+    snprintf(reason, reason_size,
+             "cost model (%s, %s): %s %.1f us predicted; next %s %.1f us; row-wise %.1f us",
+             lim->arch, MHA_COST_FILE, first, r.best_us, second, r.second_us, r.row_us);
+    return 1;
+}
+
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
                     const mha_exec_force *force, mha_exec_config *cfg, char *reason,
                     size_t reason_size, stof_error *err) {
@@ -207,11 +357,16 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
             return STOF_OK;
         }
     }
+    int model = model_choose(p, folded, lim, force, cfg, reason, reason_size, err);
+    if (model < 0)
+        return model;
+    if (model == 1)
+        return STOF_OK;
     mha_selection *sel = err_malloc(sizeof *sel, err);
     if (!sel)
         return STOF_ERR_NOMEM;
     int best = -1;
-    int rc = run_selector(p, folded, lim, sel, &best, err);
+    int rc = run_selector(p, folded, lim, sel, &best, NULL, err);
     if (rc) {
         free(sel);
         return rc;
@@ -265,20 +420,6 @@ static void add_candidate(mha_exec_config *out, int cap, int *n, const mha_exec_
         out[(*n)++] = *c;
 }
 
-/* The plain block-wise setting (bm, bn, w) on top of base (head_dim,
- * dtype, relpos), in the automatic build (set_build) at the forced or
- * automatic depth. */
-static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn, int w,
-                                    const mha_exec_force *force, const mha_device_limits *lim) {
-    mha_exec_config c = *base;
-    c.kernel = MHA_KERNEL_BLOCK_WISE;
-    c.block_m = bm;
-    c.block_n = bn;
-    c.num_warps = w;
-    set_build(&c, force, lim);
-    return c;
-}
-
 int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
                         const mha_device_limits *lim, const mha_exec_force *force,
                         mha_exec_config *out, int cap, int *n, char *reason, size_t reason_size,
@@ -297,7 +438,7 @@ int mha_exec_candidates(const mha_exec_problem *p, const mask *folded,
     int best = -1;
     if (!sel)
         return STOF_ERR_NOMEM;
-    if ((rc = run_selector(p, folded, lim, sel, &best, err))) {
+    if ((rc = run_selector(p, folded, lim, sel, &best, NULL, err))) {
         free(sel);
         return rc;
     }

@@ -25,8 +25,22 @@ static int cmp_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+int mha_exec_split_chunk_of(int *len, int n, int64_t work, int resident) {
+    if (n < 1)
+        return 0;
+    qsort(len, (size_t)n, sizeof *len, cmp_int);
+    const int longest = len[n - 1];
+    int64_t chunk = len[(int64_t)(n - 1) * MHA_EXEC_SPLIT_TYPICAL_PCT / 100];
+    int64_t slots = resident > 0 ? resident : 1;
+    int64_t per_slot = (work + slots - 1) / slots;
+    chunk = chunk > per_slot ? chunk : per_slot;
+    if (chunk < MHA_EXEC_SPLIT_MIN_CHUNK)
+        chunk = MHA_EXEC_SPLIT_MIN_CHUNK;
+    /* worth a second kernel only when the longest row shrinks by a third */
+    return 2 * (int64_t)longest >= 3 * chunk ? (int)chunk : 0;
+}
+
 int mha_exec_split_chunk(const mask_bsr *f, int batch, int heads, int resident) {
-    /* the row lengths, sorted: the longest and the typical long one */
     const int n = f->batch * f->n_block_rows;
     int *len = malloc((size_t)(n > 0 ? n : 1) * sizeof *len);
     if (!len || n < 1) {
@@ -36,19 +50,11 @@ int mha_exec_split_chunk(const mask_bsr *f, int batch, int heads, int resident) 
     for (int b = 0; b < f->batch; b++)
         for (int i = 0; i < f->n_block_rows; i++)
             len[b * f->n_block_rows + i] = mha_bsr_row_len(f, b, i);
-    qsort(len, (size_t)n, sizeof *len, cmp_int);
-    const int longest = len[n - 1];
-    int64_t chunk = len[(int64_t)(n - 1) * MHA_EXEC_SPLIT_TYPICAL_PCT / 100];
-    free(len);
     /* heads x every launched batch's loaded blocks, shared over the slots */
     int64_t work = (int64_t)f->n_load * (f->batch == 1 ? batch : 1) * heads;
-    int64_t slots = resident > 0 ? resident : 1;
-    int64_t per_slot = (work + slots - 1) / slots;
-    chunk = chunk > per_slot ? chunk : per_slot;
-    if (chunk < MHA_EXEC_SPLIT_MIN_CHUNK)
-        chunk = MHA_EXEC_SPLIT_MIN_CHUNK;
-    /* worth a second kernel only when the longest row shrinks by a third */
-    return 2 * (int64_t)longest >= 3 * chunk ? (int)chunk : 0;
+    int chunk = mha_exec_split_chunk_of(len, n, work, resident);
+    free(len);
+    return chunk;
 }
 
 void mha_exec_split_free(mha_exec_split *s) {

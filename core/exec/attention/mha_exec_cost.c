@@ -1,0 +1,392 @@
+/* The calibrated cost model of the attention kernels (see mha_exec_cost.h). */
+#include "core/exec/attention/mha_exec_cost.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "core/exec/attention/mha_exec.h"
+#include "core/gpu/kernels.h"
+
+/* ---- the table ------------------------------------------------------------------------- */
+
+static const char *const cost_fields[] = {"THR_TILE", "THR_FULL", "THR_PART", "LAT_TILE",
+                                          "LAT_BLOCK"};
+
+static int same_setting(const mha_cost_entry *a, const mha_cost_entry *b) {
+    return strcmp(a->arch, b->arch) == 0 && a->head_dim == b->head_dim &&
+           a->kernel == b->kernel && a->block_m == b->block_m && a->block_n == b->block_n &&
+           a->num_warps == b->num_warps && a->rows_per_warp == b->rows_per_warp &&
+           a->warps_per_block == b->warps_per_block;
+}
+
+/* The sizes of one line: block-wise multiples of 16 and whole warps,
+ * row-wise positive counts. */
+static int check_sizes(const mha_cost_entry *e, int s[3], const char *name, int line,
+                       stof_error *err) {
+    if (e->head_dim < 1 || e->head_dim > 256)
+        return err_set(err, STOF_ERR_FORMAT, "%s:%d: HEAD_DIM %d is not in 1..256", name, line,
+                       e->head_dim);
+    if (e->kernel == MHA_KERNEL_BLOCK_WISE &&
+        (s[0] < 16 || s[0] % 16 || s[1] < 16 || s[1] % 16 || s[0] > MASK_FORMAT_MAX_BLOCK ||
+         s[1] > MASK_FORMAT_MAX_BLOCK || s[2] < 1 || s[2] > 32))
+        return err_set(err, STOF_ERR_FORMAT,
+                       "%s:%d: block %dx%d with %d warps: sizes are multiples of 16 up to %d, "
+                       "warps 1..32", name, line, s[0], s[1], s[2], MASK_FORMAT_MAX_BLOCK);
+    if (e->kernel == MHA_KERNEL_ROW_WISE && (s[0] < 1 || s[1] < 1 || s[1] > 32 || s[2] != 0))
+        return err_set(err, STOF_ERR_FORMAT,
+                       "%s:%d: row-wise ROWS_PER_WARP %d, WARPS_PER_BLOCK %d, then 0 (got %d)",
+                       name, line, s[0], s[1], s[2]);
+    return STOF_OK;
+}
+
+/* One line that is not blank or a comment into *e. */
+static int parse_line(const char *text, const char *name, int line, mha_cost_entry *e,
+                      stof_error *err) {
+    char kind[8];
+    int s[3], used = 0;
+    double c[5];
+    memset(e, 0, sizeof *e);
+    int got = sscanf(text, "%15s %d %7s %d %d %d %lf %lf %lf %lf %lf %n", e->arch, &e->head_dim,
+                     kind, &s[0], &s[1], &s[2], &c[0], &c[1], &c[2], &c[3], &c[4], &used);
+    if (got < 11)
+        return err_set(err, STOF_ERR_FORMAT,
+                       "%s:%d: expected ARCH HEAD_DIM block|row A B C THR_TILE THR_FULL "
+                       "THR_PART LAT_TILE LAT_BLOCK (11 fields), read %d", name, line,
+                       got < 0 ? 0 : got);
+    if (text[used] != '\0' && text[used] != '#')
+        return err_set(err, STOF_ERR_FORMAT, "%s:%d: text after the 11 fields: '%.20s'", name,
+                       line, text + used);
+    if (strncmp(e->arch, "sm_", 3) != 0)
+        return err_set(err, STOF_ERR_FORMAT, "%s:%d: ARCH '%s' is not of the form sm_XY", name,
+                       line, e->arch);
+    if (strcmp(kind, "block") == 0)
+        e->kernel = MHA_KERNEL_BLOCK_WISE;
+    else if (strcmp(kind, "row") == 0)
+        e->kernel = MHA_KERNEL_ROW_WISE;
+    else
+        return err_set(err, STOF_ERR_FORMAT, "%s:%d: kernel '%s' is not block or row", name,
+                       line, kind);
+    int rc = check_sizes(e, s, name, line, err);
+    if (rc)
+        return rc;
+    for (int k = 0; k < 5; k++)
+        if (!isfinite(c[k]) || c[k] < 0)
+            return err_set(err, STOF_ERR_FORMAT,
+                           "%s:%d: %s is %g: costs are finite and not negative", name, line,
+                           cost_fields[k], c[k]);
+    if (e->kernel == MHA_KERNEL_BLOCK_WISE) {
+        e->block_m = s[0];
+        e->block_n = s[1];
+        e->num_warps = s[2];
+    } else {
+        e->rows_per_warp = s[0];
+        e->warps_per_block = s[1];
+    }
+    e->thr_tile = c[0];
+    e->thr_full = c[1];
+    e->thr_part = c[2];
+    e->lat_tile = c[3];
+    e->lat_block = c[4];
+    return STOF_OK;
+}
+
+static int append(mha_cost_table *t, int *cap, const mha_cost_entry *e, stof_error *err) {
+    if (t->n == *cap) {
+        int want = *cap ? 2 * *cap : 64;
+        mha_cost_entry *grown = realloc(t->entries, (size_t)want * sizeof *grown);
+        if (!grown)
+            return err_set(err, STOF_ERR_NOMEM, "out of memory reading the attention costs");
+        t->entries = grown;
+        *cap = want;
+    }
+    t->entries[t->n++] = *e;
+    return STOF_OK;
+}
+
+/* Whether a line holds nothing but blanks and a comment. */
+static int blank_line(const char *s) {
+    while (*s == ' ' || *s == '\t' || *s == '\r')
+        s++;
+    return *s == '\0' || *s == '#';
+}
+
+int mha_cost_parse(const char *text, const char *name, mha_cost_table *out, stof_error *err) {
+    memset(out, 0, sizeof *out);
+    int cap = 0, line = 0, rc = STOF_OK;
+    char buf[512];
+    for (const char *p = text; *p && !rc;) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        line++;
+        if (len >= sizeof buf) {
+            rc = err_set(err, STOF_ERR_FORMAT, "%s:%d: line of %zu bytes (at most %zu)", name,
+                         line, len, sizeof buf - 1);
+            break;
+        }
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        p += len + (end ? 1 : 0);
+        if (blank_line(buf))
+            continue;
+        mha_cost_entry e;
+        if ((rc = parse_line(buf, name, line, &e, err)))
+            break;
+        for (int i = 0; i < out->n && !rc; i++)
+            if (same_setting(&out->entries[i], &e))
+                rc = err_set(err, STOF_ERR_FORMAT, "%s:%d: the setting of this line is given "
+                             "twice (an earlier line has it)", name, line);
+        if (!rc)
+            rc = append(out, &cap, &e, err);
+    }
+    if (rc)
+        mha_cost_table_free(out);
+    return rc;
+}
+
+int mha_cost_builtin(mha_cost_table *out, stof_error *err) {
+    const kernel_source *src = kernel_find(MHA_COST_FILE);
+    if (!src) {
+        memset(out, 0, sizeof *out);
+        return err_set(err, STOF_ERR_INTERNAL, "kernels/%s is not built in", MHA_COST_FILE);
+    }
+    return mha_cost_parse(src->text, "kernels/" MHA_COST_FILE, out, err);
+}
+
+void mha_cost_table_free(mha_cost_table *t) {
+    free(t->entries);
+    t->entries = NULL;
+    t->n = 0;
+}
+
+int mha_cost_has_arch(const mha_cost_table *t, const char *arch) {
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->entries[i].arch, arch) == 0)
+            return 1;
+    return 0;
+}
+
+int mha_cost_lookup(const mha_cost_table *t, const char *arch, int head_dim, mha_kernel kernel,
+                    int a, int b, int c, mha_cost_entry *out) {
+    const mha_cost_entry *best = NULL;
+    for (int i = 0; i < t->n; i++) {
+        const mha_cost_entry *e = &t->entries[i];
+        int same = kernel == MHA_KERNEL_BLOCK_WISE
+                       ? e->block_m == a && e->block_n == b && e->num_warps == c
+                       : e->rows_per_warp == a && e->warps_per_block == b;
+        if (e->kernel != kernel || !same || strcmp(e->arch, arch) != 0)
+            continue;
+        /* the nearest head size; of two as near, the larger (costs scale down) */
+        int d = abs(e->head_dim - head_dim), bd = best ? abs(best->head_dim - head_dim) : 0;
+        if (!best || d < bd || (d == bd && e->head_dim > best->head_dim))
+            best = e;
+    }
+    if (!best)
+        return 0;
+    *out = *best;
+    if (best->head_dim != head_dim) {
+        /* the work of a block is q.k and p.v over the head: linear in it */
+        double r = (double)head_dim / best->head_dim;
+        out->thr_full *= r;
+        out->thr_part *= r;
+        out->lat_block *= r;
+        out->head_dim = head_dim;
+    }
+    return 1;
+}
+
+/* ---- the mask at 16 x 16 ---------------------------------------------------------------- */
+
+enum { CELL_EMPTY = 0, CELL_PARTIAL = 1, CELL_FULL = 2 };
+
+int mha_cost_grid_build(const mask *folded, const mask_bsr *blocks16, mha_cost_grid *out,
+                        stof_error *err) {
+    memset(out, 0, sizeof *out);
+    const mask_bsr *f = blocks16;
+    size_t cells = (size_t)f->batch * f->n_block_rows * f->n_block_cols;
+    out->state = err_calloc(cells ? cells : 1, 1, err);
+    if (!out->state)
+        return STOF_ERR_NOMEM;
+    out->batch = f->batch;
+    out->rows16 = f->n_block_rows;
+    out->cols16 = f->n_block_cols;
+    out->folded = folded;
+    for (int b = 0; b < f->batch; b++) {
+        const int64_t base = mask_format_bsr_row_base(f, b);
+        for (int i = 0; i < f->n_block_rows; i++) {
+            uint8_t *row = out->state + ((size_t)b * f->n_block_rows + i) * f->n_block_cols;
+            for (int32_t k = f->full_row_ptr[base + i]; k < f->full_row_ptr[base + i + 1]; k++)
+                row[f->full_col_idx[k]] = CELL_FULL;
+            for (int32_t k = f->part_row_ptr[base + i]; k < f->part_row_ptr[base + i + 1]; k++)
+                row[f->part_col_idx[k]] = CELL_PARTIAL;
+        }
+    }
+    return STOF_OK;
+}
+
+void mha_cost_grid_free(mha_cost_grid *g) {
+    free(g->state);
+    memset(g, 0, sizeof *g);
+}
+
+void mha_cost_grid_rows(const mha_cost_grid *g, int b, int block_m, int block_n, int *loaded,
+                        int *full) {
+    const int rm = block_m / 16, rn = block_n / 16;
+    const int rows = (g->rows16 + rm - 1) / rm;
+    for (int i = 0; i < rows; i++) {
+        loaded[i] = full[i] = 0;
+        const int r0 = i * rm, r1 = r0 + rm < g->rows16 ? r0 + rm : g->rows16;
+        for (int c0 = 0; c0 < g->cols16; c0 += rn) {
+            const int c1 = c0 + rn < g->cols16 ? c0 + rn : g->cols16;
+            int any = 0, all = 1;
+            for (int r = r0; r < r1; r++) {
+                const uint8_t *row = g->state + ((size_t)b * g->rows16 + r) * g->cols16;
+                for (int c = c0; c < c1; c++) {
+                    any |= row[c] != CELL_EMPTY;
+                    all &= row[c] == CELL_FULL;
+                }
+            }
+            loaded[i] += any;
+            full[i] += any && all;
+        }
+    }
+}
+
+/* ---- the launch ------------------------------------------------------------------------- */
+
+/* A kind of tile: its costs and how many of it the launch runs. */
+typedef struct tile_kind {
+    double thr, lat;
+    int64_t count;
+} tile_kind;
+
+static int by_thr_desc(const void *pa, const void *pb) {
+    double a = ((const tile_kind *)pa)->thr, b = ((const tile_kind *)pb)->thr;
+    return (a < b) - (a > b);
+}
+
+/* Min-heap of the SMs' loads: sift the root down after it grew. */
+static void sift_down(double *h, int n) {
+    int i = 0;
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l] < h[m])
+            m = l;
+        if (r < n && h[r] < h[m])
+            m = r;
+        if (m == i)
+            return;
+        double t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* The makespan of the tiles on sm SMs: longest first, each to the least
+ * loaded SM; at least the slowest tile's latency. */
+static double makespan(tile_kind *k, int n, int sm) {
+    double *load = calloc((size_t)sm, sizeof *load);
+    if (!load)
+        return -1;
+    qsort(k, (size_t)n, sizeof *k, by_thr_desc);
+    double slowest = 0;
+    for (int i = 0; i < n; i++) {
+        slowest = k[i].lat > slowest ? k[i].lat : slowest;
+        /* whole rounds over every SM first: they keep the heap's order */
+        int64_t rounds = k[i].count / sm, rest = k[i].count % sm;
+        for (int s = 0; rounds && s < sm; s++)
+            load[s] += (double)rounds * k[i].thr;
+        for (int64_t r = 0; r < rest; r++) {
+            load[0] += k[i].thr;
+            sift_down(load, sm);
+        }
+    }
+    double most = 0;
+    for (int s = 0; s < sm; s++)
+        most = load[s] > most ? load[s] : most;
+    free(load);
+    return most > slowest ? most : slowest;
+}
+
+static tile_kind block_tile(const mha_cost_entry *e, double loaded, double full, int64_t count) {
+    double part = loaded - full;
+    return (tile_kind){e->thr_tile + full * e->thr_full + part * e->thr_part,
+                       e->lat_tile + loaded * e->lat_block, count};
+}
+
+/* The block-wise launch's tile kinds: a row of every stored batch, cut into
+ * pieces where the plan splits it. */
+static int block_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
+                       int resident, tile_kind **out, int *n_out) {
+    const int rows = (g->rows16 + e->block_m / 16 - 1) / (e->block_m / 16);
+    const int n = g->batch * rows;
+    int *loaded = malloc((size_t)n * sizeof *loaded), *full = malloc((size_t)n * sizeof *full);
+    int *len = malloc((size_t)n * sizeof *len);
+    tile_kind *k = malloc((size_t)n * sizeof *k);
+    if (!loaded || !full || !len || !k) {
+        free(loaded), free(full), free(len), free(k);
+        return STOF_ERR_NOMEM;
+    }
+    int64_t work = 0;
+    for (int b = 0; b < g->batch; b++)
+        mha_cost_grid_rows(g, b, e->block_m, e->block_n, loaded + b * rows, full + b * rows);
+    for (int i = 0; i < n; i++)
+        work += loaded[i];
+    const int64_t copies = (int64_t)heads * (g->batch == 1 ? batch : 1);
+    memcpy(len, loaded, (size_t)n * sizeof *len);
+    int chunk = resident > 0 ? mha_exec_split_chunk_of(len, n, work * copies, resident) : 0;
+    for (int i = 0; i < n; i++) {
+        int pieces = chunk > 0 && loaded[i] > chunk ? (loaded[i] + chunk - 1) / chunk : 1;
+        k[i] = block_tile(e, (double)loaded[i] / pieces, (double)full[i] / pieces,
+                          copies * pieces);
+    }
+    free(loaded), free(full), free(len);
+    *out = k;
+    *n_out = n;
+    return STOF_OK;
+}
+
+/* The row-wise launch's tile kinds: rows_per_warp x warps_per_block rows. */
+static int row_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
+                     tile_kind **out, int *n_out) {
+    const mask *m = g->folded;
+    const int per_tile = e->rows_per_warp * e->warps_per_block;
+    const int tiles = (m->q_len + per_tile - 1) / per_tile, n = m->batch * tiles;
+    tile_kind *k = malloc((size_t)n * sizeof *k);
+    if (!k)
+        return STOF_ERR_NOMEM;
+    const int64_t copies = (int64_t)heads * (m->batch == 1 ? batch : 1);
+    for (int b = 0; b < m->batch; b++)
+        for (int t = 0; t < tiles; t++) {
+            int64_t pairs = 0, longest = 0;
+            for (int i = t * per_tile; i < (t + 1) * per_tile && i < m->q_len; i++) {
+                int64_t keys = mask_row_count_range(mask_row(m, b, i), 0, m->k_len);
+                pairs += keys;
+                longest = keys > longest ? keys : longest;
+            }
+            k[b * tiles + t] = (tile_kind){e->thr_tile + (double)pairs * e->thr_full,
+                                           e->lat_tile + (double)(longest * e->rows_per_warp) *
+                                                             e->lat_block,
+                                           copies};
+        }
+    *out = k;
+    *n_out = n;
+    return STOF_OK;
+}
+
+double mha_cost_predict(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
+                        int sm_count, int chunk_resident) {
+    tile_kind *k = NULL;
+    int n = 0;
+    int rc = e->kernel == MHA_KERNEL_BLOCK_WISE
+                 ? block_tiles(e, g, batch, heads, chunk_resident, &k, &n)
+                 : row_tiles(e, g, batch, heads, &k, &n);
+    if (rc)
+        return -1;
+    double t = makespan(k, n, sm_count > 0 ? sm_count : 1);
+    free(k);
+    return t;
+}

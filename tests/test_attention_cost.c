@@ -1,0 +1,261 @@
+/* The calibrated cost model of the attention kernels without a GPU: the
+ * cost file and its errors, the block counts it derives from the 16 x 16
+ * grid against the formats the kernels get, the launch arithmetic, and the
+ * planner's choice by it (and by Eq. 1, 2 where it has no costs or is
+ * switched off). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/exec/attention/mha_exec.h"
+#include "core/exec/attention/mha_exec_cost.h"
+#include "ops/mask.h"
+#include "ops/mask_format.h"
+
+static mask *make_mask(const char *text, int batch, int q, int k) {
+    mask_spec *s = NULL;
+    mask *m = NULL;
+    stof_error err = {0};
+    if (mask_spec_parse(text, &s, &err) == STOF_OK)
+        mask_build(s, batch, q, k, &m, &err);
+    mask_spec_free(s);
+    if (!m)
+        fprintf(stderr, "mask %s: %s\n", text, err.msg);
+    return m;
+}
+
+/* ---- the file ----------------------------------------------------------------------- */
+
+static void expect_parse_error(const char *text, const char *needle) {
+    mha_cost_table t;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_cost_parse(text, "costs.txt", &t, &err), STOF_ERR_FORMAT);
+    CHECK_CONTAINS(err.msg, needle);
+    CHECK(t.entries == NULL && t.n == 0);
+}
+
+static void test_parse(void) {
+    mha_cost_table t;
+    stof_error err = {0};
+    const char *ok = "# comment\n\n"
+                     "sm_90 64 block 64 32 4 1.5 0.25 0.5 3 0.75 # trailing comment\n"
+                     "sm_90 128 block 64 32 4 2 0.5 1 4 1.5\n"
+                     "sm_90 64 row 1 4 0 0.1 0.001 0.001 2 0.01\n";
+    CHECK_EQ_INT(mha_cost_parse(ok, "costs.txt", &t, &err), STOF_OK);
+    CHECK_EQ_INT(t.n, 3);
+    CHECK(t.entries[0].kernel == MHA_KERNEL_BLOCK_WISE && t.entries[0].block_n == 32);
+    CHECK_NEAR(t.entries[0].thr_part, 0.5, 0);
+    CHECK(t.entries[2].kernel == MHA_KERNEL_ROW_WISE && t.entries[2].warps_per_block == 4);
+    CHECK(mha_cost_has_arch(&t, "sm_90") && !mha_cost_has_arch(&t, "sm_80"));
+
+    mha_cost_entry e;
+    CHECK(mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
+    CHECK_NEAR(e.thr_full, 0.25, 0);
+    /* 80 is nearer 64: its block costs scale by 80 / 64 */
+    CHECK(mha_cost_lookup(&t, "sm_90", 80, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
+    CHECK_NEAR(e.thr_full, 0.25 * 80 / 64, 1e-12);
+    CHECK_NEAR(e.thr_tile, 1.5, 0);
+    CHECK_EQ_INT(e.head_dim, 80);
+    /* 96 is as near to both: the larger head size's, scaled down */
+    CHECK(mha_cost_lookup(&t, "sm_90", 96, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
+    CHECK_NEAR(e.lat_block, 1.5 * 96 / 128, 1e-12);
+    CHECK(mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_ROW_WISE, 1, 4, 0, &e));
+    CHECK(!mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_BLOCK_WISE, 64, 64, 4, &e));
+    CHECK(!mha_cost_lookup(&t, "sm_80", 64, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
+    mha_cost_table_free(&t);
+
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1\n", "costs.txt:1: expected ARCH");
+    expect_parse_error("\nsm_90 64 tile 64 32 4 1 1 1 1 1\n", "costs.txt:2: kernel 'tile'");
+    expect_parse_error("gpu 64 block 64 32 4 1 1 1 1 1\n", "ARCH 'gpu'");
+    expect_parse_error("sm_90 64 block 64 32 4 1 -1 1 1 1\n", "THR_FULL is -1");
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 nan 1\n", "LAT_TILE is nan");
+    expect_parse_error("sm_90 64 block 60 32 4 1 1 1 1 1\n", "block 60x32");
+    expect_parse_error("sm_90 0 block 64 32 4 1 1 1 1 1\n", "HEAD_DIM 0");
+    expect_parse_error("sm_90 64 row 1 4 2 1 1 1 1 1\n", "row-wise");
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1 7\n", "text after the 11 fields");
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1\nsm_90 64 block 64 32 4 2 2 2 2 2\n",
+                       "costs.txt:2: the setting of this line is given twice");
+    char long_line[700];
+    memset(long_line, 'x', sizeof long_line - 1);
+    long_line[sizeof long_line - 1] = '\0';
+    expect_parse_error(long_line, "costs.txt:1: line of 699 bytes");
+
+    /* the library's own file parses */
+    CHECK_EQ_INT(mha_cost_builtin(&t, &err), STOF_OK);
+    mha_cost_table_free(&t);
+}
+
+/* ---- block counts ------------------------------------------------------------------- */
+
+/* The grid's counts at (bm, bn) against mask_format_bsr_build's. */
+static void check_counts(const mask *m, int bm, int bn) {
+    stof_error err = {0};
+    mask_bsr *b16 = NULL, *f = NULL;
+    mha_cost_grid g;
+    CHECK_EQ_INT(mask_format_bsr_build(m, 16, 16, &b16, &err), STOF_OK);
+    CHECK_EQ_INT(mask_format_bsr_build(m, bm, bn, &f, &err), STOF_OK);
+    CHECK_EQ_INT(mha_cost_grid_build(m, b16, &g, &err), STOF_OK);
+    int *loaded = malloc((size_t)f->n_block_rows * sizeof *loaded);
+    int *full = malloc((size_t)f->n_block_rows * sizeof *full);
+    int bad = 0;
+    for (int b = 0; b < f->batch; b++) {
+        mha_cost_grid_rows(&g, b, bm, bn, loaded, full);
+        const int64_t base = mask_format_bsr_row_base(f, b);
+        for (int i = 0; i < f->n_block_rows; i++) {
+            int want_load = f->load_row_ptr[base + i + 1] - f->load_row_ptr[base + i];
+            int want_full = f->full_row_ptr[base + i + 1] - f->full_row_ptr[base + i];
+            bad += loaded[i] != want_load || full[i] != want_full;
+        }
+    }
+    CHECK_MSG(bad == 0, "%s at %dx%d: %d block rows differ", m->desc, bm, bn, bad);
+    free(loaded);
+    free(full);
+    mha_cost_grid_free(&g);
+    mask_format_bsr_free(b16);
+    mask_format_bsr_free(f);
+}
+
+static void test_counts(void) {
+    const char *texts[] = {"bigbird", "sliding_window{band=40}", "causal",
+                           "random{rate=0.3,block=16,seed=5}", "dilated",
+                           "key_padding{lengths=[100,37,200]}",
+                           "per_batch(causal, longformer, global{width=3})"};
+    const int sizes[] = {16, 32, 64, 128};
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++) {
+        mask *m = make_mask(texts[t], 3, 200, 232); /* neither a multiple of 64 */
+        CHECK(m != NULL);
+        for (int i = 0; m && i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                check_counts(m, sizes[i], sizes[j]);
+        mask_free(m);
+    }
+}
+
+/* ---- the launch --------------------------------------------------------------------- */
+
+static mha_cost_entry block_entry(int bm, int bn, double thr_tile, double thr_full,
+                                  double thr_part, double lat_tile, double lat_block) {
+    return (mha_cost_entry){.arch = "sm_90", .head_dim = 64, .kernel = MHA_KERNEL_BLOCK_WISE,
+                            .block_m = bm, .block_n = bn, .num_warps = 4,
+                            .thr_tile = thr_tile, .thr_full = thr_full, .thr_part = thr_part,
+                            .lat_tile = lat_tile, .lat_block = lat_block};
+}
+
+static void with_grid(const char *text, int batch, int q, int k, mha_cost_grid *g, mask **m) {
+    stof_error err = {0};
+    mask_bsr *b16 = NULL;
+    *m = make_mask(text, batch, q, k);
+    CHECK(*m && mask_format_bsr_build(*m, 16, 16, &b16, &err) == STOF_OK);
+    CHECK(b16 && mha_cost_grid_build(*m, b16, g, &err) == STOF_OK);
+    mask_format_bsr_free(b16);
+}
+
+static void test_predict(void) {
+    mha_cost_grid g;
+    mask *m;
+    /* dense 512 x 512: 8 block rows of 8 full 64 x 64 blocks, 2 x 3 copies = 48 tiles */
+    with_grid("union(causal, global{width=512})", 1, 512, 512, &g, &m);
+    mha_cost_entry e = block_entry(64, 64, 1, 2, 3, 5, 1);
+    /* 48 tiles on 10 SMs: 5 on the busiest, each 1 + 8 x 2 = 17 */
+    CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 10, 0), 5 * 17.0, 1e-9);
+    /* on 100 SMs the slowest tile's latency (5 + 8) bounds it, not its 17 of throughput */
+    e.lat_tile = 50;
+    CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 100, 0), 58.0, 1e-9);
+    mha_cost_grid_free(&g);
+    mask_free(m);
+
+    /* causal: rows of 1..8 blocks, the diagonal partial at 64 x 64: row i has i full
+     * blocks and one partial; longest first on 1 SM is the sum */
+    with_grid("causal", 1, 512, 512, &g, &m);
+    e = block_entry(64, 64, 1, 2, 3, 0, 0);
+    double sum = 0;
+    for (int i = 0; i < 8; i++)
+        sum += 1 + 2.0 * i + 3;
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 1, 0), sum, 1e-9);
+    /* 2 SMs: longest first, each to the least loaded: 32 29 | 30 27 | ... -> 84 / 80 */
+    double load[2] = {0, 0};
+    for (int i = 7; i >= 0; i--) {
+        int s = load[1] < load[0];
+        load[s] += 1 + 2.0 * i + 3;
+    }
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 2, 0), fmax(load[0], load[1]), 1e-9);
+    mha_cost_grid_free(&g);
+    mask_free(m);
+
+    /* Longformer's global rows: a plan that splits them (resident slots given) is
+     * predicted faster than one that walks them whole */
+    with_grid("longformer{global=64,band=64}", 1, 4096, 4096, &g, &m);
+    e = block_entry(64, 64, 1, 1, 1, 2, 0.5);
+    double whole = mha_cost_predict(&e, &g, 1, 1, 132, 0);
+    double split = mha_cost_predict(&e, &g, 1, 1, 132, 132 * 4);
+    CHECK_MSG(split < whole, "split %g, whole %g", split, whole);
+    CHECK(whole >= 2 + 64 * 0.5); /* the global row's 64 blocks, alone */
+    mha_cost_grid_free(&g);
+    mask_free(m);
+
+    /* row-wise: tiles of 4 rows, throughput by pairs, latency by the longest row */
+    with_grid("causal", 1, 8, 8, &g, &m);
+    mha_cost_entry r = {.arch = "sm_90", .head_dim = 64, .kernel = MHA_KERNEL_ROW_WISE,
+                        .rows_per_warp = 1, .warps_per_block = 4, .thr_tile = 1,
+                        .thr_full = 1, .thr_part = 1, .lat_tile = 0, .lat_block = 0};
+    /* rows 0-3: 1+2+3+4 = 10 pairs, rows 4-7: 26; one SM: 1 + 10 + 1 + 26 */
+    CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 1, 0), 38.0, 1e-9);
+    r.lat_tile = 100;
+    r.lat_block = 10;
+    CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 8, 0), 100 + 8 * 10.0, 1e-9);
+    mha_cost_grid_free(&g);
+    mask_free(m);
+}
+
+/* ---- the planner's choice ----------------------------------------------------------- */
+
+static void choose(const char *arch, const char *mask_text, int batch, int seq,
+                   mha_exec_config *cfg, char *reason) {
+    stof_error err = {0};
+    mha_device_limits lim;
+    CHECK_EQ_INT(mha_limits_for_arch(arch, &lim, &err), STOF_OK);
+    mask *m = make_mask(mask_text, 1, seq, seq), *folded = NULL;
+    mha_exec_problem p = {.mask = m, .batch = batch, .heads = 12, .head_dim = 64,
+                          .q_len = seq, .k_len = seq, .dtype = STOF_F16, .scale = 0.125f};
+    CHECK(m && mha_exec_fold_mask(&p, &folded, &err) == STOF_OK);
+    CHECK_EQ_INT(mha_exec_choose(&p, folded, &lim, NULL, cfg, reason, 256, &err), STOF_OK);
+    mask_free(folded);
+    mask_free(m);
+}
+
+static void test_choose(void) {
+    mha_cost_table t;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_cost_builtin(&t, &err), STOF_OK);
+    int calibrated = mha_cost_has_arch(&t, "sm_90");
+    mha_cost_table_free(&t);
+    mha_exec_config cfg;
+    char reason[256];
+    choose("sm_90", "bigbird", 16, 2048, &cfg, reason);
+    if (calibrated)
+        CHECK_CONTAINS(reason, "cost model (sm_90, attention_cost.txt)");
+    else
+        CHECK_CONTAINS(reason, "selector:");
+    setenv("STOF_ATTENTION_MODEL", "paper", 1);
+    choose("sm_90", "bigbird", 16, 2048, &cfg, reason);
+    CHECK_CONTAINS(reason, "selector:");
+    unsetenv("STOF_ATTENTION_MODEL");
+    /* an architecture without costs keeps to Eq. 1, 2 */
+    CHECK_EQ_INT(mha_cost_builtin(&t, &err), STOF_OK);
+    int sm86 = mha_cost_has_arch(&t, "sm_86");
+    mha_cost_table_free(&t);
+    if (!sm86) {
+        choose("sm_86", "bigbird", 16, 2048, &cfg, reason);
+        CHECK_CONTAINS(reason, "selector:");
+    }
+}
+
+int main(void) {
+    test_parse();
+    test_counts();
+    test_predict();
+    test_choose();
+    return check_summary("test_attention_cost");
+}

@@ -10,7 +10,8 @@ work per tile is known exactly, and fits the five costs of core/exec/attention/m
   P4 dense, 8 tiles x 8192 keys      8 tiles, each alone on an SM -> LAT_TILE + n LAT_BLOCK
   P5 dense, 8 tiles x 1024 keys      (with P4: both)
 
-A throughput problem takes ceil(tiles / SMs) x (THR_TILE + blocks x THR_*), the model's
+Times are the GPU's (launches replayed from a CUDA graph, as plans run them). A throughput
+problem takes ceil(tiles / SMs) x (THR_TILE + blocks x THR_*), the model's
 makespan of equal tiles. The lines of this GPU's architecture in kernels/attention_cost.txt
 are replaced (other architectures' are kept), with a comment saying where and when they were
 measured; --raw keeps every timing.
@@ -126,9 +127,7 @@ def time_problem(stof, sc, ctx, setting, p):
     torch.cuda.synchronize()
     if not bool(torch.isfinite(out).all().item()):
         raise RuntimeError(f"{setting} {name}: output not finite")
-    first = sc.time_ms(lambda: attn.run(q, k, v, out), 2, 3)
-    reps = max(5, min(40, int(60.0 / max(first, 1e-3))))
-    return sc.time_ms(lambda: attn.run(q, k, v, out), 3, reps) * 1e3  # us
+    return sc.graph_time_ms(lambda: attn.run(q, k, v, out)) * 1e3  # us
 
 
 def tiles(kind, a, b, p, d):

@@ -273,6 +273,7 @@ def choice_case(ctx, case, flex=True):
     row["best_kernel"] = min(times, key=times.get)
     row["best"] = min(row["analytical"], times[row["best_kernel"]])
     row["swept"] = len(times)
+    row["sweep"] = times
     qd, kd, vd = (t.reshape(batch, seq, HEADS, d).transpose(1, 2) for t in (q, k, v))
     row["flash-dense"] = sc.graph_time_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd))
     row["flex"] = float("nan")

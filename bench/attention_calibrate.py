@@ -1,14 +1,16 @@
 """Measures the costs of the attention kernels on this GPU: the data of the cost model.
 
 For every setting the planner ranks (block-wise BLOCK_M x BLOCK_N with its warps, in the
-automatic build; the row-wise kernel) at head sizes 64 and 128, it times five problems whose
-work per tile is known exactly, and fits the five costs of core/exec/attention/mha_exec_cost.h:
+automatic build; the row-wise kernel) at head sizes 64 and 128, it times seven problems whose
+work per tile is known exactly, and fits the six costs of core/exec/attention/mha_exec_cost.h:
 
-  P1 dense, (8, 12 heads, 2048)      many tiles of 2048 keys    -> THR_TILE + n THR_FULL
-  P2 dense, (32, 12 heads, 256)      many tiles of 256 keys     (with P1: both)
-  P3 every other key, (8, 12, 2048)  every block partial        -> THR_PART
-  P4 dense, 8 tiles x 8192 keys      8 tiles, each alone on an SM -> LAT_TILE + n LAT_BLOCK
-  P5 dense, 8 tiles x 1024 keys      (with P4: both)
+  P1 dense, (8, 12 heads, 2048)      many tiles of 2048 keys       -> THR_TILE, THR_FULL
+  P2 dense, (32, 12 heads, 256)      many tiles of 256 keys           (with P1)
+  P3 every other key, (8, 12, 2048)  every block partial           -> THR_PART
+  P4 dense, 8 tiles x 8192 keys      8 tiles, each alone on an SM  -> LAT_FULL
+  P5 dense, 8 tiles x 1024 keys                                       (with P4)
+  P6 dense, 8 tiles x one key block                                -> LAT_TILE
+  P7 every other key, 8 tiles x 8192 keys                          -> LAT_PART
 
 Times are the GPU's (launches replayed from a CUDA graph, as plans run them). A throughput
 problem takes ceil(tiles / SMs) x (THR_TILE + blocks x THR_*), the model's
@@ -62,9 +64,11 @@ def block_settings(head_dim):
 def problems(kind, a, b):
     """(name, batch, q_len, k_len, mask kind) of the five problems of a setting; a = BLOCK_M
     (row-wise: rows a tile)."""
+    one = b if kind == "block" else 16
     return [("P1", 8, 2048, 2048, "dense"), ("P2", 32, 256, 256, "dense"),
             ("P3", 8, 2048, 2048, "alternate"), ("P4", 1, 8 * a, 8192, "dense"),
-            ("P5", 1, 8 * a, 1024, "dense")]
+            ("P5", 1, 8 * a, 1024, "dense"), ("P6", 1, 8 * a, one, "dense"),
+            ("P7", 1, 8 * a, 8192, "alternate")]
 
 
 def plan(ctx, stof, kind, a, b, c, head_dim, batch, heads, q_len, k_len, mask_kind,
@@ -159,11 +163,13 @@ def fit(setting, t, sms):
     thr_tile, thr_full = fit_pair(per["P1"][1], per["P1"][0], per["P2"][1], per["P2"][0])
     thr_part = max(0.0, (per["P3"][0] - thr_tile) / per["P3"][1]) if kind == "block" else thr_full
     if kind == "block":
-        l4, l5 = math.ceil(8192 / b), math.ceil(1024 / b)
-    else:
-        l4, l5 = 8192 * ROW_SETTING[0], 1024 * ROW_SETTING[0]  # longest row x rows a warp
-    lat_tile, lat_block = fit_pair(l4, t["P4"], l5, t["P5"])
-    return thr_tile, thr_full, thr_part, lat_tile, lat_block
+        l4, l5, l6 = math.ceil(8192 / b), math.ceil(1024 / b), 1
+    else:  # the longest row's keys x rows a warp
+        l4, l5, l6 = 8192 * ROW_SETTING[0], 1024 * ROW_SETTING[0], 16 * ROW_SETTING[0]
+    lat_full = max(0.0, (t["P4"] - t["P5"]) / (l4 - l5))
+    lat_tile = max(0.0, t["P6"] - l6 * lat_full)
+    lat_part = max(0.0, (t["P7"] - lat_tile) / l4) if kind == "block" else lat_full
+    return thr_tile, thr_full, thr_part, lat_tile, lat_full, lat_part
 
 
 def write_costs(path, arch, lines, header):

@@ -40,9 +40,9 @@ static void test_parse(void) {
     mha_cost_table t;
     stof_error err = {0};
     const char *ok = "# comment\n\n"
-                     "sm_90 64 block 64 32 4 1.5 0.25 0.5 3 0.75 # trailing comment\n"
-                     "sm_90 128 block 64 32 4 2 0.5 1 4 1.5\n"
-                     "sm_90 64 row 1 4 0 0.1 0.001 0.001 2 0.01\n";
+                     "sm_90 64 block 64 32 4 1.5 0.25 0.5 3 0.75 1 # trailing comment\n"
+                     "sm_90 128 block 64 32 4 2 0.5 1 4 1.5 2\n"
+                     "sm_90 64 row 1 4 0 0.1 0.001 0.001 2 0.01 0.01\n";
     CHECK_EQ_INT(mha_cost_parse(ok, "costs.txt", &t, &err), STOF_OK);
     CHECK_EQ_INT(t.n, 3);
     CHECK(t.entries[0].kernel == MHA_KERNEL_BLOCK_WISE && t.entries[0].block_n == 32);
@@ -60,22 +60,23 @@ static void test_parse(void) {
     CHECK_EQ_INT(e.head_dim, 80);
     /* 96 is as near to both: the larger head size's, scaled down */
     CHECK(mha_cost_lookup(&t, "sm_90", 96, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
-    CHECK_NEAR(e.lat_block, 1.5 * 96 / 128, 1e-12);
+    CHECK_NEAR(e.lat_full, 1.5 * 96 / 128, 1e-12);
+    CHECK_NEAR(e.lat_part, 2.0 * 96 / 128, 1e-12);
     CHECK(mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_ROW_WISE, 1, 4, 0, &e));
     CHECK(!mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_BLOCK_WISE, 64, 64, 4, &e));
     CHECK(!mha_cost_lookup(&t, "sm_80", 64, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
     mha_cost_table_free(&t);
 
-    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1\n", "costs.txt:1: expected ARCH");
-    expect_parse_error("\nsm_90 64 tile 64 32 4 1 1 1 1 1\n", "costs.txt:2: kernel 'tile'");
-    expect_parse_error("gpu 64 block 64 32 4 1 1 1 1 1\n", "ARCH 'gpu'");
-    expect_parse_error("sm_90 64 block 64 32 4 1 -1 1 1 1\n", "THR_FULL is -1");
-    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 nan 1\n", "LAT_TILE is nan");
-    expect_parse_error("sm_90 64 block 60 32 4 1 1 1 1 1\n", "block 60x32");
-    expect_parse_error("sm_90 0 block 64 32 4 1 1 1 1 1\n", "HEAD_DIM 0");
-    expect_parse_error("sm_90 64 row 1 4 2 1 1 1 1 1\n", "row-wise");
-    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1 7\n", "text after the 11 fields");
-    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1\nsm_90 64 block 64 32 4 2 2 2 2 2\n",
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1\n", "costs.txt:1: expected ARCH");
+    expect_parse_error("\nsm_90 64 tile 64 32 4 1 1 1 1 1 1\n", "costs.txt:2: kernel 'tile'");
+    expect_parse_error("gpu 64 block 64 32 4 1 1 1 1 1 1\n", "ARCH 'gpu'");
+    expect_parse_error("sm_90 64 block 64 32 4 1 -1 1 1 1 1\n", "THR_FULL is -1");
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 nan 1 1\n", "LAT_TILE is nan");
+    expect_parse_error("sm_90 64 block 60 32 4 1 1 1 1 1 1\n", "block 60x32");
+    expect_parse_error("sm_90 0 block 64 32 4 1 1 1 1 1 1\n", "HEAD_DIM 0");
+    expect_parse_error("sm_90 64 row 1 4 2 1 1 1 1 1 1\n", "row-wise");
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1 1 7\n", "text after the 12 fields");
+    expect_parse_error("sm_90 64 block 64 32 4 1 1 1 1 1 1\nsm_90 64 block 64 32 4 2 2 2 2 2 2\n",
                        "costs.txt:2: the setting of this line is given twice");
     char long_line[700];
     memset(long_line, 'x', sizeof long_line - 1);
@@ -136,11 +137,12 @@ static void test_counts(void) {
 /* ---- the launch --------------------------------------------------------------------- */
 
 static mha_cost_entry block_entry(int bm, int bn, double thr_tile, double thr_full,
-                                  double thr_part, double lat_tile, double lat_block) {
+                                  double thr_part, double lat_tile, double lat_full,
+                                  double lat_part) {
     return (mha_cost_entry){.arch = "sm_90", .head_dim = 64, .kernel = MHA_KERNEL_BLOCK_WISE,
                             .block_m = bm, .block_n = bn, .num_warps = 4,
                             .thr_tile = thr_tile, .thr_full = thr_full, .thr_part = thr_part,
-                            .lat_tile = lat_tile, .lat_block = lat_block};
+                            .lat_tile = lat_tile, .lat_full = lat_full, .lat_part = lat_part};
 }
 
 static void with_grid(const char *text, int batch, int q, int k, mha_cost_grid *g, mask **m) {
@@ -157,7 +159,7 @@ static void test_predict(void) {
     mask *m;
     /* dense 512 x 512: 8 block rows of 8 full 64 x 64 blocks, 2 x 3 copies = 48 tiles */
     with_grid("union(causal, global{width=512})", 1, 512, 512, &g, &m);
-    mha_cost_entry e = block_entry(64, 64, 1, 2, 3, 5, 1);
+    mha_cost_entry e = block_entry(64, 64, 1, 2, 3, 5, 1, 9);
     /* 48 tiles on 10 SMs: 5 on the busiest, each 1 + 8 x 2 = 17 */
     CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 10, 0), 5 * 17.0, 1e-9);
     /* on 100 SMs the slowest tile's latency (5 + 8) bounds it, not its 17 of throughput */
@@ -169,7 +171,7 @@ static void test_predict(void) {
     /* causal: rows of 1..8 blocks, the diagonal partial at 64 x 64: row i has i full
      * blocks and one partial; longest first on 1 SM is the sum */
     with_grid("causal", 1, 512, 512, &g, &m);
-    e = block_entry(64, 64, 1, 2, 3, 0, 0);
+    e = block_entry(64, 64, 1, 2, 3, 0, 0, 0);
     double sum = 0;
     for (int i = 0; i < 8; i++)
         sum += 1 + 2.0 * i + 3;
@@ -181,13 +183,17 @@ static void test_predict(void) {
         load[s] += 1 + 2.0 * i + 3;
     }
     CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 2, 0), fmax(load[0], load[1]), 1e-9);
+    /* alone on 100 SMs: the last row's 7 full blocks and its diagonal one, at their own
+     * latencies */
+    e = block_entry(64, 64, 0, 0, 0, 1, 2, 5);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 100, 0), 1 + 7 * 2.0 + 5, 1e-9);
     mha_cost_grid_free(&g);
     mask_free(m);
 
     /* Longformer's global rows: a plan that splits them (resident slots given) is
      * predicted faster than one that walks them whole */
     with_grid("longformer{global=64,band=64}", 1, 4096, 4096, &g, &m);
-    e = block_entry(64, 64, 1, 1, 1, 2, 0.5);
+    e = block_entry(64, 64, 1, 1, 1, 2, 0.5, 0.5);
     double whole = mha_cost_predict(&e, &g, 1, 1, 132, 0);
     double split = mha_cost_predict(&e, &g, 1, 1, 132, 132 * 4);
     CHECK_MSG(split < whole, "split %g, whole %g", split, whole);
@@ -199,11 +205,12 @@ static void test_predict(void) {
     with_grid("causal", 1, 8, 8, &g, &m);
     mha_cost_entry r = {.arch = "sm_90", .head_dim = 64, .kernel = MHA_KERNEL_ROW_WISE,
                         .rows_per_warp = 1, .warps_per_block = 4, .thr_tile = 1,
-                        .thr_full = 1, .thr_part = 1, .lat_tile = 0, .lat_block = 0};
+                        .thr_full = 1, .thr_part = 1, .lat_tile = 0, .lat_full = 0,
+                        .lat_part = 0};
     /* rows 0-3: 1+2+3+4 = 10 pairs, rows 4-7: 26; one SM: 1 + 10 + 1 + 26 */
     CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 1, 0), 38.0, 1e-9);
     r.lat_tile = 100;
-    r.lat_block = 10;
+    r.lat_full = 10;
     CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 8, 0), 100 + 8 * 10.0, 1e-9);
     mha_cost_grid_free(&g);
     mask_free(m);

@@ -260,13 +260,31 @@ typedef struct mha_exec_force {
 } mha_exec_force;
 
 /* The kernel configuration for a problem on a device with limits lim (from
- * the GPU, or mha_limits_for_arch offline): forced, or the selector's
+ * the GPU, or mha_limits_for_arch offline): forced; else the cost model's
+ * fastest (mha_exec_model_rank; sizes forced to block-wise pick among
+ * block-wise ones); else, without costs for the device, the selector's
  * (Eq. 1, then Eq. 2's best setting this kernel runs without spilling and
  * within the shared memory limit; row-wise when none). folded is the mask
  * from mha_exec_fold_mask. reason gets one line on why. */
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
                     const mha_exec_force *force, mha_exec_config *cfg, char *reason,
                     size_t reason_size, stof_error *err);
+
+/* The calibrated cost model's ranking (core/exec/attention/mha_exec_cost.h)
+ * of the settings a plan may take: every runnable setting of the
+ * selector's table in its automatic build, and the row-wise kernel unless
+ * force asks for block-wise; fastest first, at most cap, *n of them. *n is
+ * 0 where the model has no costs for lim's architecture or
+ * STOF_ATTENTION_MODEL=paper switches it off; mha_exec_choose then keeps to
+ * Eq. 1 and 2. */
+typedef struct mha_exec_ranked {
+    mha_exec_config cfg;
+    double us; /* predicted */
+} mha_exec_ranked;
+#define MHA_EXEC_MAX_RANKED (MHA_SELECT_MAX_CANDIDATES + 1)
+int mha_exec_model_rank(const mha_exec_problem *p, const mask *folded,
+                        const mha_device_limits *lim, const mha_exec_force *force,
+                        mha_exec_ranked *out, int cap, int *n, stof_error *err);
 
 /* The fixed block-wise settings (BLOCK_M, BLOCK_N, num_warps) a measured
  * plan always tries besides Eq. 2's best ones, when they fit, each in its

@@ -204,13 +204,6 @@ static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn,
     return c;
 }
 
-/* Whether the calibrated model chooses: STOF_ATTENTION_MODEL=paper keeps to
- * the paper's Eq. 1 and 2. */
-static int model_wanted(void) {
-    const char *env = getenv("STOF_ATTENTION_MODEL");
-    return !(env && strcmp(env, "paper") == 0);
-}
-
 /* The model's time of cfg (sizes and build set) on the grid's mask, in us;
  * -1 when the table has no cost for it. Block-wise plans split long rows
  * on the resident slots of cfg, as mha_plan_finish does. */
@@ -234,32 +227,24 @@ static double model_time(const mha_cost_table *t, const mha_cost_grid *g,
     return mha_cost_predict(&e, g, p->batch, p->heads, lim->sm_count, resident);
 }
 
+/* Appends a ranked setting unless the list is full. */
+static void rank(mha_exec_ranked *out, int cap, int *n, const mha_exec_config *c, double us) {
+    if (us >= 0 && *n < cap)
+        out[(*n)++] = (mha_exec_ranked){*c, us};
+}
+
+static int by_time(const void *pa, const void *pb) {
+    double a = ((const mha_exec_ranked *)pa)->us, b = ((const mha_exec_ranked *)pb)->us;
+    return (a > b) - (a < b);
+}
+
 /* The settings the model ranks: the selector's table where runnable (in
  * the automatic build), then the row-wise kernel unless block-wise is
  * forced. */
-typedef struct model_ranking {
-    mha_exec_config best, second;
-    double best_us, second_us, row_us; /* -1: none */
-} model_ranking;
-
-static void rank(model_ranking *r, const mha_exec_config *c, double us) {
-    if (us < 0)
-        return;
-    if (r->best_us < 0 || us < r->best_us) {
-        r->second = r->best;
-        r->second_us = r->best_us;
-        r->best = *c;
-        r->best_us = us;
-    } else if (r->second_us < 0 || us < r->second_us) {
-        r->second = *c;
-        r->second_us = us;
-    }
-}
-
 static int rank_settings(const mha_exec_problem *p, const mask *folded,
                          const mha_device_limits *lim, const mha_exec_force *force,
                          const mha_exec_config *base, const mha_cost_table *t,
-                         model_ranking *r, stof_error *err) {
+                         mha_exec_ranked *out, int cap, int *n, stof_error *err) {
     mha_selection *sel = err_malloc(sizeof *sel, err);
     if (!sel)
         return STOF_ERR_NOMEM;
@@ -277,7 +262,7 @@ static int rank_settings(const mha_exec_problem *p, const mask *folded,
         mha_exec_config c = block_config(base, k->block_m, k->block_n, k->num_warps, force, lim);
         stof_error ignored = {0};
         if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK)
-            rank(r, &c, model_time(t, &g, p, &c, lim));
+            rank(out, cap, n, &c, model_time(t, &g, p, &c, lim));
     }
     if (!rc && !(force && force->kernel == MHA_KERNEL_BLOCK_WISE)) {
         mha_exec_config c = *base;
@@ -286,12 +271,35 @@ static int rank_settings(const mha_exec_problem *p, const mask *folded,
             c.rows_per_warp = sel->rows_per_warp;
         if (!force || !force->warps_per_block)
             c.warps_per_block = sel->warps_per_block;
-        r->row_us = model_time(t, &g, p, &c, lim);
-        rank(r, &c, r->row_us);
+        rank(out, cap, n, &c, model_time(t, &g, p, &c, lim));
     }
     if (!rc)
         mha_cost_grid_free(&g);
     free(sel);
+    qsort(out, (size_t)*n, sizeof *out, by_time);
+    return rc;
+}
+
+/* The base configuration of a problem: what every candidate shares. */
+static void base_config(const mha_exec_problem *p, const mha_exec_force *force,
+                        mha_exec_config *cfg);
+
+int mha_exec_model_rank(const mha_exec_problem *p, const mask *folded,
+                        const mha_device_limits *lim, const mha_exec_force *force,
+                        mha_exec_ranked *out, int cap, int *n, stof_error *err) {
+    *n = 0;
+    const char *env = getenv("STOF_ATTENTION_MODEL");
+    if ((env && strcmp(env, "paper") == 0) || !lim || !lim->arch)
+        return STOF_OK;
+    mha_cost_table t;
+    int rc = mha_cost_builtin(&t, err);
+    if (rc)
+        return rc;
+    mha_exec_config base;
+    base_config(p, force, &base);
+    if (mha_cost_has_arch(&t, lim->arch))
+        rc = rank_settings(p, folded, lim, force, &base, &t, out, cap, n, err);
+    mha_cost_table_free(&t);
     return rc;
 }
 
@@ -304,39 +312,35 @@ static void short_setting(const mha_exec_config *c, char *out, size_t n) {
         snprintf(out, n, "row %dx%d", c->rows_per_warp, c->warps_per_block);
 }
 
-/* The calibrated model's choice (mha_exec_cost.h): 1 with cfg and reason
- * set; 0 when it has no costs for this device or is switched off (the
- * caller keeps to Eq. 1 and 2); an error. */
+/* The calibrated model's choice (mha_exec_model_rank): 1 with cfg and
+ * reason set; 0 when it has no costs for this device or is switched off
+ * (the caller keeps to Eq. 1 and 2); an error. */
 static int model_choose(const mha_exec_problem *p, const mask *folded,
                         const mha_device_limits *lim, const mha_exec_force *force,
                         mha_exec_config *cfg, char *reason, size_t reason_size,
                         stof_error *err) {
-    if (!model_wanted() || !lim || !lim->arch)
-        return 0;
-    mha_cost_table t;
-    int rc = mha_cost_builtin(&t, err);
-    if (rc)
+    mha_exec_ranked *r = err_malloc(MHA_EXEC_MAX_RANKED * sizeof *r, err);
+    if (!r)
+        return STOF_ERR_NOMEM;
+    int n = 0;
+    int rc = mha_exec_model_rank(p, folded, lim, force, r, MHA_EXEC_MAX_RANKED, &n, err);
+    if (rc || n == 0) {
+        free(r);
         return rc;
-    model_ranking r = {.best_us = -1, .second_us = -1, .row_us = -1};
-    if (mha_cost_has_arch(&t, lim->arch))
-        rc = rank_settings(p, folded, lim, force, cfg, &t, &r, err);
-    mha_cost_table_free(&t);
-    if (rc || r.best_us < 0)
-        return rc;
-    *cfg = r.best;
+    }
+    *cfg = r[0].cfg;
     char first[48], second[48] = "none";
-    short_setting(&r.best, first, sizeof first);
-    if (r.second_us >= 0)
-        short_setting(&r.second, second, sizeof second);
-    snprintf(reason, reason_size,
-             "cost model (%s, %s): %s %.1f us predicted; next %s %.1f us; row-wise %.1f us",
-             lim->arch, MHA_COST_FILE, first, r.best_us, second, r.second_us, r.row_us);
+    short_setting(&r[0].cfg, first, sizeof first);
+    if (n > 1)
+        short_setting(&r[1].cfg, second, sizeof second);
+    snprintf(reason, reason_size, "cost model (%s, %s): %s %.1f us predicted; next %s %.1f us",
+             lim->arch, MHA_COST_FILE, first, r[0].us, second, n > 1 ? r[1].us : 0.0);
+    free(r);
     return 1;
 }
 
-int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
-                    const mha_exec_force *force, mha_exec_config *cfg, char *reason,
-                    size_t reason_size, stof_error *err) {
+static void base_config(const mha_exec_problem *p, const mha_exec_force *force,
+                        mha_exec_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->head_dim = p->head_dim;
     cfg->dtype = p->dtype;
@@ -345,6 +349,12 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
     cfg->relpos_mid = relpos_mid_capacity(p);
     cfg->rows_per_warp = force && force->rows_per_warp ? force->rows_per_warp : 1;
     cfg->warps_per_block = force && force->warps_per_block ? force->warps_per_block : 4;
+}
+
+int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,
+                    const mha_exec_force *force, mha_exec_config *cfg, char *reason,
+                    size_t reason_size, stof_error *err) {
+    base_config(p, force, cfg);
     int forced = force && force->kernel >= 0;
     if (forced) {
         cfg->kernel = (mha_kernel)force->kernel;

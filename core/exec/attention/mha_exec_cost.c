@@ -12,8 +12,9 @@
 
 /* ---- the table ------------------------------------------------------------------------- */
 
-static const char *const cost_fields[] = {"THR_TILE", "THR_FULL", "THR_PART", "LAT_TILE",
-                                          "LAT_BLOCK"};
+static const char *const cost_fields[] = {"THR_TILE", "THR_FULL", "THR_PART",
+                                          "LAT_TILE", "LAT_FULL", "LAT_PART"};
+#define N_COSTS 6
 
 static int same_setting(const mha_cost_entry *a, const mha_cost_entry *b) {
     return strcmp(a->arch, b->arch) == 0 && a->head_dim == b->head_dim &&
@@ -47,17 +48,18 @@ static int parse_line(const char *text, const char *name, int line, mha_cost_ent
                       stof_error *err) {
     char kind[8];
     int s[3], used = 0;
-    double c[5];
+    double c[N_COSTS];
     memset(e, 0, sizeof *e);
-    int got = sscanf(text, "%15s %d %7s %d %d %d %lf %lf %lf %lf %lf %n", e->arch, &e->head_dim,
-                     kind, &s[0], &s[1], &s[2], &c[0], &c[1], &c[2], &c[3], &c[4], &used);
-    if (got < 11)
+    int got = sscanf(text, "%15s %d %7s %d %d %d %lf %lf %lf %lf %lf %lf %n", e->arch,
+                     &e->head_dim, kind, &s[0], &s[1], &s[2], &c[0], &c[1], &c[2], &c[3], &c[4],
+                     &c[5], &used);
+    if (got < 6 + N_COSTS)
         return err_set(err, STOF_ERR_FORMAT,
                        "%s:%d: expected ARCH HEAD_DIM block|row A B C THR_TILE THR_FULL "
-                       "THR_PART LAT_TILE LAT_BLOCK (11 fields), read %d", name, line,
+                       "THR_PART LAT_TILE LAT_FULL LAT_PART (12 fields), read %d", name, line,
                        got < 0 ? 0 : got);
     if (text[used] != '\0' && text[used] != '#')
-        return err_set(err, STOF_ERR_FORMAT, "%s:%d: text after the 11 fields: '%.20s'", name,
+        return err_set(err, STOF_ERR_FORMAT, "%s:%d: text after the 12 fields: '%.20s'", name,
                        line, text + used);
     if (strncmp(e->arch, "sm_", 3) != 0)
         return err_set(err, STOF_ERR_FORMAT, "%s:%d: ARCH '%s' is not of the form sm_XY", name,
@@ -72,7 +74,7 @@ static int parse_line(const char *text, const char *name, int line, mha_cost_ent
     int rc = check_sizes(e, s, name, line, err);
     if (rc)
         return rc;
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < N_COSTS; k++)
         if (!isfinite(c[k]) || c[k] < 0)
             return err_set(err, STOF_ERR_FORMAT,
                            "%s:%d: %s is %g: costs are finite and not negative", name, line,
@@ -89,7 +91,8 @@ static int parse_line(const char *text, const char *name, int line, mha_cost_ent
     e->thr_full = c[1];
     e->thr_part = c[2];
     e->lat_tile = c[3];
-    e->lat_block = c[4];
+    e->lat_full = c[4];
+    e->lat_part = c[5];
     return STOF_OK;
 }
 
@@ -191,7 +194,8 @@ int mha_cost_lookup(const mha_cost_table *t, const char *arch, int head_dim, mha
         double r = (double)head_dim / best->head_dim;
         out->thr_full *= r;
         out->thr_part *= r;
-        out->lat_block *= r;
+        out->lat_full *= r;
+        out->lat_part *= r;
         out->head_dim = head_dim;
     }
     return 1;
@@ -314,7 +318,7 @@ static double makespan(tile_kind *k, int n, int sm) {
 static tile_kind block_tile(const mha_cost_entry *e, double loaded, double full, int64_t count) {
     double part = loaded - full;
     return (tile_kind){e->thr_tile + full * e->thr_full + part * e->thr_part,
-                       e->lat_tile + loaded * e->lat_block, count};
+                       e->lat_tile + full * e->lat_full + part * e->lat_part, count};
 }
 
 /* The block-wise launch's tile kinds: a row of every stored batch, cut into
@@ -369,7 +373,7 @@ static int row_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batch,
             }
             k[b * tiles + t] = (tile_kind){e->thr_tile + (double)pairs * e->thr_full,
                                            e->lat_tile + (double)(longest * e->rows_per_warp) *
-                                                             e->lat_block,
+                                                             e->lat_full,
                                            copies};
         }
     *out = k;

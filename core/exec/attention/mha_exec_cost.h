@@ -7,12 +7,13 @@
  *
  *   throughput: thr_tile + full x thr_full + partial x thr_part
  *               (us of an SM's time while the SM is full of tiles)
- *   latency:    lat_tile + loaded x lat_block
+ *   latency:    lat_tile + full x lat_full + partial x lat_part
  *               (us of one tile alone on an SM: nothing hides its loads)
  *
  * where full / partial count the tile's loaded key blocks at the
  * configuration's BLOCK_M x BLOCK_N (row-wise: full is the tile's allowed
- * pairs, loaded the longest row's keys times rows_per_warp). The launch takes
+ * pairs for throughput, the longest row's keys times rows_per_warp for
+ * latency; it has no partial blocks). The launch takes
  * max(the most loaded SM, the slowest tile), the tiles given to the SMs
  * longest first, each to the least loaded SM. Rows the plan would split
  * (mha_exec_split_chunk) count as their pieces. Tile work counts come from
@@ -21,7 +22,8 @@
  *
  * The costs are data: kernels/attention_cost.txt, one line a measured
  * setting (arch, head size, kernel, sizes, the five costs), written by
- * bench/attention_calibrate.py on the GPU it names. A head size without a
+ * bench/attention_calibrate.py on the GPU it names (see there for the
+ * problems each cost comes from). A head size without a
  * line takes the nearest measured one's, its block costs scaled by the ratio
  * of head sizes; an architecture without lines has no model (the caller
  * keeps to the paper's Eq. 1 and 2). */
@@ -45,7 +47,7 @@ typedef struct mha_cost_entry {
     int block_m, block_n, num_warps;     /* block-wise */
     int rows_per_warp, warps_per_block;  /* row-wise */
     double thr_tile, thr_full, thr_part; /* us */
-    double lat_tile, lat_block;          /* us */
+    double lat_tile, lat_full, lat_part; /* us */
 } mha_cost_entry;
 
 typedef struct mha_cost_table {
@@ -55,8 +57,8 @@ typedef struct mha_cost_table {
 
 /* Reads the text of a cost file (name for messages): '#' starts a comment;
  * each other line is
- *   ARCH HEAD_DIM block BLOCK_M BLOCK_N WARPS THR_TILE THR_FULL THR_PART LAT_TILE LAT_BLOCK
- *   ARCH HEAD_DIM row ROWS_PER_WARP WARPS_PER_BLOCK 0 THR_TILE THR_PAIR THR_PAIR LAT_TILE LAT_KEY
+ *   ARCH HEAD_DIM block BLOCK_M BLOCK_N WARPS THR_TILE THR_FULL THR_PART LAT_TILE LAT_FULL LAT_PART
+ *   ARCH HEAD_DIM row ROWS_PER_WARP WARPS_PER_BLOCK 0 THR_TILE THR_PAIR THR_PAIR LAT_TILE LAT_KEY LAT_KEY
  * STOF_ERR_PARSE naming the file, the line and the field otherwise (a cost
  * that is negative or not finite, a size that is not a multiple of 16, a
  * setting given twice). */

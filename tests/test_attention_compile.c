@@ -709,9 +709,7 @@ static void test_stages(void) {
     }
 }
 
-/* The selector's choices for the GPU test's problems on an H100 compile,
- * and a very sparse mask goes row-wise. */
-static void test_choose_offline(void) {
+static void choose_offline(int paper) {
     mha_device_limits lim;
     stof_error err = {0};
     CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
@@ -747,8 +745,10 @@ static void test_choose_offline(void) {
             if (cfg.kernel == MHA_KERNEL_BLOCK_WISE)
                 CHECK(mha_exec_block_regs_ok(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.head_dim));
             compile_config(&c, &cfg, "sm_90");
-            if (i == sizeof cases / sizeof cases[0] - 1)
+            if (paper && i == sizeof cases / sizeof cases[0] - 1)
                 CHECK_EQ_INT(cfg.kernel, MHA_KERNEL_ROW_WISE);
+            if (!paper)
+                CHECK_CONTAINS(reason, "cost model (sm_90");
         }
         /* forced block-wise without sizes takes Eq. 2's */
         mha_exec_force force = {.kernel = MHA_KERNEL_BLOCK_WISE};
@@ -813,6 +813,18 @@ static int candidates_of(const char *spec, int batch, int s, int d, const mha_ex
     return rc ? 0 : n;
 }
 
+
+/* The planner's choices for the GPU test's problems on an H100 compile, by
+ * the cost model and by the paper's Eq. 1 and 2 (STOF_ATTENTION_MODEL=paper),
+ * where a very sparse mask goes row-wise. */
+static void test_choose_offline(void) {
+    for (int paper = 0; paper < 2; paper++) {
+        if (paper)
+            setenv("STOF_ATTENTION_MODEL", "paper", 1);
+        choose_offline(paper);
+    }
+    unsetenv("STOF_ATTENTION_MODEL");
+}
 /* The build a forced size takes by default: wgmma on sm_90 for whole
  * warpgroups and head sizes that are multiples of 64, mma.sync otherwise or
  * when asked for. */
@@ -934,10 +946,13 @@ static void test_candidates(void) {
         CHECK_EQ_INT(c[i].stages, 3);
     force.stages = 0;
 
-    /* very sparse: Eq. 1 says row-wise, which comes first, once; block-wise ones follow */
+    /* very sparse: Eq. 1 (the paper's model) says row-wise, which comes first, once;
+     * block-wise ones follow */
     force.measure = 2;
+    setenv("STOF_ATTENTION_MODEL", "paper", 1);
     n = candidates_of("sliding_window{band=2}", 2, 4096, 64, &force, &lim, c,
                       MHA_EXEC_MAX_MEASURED);
+    unsetenv("STOF_ATTENTION_MODEL");
     CHECK(n >= 3 && c[0].kernel == MHA_KERNEL_ROW_WISE);
     CHECK_EQ_INT(count_kind(c, n, MHA_KERNEL_ROW_WISE), 1);
 

@@ -1,10 +1,13 @@
-/* `stof mha-select`: the analytical attention-kernel choice (paper Eq. 1 and
- * Eq. 2) for every distinct (mask, shape) of a model, with the score table. */
+/* `stof mha-select`: the analytical attention-kernel choice for every
+ * distinct (mask, shape) of a model: the paper's Eq. 1 and Eq. 2 with the
+ * score table, then the calibrated cost model's ranking (what plans take
+ * where it has the GPU's costs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/cli/cli.h"
+#include "core/exec/attention/mha_exec.h"
 #include "core/gpu/device.h"
 #include "ops/mask.h"
 #include "ops/mask_format.h"
@@ -27,6 +30,51 @@ static int selection_limits(const cli_args *a, mha_device_limits *lim, char *arc
         return 1;
     }
     printf("limits of %s (%s)\n", arch, a->arch ? "--arch" : "no GPU here; use --arch to choose");
+    return 0;
+}
+
+/* "block 64x64 w4 wgmma st3 tma" or "row 1x4". */
+static void print_setting(const mha_exec_config *c) {
+    if (c->kernel == MHA_KERNEL_BLOCK_WISE)
+        printf("block %3dx%-3d w%d st%d%s%s", c->block_m, c->block_n, c->num_warps, c->stages,
+               c->wgmma ? " wgmma" : "", c->tma ? " tma" : "");
+    else
+        printf("row %dx%d", c->rows_per_warp, c->warps_per_block);
+}
+
+/* The cost model's ranking of the op's settings (the first few). */
+static int print_model_rank(const graph *g, const graph_op *op, const mha_device_limits *lim) {
+    const op_attention *at = &op->attr.attn;
+    const graph_tensor *q = &g->tensors[op->inputs[0]];
+    const graph_tensor *kv = &g->tensors[op->inputs[at->cross ? 1 : 0]];
+    mha_exec_problem p = {.mask = at->mask >= 0 ? g->masks[at->mask] : NULL,
+                          .causal = at->causal, .batch = (int)q->shape[0], .heads = at->heads,
+                          .head_dim = at->head_dim, .q_len = (int)q->shape[1],
+                          .k_len = (int)kv->shape[1], .dtype = q->dtype, .scale = 1.0f};
+    stof_error err = {0};
+    mask *folded = NULL;
+    mha_exec_ranked r[MHA_EXEC_MAX_RANKED];
+    int n = 0;
+    int rc = mha_exec_fold_mask(&p, &folded, &err);
+    if (!rc)
+        rc = mha_exec_model_rank(&p, folded, lim, NULL, r, MHA_EXEC_MAX_RANKED, &n, &err);
+    mask_free(folded);
+    if (rc) {
+        fprintf(stderr, "stof: %s\n", err.msg);
+        return 1;
+    }
+    if (n == 0) {
+        printf("cost model: no costs for %s in kernels/attention_cost.txt (or "
+               "STOF_ATTENTION_MODEL=paper): plans take Eq. 1 and 2\n", lim->arch);
+        return 0;
+    }
+    printf("cost model (%s, kernels/attention_cost.txt): what plans take, fastest first\n",
+           lim->arch);
+    for (int i = 0; i < n && i < 8; i++) {
+        printf("  %s", i ? "  " : "->");
+        print_setting(&r[i].cfg);
+        printf("  %.1f us predicted\n", r[i].us);
+    }
     return 0;
 }
 
@@ -59,7 +107,7 @@ static int select_for_op(const graph *g, const graph_op *op, const mha_device_li
            at->mask >= 0 ? g->masks[at->mask]->desc : "none (dense)",
            at->causal ? " (causal: folded into the mask by the kernels)" : "", text);
     free(text);
-    return 0;
+    return print_model_rank(g, op, lim);
 }
 
 /* Two attention ops with the same mask and shapes get the same answer: print

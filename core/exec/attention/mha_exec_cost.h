@@ -16,7 +16,8 @@
  * latency; it has no partial blocks). The launch takes
  * max(the most loaded SM, the slowest tile), the tiles given to the SMs
  * longest first, each to the least loaded SM. Rows the plan would split
- * (mha_exec_split_chunk) count as their pieces. Tile work counts come from
+ * (mha_exec_split_chunk) count as their pieces, and the combine kernel of
+ * a split plan as one more tile latency. Tile work counts come from
  * the mask's 16 x 16 blocks, so every setting is ranked without building its
  * own format.
  *

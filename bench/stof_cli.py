@@ -281,24 +281,12 @@ def graph_time_ms(fn, budget_ms=3.0, reps=5):
         return time_ms(fn, 2, reps * 4)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / n)
-    return statistics.median(times)
+    return statistics.median(event_times(graph.replay, reps)) / n
 
 
-def time_ms(fn, warmup, reps):
-    """Median of reps CUDA-event timings of fn (ms), after warmup calls."""
+def event_times(fn, reps):
+    """CUDA-event timings of reps calls of fn (ms each)."""
     import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)
@@ -308,4 +296,14 @@ def time_ms(fn, warmup, reps):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
+    return times
+
+
+def time_ms(fn, warmup, reps):
+    """Median of reps CUDA-event timings of fn (ms), after warmup calls."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = event_times(fn, reps)
     return statistics.median(times)

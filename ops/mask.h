@@ -85,6 +85,9 @@ typedef struct mask {
  * needs per-batch rows (key padding, per_batch). */
 int mask_build(const mask_spec *spec, int batch, int q_len, int k_len, mask **out,
                stof_error *err);
+/* mask_spec_parse, then mask_build: a mask from its text form. */
+int mask_build_text(const char *text, int batch, int q_len, int k_len, mask **out,
+                    stof_error *err);
 /* From a dense uint8 array [batch][q_len][k_len]. */
 int mask_from_dense(const uint8_t *dense, int batch, int q_len, int k_len, const char *desc,
                     mask **out, stof_error *err);

@@ -302,3 +302,14 @@ int mask_build(const mask_spec *spec, int batch, int q_len, int k_len, mask **ou
     *out = m;
     return STOF_OK;
 }
+
+int mask_build_text(const char *text, int batch, int q_len, int k_len, mask **out,
+                    stof_error *err) {
+    mask_spec *spec = NULL;
+    *out = NULL;
+    int rc = mask_spec_parse(text, &spec, err);
+    if (rc == STOF_OK)
+        rc = mask_build(spec, batch, q_len, k_len, out, err);
+    mask_spec_free(spec);
+    return rc;
+}

@@ -294,12 +294,7 @@ static int case_mask(const tcase *tc, mask **out, stof_error *err) {
         return STOF_OK;
     if (tc->src == SRC_EMPTY_ROWS)
         return empty_rows_mask(tc, out, err);
-    mask_spec *s = NULL;
-    int rc = mask_spec_parse(tc->spec, &s, err);
-    if (!rc)
-        rc = mask_build(s, tc->batch, tc->q_len, tc->k_len, out, err);
-    mask_spec_free(s);
-    return rc;
+    return mask_build_text(tc->spec, tc->batch, tc->q_len, tc->k_len, out, err);
 }
 
 /* ---- device buffers ------------------------------------------------------------------- */

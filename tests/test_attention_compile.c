@@ -359,13 +359,9 @@ static mha_exec_problem base_problem(int batch, int q_len, int k_len) {
 }
 
 static mask *build(const char *text, int batch, int q_len, int k_len) {
-    mask_spec *s = NULL;
     stof_error err = {0};
     mask *m = NULL;
-    int rc = mask_spec_parse(text, &s, &err);
-    if (!rc)
-        rc = mask_build(s, batch, q_len, k_len, &m, &err);
-    mask_spec_free(s);
+    int rc = mask_build_text(text, batch, q_len, k_len, &m, &err);
     CHECK_MSG(rc == STOF_OK, "%s: %s", text, err.msg);
     return m;
 }

@@ -15,13 +15,9 @@
 #include "ops/mask_format.h"
 
 static mask *make_mask(const char *text, int batch, int q, int k) {
-    mask_spec *s = NULL;
     mask *m = NULL;
     stof_error err = {0};
-    if (mask_spec_parse(text, &s, &err) == STOF_OK)
-        mask_build(s, batch, q, k, &m, &err);
-    mask_spec_free(s);
-    if (!m)
+    if (mask_build_text(text, batch, q, k, &m, &err))
         fprintf(stderr, "mask %s: %s\n", text, err.msg);
     return m;
 }

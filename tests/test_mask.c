@@ -439,12 +439,9 @@ static void test_table2(void) {
 /* ---- reproducibility and speed ----------------------------------------------- */
 
 static mask *build_text(const char *text, int batch, int q, int k) {
-    mask_spec *s = NULL;
     mask *m = NULL;
     stof_error err = {0};
-    if (mask_spec_parse(text, &s, &err) == STOF_OK)
-        mask_build(s, batch, q, k, &m, &err);
-    mask_spec_free(s);
+    mask_build_text(text, batch, q, k, &m, &err);
     return m;
 }
 
@@ -534,6 +531,15 @@ static int pred_fails(void *ud, int b, int i, int j, stof_error *err) {
 
 static void test_build_errors(void) {
     const int E = STOF_ERR_INVALID;
+    /* from text: a parse error and a build error both reach the caller, nothing built */
+    mask *m = (mask *)1;
+    stof_error err = {0};
+    CHECK(mask_build_text("sliding_window{band=}", 1, 8, 8, &m, &err) != STOF_OK && !m);
+    CHECK(err.msg[0] != '\0');
+    m = (mask *)1;
+    err = (stof_error){0};
+    CHECK(mask_build_text("sliding_window{band=-3}", 1, 8, 8, &m, &err) == E && !m);
+    CHECK_CONTAINS(err.msg, "band must be >= 0");
     expect_build_error(spec_with(MASK_SLIDING, -3, 0, 0, 0, 0), 1, 8, 8, E,
                        "sliding_window: band must be >= 0, got -3", NULL);
     expect_build_error(spec_with(MASK_DILATED, 2, -1, 0, 0, 0), 1, 8, 8, E, "dilated: dilation",
@@ -578,8 +584,8 @@ static void test_build_errors(void) {
                        "over the 8 GiB limit");
     expect_build_error(NULL, 1, 8, 8, E, "NULL", NULL);
 
-    stof_error err = {0};
-    mask *m = NULL;
+    err = (stof_error){0};
+    m = NULL;
     CHECK_EQ_INT(mask_alloc(64, 1 << 17, 1 << 16, &m, &err), E);
     CHECK_CONTAINS(err.msg, "over the 8 GiB limit");
     CHECK_EQ_INT(mask_from_dense(NULL, 1, 4, 4, NULL, &m, &err), E);

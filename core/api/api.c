@@ -43,13 +43,9 @@ static int wrap_mask(int rc, mask *built, stof_mask **out, stof_error *err) {
 int stof_mask_from_pattern(const char *pattern, int batch, int q_len, int k_len,
                            stof_mask **out) {
     stof_error err = {0};
-    mask_spec *spec = NULL;
     mask *built = NULL;
     *out = NULL;
-    int rc = mask_spec_parse(pattern, &spec, &err);
-    if (rc == STOF_OK)
-        rc = mask_build(spec, batch, q_len, k_len, &built, &err);
-    mask_spec_free(spec);
+    int rc = mask_build_text(pattern, batch, q_len, k_len, &built, &err);
     return wrap_mask(rc, built, out, &err);
 }
 

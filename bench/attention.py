@@ -13,8 +13,9 @@ events), stof's output checked against sdpa-mask's. Writes a markdown table.
 documents, random blocks of 16/64/128 at several rates, key padding, per-batch masks; head
 sizes 64 and 128; fp16 and bf16; (1, 128) to (16, 8192)). For each case: the planner's
 analytical choice (measure=-1: the calibrated cost model), every setting the planner ranks
-timed one by one (the measured best), dense FlashAttention (SDPA without a mask) and
-FlexAttention; the summary counts the cases within 10% and 25% of the measured best.
+timed one by one (the measured best), the paper's Eq. 2 choice, dense SDPA (its own choice of
+backend, and its FlashAttention backend) and FlexAttention; the summary counts the cases within
+10% and 25% of the measured best.
 
     python3 bench/attention.py [--quick] [--out bench/out/attention.md]
     python3 bench/attention.py --choice [--part K/N] [--no-flex] [--out FILE]
@@ -269,6 +270,16 @@ def choice_case(ctx, case, flex=True):
     row["finite"] = bool(torch.isfinite(got.where(ok_rows, torch.zeros_like(got))).all())
     row["analytical"] = _time_once_then(lambda: a.run(*args), None)
     del a
+    # the paper's model (Eq. 1, 2), what plans took before the cost model
+    os.environ["STOF_ATTENTION_MODEL"] = "paper"
+    try:
+        e2 = ctx.attention(batch=batch, heads=HEADS, head_dim=d, q_len=seq, mask=mask,
+                           dtype=dtype, measure=-1)
+    finally:
+        del os.environ["STOF_ATTENTION_MODEL"]
+    row["eq2_kernel"] = short_kernel(e2.describe())
+    row["eq2"] = _time_once_then(lambda: e2.run(*args), None)
+    del e2
     times = sweep(ctx, mask, batch, seq, d, dtype, args)
     row["best_kernel"] = min(times, key=times.get)
     row["best"] = min(row["analytical"], times[row["best_kernel"]])
@@ -276,6 +287,9 @@ def choice_case(ctx, case, flex=True):
     row["sweep"] = times
     qd, kd, vd = (t.reshape(batch, seq, HEADS, d).transpose(1, 2) for t in (q, k, v))
     row["flash-dense"] = sc.graph_time_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # FlashAttention itself, not cuDNN's
+        row["fa-dense"] = sc.graph_time_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd))
     row["flex"] = float("nan")
     if flex:
         try:
@@ -300,23 +314,30 @@ def choice_markdown(rows, device, commit):
     lines = [f"Device: {device}; date {datetime.date.today()}; commit {commit}; {HEADS} heads; "
              "ms: the GPU's time of one launch, replayed from a CUDA graph (FlexAttention call by "
              "call where it cannot be captured).", "",
-             "analytical: the plan with nothing measured (measure=-1); best: the fastest of "
-             "every setting the planner ranks, each forced and timed; flash-dense: SDPA "
-             "without a mask.", "",
+             "analytical: the plan with nothing measured (measure=-1: the cost model); Eq. 2: "
+             "the same with STOF_ATTENTION_MODEL=paper; best: the fastest of every setting the "
+             "planner ranks, each forced and timed; sdpa-dense: SDPA without a mask (PyTorch's "
+             "choice of backend); FA-dense: SDPA without a mask on its FlashAttention backend.",
+             "",
              "| case | B | S | D | dtype | density | analytical | ms | best | ms | "
-             "analytical / best | flash-dense | flex | vs dense | rel err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "analytical / best | Eq. 2 | ms | sdpa-dense | FA-dense | flex | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['batch']} | {r['seq']} | {r['d']} | {r['dtype']} "
             f"| {r['density']:.3f} | {r['choice']} | {r['analytical']:.3f} | {r['best_kernel']} "
-            f"| {r['best']:.3f} | {r['analytical'] / r['best']:.2f} | {r['flash-dense']:.3f} "
-            f"| {r['flex']:.3f} | {r['flash-dense'] / r['analytical']:.2f}x | {r['rel_err']:.1e} |")
+            f"| {r['best']:.3f} | {r['analytical'] / r['best']:.2f} | {r['eq2_kernel']} "
+            f"| {r['eq2']:.3f} | {r['flash-dense']:.3f} | {r['fa-dense']:.3f} | {r['flex']:.3f} "
+            f"| {r['rel_err']:.1e} |")
     ratios = [r["analytical"] / r["best"] for r in rows]
+    eq2 = [r["eq2"] / r["best"] for r in rows]
     lines += ["", f"Cases: {len(rows)}; analytical within 10% of the best: "
               f"{sum(x <= 1.10 for x in ratios)}; within 25%: {sum(x <= 1.25 for x in ratios)}; "
-              f"worst {max(ratios):.2f}x; slower than dense FlashAttention: "
-              f"{sum(r['analytical'] > r['flash-dense'] for r in rows)}."]
+              f"worst {max(ratios):.2f}x (Eq. 2: {sum(x <= 1.10 for x in eq2)} within 10%, "
+              f"{sum(x <= 1.25 for x in eq2)} within 25%, worst {max(eq2):.2f}x). "
+              f"Analytical slower than dense SDPA: "
+              f"{sum(r['analytical'] > r['flash-dense'] for r in rows)}; than dense "
+              f"FlashAttention: {sum(r['analytical'] > r['fa-dense'] for r in rows)}."]
     return "\n".join(lines)
 
 
@@ -335,8 +356,9 @@ def choice_main(args, ctx, device, commit):
         status = "ok" if r["finite"] and r["rel_err"] < 1e-2 else "WRONG"
         print(f"{r['case']:24s} B={r['batch']:2d} S={r['seq']:5d} D={r['d']} {r['dtype']} "
               f"{r['choice']:22s} {r['analytical']:.3f} best {r['best_kernel']:22s} "
-              f"{r['best']:.3f} ({r['analytical'] / r['best']:.2f}) dense "
-              f"{r['flash-dense']:.3f} flex {r['flex']:.3f} {status}", flush=True)
+              f"{r['best']:.3f} ({r['analytical'] / r['best']:.2f}) eq2 {r['eq2']:.3f} dense "
+              f"{r['flash-dense']:.3f} fa {r['fa-dense']:.3f} flex {r['flex']:.3f} {status}",
+              flush=True)
         rows.append(r)
     text = choice_markdown(rows, device, commit)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -1,7 +1,7 @@
 """Measures the costs of the attention kernels on this GPU: the data of the cost model.
 
 For every setting the planner ranks (block-wise BLOCK_M x BLOCK_N with its warps, in the
-automatic build; the row-wise kernel) at head sizes 64 and 128, it times seven problems whose
+automatic build; the row-wise kernel) at every head size the kernels are built for (32, 64, 80, 128), it times seven problems whose
 work per tile is known exactly, and fits the six costs of core/exec/attention/mha_exec_cost.h:
 
   P1 dense, (8, 12 heads, 2048)      many tiles of 2048 keys       -> THR_TILE, THR_FULL
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 
 HEADS = 12
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (32, 64, 80, 128)  # every head size the kernels are built for
 SIZES = (16, 32, 64, 128)
 WARPS = (1, 2, 4, 8)
 ROW_SETTING = (1, 4)  # the row-wise kernel's default: 1 row a warp, 4 warps a block
@@ -62,7 +62,7 @@ def block_settings(head_dim):
 
 
 def problems(kind, a, b):
-    """(name, batch, q_len, k_len, mask kind) of the five problems of a setting; a = BLOCK_M
+    """(name, batch, q_len, k_len, mask kind) of the seven problems of a setting; a = BLOCK_M
     (row-wise: rows a tile)."""
     one = b if kind == "block" else 16
     return [("P1", 8, 2048, 2048, "dense"), ("P2", 32, 256, 256, "dense"),

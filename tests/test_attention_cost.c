@@ -59,6 +59,10 @@ static void test_parse(void) {
     CHECK_NEAR(e.lat_full, 1.5 * 96 / 128, 1e-12);
     CHECK_NEAR(e.lat_part, 2.0 * 96 / 128, 1e-12);
     CHECK(mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_ROW_WISE, 1, 4, 0, &e));
+    /* another row-wise geometry takes the per-pair and per-key costs of the measured one */
+    CHECK(mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_ROW_WISE, 2, 8, 0, &e));
+    CHECK(e.rows_per_warp == 2 && e.warps_per_block == 8);
+    CHECK_NEAR(e.thr_full, 0.001, 0);
     CHECK(!mha_cost_lookup(&t, "sm_90", 64, MHA_KERNEL_BLOCK_WISE, 64, 64, 4, &e));
     CHECK(!mha_cost_lookup(&t, "sm_80", 64, MHA_KERNEL_BLOCK_WISE, 64, 32, 4, &e));
     mha_cost_table_free(&t);
@@ -86,19 +90,19 @@ static void test_parse(void) {
 
 /* ---- block counts ------------------------------------------------------------------- */
 
-/* The grid's counts at (bm, bn) against mask_format_bsr_build's. */
-static void check_counts(const mask *m, int bm, int bn) {
+/* The grid's counts at (bm, bn) against mask_format_bsr_build's; g is
+ * shared across calls, so its merged rows are reused and replaced. */
+static void check_counts(const mask *m, mha_cost_grid *g, int bm, int bn) {
     stof_error err = {0};
-    mask_bsr *b16 = NULL, *f = NULL;
-    mha_cost_grid g;
-    CHECK_EQ_INT(mask_format_bsr_build(m, 16, 16, &b16, &err), STOF_OK);
+    mask_bsr *f = NULL;
     CHECK_EQ_INT(mask_format_bsr_build(m, bm, bn, &f, &err), STOF_OK);
-    CHECK_EQ_INT(mha_cost_grid_build(m, b16, &g, &err), STOF_OK);
+    if (!f)
+        return;
     int *loaded = malloc((size_t)f->n_block_rows * sizeof *loaded);
     int *full = malloc((size_t)f->n_block_rows * sizeof *full);
     int bad = 0;
     for (int b = 0; b < f->batch; b++) {
-        mha_cost_grid_rows(&g, b, bm, bn, loaded, full);
+        CHECK_EQ_INT(mha_cost_grid_rows(g, b, bm, bn, loaded, full, &err), STOF_OK);
         const int64_t base = mask_format_bsr_row_base(f, b);
         for (int i = 0; i < f->n_block_rows; i++) {
             int want_load = f->load_row_ptr[base + i + 1] - f->load_row_ptr[base + i];
@@ -109,8 +113,6 @@ static void check_counts(const mask *m, int bm, int bn) {
     CHECK_MSG(bad == 0, "%s at %dx%d: %d block rows differ", m->desc, bm, bn, bad);
     free(loaded);
     free(full);
-    mha_cost_grid_free(&g);
-    mask_format_bsr_free(b16);
     mask_format_bsr_free(f);
 }
 
@@ -119,13 +121,28 @@ static void test_counts(void) {
                            "random{rate=0.3,block=16,seed=5}", "dilated",
                            "key_padding{lengths=[100,37,200]}",
                            "per_batch(causal, longformer, global{width=3})"};
-    const int sizes[] = {16, 32, 64, 128};
+    const int sizes[] = {16, 32, 64, 128, 48};
+    stof_error err = {0};
     for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++) {
         mask *m = make_mask(texts[t], 3, 200, 232); /* neither a multiple of 64 */
-        CHECK(m != NULL);
-        for (int i = 0; m && i < 4; i++)
-            for (int j = 0; j < 4; j++)
-                check_counts(m, sizes[i], sizes[j]);
+        mask_bsr *b16 = NULL;
+        mha_cost_grid g;
+        CHECK(m && mask_format_bsr_build(m, 16, 16, &b16, &err) == STOF_OK);
+        CHECK(b16 && mha_cost_grid_build(m, b16, &g, &err) == STOF_OK);
+        /* BLOCK_M outer, then inner (the merged rows replaced at every call) */
+        for (int i = 0; b16 && i < 5; i++)
+            for (int j = 0; j < 5; j++)
+                check_counts(m, &g, sizes[i], sizes[j]);
+        for (int i = 0; b16 && i < 5; i++)
+            for (int j = 0; j < 5; j++)
+                check_counts(m, &g, sizes[j], sizes[i]);
+        int loaded[32], full[32];
+        CHECK_EQ_INT(mha_cost_grid_rows(&g, 0, 8, 16, loaded, full, &err), STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, "block 8x16 is not made of 16 x 16 cells");
+        CHECK_EQ_INT(mha_cost_grid_rows(&g, 0, 16, 0, loaded, full, &err), STOF_ERR_INVALID);
+        if (b16)
+            mha_cost_grid_free(&g);
+        mask_format_bsr_free(b16);
         mask_free(m);
     }
 }
@@ -157,10 +174,10 @@ static void test_predict(void) {
     with_grid("union(causal, global{width=512})", 1, 512, 512, &g, &m);
     mha_cost_entry e = block_entry(64, 64, 1, 2, 3, 5, 1, 9);
     /* 48 tiles on 10 SMs: 5 on the busiest, each 1 + 8 x 2 = 17 */
-    CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 10, 0), 5 * 17.0, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 10, 0, 0), 5 * 17.0, 1e-9);
     /* on 100 SMs the slowest tile's latency (5 + 8) bounds it, not its 17 of throughput */
     e.lat_tile = 50;
-    CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 100, 0), 58.0, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 2, 3, 100, 0, 0), 58.0, 1e-9);
     mha_cost_grid_free(&g);
     mask_free(m);
 
@@ -171,18 +188,18 @@ static void test_predict(void) {
     double sum = 0;
     for (int i = 0; i < 8; i++)
         sum += 1 + 2.0 * i + 3;
-    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 1, 0), sum, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 1, 0, 0), sum, 1e-9);
     /* 2 SMs: longest first, each to the least loaded: 32 29 | 30 27 | ... -> 84 / 80 */
     double load[2] = {0, 0};
     for (int i = 7; i >= 0; i--) {
         int s = load[1] < load[0];
         load[s] += 1 + 2.0 * i + 3;
     }
-    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 2, 0), fmax(load[0], load[1]), 1e-9);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 2, 0, 0), fmax(load[0], load[1]), 1e-9);
     /* alone on 100 SMs: the last row's 7 full blocks and its diagonal one, at their own
      * latencies */
     e = block_entry(64, 64, 0, 0, 0, 1, 2, 5);
-    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 100, 0), 1 + 7 * 2.0 + 5, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 100, 0, 0), 1 + 7 * 2.0 + 5, 1e-9);
     mha_cost_grid_free(&g);
     mask_free(m);
 
@@ -190,9 +207,14 @@ static void test_predict(void) {
      * predicted faster than one that walks them whole */
     with_grid("longformer{global=64,band=64}", 1, 4096, 4096, &g, &m);
     e = block_entry(64, 64, 1, 1, 1, 2, 0.5, 0.5);
-    double whole = mha_cost_predict(&e, &g, 1, 1, 132, 0);
-    double split = mha_cost_predict(&e, &g, 1, 1, 132, 132 * 4);
+    double whole = mha_cost_predict(&e, &g, 1, 1, 132, 0, 0);
+    double split = mha_cost_predict(&e, &g, 1, 1, 132, 132 * 4, 0);
     CHECK_MSG(split < whole, "split %g, whole %g", split, whole);
+    /* a forced chunk: never (-1) is the whole launch; 8 blocks cuts the 64-block global
+     * row into 8 pieces of 8 (one SM each: 1 + 8 x 1 of throughput, over their 2 + 8 x 0.5
+     * of latency) and pays the combine kernel's latency (2) once */
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 132, 132 * 4, -1), whole, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 132, 0, 8), 1 + 8 * 1.0 + 2, 1e-9);
     CHECK(whole >= 2 + 64 * 0.5); /* the global row's 64 blocks, alone */
     mha_cost_grid_free(&g);
     mask_free(m);
@@ -204,10 +226,10 @@ static void test_predict(void) {
                         .thr_full = 1, .thr_part = 1, .lat_tile = 0, .lat_full = 0,
                         .lat_part = 0};
     /* rows 0-3: 1+2+3+4 = 10 pairs, rows 4-7: 26; one SM: 1 + 10 + 1 + 26 */
-    CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 1, 0), 38.0, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 1, 0, 0), 38.0, 1e-9);
     r.lat_tile = 100;
     r.lat_full = 10;
-    CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 8, 0), 100 + 8 * 10.0, 1e-9);
+    CHECK_NEAR(mha_cost_predict(&r, &g, 1, 1, 8, 0, 0), 100 + 8 * 10.0, 1e-9);
     mha_cost_grid_free(&g);
     mask_free(m);
 }
@@ -228,6 +250,49 @@ static void choose(const char *arch, const char *mask_text, int batch, int seq,
     mask_free(m);
 }
 
+/* The ranking: fastest first, a forced build or depth leaves it to Eq. 1, 2, a
+ * forced split changes the prediction, the cap keeps the fastest. */
+static void rank_checks(void) {
+    stof_error err = {0};
+    mha_device_limits lim;
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    mask *m = make_mask("longformer", 1, 2048, 2048), *folded = NULL;
+    mha_exec_problem p = {.mask = m, .batch = 1, .heads = 12, .head_dim = 64, .q_len = 2048,
+                          .k_len = 2048, .dtype = STOF_F16, .scale = 0.125f};
+    CHECK(m && mha_exec_fold_mask(&p, &folded, &err) == STOF_OK);
+    mha_exec_ranked all[MHA_EXEC_MAX_RANKED], few[3];
+    int n = 0, k = 0;
+    CHECK_EQ_INT(mha_exec_model_rank(&p, folded, &lim, NULL, all, MHA_EXEC_MAX_RANKED, &n, &err),
+                 STOF_OK);
+    CHECK(n > 10);
+    int sorted = 1;
+    for (int i = 1; i < n; i++)
+        sorted &= all[i - 1].us <= all[i].us;
+    CHECK(sorted);
+    CHECK_EQ_INT(mha_exec_model_rank(&p, folded, &lim, NULL, few, 3, &k, &err), STOF_OK);
+    CHECK(k == 3 && few[0].us == all[0].us && few[2].us == all[2].us);
+    mha_exec_force f = {.kernel = -1, .wgmma = -1};
+    CHECK_EQ_INT(mha_exec_model_rank(&p, folded, &lim, &f, few, 3, &k, &err), STOF_OK);
+    CHECK_EQ_INT(k, 0);
+    f = (mha_exec_force){.kernel = MHA_KERNEL_BLOCK_WISE};
+    CHECK_EQ_INT(mha_exec_model_rank(&p, folded, &lim, &f, all, MHA_EXEC_MAX_RANKED, &n, &err),
+                 STOF_OK);
+    int rows = 0;
+    for (int i = 0; i < n; i++)
+        rows += all[i].cfg.kernel == MHA_KERNEL_ROW_WISE;
+    CHECK(n > 10 && rows == 0);
+    /* a forced row-wise geometry is still ranked (the measured geometry's costs) */
+    f = (mha_exec_force){.kernel = -1, .rows_per_warp = 2};
+    CHECK_EQ_INT(mha_exec_model_rank(&p, folded, &lim, &f, all, MHA_EXEC_MAX_RANKED, &n, &err),
+                 STOF_OK);
+    rows = 0;
+    for (int i = 0; i < n; i++)
+        rows += all[i].cfg.kernel == MHA_KERNEL_ROW_WISE && all[i].cfg.rows_per_warp == 2;
+    CHECK_EQ_INT(rows, 1);
+    mask_free(folded);
+    mask_free(m);
+}
+
 static void test_choose(void) {
     mha_cost_table t;
     stof_error err = {0};
@@ -241,6 +306,8 @@ static void test_choose(void) {
         CHECK_CONTAINS(reason, "cost model (sm_90, attention_cost.txt)");
     else
         CHECK_CONTAINS(reason, "selector:");
+    if (calibrated)
+        rank_checks();
     setenv("STOF_ATTENTION_MODEL", "paper", 1);
     choose("sm_90", "bigbird", 16, 2048, &cfg, reason);
     CHECK_CONTAINS(reason, "selector:");

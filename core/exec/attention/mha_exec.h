@@ -273,10 +273,12 @@ int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_dev
 /* The calibrated cost model's ranking (core/exec/attention/mha_exec_cost.h)
  * of the settings a plan may take: every runnable setting of the
  * selector's table in its automatic build, and the row-wise kernel unless
- * force asks for block-wise; fastest first, at most cap, *n of them. *n is
- * 0 where the model has no costs for lim's architecture or
- * STOF_ATTENTION_MODEL=paper switches it off; mha_exec_choose then keeps to
- * Eq. 1 and 2. */
+ * force asks for block-wise; fastest first (the fastest cap of them), *n
+ * of them, each predicted with the plan's split (force->split_chunk). *n
+ * is 0 where the model has no costs for lim's architecture, where force
+ * asks for a build or a pipeline depth (wgmma, tma, stages: the costs are
+ * the automatic builds'), or where STOF_ATTENTION_MODEL=paper switches it
+ * off; mha_exec_choose then keeps to Eq. 1 and 2. */
 typedef struct mha_exec_ranked {
     mha_exec_config cfg;
     double us; /* predicted */

@@ -207,8 +207,8 @@ static mha_exec_config block_config(const mha_exec_config *base, int bm, int bn,
 /* The model's time of cfg (sizes and build set) on the grid's mask, in us;
  * -1 when the table has no cost for it. Block-wise plans split long rows
  * on the resident slots of cfg, as mha_plan_finish does. */
-static double model_time(const mha_cost_table *t, const mha_cost_grid *g,
-                         const mha_exec_problem *p, const mha_exec_config *cfg,
+static double model_time(const mha_cost_table *t, mha_cost_grid *g, const mha_exec_problem *p,
+                         const mha_exec_config *cfg, const mha_exec_force *force,
                          const mha_device_limits *lim) {
     const int block = cfg->kernel == MHA_KERNEL_BLOCK_WISE;
     mha_cost_entry e;
@@ -224,18 +224,39 @@ static double model_time(const mha_cost_table *t, const mha_cost_grid *g,
                                                 (int)stof_dtype_size(cfg->dtype), lim);
         resident = (per_sm > 0 ? per_sm : 1) * lim->sm_count;
     }
-    return mha_cost_predict(&e, g, p->batch, p->heads, lim->sm_count, resident);
+    return mha_cost_predict(&e, g, p->batch, p->heads, lim->sm_count, resident,
+                            force ? force->split_chunk : 0);
 }
 
-/* Appends a ranked setting unless the list is full. */
+/* Keeps a ranked setting: appended, or in place of the slowest kept when
+ * the list is full and it is faster. */
 static void rank(mha_exec_ranked *out, int cap, int *n, const mha_exec_config *c, double us) {
-    if (us >= 0 && *n < cap)
+    if (us < 0 || cap < 1)
+        return;
+    if (*n < cap) {
         out[(*n)++] = (mha_exec_ranked){*c, us};
+        return;
+    }
+    int slowest = 0;
+    for (int i = 1; i < *n; i++)
+        slowest = out[i].us > out[slowest].us ? i : slowest;
+    if (us < out[slowest].us)
+        out[slowest] = (mha_exec_ranked){*c, us};
 }
 
+/* Fastest first; ties as Eq. 2 breaks them (the larger BLOCK_N, fewer warps,
+ * the larger BLOCK_M), block-wise before row-wise: a total order. */
 static int by_time(const void *pa, const void *pb) {
-    double a = ((const mha_exec_ranked *)pa)->us, b = ((const mha_exec_ranked *)pb)->us;
-    return (a > b) - (a < b);
+    const mha_exec_ranked *a = pa, *b = pb;
+    if (a->us != b->us)
+        return (a->us > b->us) - (a->us < b->us);
+    if (a->cfg.kernel != b->cfg.kernel)
+        return a->cfg.kernel == MHA_KERNEL_BLOCK_WISE ? -1 : 1;
+    if (a->cfg.block_n != b->cfg.block_n)
+        return a->cfg.block_n > b->cfg.block_n ? -1 : 1;
+    if (a->cfg.num_warps != b->cfg.num_warps)
+        return a->cfg.num_warps < b->cfg.num_warps ? -1 : 1;
+    return (a->cfg.block_m < b->cfg.block_m) - (a->cfg.block_m > b->cfg.block_m);
 }
 
 /* The settings the model ranks: the selector's table where runnable (in
@@ -262,7 +283,7 @@ static int rank_settings(const mha_exec_problem *p, const mask *folded,
         mha_exec_config c = block_config(base, k->block_m, k->block_n, k->num_warps, force, lim);
         stof_error ignored = {0};
         if (mha_exec_config_check(&c, lim->smem_per_block, &ignored) == STOF_OK)
-            rank(out, cap, n, &c, model_time(t, &g, p, &c, lim));
+            rank(out, cap, n, &c, model_time(t, &g, p, &c, force, lim));
     }
     if (!rc && !(force && force->kernel == MHA_KERNEL_BLOCK_WISE)) {
         mha_exec_config c = *base;
@@ -271,7 +292,7 @@ static int rank_settings(const mha_exec_problem *p, const mask *folded,
             c.rows_per_warp = sel->rows_per_warp;
         if (!force || !force->warps_per_block)
             c.warps_per_block = sel->warps_per_block;
-        rank(out, cap, n, &c, model_time(t, &g, p, &c, lim));
+        rank(out, cap, n, &c, model_time(t, &g, p, &c, force, lim));
     }
     if (!rc)
         mha_cost_grid_free(&g);
@@ -290,6 +311,9 @@ int mha_exec_model_rank(const mha_exec_problem *p, const mask *folded,
     *n = 0;
     const char *env = getenv("STOF_ATTENTION_MODEL");
     if ((env && strcmp(env, "paper") == 0) || !lim || !lim->arch)
+        return STOF_OK;
+    /* the costs are the automatic builds': a forced build or depth is not one of them */
+    if (force && (force->wgmma || force->tma || force->stages))
         return STOF_OK;
     mha_cost_table t;
     int rc = mha_cost_builtin(&t, err);

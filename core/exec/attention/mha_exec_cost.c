@@ -174,21 +174,27 @@ int mha_cost_has_arch(const mha_cost_table *t, const char *arch) {
 int mha_cost_lookup(const mha_cost_table *t, const char *arch, int head_dim, mha_kernel kernel,
                     int a, int b, int c, mha_cost_entry *out) {
     const mha_cost_entry *best = NULL;
-    for (int i = 0; i < t->n; i++) {
-        const mha_cost_entry *e = &t->entries[i];
-        int same = kernel == MHA_KERNEL_BLOCK_WISE
-                       ? e->block_m == a && e->block_n == b && e->num_warps == c
-                       : e->rows_per_warp == a && e->warps_per_block == b;
-        if (e->kernel != kernel || !same || strcmp(e->arch, arch) != 0)
-            continue;
-        /* the nearest head size; of two as near, the larger (costs scale down) */
-        int d = abs(e->head_dim - head_dim), bd = best ? abs(best->head_dim - head_dim) : 0;
-        if (!best || d < bd || (d == bd && e->head_dim > best->head_dim))
-            best = e;
-    }
+    const int row = kernel == MHA_KERNEL_ROW_WISE;
+    for (int pass = 0; pass < 1 + row && !best; pass++)
+        for (int i = 0; i < t->n; i++) {
+            const mha_cost_entry *e = &t->entries[i];
+            /* row-wise, second pass: any geometry */
+            int same = !row ? e->block_m == a && e->block_n == b && e->num_warps == c
+                            : pass == 1 || (e->rows_per_warp == a && e->warps_per_block == b);
+            if (e->kernel != kernel || !same || strcmp(e->arch, arch) != 0)
+                continue;
+            /* the nearest head size; of two as near, the larger (costs scale down) */
+            int d = abs(e->head_dim - head_dim), bd = best ? abs(best->head_dim - head_dim) : 0;
+            if (!best || d < bd || (d == bd && e->head_dim > best->head_dim))
+                best = e;
+        }
     if (!best)
         return 0;
     *out = *best;
+    if (row) {
+        out->rows_per_warp = a;
+        out->warps_per_block = b;
+    }
     if (best->head_dim != head_dim) {
         /* the work of a block is q.k and p.v over the head: linear in it */
         double r = (double)head_dim / best->head_dim;
@@ -232,30 +238,61 @@ int mha_cost_grid_build(const mask *folded, const mask_bsr *blocks16, mha_cost_g
 
 void mha_cost_grid_free(mha_cost_grid *g) {
     free(g->state);
+    free(g->merged);
     memset(g, 0, sizeof *g);
 }
 
-void mha_cost_grid_rows(const mha_cost_grid *g, int b, int block_m, int block_n, int *loaded,
-                        int *full) {
-    const int rm = block_m / 16, rn = block_n / 16;
-    const int rows = (g->rows16 + rm - 1) / rm;
+/* Two cells merged: empty when both are, full when both are, else partial. */
+static uint8_t merge_cell(uint8_t a, uint8_t b) {
+    return a == b ? a : CELL_PARTIAL;
+}
+
+/* g->merged for block_m (every stored batch), unless it holds it already. */
+static int merge_rows(mha_cost_grid *g, int block_m, stof_error *err) {
+    if (g->merged && g->merged_m == block_m)
+        return STOF_OK;
+    const int rm = block_m / 16, rows = (g->rows16 + rm - 1) / rm;
+    uint8_t *m = realloc(g->merged, (size_t)g->batch * rows * g->cols16 + 1);
+    if (!m)
+        return err_set(err, STOF_ERR_NOMEM, "out of memory ranking attention settings");
+    g->merged = m;
+    g->merged_m = block_m;
+    for (int b = 0; b < g->batch; b++)
+        for (int i = 0; i < rows; i++) {
+            uint8_t *out = m + ((size_t)b * rows + i) * g->cols16;
+            const int r0 = i * rm, r1 = r0 + rm < g->rows16 ? r0 + rm : g->rows16;
+            memcpy(out, g->state + ((size_t)b * g->rows16 + r0) * g->cols16, (size_t)g->cols16);
+            for (int r = r0 + 1; r < r1; r++) {
+                const uint8_t *row = g->state + ((size_t)b * g->rows16 + r) * g->cols16;
+                for (int c = 0; c < g->cols16; c++)
+                    out[c] = merge_cell(out[c], row[c]);
+            }
+        }
+    return STOF_OK;
+}
+
+int mha_cost_grid_rows(mha_cost_grid *g, int b, int block_m, int block_n, int *loaded,
+                       int *full, stof_error *err) {
+    if (block_m < 16 || block_m % 16 || block_n < 16 || block_n % 16)
+        return err_set(err, STOF_ERR_INVALID, "attention cost: block %dx%d is not made of "
+                       "16 x 16 cells", block_m, block_n);
+    int rc = merge_rows(g, block_m, err);
+    if (rc)
+        return rc;
+    const int rn = block_n / 16, rows = (g->rows16 + block_m / 16 - 1) / (block_m / 16);
     for (int i = 0; i < rows; i++) {
+        const uint8_t *row = g->merged + ((size_t)b * rows + i) * g->cols16;
         loaded[i] = full[i] = 0;
-        const int r0 = i * rm, r1 = r0 + rm < g->rows16 ? r0 + rm : g->rows16;
         for (int c0 = 0; c0 < g->cols16; c0 += rn) {
             const int c1 = c0 + rn < g->cols16 ? c0 + rn : g->cols16;
-            int any = 0, all = 1;
-            for (int r = r0; r < r1; r++) {
-                const uint8_t *row = g->state + ((size_t)b * g->rows16 + r) * g->cols16;
-                for (int c = c0; c < c1; c++) {
-                    any |= row[c] != CELL_EMPTY;
-                    all &= row[c] == CELL_FULL;
-                }
-            }
-            loaded[i] += any;
-            full[i] += any && all;
+            uint8_t cell = row[c0];
+            for (int c = c0 + 1; c < c1; c++)
+                cell = merge_cell(cell, row[c]);
+            loaded[i] += cell != CELL_EMPTY;
+            full[i] += cell == CELL_FULL;
         }
     }
+    return STOF_OK;
 }
 
 /* ---- the launch ------------------------------------------------------------------------- */
@@ -323,8 +360,8 @@ static tile_kind block_tile(const mha_cost_entry *e, double loaded, double full,
 
 /* The block-wise launch's tile kinds: a row of every stored batch, cut into
  * pieces where the plan splits it. */
-static int block_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
-                       int resident, tile_kind **out, int *n_out, int *split) {
+static int block_tiles(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
+                       int resident, int force_chunk, tile_kind **out, int *n_out, int *split) {
     const int rows = (g->rows16 + e->block_m / 16 - 1) / (e->block_m / 16);
     const int n = g->batch * rows;
     int *loaded = malloc((size_t)n * sizeof *loaded), *full = malloc((size_t)n * sizeof *full);
@@ -335,13 +372,21 @@ static int block_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batc
         return STOF_ERR_NOMEM;
     }
     int64_t work = 0;
+    stof_error ignored = {0};
     for (int b = 0; b < g->batch; b++)
-        mha_cost_grid_rows(g, b, e->block_m, e->block_n, loaded + b * rows, full + b * rows);
+        if (mha_cost_grid_rows(g, b, e->block_m, e->block_n, loaded + b * rows, full + b * rows,
+                               &ignored)) {
+            free(loaded), free(full), free(len), free(k);
+            return STOF_ERR_NOMEM;
+        }
     for (int i = 0; i < n; i++)
         work += loaded[i];
     const int64_t copies = (int64_t)heads * (g->batch == 1 ? batch : 1);
     memcpy(len, loaded, (size_t)n * sizeof *len);
-    int chunk = resident > 0 ? mha_exec_split_chunk_of(len, n, work * copies, resident) : 0;
+    int chunk = force_chunk > 0 ? force_chunk
+                : force_chunk == 0 && resident > 0
+                    ? mha_exec_split_chunk_of(len, n, work * copies, resident)
+                    : 0;
     for (int i = 0; i < n; i++) {
         int pieces = chunk > 0 && loaded[i] > chunk ? (loaded[i] + chunk - 1) / chunk : 1;
         *split |= pieces > 1;
@@ -355,7 +400,7 @@ static int block_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batc
 }
 
 /* The row-wise launch's tile kinds: rows_per_warp x warps_per_block rows. */
-static int row_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
+static int row_tiles(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
                      tile_kind **out, int *n_out) {
     const mask *m = g->folded;
     const int per_tile = e->rows_per_warp * e->warps_per_block;
@@ -382,12 +427,12 @@ static int row_tiles(const mha_cost_entry *e, const mha_cost_grid *g, int batch,
     return STOF_OK;
 }
 
-double mha_cost_predict(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
-                        int sm_count, int chunk_resident) {
+double mha_cost_predict(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
+                        int sm_count, int resident, int force_chunk) {
     tile_kind *k = NULL;
     int n = 0, split = 0;
     int rc = e->kernel == MHA_KERNEL_BLOCK_WISE
-                 ? block_tiles(e, g, batch, heads, chunk_resident, &k, &n, &split)
+                 ? block_tiles(e, g, batch, heads, resident, force_chunk, &k, &n, &split)
                  : row_tiles(e, g, batch, heads, &k, &n);
     if (rc)
         return -1;

@@ -60,7 +60,7 @@ typedef struct mha_cost_table {
  * each other line is
  *   ARCH HEAD_DIM block BLOCK_M BLOCK_N WARPS THR_TILE THR_FULL THR_PART LAT_TILE LAT_FULL LAT_PART
  *   ARCH HEAD_DIM row ROWS_PER_WARP WARPS_PER_BLOCK 0 THR_TILE THR_PAIR THR_PAIR LAT_TILE LAT_KEY LAT_KEY
- * STOF_ERR_PARSE naming the file, the line and the field otherwise (a cost
+ * STOF_ERR_FORMAT naming the file, the line and the field otherwise (a cost
  * that is negative or not finite, a size that is not a multiple of 16, a
  * setting given twice). */
 int mha_cost_parse(const char *text, const char *name, mha_cost_table *out, stof_error *err);
@@ -70,8 +70,9 @@ void mha_cost_table_free(mha_cost_table *t);
 
 /* The entry for a setting on arch at head_dim, into *out (head size scaled
  * as above): 1 when there is one, 0 otherwise. Block-wise settings look up
- * (block_m, block_n, num_warps), row-wise ones (rows_per_warp,
- * warps_per_block). */
+ * (block_m, block_n, num_warps). Row-wise ones look up (rows_per_warp,
+ * warps_per_block), else take the arch's row-wise costs of another
+ * geometry: they are a warp's per pair and per key. */
 int mha_cost_lookup(const mha_cost_table *t, const char *arch, int head_dim, mha_kernel kernel,
                     int a, int b, int c, mha_cost_entry *out);
 /* Whether arch has any line. */
@@ -84,6 +85,11 @@ typedef struct mha_cost_grid {
     int rows16, cols16;   /* ceil(q_len / 16), ceil(k_len / 16) */
     uint8_t *state;       /* [batch][rows16][cols16] */
     const mask *folded;   /* not owned: the row-wise counts read its rows */
+    /* The cells of every block_m / 16 rows merged (empty, partial or full at
+     * BLOCK_M x 16), for the last block_m asked: settings of one BLOCK_M
+     * share it. */
+    int merged_m;
+    uint8_t *merged;      /* [batch][ceil(rows16 / (merged_m / 16))][cols16] */
 } mha_cost_grid;
 
 /* From the 16 x 16 format of folded (mask_format_bsr_build(folded, 16, 16)). */
@@ -92,16 +98,18 @@ int mha_cost_grid_build(const mask *folded, const mask_bsr *blocks16, mha_cost_g
 void mha_cost_grid_free(mha_cost_grid *g);
 
 /* The loaded and full blocks of every block row of stored batch b at
- * (block_m, block_n), from the grid: loaded[i], full[i] for each of
- * ceil(q_len / block_m) rows. Equal to mask_format_bsr_build's counts. */
-void mha_cost_grid_rows(const mha_cost_grid *g, int b, int block_m, int block_n, int *loaded,
-                        int *full);
+ * (block_m, block_n), multiples of 16, from the grid: loaded[i], full[i] for
+ * each of ceil(q_len / block_m) rows. Equal to mask_format_bsr_build's
+ * counts. STOF_ERR_NOMEM, or STOF_ERR_INVALID for a size that is not a
+ * positive multiple of 16. */
+int mha_cost_grid_rows(mha_cost_grid *g, int b, int block_m, int block_n, int *loaded,
+                       int *full, stof_error *err);
 
 /* What the launch of entry e takes on the grid's mask for batch x heads on
- * sm_count SMs, in us; chunk_resident > 0: the plan's resident CTA slots,
- * with which it splits long block rows (0: it never does). -1 when out of
- * memory. */
-double mha_cost_predict(const mha_cost_entry *e, const mha_cost_grid *g, int batch, int heads,
-                        int sm_count, int chunk_resident);
+ * sm_count SMs, in us. Block rows are split as the plan splits them:
+ * force_chunk > 0 at that chunk, < 0 never, 0 by mha_exec_split_chunk on
+ * `resident` CTA slots (0 slots: never). -1 when out of memory. */
+double mha_cost_predict(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
+                        int sm_count, int resident, int force_chunk);
 
 #endif

@@ -1,7 +1,8 @@
 """Measures the costs of the attention kernels on this GPU: the data of the cost model.
 
 For every setting the planner ranks (block-wise BLOCK_M x BLOCK_N with its warps, in the
-automatic build; the row-wise kernel) at every head size the kernels are built for (32, 64, 80, 128), it times seven problems whose
+automatic build; the row-wise kernel) at every head size the kernels are built for (32, 64, 80,
+128), it times seven problems whose
 work per tile is known exactly, and fits the six costs of core/exec/attention/mha_exec_cost.h:
 
   P1 dense, (8, 12 heads, 2048)      many tiles of 2048 keys       -> THR_TILE, THR_FULL

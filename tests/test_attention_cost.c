@@ -182,16 +182,17 @@ static void test_predict(void) {
     mask_free(m);
 
     /* causal: rows of 1..8 blocks, the diagonal partial at 64 x 64: row i has i full
-     * blocks and one partial; longest first on 1 SM is the sum */
+     * blocks and one partial; on 1 SM the sum */
     with_grid("causal", 1, 512, 512, &g, &m);
     e = block_entry(64, 64, 1, 2, 3, 0, 0, 0);
     double sum = 0;
     for (int i = 0; i < 8; i++)
         sum += 1 + 2.0 * i + 3;
     CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 1, 0, 0), sum, 1e-9);
-    /* 2 SMs: longest first, each to the least loaded: 32 29 | 30 27 | ... -> 84 / 80 */
+    /* 2 SMs: in launch order (row 0 first), each to the least loaded: 4 8 16 ... | 6 10 ...
+     * -> 40 / 48 */
     double load[2] = {0, 0};
-    for (int i = 7; i >= 0; i--) {
+    for (int i = 0; i < 8; i++) {
         int s = load[1] < load[0];
         load[s] += 1 + 2.0 * i + 3;
     }
@@ -200,6 +201,12 @@ static void test_predict(void) {
      * latencies */
     e = block_entry(64, 64, 0, 0, 0, 1, 2, 5);
     CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 100, 0, 0), 1 + 7 * 2.0 + 5, 1e-9);
+    /* one SM, the longest row launched last. Row i costs 4 + 2i of throughput (load 88 in
+     * all) and 6 + 4i of latency. The last starts when its predecessor would run alone:
+     * load 70 before it, less that one's latency 30 less its throughput 16: 56; it ends
+     * 34 later, at 90, after the load */
+    e = block_entry(64, 64, 1, 2, 3, 0, 4, 6);
+    CHECK_NEAR(mha_cost_predict(&e, &g, 1, 1, 1, 0, 0), 90.0, 1e-9);
     mha_cost_grid_free(&g);
     mask_free(m);
 

@@ -297,118 +297,164 @@ int mha_cost_grid_rows(mha_cost_grid *g, int b, int block_m, int block_n, int *l
 
 /* ---- the launch ------------------------------------------------------------------------- */
 
-/* A kind of tile: its costs and how many of it the launch runs. */
-typedef struct tile_kind {
+/* A tile's costs, and its length for the split plan's order. */
+typedef struct tile {
     double thr, lat;
-    int64_t count;
-} tile_kind;
+    int len, row; /* loaded blocks; block row */
+} tile;
 
-static int by_thr_desc(const void *pa, const void *pb) {
-    double a = ((const tile_kind *)pa)->thr, b = ((const tile_kind *)pb)->thr;
-    return (a < b) - (a > b);
+/* The tiles of each stored batch in launch order: tiles[ptr[b] .. ptr[b + 1]). */
+typedef struct launch {
+    tile *tiles;
+    int *ptr;
+    int fmt_batch;
+} launch;
+
+static void launch_free(launch *l) {
+    free(l->tiles);
+    free(l->ptr);
 }
 
-/* Min-heap of the SMs' loads: sift the root down after it grew. */
-static void sift_down(double *h, int n) {
+/* An SM of the list schedule: the SM-time of the tiles given to it, when
+ * its last one can end, and the costs of the last one given. */
+typedef struct sm_state {
+    double load, finish, last_thr, last_lat;
+} sm_state;
+
+static void sift_down(sm_state *h, int n) {
     int i = 0;
     for (;;) {
         int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l] < h[m])
+        if (l < n && h[l].load < h[m].load)
             m = l;
-        if (r < n && h[r] < h[m])
+        if (r < n && h[r].load < h[m].load)
             m = r;
         if (m == i)
             return;
-        double t = h[i];
+        sm_state t = h[i];
         h[i] = h[m];
         h[m] = t;
         i = m;
     }
 }
 
-/* The makespan of the tiles on sm SMs: longest first, each to the least
- * loaded SM; at least the slowest tile's latency. */
-static double makespan(tile_kind *k, int n, int sm) {
-    double *load = calloc((size_t)sm, sizeof *load);
-    if (!load)
+/* The launch's time on sm SMs: tiles in launch order (batch, then head, then
+ * the stored batch's tiles), each to the least loaded SM. An SM ends after
+ * its load, and after each tile's start plus its latency. A tile starts when
+ * a slot frees: the SM's load before it less what its previous tile still
+ * had to run alone (its latency less its throughput cost), so that equal
+ * tiles end with the load and a long tile given late ends late. */
+static double list_schedule(const launch *l, int batch, int heads, int sm) {
+    sm_state *h = calloc((size_t)sm, sizeof *h);
+    if (!h)
         return -1;
-    qsort(k, (size_t)n, sizeof *k, by_thr_desc);
-    double slowest = 0;
-    for (int i = 0; i < n; i++) {
-        slowest = k[i].lat > slowest ? k[i].lat : slowest;
-        /* whole rounds over every SM first: they keep the heap's order */
-        int64_t rounds = k[i].count / sm, rest = k[i].count % sm;
-        for (int s = 0; rounds && s < sm; s++)
-            load[s] += (double)rounds * k[i].thr;
-        for (int64_t r = 0; r < rest; r++) {
-            load[0] += k[i].thr;
-            sift_down(load, sm);
-        }
+    for (int z = 0; z < batch; z++) {
+        const int b = l->fmt_batch == 1 ? 0 : z;
+        for (int y = 0; y < heads; y++)
+            for (int x = l->ptr[b]; x < l->ptr[b + 1]; x++) {
+                const tile *t = &l->tiles[x];
+                sm_state *s = &h[0];
+                double start = s->load - (s->last_lat - s->last_thr);
+                start = start > 0 ? start : 0;
+                s->finish = fmax(s->finish, start + t->lat);
+                s->load += t->thr;
+                s->last_thr = t->thr;
+                s->last_lat = t->lat;
+                sift_down(h, sm);
+            }
     }
-    double most = 0;
-    for (int s = 0; s < sm; s++)
-        most = load[s] > most ? load[s] : most;
-    free(load);
-    return most > slowest ? most : slowest;
+    double end = 0;
+    for (int i = 0; i < sm; i++)
+        end = fmax(end, fmax(h[i].load, h[i].finish));
+    free(h);
+    return end;
 }
 
-static tile_kind block_tile(const mha_cost_entry *e, double loaded, double full, int64_t count) {
+static tile block_tile(const mha_cost_entry *e, double loaded, double full, int row) {
     double part = loaded - full;
-    return (tile_kind){e->thr_tile + full * e->thr_full + part * e->thr_part,
-                       e->lat_tile + full * e->lat_full + part * e->lat_part, count};
+    return (tile){e->thr_tile + full * e->thr_full + part * e->thr_part,
+                  e->lat_tile + full * e->lat_full + part * e->lat_part, (int)(loaded + 0.5),
+                  row};
 }
 
-/* The block-wise launch's tile kinds: a row of every stored batch, cut into
- * pieces where the plan splits it. */
-static int block_tiles(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
-                       int resident, int force_chunk, tile_kind **out, int *n_out, int *split) {
+/* The split build's order within a batch: longest first, then by block row
+ * (as mha_exec_split_build orders its work items). */
+static int by_split_order(const void *pa, const void *pb) {
+    const tile *a = pa, *b = pb;
+    if (a->len != b->len)
+        return a->len > b->len ? -1 : 1;
+    return (a->row > b->row) - (a->row < b->row);
+}
+
+/* The block-wise launch: every stored batch's block rows in order, or, where
+ * the plan splits, its work items (rows cut into near-equal pieces). */
+static int block_launch(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
+                        int resident, int force_chunk, launch *out, int *split) {
     const int rows = (g->rows16 + e->block_m / 16 - 1) / (e->block_m / 16);
     const int n = g->batch * rows;
     int *loaded = malloc((size_t)n * sizeof *loaded), *full = malloc((size_t)n * sizeof *full);
     int *len = malloc((size_t)n * sizeof *len);
-    tile_kind *k = malloc((size_t)n * sizeof *k);
-    if (!loaded || !full || !len || !k) {
-        free(loaded), free(full), free(len), free(k);
-        return STOF_ERR_NOMEM;
-    }
-    int64_t work = 0;
+    out->ptr = malloc(((size_t)g->batch + 1) * sizeof *out->ptr);
+    out->tiles = NULL;
+    out->fmt_batch = g->batch;
+    int rc = loaded && full && len && out->ptr ? STOF_OK : STOF_ERR_NOMEM;
     stof_error ignored = {0};
-    for (int b = 0; b < g->batch; b++)
-        if (mha_cost_grid_rows(g, b, e->block_m, e->block_n, loaded + b * rows, full + b * rows,
-                               &ignored)) {
-            free(loaded), free(full), free(len), free(k);
-            return STOF_ERR_NOMEM;
-        }
-    for (int i = 0; i < n; i++)
-        work += loaded[i];
-    const int64_t copies = (int64_t)heads * (g->batch == 1 ? batch : 1);
-    memcpy(len, loaded, (size_t)n * sizeof *len);
-    int chunk = force_chunk > 0 ? force_chunk
+    for (int b = 0; !rc && b < g->batch; b++)
+        rc = mha_cost_grid_rows(g, b, e->block_m, e->block_n, loaded + b * rows,
+                                full + b * rows, &ignored);
+    int64_t work = 0, items = 0;
+    int chunk = 0;
+    if (!rc) {
+        for (int i = 0; i < n; i++)
+            work += loaded[i];
+        const int64_t copies = (int64_t)heads * (g->batch == 1 ? batch : 1);
+        memcpy(len, loaded, (size_t)n * sizeof *len);
+        chunk = force_chunk > 0 ? force_chunk
                 : force_chunk == 0 && resident > 0
                     ? mha_exec_split_chunk_of(len, n, work * copies, resident)
                     : 0;
-    for (int i = 0; i < n; i++) {
-        int pieces = chunk > 0 && loaded[i] > chunk ? (loaded[i] + chunk - 1) / chunk : 1;
-        *split |= pieces > 1;
-        k[i] = block_tile(e, (double)loaded[i] / pieces, (double)full[i] / pieces,
-                          copies * pieces);
+        for (int i = 0; i < n; i++)
+            items += chunk > 0 && loaded[i] > chunk ? (loaded[i] + chunk - 1) / chunk : 1;
+        out->tiles = malloc((size_t)items * sizeof *out->tiles);
+        rc = out->tiles ? STOF_OK : STOF_ERR_NOMEM;
     }
+    int k = 0;
+    for (int b = 0; !rc && b < g->batch; b++) {
+        out->ptr[b] = k;
+        for (int i = b * rows; i < (b + 1) * rows; i++) {
+            const int pieces =
+                chunk > 0 && loaded[i] > chunk ? (loaded[i] + chunk - 1) / chunk : 1;
+            *split |= pieces > 1;
+            for (int q = 0; q < pieces; q++)
+                out->tiles[k++] = block_tile(e, (double)loaded[i] / pieces,
+                                             (double)full[i] / pieces, i - b * rows);
+        }
+        if (*split)
+            qsort(out->tiles + out->ptr[b], (size_t)(k - out->ptr[b]), sizeof *out->tiles,
+                  by_split_order);
+    }
+    if (!rc)
+        out->ptr[g->batch] = k;
     free(loaded), free(full), free(len);
-    *out = k;
-    *n_out = n;
-    return STOF_OK;
+    if (rc)
+        launch_free(out);
+    return rc;
 }
 
-/* The row-wise launch's tile kinds: rows_per_warp x warps_per_block rows. */
-static int row_tiles(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
-                     tile_kind **out, int *n_out) {
+/* The row-wise launch: tiles of rows_per_warp x warps_per_block rows. */
+static int row_launch(const mha_cost_entry *e, mha_cost_grid *g, launch *out) {
     const mask *m = g->folded;
     const int per_tile = e->rows_per_warp * e->warps_per_block;
-    const int tiles = (m->q_len + per_tile - 1) / per_tile, n = m->batch * tiles;
-    tile_kind *k = malloc((size_t)n * sizeof *k);
-    if (!k)
+    const int tiles = (m->q_len + per_tile - 1) / per_tile;
+    out->fmt_batch = m->batch;
+    out->tiles = malloc((size_t)m->batch * tiles * sizeof *out->tiles);
+    out->ptr = malloc(((size_t)m->batch + 1) * sizeof *out->ptr);
+    if (!out->tiles || !out->ptr) {
+        launch_free(out);
         return STOF_ERR_NOMEM;
-    const int64_t copies = (int64_t)heads * (m->batch == 1 ? batch : 1);
+    }
+    for (int b = 0; b <= m->batch; b++)
+        out->ptr[b] = b * tiles;
     for (int b = 0; b < m->batch; b++)
         for (int t = 0; t < tiles; t++) {
             int64_t pairs = 0, longest = 0;
@@ -417,27 +463,24 @@ static int row_tiles(const mha_cost_entry *e, mha_cost_grid *g, int batch, int h
                 pairs += keys;
                 longest = keys > longest ? keys : longest;
             }
-            k[b * tiles + t] = (tile_kind){e->thr_tile + (double)pairs * e->thr_full,
-                                           e->lat_tile + (double)(longest * e->rows_per_warp) *
-                                                             e->lat_full,
-                                           copies};
+            out->tiles[b * tiles + t] =
+                (tile){e->thr_tile + (double)pairs * e->thr_full,
+                       e->lat_tile + (double)(longest * e->rows_per_warp) * e->lat_full, 0, t};
         }
-    *out = k;
-    *n_out = n;
     return STOF_OK;
 }
 
 double mha_cost_predict(const mha_cost_entry *e, mha_cost_grid *g, int batch, int heads,
                         int sm_count, int resident, int force_chunk) {
-    tile_kind *k = NULL;
-    int n = 0, split = 0;
+    launch l = {0};
+    int split = 0;
     int rc = e->kernel == MHA_KERNEL_BLOCK_WISE
-                 ? block_tiles(e, g, batch, heads, resident, force_chunk, &k, &n, &split)
-                 : row_tiles(e, g, batch, heads, &k, &n);
+                 ? block_launch(e, g, batch, heads, resident, force_chunk, &l, &split)
+                 : row_launch(e, g, &l);
     if (rc)
         return -1;
-    double t = makespan(k, n, sm_count > 0 ? sm_count : 1);
-    free(k);
+    double t = list_schedule(&l, batch, heads, sm_count > 0 ? sm_count : 1);
+    launch_free(&l);
     /* a plan that splits rows runs a second kernel, the combine: at least one more tile's
      * fixed latency (on an H100, causal 1 x 12 x 128 at head size 128 split into 3 items
      * took 16 us against 4.4 for the best setting that does not split) */

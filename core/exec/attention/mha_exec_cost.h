@@ -13,13 +13,16 @@
  * where full / partial count the tile's loaded key blocks at the
  * configuration's BLOCK_M x BLOCK_N (row-wise: full is the tile's allowed
  * pairs for throughput, the longest row's keys times rows_per_warp for
- * latency; it has no partial blocks). The launch takes
- * max(the most loaded SM, the slowest tile), the tiles given to the SMs
- * longest first, each to the least loaded SM. Rows the plan would split
- * (mha_exec_split_chunk) count as their pieces, and the combine kernel of
- * a split plan as one more tile latency. Tile work counts come from
- * the mask's 16 x 16 blocks, so every setting is ranked without building its
- * own format.
+ * latency; it has no partial blocks). The tiles go to the SMs in launch
+ * order (batch, head, block row; a split plan's work items longest first,
+ * as mha_exec_split_build orders them), each to the least loaded SM. An SM
+ * ends after its load, and after each tile's start plus its latency, a tile
+ * starting when its predecessor on the SM would run alone: so equal tiles
+ * end with the load, and a long tile started late ends late (Longformer's
+ * global rows). Rows the plan would split (mha_exec_split_chunk) count as
+ * their pieces, and the combine kernel of a split plan as one more tile
+ * latency. Tile work counts come from the mask's 16 x 16 blocks, so every
+ * setting is ranked without building its own format.
  *
  * The costs are data: kernels/attention_cost.txt, one line a measured
  * setting (arch, head size, kernel, sizes, the five costs), written by

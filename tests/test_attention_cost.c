@@ -300,6 +300,53 @@ static void rank_checks(void) {
     mask_free(m);
 }
 
+/* The library's costs cover every setting the planner ranks on sm_90, at every head size
+ * the kernels are built for: a setting without costs would silently drop out of the
+ * ranking. */
+static void test_builtin_coverage(void) {
+    mha_cost_table t;
+    stof_error err = {0};
+    mha_device_limits lim;
+    CHECK_EQ_INT(mha_cost_builtin(&t, &err), STOF_OK);
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    if (!mha_cost_has_arch(&t, "sm_90")) {
+        mha_cost_table_free(&t);
+        return;
+    }
+    const int dims[] = {32, 64, 80, 128}, sizes[] = {16, 32, 64, 128}, warps[] = {1, 2, 4, 8};
+    int missing = 0, ranked = 0;
+    for (int d = 0; d < 4; d++) {
+        mha_problem p = {.batch = 1, .heads = 1, .head_dim = dims[d], .q_len = 256,
+                         .k_len = 256, .dtype_bytes = 2};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                for (int w = 0; w < 4; w++) {
+                    mha_candidate c;
+                    mha_score_candidate(&p, &lim, sizes[i], sizes[j], warps[w], &c);
+                    if (c.verdict != MHA_FEASIBLE ||
+                        !mha_exec_block_regs_ok(sizes[i], sizes[j], warps[w], dims[d]) ||
+                        mha_exec_block_smem(sizes[i], sizes[j], MHA_EXEC_MIN_STAGES, dims[d],
+                                            2) > (size_t)lim.smem_per_block)
+                        continue;
+                    ranked++;
+                    int found = 0; /* a line of this very head size, not a scaled neighbour */
+                    for (int k = 0; k < t.n && !found; k++) {
+                        const mha_cost_entry *e = &t.entries[k];
+                        found = e->kernel == MHA_KERNEL_BLOCK_WISE && e->head_dim == dims[d] &&
+                                e->block_m == sizes[i] && e->block_n == sizes[j] &&
+                                e->num_warps == warps[w] && strcmp(e->arch, "sm_90") == 0;
+                    }
+                    CHECK_MSG(found, "no sm_90 costs for block %dx%d w%d at head size %d",
+                              sizes[i], sizes[j], warps[w], dims[d]);
+                    missing += !found;
+                }
+        mha_cost_entry e;
+        CHECK(mha_cost_lookup(&t, "sm_90", dims[d], MHA_KERNEL_ROW_WISE, 1, 4, 0, &e));
+    }
+    CHECK(ranked > 80 && missing == 0);
+    mha_cost_table_free(&t);
+}
+
 static void test_choose(void) {
     mha_cost_table t;
     stof_error err = {0};
@@ -333,6 +380,7 @@ int main(void) {
     test_parse();
     test_counts();
     test_predict();
+    test_builtin_coverage();
     test_choose();
     return check_summary("test_attention_cost");
 }

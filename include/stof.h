@@ -286,7 +286,7 @@ STOF_API void stof_ctx_free(stof_ctx *ctx);
 STOF_API int stof_ctx_device(const stof_ctx *ctx, stof_device_info *info);
 
 typedef enum stof_attention_kernel {
-    STOF_ATTENTION_AUTO = -1,    /* the analytical selector decides */
+    STOF_ATTENTION_AUTO = -1,    /* the planner decides (see stof_attention_plan) */
     STOF_ATTENTION_ROW_WISE = 0,
     STOF_ATTENTION_BLOCK_WISE = 1
 } stof_attention_kernel;
@@ -302,12 +302,12 @@ typedef struct stof_attention_desc {
     int relpos_max_distance;
     int relpos_bidirectional;
     stof_attention_kernel kernel; /* AUTO, or force one */
-    int block_m, block_n, num_warps; /* block-wise parameters when forced (0: selector's) */
-    int measure; /* N > 0: at plan time, time Eq. 2's N best block-wise settings and a few
-                    fixed ones (and row-wise when Eq. 1 chose it) on scratch buffers and keep
-                    the fastest, remembered for this problem on this kind of GPU (the kernel
-                    cache's attention-wisdom.txt); 0: that remembered choice when there is
-                    one, else the analytical one; -1: the analytical choice only */
+    int block_m, block_n, num_warps; /* block-wise parameters when forced (0: the planner's) */
+    int measure; /* N > 0: at plan time, time the analytical choice, Eq. 2's N best block-wise
+                    settings and a few fixed ones on scratch buffers and keep the fastest,
+                    remembered for this problem on this kind of GPU (the kernel cache's
+                    attention-wisdom.txt); 0: that remembered choice when there is one, else
+                    the analytical one; -1: the analytical choice only */
     int wgmma;   /* block-wise: 1 = the Hopper build (warpgroup MMA; sm_90 GPUs, BLOCK_M =
                     16 num_warps, a multiple of 64), -1 = the mma.sync build, 0 = automatic
                     (the Hopper build on sm_90 where the sizes allow it and head_dim is a
@@ -319,9 +319,12 @@ typedef struct stof_attention_desc {
 
 typedef struct stof_attention stof_attention;
 
-/* Plans attention for one shape: selects the kernel (paper Eq. 1, 2) unless
- * forced, builds the mask's storage format, uploads it, compiles the kernel
- * (through the NVRTC cache). */
+/* Plans attention for one shape: selects the kernel unless forced (the
+ * analytical choice: the fastest setting by the cost model calibrated for
+ * the GPU's architecture, kernels/attention_cost.txt; the paper's Eq. 1, 2
+ * where it has no costs or STOF_ATTENTION_MODEL=paper), builds the mask's
+ * storage format, uploads it, compiles the kernel (through the NVRTC
+ * cache). */
 STOF_API int stof_attention_plan(stof_ctx *ctx, const stof_attention_desc *desc, stof_attention **out);
 STOF_API void stof_attention_free(stof_attention *a);
 /* "block-wise BLOCK_M=64 BLOCK_N=64 num_warps=4" and the like. */

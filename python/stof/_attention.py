@@ -120,8 +120,10 @@ class Attention:
             d.relpos_bidirectional = int(relpos.get("bidirectional", True))
         d.kernel = _KERNELS[kernel]
         d.block_m, d.block_n, d.num_warps = block_m, block_n, num_warps
-        # > 0: time that many of Eq. 2's best settings (+ a few) at plan time, and remember the
-        # fastest; 0: a remembered measured choice, else the analytical one; -1: analytical only
+        # > 0: time the analytical choice, that many of Eq. 2's best settings (+ a few) at plan
+        # time, and remember the fastest; 0: a remembered measured choice, else the analytical
+        # one (the calibrated cost model; Eq. 1, 2 without costs for the GPU); -1: analytical
+        # only
         d.measure = measure
         # the Hopper (warpgroup MMA) build: True, False (mma.sync) or None (automatic)
         d.wgmma = 0 if wgmma is None else (1 if wgmma else -1)

@@ -5,7 +5,8 @@
  * prefill pass that fills the caches, and token by token through the decode step; the step
  * tuned first, and the step of a plan. Every step's logits within fp16's error of the
  * reference's; greedy tokens the same wherever the reference's margin between its two best
- * logits is not a near tie. Exits 77
+ * logits is not a near tie; sampled tokens the host's draws from the step's logits, the
+ * same on one thread and several. Exits 77
  * without a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +150,52 @@ static void run_plan_step(exec_ctx *ctx, const tiny *t, const gen_model *m,
     plan_free(&step);
 }
 
+/* Sampled generation: the host draws each sequence's token from its own row of the step's
+ * logits, the sequences spread over threads. The same seed gives the same tokens on one
+ * thread and on several, and each token is what gen_sample draws from the logits kept for
+ * its step. */
+static void run_sampled(exec_ctx *ctx, const tiny *t, const gen_model *m, const gen_prompts *p) {
+    gen_options o = gen_options_default(NEW);
+    o.temperature = 0.8f;
+    o.top_k = 40;
+    o.top_p = 0.9f;
+    o.seed = 5;
+    gen_result one, many;
+    stof_error err = {0};
+    setenv("STOF_COMPILE_THREADS", "1", 1);
+    int r1 = gen_run_gpu(m, ctx, p, &o, 1, &one, &err);
+    unsetenv("STOF_COMPILE_THREADS");
+    CHECK_MSG(r1 == STOF_OK, "%s sampled, one thread: %s", t->name, err.msg);
+    int rm = gen_run_gpu(m, ctx, p, &o, 1, &many, &err);
+    CHECK_MSG(rm == STOF_OK, "%s sampled, threads: %s", t->name, err.msg);
+    if (!r1 && !rm) {
+        CHECK_MSG(memcmp(one.tokens, many.tokens, sizeof *one.tokens * BATCH * NEW) == 0,
+                  "%s: sampled tokens differ between one thread and several", t->name);
+        const int64_t V = many.vocab;
+        float *scratch = malloc(sizeof *scratch * 2 * (size_t)V);
+        int32_t *order = malloc(sizeof *order * 2 * (size_t)V);
+        int drawn = 0, same = 0;
+        for (int b = 0; scratch && order && b < BATCH; b++)
+            for (int k = 0; k < many.n_new[b]; k++) {
+                const float *row = many.logits + ((size_t)k * BATCH + b) * (size_t)V;
+                drawn++;
+                same += gen_sample(&o, row, V, b, k, scratch, order) ==
+                        many.tokens[(size_t)b * NEW + k];
+            }
+        CHECK_MSG(drawn > 0 && same == drawn, "%s: %d of %d sampled tokens as gen_sample draws "
+                  "them from their step's logits", t->name, same, drawn);
+        printf("%-8s sampled on the GPU (T 0.8, top-k 40, top-p 0.9): %d tokens, the same on "
+               "one thread and several, each gen_sample's draw from its logits\n", t->name,
+               drawn);
+        free(scratch);
+        free(order);
+    }
+    if (!r1)
+        gen_result_free(&one);
+    if (!rm)
+        gen_result_free(&many);
+}
+
 static void run_model(exec_ctx *ctx, const tiny *t) {
     graph prefill, context;
     stof_error err = {0};
@@ -210,6 +257,7 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
     if (!rt)
         gen_result_free(&tuned);
     run_plan_step(ctx, t, &m, &p, &o, rc ? NULL : &cpu);
+    run_sampled(ctx, t, &m, &p);
     if (!rc)
         gen_result_free(&cpu);
     if (!rg)

@@ -9,12 +9,14 @@
  * generated, or a prompt's when the prefill could not take the prompts and they go token by
  * token -- at its position; a sequence whose prompt is all in draws its next token from that
  * step's logits: greedy ones by an argmax on the GPU (one token a sequence comes back),
- * sampled ones on the host with gen_sample (the same draws as the CPU reference). */
+ * sampled ones on the host with gen_sample (the same draws as the CPU reference), the
+ * sequences spread over host threads. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/task_pool.h"
 #include "core/base/util.h"
 #include "core/exec/exec.h"
 #include "core/gen/gen.h"
@@ -43,23 +45,48 @@ typedef struct gpu_run {
     int32_t *in;            /* [2][batch] a step's inputs: ids, then positions */
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
-    float *row;             /* [vocab] */
     float *f16;             /* fp16 bits -> float, all 65536 (fp16 models): a row of logits
                                converts by lookup, not bit by bit */
+    /* Sampled tokens are drawn on the host, the sequences spread over `lanes` threads, each
+     * lane with its own row and gen_sample scratch. */
+    task_pool *pool;        /* NULL: one lane */
+    int lanes;
+    float *rows;            /* [lanes][vocab] */
+    float *scratch;         /* [lanes][2 vocab] */
+    int32_t *orders;        /* [lanes][2 vocab] */
+    int *draw;              /* [batch] 1: draws its next token from this step's logits */
 } gpu_run;
+
+/* Host threads for the draws of a sampled run (as many lanes as sequences, up to the pool's
+ * threads); one lane otherwise. */
+static int alloc_lanes(gpu_run *g, stof_error *err) {
+    size_t V = (size_t)g->r->vocab;
+    g->lanes = 1;
+    if (!g->on_gpu_argmax && g->p->batch > 1) {
+        int threads = task_pool_default_threads();
+        g->lanes = threads < g->p->batch ? threads : g->p->batch;
+        if (g->lanes > 1 && task_pool_create(g->lanes - 1, &g->pool, err))
+            return STOF_ERR_NOMEM;
+    }
+    g->rows = err_malloc(sizeof *g->rows * V * (size_t)g->lanes, err);
+    g->scratch = err_malloc(sizeof *g->scratch * 2 * V * (size_t)g->lanes, err);
+    g->orders = err_malloc(sizeof *g->orders * 2 * V * (size_t)g->lanes, err);
+    return g->rows && g->scratch && g->orders ? STOF_OK : STOF_ERR_NOMEM;
+}
 
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
     g->in = err_malloc(sizeof *g->in * 2 * B, err);
     g->fed = err_calloc(B, sizeof *g->fed, err);
     g->raw = err_malloc(sizeof *g->raw * B * V, err);
-    g->row = err_malloc(sizeof *g->row * V, err);
     g->f16 = err_malloc(sizeof *g->f16 * 65536, err);
     g->tok = err_malloc(sizeof *g->tok * B, err);
+    g->draw = err_calloc(B, sizeof *g->draw, err);
     for (uint32_t h = 0; g->f16 && h < 65536; h++)
         g->f16[h] = util_f16_to_f32((uint16_t)h);
-    return g->in && g->fed && g->raw && g->row && g->f16 && g->tok ? STOF_OK
-                                                                             : STOF_ERR_NOMEM;
+    if (!(g->in && g->fed && g->raw && g->f16 && g->tok && g->draw))
+        return STOF_ERR_NOMEM;
+    return alloc_lanes(g, err);
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
@@ -229,23 +256,42 @@ static int run_step(gpu_run *g, stof_error *err) {
     return rc;
 }
 
+/* Lane c's draws: sequences c, c + lanes, ... that draw this step, each from its row of
+ * logits converted to floats. A sequence's token, count and logits are its own, so lanes
+ * write no common state. */
+static void draw_lane(void *arg, int c) {
+    gpu_run *g = arg;
+    size_t V = (size_t)g->r->vocab;
+    float *row = g->rows + (size_t)c * V;
+    for (int b = c; b < g->p->batch; b += g->lanes) {
+        if (!g->draw[b])
+            continue;
+        const uint16_t *raw = g->raw + (size_t)b * V;
+        for (size_t v = 0; v < V; v++)
+            row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : g->f16[raw[v]];
+        int t = g->r->n_new[b];
+        int32_t tok = gen_sample(g->o, row, (int64_t)V, b, t, g->scratch + (size_t)c * 2 * V,
+                                 g->orders + (size_t)c * 2 * V);
+        gen_state_emit_token(&g->st, b, t, tok, row);
+    }
+}
+
 /* After a step: a sequence whose fed token was its last known one draws the next. */
 static void take_step(gpu_run *g) {
-    size_t V = (size_t)g->r->vocab;
+    int any = 0;
     for (int b = 0; b < g->p->batch; b++) {
+        g->draw[b] = 0;
         if (g->st.done[b])
             continue;
         if (++g->fed[b] < g->st.len[b])
             continue; /* still feeding its prompt */
-        if (g->on_gpu_argmax) {
+        if (g->on_gpu_argmax)
             gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[b], NULL);
-            continue;
-        }
-        const uint16_t *raw = g->raw + (size_t)b * V;
-        for (size_t v = 0; v < V; v++)
-            g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : g->f16[raw[v]];
-        gen_state_emit(&g->st, b, g->r->n_new[b], g->row);
+        else
+            any = g->draw[b] = 1;
     }
+    if (any)
+        task_pool_parallel_for(g->pool, g->lanes, draw_lane, g);
 }
 
 static void run_free(gpu_run *g) {
@@ -270,9 +316,13 @@ static void run_free(gpu_run *g) {
     free(g->in);
     free(g->fed);
     free(g->raw);
-    free(g->row);
     free(g->f16);
     free(g->tok);
+    free(g->draw);
+    task_pool_free(g->pool);
+    free(g->rows);
+    free(g->scratch);
+    free(g->orders);
 }
 
 int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,

@@ -25,12 +25,12 @@
  * setting is ranked without building its own format.
  *
  * The costs are data: kernels/attention_cost.txt, one line a measured
- * setting (arch, head size, kernel, sizes, the five costs), written by
+ * setting (arch, head size, kernel, sizes, the six costs), written by
  * bench/attention_calibrate.py on the GPU it names (see there for the
- * problems each cost comes from). A head size without a
- * line takes the nearest measured one's, its block costs scaled by the ratio
- * of head sizes; an architecture without lines has no model (the caller
- * keeps to the paper's Eq. 1 and 2). */
+ * problems each cost comes from). A head size without a line takes the
+ * nearest measured one's, its block costs scaled by the ratio of head sizes;
+ * an architecture without lines has no model (the caller keeps to the
+ * paper's Eq. 1 and 2). */
 #ifndef STOF_CORE_EXEC_ATTENTION_MHA_EXEC_COST_H
 #define STOF_CORE_EXEC_ATTENTION_MHA_EXEC_COST_H
 

@@ -184,7 +184,9 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
     const elem_t *knew = row + (a.heads + kvh) * HEAD_DIM;
     const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
-    if (z == 0)
+    // pos -1: an ended sequence. Its cache stays, no key is read (the loop below is empty:
+    // last = 0) and its output is zeros.
+    if (z == 0 && pos >= 0)
         store_new(a, knew, vnew, b, kvh, pos);
     for (int i = threadIdx.x; i < GROUP * kPairs; i += blockDim.x) {
         const int g = i / kPairs, p = i % kPairs;

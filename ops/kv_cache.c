@@ -148,10 +148,10 @@ int ops_attention_decode_ref(const op_attention *a, const mask *m, const float *
     int64_t context = m ? m->q_len : INT32_MAX;
     for (int64_t b = 0; b < c->batch; b++) {
         float p = positions[b];
-        if (!(p >= 0.0f && p < (float)context && p == floorf(p)))
+        if (p != -1.0f && !(p >= 0.0f && p < (float)context && p == floorf(p)))
             return err_set(err, STOF_ERR_INVALID, "decode step: position %g of sequence %lld "
-                           "is outside the context of %lld positions", (double)p, (long long)b,
-                           (long long)context);
+                           "is outside the context of %lld positions (or -1: ended)", (double)p,
+                           (long long)b, (long long)context);
     }
     int64_t most = m ? m->k_len : 0;
     for (int64_t b = 0; b < c->batch; b++)
@@ -159,9 +159,14 @@ int ops_attention_decode_ref(const op_attention *a, const mask *m, const float *
     int64_t *keys = err_malloc(sizeof *keys * (size_t)most, err);
     double *scores = err_malloc(sizeof *scores * (size_t)(most + c->head_dim), err);
     int rc = keys && scores ? STOF_OK : STOF_ERR_NOMEM;
-    for (int64_t b = 0; b < c->batch && !rc; b++)
-        rc = decode_one(a, m, qkv + b * width, b, (int64_t)positions[b], c, keys, scores,
-                        out + b * (int64_t)a->heads * c->head_dim, err);
+    for (int64_t b = 0; b < c->batch && !rc; b++) {
+        float *o = out + b * (int64_t)a->heads * c->head_dim;
+        if (positions[b] < 0) /* an ended sequence: no attention, its cache as it is */
+            memset(o, 0, sizeof *o * (size_t)a->heads * (size_t)c->head_dim);
+        else
+            rc = decode_one(a, m, qkv + b * width, b, (int64_t)positions[b], c, keys, scores,
+                            o, err);
+    }
     free(scores);
     free(keys);
     return rc;

@@ -4,7 +4,8 @@
  *   - steps at the positions each sequence reached: dense causal (the whole context), a
  *     sliding window whose ring wraps, grouped-query heads, a per-batch random mask; split
  *     over CTAs or not;
- *   - the cache after the step holds the new token's K and V in its slot.
+ *   - the cache after the step holds the new token's K and V in its slot;
+ *   - a sequence that has ended (position -1): zeros out, its cache as the prefill left it.
  * Outputs are poisoned (NaN) before each launch. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -28,19 +29,25 @@ typedef struct dcase {
     int cap;           /* 0: the mask's span */
     int splits;        /* 0: chosen */
     int lens[4];       /* each sequence's prefill length; the step's position */
+    int ended;         /* 1 + the sequence that has ended (its step's position -1: attention
+                          skipped, zeros out, its cache untouched); 0: none */
 } dcase;
 
 static const dcase cases[] = {
-    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}},
-    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}},
-    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}},
-    {"window 64 (ring wraps)", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63}},
-    {"window 64 one split", 2, 4, 1, 400, "sliding_window{band=63}", 0, 1, {300, 10}},
+    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0},
+    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 0},
+    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0},
+    {"window 64 (ring wraps)", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63}, 0},
+    {"window 64 one split", 2, 4, 1, 400, "sliding_window{band=63}", 0, 1, {300, 10}, 0},
     {"random per batch", 2, 4, 4, 200,
      "per_batch(random{rate=0.5, block=4, seed=1}, random{rate=0.3, block=8, seed=2})", 0, 3,
-     {150, 77}},
+     {150, 77}, 0},
     {"longformer (global first key)", 4, 2, 2, 256, "longformer{band=16, global=2}", 0, 0,
-     {255, 17, 100, 3}},
+     {255, 17, 100, 3}, 0},
+    {"dense, split, one ended", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 1},
+    {"window 64 (ring wraps), one ended", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0,
+     {300, 63}, 1},
+    {"GQA 8/2, the last ended", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 3},
 };
 
 typedef struct host {
@@ -112,7 +119,7 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     float pos[4];
     for (int b = 0; b < B; b++) {
         lens[b] = c->lens[b];
-        pos[b] = (float)c->lens[b];
+        pos[b] = b + 1 == c->ended ? -1.0f : (float)c->lens[b];
     }
     ops_kv_cache_store_prefix(&ref, pre, seq, H, lens);
     op_attention a = {.heads = H, .head_dim = D, .causal = 1, .kv_heads = KVH, .decode = 1,
@@ -128,7 +135,7 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_pad = 0, d_k = 0, d_v = 0, d_o = 0;
     int32_t ipos[4], *am = calloc((size_t)(B * seq), sizeof *am);
     for (int b = 0; b < B; b++) {
-        ipos[b] = c->lens[b];
+        ipos[b] = b + 1 == c->ended ? -1 : c->lens[b];
         for (int s = 0; s < c->lens[b]; s++)
             am[b * seq + s] = 1;
     }
@@ -152,15 +159,17 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
             double tol = t == STOF_BF16 ? 2e-2 : 5e-3;
             CHECK_MSG(e < tol && bad == 0, "%s %s D=%d: rel %.2e, %ld non-finite", c->name,
                       stof_dtype_name(t), D, e, bad);
-            /* the cache: every slot a sequence can still read equals the reference's */
+            /* the cache: every slot a sequence can still read equals the reference's; an
+             * ended one's still holds its prefix (the step wrote nothing) */
             long diff = 0;
-            for (int b = 0; b < B; b++)
-                for (int64_t j = c->lens[b] > cap - 1 ? c->lens[b] - cap + 1 : 0; j <= c->lens[b];
-                     j++)
+            for (int b = 0; b < B; b++) {
+                const int last = b + 1 == c->ended ? c->lens[b] - 1 : c->lens[b];
+                for (int64_t j = last > cap - 1 ? last - cap + 1 : 0; j <= last; j++)
                     for (int x = 0; x < KVH * D; x++) {
                         size_t at = ((size_t)b * cap + (size_t)(j % cap)) * KVH * D + x;
                         diff += from_bits(t, kc[at]) != ref.k[at];
                     }
+            }
             CHECK_MSG(diff == 0, "%s: %ld cached key values differ", c->name, diff);
             printf("%-30s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d rel=%.2e %s\n", c->name,
                    stof_dtype_name(t), D, B, H, KVH, cap, pl->splits, e,

@@ -145,6 +145,20 @@ static void check_caches(const tiny *t, fixture *f) {
                   t->name, l, (long long)d.layers[l].cap, (long long)t->caps[l]);
     CHECK_EQ_INT(d.context, CONTEXT);
     CHECK_EQ_INT(d.vocab, 40);
+    /* every attention reads the attentions' positions; the embedding and rotary the others */
+    CHECK(d.attn_positions >= 0 && d.attn_positions != d.positions &&
+          strcmp(d.g.tensors[d.attn_positions].name, "attention_position_ids") == 0);
+    int attn = 0, others = 0;
+    for (int i = 0; i < d.g.n_ops; i++) {
+        const graph_op *op = &d.g.ops[i];
+        for (int k = 0; k < op->n_inputs; k++) {
+            attn += op->inputs[k] == d.attn_positions && op->kind == OP_ATTENTION && k == 1;
+            others += op->inputs[k] == d.positions && op->kind != OP_ATTENTION;
+            CHECK(!(op->inputs[k] == d.positions && op->kind == OP_ATTENTION));
+        }
+    }
+    CHECK_EQ_INT(attn, d.n_layers);
+    CHECK(others >= 1);
     gen_decoder_free(&d);
 }
 
@@ -482,6 +496,52 @@ static void test_errors(void) {
 }
 
 /* Cache slots from masks: a window of 4 keys, a dense layer, a global first key. */
+/* A decode step's attention for a sequence that has ended (position -1): zeros out, its cache
+ * as it was, and the other sequences' outputs as without it. */
+static void test_ended_sequence(void) {
+    enum { B = 2, H = 2, KVH = 1, D = 8, CAP = 16 };
+    const int64_t W = (H + 2 * KVH) * D;
+    stof_error err = {0};
+    ops_kv_cache c;
+    CHECK_EQ_INT(ops_kv_cache_alloc(&c, B, CAP, KVH, D, &err), STOF_OK);
+    float pre[B * 5 * W], step[B * W], out[B * H * D], alone[B * H * D];
+    util_rng rng = {11};
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
+        pre[i] = (float)util_rng_double(&rng) - 0.5f;
+    for (size_t i = 0; i < sizeof step / sizeof step[0]; i++)
+        step[i] = (float)util_rng_double(&rng) - 0.5f;
+    const int64_t len[B] = {5, 3};
+    ops_kv_cache_store_prefix(&c, pre, 5, H, len);
+    size_t bytes = sizeof(float) * (size_t)B * CAP * KVH * D;
+    float *k0 = malloc(bytes), *v0 = malloc(bytes);
+    memcpy(k0, c.k, bytes);
+    memcpy(v0, c.v, bytes);
+    op_attention a = {.heads = H, .head_dim = D, .causal = 1, .kv_heads = KVH, .decode = 1,
+                      .scale = 0.35f, .mask = -1};
+    float ended[B] = {-1.0f, 3.0f};
+    for (int i = 0; i < B * H * D; i++)
+        out[i] = NAN;
+    CHECK_EQ_INT(ops_attention_decode_ref(&a, NULL, step, ended, &c, out, &err), STOF_OK);
+    int zeros = 1, same_cache = 1;
+    for (int i = 0; i < H * D; i++)
+        zeros &= out[i] == 0.0f;
+    for (int s = 0; s < CAP * KVH * D; s++) /* sequence 0's slots */
+        same_cache &= c.k[s] == k0[s] && c.v[s] == v0[s];
+    CHECK(zeros && same_cache);
+    /* sequence 1 as when sequence 0 goes on (from the same caches) */
+    memcpy(c.k, k0, bytes);
+    memcpy(c.v, v0, bytes);
+    float both[B] = {5.0f, 3.0f};
+    CHECK_EQ_INT(ops_attention_decode_ref(&a, NULL, step, both, &c, alone, &err), STOF_OK);
+    CHECK(memcmp(out + H * D, alone + H * D, sizeof(float) * H * D) == 0);
+    float bad[B] = {-2.0f, 3.0f};
+    CHECK_EQ_INT(ops_attention_decode_ref(&a, NULL, step, bad, &c, out, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "position -2 of sequence 0 is outside the context");
+    free(k0);
+    free(v0);
+    ops_kv_cache_free(&c);
+}
+
 static void test_span(void) {
     stof_error err = {0};
     mask_spec *spec = NULL;
@@ -575,6 +635,7 @@ int main(void) {
     test_sample();
     test_sample_sets();
     test_span();
+    test_ended_sequence();
     test_models();
     test_seed_and_stop();
     test_plan_step();

@@ -119,6 +119,9 @@ typedef struct gen_layer {
 typedef struct gen_decoder {
     graph g;              /* batch B, one token a sequence */
     int ids, positions;   /* its input_ids [B, 1] and position_ids [B, 1] */
+    int attn_positions;   /* attention_position_ids [B, 1]: the attentions' positions, -1 for
+                             a sequence that has ended (its attention skipped, its cache
+                             untouched, zeros out) */
     int64_t context;      /* positions 0 .. context - 1 */
     int64_t vocab;        /* the logits' width */
     gen_layer *layers;

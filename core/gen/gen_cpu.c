@@ -164,8 +164,10 @@ static int decode_steps(cpu_run *c, stof_error *err) {
     for (int t = 1; !rc && t < c->o->max_new_tokens && !gen_state_all_done(&c->st); t++) {
         for (int b = 0; b < c->p->batch; b++) {
             rv.data[c->dec.ids][b] = (float)gen_state_last(&c->st, b);
-            /* an ended sequence stays at its last position (its tokens are dropped) */
+            /* an ended sequence stays at its last position (its tokens are dropped), and
+             * its attention is skipped */
             rv.data[c->dec.positions][b] = (float)(c->st.len[b] - 1);
+            rv.data[c->dec.attn_positions][b] = c->st.done[b] ? -1.0f : (float)(c->st.len[b] - 1);
         }
         rc = rerun(g, &rv, &h, err);
         for (int b = 0; !rc && b < c->p->batch; b++)

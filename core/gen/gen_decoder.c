@@ -19,6 +19,9 @@
 #include "ops/ops.h"
 
 #define GEN_POSITIONS_NAME "position_ids"
+/* The attentions' own positions: a sequence's, or -1 for one that has ended (its attention
+ * skipped: no key read, its cache untouched, zeros out). */
+#define GEN_ATTN_POSITIONS_NAME "attention_position_ids"
 
 typedef struct derive {
     const graph *src;
@@ -41,9 +44,9 @@ static int derive_input(derive *x, int t, stof_error *err) {
     if (s->ndim != 2 || s->shape[0] != x->batch)
         return err_set(err, STOF_ERR_UNSUPPORTED, "input '%s' is not [batch, seq]: a decode "
                        "step takes one token a sequence", s->name);
-    if (strcmp(s->name, GEN_POSITIONS_NAME) == 0)
+    if (strcmp(s->name, GEN_POSITIONS_NAME) == 0 || strcmp(s->name, GEN_ATTN_POSITIONS_NAME) == 0)
         return err_set(err, STOF_ERR_UNSUPPORTED, "the model has an input named '%s': the "
-                       "decode step's own", GEN_POSITIONS_NAME);
+                       "decode step's own", s->name);
     graph_tensor t1 = *s;
     t1.shape[1] = 1;
     return graph_add_tensor(x->out, &t1, &x->map[t], err);
@@ -63,11 +66,14 @@ static int derive_weight(derive *x, int t, stof_error *err) {
     return graph_set_source(x->out, x->map[t], parts, s->part_rows, s->n, err);
 }
 
+/* The step's position inputs: the embedding's and the rotary's, and the attentions'. */
 static int add_positions(derive *x, stof_error *err) {
     graph_tensor t = {.role = GRAPH_INPUT, .dtype = STOF_I32, .ndim = 2,
                       .shape = {x->batch, 1}, .producer = -1, .init = GRAPH_INIT_ZEROS};
     snprintf(t.name, sizeof t.name, "%s", GEN_POSITIONS_NAME);
-    return graph_add_tensor(&x->d->g, &t, &x->d->positions, err);
+    int rc = graph_add_tensor(&x->d->g, &t, &x->d->positions, err);
+    snprintf(t.name, sizeof t.name, "%s", GEN_ATTN_POSITIONS_NAME);
+    return rc ? rc : graph_add_tensor(&x->d->g, &t, &x->d->attn_positions, err);
 }
 
 /* The mask of a source attention, copied once into the step's graph. */
@@ -115,7 +121,7 @@ static int derive_attention(derive *x, int i, graph_op *op, stof_error *err) {
                      .kv_heads = op_attention_kv_heads(a), .head_dim = a->head_dim,
                      .mask = a->mask >= 0 ? x->d->g.masks[a->mask] : NULL};
     l->cap = ops_kv_cache_span(l->mask, x->d->context);
-    op->inputs[1] = x->d->positions;
+    op->inputs[1] = x->d->attn_positions;
     op->n_inputs = 2;
     for (int kv = 0; kv < 2 && !rc; kv++)
         rc = add_cache(x, x->d->n_layers, l, x->out->tensors[op->inputs[0]].dtype, kv,

@@ -36,13 +36,14 @@ typedef struct gpu_run {
     exec_model *xm;
     stof_dtype dtype;
     const cuda_driver *drv;
-    CUdeviceptr d_in, d_out, d_tok; /* d_in: [2][batch] the step's ids, then positions */
+    CUdeviceptr d_in, d_out, d_tok; /* d_in: [3][batch] the step's inputs (as `in`) */
     CUstream stream;
     CUgraph step_graph;     /* inputs in, the model's pass, the greedy argmax */
     CUgraphExec step_exec;
     int on_gpu_argmax;      /* greedy without the logits kept: tokens chosen on the GPU */
     int32_t *tok;           /* [batch] their tokens */
-    int32_t *in;            /* [2][batch] a step's inputs: ids, then positions */
+    int32_t *in;            /* [3][batch] a step's inputs: ids, positions, then the
+                               attentions' positions (-1 for an ended sequence) */
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
     float *f16;             /* fp16 bits -> float, all 65536 (fp16 models): a row of logits
@@ -76,7 +77,7 @@ static int alloc_lanes(gpu_run *g, stof_error *err) {
 
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    g->in = err_malloc(sizeof *g->in * 2 * B, err);
+    g->in = err_malloc(sizeof *g->in * 3 * B, err);
     g->fed = err_calloc(B, sizeof *g->fed, err);
     g->raw = err_malloc(sizeof *g->raw * B * V, err);
     g->f16 = err_malloc(sizeof *g->f16 * 65536, err);
@@ -91,7 +92,7 @@ static int alloc_host(gpu_run *g, stof_error *err) {
 
 static int alloc_device(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, 8 * B), "cuMemAlloc(ids, positions)",
+    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, 12 * B), "cuMemAlloc(ids, positions)",
                         err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
@@ -110,7 +111,8 @@ static int alloc_device(gpu_run *g, stof_error *err) {
 static int capture_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch;
-    exec_io in[2] = {{g->dec.ids, g->d_in}, {g->dec.positions, g->d_in + 4 * B}};
+    exec_io in[3] = {{g->dec.ids, g->d_in}, {g->dec.positions, g->d_in + 4 * B},
+                     {g->dec.attn_positions, g->d_in + 8 * B}};
     /* the argmax kernel loaded (compiled or read) before the capture, not inside it: run once
      * on logits of zeros */
     int rc = cuda_check(drv, drv->MemsetD8Async(g->d_out, 0, 2 * B * (size_t)g->r->vocab,
@@ -126,7 +128,7 @@ static int capture_step(gpu_run *g, stof_error *err) {
                         "cuStreamBeginCapture(decode step)", err);
     if (rc)
         return rc;
-    rc = exec_model_run_io(g->xm, in, 2, g->d_out, g->stream, err);
+    rc = exec_model_run_io(g->xm, in, 3, g->d_out, g->stream, err);
     if (!rc && g->on_gpu_argmax)
         rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
                               g->stream, err);
@@ -226,19 +228,22 @@ static int prepare(gpu_run *g, stof_error *err) {
 }
 
 /* The step's inputs: each sequence's next token at its position; an ended one repeats its
- * last (rewriting its own cache slot with the same values). */
+ * last through the projections, and its attention is skipped (position -1: no key read, its
+ * cache untouched). */
 static void step_inputs(gpu_run *g) {
-    for (int b = 0; b < g->p->batch; b++) {
+    const int B = g->p->batch;
+    for (int b = 0; b < B; b++) {
         int64_t at = g->st.done[b] ? g->fed[b] - 1 : g->fed[b];
         g->in[b] = gen_state_token(&g->st, b, at);
-        g->in[g->p->batch + b] = (int32_t)at;
+        g->in[B + b] = (int32_t)at;
+        g->in[2 * B + b] = g->st.done[b] ? -1 : (int32_t)at;
     }
 }
 
 static int run_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in, g->in, 8 * B, g->stream),
+    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in, g->in, 12 * B, g->stream),
                         "cuMemcpyHtoDAsync(ids, positions)", err);
     if (!rc)
         rc = cuda_check(drv, drv->GraphLaunch(g->step_exec, g->stream), "cuGraphLaunch(decode "

@@ -40,8 +40,9 @@ void ops_kv_cache_store_prefix(ops_kv_cache *c, const float *qkv, int64_t seq, i
 
 /* One decode step of attention op `op` (attr.decode) against its cache: qkv [batch, 1, W],
  * positions [batch] (as floats, the reference's values), m its mask (context x context, or
- * NULL), out [batch, heads * head_dim]. A position past the mask's rows, or a key the mask
- * allows that the ring no longer holds, is an error. */
+ * NULL), out [batch, heads * head_dim]. Position -1 is a sequence that has ended: its
+ * output zeros, its cache untouched. Another position past the mask's rows, or a key the
+ * mask allows that the ring no longer holds, is an error. */
 int ops_attention_decode_ref(const op_attention *a, const mask *m, const float *qkv,
                              const float *positions, ops_kv_cache *c, float *out,
                              stof_error *err);

@@ -6,6 +6,8 @@
  * same ops on [B, 1] with:
  *   - a position_ids input [B, 1]: the embedding's position rows and the
  *     rotary angles come from it;
+ *   - an attention_position_ids input [B, 1]: the attentions' positions, -1
+ *     for a sequence that has ended (its attention skipped);
  *   - each attention a decode step (op_attention.decode) with its mask copied
  *     (its rows are the context's positions) and a cache of the mask's span;
  *   - no attention_mask: a step has one real token a sequence, and padding

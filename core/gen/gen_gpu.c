@@ -66,8 +66,9 @@ static int alloc_lanes(gpu_run *g, stof_error *err) {
     if (!g->on_gpu_argmax && g->p->batch > 1) {
         int threads = task_pool_default_threads();
         g->lanes = threads < g->p->batch ? threads : g->p->batch;
-        if (g->lanes > 1 && task_pool_create(g->lanes - 1, &g->pool, err))
-            return STOF_ERR_NOMEM;
+        int rc = g->lanes > 1 ? task_pool_create(g->lanes - 1, &g->pool, err) : STOF_OK;
+        if (rc)
+            return rc;
     }
     g->rows = err_malloc(sizeof *g->rows * V * (size_t)g->lanes, err);
     g->scratch = err_malloc(sizeof *g->scratch * 2 * V * (size_t)g->lanes, err);

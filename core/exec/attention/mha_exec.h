@@ -124,6 +124,9 @@ size_t mha_exec_config_smem(const mha_exec_config *c);
  * 32; 0 when one does not fit smem_per_block. */
 int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stages, int head_dim,
                                int dtype_bytes, const mha_device_limits *lim);
+/* The CTA slots of the whole device for block-wise configuration c (at least one an SM):
+ * what a plan splits long rows over. */
+int mha_exec_resident_slots(const mha_exec_config *c, const mha_device_limits *lim);
 /* The automatic pipeline depth of a block-wise setting: the deepest STAGES
  * in 2..4 that keeps as many resident blocks per SM as 2 stages do (and at
  * least 2 of them); measured on an H200, a deeper ring that costs resident

@@ -217,14 +217,8 @@ static double model_time(const mha_cost_table *t, mha_cost_grid *g, const mha_ex
                          block ? cfg->block_n : cfg->warps_per_block, block ? cfg->num_warps : 0,
                          &e))
         return -1;
-    int resident = 0;
-    if (block) {
-        int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
-                                                cfg->stages, cfg->head_dim,
-                                                (int)stof_dtype_size(cfg->dtype), lim);
-        resident = (per_sm > 0 ? per_sm : 1) * lim->sm_count;
-    }
-    return mha_cost_predict(&e, g, p->batch, p->heads, lim->sm_count, resident,
+    return mha_cost_predict(&e, g, p->batch, p->heads, lim->sm_count,
+                            block ? mha_exec_resident_slots(cfg, lim) : 0,
                             force ? force->split_chunk : 0);
 }
 
@@ -303,7 +297,16 @@ static int rank_settings(const mha_exec_problem *p, const mask *folded,
 
 /* The base configuration of a problem: what every candidate shares. */
 static void base_config(const mha_exec_problem *p, const mha_exec_force *force,
-                        mha_exec_config *cfg);
+                        mha_exec_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->head_dim = p->head_dim;
+    cfg->dtype = p->dtype;
+    cfg->relpos = p->relpos;
+    cfg->padded = p->padded;
+    cfg->relpos_mid = relpos_mid_capacity(p);
+    cfg->rows_per_warp = force && force->rows_per_warp ? force->rows_per_warp : 1;
+    cfg->warps_per_block = force && force->warps_per_block ? force->warps_per_block : 4;
+}
 
 int mha_exec_model_rank(const mha_exec_problem *p, const mask *folded,
                         const mha_device_limits *lim, const mha_exec_force *force,
@@ -361,18 +364,6 @@ static int model_choose(const mha_exec_problem *p, const mask *folded,
              lim->arch, MHA_COST_FILE, first, r[0].us, second, n > 1 ? r[1].us : 0.0);
     free(r);
     return 1;
-}
-
-static void base_config(const mha_exec_problem *p, const mha_exec_force *force,
-                        mha_exec_config *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->head_dim = p->head_dim;
-    cfg->dtype = p->dtype;
-    cfg->relpos = p->relpos;
-    cfg->padded = p->padded;
-    cfg->relpos_mid = relpos_mid_capacity(p);
-    cfg->rows_per_warp = force && force->rows_per_warp ? force->rows_per_warp : 1;
-    cfg->warps_per_block = force && force->warps_per_block ? force->warps_per_block : 4;
 }
 
 int mha_exec_choose(const mha_exec_problem *p, const mask *folded, const mha_device_limits *lim,

@@ -223,6 +223,12 @@ int mha_exec_block_ctas_per_sm(int block_m, int tile_n, int num_warps, int stage
     return n < MHA_EXEC_MAX_CTAS_PER_SM ? n : MHA_EXEC_MAX_CTAS_PER_SM;
 }
 
+int mha_exec_resident_slots(const mha_exec_config *c, const mha_device_limits *lim) {
+    int per_sm = mha_exec_block_ctas_per_sm(c->block_m, c->block_n, c->num_warps, c->stages,
+                                            c->head_dim, (int)stof_dtype_size(c->dtype), lim);
+    return (per_sm > 0 ? per_sm : 1) * lim->sm_count;
+}
+
 /* Registers are left out: they are known only after compiling, and at the
  * settings the selector runs (mha_exec_block_regs_ok) shared memory is
  * what limits residency once the ring is deeper than 2. */

@@ -35,10 +35,7 @@ static int split_chunk_for(const mha_exec_problem *p, const mha_exec_config *cfg
                            const mask_bsr *f, const mha_device_limits *lim, int force_chunk) {
     if (force_chunk)
         return force_chunk > 0 ? force_chunk : 0;
-    int per_sm = mha_exec_block_ctas_per_sm(cfg->block_m, cfg->block_n, cfg->num_warps,
-                                            cfg->stages, cfg->head_dim,
-                                            (int)stof_dtype_size(cfg->dtype), lim);
-    return mha_exec_split_chunk(f, p->batch, p->heads, (per_sm > 0 ? per_sm : 1) * lim->sm_count);
+    return mha_exec_split_chunk(f, p->batch, p->heads, mha_exec_resident_slots(cfg, lim));
 }
 
 static int plan_split_chunk(const mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,

@@ -111,24 +111,50 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
         log(f"  {name} ({batch}, {seq}) stof tuned   {r['graph_ms']:8.3f} ms "
             f"(tuned in {t['tune_wall_s']:.0f} s, rel {row.get('rel', float('nan')):.1e})")
         if args.padded:
-            pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
-            pad_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-padded.safetensors")
-            sc.save_inputs(pad_path, pad_ids, attention_mask=mask)
-            r = sc.stof_run(stof, plan, sc.io_args(inputs=pad_path), args.reps, 600, log_path)
-            row["stof-padded"] = r["graph_ms"]
-            row["tokens"] = float(lengths.sum()) / (batch * seq)
-            with torch.no_grad():
-                am = mask.cuda()
-                row["eager-padded"] = sc.time_ms(
-                    lambda: model(input_ids=pad_ids.cuda(), attention_mask=am).last_hidden_state,
-                    3, args.reps)
-            log(f"  {name} ({batch}, {seq}) padded ({row['tokens']:.0%} tokens): stof "
-                f"{row['stof-padded']:.3f} ms ({row['stof-padded'] / row['stof-tuned']:.2f}x "
-                f"the full batch), transformers eager {row['eager-padded']:.3f} ms")
+            for draw in ("random", "quantiles"):
+                padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args,
+                           log_path)
     except sc.CmdError as e:
         row["note"] = str(e).splitlines()[0][:200]
         log(f"  {name} ({batch}, {seq}) stof: ERROR {row['note']}")
     rows.append(row)
+
+
+def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, log_path):
+    """The tuned plan on a padded batch: lengths drawn from 25-100% of seq (`random`, seeded)
+    or at the batch's quantiles of that range (`quantiles`: what the draw averages), the
+    padding-free pass and the padded pass (STOF_PACK=0), beside transformers eager."""
+    import torch
+    if draw == "random":
+        pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=9)
+    else:
+        q = (torch.arange(batch, dtype=torch.float64) + 0.5) / batch
+        lengths = (seq * (0.25 + 0.75 * q)).round().long()
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        pad_ids = torch.where(mask.bool(), ids, torch.full_like(ids, cfg.pad_token_id or 0))
+    pad_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-padded-{draw}.safetensors")
+    sc.save_inputs(pad_path, pad_ids, attention_mask=mask)
+    key = f"-{draw}"
+    row["stof-padded" + key] = sc.stof_run(stof, plan, sc.io_args(inputs=pad_path), args.reps,
+                                           600, log_path)["graph_ms"]
+    os.environ["STOF_PACK"] = "0"
+    try:
+        row["stof-unpacked" + key] = sc.stof_run(stof, plan, sc.io_args(inputs=pad_path),
+                                                 args.reps, 600, log_path)["graph_ms"]
+    finally:
+        del os.environ["STOF_PACK"]
+    row["tokens" + key] = float(lengths.sum()) / (batch * seq)
+    with torch.no_grad():
+        am = mask.cuda()
+        row["eager-padded" + key] = sc.time_ms(
+            lambda: model(input_ids=pad_ids.cuda(), attention_mask=am).last_hidden_state,
+            3, args.reps)
+    full = row["stof-tuned"]
+    log(f"  {name} ({batch}, {seq}) padded, {draw} lengths ({row['tokens' + key]:.0%} tokens): "
+        f"stof {row['stof-padded' + key]:.3f} ms ({row['stof-padded' + key] / full:.2f}x the "
+        f"full batch; padded pass {row['stof-unpacked' + key]:.3f} ms, "
+        f"{row['stof-unpacked' + key] / full:.2f}x), transformers eager "
+        f"{row['eager-padded' + key]:.3f} ms")
 
 
 def fmt(v):
@@ -144,7 +170,9 @@ def report(rows, args, stof):
             f"{transformers.__version__}; fp16, random weights, transformers with SDPA (Longformer: "
             f"its own attention, no SDPA there); "
             f"median of {args.reps} runs, ms; stof tuned for {args.tune_time:g} s a shape.")
-    pad = ["stof padded", "padded / full", "eager padded"] if args.padded else []
+    pad = [f"{w} {d}" for d in ("random", "quantiles")
+           for w in ("stof padded", "padded / full", "padded pass / full", "eager padded")
+           ] if args.padded else []
     lines = [head, "", "| model | (batch, seq) | " + " | ".join(variants) +
              " | stof default | stof tuned | tuned vs best torch | rel error | " +
              "".join(p + " | " for p in pad),
@@ -155,10 +183,11 @@ def report(rows, args, stof):
         speedup = f"{best / tuned:.2f}x" if best and tuned else "-"
         rel = f"{r['rel']:.1e}" if "rel" in r else r.get("note", "-")
         cells = ""
-        if args.padded:
-            sp = r.get("stof-padded")
-            ratio = f"{sp / tuned:.2f} ({r['tokens']:.0%} tokens)" if sp and tuned else "-"
-            cells = f" {fmt(sp)} | {ratio} | {fmt(r.get('eager-padded'))} |"
+        for d in ("-random", "-quantiles") if args.padded else ():
+            sp, su = r.get("stof-padded" + d), r.get("stof-unpacked" + d)
+            ratio = f"{sp / tuned:.2f} ({r['tokens' + d]:.0%} tokens)" if sp and tuned else "-"
+            unpacked = f"{su / tuned:.2f}" if su and tuned else "-"
+            cells += f" {fmt(sp)} | {ratio} | {unpacked} | {fmt(r.get('eager-padded' + d))} |"
         lines.append(f"| {r['model']} | ({r['batch']}, {r['seq']}) | " +
                      " | ".join(fmt(r.get(v)) for v in variants) +
                      f" | {fmt(r.get('stof-default'))} | {fmt(tuned)} | {speedup} | {rel} |" +

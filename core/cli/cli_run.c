@@ -236,6 +236,18 @@ static int fail(run_state *r, const stof_error *err) {
     return 1;
 }
 
+/* Whether the inputs' attention_mask made the pass padding-free (core/exec/exec_pack.h). */
+static void print_packing(const run_state *r) {
+    int64_t tokens, rows;
+    if (!exec_model_packing(r->model, &tokens, &rows))
+        return;
+    const graph_tensor *out = &r->g.tensors[r->g.output];
+    const int64_t padded = out->shape[0] * (out->ndim > 2 ? out->shape[1] : 1);
+    printf("padding: %lld of %lld positions are tokens; every segment but the attentions runs "
+           "on them alone, packed into %lld rows (STOF_PACK=0: the padded pass)\n",
+           (long long)tokens, (long long)padded, (long long)rows);
+}
+
 static void print_plan(const run_state *r) {
     const exec_plan *p = r->plan;
     char bin[FUSION_SCHEME_BINARY_MAX], hex[FUSION_SCHEME_HEX_MAX], who[160], desc[640];
@@ -477,6 +489,7 @@ static int run_on_gpu(const cli_args *a, run_state *r, const plan *pf, const cha
     printf("memory: weights %.1f MB, inputs %.3f MB, activations %.2f MB peak (%d buffers; "
            "largest live set %.2f MB)\n", r->plan->weight_bytes / 1e6, r->plan->input_bytes / 1e6,
            r->plan->arena_bytes / 1e6, r->plan->n_bufs, r->plan->live_bound / 1e6);
+    print_packing(r);
     const graph_tensor *out = &r->g.tensors[r->g.output];
     int64_t n = graph_tensor_numel(out);
     r->eager = malloc(sizeof *r->eager * (size_t)n);

@@ -235,7 +235,7 @@ static int upload_consts(exec_model *m, const weights_source *src, stof_error *e
 
 /* An earlier segment at the same place of a sequence of the same class:
  * the same kernel problem, so the same kernel plan. */
-static int twin_of(const exec_plan *p, int s) {
+int exec_segment_twin(const exec_plan *p, int s) {
     const exec_segment *x = &p->segs[s];
     for (int k = 0; k < s; k++) {
         const exec_segment *y = &p->segs[k];
@@ -257,7 +257,7 @@ static int prepare_segments(exec_model *m, stof_error *err) {
             rc = err_set(err, STOF_ERR_UNSUPPORTED, "template %s: %s",
                          fusion_template_get(sg->tmpl)->name, rt->launcher->missing);
         } else {
-            int twin = twin_of(p, s);
+            int twin = exec_segment_twin(p, s);
             if (twin >= 0) {
                 rt->kplan = m->rt[twin].kplan;
             } else {
@@ -284,6 +284,7 @@ void exec_model_free(exec_model *m) {
     drv->CtxSetCurrent(c->gemm->cu);
     if (m->stream)
         drv->StreamSynchronize(m->stream);
+    exec_pack_free(m);
     if (m->graph_exec)
         drv->GraphExecDestroy(m->graph_exec);
     if (m->graph)
@@ -348,11 +349,15 @@ int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_sourc
         rc = prepare_segments(m, err);
     if (!rc)
         rc = exec_prefetch_create(m, err);
+    if (!rc)
+        rc = exec_pack_create(m, err);
     /* copies from pageable memory (the weights, the kernel plans' tables) may
      * still be in flight when cuMemcpyHtoD returns, and the model's stream
      * does not wait for the legacy stream */
     if (!rc)
         rc = cuda_check(drv, drv->CtxSynchronize(NULL), "cuCtxSynchronize", err);
+    if (!rc) /* an attention_mask among the inputs uploaded: its batch runs packed */
+        rc = exec_pack_select(m, err);
     if (rc) {
         exec_model_free(m);
         return rc;
@@ -364,7 +369,8 @@ int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_sourc
 /* Segment s's kernels on the model's stream; errors name the segment. */
 static int launch_segment(exec_model *m, int s, stof_error *err) {
     const exec_seg_rt *rt = &m->rt[s];
-    int rc = rt->launcher->launch(m, rt, m->stream, err);
+    int rc = exec_pack_active(m) ? exec_pack_launch(m, s, m->stream, err)
+                                 : rt->launcher->launch(m, rt, m->stream, err);
     if (rc) {
         char name[256];
         const exec_segment *sg = &m->plan->segs[s];
@@ -391,7 +397,8 @@ static int launch_all_captured(exec_model *m, CUstream st, stof_error *err) {
         const exec_seg_rt *rt = &m->rt[s];
         rc = exec_prefetch_before(m, s, st, err);
         if (!rc)
-            rc = rt->launcher->launch(m, rt, st, err);
+            rc = exec_pack_active(m) ? exec_pack_launch(m, s, st, err)
+                                     : rt->launcher->launch(m, rt, st, err);
     }
     int joined = exec_prefetch_join(m, st, rc ? NULL : err);
     return rc ? rc : joined;
@@ -404,6 +411,8 @@ static int sync_stream(exec_model *m, stof_error *err) {
 
 /* After a pass: the errors its kernels flagged on the device (bad ids). */
 static int segments_status(exec_model *m, stof_error *err) {
+    if (exec_pack_active(m))
+        return exec_pack_status(m, err);
     int rc = STOF_OK;
     for (int s = 0; !rc && s < m->plan->n_segs; s++)
         if (m->rt[s].launcher->status)
@@ -486,18 +495,20 @@ static int capture_pass(exec_model *m, CUevent *ev, CUgraph *captured, CUgraphEx
 }
 
 int exec_model_capture(exec_model *m, stof_error *err) {
-    if (m->graph_exec)
-        return STOF_OK;
-    return capture_pass(m, NULL, &m->graph, &m->graph_exec, err);
+    CUgraph *captured;
+    CUgraphExec *exec;
+    exec_pack_graph_slots(m, &captured, &exec);
+    return *exec ? STOF_OK : capture_pass(m, NULL, captured, exec, err);
 }
 
 int exec_model_graph_edges(const exec_model *m, exec_graph_edges *out, stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
     memset(out, 0, sizeof *out);
-    if (!m->graph)
+    CUgraph captured = exec_pack_captured(m);
+    if (!captured)
         return err_set(err, STOF_ERR_INVALID, "no CUDA graph captured yet");
     size_t n = 0;
-    int rc = cuda_check(drv, drv->GraphGetEdges(m->graph, NULL, NULL, NULL, &n),
+    int rc = cuda_check(drv, drv->GraphGetEdges(captured, NULL, NULL, NULL, &n),
                         "cuGraphGetEdges", err);
     if (rc || n == 0)
         return rc;
@@ -506,7 +517,7 @@ int exec_model_graph_edges(const exec_model *m, exec_graph_edges *out, stof_erro
     if (!from || !data)
         rc = STOF_ERR_NOMEM;
     if (!rc)
-        rc = cuda_check(drv, drv->GraphGetEdges(m->graph, from, from + n, data, &n),
+        rc = cuda_check(drv, drv->GraphGetEdges(captured, from, from + n, data, &n),
                         "cuGraphGetEdges", err);
     for (size_t i = 0; !rc && i < n; i++)
         out->programmatic += data[i].type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
@@ -518,10 +529,13 @@ int exec_model_graph_edges(const exec_model *m, exec_graph_edges *out, stof_erro
 }
 
 static int replay_async(exec_model *m, stof_error *err) {
-    if (!m->graph_exec)
+    CUgraph *captured;
+    CUgraphExec *exec;
+    exec_pack_graph_slots(m, &captured, &exec);
+    if (!*exec)
         return err_set(err, STOF_ERR_INVALID, "the forward pass was not captured "
                        "(exec_model_capture)");
-    return cuda_check(m->ctx->drv, m->ctx->drv->GraphLaunch(m->graph_exec, m->stream),
+    return cuda_check(m->ctx->drv, m->ctx->drv->GraphLaunch(*exec, m->stream),
                       "cuGraphLaunch", err);
 }
 
@@ -653,7 +667,7 @@ int exec_model_output(exec_model *m, float *out, stof_error *err) {
     if (!rc)
         rc = sync_stream(m, err);
     if (!rc)
-        rc = cuda_check(drv, drv->MemcpyDtoH(h, m->ptr[g->output], n * sizeof *h),
+        rc = cuda_check(drv, drv->MemcpyDtoH(h, exec_pack_output(m), n * sizeof *h),
                         "cuMemcpyDtoH(output)", err);
     for (size_t i = 0; !rc && i < n; i++)
         out[i] = t->dtype == STOF_BF16 ? util_bf16_to_f32(h[i]) : util_f16_to_f32(h[i]);
@@ -776,7 +790,7 @@ static int copy_output(exec_model *m, CUdeviceptr out, CUstream st, stof_error *
     if (!out)
         return STOF_OK;
     return cuda_check(m->ctx->drv,
-                      m->ctx->drv->MemcpyDtoDAsync(out, m->ptr[g->output],
+                      m->ctx->drv->MemcpyDtoDAsync(out, exec_pack_output(m),
                                                    graph_tensor_bytes(&g->tensors[g->output]),
                                                    st),
                       "cuMemcpyDtoDAsync(output)", err);
@@ -789,6 +803,7 @@ static int copy_output(exec_model *m, CUdeviceptr out, CUstream st, stof_error *
 static int run_io_captured(exec_model *m, const exec_io *in, int n, CUdeviceptr out,
                            CUstream caller, stof_error *err) {
     int rc = STOF_OK;
+    exec_pack_off(m); /* the mask is not on the device yet: the padded pass */
     for (int i = 0; !rc && i < n; i++)
         rc = copy_input(m, &in[i], caller, err);
     if (!rc)
@@ -811,6 +826,8 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
     for (int i = 0; !rc && i < n; i++)
         rc = copy_input(m, &in[i], m->stream, err);
     if (!rc)
+        rc = exec_pack_select(m, err); /* checks the attention_mask when the model packs */
+    if (!rc)
         rc = exec_model_capture(m, err);
     if (!rc)
         rc = replay_async(m, err);
@@ -818,7 +835,7 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
         rc = sync_stream(m, err);
     if (!rc)
         rc = segments_status(m, err);
-    for (int i = 0; !rc && i < n; i++)
+    for (int i = 0; !rc && !m->pack && i < n; i++)
         if (in[i].data)
             rc = check_attention_mask(m, in[i].tensor, err);
     if (!rc)

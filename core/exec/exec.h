@@ -355,6 +355,10 @@ typedef struct exec_io {
 } exec_io;
 int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, CUstream caller,
                       stof_error *err);
+/* Whether the model's pass is padding-free now (core/exec/exec_pack.h): 1 with the batch's
+ * real tokens and the packed rows they run in (a bucket's multiple, under batch x seq), 0
+ * when the padded pass runs (no padding to save, a model that cannot pack, STOF_PACK=0). */
+int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows);
 
 /* Greedy tokens: out[r] (int32) = the index of the largest of row r of logits [rows, vocab]
  * (the first of equal ones), launched on stream st (captured when st is capturing). */

@@ -37,6 +37,7 @@ typedef union exec_tensors {
 
 typedef struct exec_launcher exec_launcher;
 typedef struct exec_prefetch exec_prefetch;
+typedef struct exec_pack exec_pack;
 
 /* A prefill attention's store into its KV cache (op_attention.store), after the attention. */
 typedef struct exec_kv_store {
@@ -70,7 +71,31 @@ struct exec_model {
     gpu_timer timer;      /* exec_model_time */
     exec_seg_rt *rt;      /* per segment */
     exec_prefetch *prefetch; /* weights asked of L2 ahead in captured passes, or NULL */
+    exec_pack *pack;      /* padding-free runs (exec_pack.c), or NULL when the model has none */
 };
+
+/* Padding-free runs (exec_pack.c; the idea in exec_pack.h). create: nothing unless the plan
+ * is eligible and STOF_PACK is not 0. select: after the inputs are on the device (m's stream
+ * idle), reads the attention_mask back and makes the packed pass for its tokens the model's
+ * pass (its kernel plans and graph made the first time such a size is seen), or the padded
+ * pass when packing saves nothing; off: the padded pass (a run inside the caller's capture,
+ * where the mask cannot be read). active: whether the packed pass is the model's pass. */
+int exec_pack_create(exec_model *m, stof_error *err);
+void exec_pack_free(exec_model *m);
+int exec_pack_select(exec_model *m, stof_error *err);
+void exec_pack_off(exec_model *m);
+int exec_pack_active(const exec_model *m);
+/* The packed pass's segment s on stream st: its packed inputs first (s = 0), the
+ * attention's rows scattered and gathered around it, the output unpacked after the last. */
+int exec_pack_launch(exec_model *m, int s, CUstream st, stof_error *err);
+/* After a packed pass: the errors its kernels flagged (a bad id named by batch and position). */
+int exec_pack_status(exec_model *m, stof_error *err);
+/* The packed pass's CUDA graph slots (the model's own when the padded pass is active). */
+void exec_pack_graph_slots(exec_model *m, CUgraph **graph_at, CUgraphExec **exec);
+/* The active pass's captured graph (NULL before exec_model_capture). */
+CUgraph exec_pack_captured(const exec_model *m);
+/* Where the active pass leaves the model's output [B, S, ...]. */
+CUdeviceptr exec_pack_output(const exec_model *m);
 
 /* Weights asked of L2 ahead of the segments that read them, in passes captured into the
  * caller's CUDA graph (exec_prefetch.c). create: nothing before sm_90 or with STOF_PREFETCH=0;
@@ -79,6 +104,10 @@ int exec_prefetch_create(exec_model *m, stof_error *err);
 void exec_prefetch_free(exec_model *m);
 int exec_prefetch_before(exec_model *m, int s, CUstream caller, stof_error *err);
 int exec_prefetch_join(exec_model *m, CUstream caller, stof_error *err);
+
+/* An earlier segment of plan p at the same place of a sequence of the same class as segment
+ * s (the same kernel problem, so it may share its kernel plan), or -1. */
+int exec_segment_twin(const exec_plan *p, int s);
 
 /* How one template is run. A template without a kernel yet has only
  * `missing` (the reason); to plug one in, fill the functions of its row in
@@ -111,6 +140,11 @@ int exec_launch_is_gemm_family(fusion_template_id t);
 int exec_launch_is_attention(fusion_template_id t);
 int exec_launch_gemm_problem(const graph *g, const exec_segment *s, gemm_exec_problem *p,
                              stof_error *err);
+/* The kernel plan of token-wise segment s over `rows` packed rows instead of the graph's
+ * (each row reading its position from an array); its tuned values when they take that many
+ * rows, else the defaults. */
+int exec_launch_plan_rows(exec_model *m, const exec_segment *s, int64_t rows, void **kplan,
+                          stof_error *err);
 /* A decode step's attention (attention_decode): its problem. */
 void exec_launch_decode_problem(const graph *g, const exec_segment *s, mha_decode_problem *p);
 void exec_launch_attention_problem(const graph *g, const exec_segment *s, mha_exec_problem *p,

@@ -374,15 +374,19 @@ static int gx_problem(const graph *g, const exec_segment *s, gemm_exec_problem *
     }
 }
 
+static int gx_plan_problem(exec_model *m, const exec_segment *s, const gemm_exec_problem *p,
+                           void **kplan, stof_error *err) {
+    gemm_exec_plan *plan = NULL;
+    int rc = gemm_exec_plan_create(m->ctx->gemm, p, s->has_values ? s->values : NULL, &plan,
+                                   err);
+    *kplan = plan;
+    return rc;
+}
+
 static int gx_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
     gemm_exec_problem p;
     int rc = gx_problem(m->plan->g, s, &p, err);
-    if (rc)
-        return rc;
-    gemm_exec_plan *plan = NULL;
-    rc = gemm_exec_plan_create(m->ctx->gemm, &p, s->has_values ? s->values : NULL, &plan, err);
-    *kplan = plan;
-    return rc;
+    return rc ? rc : gx_plan_problem(m, s, &p, kplan, err);
 }
 
 static void gx_free(exec_model *m, void *kplan) {
@@ -507,15 +511,13 @@ static int lt_ctx(exec_ctx *c, stof_error *err) {
 /* The heuristic's top algorithms; the ALGO parameter picks one of them.
  * An index past what the heuristic offered is STOF_ERR_UNSUPPORTED (the
  * search stores the setting as infeasible). */
-static int lt_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+static int lt_plan_problem(exec_model *m, const exec_segment *s, const gemm_exec_problem *p,
+                           void **kplan, stof_error *err) {
     *kplan = NULL;
-    gemm_exec_problem p;
-    int rc = gx_problem(m->plan->g, s, &p, err);
-    if (!rc)
-        rc = lt_ctx(m->ctx, err);
+    int rc = lt_ctx(m->ctx, err);
     cublaslt_exec_plan *plan = NULL;
     if (!rc)
-        rc = cublaslt_exec_plan_create(m->ctx->lt, &p, NULL, &plan, err);
+        rc = cublaslt_exec_plan_create(m->ctx->lt, p, NULL, &plan, err);
     if (!rc && s->has_values)
         rc = cublaslt_exec_plan_select(plan, s->values[0], err);
     if (rc) {
@@ -525,6 +527,13 @@ static int lt_plan(exec_model *m, const exec_segment *s, void **kplan, stof_erro
     }
     *kplan = plan;
     return STOF_OK;
+}
+
+static int lt_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
+    *kplan = NULL;
+    gemm_exec_problem p;
+    int rc = gx_problem(m->plan->g, s, &p, err);
+    return rc ? rc : lt_plan_problem(m, s, &p, kplan, err);
 }
 
 static void lt_free(exec_model *m, void *kplan) {
@@ -537,6 +546,35 @@ static int lt_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_err
 
 static size_t lt_describe(const void *kplan, char *buf, size_t n) {
     return cublaslt_exec_plan_describe(kplan, buf, n);
+}
+
+/* ---- a token-wise segment over packed rows (exec_pack.c) ----------------------------------------- */
+
+int exec_launch_plan_rows(exec_model *m, const exec_segment *s, int64_t rows, void **kplan,
+                          stof_error *err) {
+    *kplan = NULL;
+    gemm_exec_problem p;
+    int rc = gx_problem(m->plan->g, s, &p, err);
+    if (rc)
+        return rc;
+    p.m = rows;
+    if (s->tmpl == FUSION_T_EMBEDDING || s->tmpl == FUSION_T_ROTARY) {
+        /* packed rows are no longer whole sequences: each reads its position */
+        p.has_position_ids = s->tmpl == FUSION_T_ROTARY || p.has_position;
+        p.seq_len = 1;
+    }
+    int (*make)(exec_model *, const exec_segment *, const gemm_exec_problem *, void **,
+                stof_error *) = s->tmpl == FUSION_T_CUBLASLT ? lt_plan_problem : gx_plan_problem;
+    rc = make(m, s, &p, kplan, err);
+    if (rc && rc != STOF_ERR_NOMEM && s->has_values) {
+        /* the tuned setting does not take this many rows (cuBLASLt's heuristic offers other
+         * algorithms for them): the defaults do */
+        exec_segment plain = *s;
+        plain.has_values = 0;
+        err_clear(err);
+        rc = make(m, &plain, &p, kplan, err);
+    }
+    return rc;
 }
 
 /* ---- attention ----------------------------------------------------------------------------------- */

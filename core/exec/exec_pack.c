@@ -1,0 +1,622 @@
+/* Padding-free runs of an encoder: the idea and the CPU half's contract in exec_pack.h.
+ *
+ * The packed pass reuses the padded pass's memory: each token-wise tensor's packed rows are
+ * the first rows of its arena slot, so lifetimes and offsets stay the plan's. What it adds:
+ * the packed int32 inputs, the maps (packed <-> padded rows) and two scratch buffers in the
+ * padded layout, one for an attention's input (and, after the last segment, the unpacked
+ * output) and one for its output. The attentions keep their kernel plans; every other
+ * segment gets one for the packed rows (exec_launch_plan_rows).
+ *
+ * The scratch buffers are zeroed once, when made: their padded rows are never written by a
+ * scatter, so they hold zeros or an earlier batch's finite values, which an attention never
+ * weighs (its keys stop at each sequence's length) but may load with a partial tile. */
+#include "core/exec/exec_pack.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base/error.h"
+#include "core/exec/exec_impl.h"
+#include "ops/ops.h"
+
+/* ---- the CPU half ------------------------------------------------------------------------- */
+
+#define PACK_ROW_QUANTUM 128
+#define PACK_BUCKETS 32
+
+int64_t exec_pack_bucket(int64_t padded_rows) {
+    int64_t b = (padded_rows + PACK_BUCKETS - 1) / PACK_BUCKETS;
+    b = (b + PACK_ROW_QUANTUM - 1) / PACK_ROW_QUANTUM * PACK_ROW_QUANTUM;
+    return b < PACK_ROW_QUANTUM ? PACK_ROW_QUANTUM : b;
+}
+
+void exec_pack_lengths(const int32_t *att_mask, int batch, int seq, int32_t *lengths) {
+    for (int b = 0; b < batch; b++) {
+        int32_t n = 0;
+        for (int j = 0; j < seq; j++)
+            n += att_mask[(int64_t)b * seq + j] != 0;
+        lengths[b] = n;
+    }
+}
+
+void exec_pack_map_free(exec_pack_map *m) {
+    free(m->src);
+    free(m->dst);
+    free(m->pos);
+    free(m->valid);
+    memset(m, 0, sizeof *m);
+}
+
+int exec_pack_map_build(const int32_t *lengths, int batch, int seq, exec_pack_map *out,
+                        stof_error *err) {
+    memset(out, 0, sizeof *out);
+    const int64_t padded = (int64_t)batch * seq;
+    if (batch < 1 || seq < 1 || padded > INT32_MAX)
+        return err_set(err, STOF_ERR_INVALID, "packing %d sequences of %d: the rows must "
+                       "number 1 to 2^31 - 1", batch, seq);
+    int64_t tokens = 0;
+    for (int b = 0; b < batch; b++) {
+        if (lengths[b] < 0 || lengths[b] > seq)
+            return err_set(err, STOF_ERR_INVALID, "packing: row %d has length %d, outside 0..%d",
+                           b, (int)lengths[b], seq);
+        tokens += lengths[b];
+    }
+    const int64_t bucket = exec_pack_bucket(padded);
+    int64_t rows = (tokens + bucket - 1) / bucket * bucket;
+    rows = rows < bucket ? bucket : rows;
+    rows = rows > padded ? padded : rows;
+    out->batch = batch;
+    out->seq = seq;
+    out->tokens = tokens;
+    out->rows = rows;
+    out->src = err_malloc(sizeof *out->src * (size_t)rows, err);
+    out->dst = err_malloc(sizeof *out->dst * (size_t)padded, err);
+    out->pos = err_calloc((size_t)rows, sizeof *out->pos, err);
+    out->valid = err_calloc((size_t)rows, sizeof *out->valid, err);
+    if (!out->src || !out->dst || !out->pos || !out->valid) {
+        exec_pack_map_free(out);
+        return STOF_ERR_NOMEM;
+    }
+    int64_t r = 0;
+    for (int b = 0; b < batch; b++)
+        for (int j = 0; j < seq; j++) {
+            const int64_t at = (int64_t)b * seq + j;
+            if (j >= lengths[b]) {
+                out->dst[at] = -1;
+                continue;
+            }
+            out->dst[at] = (int32_t)r;
+            out->src[r] = (int32_t)at;
+            out->pos[r] = j;
+            out->valid[r++] = 1;
+        }
+    for (; r < rows; r++)
+        out->src[r] = -1;
+    return STOF_OK;
+}
+
+static int refuse(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(char *why, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (n)
+        vsnprintf(why, n, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+static int64_t rows_of(const graph_tensor *t) {
+    const int64_t last = t->shape[t->ndim - 1];
+    return last ? graph_tensor_numel(t) / last : 0;
+}
+
+static int64_t row_bytes(const graph_tensor *t) {
+    return t->shape[t->ndim - 1] * (int64_t)stof_dtype_size(t->dtype);
+}
+
+/* The attention_mask input, or -1 (none, or more than one: *why says which). */
+static int find_mask(const graph *g, char *why, size_t n) {
+    int pad_in = -1;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const graph_tensor *x = &g->tensors[t];
+        if (x->role != GRAPH_INPUT || x->init != GRAPH_INIT_PADDING)
+            continue;
+        if (pad_in >= 0 || x->ndim != 2) {
+            refuse(why, n, "the attention_mask inputs are not one [B, S]");
+            return -1;
+        }
+        pad_in = t;
+    }
+    if (pad_in < 0)
+        refuse(why, n, "no attention_mask input");
+    return pad_in;
+}
+
+static int attention_packs(const graph *g, const exec_segment *s, int pad_in, int64_t batch,
+                           int64_t seq, char *why, size_t n) {
+    const graph_op *op = &g->ops[s->first];
+    const op_attention *a = &op->attr.attn;
+    if (a->cross || a->decode || a->store)
+        return refuse(why, n, "op #%d is a cross-attention or keeps a KV cache", s->first);
+    if (!a->padded || op->inputs[1] != pad_in)
+        return refuse(why, n, "op #%d's attention does not take the attention_mask", s->first);
+    mha_exec_problem p;
+    exec_launch_attention_problem(g, s, &p, NULL);
+    if (p.batch != batch || p.q_len != seq || p.k_len != seq)
+        return refuse(why, n, "op #%d attends (%d, %d x %d), not the mask's (%lld, %lld)",
+                      s->first, p.batch, p.q_len, p.k_len, (long long)batch, (long long)seq);
+    if (row_bytes(&g->tensors[op->inputs[0]]) % 4 || row_bytes(&g->tensors[op->output]) % 4)
+        return refuse(why, n, "op #%d's rows are not whole 4-byte words", s->first);
+    return 1;
+}
+
+static int segment_packs(const graph *g, const exec_segment *s, int pad_in, int64_t batch,
+                         int64_t seq, char *why, size_t n) {
+    if (exec_launch_is_attention(s->tmpl))
+        return attention_packs(g, s, pad_in, batch, seq, why, n);
+    if (!exec_launch_is_gemm_family(s->tmpl) || s->tmpl == FUSION_T_GEMV)
+        return refuse(why, n, "segment #%d runs on %s", s->first,
+                      fusion_template_get(s->tmpl)->name);
+    gemm_exec_problem p;
+    stof_error e;
+    if (exec_launch_gemm_problem(g, s, &p, &e))
+        return refuse(why, n, "segment #%d: %s", s->first, e.msg);
+    if (p.m != batch * seq)
+        return refuse(why, n, "segment #%d runs %lld rows, not one a token", s->first,
+                      (long long)p.m);
+    return 1;
+}
+
+int exec_pack_eligible(const exec_plan *p, int *mask_tensor, char *why, size_t n) {
+    const graph *g = p->g;
+    if (n)
+        why[0] = '\0';
+    *mask_tensor = -1;
+    const int pad_in = find_mask(g, why, n);
+    if (pad_in < 0)
+        return 0;
+    const int64_t batch = g->tensors[pad_in].shape[0], seq = g->tensors[pad_in].shape[1];
+    for (int t = 0; t < g->n_tensors; t++) {
+        const graph_tensor *x = &g->tensors[t];
+        if (t != pad_in && x->role == GRAPH_INPUT &&
+            (x->dtype != STOF_I32 || graph_tensor_numel(x) != batch * seq))
+            return refuse(why, n, "input '%s' is not int32 [B, S]", x->name);
+    }
+    const graph_tensor *out = &g->tensors[g->output];
+    if (rows_of(out) != batch * seq || row_bytes(out) % 4)
+        return refuse(why, n, "the output '%s' is not [B, S, ...] of whole 4-byte words",
+                      out->name);
+    for (int s = 0; s < p->n_segs; s++)
+        if (!segment_packs(g, &p->segs[s], pad_in, batch, seq, why, n))
+            return 0;
+    *mask_tensor = pad_in;
+    return 1;
+}
+
+/* ---- the GPU half ------------------------------------------------------------------------ */
+
+#define PACK_VARIANTS 4 /* packed sizes a model keeps, the least recently used replaced */
+#define PACK_MAX_INTS 8 /* int32 inputs packed (ids, type ids, position ids) */
+#define PACK_THREADS 256
+
+/* The packed pass for one number of rows: a kernel plan and binding per segment, a graph. */
+typedef struct pack_variant {
+    int64_t rows; /* 0: unused */
+    exec_seg_rt *rt;
+    CUgraph graph;
+    CUgraphExec graph_exec;
+    uint64_t used;
+} pack_variant;
+
+struct exec_pack {
+    int mask, batch, seq;
+    int n_ints;
+    int ints[PACK_MAX_INTS];            /* the int32 inputs [B, S] */
+    CUdeviceptr ints_at[PACK_MAX_INTS]; /* each packed */
+    CUdeviceptr idx;                    /* one allocation: src, pos, valid, dst, ints */
+    CUdeviceptr src, pos, valid, dst;
+    CUdeviceptr scratch_in, scratch_out;
+    int64_t in_bytes, out_bytes;        /* a padded row of each scratch buffer */
+    CUfunction gather16, gather4, scatter16, scatter4;
+    int32_t *host_mask, *lengths;
+    exec_pack_map map;                  /* the batch last selected */
+    pack_variant v[PACK_VARIANTS];
+    pack_variant *active;               /* NULL: the padded pass */
+    uint64_t clock;
+};
+
+static int64_t max64(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+
+static int is_attention(const exec_model *m, int s) {
+    return exec_launch_is_attention(m->plan->segs[s].tmpl);
+}
+
+/* The scratch rows' sizes: every attention's input and output rows, and the output's. */
+static void scratch_rows(exec_model *m, exec_pack *pk) {
+    const graph *g = m->plan->g;
+    pk->in_bytes = row_bytes(&g->tensors[g->output]);
+    for (int s = 0; s < m->plan->n_segs; s++)
+        if (is_attention(m, s)) {
+            const graph_op *op = &g->ops[m->plan->segs[s].first];
+            pk->in_bytes = max64(pk->in_bytes, row_bytes(&g->tensors[op->inputs[0]]));
+            pk->out_bytes = max64(pk->out_bytes, row_bytes(&g->tensors[op->output]));
+        }
+}
+
+/* STOF_PACK=0 turns packing off (the padded pass for every batch). */
+static int pack_wanted(void) {
+    const char *v = getenv("STOF_PACK");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int exec_pack_create(exec_model *m, stof_error *err) {
+    int pad_in;
+    char why[160];
+    if (!pack_wanted() || !exec_pack_eligible(m->plan, &pad_in, why, sizeof why))
+        return STOF_OK;
+    const graph *g = m->plan->g;
+    exec_pack *pk = err_calloc(1, sizeof *pk, err);
+    if (!pk)
+        return STOF_ERR_NOMEM;
+    pk->mask = pad_in;
+    pk->batch = (int)g->tensors[pad_in].shape[0];
+    pk->seq = (int)g->tensors[pad_in].shape[1];
+    for (int t = 0; t < g->n_tensors; t++)
+        if (t != pad_in && g->tensors[t].role == GRAPH_INPUT) {
+            if (pk->n_ints == PACK_MAX_INTS) {
+                free(pk);
+                return STOF_OK; /* more int inputs than packed: the padded pass */
+            }
+            pk->ints[pk->n_ints++] = t;
+        }
+    const size_t padded = (size_t)pk->batch * (size_t)pk->seq;
+    pk->host_mask = err_malloc(sizeof *pk->host_mask * padded, err);
+    pk->lengths = err_malloc(sizeof *pk->lengths * (size_t)pk->batch, err);
+    scratch_rows(m, pk);
+    m->pack = pk;
+    return pk->host_mask && pk->lengths ? STOF_OK : STOF_ERR_NOMEM;
+}
+
+static void variant_release(exec_model *m, pack_variant *v) {
+    const cuda_driver *drv = m->ctx->drv;
+    if (v->graph_exec)
+        drv->GraphExecDestroy(v->graph_exec);
+    if (v->graph)
+        drv->GraphDestroy(v->graph);
+    for (int s = 0; v->rt && s < m->plan->n_segs; s++)
+        if (v->rt[s].owns_kplan)
+            v->rt[s].launcher->free_plan(m, v->rt[s].kplan);
+    free(v->rt);
+    memset(v, 0, sizeof *v);
+}
+
+void exec_pack_free(exec_model *m) {
+    exec_pack *pk = m->pack;
+    if (!pk)
+        return;
+    const cuda_driver *drv = m->ctx->drv;
+    for (int i = 0; i < PACK_VARIANTS; i++)
+        variant_release(m, &pk->v[i]);
+    if (pk->idx)
+        drv->MemFree(pk->idx);
+    if (pk->scratch_in)
+        drv->MemFree(pk->scratch_in);
+    if (pk->scratch_out)
+        drv->MemFree(pk->scratch_out);
+    exec_pack_map_free(&pk->map);
+    free(pk->host_mask);
+    free(pk->lengths);
+    free(pk);
+    m->pack = NULL;
+}
+
+static int pack_alloc(exec_model *m, CUdeviceptr *d, size_t bytes, const char *what,
+                      stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    int rc = cuda_check(drv, drv->MemAlloc(d, bytes ? bytes : 1), "cuMemAlloc", err);
+    if (rc) {
+        *d = 0;
+        return err_prefix(err, "padding-free runs: %s of %zu bytes (%.1f MiB): ", what, bytes,
+                          bytes / 1048576.0);
+    }
+    return cuda_check(drv, drv->MemsetD8Async(*d, 0, bytes ? bytes : 1, m->stream),
+                      "cuMemsetD8Async(padding-free buffers)", err);
+}
+
+static int load_kernels(exec_model *m, exec_pack *pk, stof_error *err) {
+    static const char *const names[4] = {"stof_rows_gather16", "stof_rows_gather4",
+                                         "stof_rows_scatter16", "stof_rows_scatter4"};
+    CUfunction *fn[4] = {&pk->gather16, &pk->gather4, &pk->scatter16, &pk->scatter4};
+    nvrtc_request req = {.source = "pack_rows.cu", .arch = m->ctx->gemm->arch};
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < 4; i++) {
+        gpu_module *mod;
+        rc = gpu_ctx_function(m->ctx->gemm, &req, names[i], 0, &mod, err);
+        if (!rc)
+            *fn[i] = mod->func;
+    }
+    return rc;
+}
+
+/* The maps, packed inputs and scratch buffers: made by the first padded batch. */
+static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
+    if (pk->idx)
+        return STOF_OK;
+    const size_t padded = (size_t)pk->batch * (size_t)pk->seq;
+    int rc = pack_alloc(m, &pk->idx, sizeof(int32_t) * padded * (4 + (size_t)pk->n_ints),
+                        "the row maps", err);
+    if (!rc)
+        rc = pack_alloc(m, &pk->scratch_in, padded * (size_t)pk->in_bytes,
+                        "the attentions' padded inputs", err);
+    if (!rc)
+        rc = pack_alloc(m, &pk->scratch_out, padded * (size_t)pk->out_bytes,
+                        "the attentions' padded outputs", err);
+    if (!rc)
+        rc = load_kernels(m, pk, err);
+    if (rc)
+        return rc;
+    const size_t words = sizeof(int32_t) * padded;
+    pk->src = pk->idx;
+    pk->pos = pk->src + words;
+    pk->valid = pk->pos + words;
+    pk->dst = pk->valid + words;
+    for (int i = 0; i < pk->n_ints; i++)
+        pk->ints_at[i] = pk->dst + words * (size_t)(1 + i);
+    return STOF_OK;
+}
+
+/* The packed copy of int input at device address at, or at when it is none of them. */
+static CUdeviceptr packed_int(const exec_model *m, const exec_pack *pk, CUdeviceptr at) {
+    for (int i = 0; at && i < pk->n_ints; i++)
+        if (m->ptr[pk->ints[i]] == at)
+            return pk->ints_at[i];
+    return at;
+}
+
+/* Segment s's binding for packed rows: inputs packed, positions from the map. */
+static void rebind(const exec_model *m, const exec_pack *pk, const exec_segment *sg,
+                   exec_seg_rt *r) {
+    switch (sg->tmpl) {
+    case FUSION_T_EMBEDDING:
+        r->t.embed.ids = packed_int(m, pk, r->t.embed.ids);
+        r->t.embed.type_ids = packed_int(m, pk, r->t.embed.type_ids);
+        r->t.embed.pos_ids = r->t.embed.pos_ids ? packed_int(m, pk, r->t.embed.pos_ids)
+                                                : pk->pos;
+        break;
+    case FUSION_T_ROTARY:
+        r->t.xy.mask = r->t.xy.mask ? packed_int(m, pk, r->t.xy.mask) : pk->pos;
+        break;
+    case FUSION_T_MASK_ROWS:
+        r->t.xy.mask = pk->valid;
+        break;
+    default:
+        break;
+    }
+}
+
+/* An attention of the packed pass: the padded pass's kernel plan on the scratch buffers. */
+static void attention_variant(exec_model *m, const exec_pack *pk, int s, exec_seg_rt *r) {
+    const exec_seg_rt *base = &m->rt[s];
+    const mha_exec_problem *p = &((const mha_exec_plan *)base->kplan)->problem;
+    *r = *base;
+    r->owns_kplan = 0;
+    r->store = NULL;
+    mha_exec_tensors_packed(&r->t.attn, pk->scratch_in, pk->scratch_out, p,
+                            stof_dtype_size(p->dtype));
+    r->t.attn.relpos_table = base->t.attn.relpos_table;
+    r->t.attn.pad_mask = base->t.attn.pad_mask;
+}
+
+static int variant_build(exec_model *m, exec_pack *pk, pack_variant *v, int64_t rows,
+                         stof_error *err) {
+    const exec_plan *p = m->plan;
+    v->rows = rows;
+    v->rt = err_calloc((size_t)p->n_segs, sizeof *v->rt, err);
+    if (!v->rt)
+        return STOF_ERR_NOMEM;
+    char name[256];
+    for (int s = 0; s < p->n_segs; s++) {
+        const exec_segment *sg = &p->segs[s];
+        exec_seg_rt *r = &v->rt[s];
+        if (is_attention(m, s)) {
+            attention_variant(m, pk, s, r);
+            continue;
+        }
+        r->launcher = m->rt[s].launcher;
+        int twin = exec_segment_twin(p, s), rc;
+        if (twin >= 0) {
+            r->kplan = v->rt[twin].kplan;
+            rc = STOF_OK;
+        } else {
+            rc = exec_launch_plan_rows(m, sg, rows, &r->kplan, err);
+            r->owns_kplan = r->kplan != NULL;
+        }
+        if (!rc)
+            rc = r->launcher->bind(m, sg, r, err);
+        if (rc)
+            return err_prefix(err, "the packed pass of %lld rows, %s: ", (long long)rows,
+                              exec_segment_name(p->g, sg->first, sg->n, name, sizeof name));
+        rebind(m, pk, sg, r);
+    }
+    return STOF_OK;
+}
+
+/* The variant for rows: kept, or made in place of the least recently used. */
+static int variant_for(exec_model *m, exec_pack *pk, int64_t rows, pack_variant **out,
+                       stof_error *err) {
+    pack_variant *pick = &pk->v[0];
+    for (int i = 0; i < PACK_VARIANTS; i++) {
+        if (pk->v[i].rows == rows) {
+            *out = &pk->v[i];
+            return STOF_OK;
+        }
+        if (pk->v[i].used < pick->used)
+            pick = &pk->v[i];
+    }
+    variant_release(m, pick);
+    int rc = variant_build(m, pk, pick, rows, err);
+    if (rc) {
+        variant_release(m, pick);
+        return rc;
+    }
+    *out = pick;
+    return STOF_OK;
+}
+
+static int upload_maps(exec_model *m, exec_pack *pk, stof_error *err) {
+    const cuda_driver *drv = m->ctx->drv;
+    const exec_pack_map *map = &pk->map;
+    const size_t rows = sizeof(int32_t) * (size_t)map->rows;
+    struct {
+        CUdeviceptr to;
+        const void *from;
+        size_t bytes;
+    } parts[4] = {{pk->src, map->src, rows}, {pk->pos, map->pos, rows},
+                  {pk->valid, map->valid, rows},
+                  {pk->dst, map->dst, sizeof(int32_t) * (size_t)pk->batch * (size_t)pk->seq}};
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < 4; i++)
+        rc = cuda_check(drv, drv->MemcpyHtoDAsync(parts[i].to, parts[i].from, parts[i].bytes,
+                                                  m->stream),
+                        "cuMemcpyHtoDAsync(padding-free row maps)", err);
+    return rc;
+}
+
+int exec_pack_select(exec_model *m, stof_error *err) {
+    exec_pack *pk = m->pack;
+    if (!pk)
+        return STOF_OK;
+    pk->active = NULL;
+    const cuda_driver *drv = m->ctx->drv;
+    const graph_tensor *mask_in = &m->plan->g->tensors[pk->mask];
+    /* the host arrays of the last batch may still be read by its uploads */
+    int rc = cuda_check(drv, drv->StreamSynchronize(m->stream), "cuStreamSynchronize", err);
+    if (!rc)
+        rc = cuda_check(drv, drv->MemcpyDtoH(pk->host_mask, m->ptr[pk->mask],
+                                             graph_tensor_bytes(mask_in)),
+                        "cuMemcpyDtoH(attention_mask)", err);
+    if (!rc)
+        rc = weights_check_input_mask(mask_in, pk->host_mask, err);
+    if (rc)
+        return rc;
+    exec_pack_lengths(pk->host_mask, pk->batch, pk->seq, pk->lengths);
+    exec_pack_map_free(&pk->map);
+    rc = exec_pack_map_build(pk->lengths, pk->batch, pk->seq, &pk->map, err);
+    if (rc || pk->map.rows >= (int64_t)pk->batch * pk->seq)
+        return rc; /* nothing to save: the padded pass */
+    pack_variant *v = NULL;
+    rc = pack_device(m, pk, err);
+    if (!rc)
+        rc = variant_for(m, pk, pk->map.rows, &v, err);
+    if (!rc)
+        rc = upload_maps(m, pk, err);
+    if (rc)
+        return rc;
+    v->used = ++pk->clock;
+    pk->active = v;
+    return STOF_OK;
+}
+
+void exec_pack_off(exec_model *m) {
+    if (m->pack)
+        m->pack->active = NULL;
+}
+
+int exec_pack_active(const exec_model *m) {
+    return m->pack && m->pack->active;
+}
+
+/* Rows moved by an index (kernels/pack_rows.cu): gather (out[r] = in[idx[r]]) or scatter
+ * (out[idx[r]] = in[r]), r < rows, rows of row_bytes. */
+static int move_rows(exec_model *m, int scatter, CUdeviceptr out, CUdeviceptr in,
+                     CUdeviceptr idx, int64_t rows, int64_t row_bytes, CUstream st,
+                     stof_error *err) {
+    const exec_pack *pk = m->pack;
+    const int wide = row_bytes % 16 == 0 && out % 16 == 0 && in % 16 == 0;
+    CUfunction f = scatter ? (wide ? pk->scatter16 : pk->scatter4)
+                           : (wide ? pk->gather16 : pk->gather4);
+    long long n = rows;
+    int units = (int)(row_bytes / (wide ? 16 : 4));
+    void *params[] = {&out, &in, &idx, &n, &units};
+    const int64_t total = rows * units, most = (int64_t)m->ctx->gemm->info.sm_count * 16;
+    int64_t blocks = (total + PACK_THREADS - 1) / PACK_THREADS;
+    const unsigned grid[3] = {(unsigned)(blocks < most ? (blocks ? blocks : 1) : most), 1, 1},
+                   block[3] = {PACK_THREADS, 1, 1};
+    return cuda_launch(m->ctx->drv, f, grid, block, 0, st, params, m->ctx->gemm->pdl,
+                       scatter ? "cuLaunchKernel(rows scatter)" : "cuLaunchKernel(rows gather)",
+                       err);
+}
+
+static int launch_attention(exec_model *m, int s, const exec_seg_rt *r, CUstream st,
+                            stof_error *err) {
+    exec_pack *pk = m->pack;
+    const graph *g = m->plan->g;
+    const graph_op *op = &g->ops[m->plan->segs[s].first];
+    const int64_t rows = pk->active->rows;
+    int rc = move_rows(m, 1, pk->scratch_in, m->ptr[op->inputs[0]], pk->src, rows,
+                       row_bytes(&g->tensors[op->inputs[0]]), st, err);
+    if (!rc)
+        rc = r->launcher->launch(m, r, st, err);
+    if (!rc)
+        rc = move_rows(m, 0, m->ptr[op->output], pk->scratch_out, pk->src, rows,
+                       row_bytes(&g->tensors[op->output]), st, err);
+    return rc;
+}
+
+int exec_pack_launch(exec_model *m, int s, CUstream st, stof_error *err) {
+    exec_pack *pk = m->pack;
+    const pack_variant *v = pk->active;
+    const graph *g = m->plan->g;
+    int rc = STOF_OK;
+    for (int i = 0; !rc && s == 0 && i < pk->n_ints; i++)
+        rc = move_rows(m, 0, pk->ints_at[i], m->ptr[pk->ints[i]], pk->src, v->rows, 4, st, err);
+    if (!rc)
+        rc = is_attention(m, s) ? launch_attention(m, s, &v->rt[s], st, err)
+                                : v->rt[s].launcher->launch(m, &v->rt[s], st, err);
+    if (!rc && s == m->plan->n_segs - 1)
+        rc = move_rows(m, 0, pk->scratch_in, m->ptr[g->output], pk->dst,
+                       (int64_t)pk->batch * pk->seq, row_bytes(&g->tensors[g->output]), st,
+                       err);
+    return rc;
+}
+
+int exec_pack_status(exec_model *m, stof_error *err) {
+    const pack_variant *v = m->pack->active;
+    for (int s = 0; s < m->plan->n_segs; s++) {
+        const exec_seg_rt *r = &v->rt[s];
+        if (!r->launcher->status || !r->launcher->status(m, r, err))
+            continue;
+        /* a bad id: the padded segment, run again, names it by batch and position */
+        err_clear(err);
+        int rc = m->rt[s].launcher->launch(m, &m->rt[s], m->stream, err);
+        if (!rc)
+            rc = m->rt[s].launcher->status(m, &m->rt[s], err);
+        return rc ? rc : err_set(err, STOF_ERR_INVALID, "a token's id is out of range");
+    }
+    return STOF_OK;
+}
+
+void exec_pack_graph_slots(exec_model *m, CUgraph **graph_at, CUgraphExec **exec) {
+    pack_variant *v = m->pack ? m->pack->active : NULL;
+    *graph_at = v ? &v->graph : &m->graph;
+    *exec = v ? &v->graph_exec : &m->graph_exec;
+}
+
+CUgraph exec_pack_captured(const exec_model *m) {
+    return exec_pack_active(m) ? m->pack->active->graph : m->graph;
+}
+
+CUdeviceptr exec_pack_output(const exec_model *m) {
+    return exec_pack_active(m) ? m->pack->scratch_in : m->ptr[m->plan->g->output];
+}
+
+int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows) {
+    const int on = exec_pack_active(m);
+    *tokens = on ? m->pack->map.tokens : 0;
+    *rows = on ? m->pack->active->rows : 0;
+    return on;
+}

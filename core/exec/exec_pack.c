@@ -332,13 +332,13 @@ static int load_kernels(exec_model *m, exec_pack *pk, stof_error *err) {
                                          "stof_rows_scatter16", "stof_rows_scatter4"};
     CUfunction *fn[4] = {&pk->gather16, &pk->gather4, &pk->scatter16, &pk->scatter4};
     nvrtc_request req = {.source = "pack_rows.cu", .arch = m->ctx->gemm->arch};
-    int rc = STOF_OK;
-    for (int i = 0; !rc && i < 4; i++) {
-        gpu_module *mod;
-        rc = gpu_ctx_function(m->ctx->gemm, &req, names[i], 0, &mod, err);
-        if (!rc)
-            *fn[i] = mod->func;
-    }
+    gpu_module *mod;
+    /* one module, kept by its request with the first kernel named: the others from it */
+    int rc = gpu_ctx_function(m->ctx->gemm, &req, names[0], 0, &mod, err);
+    for (int i = 0; !rc && i < 4; i++)
+        rc = cuda_check(m->ctx->drv, m->ctx->drv->ModuleGetFunction(fn[i], mod->module,
+                                                                   names[i]),
+                        "cuModuleGetFunction(pack_rows.cu)", err);
     return rc;
 }
 
@@ -459,6 +459,11 @@ static int variant_for(exec_model *m, exec_pack *pk, int64_t rows, pack_variant 
     }
     variant_release(m, pick);
     int rc = variant_build(m, pk, pick, rows, err);
+    /* the plans' uploads from pageable memory (an embedding's zeroed error flag) may still be
+     * in flight, and the model's stream does not wait for the legacy stream */
+    if (!rc)
+        rc = cuda_check(m->ctx->drv, m->ctx->drv->CtxSynchronize(NULL), "cuCtxSynchronize",
+                        err);
     if (rc) {
         variant_release(m, pick);
         return rc;
@@ -591,11 +596,13 @@ int exec_pack_status(exec_model *m, stof_error *err) {
         if (!r->launcher->status || !r->launcher->status(m, r, err))
             continue;
         /* a bad id: the padded segment, run again, names it by batch and position */
+        char packed[sizeof err->msg];
+        snprintf(packed, sizeof packed, "%s", err->msg);
         err_clear(err);
         int rc = m->rt[s].launcher->launch(m, &m->rt[s], m->stream, err);
         if (!rc)
             rc = m->rt[s].launcher->status(m, &m->rt[s], err);
-        return rc ? rc : err_set(err, STOF_ERR_INVALID, "a token's id is out of range");
+        return rc ? rc : err_set(err, STOF_ERR_INVALID, "packed rows: %s", packed);
     }
     return STOF_OK;
 }

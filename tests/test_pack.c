@@ -98,7 +98,8 @@ static void test_maps(void) {
 
 /* Whether g packs under its default scheme and unfused; want_why: the reason's text. */
 static void check_eligible(graph *g, int want, const char *want_why, const char *label) {
-    for (int unfused = 0; unfused < 2; unfused++) {
+    for (int variant = 0; variant < 3; variant++) {
+        const int unfused = variant == 1, lt = variant == 2;
         stof_error err = {0};
         exec_seq *seqs;
         int n;
@@ -109,12 +110,23 @@ static void check_eligible(graph *g, int want, const char *want_why, const char 
                 CHECK(exec_default_scheme(g, &seqs[i], &s[i], &err) == STOF_OK);
         exec_plan *p = NULL;
         CHECK_MSG(exec_plan_create(g, s, &p, &err) == STOF_OK, "%s: %s", label, err.msg);
+        /* every GEMM segment cuBLASLt takes on cuBLASLt, as tuned plans often have them */
+        int on_lt = 0;
+        for (int k = 0; lt && p && k < p->n_segs; k++) {
+            exec_segment *sg = &p->segs[k];
+            if (exec_segment_supports(g, sg->first, sg->n, &sg->match, FUSION_T_CUBLASLT,
+                                      &err) == STOF_OK) {
+                sg->tmpl = FUSION_T_CUBLASLT;
+                on_lt++;
+            }
+        }
+        CHECK(!lt || !p || on_lt > 0);
         int mask_t = -2;
         char why[160];
         if (p) {
             int got = exec_pack_eligible(p, &mask_t, why, sizeof why);
             CHECK_MSG(got == want, "%s (%s): eligible %d, want %d (%s)", label,
-                      unfused ? "unfused" : "default", got, want, why);
+                      unfused ? "unfused" : lt ? "cublaslt" : "default", got, want, why);
             if (want)
                 CHECK(mask_t >= 0 && strcmp(g->tensors[mask_t].name, "attention_mask") == 0);
             else

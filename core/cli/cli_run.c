@@ -239,6 +239,13 @@ static int fail(run_state *r, const stof_error *err) {
 /* Whether the inputs' attention_mask made the pass padding-free (core/exec/exec_pack.h). */
 static void print_packing(const run_state *r) {
     int64_t tokens, rows;
+    int has_mask = 0;
+    for (int t = 0; t < r->g.n_tensors; t++)
+        has_mask |= r->g.tensors[t].role == GRAPH_INPUT &&
+                    r->g.tensors[t].init == GRAPH_INIT_PADDING;
+    const char *refused = exec_model_pack_refused(r->model);
+    if (has_mask && *refused)
+        printf("padding: padded batches run padded (%s)\n", refused);
     if (!exec_model_packing(r->model, &tokens, &rows))
         return;
     const graph_tensor *out = &r->g.tensors[r->g.output];

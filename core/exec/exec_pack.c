@@ -156,7 +156,8 @@ static int segment_packs(const graph *g, const exec_segment *s, int pad_in, int6
                          int64_t seq, char *why, size_t n) {
     if (exec_launch_is_attention(s->tmpl))
         return attention_packs(g, s, pad_in, batch, seq, why, n);
-    if (!exec_launch_is_gemm_family(s->tmpl) || s->tmpl == FUSION_T_GEMV)
+    if ((!exec_launch_is_gemm_family(s->tmpl) && s->tmpl != FUSION_T_CUBLASLT) ||
+        s->tmpl == FUSION_T_GEMV)
         return refuse(why, n, "segment #%d runs on %s", s->first,
                       fusion_template_get(s->tmpl)->name);
     gemm_exec_problem p;
@@ -255,8 +256,11 @@ static int pack_wanted(void) {
 
 int exec_pack_create(exec_model *m, stof_error *err) {
     int pad_in;
-    char why[160];
-    if (!pack_wanted() || !exec_pack_eligible(m->plan, &pad_in, why, sizeof why))
+    if (!pack_wanted()) {
+        snprintf(m->pack_refused, sizeof m->pack_refused, "STOF_PACK=0");
+        return STOF_OK;
+    }
+    if (!exec_pack_eligible(m->plan, &pad_in, m->pack_refused, sizeof m->pack_refused))
         return STOF_OK;
     const graph *g = m->plan->g;
     exec_pack *pk = err_calloc(1, sizeof *pk, err);
@@ -269,7 +273,9 @@ int exec_pack_create(exec_model *m, stof_error *err) {
         if (t != pad_in && g->tensors[t].role == GRAPH_INPUT) {
             if (pk->n_ints == PACK_MAX_INTS) {
                 free(pk);
-                return STOF_OK; /* more int inputs than packed: the padded pass */
+                snprintf(m->pack_refused, sizeof m->pack_refused, "more than %d int32 inputs",
+                         PACK_MAX_INTS);
+                return STOF_OK;
             }
             pk->ints[pk->n_ints++] = t;
         }
@@ -626,4 +632,8 @@ int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows) {
     *tokens = on ? m->pack->map.tokens : 0;
     *rows = on ? m->pack->active->rows : 0;
     return on;
+}
+
+const char *exec_model_pack_refused(const exec_model *m) {
+    return m->pack_refused;
 }

@@ -196,7 +196,11 @@ STOF_API int stof_model_to_device(stof_model *m, int device);
  * being captured into a CUDA graph, the pass is captured into it (its
  * kernels on that stream, nothing waited for), and a bad token id of a
  * replay is reported by the next call outside a capture. The model must be
- * on the device beforehand (stof_model_to_device, or a first run). */
+ * on the device beforehand (stof_model_to_device, or a first run).
+ * An attention_mask with padding makes an encoder's pass padding-free (its
+ * GEMMs, norms and embedding on the real tokens alone, packed), except
+ * inside a capture, where the mask cannot be read: the padded pass is
+ * captured. STOF_PACK=0 keeps the padded pass always. */
 STOF_API int stof_model_run(stof_model *m, const stof_tensor_ref *inputs, int n_inputs,
                             void *output, void *stream);
 

@@ -96,7 +96,8 @@ class Model:
     Inputs are [batch, seq] token ids (int) and, for the encoders read from a directory, an
     optional attention_mask of the same shape (1 = token, 0 = padding; each row right-padded).
     The output has the model's (batch, seq, hidden) whatever the padding; it is zero at padded
-    positions."""
+    positions. On the GPU a padded batch runs padding-free: everything but the attention on its
+    real tokens alone (STOF_PACK=0 in the environment keeps the padded pass)."""
 
     def __init__(self, path, **params):
         arr, n = _param_list(params)

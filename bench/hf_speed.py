@@ -11,8 +11,10 @@ model directory once (safetensors, fp16), then times
 and checks stof's tuned output against transformers' eager output on the same ids (relative
 error, a sanity check: bench/hf_dirs.py is the parity test). The table gives each in ms and the
 tuned plan's speedup over the best of transformers. With --padded, the same tuned plan also
-runs a padded batch (lengths drawn from 25-100% of seq, an attention_mask in its inputs): the
-`padded` column and its ratio to the full batch, beside transformers eager on that batch.
+runs two padded batches (an attention_mask in the inputs): lengths drawn from 25-100% of seq
+(`random`, seeded) and lengths at the batch's quantiles of that range (`quantiles`, what the
+draw averages). Each runs padding-free (the default) and with STOF_PACK=0 (the padded pass):
+their times, their ratios to the full batch, beside transformers eager on that batch.
 
     python3 bench/hf_speed.py [--stof build/stof] [--shapes 8x512,16x2048,4x8192]
            [--tune-time 60] [--variants eager,compile,compile-ro] [--out bench/out/hf_speed.md]

@@ -3,10 +3,10 @@
  *
  * Models (seeded weights, default scheme): bert-small dense and with BigBird's mask (fp16
  * and bf16), a tiny ModernBERT (rotary, GeGLU, local and global layers, mask_rows) and a tiny
- * Longformer (windows per layer, RoBERTa positions), at batch 4 x seq 256. For each: batches
- * of fresh random lengths (one sequence empty, one whole, the others 1..256), six of them
- * with different numbers of packed rows so that the model's kept sizes are replaced, one
- * seen again, and a full batch (no padding: the padded pass).
+ * Longformer (windows per layer, RoBERTa positions), at batch 4 x seq 256. For each: six
+ * batches of fresh random lengths (an empty sequence in each, a whole one in most) packed into
+ * 128 to 768 rows, more sizes than the model keeps (four), then the second again (rebuilt,
+ * its size replaced meanwhile), and a full batch (no padding: the padded pass).
  *
  * Checked per batch: the pass is packed exactly when packing saves rows, with the tokens and
  * rows of the CPU's map; the output (poisoned first) has no NaN, its real rows are within
@@ -176,16 +176,20 @@ static void compare(const graph *g, const uint16_t *got, const float *want, cons
     *rel = den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* Lengths for draw k: one sequence empty, one whole, the rest random; draw 0 the full batch;
- * the others spread so that their packed rows differ. */
+/* Lengths for draw k: 0, the full batch; k >= 1, a random count of tokens that packs into
+ * 128 k rows (one bucket more each draw), sequence 1 empty, sequence 0 as long as it can be
+ * (whole from k = 3), the rest split at random between sequences 2 and 3. */
 static void draw_lengths(int k, int32_t *len) {
     for (int b = 0; b < BATCH; b++)
         len[b] = SEQ;
     if (k == 0)
         return;
+    int tokens = 128 * k - 1 - rand() % 100;
+    len[0] = tokens < SEQ ? tokens : SEQ;
     len[1] = 0;
-    len[2] = 1 + (k * 37 + rand() % 16) % SEQ;
-    len[3] = 1 + rand() % SEQ;
+    int rest = tokens - len[0], low = rest > SEQ ? rest - SEQ : 0, high = rest < SEQ ? rest : SEQ;
+    len[2] = low + rand() % (high - low + 1);
+    len[3] = rest - len[2];
 }
 
 static void check_batch(const model_case *c, const graph *g, exec_model *m, exec_model *padded,

@@ -196,10 +196,36 @@ static void test_eligible(void) {
                  dir_params, 2, 1, "longformer");
 }
 
+/* A script whose mask_rows reads the mask `rows_mask`: packs only when it is the
+ * attention_mask itself. */
+static void check_rows_mask(const char *rows_mask, int want, const char *want_why) {
+    char src[1024];
+    snprintf(src, sizeof src,
+             "local m = stof.model{name = \"t\", dtype = \"fp16\"}\n"
+             "local ids = m:input(\"input_ids\", {2, 128}, {dtype = \"int32\", high = 50})\n"
+             "local am = m:input(\"attention_mask\", {2, 128}, {dtype = \"int32\", "
+             "attention_mask = true})\n"
+             "local special = m:input(\"special\", {2, 128}, {dtype = \"int32\", high = 2})\n"
+             "local e = m:embedding(ids, m:weight(\"wte\", {50, 64}))\n"
+             "local qkv = m:linear(e, m:weight(\"w\", {192, 64}), m:weight(\"b\", {192}))\n"
+             "local a = m:attention(qkv, {heads = 2, head_dim = 32, padding = am})\n"
+             "m:output(m:mask_rows(a, %s))\n"
+             "return m\n", rows_mask);
+    stof_error err = {0};
+    graph g;
+    graph_init(&g);
+    CHECK_MSG(lua_api_build_string(src, "rows.lua", NULL, NULL, 0, &g, NULL, &err) == STOF_OK,
+              "%s", err.msg);
+    check_eligible(&g, want, want_why, rows_mask);
+    graph_free(&g);
+}
+
 int main(void) {
     test_bucket();
     test_lengths();
     test_maps();
     test_eligible();
+    check_rows_mask("am", 1, "");
+    check_rows_mask("special", 0, "zeros rows by another mask than the attention_mask");
     return check_summary("test_pack");
 }

@@ -411,13 +411,12 @@ static int sync_stream(exec_model *m, stof_error *err) {
 
 /* After a pass: the errors its kernels flagged on the device (bad ids). */
 static int segments_status(exec_model *m, stof_error *err) {
-    if (exec_pack_active(m))
-        return exec_pack_status(m, err);
+    /* the padded pass's flags first: a replay inside the caller's capture ran it */
     int rc = STOF_OK;
     for (int s = 0; !rc && s < m->plan->n_segs; s++)
         if (m->rt[s].launcher->status)
             rc = m->rt[s].launcher->status(m, &m->rt[s], err);
-    return rc;
+    return rc || !exec_pack_active(m) ? rc : exec_pack_status(m, err);
 }
 
 int exec_model_status(exec_model *m, stof_error *err) {

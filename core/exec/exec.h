@@ -359,8 +359,9 @@ int exec_model_run_io(exec_model *m, const exec_io *in, int n, CUdeviceptr out, 
  * real tokens and the packed rows they run in (a bucket's multiple, under batch x seq), 0
  * when the padded pass runs (no padding to save, a model that cannot pack, STOF_PACK=0). */
 int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows);
-/* Why the model never packs ("" when it may): no attention_mask input, a segment that is not
- * token-wise, STOF_PACK=0. */
+/* Why a padded batch runs the padded pass ("" when it packs): no attention_mask input, a
+ * segment that is not token-wise, STOF_PACK=0; or why the last batch's packed pass could not
+ * be made (out of GPU memory: that batch ran padded). */
 const char *exec_model_pack_refused(const exec_model *m);
 
 /* Greedy tokens: out[r] (int32) = the index of the largest of row r of logits [rows, vocab]

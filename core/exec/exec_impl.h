@@ -72,7 +72,7 @@ struct exec_model {
     exec_seg_rt *rt;      /* per segment */
     exec_prefetch *prefetch; /* weights asked of L2 ahead in captured passes, or NULL */
     exec_pack *pack;      /* padding-free runs (exec_pack.c), or NULL when the model has none */
-    char pack_refused[160]; /* why not (exec_pack_eligible's reason, or STOF_PACK=0) */
+    char pack_refused[1152]; /* why not (exec_pack_eligible's reason, or STOF_PACK=0) */
 };
 
 /* Padding-free runs (exec_pack.c; the idea in exec_pack.h). create: nothing unless the plan

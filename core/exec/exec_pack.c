@@ -152,10 +152,28 @@ static int attention_packs(const graph *g, const exec_segment *s, int pad_in, in
     return 1;
 }
 
+/* A token-wise segment reads the attention_mask only as mask_rows' mask (the packed pass gives
+ * it the packed rows' validity), and mask_rows reads no other mask (that one is not packed). */
+static int mask_reads_pack(const graph *g, const exec_segment *s, int pad_in, char *why,
+                           size_t n) {
+    for (int k = s->first; k < s->first + s->n; k++) {
+        const graph_op *op = &g->ops[k];
+        if (op->kind == OP_MASK_ROWS && op->inputs[1] != pad_in)
+            return refuse(why, n, "op #%d zeros rows by another mask than the attention_mask",
+                          k);
+        for (int i = 0; i < op->n_inputs; i++)
+            if (op->inputs[i] == pad_in && !(op->kind == OP_MASK_ROWS && i == 1))
+                return refuse(why, n, "op #%d reads the attention_mask as data", k);
+    }
+    return 1;
+}
+
 static int segment_packs(const graph *g, const exec_segment *s, int pad_in, int64_t batch,
                          int64_t seq, char *why, size_t n) {
     if (exec_launch_is_attention(s->tmpl))
         return attention_packs(g, s, pad_in, batch, seq, why, n);
+    if (!mask_reads_pack(g, s, pad_in, why, n))
+        return 0;
     if ((!exec_launch_is_gemm_family(s->tmpl) && s->tmpl != FUSION_T_CUBLASLT) ||
         s->tmpl == FUSION_T_GEMV)
         return refuse(why, n, "segment #%d runs on %s", s->first,
@@ -300,6 +318,16 @@ static void variant_release(exec_model *m, pack_variant *v) {
     memset(v, 0, sizeof *v);
 }
 
+static void pack_device_free(exec_model *m, exec_pack *pk) {
+    CUdeviceptr *bufs[3] = {&pk->idx, &pk->scratch_in, &pk->scratch_out};
+    for (int i = 0; i < 3; i++) {
+        if (*bufs[i])
+            m->ctx->drv->MemFree(*bufs[i]);
+        *bufs[i] = 0;
+    }
+    pk->src = 0; /* not ready */
+}
+
 void exec_pack_free(exec_model *m) {
     exec_pack *pk = m->pack;
     if (!pk)
@@ -307,12 +335,8 @@ void exec_pack_free(exec_model *m) {
     const cuda_driver *drv = m->ctx->drv;
     for (int i = 0; i < PACK_VARIANTS; i++)
         variant_release(m, &pk->v[i]);
-    if (pk->idx)
-        drv->MemFree(pk->idx);
-    if (pk->scratch_in)
-        drv->MemFree(pk->scratch_in);
-    if (pk->scratch_out)
-        drv->MemFree(pk->scratch_out);
+    (void)drv;
+    pack_device_free(m, pk);
     exec_pack_map_free(&pk->map);
     free(pk->host_mask);
     free(pk->lengths);
@@ -350,7 +374,7 @@ static int load_kernels(exec_model *m, exec_pack *pk, stof_error *err) {
 
 /* The maps, packed inputs and scratch buffers: made by the first padded batch. */
 static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
-    if (pk->idx)
+    if (pk->src)
         return STOF_OK;
     const size_t padded = (size_t)pk->batch * (size_t)pk->seq;
     int rc = pack_alloc(m, &pk->idx, sizeof(int32_t) * padded * (4 + (size_t)pk->n_ints),
@@ -363,8 +387,10 @@ static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
                         "the attentions' padded outputs", err);
     if (!rc)
         rc = load_kernels(m, pk, err);
-    if (rc)
+    if (rc) {
+        pack_device_free(m, pk);
         return rc;
+    }
     const size_t words = sizeof(int32_t) * padded;
     pk->src = pk->idx;
     pk->pos = pk->src + words;
@@ -520,15 +546,21 @@ int exec_pack_select(exec_model *m, stof_error *err) {
     if (rc || pk->map.rows >= (int64_t)pk->batch * pk->seq)
         return rc; /* nothing to save: the padded pass */
     pack_variant *v = NULL;
-    rc = pack_device(m, pk, err);
+    stof_error why = {0};
+    rc = pack_device(m, pk, &why);
     if (!rc)
-        rc = variant_for(m, pk, pk->map.rows, &v, err);
+        rc = variant_for(m, pk, pk->map.rows, &v, &why);
     if (!rc)
-        rc = upload_maps(m, pk, err);
-    if (rc)
-        return rc;
+        rc = upload_maps(m, pk, &why);
+    if (rc) {
+        /* the padded pass runs this batch; stof run says why (exec_model_pack_refused) */
+        snprintf(m->pack_refused, sizeof m->pack_refused, "the packed pass of %lld rows could "
+                 "not be made: %s", (long long)pk->map.rows, why.msg);
+        return cuda_check(drv, drv->StreamSynchronize(m->stream), "cuStreamSynchronize", err);
+    }
     v->used = ++pk->clock;
     pk->active = v;
+    m->pack_refused[0] = '\0';
     return STOF_OK;
 }
 
@@ -603,7 +635,7 @@ int exec_pack_status(exec_model *m, stof_error *err) {
             continue;
         /* a bad id: the padded segment, run again, names it by batch and position */
         char packed[sizeof err->msg];
-        snprintf(packed, sizeof packed, "%s", err->msg);
+        snprintf(packed, sizeof packed, "%s", err ? err->msg : "");
         err_clear(err);
         int rc = m->rt[s].launcher->launch(m, &m->rt[s], m->stream, err);
         if (!rc)

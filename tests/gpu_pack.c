@@ -224,7 +224,9 @@ static void check_batch(const model_case *c, const graph *g, exec_model *m, exec
     compare(g, got, want, am, &rel, &nonfinite, &pad);
     rc = run(m, g, d, ids, am, again, &err) || run(padded, g, d, ids, am, plain, &err);
     CHECK_MSG(rc == STOF_OK, "%s batch %d again: %s", c->label, k, err.msg);
-    CHECK_MSG(!exec_model_packing(padded, &tokens, &rows), "%s: STOF_PACK=0 packed", c->label);
+    int64_t padded_tokens, padded_rows;
+    CHECK_MSG(!exec_model_packing(padded, &padded_tokens, &padded_rows), "%s: STOF_PACK=0 "
+              "packed", c->label);
     const size_t bytes = d->out_elems * 2;
     const int same = rc == STOF_OK && memcmp(got, again, bytes) == 0;
     double rel_plain = 0;

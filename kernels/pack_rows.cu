@@ -5,18 +5,16 @@
 //   scatter: out[idx[r]] = in[r] where idx[r] >= 0         for r < rows
 //
 // Rows of `units` units of UNIT bytes (16: rows of 8 fp16/bf16 values, 4: an int32 or
-// rows of an even count of values), one unit a thread in a grid-stride loop, so that
-// consecutive threads copy consecutive pieces of one row. Bytes only: the dtype does not
-// matter.
-#include "common.cuh"
+// rows of an even count of values), one unit a thread in the grid-stride loop of the memory
+// kernels (THREADS threads a block), so that consecutive threads copy consecutive pieces of
+// one row. Bytes only: the dtype does not matter.
+#include "grid_stride.cuh"
 
 template <typename U>
 __device__ __forceinline__ void gather_rows(U *out, const U *in, const int *idx, long long rows,
                                             int units) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
-    const long long total = rows * units;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    STOF_GRID_STRIDE(i, rows * units) {
         const long long r = i / units;
         const int u = (int)(i - r * units);
         const int from = __ldg(idx + r);
@@ -31,9 +29,7 @@ template <typename U>
 __device__ __forceinline__ void scatter_rows(U *out, const U *in, const int *idx,
                                              long long rows, int units) {
     stof::grid_dependency_begin();
-    const long long total = rows * units;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    STOF_GRID_STRIDE(i, rows * units) {
         const long long r = i / units;
         const int to = __ldg(idx + r);
         if (to >= 0)

@@ -88,8 +88,7 @@ const char *exec_ctx_cache_warning(const exec_ctx *c, int *count) {
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-/* cuMemAlloc with a message that says what for and how much. */
-static int device_alloc(exec_ctx *c, CUdeviceptr *d, size_t bytes, const char *what,
+int exec_device_alloc(exec_ctx *c, CUdeviceptr *d, size_t bytes, const char *what,
                         stof_error *err) {
     *d = 0;
     if (bytes == 0)
@@ -332,9 +331,9 @@ int exec_model_create_bound(exec_ctx *c, const exec_plan *p, const weights_sourc
     if (!rc)
         rc = cuda_check(drv, drv->CtxSetCurrent(c->gemm->cu), "cuCtxSetCurrent", err);
     if (!rc)
-        rc = device_alloc(c, &m->consts, const_bytes(p, bound), "weights and inputs", err);
+        rc = exec_device_alloc(c, &m->consts, const_bytes(p, bound), "weights and inputs", err);
     if (!rc)
-        rc = device_alloc(c, &m->arena, p->arena_bytes, "the activation arena", err);
+        rc = exec_device_alloc(c, &m->arena, p->arena_bytes, "the activation arena", err);
     if (!rc)
         rc = cuda_check(drv, drv->StreamCreate(&m->stream, CU_STREAM_NON_BLOCKING),
                         "cuStreamCreate", err);
@@ -765,17 +764,20 @@ static int copy_input(exec_model *m, const exec_io *io, CUstream st, stof_error 
 /* A given attention_mask, read back: right padding, or an error naming the
  * row (the kernels find a row's length by bisection, which only right
  * padding makes exact). The output is not copied out when it is wrong. */
+int exec_read_input_mask(exec_model *m, int t, int32_t *host, stof_error *err) {
+    const graph_tensor *x = &m->plan->g->tensors[t];
+    int rc = cuda_check(m->ctx->drv,
+                        m->ctx->drv->MemcpyDtoH(host, m->ptr[t], graph_tensor_bytes(x)),
+                        "cuMemcpyDtoH(attention_mask)", err);
+    return rc ? rc : weights_check_input_mask(x, host, err);
+}
+
 static int check_attention_mask(exec_model *m, int t, stof_error *err) {
     const graph_tensor *x = &m->plan->g->tensors[t];
     if (x->init != GRAPH_INIT_PADDING)
         return STOF_OK;
-    size_t bytes = graph_tensor_bytes(x);
-    int32_t *v = err_malloc(bytes, err);
-    int rc = v ? cuda_check(m->ctx->drv, m->ctx->drv->MemcpyDtoH(v, m->ptr[t], bytes),
-                            "cuMemcpyDtoH(attention_mask)", err)
-               : STOF_ERR_NOMEM;
-    if (!rc)
-        rc = weights_check_input_mask(x, v, err);
+    int32_t *v = err_malloc(graph_tensor_bytes(x), err);
+    int rc = v ? exec_read_input_mask(m, t, v, err) : STOF_ERR_NOMEM;
     free(v);
     return rc;
 }

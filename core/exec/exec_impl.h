@@ -106,6 +106,14 @@ void exec_prefetch_free(exec_model *m);
 int exec_prefetch_before(exec_model *m, int s, CUstream caller, stof_error *err);
 int exec_prefetch_join(exec_model *m, CUstream caller, stof_error *err);
 
+/* cuMemAlloc of bytes (0: none, *d = 0), its failure saying what for, how much and how much
+ * the GPU has free. */
+int exec_device_alloc(exec_ctx *c, CUdeviceptr *d, size_t bytes, const char *what,
+                      stof_error *err);
+/* Input t, an attention_mask on the device, into host (its elements) and checked: right
+ * padding, or an error naming the row (m's stream idle). */
+int exec_read_input_mask(exec_model *m, int t, int32_t *host, stof_error *err);
+
 /* An earlier segment of plan p at the same place of a sequence of the same class as segment
  * s (the same kernel problem, so it may share its kernel plan), or -1. */
 int exec_segment_twin(const exec_plan *p, int s);

@@ -218,7 +218,7 @@ int exec_pack_eligible(const exec_plan *p, int *mask_tensor, char *why, size_t n
 
 #define PACK_VARIANTS 4 /* packed sizes a model keeps, the least recently used replaced */
 #define PACK_MAX_INTS 8 /* int32 inputs packed (ids, type ids, position ids) */
-#define PACK_THREADS 256
+#define PACK_THREADS 256 /* kernels/grid_stride.cuh's THREADS, which pack_rows.cu keeps */
 
 /* The packed pass for one number of rows: a kernel plan and binding per segment, a graph. */
 typedef struct pack_variant {
@@ -332,10 +332,8 @@ void exec_pack_free(exec_model *m) {
     exec_pack *pk = m->pack;
     if (!pk)
         return;
-    const cuda_driver *drv = m->ctx->drv;
     for (int i = 0; i < PACK_VARIANTS; i++)
         variant_release(m, &pk->v[i]);
-    (void)drv;
     pack_device_free(m, pk);
     exec_pack_map_free(&pk->map);
     free(pk->host_mask);
@@ -344,17 +342,13 @@ void exec_pack_free(exec_model *m) {
     m->pack = NULL;
 }
 
+/* A zeroed buffer of the packed pass. */
 static int pack_alloc(exec_model *m, CUdeviceptr *d, size_t bytes, const char *what,
                       stof_error *err) {
     const cuda_driver *drv = m->ctx->drv;
-    int rc = cuda_check(drv, drv->MemAlloc(d, bytes ? bytes : 1), "cuMemAlloc", err);
-    if (rc) {
-        *d = 0;
-        return err_prefix(err, "padding-free runs: %s of %zu bytes (%.1f MiB): ", what, bytes,
-                          bytes / 1048576.0);
-    }
-    return cuda_check(drv, drv->MemsetD8Async(*d, 0, bytes ? bytes : 1, m->stream),
-                      "cuMemsetD8Async(padding-free buffers)", err);
+    int rc = exec_device_alloc(m->ctx, d, bytes, what, err);
+    return rc || !*d ? rc : cuda_check(drv, drv->MemsetD8Async(*d, 0, bytes, m->stream),
+                                       "cuMemsetD8Async(padding-free buffers)", err);
 }
 
 static int load_kernels(exec_model *m, exec_pack *pk, stof_error *err) {
@@ -378,13 +372,13 @@ static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
         return STOF_OK;
     const size_t padded = (size_t)pk->batch * (size_t)pk->seq;
     int rc = pack_alloc(m, &pk->idx, sizeof(int32_t) * padded * (4 + (size_t)pk->n_ints),
-                        "the row maps", err);
+                        "padding-free runs: the row maps", err);
     if (!rc)
         rc = pack_alloc(m, &pk->scratch_in, padded * (size_t)pk->in_bytes,
-                        "the attentions' padded inputs", err);
+                        "padding-free runs: the attentions' padded inputs", err);
     if (!rc)
         rc = pack_alloc(m, &pk->scratch_out, padded * (size_t)pk->out_bytes,
-                        "the attentions' padded outputs", err);
+                        "padding-free runs: the attentions' padded outputs", err);
     if (!rc)
         rc = load_kernels(m, pk, err);
     if (rc) {
@@ -529,15 +523,10 @@ int exec_pack_select(exec_model *m, stof_error *err) {
         return STOF_OK;
     pk->active = NULL;
     const cuda_driver *drv = m->ctx->drv;
-    const graph_tensor *mask_in = &m->plan->g->tensors[pk->mask];
     /* the host arrays of the last batch may still be read by its uploads */
     int rc = cuda_check(drv, drv->StreamSynchronize(m->stream), "cuStreamSynchronize", err);
     if (!rc)
-        rc = cuda_check(drv, drv->MemcpyDtoH(pk->host_mask, m->ptr[pk->mask],
-                                             graph_tensor_bytes(mask_in)),
-                        "cuMemcpyDtoH(attention_mask)", err);
-    if (!rc)
-        rc = weights_check_input_mask(mask_in, pk->host_mask, err);
+        rc = exec_read_input_mask(m, pk->mask, pk->host_mask, err);
     if (rc)
         return rc;
     exec_pack_lengths(pk->host_mask, pk->batch, pk->seq, pk->lengths);
@@ -585,9 +574,8 @@ static int move_rows(exec_model *m, int scatter, CUdeviceptr out, CUdeviceptr in
     long long n = rows;
     int units = (int)(row_bytes / (wide ? 16 : 4));
     void *params[] = {&out, &in, &idx, &n, &units};
-    const int64_t total = rows * units, most = (int64_t)m->ctx->gemm->info.sm_count * 16;
-    int64_t blocks = (total + PACK_THREADS - 1) / PACK_THREADS;
-    const unsigned grid[3] = {(unsigned)(blocks < most ? (blocks ? blocks : 1) : most), 1, 1},
+    const unsigned grid[3] = {gemm_grid_stride_blocks(m->ctx->gemm, rows * units, PACK_THREADS),
+                              1, 1},
                    block[3] = {PACK_THREADS, 1, 1};
     return cuda_launch(m->ctx->drv, f, grid, block, 0, st, params, m->ctx->gemm->pdl,
                        scatter ? "cuLaunchKernel(rows scatter)" : "cuLaunchKernel(rows gather)",

@@ -148,6 +148,11 @@ const char *gemm_exec_kernel_name(fusion_template_id t);
 /* The planner's context is the shared GPU context (core/gpu/gpu_ctx.h). */
 typedef gpu_ctx gemm_exec_ctx;
 
+/* Blocks of `threads` for a grid-stride kernel over `units` (at least 1, at most 16 a
+ * multiprocessor: the loop strides over the rest). The memory-bound templates' grid
+ * (gemm_grid_stride_shape) and the executor's own row kernels take it. */
+unsigned gemm_grid_stride_blocks(const gemm_exec_ctx *c, int64_t units, int threads);
+
 /* STOF_ERR_NO_DEVICE (with the driver's reason) when there is no GPU. */
 int gemm_exec_ctx_create(int ordinal, gemm_exec_ctx **out, stof_error *err);
 /* Unloads every module and releases the primary context. NULL is fine. */

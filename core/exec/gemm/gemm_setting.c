@@ -72,12 +72,15 @@ void gemm_grid_stride_defaults(int64_t row, int *v) {
     v[1] = gemm_widest_vec(row);
 }
 
-void gemm_grid_stride_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan, int64_t units) {
-    const int threads = plan->values[0];
+unsigned gemm_grid_stride_blocks(const gemm_exec_ctx *c, int64_t units, int threads) {
     int64_t blocks = gemm_ceil_div(units, threads);
     int64_t cap = (int64_t)(c->info.sm_count > 0 ? c->info.sm_count : 132) * 16;
-    plan->grid[0] = (unsigned)(blocks < cap ? blocks : cap);
-    plan->block[0] = (unsigned)threads;
+    return (unsigned)(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
+}
+
+void gemm_grid_stride_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan, int64_t units) {
+    plan->grid[0] = gemm_grid_stride_blocks(c, units, plan->values[0]);
+    plan->block[0] = (unsigned)plan->values[0];
 }
 
 void gemm_request_define(gemm_exec_request *r, const char *name, long long value) {

@@ -1,7 +1,8 @@
 """Parity of Hugging Face model directories: `stof run DIR` against transformers.
 
 For each architecture stof reads from a model directory (bert, roberta, distilbert, gpt2,
-modernbert, longformer without global tokens):
+modernbert, longformer; Longformer also with 1 and 16 global tokens a sequence, given as a
+global_attention_mask, unpadded and padded):
 builds the transformers model from a small config (random, seeded; biases and norm gains moved
 off 0/1), saves it with `save_pretrained` (safetensors, fp16; roberta and distilbert split into
 shards), writes random token ids, and runs
@@ -147,6 +148,22 @@ def run_case(args, stof, arch, work, rows):
         runs.append(("default scheme, padded", [stof, "run", d] + sets, padded))
         if not args.no_tune:
             runs.append(("tuned plan, padded", [stof, "run", plan], padded))
+    if arch == "longformer":  # global tokens (global_attention_mask): 1 and 16 a sequence
+        for n_global in (1, 16):
+            gm = sc.global_tokens(args.batch, args.seq, n_global, seed=13 + n_global)
+            for pad in (False, True):
+                am = mask if pad else torch.ones_like(ids)
+                x = pad_ids if pad else ids
+                path = os.path.join(d, "..", f"{arch}-global{n_global}-{int(pad)}.safetensors")
+                sc.save_inputs(path, x, attention_mask=am, global_attention_mask=gm)
+                with torch.no_grad():
+                    g_ref = ref_model(x.cuda(), attention_mask=am.cuda(),
+                                      global_attention_mask=gm.cuda()).last_hidden_state
+                case = (path, g_ref.float().cpu(), am.bool())
+                tag = f"{n_global} global" + (", padded" if pad else "")
+                runs.append((f"default scheme, {tag}", [stof, "run", d] + sets, case))
+                if not args.no_tune and pad:
+                    runs.append((f"tuned plan, {tag}", [stof, "run", plan], case))
     for label, cmd, padded in runs:
         row = {"arch": arch, "files": n_files, "run": label, "dtype": args.dtype}
         try:

@@ -215,17 +215,30 @@ def save_safetensors(tensors, path):
     os.replace(tmp, path)
 
 
-def save_inputs(path, ids, dec_ids=None, dtype=None, attention_mask=None, token_type_ids=None):
+def save_inputs(path, ids, dec_ids=None, dtype=None, attention_mask=None, token_type_ids=None,
+                global_attention_mask=None):
     import torch
     dtype = dtype or torch.int32
-    t = {"input_ids": ids.detach().to("cpu", dtype).contiguous()}
-    if attention_mask is not None:
-        t["attention_mask"] = attention_mask.detach().to("cpu", dtype).contiguous()
-    if token_type_ids is not None:
-        t["token_type_ids"] = token_type_ids.detach().to("cpu", dtype).contiguous()
-    if dec_ids is not None:
-        t["decoder_input_ids"] = dec_ids.detach().to("cpu", dtype).contiguous()
-    save_safetensors(t, path)
+    t = {"input_ids": ids}
+    for name, x in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
+                    ("decoder_input_ids", dec_ids),
+                    ("global_attention_mask", global_attention_mask)):
+        if x is not None:
+            t[name] = x
+    save_safetensors({k: v.detach().to("cpu", dtype).contiguous() for k, v in t.items()}, path)
+
+
+def global_tokens(batch, seq, n, seed):
+    """A global_attention_mask [batch, seq] (Longformer's): n global tokens a sequence, the
+    first at position 0 (the classifier token) and the others drawn at distinct positions."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(batch, seq, dtype=torch.long)
+    for b in range(batch):
+        mask[b, 0] = n > 0
+        if n > 1:
+            mask[b, 1 + torch.randperm(seq - 1, generator=g)[: n - 1]] = 1
+    return mask
 
 
 def load_output(path):

@@ -144,7 +144,11 @@ typedef struct stof_attn_args {
      * each row ones then zeros; keys past a row's length are masked, its padded query rows
      * write zeros (self-attention) */
     const stof_i32 *pad_mask;
-    stof_i64 align_[7];             /* keeps the tensor maps on a 64-byte boundary */
+    /* -DLSE=1 builds: each row's log-sum-exp, base 2, of its scaled scores (scale * log2(e)
+     * q.k), -inf for a row with no allowed key, at lse[(b * heads + h) * q_len + i] (padded
+     * rows: any value); what attention_global.cu merges the global keys into O with */
+    float *lse;
+    stof_i64 align_[6];             /* keeps the tensor maps on a 64-byte boundary */
     /* 4-byte fields: keep their count even */
     stof_i32 q_len, k_len, heads, fmt_batch;
     float scale_log2;               /* scale * log2(e): scores are exponentiated with exp2 */

@@ -337,6 +337,10 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
         return;
     }
 #endif
+#if LSE
+    store_lse(m, l, a.lse + ((long long)b * a.heads + h) * a.q_len + row_base, a.q_len - row_base,
+              w, c);
+#endif
     __syncwarp();
     store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, live_rows, w);
 }

@@ -58,6 +58,11 @@ stof_attention_combine(const stof_attn_args a) {
                 for (int e = 0; e < 8; ++e) acc[e] += wgt * part[e];
             }
         }
+#if LSE
+        if (c == 0)
+            a.lse[((long long)b * a.heads + h) * a.q_len + row_base + r] =
+                sum > 0.0f ? mx + log2f(sum) : STOF_NEG_INF;
+#endif
         const bool empty = !(sum > 0.0f) || r >= live_rows;  // padded rows: zeros
         const float inv = empty ? 0.0f : 1.0f / sum;
         const uint4 v = make_uint4(pack2<elem_t>(acc[0] * inv, acc[1] * inv),

@@ -33,6 +33,9 @@
 #ifndef SPLIT
 #define SPLIT 0
 #endif
+#ifndef LSE  // 1: each row's log-sum-exp to stof_attn_args.lse (attention_abi.cuh)
+#define LSE 0
+#endif
 #ifndef WGMMA
 #define WGMMA 0
 #endif

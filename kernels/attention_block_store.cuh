@@ -42,6 +42,28 @@ __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], floa
     }
 }
 
+#if LSE
+// Each valid row's log-sum-exp, base 2, of its scaled scores: m c + log2(l)
+// (l reduced over the row's four threads as store_output does), -inf for a
+// row with no allowed key.
+__device__ __forceinline__ void store_lse(const float (&m)[kMT][2], const float (&l)[kMT][2],
+                                          float *lse, int valid_rows, const warp_pos &w,
+                                          float c) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float sum = l[mt][half];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int r = w.row0 + mt * 16 + w.g + half * 8;
+            if (w.t == 0 && r < valid_rows)
+                lse[r] = sum > 0.0f ? m[mt][half] * c + log2f(sum) : STOF_NEG_INF;
+        }
+    }
+}
+#endif
+
 #if SPLIT
 // ---- split rows: partials and their combination ---------------------------------------
 

@@ -14,6 +14,7 @@
 //
 // With -DPADDING=1 an attention_mask (right padding) gives each sequence
 // its length at run time: keys past it are masked, padded rows write zeros.
+// With -DLSE=1 each row's log-sum-exp goes to stof_attn_args.lse as well.
 //
 // Grid (ceil(q_len / (WARPS_PER_BLOCK * ROWS_PER_WARP)), heads, batch); the
 // query row lives in shared memory as fp32 (one slice per warp).
@@ -37,6 +38,9 @@
 #ifndef PADDING  // 1: a run-time attention_mask (stof_attn_args.pad_mask)
 #define PADDING 0
 #endif
+#ifndef LSE  // 1: each row's log-sum-exp to stof_attn_args.lse
+#define LSE 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -47,22 +51,7 @@ constexpr int kPairRounds = (kPairs + 31) / 32; // pairs per lane (the last roun
 static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
 
-// The query row, fp32, into the warp's shared slice.
-__device__ __forceinline__ void load_query(float *sq, const elem_t *q, int lane) {
-    for (int p = lane; p < kPairs; p += 32) {
-        const float2 x = unpack2<elem_t>(*reinterpret_cast<const unsigned *>(q + 2 * p));
-        sq[2 * p] = x.x;
-        sq[2 * p + 1] = x.y;
-    }
-    __syncwarp();
-}
-
-// q . k for one key row: 16-byte loads of K, q broadcast from shared memory.
-__device__ __forceinline__ float dot_row(const float *sq, const elem_t *krow) {
-    float acc[1] = {0.0f};
-    dot_key<elem_t, HEAD_DIM, 1>(sq, krow, acc);
-    return acc[0];
-}
+#include "attention_chunk.cuh"
 
 // The lane's score for its key of the chunk (-inf when the chunk is short).
 __device__ __forceinline__ float chunk_score(const stof_attn_args &a, const float *sq,
@@ -75,60 +64,6 @@ __device__ __forceinline__ float chunk_score(const stof_attn_args &a, const floa
     s += relpos_bias_log2<elem_t>(a, row, col, h);
 #endif
     return s;
-}
-
-// Online softmax over one chunk: returns p for the lane's key and rescales
-// the running sum and the output accumulators.
-__device__ __forceinline__ float chunk_softmax(float s, float &m, float &l,
-                                               float2 (&acc)[kPairRounds]) {
-    const float m_new = fmaxf(m, stof::warp_max(s));
-    const float ref = softmax_ref(m_new);
-    const float alpha = exp2f(m - ref);
-    const float p = exp2f(s - ref);
-    m = m_new;
-    l = l * alpha + stof::warp_sum(p);
-#pragma unroll
-    for (int r = 0; r < kPairRounds; ++r) {
-        acc[r].x *= alpha;
-        acc[r].y *= alpha;
-    }
-    return p;
-}
-
-// acc += sum over the chunk's n keys of p_j v_j; lane owns pairs lane + 32 r.
-__device__ __forceinline__ void chunk_pv(float2 (&acc)[kPairRounds], const elem_t *v,
-                                         long long v_stride, float p, int col, int n, int lane) {
-#pragma unroll 4
-    for (int jj = 0; jj < n; ++jj) {
-        const float pj = __shfl_sync(0xffffffffu, p, jj);
-        const int cj = __shfl_sync(0xffffffffu, col, jj);
-        const elem_t *vrow = v + cj * v_stride;
-#pragma unroll
-        for (int r = 0; r < kPairRounds; ++r) {
-            const int pair = lane + 32 * r;
-            if (pair < kPairs) {
-                const float2 x =
-                    unpack2<elem_t>(__ldg(reinterpret_cast<const unsigned *>(vrow + 2 * pair)));
-                acc[r].x = fmaf(pj, x.x, acc[r].x);
-                acc[r].y = fmaf(pj, x.y, acc[r].y);
-            }
-        }
-    }
-}
-
-__device__ __forceinline__ void store_row(elem_t *out, const float2 (&acc)[kPairRounds], float l,
-                                          int lane) {
-    const bool empty = !(l > 0.0f);
-    const float inv = empty ? 0.0f : 1.0f / l;
-#pragma unroll
-    for (int r = 0; r < kPairRounds; ++r) {
-        const int pair = lane + 32 * r;
-        if (pair < kPairs) {
-            const float x = empty ? 0.0f : acc[r].x * inv;
-            const float y = empty ? 0.0f : acc[r].y * inv;
-            *reinterpret_cast<unsigned *>(out + 2 * pair) = pack2<elem_t>(x, y);
-        }
-    }
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
@@ -175,6 +110,11 @@ stof_attention_row(const stof_attn_args a) {
             const float p = chunk_softmax(s, m, l, acc);
             chunk_pv(acc, v, a.v_row_stride, p, col, n, lane);
         }
+#if LSE
+        if (lane == 0)
+            a.lse[((long long)b * a.heads + h) * a.q_len + row] =
+                l > 0.0f ? m + log2f(l) : STOF_NEG_INF;
+#endif
         store_row(static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
                       h * HEAD_DIM,
                   acc, l, lane);

@@ -66,7 +66,7 @@ typedef struct attn_geom {
 
 static int expected_inputs(const op_attention *a) {
     return (a->cross ? 2 : 1) + (a->padded ? 1 : 0) + (a->relpos ? 1 : 0) + (a->decode ? 3 : 0) +
-           (a->store ? 2 : 0);
+           (a->store ? 2 : 0) + (a->global_keys ? 1 + (a->global_qkv ? 1 : 0) : 0);
 }
 
 /* Valid once ops_attention_infer has checked the input shapes. */
@@ -100,6 +100,11 @@ static int check_attrs(const graph_op *op, stof_error *err) {
     if (a->store && (a->cross || a->relpos || a->decode || !a->causal))
         return ops_fail(op, err, STOF_ERR_UNSUPPORTED, "a KV-cache store is a causal "
                         "self-attention's, without relpos");
+    if ((a->global_keys || a->global_qkv) &&
+        (a->cross || a->causal || a->relpos || a->decode || a->store || !a->global_keys))
+        return ops_fail(op, err, STOF_ERR_UNSUPPORTED, "global tokens are an encoder's: "
+                        "self-attention with a global_mask, not causal, without relpos or a "
+                        "KV cache");
     if (op->n_inputs == expected_inputs(a))
         return STOF_OK;
     if (a->relpos && op->n_inputs == expected_inputs(a) - 1)
@@ -107,10 +112,11 @@ static int check_attrs(const graph_op *op, stof_error *err) {
                         "relpos is set but the relative position table input is missing "
                         "(expected %d inputs, got %d)",
                         expected_inputs(a), op->n_inputs);
-    return ops_fail(op, err, STOF_ERR_INVALID, "%s-attention%s takes %d input%s (%s%s), got %d",
-                    a->cross ? "cross" : "self", a->relpos ? " with relpos" : "",
+    return ops_fail(op, err, STOF_ERR_INVALID, "%s-attention%s takes %d input%s (%s%s%s%s%s), "
+                    "got %d", a->cross ? "cross" : "self", a->relpos ? " with relpos" : "",
                     expected_inputs(a), expected_inputs(a) == 1 ? "" : "s",
-                    a->cross ? "q, kv" : "qkv",
+                    a->cross ? "q, kv" : "qkv", a->padded ? ", attention_mask" : "",
+                    a->global_keys ? ", global_mask" : "", a->global_qkv ? ", global_qkv" : "",
                     a->relpos ? ", relpos table" : "", op->n_inputs);
 }
 
@@ -204,6 +210,28 @@ static int check_padding(const graph_op *op, const graph_tensor *m, const attn_g
     return ops_fail(op, err, STOF_ERR_SHAPE, "attention_mask %s must be int32 [%lld, %lld] "
                     "(batch, seq)", ops_tensor_str(m, ms, sizeof ms), (long long)geo->batch,
                     (long long)geo->sq);
+}
+
+/* The global tokens' inputs: global_mask int32 [B, S], global_qkv shaped as qkv. */
+static int check_global(const graph *g, const graph_op *op, const attn_geom *geo,
+                        stof_error *err) {
+    const op_attention *a = &op->attr.attn;
+    const int at = op_attention_global_input(a);
+    const graph_tensor *m = ops_input(g, op, at), *qkv = ops_input(g, op, 0);
+    char ts[OPS_TENSOR_STR_MAX], qs[OPS_TENSOR_STR_MAX];
+    if (m->dtype != STOF_I32 || m->ndim != 2 || m->shape[0] != geo->batch ||
+        m->shape[1] != geo->sq)
+        return ops_fail(op, err, STOF_ERR_SHAPE, "global_mask %s must be int32 [%lld, %lld] "
+                        "(batch, seq)", ops_tensor_str(m, ts, sizeof ts), (long long)geo->batch,
+                        (long long)geo->sq);
+    if (!a->global_qkv)
+        return STOF_OK;
+    const graph_tensor *gq = ops_input(g, op, at + 1);
+    if (gq->dtype == qkv->dtype && gq->ndim == 3 && gq->shape[0] == qkv->shape[0] &&
+        gq->shape[1] == qkv->shape[1] && gq->shape[2] == qkv->shape[2])
+        return STOF_OK;
+    return ops_fail(op, err, STOF_ERR_SHAPE, "global_qkv %s must be shaped as qkv %s",
+                    ops_tensor_str(gq, ts, sizeof ts), ops_tensor_str(qkv, qs, sizeof qs));
 }
 
 /* The K or V cache of a decode step: [B, cap, KVH, D] in the model's dtype. */
@@ -305,6 +333,8 @@ int ops_attention_infer(OPS_INFER_ARGS) {
     attn_geom geo = attn_geometry(g, op);
     if (a->padded && (rc = check_padding(op, ops_input(g, op, 1), &geo, err)))
         return rc;
+    if (a->global_keys && (rc = check_global(g, op, &geo, err)))
+        return rc;
     if (a->decode && (rc = check_decode(g, op, &geo, err)))
         return rc;
     if (a->store && (rc = check_store(g, op, &geo, err)))
@@ -380,6 +410,8 @@ typedef struct attn_ctx {
     const int *bucket;           /* bucket of j - i at bucket[j - i + sq - 1] */
     const mask *m;               /* or NULL */
     const float *padding;        /* the attention_mask [B, S], or NULL */
+    const float *global;         /* the global_mask [B, S], or NULL */
+    const float *gq, *gk, *gv;   /* the global rows' Q, K, V (global_qkv's, else q, k, v) */
     double *scores;              /* [sk] scratch */
     double *acc;                 /* [dim] scratch */
     int64_t *keys;               /* [sk] scratch: the allowed keys of one query row */
@@ -403,6 +435,16 @@ static void locate_inputs(attn_ctx *c, const float *const *in, int n_inputs) {
     }
     c->table = c->attr->relpos ? in[n_inputs - 1] : NULL;
     c->padding = c->attr->padded ? in[1] : NULL;
+    c->global = c->attr->global_keys ? in[op_attention_global_input(c->attr)] : NULL;
+    const float *gqkv = c->attr->global_qkv ? in[op_attention_global_input(c->attr) + 1] : NULL;
+    c->gq = gqkv ? gqkv : c->q;
+    c->gk = gqkv ? gqkv + hd : c->k;
+    c->gv = gqkv ? gqkv + hd + kvd : c->v;
+}
+
+/* Whether key (or query) j of batch b is a global token: flagged and not padding. */
+static int is_global(const attn_ctx *c, int64_t b, int64_t j, int64_t len) {
+    return c->global && j < len && c->global[b * c->geo.sq + j] != 0.0f;
 }
 
 /* Every relative position j - i in [-(sq - 1), sk - 1] once, rather than a
@@ -414,16 +456,21 @@ static void fill_buckets(const attn_ctx *c, int *bucket) {
                                                      a->relpos_buckets, a->relpos_max_distance);
 }
 
-/* The keys query row i of batch b may see, in order, into c->keys. */
+/* The sequence's length: its attention_mask's ones, else every key. */
+static int64_t row_length(const attn_ctx *c, int64_t b) {
+    return c->padding ? ops_padding_length(c->padding + b * c->geo.sq, c->geo.sq) : c->geo.sk;
+}
+
+/* The keys query row i of batch b may see, in order, into c->keys: its mask's, and every
+ * global key; a global query, every key of its sequence. */
 static int64_t allowed_keys(const attn_ctx *c, int64_t b, int64_t i) {
-    int64_t end = key_end(c->attr, &c->geo, i);
-    if (c->padding) { /* keys past the row's length; a padded row sees none (zeros) */
-        int64_t len = ops_padding_length(c->padding + b * c->geo.sq, c->geo.sq);
+    int64_t end = key_end(c->attr, &c->geo, i), len = row_length(c, b);
+    if (c->padding) /* keys past the row's length; a padded row sees none (zeros) */
         end = i >= len ? 0 : end < len ? end : len;
-    }
+    const int all = is_global(c, b, i, len);
     int64_t n = 0;
     for (int64_t j = 0; j < end; j++)
-        if (!c->m || mask_get(c->m, (int)b, (int)i, (int)j))
+        if (all || !c->m || mask_get(c->m, (int)b, (int)i, (int)j) || is_global(c, b, j, len))
             c->keys[n++] = j;
     return n;
 }
@@ -478,8 +525,14 @@ static void attend_rows(const attn_ctx *c, int64_t first, int64_t n, float *out)
     for (int64_t r = first; r < first + n; r++) {
         const int64_t b = r / c->geo.sq, i = r % c->geo.sq;
         const int64_t n_keys = allowed_keys(c, b, i);
+        attn_ctx gc = *c; /* a global query reads the global rows' projections */
+        if (is_global(c, b, i, row_length(c, b))) {
+            gc.q = c->gq;
+            gc.k = c->gk;
+            gc.v = c->gv;
+        }
         for (int64_t h = 0; h < c->geo.heads; h++)
-            attend_row(c, b, h, i, n_keys, out + (r - first) * hd + h * c->geo.dim);
+            attend_row(&gc, b, h, i, n_keys, out + (r - first) * hd + h * c->geo.dim);
     }
 }
 

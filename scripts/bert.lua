@@ -17,6 +17,7 @@
 --   padding false      (true from a model directory) an input attention_mask [batch, seq]:
 --                      one plan runs any batch of sequences up to (batch, seq), padded keys
 --                      and rows cost no attention work, padded outputs are zeros
+--   global  false      (true from a Longformer directory) Longformer's global tokens, below
 --
 -- From a Hugging Face model directory (stof graph|run|tune DIR), stof.config is its
 -- config.json: the sizes, eps and activation come from it (preset is not used), the mask
@@ -24,8 +25,13 @@
 -- xlm-roberta) take their position rows from padding_idx + 1 on, as transformers does for
 -- sequences without padding. Longformer (model_type longformer) is RoBERTa whose layer n
 -- attends a sliding window of attention_window[n] / 2 keys each side (AND `mask` when one
--- is given); its global attention (global_attention_mask) is not run yet. transformers pads
--- a Longformer input to a multiple of the window; the real tokens' outputs do not depend on
+-- is given). With global = true (a Longformer's default) it also takes the optional input
+-- global_attention_mask [batch, seq] (1 = a global token; left out, none): every token
+-- attends the global tokens, and a global token attends every token with the layer's own
+-- query_global / key_global / value_global projections, as transformers does. Those
+-- projections run on every token of every layer whether or not a batch has global tokens:
+-- --set global=false leaves them out (and the input with them). transformers pads a
+-- Longformer input to a multiple of the window; the real tokens' outputs do not depend on
 -- that padding, so stof runs the length it is given.
 --
 -- Weight names follow BertModel; the fused QKV projection is
@@ -33,9 +39,13 @@
 -- key and value stacked in that order), which a weight file supplies as the
 -- checkpoint's attention.self.{query,key,value}.{weight,bias} (from = ...).
 local c = stof.config
+local longformer = c ~= nil and c.model_type == "longformer"
 local p = stof.params{preset = "base", layers = 0, batch = 8, seq = 512,
                       mask = c and "none" or "bigbird", dtype = "fp16",
-                      padding = c ~= nil}
+                      padding = c ~= nil, global = longformer}
+if p.global and not longformer then
+  error("global: global tokens are Longformer's (model_type longformer)")
+end
 
 local presets = {
   small = {layers = 4, hidden = 512, heads = 8, ffn = 2048},
@@ -86,7 +96,7 @@ local mask = stof.mask.named(p.mask)
 -- Longformer: layer n's sliding window (one mask object per distinct window)
 local windows = {}
 local function layer_mask(n)
-  if not (c and c.model_type == "longformer") then return mask end
+  if not longformer then return mask end
   local w = c.attention_window
   if type(w) == "table" then w = w[n + 1] end
   if math.type(w) ~= "integer" or w < 2 or w % 2 ~= 0 then
@@ -110,6 +120,9 @@ local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = voca
 local am = hf.attention_mask(m, p)
 -- from a model directory, a sentence pair's segments as transformers' tokenizers give them
 -- (optional: without, every token is of type 0)
+-- Longformer's global tokens (optional: without, none)
+local gm = p.global and m:input("global_attention_mask", {p.batch, p.seq},
+                                {dtype = "int32", high = 2, optional = true})
 local types = c and m:input("token_type_ids", {p.batch, p.seq},
                             {dtype = "int32", high = type_vocab, optional = true})
 local x = m:embedding(ids, m:weight("embeddings.word_embeddings.weight", {vocab, H}), {
@@ -134,8 +147,13 @@ for n = 0, L - 1 do
     end
     local qkv = linear(".attention.self.qkv", x, 3 * H, H, {".attention.self.query",
                        ".attention.self.key", ".attention.self.value"})
+    local qkv_global = gm and linear(".attention.self.qkv_global", x, 3 * H, H,
+                                     {".attention.self.query_global",
+                                      ".attention.self.key_global",
+                                      ".attention.self.value_global"})
     local a = m:attention(qkv, {heads = heads, head_dim = H // heads, mask = layer_mask(n),
-                                padding = am, name = pre .. ".attention.self"})
+                                padding = am, global = gm or nil, global_qkv = qkv_global or nil,
+                                name = pre .. ".attention.self"})
     local g1, b1 = norm(pre .. ".attention.output.LayerNorm")
     x = m:layernorm(m:add(linear(".attention.output.dense", a, H, H), x), g1, b1,
                     {eps = eps, name = pre .. ".attention.output.LayerNorm"})

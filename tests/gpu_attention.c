@@ -56,7 +56,12 @@ typedef struct tcase {
     int shared_kv;             /* cross only: one K, V for every batch (batch stride 0) */
     const int *pad;            /* a run-time attention_mask of these lengths, one a batch */
     int kv_heads;              /* grouped-query attention: K/V heads (dividing heads); 0: heads */
+    int n_global;              /* global tokens (Longformer's): the first n_global positions of
+                                  global_positions under q_len, in every batch (those past a
+                                  sequence's length are padding), with their own Q, K, V */
 } tcase;
+
+static const int global_positions[] = {0, 5, 6, 63, 64, 127, 200, 331, 332, 500, 777, 999};
 
 static int case_kv_heads(const tcase *tc) {
     return tc->kv_heads > 0 ? tc->kv_heads : tc->heads;
@@ -65,53 +70,62 @@ static int case_kv_heads(const tcase *tc) {
 static const int pad_3[] = {257, 100, 1}, pad_2[] = {1000, 333}, pad_0[] = {0, 64};
 
 static const tcase cases[] = {
-    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0, NULL, 0},
-    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0, NULL, 0},
-    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0, NULL, 0},
-    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0, NULL, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 257, 257, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"full", SRC_NONE, NULL, 2, 2, 128, 128, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"sliding_window{}", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
     {"sliding_window{} S512", SRC_SPEC, "sliding_window{}", 1, 2, 512, 512, 0, 0, 0, 0, 0, 0,
-     NULL, 0},
-    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL, 0},
-    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL, 0},
-    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL, 0},
+     NULL, 0, 0},
+    {"dilated{}", SRC_SPEC, "dilated{}", 2, 2, 512, 512, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"longformer{}", SRC_SPEC, "longformer{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"bigbird{}", SRC_SPEC, "bigbird{}", 2, 2, 1024, 1024, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
     {"scattered", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 2, 2, 257,
-     257, 0, 0, 0, 0, 0, 0, NULL, 0},
+     257, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
     {"scattered+causal", SRC_SPEC, "union(random{rate=0.3, block=8}, sliding_window{})", 1, 2,
-     100, 100, 1, 0, 0, 0, 0, 0, NULL, 0},
-    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0, NULL, 0},
+     100, 100, 1, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"empty rows (dense)", SRC_EMPTY_ROWS, NULL, 1, 3, 128, 128, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
     {"key_padding [0,77]", SRC_SPEC, "key_padding{lengths=[0, 77]}", 2, 2, 100, 100, 0, 0, 0, 0,
-     0, 0, NULL, 0},
+     0, 0, NULL, 0, 0},
     {"key_padding [100,37,1]", SRC_SPEC, "key_padding{lengths=[100, 37, 1]}", 3, 2, 100, 100, 0,
-     0, 0, 0, 0, 0, NULL, 0},
+     0, 0, 0, 0, 0, NULL, 0, 0},
     {"per_batch(sliding,bigbird)", SRC_SPEC, "per_batch(sliding_window{band=8}, bigbird{})", 2, 2,
-     257, 257, 0, 0, 0, 0, 0, 0, NULL, 0},
-    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0, NULL, 0},
-    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0, NULL, 0},
-    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0, NULL, 0},
-    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0, NULL, 0},
-    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0, NULL, 0},
+     257, 257, 0, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"sliding+causal", SRC_SPEC, "sliding_window{}", 1, 2, 128, 128, 1, 0, 0, 0, 0, 0, NULL, 0, 0},
+    {"cross full", SRC_NONE, NULL, 2, 2, 100, 257, 0, 1, 0, 0, 0, 0, NULL, 0, 0},
+    {"cross bigbird+causal", SRC_SPEC, "bigbird{}", 1, 2, 128, 512, 1, 1, 0, 0, 0, 0, NULL, 0, 0},
+    {"cross causal Sq>Sk", SRC_NONE, NULL, 1, 2, 257, 100, 1, 1, 0, 0, 0, 0, NULL, 0, 0},
+    {"T5 relpos causal", SRC_NONE, NULL, 2, 2, 257, 257, 1, 0, 1, 0, 1.0f, 0, NULL, 0, 0},
     {"T5 relpos bidir longformer", SRC_SPEC, "longformer{}", 1, 2, 512, 512, 0, 0, 1, 1, 1.0f, 0,
-     NULL, 0},
-    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0, NULL, 0},
+     NULL, 0, 0},
+    {"T5 relpos cross", SRC_NONE, NULL, 1, 2, 100, 300, 0, 1, 1, 1, 1.0f, 0, NULL, 0, 0},
     {"T5 relpos bidir bigbird", SRC_SPEC, "bigbird{}", 1, 2, 1024, 1024, 0, 0, 1, 1, 1.0f, 0,
-     NULL, 0},
-    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0, NULL, 0},
-    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1, NULL, 0},
-    {"padded full [257,100,1]", SRC_NONE, NULL, 3, 2, 257, 257, 0, 0, 0, 0, 0, 0, pad_3, 0},
+     NULL, 0, 0},
+    {"bigbird{} scale<0", SRC_SPEC, "bigbird{}", 1, 2, 300, 300, 0, 0, 0, 0, -0.125f, 0, NULL, 0, 0},
+    {"cross shared kv bigbird", SRC_SPEC, "bigbird{}", 3, 2, 100, 300, 0, 1, 0, 0, 0, 1, NULL, 0, 0},
+    {"padded full [257,100,1]", SRC_NONE, NULL, 3, 2, 257, 257, 0, 0, 0, 0, 0, 0, pad_3, 0, 0},
     {"padded sliding_window{} [1000,333]", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0, 0,
-     0, 0, 0, 0, pad_2, 0},
+     0, 0, 0, 0, pad_2, 0, 0},
     {"padded bigbird{} [257,100,1]", SRC_SPEC, "bigbird{}", 3, 2, 257, 257, 0, 0, 0, 0, 0, 0,
-     pad_3, 0},
-    {"padded causal [0,64]", SRC_NONE, NULL, 2, 2, 128, 128, 1, 0, 0, 0, 0, 0, pad_0, 0},
+     pad_3, 0, 0},
+    {"padded causal [0,64]", SRC_NONE, NULL, 2, 2, 128, 128, 1, 0, 0, 0, 0, 0, pad_0, 0, 0},
     {"padded T5 relpos bidir [1000,333]", SRC_NONE, NULL, 2, 2, 1000, 1000, 0, 0, 1, 1, 1.0f, 0,
-     pad_2, 0},
+     pad_2, 0, 0},
     /* grouped-query attention: query head h reads K/V head h / (heads / kv_heads) */
-    {"GQA causal H4 KV2", SRC_NONE, NULL, 2, 4, 257, 257, 1, 0, 0, 0, 0, 0, NULL, 2},
+    {"GQA causal H4 KV2", SRC_NONE, NULL, 2, 4, 257, 257, 1, 0, 0, 0, 0, 0, NULL, 2, 0},
     {"GQA sliding_window{} H4 KV1", SRC_SPEC, "sliding_window{}", 2, 4, 1000, 1000, 0, 0, 0, 0, 0,
-     0, NULL, 1},
+     0, NULL, 1, 0},
     {"GQA padded bigbird{} H4 KV2 [257,100,1]", SRC_SPEC, "bigbird{}", 3, 4, 257, 257, 0, 0, 0, 0,
-     0, 0, pad_3, 2},
-    {"GQA cross full H4 KV2", SRC_NONE, NULL, 2, 4, 100, 257, 0, 1, 0, 0, 0, 0, NULL, 2},
+     0, 0, pad_3, 2, 0},
+    {"GQA cross full H4 KV2", SRC_NONE, NULL, 2, 4, 100, 257, 0, 1, 0, 0, 0, 0, NULL, 2, 0},
+    /* global tokens: the window's row log-sum-exp, the merge of the global keys it left out,
+     * the global rows; under a dense mask the global rows only */
+    {"global sliding_window{} G9 [1000,333]", SRC_SPEC, "sliding_window{}", 2, 2, 1000, 1000, 0,
+     0, 0, 0, 0, 0, pad_2, 0, 9},
+    {"global longformer{} G12", SRC_SPEC, "longformer{}", 1, 2, 1024, 1024, 0, 0, 0, 0, 0, 0,
+     NULL, 0, 12},
+    {"global full G4 [257,100,1]", SRC_NONE, NULL, 3, 2, 257, 257, 0, 0, 0, 0, 0, 0, pad_3, 0, 4},
+    {"GQA global sliding_window{band=8} G7 H4 KV2", SRC_SPEC, "sliding_window{band=8}", 2, 4,
+     257, 257, 0, 0, 0, 0, 0, 0, pad_3 + 1, 2, 7},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -196,6 +210,8 @@ typedef struct data {
     int B, H, KVH, Sq, Sk, D;
     stof_dtype dtype;
     float *q, *k, *v, *table; /* table [buckets][H] */
+    float *gq, *gk, *gv;      /* the global rows' projections, when tc->n_global */
+    int32_t *gm;              /* the global_mask [B][Sq] */
     double *ref;              /* [B][Sq][H][D] */
     unsigned char *empty;     /* [B][Sq]: no allowed key */
 } data;
@@ -210,11 +226,18 @@ static void fill_random(float *x, size_t n, stof_dtype t, util_rng *rng) {
 
 /* ---- the fp64 reference ---------------------------------------------------------------- */
 
-static int allowed(const tcase *tc, const mask *m, int b, int i, int j) {
-    if (m && !mask_get(m, b, i, j))
-        return 0;
+/* A global token: flagged and within its sequence (one past it is padding). */
+static int is_global(const tcase *tc, const data *d, int b, int i) {
+    return d->gm && d->gm[(size_t)b * d->Sq + i] && (!tc->pad || i < tc->pad[b]);
+}
+
+static int allowed(const tcase *tc, const data *d, const mask *m, int b, int i, int j) {
     if (tc->pad && (i >= tc->pad[b] || j >= tc->pad[b]))
         return 0; /* a padded row sees nothing (zeros); padded keys do not count */
+    if (is_global(tc, d, b, i) || is_global(tc, d, b, j))
+        return 1; /* a global query sees every key; every query sees the global keys */
+    if (m && !mask_get(m, b, i, j))
+        return 0;
     return !tc->causal || j <= i + (tc->k_len - tc->q_len);
 }
 
@@ -227,7 +250,7 @@ static void reference(const tcase *tc, const mask *m, float scale, data *d) {
         for (int i = 0; i < d->Sq; i++) {
             int any = 0;
             for (int j = 0; j < d->Sk && !any; j++)
-                any = allowed(tc, m, b, i, j);
+                any = allowed(tc, d, m, b, i, j);
             d->empty[(size_t)b * d->Sq + i] = !any;
             for (int h = 0; h < d->H; h++) {
                 double *out = d->ref + (((size_t)b * d->Sq + i) * d->H + h) * d->D;
@@ -235,13 +258,16 @@ static void reference(const tcase *tc, const mask *m, float scale, data *d) {
                     out[x] = 0.0;
                 if (!any)
                     continue;
-                const float *q = d->q + (((size_t)b * d->Sq + i) * d->H + h) * d->D;
+                const int glob = is_global(tc, d, b, i); /* its own projections */
+                const float *qs = glob ? d->gq : d->q, *ks = glob ? d->gk : d->k;
+                const float *vs = glob ? d->gv : d->v;
+                const float *q = qs + (((size_t)b * d->Sq + i) * d->H + h) * d->D;
                 int kh = h / group;
                 double mx = -INFINITY;
                 for (int j = 0; j < d->Sk; j++) {
-                    if (!allowed(tc, m, b, i, j))
+                    if (!allowed(tc, d, m, b, i, j))
                         continue;
-                    const float *k = d->k + (((size_t)b * d->Sk + j) * d->KVH + kh) * d->D;
+                    const float *k = ks + (((size_t)b * d->Sk + j) * d->KVH + kh) * d->D;
                     double dot = 0.0;
                     for (int x = 0; x < d->D; x++)
                         dot += (double)q[x] * k[x];
@@ -255,11 +281,11 @@ static void reference(const tcase *tc, const mask *m, float scale, data *d) {
                 }
                 double sum = 0.0;
                 for (int j = 0; j < d->Sk; j++) {
-                    if (!allowed(tc, m, b, i, j))
+                    if (!allowed(tc, d, m, b, i, j))
                         continue;
                     double p = exp(s[j] - mx);
                     sum += p;
-                    const float *v = d->v + (((size_t)b * d->Sk + j) * d->KVH + kh) * d->D;
+                    const float *v = vs + (((size_t)b * d->Sk + j) * d->KVH + kh) * d->D;
                     for (int x = 0; x < d->D; x++)
                         out[x] += p * v[x];
                 }
@@ -302,6 +328,7 @@ static int case_mask(const tcase *tc, mask **out, stof_error *err) {
 typedef struct dbufs {
     CUdeviceptr q, kv, o, table; /* q == kv region for self-attention (packed qkv) */
     CUdeviceptr pad;             /* the attention_mask [B, Sq] int32, padded cases */
+    CUdeviceptr gkv, gm;         /* global tokens: packed global Q, K, V; the global_mask */
     size_t o_elems;
 } dbufs;
 
@@ -309,24 +336,36 @@ static int upload_bits(gpu *g, CUdeviceptr *d, const uint16_t *h, size_t n) {
     return upload(g, d, h, n * 2);
 }
 
-/* Self-attention: qkv [B, S, (H + 2 KVH) D], per token Q's H heads, then K's
- * and V's KVH heads; cross: q [B, Sq, H, D], kv [B, Sk, 2, KVH, D]. */
-static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
+/* Q (unless qd is 0), K and V packed [B, Sk, qd + 2 KVH D] on the device. */
+static int upload_packed(gpu *g, const data *d, const float *q, const float *k, const float *v,
+                         size_t qd, CUdeviceptr *out) {
     size_t hd = (size_t)d->H * d->D, kvd = (size_t)d->KVH * d->D;
-    size_t qd = tc->cross ? 0 : hd; /* Q's columns, first in a packed row */
     size_t width = qd + 2 * kvd, rows = (size_t)d->B * d->Sk;
     uint16_t *kv = malloc(rows * width * 2);
     for (size_t r = 0; r < rows; r++) { /* packed: Sq == Sk, row r is token r of q too */
         uint16_t *row = kv + r * width;
         for (size_t x = 0; x < qd; x++)
-            row[x] = to_bits(d->dtype, d->q[r * hd + x]);
+            row[x] = to_bits(d->dtype, q[r * hd + x]);
         for (size_t x = 0; x < kvd; x++) {
-            row[qd + x] = to_bits(d->dtype, d->k[r * kvd + x]);
-            row[qd + kvd + x] = to_bits(d->dtype, d->v[r * kvd + x]);
+            row[qd + x] = to_bits(d->dtype, k[r * kvd + x]);
+            row[qd + kvd + x] = to_bits(d->dtype, v[r * kvd + x]);
         }
     }
-    int rc = upload_bits(g, &db->kv, kv, rows * width);
+    int rc = upload_bits(g, out, kv, rows * width);
     free(kv);
+    return rc;
+}
+
+/* Self-attention: qkv [B, S, (H + 2 KVH) D], per token Q's H heads, then K's
+ * and V's KVH heads; cross: q [B, Sq, H, D], kv [B, Sk, 2, KVH, D]. */
+static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
+    size_t hd = (size_t)d->H * d->D;
+    size_t qd = tc->cross ? 0 : hd; /* Q's columns, first in a packed row */
+    int rc = upload_packed(g, d, d->q, d->k, d->v, qd, &db->kv);
+    if (!rc && tc->n_global)
+        rc = upload_packed(g, d, d->gq, d->gk, d->gv, qd, &db->gkv);
+    if (!rc && tc->n_global)
+        rc = upload(g, &db->gm, d->gm, (size_t)d->B * d->Sq * sizeof *d->gm);
     if (rc)
         return rc;
     if (tc->cross) {
@@ -361,8 +400,8 @@ static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
 }
 
 static void free_bufs(gpu *g, dbufs *db) {
-    CUdeviceptr p[] = {db->q, db->kv, db->o, db->table, db->pad};
-    for (int i = 0; i < 5; i++)
+    CUdeviceptr p[] = {db->q, db->kv, db->o, db->table, db->pad, db->gkv, db->gm};
+    for (int i = 0; i < 7; i++)
         if (p[i])
             g->drv->MemFree(p[i]);
     memset(db, 0, sizeof *db);
@@ -378,6 +417,14 @@ static void case_tensors(const tcase *tc, const mha_exec_problem *p, const dbufs
         t->k_batch_stride = t->v_batch_stride = 0;
     t->relpos_table = db->table;
     t->pad_mask = db->pad;
+    if (tc->n_global) {
+        mha_exec_tensors gt;
+        mha_exec_tensors_packed(&gt, db->gkv, db->o, p, 2);
+        t->global_mask = db->gm;
+        t->gq = gt.q;
+        t->gk = gt.k;
+        t->gv = gt.v;
+    }
 }
 
 /* ---- comparing ----------------------------------------------------------------------------- */
@@ -469,7 +516,8 @@ static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype 
                           .relpos = tc->relpos, .relpos_buckets = RELPOS_BUCKETS,
                           .relpos_max_distance = RELPOS_MAX_DISTANCE,
                           .relpos_bidirectional = tc->bidirectional,
-                          .padded = tc->pad != NULL, .kv_heads = tc->kv_heads};
+                          .padded = tc->pad != NULL, .kv_heads = tc->kv_heads,
+                          .global_keys = tc->n_global > 0};
     return p;
 }
 
@@ -555,6 +603,10 @@ static void data_free(data *d) {
     free(d->k);
     free(d->v);
     free(d->table);
+    free(d->gq);
+    free(d->gk);
+    free(d->gv);
+    free(d->gm);
     free(d->ref);
     free(d->empty);
 }
@@ -586,6 +638,22 @@ static void run_case(gpu *g, const tcase *tc, stof_dtype dtype, int D, uint64_t 
             memcpy(d.v + (size_t)b * (nk / d.B), d.v, nk / d.B * sizeof *d.v);
         }
     fill_random(d.table, (size_t)RELPOS_BUCKETS * d.H, dtype, &rng);
+    if (tc->n_global) {
+        d.gq = malloc(nq * sizeof *d.gq);
+        d.gk = malloc(nk * sizeof *d.gk);
+        d.gv = malloc(nk * sizeof *d.gv);
+        d.gm = calloc((size_t)d.B * d.Sq, sizeof *d.gm);
+        fill_random(d.gq, nq, dtype, &rng);
+        fill_random(d.gk, nk, dtype, &rng);
+        fill_random(d.gv, nk, dtype, &rng);
+        int n = 0;
+        for (size_t i = 0; i < sizeof global_positions / sizeof global_positions[0]; i++)
+            if (global_positions[i] < d.Sq && n < tc->n_global) {
+                n++;
+                for (int b = 0; b < d.B; b++)
+                    d.gm[(size_t)b * d.Sq + global_positions[i]] = 1;
+            }
+    }
     mha_exec_problem p = case_problem(tc, m, dtype, D);
     reference(tc, m, p.scale, &d);
 
@@ -906,8 +974,8 @@ static void timing(gpu *g) {
  * unidirectional relative-position bias, at two sizes (the larger one a
  * t5-base decoder at batch 8). */
 static const tcase sweep_cases[] = {
-    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0, NULL, 0},
-    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0, NULL, 0},
+    {"sweep T5 decoder", SRC_NONE, NULL, 2, 2, 300, 300, 1, 0, 1, 0, 1.0f, 0, NULL, 0, 0},
+    {"sweep T5 decoder B8 H12", SRC_NONE, NULL, 8, 12, 512, 512, 1, 0, 1, 0, 1.0f, 0, NULL, 0, 0},
 };
 
 /* only: a setting's name ("128x16w1") to run that one alone, or NULL. */
@@ -940,7 +1008,8 @@ int main(int argc, char **argv) {
     g.drv = g.ctx->drv;
     printf("GPU: %s (%s, %d SMs, %d B smem/block opt-in)\n", g.ctx->info.name, g.ctx->arch,
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
-    /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing; "time": only it */
+    /* argv[1] = "quick": fp16, D=64 only; "notime": skip the timing; "time": only it;
+     * "global": the global-token cases only (below) */
     int quick = argc > 1 && !strcmp(argv[1], "quick");
     /* "sweep [SETTING]": only the template sweep, at both sizes (one setting,
      * "64x32w2", when named) */
@@ -956,6 +1025,19 @@ int main(int argc, char **argv) {
     static const int dims[] = {64, 128};
     double t0 = util_now();
     uint64_t seed = 1;
+    /* "global": the global-token cases alone, both dtypes, head sizes 64, 128 and 80 */
+    if (argc > 1 && !strcmp(argv[1], "global")) {
+        static const int gdims[] = {64, 128, 80};
+        for (int di = 0; di < 2 && !g.dead; di++)
+            for (int hi = 0; hi < 3 && !g.dead; hi++)
+                for (int c = 0; c < N_CASES && !g.dead; c++)
+                    if (cases[c].n_global)
+                        run_case(&g, &cases[c], dtypes[di], gdims[hi], seed++, settings,
+                                 N_SETTINGS);
+        mha_exec_ctx_free(g.ctx);
+        recap_print();
+        return check_summary("gpu_attention");
+    }
     for (int di = 0; di < (quick ? 1 : 2) && !g.dead && !sweep; di++)
         for (int hi = 0; hi < (quick ? 1 : 2) && !g.dead; hi++)
             for (int c = 0; c < N_CASES && !g.dead; c++)

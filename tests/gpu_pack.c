@@ -3,7 +3,8 @@
  *
  * Models (seeded weights, default scheme): bert-small dense and with BigBird's mask (fp16
  * and bf16), a tiny ModernBERT (rotary, GeGLU, local and global layers, mask_rows) and a tiny
- * Longformer (windows per layer, RoBERTa positions), at batch 4 x seq 256. For each: six
+ * Longformer (windows per layer, RoBERTa positions; global tokens at four positions of each
+ * sequence, those past its length padding), at batch 4 x seq 256. For each: six
  * batches of fresh random lengths (an empty sequence in each, a whole one in most) packed into
  * 128 to 768 rows, more sizes than the model keeps (four), then the second again (rebuilt,
  * its size replaced meanwhile), and a full batch (no padding: the padded pass).
@@ -72,8 +73,28 @@ typedef struct device_io {
     const cuda_driver *drv;
     CUstream stream;
     CUdeviceptr ids, pad, out;
+    CUdeviceptr global;  /* the global_attention_mask of a model that takes one */
     size_t out_elems;
 } device_io;
+
+/* Longformer's global tokens: positions 0, 37, 130 and 255 of every sequence. */
+static int32_t global_mask[BATCH * SEQ];
+
+static void fill_global_mask(void) {
+    static const int at[] = {0, 37, 130, 255};
+    for (int b = 0; b < BATCH; b++)
+        for (size_t i = 0; i < sizeof at / sizeof *at; i++)
+            global_mask[b * SEQ + at[i]] = 1;
+}
+
+/* Which input x is: 1 the ids, 2 the attention_mask, 3 the global mask, 0 another (its
+ * init). */
+static int input_kind(const graph_tensor *x) {
+    return x->role != GRAPH_INPUT ? 0
+           : x->init == GRAPH_INIT_PADDING ? 2
+           : strcmp(x->name, "input_ids") == 0 ? 1
+           : strcmp(x->name, "global_attention_mask") == 0 ? 3 : 0;
+}
 
 static int build(const model_case *c, graph *g) {
     stof_error err = {0};
@@ -111,9 +132,8 @@ static int reference(const graph *g, const int32_t *ids, const int32_t *am, floa
     int rc = ref_values_init(g, &src, &rv, &err);
     for (int t = 0; !rc && t < g->n_tensors; t++) {
         const graph_tensor *x = &g->tensors[t];
-        const int32_t *v = x->role != GRAPH_INPUT ? NULL
-                           : x->init == GRAPH_INIT_PADDING ? am
-                           : strcmp(x->name, "input_ids") == 0 ? ids : NULL;
+        const int32_t *const values[] = {NULL, ids, am, global_mask};
+        const int32_t *v = values[input_kind(x)];
         for (int64_t i = 0; v && i < graph_tensor_numel(x); i++)
             rv.data[t][i] = (float)v[i];
     }
@@ -140,8 +160,9 @@ static int run(exec_model *m, const graph *g, const device_io *d, const int32_t 
     for (int t = 0; t < g->n_tensors && n < 8; t++) {
         const graph_tensor *x = &g->tensors[t];
         if (x->role == GRAPH_INPUT)
-            in[n++] = (exec_io){.tensor = t, .data = x->init == GRAPH_INIT_PADDING ? d->pad
-                                   : strcmp(x->name, "input_ids") == 0 ? d->ids : 0};
+            in[n++] = (exec_io){.tensor = t,
+                                .data = (CUdeviceptr[]){0, d->ids, d->pad, d->global}[
+                                    input_kind(x)]};
     }
     const size_t words = sizeof(int32_t) * BATCH * SEQ;
     if (drv->MemcpyHtoD(d->ids, ids, words) || drv->MemcpyHtoD(d->pad, am, words) ||
@@ -317,10 +338,14 @@ int main(void) {
     CHECK(d.drv->StreamCreate(&d.stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     CHECK(d.drv->MemAlloc(&d.ids, words) == CUDA_SUCCESS);
     CHECK(d.drv->MemAlloc(&d.pad, words) == CUDA_SUCCESS);
+    fill_global_mask();
+    CHECK(d.drv->MemAlloc(&d.global, words) == CUDA_SUCCESS);
+    CHECK(d.drv->MemcpyHtoD(d.global, global_mask, words) == CUDA_SUCCESS);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         check_model(ctx, &cases[i], &d);
     d.drv->MemFree(d.ids);
     d.drv->MemFree(d.pad);
+    d.drv->MemFree(d.global);
     d.drv->StreamDestroy(d.stream);
     exec_ctx_free(ctx);
     return check_summary("gpu_pack");

@@ -14,6 +14,7 @@
 #include "core/gpu/device.h"
 #include "core/base/file.h"
 #include "core/exec/attention/mha_exec.h"
+#include "kernels/attention_global_abi.cuh"
 #include "core/exec/attention/mha_exec_internal.h"
 #include "core/gpu/nvrtc.h"
 #include "core/exec/attention/mha_decode.h"
@@ -257,6 +258,17 @@ static int list_tma_variants(variant *v, int cap) {
          .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 2},
         {.kernel = MHA_KERNEL_ROW_WISE, .head_dim = 64, .dtype = STOF_BF16, .padded = 1,
          .rows_per_warp = 2, .warps_per_block = 4},
+        /* global tokens' log-sum-exp (-DLSE=1): every build kind */
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_F16, .padded = 1,
+         .block_m = 64, .block_n = 128, .num_warps = 4, .stages = 3, .wgmma = 1, .tma = 1,
+         .lse = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 64, .dtype = STOF_BF16, .padded = 1,
+         .block_m = 64, .block_n = 64, .num_warps = 4, .stages = 3, .split = 1, .wgmma = 1,
+         .lse = 1},
+        {.kernel = MHA_KERNEL_BLOCK_WISE, .head_dim = 128, .dtype = STOF_F16, .block_m = 64,
+         .block_n = 32, .num_warps = 4, .stages = 2, .split = 1, .lse = 1},
+        {.kernel = MHA_KERNEL_ROW_WISE, .head_dim = 80, .dtype = STOF_BF16, .padded = 1,
+         .rows_per_warp = 1, .warps_per_block = 4, .lse = 1},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < cap; i++)
         v[n++] = (variant){.cfg = extra[i], .arch = "sm_90"};
@@ -1383,6 +1395,23 @@ static void test_decode(void) {
             CHECK(rc || (bytes_contain(bin, size, STOF_DECODE_KERNEL) &&
                          bytes_contain(bin, size, STOF_DECODE_COMBINE_KERNEL) &&
                          bytes_contain(bin, size, STOF_KV_STORE_KERNEL)));
+        }
+    /* the global tokens' kernels (attention_global.cu): every head size and dtype */
+    for (int d = 0; d < 4; d++)
+        for (int t = 1; t <= 2; t++) {
+            char o0[32], o1[32];
+            snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", dims[d]);
+            snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", t);
+            nvrtc_request req = {.source = "attention_global.cu", .arch = "sm_90",
+                                 .options = {o0, o1}, .n_options = 2};
+            const void *bin = NULL;
+            size_t size = 0;
+            stof_error err = {0};
+            int rc = nvrtc_get(&c, &req, &bin, &size, &err);
+            CHECK_MSG(rc == STOF_OK, "attention_global.cu %s %s: %s", o0, o1, err.msg);
+            CHECK(rc || (bytes_contain(bin, size, STOF_ATTN_GLOBAL_INDEX_KERNEL) &&
+                         bytes_contain(bin, size, STOF_ATTN_GLOBAL_KEYS_KERNEL) &&
+                         bytes_contain(bin, size, STOF_ATTN_GLOBAL_ROWS_KERNEL)));
         }
     /* the decode step's greedy argmax */
     for (int t = 1; t <= 2; t++) {

@@ -164,9 +164,10 @@ static void test_bert_base(void) {
           g.tensors[ids].init == GRAPH_INIT_TOKENS && g.tensors[ids].init_high == 30522);
     check_lines(&g);
     /* Resolved parameters, sorted by key. */
-    CHECK_EQ_INT(info.n_params, 7);
+    CHECK_EQ_INT(info.n_params, 8);
     CHECK(strcmp(info.params[0].key, "batch") == 0 && strcmp(info.params[0].value, "8") == 0);
-    CHECK(strcmp(info.params[6].key, "seq") == 0 && strcmp(info.params[6].value, "512") == 0);
+    CHECK(strcmp(info.params[7].key, "seq") == 0 && strcmp(info.params[7].value, "512") == 0);
+    CHECK(strcmp(param_value(&info, "global"), "false") == 0); /* Longformer's only */
     CHECK(strcmp(param_value(&info, "mask"), "bigbird") == 0);
     /* the script alone runs unpadded (the paper's shapes); a model directory pads */
     CHECK(strcmp(param_value(&info, "padding"), "false") == 0);

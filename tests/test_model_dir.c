@@ -271,9 +271,21 @@ static void check_longformer_masks(void) {
         CHECK(mask_get(m, 0, 8, 8 + band) && !mask_get(m, 0, 8, 8 + band + 1) &&
               mask_get(m, 0, 8, 8 - band) && !mask_get(m, 0, 8, 8 - band - 1));
         CHECK(op->attr.attn.padded);
+        CHECK(op->attr.attn.global_keys && op->attr.attn.global_qkv);
         seen++;
     }
     CHECK_EQ_INT(seen, 2);
+    CHECK(graph_find_tensor(&g, "global_attention_mask") >= 0);
+    CHECK(graph_find_tensor(&g, "encoder.layer.1.attention.self.qkv_global.weight") >= 0);
+    graph_free(&g);
+    /* global=false: no global tokens, no input, no projections */
+    const char *local[] = {"batch=1", "seq=16", "dtype=fp32", "global=false"};
+    graph_init(&g);
+    rc = lua_api_build_dir(dir, NULL, local, 4, &g, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    for (int i = 0; !rc && i < g.n_ops; i++)
+        CHECK(g.ops[i].kind != OP_ATTENTION || !g.ops[i].attr.attn.global_keys);
+    CHECK(graph_find_tensor(&g, "global_attention_mask") < 0);
     graph_free(&g);
     char bad[256];
     snprintf(bad, sizeof bad, WORK "longformer-bad");

@@ -1384,6 +1384,132 @@ static void test_attention_padding(void) {
     }
 }
 
+/* ---- global tokens ---------------------------------------------------------- */
+
+/* Longformer's rule, written out for the test: a global query attends every key of its
+ * sequence with the global projections; another query attends its window (|i - j| <= 1),
+ * minus the global keys, plus every global key, with the local ones; padded rows are zeros. */
+static void longformer_expect(const float *qkv, const float *gqkv, const int *lens,
+                              const float *gm, int B, int S, int H, int D, float *y) {
+    const int W = 3 * H * D;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < S; i++)
+            for (int h = 0; h < H; h++) {
+                float *out = y + ((b * S + i) * H + h) * D;
+                for (int d = 0; d < D; d++)
+                    out[d] = 0.0f;
+                if (i >= lens[b])
+                    continue;
+                const int glob_q = gm[b * S + i] != 0.0f;
+                const float *src = glob_q ? gqkv : qkv;
+                const float *q = src + (b * S + i) * W + h * D;
+                double sc[64], mx = -INFINITY, sum = 0.0, acc[8] = {0};
+                int keys[64], n = 0;
+                for (int j = 0; j < lens[b]; j++) {
+                    const int glob_k = gm[b * S + j] != 0.0f, window = abs(i - j) <= 1;
+                    if (!(glob_q || glob_k || window))
+                        continue;
+                    double dot = 0.0;
+                    for (int d = 0; d < D; d++)
+                        dot += (double)q[d] * src[(b * S + j) * W + H * D + h * D + d];
+                    sc[n] = dot / sqrt((double)D);
+                    mx = sc[n] > mx ? sc[n] : mx;
+                    keys[n++] = j;
+                }
+                for (int t = 0; t < n; t++) {
+                    const double p = exp(sc[t] - mx);
+                    sum += p;
+                    for (int d = 0; d < D; d++)
+                        acc[d] += p * src[(b * S + keys[t]) * W + 2 * H * D + h * D + d];
+                }
+                for (int d = 0; d < D; d++)
+                    out[d] = (float)(acc[d] / sum);
+            }
+}
+
+/* The op's reference against that rule: a sliding-window mask, global tokens at the start,
+ * inside and at a padded position (ignored, as transformers ignores it), with and without
+ * global_qkv (without: the global rows read qkv). */
+static void test_attention_global(void) {
+    enum { B = 2, S = 12, H = 2, D = 4 };
+    static const int lens[B] = {12, 8};
+    for (int own = 0; own < 2; own++) {
+        graph g;
+        graph_init(&g);
+        stof_error err = {0};
+        util_rng rng = {31 + (uint64_t)own};
+        int qkv = TENSOR(&g, "qkv", STOF_F32, B, S, 3 * H * D);
+        int am = TENSOR(&g, "attention_mask", STOF_I32, B, S);
+        int gm = TENSOR(&g, "global_mask", STOF_I32, B, S);
+        int gqkv = TENSOR(&g, "global_qkv", STOF_F32, B, S, 3 * H * D);
+        uint8_t dense[S * S];
+        for (int i = 0; i < S; i++)
+            for (int j = 0; j < S; j++)
+                dense[i * S + j] = abs(i - j) <= 1;
+        graph_op op = attention_op(H, D, qkv, -1);
+        op.attr.attn.mask = add_hand_mask(&g, dense, 1, S, S);
+        op.inputs[op.n_inputs++] = am;
+        op.attr.attn.padded = 1;
+        op.inputs[op.n_inputs++] = gm;
+        op.attr.attn.global_keys = 1;
+        if (own) {
+            op.inputs[op.n_inputs++] = gqkv;
+            op.attr.attn.global_qkv = 1;
+        }
+        int y = add_op(&g, &op, &err);
+        CHECK_MSG(y >= 0, "%s", err.msg);
+        float *xs = random_floats(&rng, B * S * 3 * H * D, -2, 2);
+        float *gs = random_floats(&rng, B * S * 3 * H * D, -2, 2);
+        float am_values[B * S], gm_values[B * S] = {0};
+        for (int b = 0; b < B; b++)
+            for (int s2 = 0; s2 < S; s2++)
+                am_values[b * S + s2] = s2 < lens[b];
+        gm_values[0] = gm_values[5] = 1;              /* batch 0: positions 0 and 5 */
+        gm_values[S + 2] = gm_values[S + 10] = 1;     /* batch 1: 2, and 10 is padding */
+        const float *const in[] = {xs, am_values, gm_values, gs};
+        float *got = run_ref(&g, y, in, STOF_OK, &err);
+        float want[B * S * H * D];
+        longformer_expect(xs, own ? gs : xs, lens, gm_values, B, S, H, D, want);
+        int close = got != NULL;
+        for (int k = 0; close && k < B * S * H * D; k++)
+            close = fabsf(got[k] - want[k]) <= 1e-5f;
+        CHECK_MSG(close, "global-token attention (own projections %d) differs from the rule",
+                  own);
+        free(got);
+        free(xs);
+        free(gs);
+        graph_free(&g);
+    }
+}
+
+static void test_attention_global_rejects(void) {
+    graph g;
+    graph_init(&g);
+    int qkv = TENSOR(&g, "qkv", STOF_F32, 2, 5, 24);
+    int gm = TENSOR(&g, "global_mask", STOF_I32, 2, 5);
+    int wrong = TENSOR(&g, "wrong", STOF_I32, 2, 4);
+    int narrow = TENSOR(&g, "narrow", STOF_F32, 2, 5, 16);
+    int q = TENSOR(&g, "q", STOF_F32, 2, 5, 8), kv = TENSOR(&g, "kv", STOF_F32, 2, 6, 16);
+    graph_op op = attention_op(2, 4, qkv, -1);
+    op.inputs[op.n_inputs++] = wrong;
+    op.attr.attn.global_keys = 1;
+    REJECT(&g, &op, STOF_ERR_SHAPE, "global_mask 'wrong' [2, 4] must be int32 [2, 5]");
+    op.inputs[1] = gm;
+    op.inputs[op.n_inputs++] = narrow;
+    op.attr.attn.global_qkv = 1;
+    REJECT(&g, &op, STOF_ERR_SHAPE, "global_qkv 'narrow' [2, 5, 16] must be shaped as qkv");
+    op.n_inputs = 2;
+    REJECT(&g, &op, STOF_ERR_INVALID, "takes 3 inputs (qkv, global_mask, global_qkv)");
+    op.attr.attn.global_qkv = 0;
+    op.attr.attn.causal = 1;
+    REJECT(&g, &op, STOF_ERR_UNSUPPORTED, "global tokens are an encoder's");
+    op = attention_op(2, 4, q, kv);
+    op.inputs[op.n_inputs++] = gm;
+    op.attr.attn.global_keys = 1;
+    REJECT(&g, &op, STOF_ERR_UNSUPPORTED, "global tokens are an encoder's");
+    graph_free(&g);
+}
+
 static void test_padding_rejects(void) {
     graph g;
     graph_init(&g);
@@ -1541,6 +1667,8 @@ int main(void) {
     test_glu();
     test_rotary();
     test_attention_padding();
+    test_attention_global();
+    test_attention_global_rejects();
     test_padding_rejects();
     return check_summary("test_ops");
 }

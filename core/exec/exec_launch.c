@@ -597,6 +597,7 @@ static void attn_read(const graph *g, int first, mha_exec_problem *p) {
     p->scale = a->scale;
     p->relpos = a->relpos;
     p->padded = a->padded;
+    p->global_keys = a->global_keys;
     p->relpos_buckets = a->relpos_buckets;
     p->relpos_max_distance = a->relpos_max_distance;
     p->relpos_bidirectional = a->relpos_bidirectional;
@@ -676,6 +677,20 @@ static int attn_bind_store(exec_model *m, const graph_op *op, const mha_exec_pro
     return rc;
 }
 
+/* Global tokens: the global_mask, and the global rows' projections (global_qkv's, else
+ * the op's qkv). */
+static void attn_bind_global(exec_model *m, const graph_op *op, const mha_exec_problem *p,
+                             size_t elem, mha_exec_tensors *t) {
+    const int at = op_attention_global_input(&op->attr.attn);
+    t->global_mask = ptr_of(m, op->inputs[at]);
+    mha_exec_tensors g;
+    mha_exec_tensors_packed(&g, ptr_of(m, op->inputs[op->attr.attn.global_qkv ? at + 1 : 0]),
+                            t->o, p, elem);
+    t->gq = g.q;
+    t->gk = g.k;
+    t->gv = g.v;
+}
+
 static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
     const graph *g = m->plan->g;
     const graph_op *op = &g->ops[s->first];
@@ -691,6 +706,8 @@ static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof
         rt->t.attn.relpos_table = ptr_of(m, op->inputs[op->n_inputs - 1]);
     if (op->attr.attn.padded)
         rt->t.attn.pad_mask = ptr_of(m, op->inputs[1]);
+    if (op->attr.attn.global_keys)
+        attn_bind_global(m, op, p, elem, &rt->t.attn);
     return op->attr.attn.store ? attn_bind_store(m, op, p, rt, err) : STOF_OK;
 }
 

@@ -134,6 +134,11 @@ static int find_mask(const graph *g, char *why, size_t n) {
     return pad_in;
 }
 
+/* The global rows' projections of an attention with global tokens. */
+static const graph_tensor *global_qkv(const graph *g, const graph_op *op) {
+    return &g->tensors[op->inputs[op_attention_global_input(&op->attr.attn) + 1]];
+}
+
 static int attention_packs(const graph *g, const exec_segment *s, int pad_in, int64_t batch,
                            int64_t seq, char *why, size_t n) {
     const graph_op *op = &g->ops[s->first];
@@ -142,6 +147,8 @@ static int attention_packs(const graph *g, const exec_segment *s, int pad_in, in
         return refuse(why, n, "op #%d is a cross-attention or keeps a KV cache", s->first);
     if (!a->padded || op->inputs[1] != pad_in)
         return refuse(why, n, "op #%d's attention does not take the attention_mask", s->first);
+    if (a->global_qkv && row_bytes(global_qkv(g, op)) % 4)
+        return refuse(why, n, "op #%d's global_qkv rows are not whole 4-byte words", s->first);
     mha_exec_problem p;
     exec_launch_attention_problem(g, s, &p, NULL);
     if (p.batch != batch || p.q_len != seq || p.k_len != seq)
@@ -237,7 +244,8 @@ struct exec_pack {
     CUdeviceptr idx;                    /* one allocation: src, pos, valid, dst, ints */
     CUdeviceptr src, pos, valid, dst;
     CUdeviceptr scratch_in, scratch_out;
-    int64_t in_bytes, out_bytes;        /* a padded row of each scratch buffer */
+    CUdeviceptr scratch_global;         /* the attentions' padded global_qkv, when any */
+    int64_t in_bytes, out_bytes, global_bytes; /* a padded row of each scratch buffer */
     CUfunction gather16, gather4, scatter16, scatter4;
     int32_t *host_mask, *lengths;
     exec_pack_map map;                  /* the batch last selected */
@@ -254,7 +262,8 @@ static int is_attention(const exec_model *m, int s) {
     return exec_launch_is_attention(m->plan->segs[s].tmpl);
 }
 
-/* The scratch rows' sizes: every attention's input and output rows, and the output's. */
+/* The scratch rows' sizes: every attention's input and output rows (and global_qkv's), and
+ * the output's. */
 static void scratch_rows(exec_model *m, exec_pack *pk) {
     const graph *g = m->plan->g;
     pk->in_bytes = row_bytes(&g->tensors[g->output]);
@@ -263,6 +272,8 @@ static void scratch_rows(exec_model *m, exec_pack *pk) {
             const graph_op *op = &g->ops[m->plan->segs[s].first];
             pk->in_bytes = max64(pk->in_bytes, row_bytes(&g->tensors[op->inputs[0]]));
             pk->out_bytes = max64(pk->out_bytes, row_bytes(&g->tensors[op->output]));
+            if (op->attr.attn.global_qkv)
+                pk->global_bytes = max64(pk->global_bytes, row_bytes(global_qkv(g, op)));
         }
 }
 
@@ -319,8 +330,8 @@ static void variant_release(exec_model *m, pack_variant *v) {
 }
 
 static void pack_device_free(exec_model *m, exec_pack *pk) {
-    CUdeviceptr *bufs[3] = {&pk->idx, &pk->scratch_in, &pk->scratch_out};
-    for (int i = 0; i < 3; i++) {
+    CUdeviceptr *bufs[4] = {&pk->idx, &pk->scratch_in, &pk->scratch_out, &pk->scratch_global};
+    for (int i = 0; i < 4; i++) {
         if (*bufs[i])
             m->ctx->drv->MemFree(*bufs[i]);
         *bufs[i] = 0;
@@ -379,6 +390,9 @@ static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
     if (!rc)
         rc = pack_alloc(m, &pk->scratch_out, padded * (size_t)pk->out_bytes,
                         "padding-free runs: the attentions' padded outputs", err);
+    if (!rc && pk->global_bytes)
+        rc = pack_alloc(m, &pk->scratch_global, padded * (size_t)pk->global_bytes,
+                        "padding-free runs: the attentions' padded global projections", err);
     if (!rc)
         rc = load_kernels(m, pk, err);
     if (rc) {
@@ -435,6 +449,17 @@ static void attention_variant(exec_model *m, const exec_pack *pk, int s, exec_se
                             stof_dtype_size(p->dtype));
     r->t.attn.relpos_table = base->t.attn.relpos_table;
     r->t.attn.pad_mask = base->t.attn.pad_mask;
+    if (p->global_keys) { /* the padded global_mask; global_qkv scattered to its own scratch */
+        const graph_op *op = &m->plan->g->ops[m->plan->segs[s].first];
+        mha_exec_tensors gt;
+        mha_exec_tensors_packed(&gt, op->attr.attn.global_qkv ? pk->scratch_global
+                                                                : pk->scratch_in,
+                                pk->scratch_out, p, stof_dtype_size(p->dtype));
+        r->t.attn.global_mask = base->t.attn.global_mask;
+        r->t.attn.gq = gt.q;
+        r->t.attn.gk = gt.k;
+        r->t.attn.gv = gt.v;
+    }
 }
 
 static int variant_build(exec_model *m, exec_pack *pk, pack_variant *v, int64_t rows,
@@ -590,6 +615,11 @@ static int launch_attention(exec_model *m, int s, const exec_seg_rt *r, CUstream
     const int64_t rows = pk->active->rows;
     int rc = move_rows(m, 1, pk->scratch_in, m->ptr[op->inputs[0]], pk->src, rows,
                        row_bytes(&g->tensors[op->inputs[0]]), st, err);
+    if (!rc && op->attr.attn.global_qkv) {
+        const int gin = op->inputs[op_attention_global_input(&op->attr.attn) + 1];
+        rc = move_rows(m, 1, pk->scratch_global, m->ptr[gin], pk->src, rows,
+                       row_bytes(&g->tensors[gin]), st, err);
+    }
     if (!rc)
         rc = r->launcher->launch(m, r, st, err);
     if (!rc)

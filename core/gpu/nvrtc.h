@@ -39,7 +39,7 @@ typedef struct nvrtc_source_stats {
     double compile_s;
 } nvrtc_source_stats;
 
-#define NVRTC_MAX_SOURCES 16
+#define NVRTC_MAX_SOURCES 24
 
 typedef struct nvrtc_cache {
     char dir[1024];      /* on-disk folder; empty = memory only */

@@ -102,6 +102,12 @@ typedef enum op_kind {
  * i >= len_b are zeros, len_b the row's count of ones.
  * Optional last input: T5 relative position bias table [buckets, H]; the
  * score bias for (i, j) is table[bucket(j - i), h].
+ * Global tokens (self-attention, not causal, no relpos, no KV cache; Longformer's): a
+ * global_mask [B, S] int32 after the attention_mask (or after qkv), 1 = a global token (one
+ * past a row's length is padding, as transformers merges the two masks), then optionally
+ * global_qkv, laid out and shaped as qkv. Every query also attends every global key (besides
+ * the keys its mask allows); a global query attends every key of its sequence, with
+ * global_qkv's Q, K and V when given, else qkv's.
  * Output: [B, Sq, H*D]. */
 typedef struct op_attention {
     int heads;
@@ -128,7 +134,14 @@ typedef struct op_attention {
      * (right padded by the attention_mask) go to the cache, row s at slot s % slots. The op
      * table's CPU reference computes the output only; the executor writes the cache. */
     int store;
+    int global_keys;    /* 1 when the global_mask input is present (after the attention_mask) */
+    int global_qkv;     /* 1 when the global rows' own projections follow the global_mask */
 } op_attention;
+
+/* Where the global_mask and global_qkv inputs of a global-token attention sit. */
+static inline int op_attention_global_input(const op_attention *a) {
+    return 1 + (a->padded ? 1 : 0);
+}
 
 /* The attention's K/V head count (kv_heads, or heads when 0). */
 static inline int op_attention_kv_heads(const op_attention *a) {

@@ -288,10 +288,28 @@ static int luaapi_attention_mask(lua_State *L, int opts, const graph_op *op) {
     return id;
 }
 
+/* global = the global_mask input, global_qkv = the global rows' projections (optional):
+ * Longformer's global tokens. The op's checks say what may not go with them. */
+static void luaapi_attention_global(lua_State *L, int opts, graph_op *op) {
+    int global = luaapi_opt_tensor(L, opts, "global", "attention");
+    int gqkv = luaapi_opt_tensor(L, opts, "global_qkv", "attention");
+    if (gqkv >= 0 && global < 0)
+        luaL_error(L, "attention: global_qkv needs global = the global_mask input");
+    if (global < 0)
+        return;
+    op->attr.attn.global_keys = 1;
+    op->inputs[op->n_inputs++] = global;
+    if (gqkv >= 0) {
+        op->attr.attn.global_qkv = 1;
+        op->inputs[op->n_inputs++] = gqkv;
+    }
+}
+
 /* m:attention(qkv, opts) or m:attention(q, kv, opts) (cross-attention). */
 static int luaapi_attention(lua_State *L) {
     static const char *const allowed[] = {"heads", "head_dim", "kv_heads", "mask", "causal",
-                                          "scale", "relpos", "padding", "name", NULL};
+                                          "scale", "relpos", "padding", "global",
+                                          "global_qkv", "name", NULL};
     luaapi_self(L);
     graph_op op;
     int cross = luaapi_is_tensor(L, 3);
@@ -321,6 +339,7 @@ static int luaapi_attention(lua_State *L) {
         a->padded = 1;
         op.inputs[op.n_inputs++] = padding;
     }
+    luaapi_attention_global(L, opts, &op);
     luaapi_relpos(L, opts, &op);
     a->mask = luaapi_attention_mask(L, opts, &op);
     return luaapi_op_push(L, &op);

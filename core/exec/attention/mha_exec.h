@@ -50,6 +50,11 @@ typedef struct mha_exec_problem {
     /* Grouped-query attention: K and V have kv_heads heads (dividing heads), query head h
      * reads K/V head h / (heads / kv_heads). 0: heads. */
     int kv_heads;
+    /* Global tokens (self-attention; Longformer's): a global_mask [batch, q_len] int32 comes
+     * with every run (mha_exec_tensors.global_mask); every query also attends the global
+     * keys, and a global query attends every key with the global projections
+     * (mha_exec_tensors.gq, gk, gv): see kernels/attention_global_abi.cuh. */
+    int global_keys;
 } mha_exec_problem;
 
 /* The problem's K/V head count (kv_heads, or heads when 0). */
@@ -91,6 +96,8 @@ typedef struct mha_exec_config {
                                             accelerator (-DTMA=1; sm_90 and later, head_dim a
                                             multiple of 64, with wgmma 64), one thread
                                             issuing each tile, instead of cp.async by all */
+    int lse;                             /* -DLSE=1: each row's log-sum-exp too (set by the
+                                            plan for global tokens under a mask) */
 } mha_exec_config;
 
 /* The arch a configuration compiles for on a device of `arch`: the wgmma
@@ -344,6 +351,12 @@ typedef struct mha_exec_plan {
     CUdeviceptr d_relpos_bucket;
     CUdeviceptr d_work_ptr, d_work, d_split_ptr, d_splits; /* the work list */
     CUdeviceptr d_workspace;   /* partial O, then (m, l): reused by every run */
+    /* global tokens (problem.global_keys): attention_global.cu's kernels, the index of the
+     * global tokens and the rows' log-sum-exp (one allocation), and, when the mask leaves
+     * keys out (config.lse), its bits for the merge of the global keys */
+    CUfunction global_index, global_merge, global_rows;
+    CUdeviceptr d_global_index, d_lse, d_mask_bits;
+    int mask_words;
 } mha_exec_plan;
 
 /* Validates, folds, selects (unless forced), builds and uploads the format,
@@ -379,6 +392,9 @@ typedef struct mha_exec_tensors {
     int64_t o_batch_stride, o_row_stride;
     CUdeviceptr relpos_table; /* [buckets][heads] in the dtype, when relpos */
     CUdeviceptr pad_mask;     /* int32 [batch, q_len], when padded */
+    CUdeviceptr global_mask;  /* int32 [batch, q_len], when global_keys */
+    CUdeviceptr gq, gk, gv;   /* the global rows' Q, K, V (the strides of q, k, v): a
+                                 global_qkv's, else q, k, v */
 } mha_exec_tensors;
 
 /* Self-attention on the QKV GEMM's output qkv [B, S, 3, H, D], o [B, S, H*D]. */

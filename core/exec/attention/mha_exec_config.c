@@ -95,6 +95,10 @@ int mha_exec_validate(const mha_exec_problem *p, stof_error *err) {
     if (!isfinite(p->scale))
         return err_set(err, STOF_ERR_INVALID, "attention: scale %g is not finite",
                        (double)p->scale);
+    if (p->global_keys && p->q_len != p->k_len)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "attention: global tokens are a "
+                       "self-attention's (q_len = k_len), not %d queries of %d keys", p->q_len,
+                       p->k_len);
     if (p->padded && p->q_len != p->k_len)
         return err_set(err, STOF_ERR_UNSUPPORTED, "attention: an attention_mask pads "
                        "self-attention (q_len = k_len), not %d queries of %d keys", p->q_len,
@@ -367,6 +371,8 @@ void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const 
     snprintf(r->opts[n++], sizeof r->opts[0], "-DHAS_RELPOS=%d", c->relpos ? 1 : 0);
     if (c->padded) /* absent otherwise: unpadded builds keep their cache keys */
         snprintf(r->opts[n++], sizeof r->opts[0], "-DPADDING=1");
+    if (c->lse) /* likewise */
+        snprintf(r->opts[n++], sizeof r->opts[0], "-DLSE=1");
     if (c->kernel == MHA_KERNEL_BLOCK_WISE) {
         snprintf(r->opts[n++], sizeof r->opts[0], "-DBLOCK_M=%d", c->block_m);
         snprintf(r->opts[n++], sizeof r->opts[0], "-DBLOCK_N=%d", c->block_n);

@@ -46,6 +46,25 @@ int mha_wisdom_lookup(const mha_exec_ctx *c, const mha_exec_problem *p, const ma
                       mha_exec_force *f);
 void mha_wisdom_record(const mha_exec_ctx *c, const mha_exec_problem *p, const mask *folded,
                        const mha_exec_config *cfg, float ms);
+/* Device copy of n bytes (at least 16 allocated, so that an empty array is a valid
+ * pointer); *d is 0 on failure. */
+int mha_upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err);
+/* The plan's own kernel (and its split rows' combine) on t: mha_exec_run without the
+ * global tokens' kernels (what a measurement times). */
+int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+                 CUstream s, stof_error *err);
+/* Global tokens (mha_exec_global.c): the index and log-sum-exp workspace, the mask's bits
+ * when config.lse, the kernels of attention_global.cu. After the main kernel's setup. */
+int mha_global_prepare(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
+                       stof_error *err);
+/* The global kernels around the main kernel's launch (launch_main): the index, then the
+ * main kernel, then the merge of the global keys (config.lse) and the global rows. */
+int mha_global_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+                   CUstream s, int (*launch_main)(mha_exec_ctx *, const mha_exec_plan *,
+                                                  const mha_exec_tensors *, CUstream,
+                                                  stof_error *),
+                   stof_error *err);
+
 /* Loaded blocks of block row i of batch b in the BSR load list. */
 int mha_bsr_row_len(const mask_bsr *f, int b, int i);
 

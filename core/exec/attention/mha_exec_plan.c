@@ -16,9 +16,7 @@
 
 /* ---- uploading the format -------------------------------------------------------------- */
 
-/* Device copy of n bytes (at least 16 are allocated, so empty arrays still
- * give a valid pointer). */
-static int upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err) {
+int mha_upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err) {
     int rc = cuda_check(c->drv, c->drv->MemAlloc(d, n < 16 ? 16 : n), "cuMemAlloc", err);
     if (rc) {
         *d = 0;
@@ -84,10 +82,10 @@ static int upload_split(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
     plan->workspace_ml_offset =
         plan->workspace_bytes / ((size_t)cfg->head_dim + 2) * (size_t)cfg->head_dim;
     size_t ptrs = ((size_t)s->fmt_batch + 1) * sizeof(int32_t);
-    if (!(rc = upload(c, &plan->d_work_ptr, s->work_ptr, ptrs, err)) &&
-        !(rc = upload(c, &plan->d_work, s->work, (size_t)s->n_items * sizeof *s->work, err)) &&
-        !(rc = upload(c, &plan->d_split_ptr, s->split_ptr, ptrs, err)) &&
-        !(rc = upload(c, &plan->d_splits, s->splits, (size_t)s->n_split_rows * sizeof *s->splits,
+    if (!(rc = mha_upload(c, &plan->d_work_ptr, s->work_ptr, ptrs, err)) &&
+        !(rc = mha_upload(c, &plan->d_work, s->work, (size_t)s->n_items * sizeof *s->work, err)) &&
+        !(rc = mha_upload(c, &plan->d_split_ptr, s->split_ptr, ptrs, err)) &&
+        !(rc = mha_upload(c, &plan->d_splits, s->splits, (size_t)s->n_split_rows * sizeof *s->splits,
                       err)))
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_workspace, plan->workspace_bytes),
                         "cuMemAlloc(attention split workspace)", err);
@@ -107,11 +105,11 @@ static int upload_bitmaps(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *
                           stof_error *err) {
     size_t bytes = (size_t)f->bitmap_words * sizeof(uint32_t);
     if (f->n_part_masks > 0)
-        return upload(c, &plan->d_bitmaps, f->part_masks, bytes * (size_t)f->n_part_masks, err);
+        return mha_upload(c, &plan->d_bitmaps, f->part_masks, bytes * (size_t)f->n_part_masks, err);
     uint32_t *zeros = err_calloc((size_t)f->bitmap_words, sizeof *zeros, err);
     if (!zeros)
         return STOF_ERR_NOMEM;
-    int rc = upload(c, &plan->d_bitmaps, zeros, bytes, err);
+    int rc = mha_upload(c, &plan->d_bitmaps, zeros, bytes, err);
     free(zeros);
     return rc;
 }
@@ -128,10 +126,10 @@ static int upload_bsr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     plan->n_partial_blocks = f->n_part;
     plan->n_bitmaps = f->n_part_masks;
     size_t ptrs = (size_t)f->batch * (f->n_block_rows + 1);
-    if (!(rc = upload(c, &plan->d_row_ptr, f->load_row_ptr, ptrs * sizeof(int32_t), err)) &&
-        !(rc = upload(c, &plan->d_col_idx, f->load_col_idx, (size_t)f->n_load * sizeof(int32_t),
+    if (!(rc = mha_upload(c, &plan->d_row_ptr, f->load_row_ptr, ptrs * sizeof(int32_t), err)) &&
+        !(rc = mha_upload(c, &plan->d_col_idx, f->load_col_idx, (size_t)f->n_load * sizeof(int32_t),
                       err)) &&
-        !(rc = upload(c, &plan->d_mask_idx, f->load_mask_idx,
+        !(rc = mha_upload(c, &plan->d_mask_idx, f->load_mask_idx,
                       (size_t)f->n_load * sizeof(int32_t), err)))
         rc = upload_bitmaps(c, plan, f, err);
     if (!rc)
@@ -148,8 +146,8 @@ static int upload_csr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
         return rc;
     plan->fmt_batch = f->batch;
     size_t ptrs = (size_t)f->batch * (f->q_len + 1);
-    if (!(rc = upload(c, &plan->d_row_ptr, f->row_ptr, ptrs * sizeof(int64_t), err)))
-        rc = upload(c, &plan->d_col_idx, f->col_idx, (size_t)f->nnz * sizeof(int32_t), err);
+    if (!(rc = mha_upload(c, &plan->d_row_ptr, f->row_ptr, ptrs * sizeof(int64_t), err)))
+        rc = mha_upload(c, &plan->d_col_idx, f->col_idx, (size_t)f->nnz * sizeof(int32_t), err);
     mask_format_csr_free(f);
     return rc;
 }
@@ -168,7 +166,7 @@ static int upload_buckets(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err)
     mha_relpos_far_runs(p, &first_end, &last_start);
     bucket[n] = (int32_t)first_end;
     bucket[n + 1] = (int32_t)last_start;
-    int rc = upload(c, &plan->d_relpos_bucket, bucket, (n + 2) * sizeof *bucket, err);
+    int rc = mha_upload(c, &plan->d_relpos_bucket, bucket, (n + 2) * sizeof *bucket, err);
     free(bucket);
     return rc;
 }
@@ -232,13 +230,18 @@ int mha_plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     if (rc)
         return rc;
     set_launch_shape(plan);
+    /* global keys the mask leaves out are merged in through each row's log-sum-exp */
+    const mha_exec_problem *p = &plan->problem;
+    plan->config.lse = p->global_keys &&
+                       plan->allowed_pairs < (int64_t)p->batch * p->q_len * p->k_len;
     mha_exec_request r;
     mha_exec_request_init(&r, &plan->config, c->arch);
-    return mha_get_function(c, &r,
-                            plan->config.kernel == MHA_KERNEL_BLOCK_WISE ? STOF_ATTN_BLOCK_KERNEL
-                                                                         : STOF_ATTN_ROW_KERNEL,
-                            plan->smem, &plan->func, plan->config.split ? &plan->combine : NULL,
-                            err);
+    rc = mha_get_function(c, &r,
+                          plan->config.kernel == MHA_KERNEL_BLOCK_WISE ? STOF_ATTN_BLOCK_KERNEL
+                                                                       : STOF_ATTN_ROW_KERNEL,
+                          plan->smem, &plan->func, plan->config.split ? &plan->combine : NULL,
+                          err);
+    return rc || !p->global_keys ? rc : mha_global_prepare(c, plan, folded, err);
 }
 
 /* A new plan: a copy of base (problem, mask statistics, arch), no
@@ -323,7 +326,7 @@ void mha_exec_plan_free(mha_exec_ctx *c, mha_exec_plan *plan) {
     CUdeviceptr ptrs[] = {plan->d_row_ptr,  plan->d_col_idx,        plan->d_mask_idx,
                           plan->d_bitmaps,  plan->d_relpos_bucket,  plan->d_work_ptr,
                           plan->d_work,     plan->d_split_ptr,      plan->d_splits,
-                          plan->d_workspace};
+                          plan->d_workspace, plan->d_global_index, plan->d_mask_bits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i])
             c->drv->MemFree(ptrs[i]);

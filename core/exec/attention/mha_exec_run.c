@@ -83,6 +83,7 @@ void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
     }
     a->relpos_table = (const void *)(uintptr_t)t->relpos_table;
     a->pad_mask = (const stof_i32 *)(uintptr_t)t->pad_mask;
+    a->lse = plan->config.lse ? (float *)(uintptr_t)plan->d_lse : NULL;
     a->relpos_bucket = (const stof_i32 *)(uintptr_t)plan->d_relpos_bucket;
     a->q_len = p->q_len;
     a->k_len = p->k_len;
@@ -141,7 +142,7 @@ static int encode_kv_map(const cuda_driver *drv, const mha_exec_plan *plan, cons
     return STOF_OK;
 }
 
-int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
                  CUstream s, stof_error *err) {
     int rc;
     if ((rc = check_tensor("q", t->q, t->q_batch_stride, t->q_row_stride, err)) ||
@@ -170,4 +171,10 @@ int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
         return rc;
     return cuda_launch(c->drv, plan->combine, plan->combine_grid, plan->combine_block, 0, s,
                        params, c->pdl, "cuLaunchKernel(attention combine)", err);
+}
+
+int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+                 CUstream s, stof_error *err) {
+    return plan->problem.global_keys ? mha_global_run(c, plan, t, s, mha_run_main, err)
+                                     : mha_run_main(c, plan, t, s, err);
 }

@@ -50,12 +50,12 @@ def build(name, max_seq, work):
     return model, cfg, d
 
 
-def torch_ms(model, ids, variant, args):
+def torch_ms(model, ids, variant, args, **inputs):
     import torch
     torch._dynamo.reset()
 
     def eager():
-        return model(input_ids=ids).last_hidden_state
+        return model(input_ids=ids, **inputs).last_hidden_state
 
     fn = eager
     if variant == "compile":
@@ -75,16 +75,25 @@ def torch_ms(model, ids, variant, args):
     return ms, first, out
 
 
+def global_mask(args, name, batch, seq):
+    """Longformer's global tokens (--global-tokens), given to both sides, or None."""
+    if not (args.global_tokens and name.startswith("longformer")):
+        return None
+    return sc.global_tokens(batch, seq, args.global_tokens, seed=13)
+
+
 def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
     import torch
     row = {"model": name, "batch": batch, "seq": seq}
     ids = sc.random_ids(cfg.vocab_size - 3, batch, seq, seed=5) + 3
     ids_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-ids.safetensors")
-    sc.save_inputs(ids_path, ids)
+    gm = global_mask(args, name, batch, seq)
+    sc.save_inputs(ids_path, ids, global_attention_mask=gm)
+    kw = {} if gm is None else {"global_attention_mask": gm.cuda()}
     ref = None
     for v in args.variants.split(","):
         try:
-            ms, first, out = torch_ms(model, ids.cuda(), v, args)
+            ms, first, out = torch_ms(model, ids.cuda(), v, args, **kw)
             row[v] = ms
             row[v + "_first_s"] = first
             ref = out if v == "eager" else ref
@@ -94,9 +103,11 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
             log(f"  {name} ({batch}, {seq}) {v}: ERROR {str(e).splitlines()[0][:200]}")
         torch.cuda.empty_cache()
     sets = ["--set", f"batch={batch}", "--set", f"seq={seq}", "--set", "dtype=fp16"]
+    for extra in args.stof_set:
+        sets += ["--set", extra]
     log_path = os.path.join(args.work_dir, "stof.log")
     try:
-        r = sc.stof_run(stof, d, sets, args.reps, 600, log_path)
+        r = sc.stof_run(stof, d, sets + sc.io_args(inputs=ids_path), args.reps, 600, log_path)
         row["stof-default"] = r["graph_ms"]
         log(f"  {name} ({batch}, {seq}) stof default {r['graph_ms']:8.3f} ms")
         plan = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-plan.json")
@@ -135,7 +146,9 @@ def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, l
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
         pad_ids = torch.where(mask.bool(), ids, torch.full_like(ids, cfg.pad_token_id or 0))
     pad_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-padded-{draw}.safetensors")
-    sc.save_inputs(pad_path, pad_ids, attention_mask=mask)
+    gm = global_mask(args, name, batch, seq)
+    sc.save_inputs(pad_path, pad_ids, attention_mask=mask, global_attention_mask=gm)
+    kw = {} if gm is None else {"global_attention_mask": gm.cuda()}
     key = f"-{draw}"
     row["stof-padded" + key] = sc.stof_run(stof, plan, sc.io_args(inputs=pad_path), args.reps,
                                            600, log_path)["graph_ms"]
@@ -149,7 +162,7 @@ def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, l
     with torch.no_grad():
         am = mask.cuda()
         row["eager-padded" + key] = sc.time_ms(
-            lambda: model(input_ids=pad_ids.cuda(), attention_mask=am).last_hidden_state,
+            lambda: model(input_ids=pad_ids.cuda(), attention_mask=am, **kw).last_hidden_state,
             3, args.reps)
     full = row["stof-tuned"]
     log(f"  {name} ({batch}, {seq}) padded, {draw} lengths ({row['tokens' + key]:.0%} tokens): "
@@ -171,7 +184,11 @@ def report(rows, args, stof):
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; fp16, random weights, transformers with SDPA (Longformer: "
             f"its own attention, no SDPA there); "
-            f"median of {args.reps} runs, ms; stof tuned for {args.tune_time:g} s a shape.")
+            f"median of {args.reps} runs, ms; stof tuned for {args.tune_time:g} s a shape"
+            + (f"; Longformer with {args.global_tokens} global tokens a sequence"
+               if args.global_tokens else "")
+            + (f"; stof with --set {', --set '.join(args.stof_set)}" if args.stof_set else "")
+            + ".")
     pad = [f"{w} {d}" for d in ("random", "quantiles")
            for w in ("stof padded", "padded / full", "padded pass / full", "eager padded")
            ] if args.padded else []
@@ -207,6 +224,10 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--padded", action="store_true",
                     help="also a padded batch through the same tuned plan")
+    ap.add_argument("--global-tokens", type=int, default=0,
+                    help="Longformer: this many global tokens a sequence, given to both")
+    ap.add_argument("--stof-set", action="append", default=[],
+                    help="a further --set for stof's runs and tuning (e.g. global=false)")
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_speed.md"))
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "hf_speed"))
     args = ap.parse_args()

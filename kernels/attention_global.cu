@@ -81,17 +81,22 @@ stof_attention_global_index(const stof_attn_global_args a) {
     if (threadIdx.x == kIndexThreads - 1) index[0] = at;  // the last run ends the list
 }
 
-// Step 3: warp w of block x takes rows (x kWarps + w) kRowsPerWarp + r of head h.
+// Step 3: warp w of block x takes the kRowsPerWarp consecutive rows from
+// (x kWarps + w) kRowsPerWarp of head h, all at once: one K row a lane
+// scores every row of the group (dot_key), and one V row load serves them
+// all in the P V sum. A row past the sequence or of a global token is
+// carried along but not stored (step 4 writes a global row).
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_global_keys(const stof_attn_global_args a) {
     stof::grid_dependency_begin();
-    __shared__ __align__(16) float s_query[kWarps][HEAD_DIM];
+    __shared__ __align__(16) float s_query[kWarps][kRowsPerWarp * HEAD_DIM];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y, b = blockIdx.z;
     const stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
     const int n_global = __ldg(index);
-    if (n_global == 0) return;
     const int len = sequence_length(a, b);
+    const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
+    if (n_global == 0 || row0 >= len) return;
     const stof_i32 *gm = a.global_mask + (long long)b * a.q_len;
     const long long head = (long long)(h / a.kv_group) * HEAD_DIM;
     const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.batch_stride + head;
@@ -99,46 +104,91 @@ stof_attention_global_keys(const stof_attn_global_args a) {
     const float *lse = a.lse + ((long long)b * a.heads + h) * a.q_len;
     const stof_u64 *bits = a.mask_bits + (long long)(a.fmt_batch == 1 ? 0 : b) * a.q_len * a.words;
     float *sq = s_query[warp];
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int row = (blockIdx.x * kWarps + warp) * kRowsPerWarp + r;
-        if (row >= len) break;                 // padded rows stay zeros (warp-uniform)
-        if (__ldg(gm + row) != 0) continue;    // a global row: step 4 writes it
-        const stof_u64 *allowed = bits + (long long)row * a.words;
-        elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
-                      h * HEAD_DIM;
-        float m = __ldg(lse + row), l = m == STOF_NEG_INF ? 0.0f : 1.0f;
-        float2 acc[kPairRounds];
+    elem_t *out[kRowsPerWarp];
+    const stof_u64 *allowed[kRowsPerWarp];
+    bool live[kRowsPerWarp], added[kRowsPerWarp];
+    float m[kRowsPerWarp], l[kRowsPerWarp];
+    float2 acc[kRowsPerWarp][kPairRounds];
+    // each row starts from the window's softmax, as one chunk: (m = L, l = 1, O)
+#pragma unroll
+    for (int g = 0; g < kRowsPerWarp; ++g) {
+        const int row = min(row0 + g, len - 1);  // rows past the sequence: a stand-in, not stored
+        live[g] = row0 + g < len && __ldg(gm + row) == 0;
+        added[g] = false;
+        allowed[g] = bits + (long long)row * a.words;
+        out[g] = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
+                 h * HEAD_DIM;
+        m[g] = __ldg(lse + row);
+        l[g] = m[g] == STOF_NEG_INF ? 0.0f : 1.0f;
 #pragma unroll
         for (int i = 0; i < kPairRounds; ++i) {
             const int pair = lane + 32 * i;
-            acc[i] = pair < kPairs && l > 0.0f
-                         ? unpack2<elem_t>(*reinterpret_cast<const unsigned *>(out + 2 * pair))
-                         : make_float2(0.0f, 0.0f);
+            acc[g][i] = pair < kPairs && l[g] > 0.0f
+                            ? unpack2<elem_t>(*reinterpret_cast<const unsigned *>(out[g] + 2 * pair))
+                            : make_float2(0.0f, 0.0f);
         }
-        load_query(sq, static_cast<const elem_t *>(a.q) + b * a.batch_stride +
-                           row * a.row_stride + h * HEAD_DIM, lane);
-        bool added = false;
-        for (int c0 = 0; c0 < n_global; c0 += 32) {
-            const int n = min(32, n_global - c0);
-            const int col = lane < n ? __ldg(index + 1 + c0 + lane) : 0;
-            const bool take = lane < n && !((__ldg(allowed + (col >> 6)) >> (col & 63)) & 1ull);
-            if (!__any_sync(0xffffffffu, take)) continue;  // the window had them all
-            const float s = take ? dot_row(sq, k + col * a.row_stride) * a.scale_log2
-                                 : STOF_NEG_INF;
-            const float p = chunk_softmax(s, m, l, acc);
-            chunk_pv(acc, v, a.row_stride, p, col, n, lane);
-            added = true;
-        }
-        if (added) store_row(out, acc, l, lane);
-        __syncwarp();  // the next row's query overwrites sq
+        load_query(sq + g * HEAD_DIM, static_cast<const elem_t *>(a.q) + b * a.batch_stride +
+                                          row * a.row_stride + h * HEAD_DIM, lane);
     }
+    for (int c0 = 0; c0 < n_global; c0 += 32) {
+        const int n = min(32, n_global - c0);
+        const int col = lane < n ? __ldg(index + 1 + c0 + lane) : 0;
+        bool take[kRowsPerWarp], any = false;
+#pragma unroll
+        for (int g = 0; g < kRowsPerWarp; ++g) {
+            take[g] = live[g] && lane < n &&
+                      !((__ldg(allowed[g] + (col >> 6)) >> (col & 63)) & 1ull);
+            any = any || __any_sync(0xffffffffu, take[g]);
+        }
+        if (!any) continue;  // the windows had them all
+        float s[kRowsPerWarp];
+#pragma unroll
+        for (int g = 0; g < kRowsPerWarp; ++g) s[g] = 0.0f;
+        dot_key<elem_t, HEAD_DIM, kRowsPerWarp>(sq, k + col * a.row_stride, s);
+        float p[kRowsPerWarp];
+#pragma unroll
+        for (int g = 0; g < kRowsPerWarp; ++g) {
+            p[g] = chunk_softmax(take[g] ? s[g] * a.scale_log2 : STOF_NEG_INF, m[g], l[g], acc[g]);
+            added[g] = added[g] || __any_sync(0xffffffffu, take[g]);
+        }
+#pragma unroll 2
+        for (int jj = 0; jj < n; ++jj) {
+            const int cj = __shfl_sync(0xffffffffu, col, jj);
+            const elem_t *vrow = v + cj * a.row_stride;
+#pragma unroll
+            for (int i = 0; i < kPairRounds; ++i) {
+                const int pair = lane + 32 * i;
+                const float2 x = pair < kPairs ? unpack2<elem_t>(__ldg(
+                                                     reinterpret_cast<const unsigned *>(vrow + 2 * pair)))
+                                               : make_float2(0.0f, 0.0f);
+#pragma unroll
+                for (int g = 0; g < kRowsPerWarp; ++g) {
+                    const float pj = __shfl_sync(0xffffffffu, p[g], jj);
+                    acc[g][i].x = fmaf(pj, x.x, acc[g][i].x);
+                    acc[g][i].y = fmaf(pj, x.y, acc[g][i].y);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < kRowsPerWarp; ++g)
+        if (added[g]) store_row(out[g], acc[g], l[g], lane);
 }
 
-// Step 4: the warps of the grid's x blocks of (h, b) share out the global rows.
-extern "C" __global__ void __launch_bounds__(kWarps * 32)
+// Step 4: block x of (h, b) takes the groups of kGroup global rows x, x + gridDim.x, ...
+// Its warps share out the keys (chunks of 32, warp w from 32 w on, kRowsWarps chunks apart);
+// each scores a chunk against every row of the group from one K row load a lane (dot_key),
+// and one V row load serves every row's P V, so that the group reads K and V once. The
+// warps' online softmaxes are merged through shared memory.
+constexpr int kRowsWarps = STOF_ATTN_GLOBAL_ROW_WARPS;
+constexpr int kGroup = STOF_ATTN_GLOBAL_ROW_GROUP;
+
+extern "C" __global__ void __launch_bounds__(kRowsWarps * 32)
 stof_attention_global_rows(const stof_attn_global_args a) {
     stof::grid_dependency_begin();
-    __shared__ __align__(16) float s_query[kWarps][HEAD_DIM];
+    __shared__ __align__(16) float s_query[kGroup * HEAD_DIM];
+    __shared__ __align__(16) float s_acc[kRowsWarps][kGroup][HEAD_DIM];
+    __shared__ float s_m[kRowsWarps][kGroup], s_l[kRowsWarps][kGroup];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y, b = blockIdx.z;
     const stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
@@ -147,25 +197,94 @@ stof_attention_global_rows(const stof_attn_global_args a) {
     const long long head = (long long)(h / a.kv_group) * HEAD_DIM;
     const elem_t *k = static_cast<const elem_t *>(a.gk) + b * a.batch_stride + head;
     const elem_t *v = static_cast<const elem_t *>(a.gv) + b * a.batch_stride + head;
-    float *sq = s_query[warp];
-    for (int t = blockIdx.x * kWarps + warp; t < n_global; t += gridDim.x * kWarps) {
-        const int row = __ldg(index + 1 + t);
-        load_query(sq, static_cast<const elem_t *>(a.gq) + b * a.batch_stride +
-                           row * a.row_stride + h * HEAD_DIM, lane);
-        float m = STOF_NEG_INF, l = 0.0f;
-        float2 acc[kPairRounds];
-#pragma unroll
-        for (int i = 0; i < kPairRounds; ++i) acc[i] = make_float2(0.0f, 0.0f);
-        for (int c0 = 0; c0 < len; c0 += 32) {
-            const int n = min(32, len - c0), col = c0 + (lane < n ? lane : 0);
-            const float s = lane < n ? dot_row(sq, k + col * a.row_stride) * a.scale_log2
-                                     : STOF_NEG_INF;
-            const float p = chunk_softmax(s, m, l, acc);
-            chunk_pv(acc, v, a.row_stride, p, col, n, lane);
+    for (int t0 = blockIdx.x * kGroup; t0 < n_global; t0 += gridDim.x * kGroup) {
+        const int rows = min(kGroup, n_global - t0);
+        // the group's queries (rows past it: zeros, computed and dropped)
+        for (int g = warp; g < kGroup; g += kRowsWarps) {
+            if (g < rows)
+                load_query(s_query + g * HEAD_DIM,
+                           static_cast<const elem_t *>(a.gq) + b * a.batch_stride +
+                               __ldg(index + 1 + t0 + g) * a.row_stride + h * HEAD_DIM,
+                           lane);
+            else
+                for (int d = lane; d < HEAD_DIM; d += 32) s_query[g * HEAD_DIM + d] = 0.0f;
         }
-        store_row(static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
-                      h * HEAD_DIM,
-                  acc, l, lane);
-        __syncwarp();
+        __syncthreads();
+        float m[kGroup], l[kGroup];
+        float2 acc[kGroup][kPairRounds];
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+            m[g] = STOF_NEG_INF;
+            l[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kPairRounds; ++i) acc[g][i] = make_float2(0.0f, 0.0f);
+        }
+        for (int c0 = 32 * warp; c0 < len; c0 += 32 * kRowsWarps) {
+            const int n = min(32, len - c0), col = c0 + (lane < n ? lane : 0);
+            float s[kGroup];
+#pragma unroll
+            for (int g = 0; g < kGroup; ++g) s[g] = 0.0f;
+            dot_key<elem_t, HEAD_DIM, kGroup>(s_query, k + col * a.row_stride, s);
+            float p[kGroup];
+#pragma unroll
+            for (int g = 0; g < kGroup; ++g)
+                p[g] = chunk_softmax(lane < n ? s[g] * a.scale_log2 : STOF_NEG_INF, m[g], l[g],
+                                     acc[g]);
+#pragma unroll 2
+            for (int jj = 0; jj < n; ++jj) {
+                const elem_t *vrow = v + (c0 + jj) * a.row_stride;
+#pragma unroll
+                for (int i = 0; i < kPairRounds; ++i) {
+                    const int pair = lane + 32 * i;
+                    const float2 x = pair < kPairs
+                                         ? unpack2<elem_t>(__ldg(reinterpret_cast<const unsigned *>(
+                                               vrow + 2 * pair)))
+                                         : make_float2(0.0f, 0.0f);
+#pragma unroll
+                    for (int g = 0; g < kGroup; ++g) {
+                        const float pj = __shfl_sync(0xffffffffu, p[g], jj);
+                        acc[g][i].x = fmaf(pj, x.x, acc[g][i].x);
+                        acc[g][i].y = fmaf(pj, x.y, acc[g][i].y);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+            for (int i = 0; i < kPairRounds; ++i) {
+                const int pair = lane + 32 * i;
+                if (pair < kPairs) {
+                    s_acc[warp][g][2 * pair] = acc[g][i].x;
+                    s_acc[warp][g][2 * pair + 1] = acc[g][i].y;
+                }
+            }
+            if (lane == 0) {
+                s_m[warp][g] = m[g];
+                s_l[warp][g] = l[g];
+            }
+        }
+        __syncthreads();
+        // row g: O = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w
+        for (int idx = threadIdx.x; idx < rows * kPairs; idx += blockDim.x) {
+            const int g = idx / kPairs, pair = idx % kPairs;
+            float mx = STOF_NEG_INF;
+#pragma unroll
+            for (int w = 0; w < kRowsWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+            float x = 0.0f, y = 0.0f, sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kRowsWarps; ++w) {
+                const float wgt = s_m[w][g] == STOF_NEG_INF ? 0.0f : exp2f(s_m[w][g] - mx);
+                sum = fmaf(wgt, s_l[w][g], sum);
+                x = fmaf(wgt, s_acc[w][g][2 * pair], x);
+                y = fmaf(wgt, s_acc[w][g][2 * pair + 1], y);
+            }
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const int row = __ldg(index + 1 + t0 + g);
+            *reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.o) + b * a.o_batch_stride +
+                                          row * a.o_row_stride + h * HEAD_DIM + 2 * pair) =
+                pack2<elem_t>(x * inv, y * inv);
+        }
+        __syncthreads();  // the next group's queries and partials overwrite these
     }
 }

@@ -12,8 +12,10 @@
  *   3. stof_attention_global_keys, grid (ceil(q_len / STOF_ATTN_GLOBAL_ROWS), heads, batch):
  *      every other query row also attends the global keys its mask left out (mask_bits
  *      says which it allowed), merged into O through its log-sum-exp;
- *   4. stof_attention_global_rows, grid (STOF_ATTN_GLOBAL_ROW_BLOCKS, heads, batch): each
- *      global query attends every key of its sequence with gq, gk, gv.
+ *   4. stof_attention_global_rows, grid (STOF_ATTN_GLOBAL_ROW_BLOCKS, heads, batch),
+ *      STOF_ATTN_GLOBAL_ROW_WARPS warps a block: each global query attends every key of its
+ *      sequence with gq, gk, gv; a block takes STOF_ATTN_GLOBAL_ROW_GROUP rows at a time, its
+ *      warps splitting the keys.
  * q, k, v and gq, gk, gv point at head 0 of row 0 of batch 0 of a [B, S, (H + 2 KVH) D]
  * tensor each (the same strides); o at O [B, S, H D]. */
 #ifndef STOF_KERNELS_ATTENTION_GLOBAL_ABI_CUH
@@ -44,8 +46,10 @@ STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_global_args) == STOF_ATTN_GLOBAL_ARGS_BY
 #define STOF_ATTN_GLOBAL_KEYS_KERNEL "stof_attention_global_keys"
 #define STOF_ATTN_GLOBAL_ROWS_KERNEL "stof_attention_global_rows"
 #define STOF_ATTN_GLOBAL_INDEX_THREADS 1024
-#define STOF_ATTN_GLOBAL_WARPS 4          /* warps a block of steps 3 and 4 */
+#define STOF_ATTN_GLOBAL_WARPS 4          /* warps a block of step 3 */
 #define STOF_ATTN_GLOBAL_ROWS 16          /* query rows a block of step 3 */
 #define STOF_ATTN_GLOBAL_ROW_BLOCKS 16    /* blocks a (head, batch) of step 4 */
+#define STOF_ATTN_GLOBAL_ROW_WARPS 8      /* warps a block of step 4 */
+#define STOF_ATTN_GLOBAL_ROW_GROUP 8      /* global rows a block of step 4 takes at once */
 
 #endif

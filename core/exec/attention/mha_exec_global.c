@@ -131,6 +131,7 @@ int mha_global_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_te
         (rc = cuda_launch(c->drv, plan->global_merge, merge_grid, warps_block, 0, s, params,
                           c->pdl, "cuLaunchKernel(attention: global keys)", err)))
         return rc;
-    return cuda_launch(c->drv, plan->global_rows, rows_grid, warps_block, 0, s, params, c->pdl,
+    const unsigned rows_block[3] = {STOF_ATTN_GLOBAL_ROW_WARPS * 32, 1, 1};
+    return cuda_launch(c->drv, plan->global_rows, rows_grid, rows_block, 0, s, params, c->pdl,
                        "cuLaunchKernel(attention: global rows)", err);
 }

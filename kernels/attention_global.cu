@@ -63,6 +63,31 @@ __device__ __forceinline__ int block_inclusive_sum(int x, int *s_warp) {
     return x + (warp ? s_warp[warp - 1] : 0);
 }
 
+// acc[g] += sum over the chunk's n keys of p[g]_j v_j for each of G rows: chunk_pv with
+// one V row load a key serving every row.
+template <int G>
+__device__ __forceinline__ void chunk_pv_rows(float2 (&acc)[G][kPairRounds], const elem_t *v,
+                                              long long v_stride, const float (&p)[G], int col,
+                                              int n, int lane) {
+#pragma unroll 2
+    for (int jj = 0; jj < n; ++jj) {
+        const elem_t *vrow = v + __shfl_sync(0xffffffffu, col, jj) * v_stride;
+#pragma unroll
+        for (int i = 0; i < kPairRounds; ++i) {
+            const int pair = lane + 32 * i;
+            const unsigned *v_pair = reinterpret_cast<const unsigned *>(vrow + 2 * pair);
+            const float2 x = pair < kPairs ? unpack2<elem_t>(__ldg(v_pair))
+                                           : make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float pj = __shfl_sync(0xffffffffu, p[g], jj);
+                acc[g][i].x = fmaf(pj, x.x, acc[g][i].x);
+                acc[g][i].y = fmaf(pj, x.y, acc[g][i].y);
+            }
+        }
+    }
+}
+
 // Step 1: thread t scans its own run of positions; their order is kept.
 extern "C" __global__ void __launch_bounds__(kIndexThreads)
 stof_attention_global_index(const stof_attn_global_args a) {
@@ -123,9 +148,9 @@ stof_attention_global_keys(const stof_attn_global_args a) {
 #pragma unroll
         for (int i = 0; i < kPairRounds; ++i) {
             const int pair = lane + 32 * i;
-            acc[g][i] = pair < kPairs && l[g] > 0.0f
-                            ? unpack2<elem_t>(*reinterpret_cast<const unsigned *>(out[g] + 2 * pair))
-                            : make_float2(0.0f, 0.0f);
+            const unsigned *o_pair = reinterpret_cast<const unsigned *>(out[g] + 2 * pair);
+            acc[g][i] = pair < kPairs && l[g] > 0.0f ? unpack2<elem_t>(*o_pair)
+                                                     : make_float2(0.0f, 0.0f);
         }
         load_query(sq + g * HEAD_DIM, static_cast<const elem_t *>(a.q) + b * a.batch_stride +
                                           row * a.row_stride + h * HEAD_DIM, lane);
@@ -151,24 +176,7 @@ stof_attention_global_keys(const stof_attn_global_args a) {
             p[g] = chunk_softmax(take[g] ? s[g] * a.scale_log2 : STOF_NEG_INF, m[g], l[g], acc[g]);
             added[g] = added[g] || __any_sync(0xffffffffu, take[g]);
         }
-#pragma unroll 2
-        for (int jj = 0; jj < n; ++jj) {
-            const int cj = __shfl_sync(0xffffffffu, col, jj);
-            const elem_t *vrow = v + cj * a.row_stride;
-#pragma unroll
-            for (int i = 0; i < kPairRounds; ++i) {
-                const int pair = lane + 32 * i;
-                const float2 x = pair < kPairs ? unpack2<elem_t>(__ldg(
-                                                     reinterpret_cast<const unsigned *>(vrow + 2 * pair)))
-                                               : make_float2(0.0f, 0.0f);
-#pragma unroll
-                for (int g = 0; g < kRowsPerWarp; ++g) {
-                    const float pj = __shfl_sync(0xffffffffu, p[g], jj);
-                    acc[g][i].x = fmaf(pj, x.x, acc[g][i].x);
-                    acc[g][i].y = fmaf(pj, x.y, acc[g][i].y);
-                }
-            }
-        }
+        chunk_pv_rows(acc, v, a.row_stride, p, col, n, lane);
     }
 #pragma unroll
     for (int g = 0; g < kRowsPerWarp; ++g)
@@ -230,24 +238,7 @@ stof_attention_global_rows(const stof_attn_global_args a) {
             for (int g = 0; g < kGroup; ++g)
                 p[g] = chunk_softmax(lane < n ? s[g] * a.scale_log2 : STOF_NEG_INF, m[g], l[g],
                                      acc[g]);
-#pragma unroll 2
-            for (int jj = 0; jj < n; ++jj) {
-                const elem_t *vrow = v + (c0 + jj) * a.row_stride;
-#pragma unroll
-                for (int i = 0; i < kPairRounds; ++i) {
-                    const int pair = lane + 32 * i;
-                    const float2 x = pair < kPairs
-                                         ? unpack2<elem_t>(__ldg(reinterpret_cast<const unsigned *>(
-                                               vrow + 2 * pair)))
-                                         : make_float2(0.0f, 0.0f);
-#pragma unroll
-                    for (int g = 0; g < kGroup; ++g) {
-                        const float pj = __shfl_sync(0xffffffffu, p[g], jj);
-                        acc[g][i].x = fmaf(pj, x.x, acc[g][i].x);
-                        acc[g][i].y = fmaf(pj, x.y, acc[g][i].y);
-                    }
-                }
-            }
+            chunk_pv_rows(acc, v, a.row_stride, p, col, n, lane);
         }
 #pragma unroll
         for (int g = 0; g < kGroup; ++g) {

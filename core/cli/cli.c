@@ -492,14 +492,20 @@ int cli_load_graph(const cli_args *a, graph *g, graph_script *info) {
     return 0;
 }
 
-/* What attention op `op` attends: its mask's description, causal, or dense. */
+/* What attention op `op` attends: its mask's description, causal, or dense; and its global
+ * tokens' input. */
 static void attention_label(const graph *g, const graph_op *op, char *buf, size_t cap) {
     const op_attention *at = &op->attr.attn;
     const char *desc = at->mask >= 0 && g->masks[at->mask]->desc ? g->masks[at->mask]->desc : "";
+    const int gk = at->global_keys;
+    const char *global = gk ? " + global tokens (" : "", *close = gk ? ")" : "";
+    const char *global_from = gk ? g->tensors[op->inputs[op_attention_global_input(at)]].name : "";
     if (at->mask >= 0)
-        snprintf(buf, cap, "%s%s", at->causal ? "causal AND " : "", desc[0] ? desc : "a mask");
+        snprintf(buf, cap, "%s%s%s%s%s", at->causal ? "causal AND " : "",
+                 desc[0] ? desc : "a mask", global, global_from, close);
     else
-        snprintf(buf, cap, "%s", at->causal ? "causal" : "dense");
+        snprintf(buf, cap, "%s%s%s%s", at->causal ? "causal" : "dense", global, global_from,
+                 close);
 }
 
 /* Appends "; layers A-B LABEL" (or "layer A LABEL") to line. */

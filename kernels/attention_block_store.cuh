@@ -7,6 +7,12 @@
 
 // ---- O / l -> global -----------------------------------------------------------------
 
+// A row's l over the four threads that hold its columns.
+__device__ __forceinline__ float row_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // Normalizes the warp's rows, stages them in the warp's own rows of the Q
 // tile and writes them out with 16-byte stores. A row with no allowed key
 // (l == 0) and a padded row (live_rows on) write exact zeros.
@@ -17,9 +23,7 @@ __device__ __forceinline__ void store_output(const float (&o)[kMT][kDT][4], floa
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float sum = l[mt][half];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float sum = row_sum(l[mt][half]);
             const int r = w.row0 + mt * 16 + w.g + half * 8;
             const bool empty = !(sum > 0.0f) || r >= live_rows;
             const float inv = empty ? 0.0f : 1.0f / sum;
@@ -53,9 +57,7 @@ __device__ __forceinline__ void store_lse(const float (&m)[kMT][2], const float 
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float sum = l[mt][half];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float sum = row_sum(l[mt][half]);
             const int r = w.row0 + mt * 16 + w.g + half * 8;
             if (w.t == 0 && r < valid_rows)
                 lse[r] = sum > 0.0f ? m[mt][half] * c + log2f(sum) : STOF_NEG_INF;
@@ -85,9 +87,7 @@ __device__ __forceinline__ void store_partial(const float (&o)[kMT][kDT][4],
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float sum = l[mt][half];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float sum = row_sum(l[mt][half]);
             const int r = w.row0 + mt * 16 + w.g + half * 8;
 #pragma unroll
             for (int dt = 0; dt < kDT; ++dt)

@@ -63,6 +63,23 @@ __device__ __forceinline__ int block_inclusive_sum(int x, int *s_warp) {
     return x + (warp ? s_warp[warp - 1] : 0);
 }
 
+// The online softmax of a chunk for G rows (queries consecutive in sq, D floats each): the
+// lane's key row krow scored against every row at once (dot_key), -inf where take is false;
+// p gets each row's weight of the lane's key.
+template <int G>
+__device__ __forceinline__ void chunk_softmax_rows(const float *sq, const elem_t *krow,
+                                                   const bool (&take)[G], float scale_log2,
+                                                   float (&m)[G], float (&l)[G],
+                                                   float2 (&acc)[G][kPairRounds], float (&p)[G]) {
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.0f;
+    dot_key<elem_t, HEAD_DIM, G>(sq, krow, s);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        p[g] = chunk_softmax(take[g] ? s[g] * scale_log2 : STOF_NEG_INF, m[g], l[g], acc[g]);
+}
+
 // acc[g] += sum over the chunk's n keys of p[g]_j v_j for each of G rows: chunk_pv with
 // one V row load a key serving every row.
 template <int G>
@@ -166,16 +183,11 @@ stof_attention_global_keys(const stof_attn_global_args a) {
             any = any || __any_sync(0xffffffffu, take[g]);
         }
         if (!any) continue;  // the windows had them all
-        float s[kRowsPerWarp];
-#pragma unroll
-        for (int g = 0; g < kRowsPerWarp; ++g) s[g] = 0.0f;
-        dot_key<elem_t, HEAD_DIM, kRowsPerWarp>(sq, k + col * a.row_stride, s);
         float p[kRowsPerWarp];
+        chunk_softmax_rows(sq, k + col * a.row_stride, take, a.scale_log2, m, l, acc, p);
 #pragma unroll
-        for (int g = 0; g < kRowsPerWarp; ++g) {
-            p[g] = chunk_softmax(take[g] ? s[g] * a.scale_log2 : STOF_NEG_INF, m[g], l[g], acc[g]);
+        for (int g = 0; g < kRowsPerWarp; ++g)
             added[g] = added[g] || __any_sync(0xffffffffu, take[g]);
-        }
         chunk_pv_rows(acc, v, a.row_stride, p, col, n, lane);
     }
 #pragma unroll
@@ -229,15 +241,11 @@ stof_attention_global_rows(const stof_attn_global_args a) {
         }
         for (int c0 = 32 * warp; c0 < len; c0 += 32 * kRowsWarps) {
             const int n = min(32, len - c0), col = c0 + (lane < n ? lane : 0);
-            float s[kGroup];
+            bool take[kGroup];
 #pragma unroll
-            for (int g = 0; g < kGroup; ++g) s[g] = 0.0f;
-            dot_key<elem_t, HEAD_DIM, kGroup>(s_query, k + col * a.row_stride, s);
+            for (int g = 0; g < kGroup; ++g) take[g] = lane < n;
             float p[kGroup];
-#pragma unroll
-            for (int g = 0; g < kGroup; ++g)
-                p[g] = chunk_softmax(lane < n ? s[g] * a.scale_log2 : STOF_NEG_INF, m[g], l[g],
-                                     acc[g]);
+            chunk_softmax_rows(s_query, k + col * a.row_stride, take, a.scale_log2, m, l, acc, p);
             chunk_pv_rows(acc, v, a.row_stride, p, col, n, lane);
         }
 #pragma unroll

@@ -66,38 +66,52 @@ def bert_weights(seed=3):
     return w
 
 
-def numpy_bert(w, ids, mask, types=None):
-    """BertModel's last hidden state (one layer, 2 heads of 32), with transformers' masking: padded
-    keys get -inf; the rows of padded positions are not compared."""
-    def ln(x, n):
-        mu = x.mean(-1, keepdims=True)
-        var = ((x - mu) ** 2).mean(-1, keepdims=True)
-        return (x - mu) / np.sqrt(var + 1e-12) * w[n + ".weight"] + w[n + ".bias"]
+def layer_norm(w, x, n, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w[n + ".weight"] + w[n + ".bias"]
 
-    def lin(x, n):
-        return x @ w[n + ".weight"].T + w[n + ".bias"]
 
-    B, S = ids.shape
-    t = w["embeddings.token_type_embeddings.weight"][types if types is not None else 0]
-    x = (w["embeddings.word_embeddings.weight"][ids] + t
-         + w["embeddings.position_embeddings.weight"][np.arange(S)])
-    x = ln(x.astype(np.float64), "embeddings.LayerNorm")
-    pre = "encoder.layer.0."
-    heads, d = 2, 32
+def linear(w, x, n):
+    return x @ w[n + ".weight"].T + w[n + ".bias"]
+
+
+def gelu(h):
+    return 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+
+
+def attend(q, k, v, allowed, heads):
+    """Softmax attention of [B, S, H] projections split into heads, where allowed [B, S, S]
+    (query, key) is true; a row with nothing allowed gives zeros."""
+    B, S, H = q.shape
+    d = H // heads
 
     def split(t):
         return t.reshape(B, S, heads, d).transpose(0, 2, 1, 3)
 
-    q, k, v = (split(lin(x, pre + "attention.self." + n)) for n in ("query", "key", "value"))
-    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
-    s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    a = (p @ v).transpose(0, 2, 1, 3).reshape(B, S, heads * d)
-    x = ln(lin(a, pre + "attention.output.dense") + x, pre + "attention.output.LayerNorm")
-    h = lin(x, pre + "intermediate.dense")
-    h = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
-    return ln(lin(h, pre + "output.dense") + x, pre + "output.LayerNorm")
+    s = split(q) @ split(k).transpose(0, 1, 3, 2) / math.sqrt(d)
+    s = np.where(allowed[:, None], s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(mx), mx, 0))
+    p /= np.maximum(p.sum(-1, keepdims=True), 1e-300)
+    return (p @ split(v)).transpose(0, 2, 1, 3).reshape(B, S, H)
+
+
+def numpy_bert(w, ids, mask, types=None):
+    """BertModel's last hidden state (one layer, 2 heads of 32), with transformers' masking: padded
+    keys get -inf; the rows of padded positions are not compared."""
+    B, S = ids.shape
+    t = w["embeddings.token_type_embeddings.weight"][types if types is not None else 0]
+    x = (w["embeddings.word_embeddings.weight"][ids] + t
+         + w["embeddings.position_embeddings.weight"][np.arange(S)])
+    x = layer_norm(w, x.astype(np.float64), "embeddings.LayerNorm", 1e-12)
+    pre = "encoder.layer.0."
+    q, k, v = (linear(w, x, pre + "attention.self." + n) for n in ("query", "key", "value"))
+    a = attend(q, k, v, np.broadcast_to(mask[:, None, :] > 0, (B, S, S)), 2)
+    x = layer_norm(w, linear(w, a, pre + "attention.output.dense") + x,
+                   pre + "attention.output.LayerNorm", 1e-12)
+    h = gelu(linear(w, x, pre + "intermediate.dense"))
+    return layer_norm(w, linear(w, h, pre + "output.dense") + x, pre + "output.LayerNorm", 1e-12)
 
 
 def read_safetensors(path):
@@ -232,6 +246,96 @@ def test_errors():
                      "model_type 'longt5' is not one stof has a script for")
         os.remove(os.path.join(d, "model.safetensors"))
         expect_error(lambda: stof.Model.from_pretrained(d), "tiny-bert")
+    finally:
+        shutil.rmtree(root)
+
+
+LONGFORMER_CONFIG = {"model_type": "longformer", "architectures": ["LongformerModel"],
+                     "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 12,
+                     "type_vocab_size": 1, "layer_norm_eps": 1e-5, "hidden_act": "gelu",
+                     "pad_token_id": 1, "attention_window": [4]}
+
+
+def longformer_weights(seed=5):
+    rng = np.random.default_rng(seed)
+    w = {k: v for k, v in bert_weights(seed).items() if "token_type" not in k}
+    w["embeddings.token_type_embeddings.weight"] = rng.uniform(-0.3, 0.3, (1, 64)).astype(
+        np.float32)
+    w["embeddings.position_embeddings.weight"] = rng.uniform(-0.3, 0.3, (12, 64)).astype(
+        np.float32)
+    for n in ("query_global", "key_global", "value_global"):
+        w["encoder.layer.0.attention.self." + n + ".weight"] = rng.uniform(
+            -0.3, 0.3, (64, 64)).astype(np.float32)
+        w["encoder.layer.0.attention.self." + n + ".bias"] = rng.uniform(
+            -0.3, 0.3, 64).astype(np.float32)
+    return w
+
+
+def numpy_longformer(w, ids, mask, glob):
+    """LongformerModel's last hidden state as transformers computes it (one layer, windows of 2
+    keys each side): a global token (glob and mask set) attends every real key with the
+    *_global projections; another token attends its window's keys that are not global and
+    every global key; positions start after the padding index (2 on)."""
+    B, S = ids.shape
+    x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][0]
+         + w["embeddings.position_embeddings.weight"][np.arange(S) + 2])
+    x = layer_norm(w, x.astype(np.float64), "embeddings.LayerNorm", 1e-5)
+    pre = "encoder.layer.0.attention.self."
+    real, g = mask > 0, (glob > 0) & (mask > 0)
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    window = (abs(i - j) <= 2)[None] & ~g[:, None, :]
+    local = (window | g[:, None, :]) & real[:, None, :]
+    q, k, v = (linear(w, x, pre + n) for n in ("query", "key", "value"))
+    a = attend(q, k, v, local, 2)
+    qg, kg, vg = (linear(w, x, pre + n + "_global") for n in ("query", "key", "value"))
+    a_global = attend(qg, kg, vg, np.broadcast_to(real[:, None, :], (B, S, S)), 2)
+    a = np.where(g[:, :, None], a_global, a)
+    post = "encoder.layer.0."
+    x = layer_norm(w, linear(w, a, post + "attention.output.dense") + x,
+                   post + "attention.output.LayerNorm", 1e-5)
+    h = gelu(linear(w, x, post + "intermediate.dense"))
+    return layer_norm(w, linear(w, h, post + "output.dense") + x, post + "output.LayerNorm", 1e-5)
+
+
+def test_longformer_global_tokens():
+    """A Longformer directory's global_attention_mask on the CPU reference, against transformers'
+    rule written in numpy: none, one, and several with a padded row (a global flag in the
+    padding is padding)."""
+    root = tempfile.mkdtemp()
+    try:
+        d = os.path.join(root, "tiny-longformer")
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(LONGFORMER_CONFIG, f)
+        w = longformer_weights()
+        write_safetensors(os.path.join(d, "model.safetensors"),
+                          {"longformer." + k: v for k, v in w.items()})
+        m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
+        assert "global_attention_mask" in [t.name for t in m.inputs]
+        ids, mask = ids_and_mask()
+        ids = np.where(mask > 0, np.maximum(ids, 2), 1)  # clear of the padding id (1)
+        real = mask.astype(bool)
+        none = np.zeros_like(mask)
+        plain = m(ids, attention_mask=mask)
+        assert rel(plain[real], numpy_longformer(w, ids, mask, none)[real]) < 1e-5
+        assert np.array_equal(m(ids, attention_mask=mask, global_attention_mask=none), plain)
+        for flags in ([(0, 0)], [(0, 0), (0, 6), (1, 3), (1, 7)]):
+            glob = np.zeros_like(mask)
+            for b, pos in flags:
+                glob[b, pos] = 1
+            got = m(ids, attention_mask=mask, global_attention_mask=glob)
+            want = numpy_longformer(w, ids, mask, glob)
+            assert rel(got[real], want[real]) < 1e-5, flags
+            assert np.all(got[~real] == 0)
+            assert rel(got[real], plain[real]) > 1e-3  # the global tokens change the output
+        bad = np.zeros_like(mask)
+        bad[0, 1] = 2
+        expect_error(lambda: m(ids, global_attention_mask=bad),
+                     "input 'global_attention_mask': 2 at index 1")
+        local = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32", **{"global": False})
+        expect_error(lambda: local(ids, global_attention_mask=bad),
+                     "'global_attention_mask' is not an input")
     finally:
         shutil.rmtree(root)
 

@@ -114,3 +114,14 @@ int gpu_ctx_function(gpu_ctx *c, const nvrtc_request *req, const char *name, siz
     *out = m;
     return STOF_OK;
 }
+
+int gpu_ctx_upload(gpu_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err) {
+    int rc = cuda_check(c->drv, c->drv->MemAlloc(d, n < 16 ? 16 : n), "cuMemAlloc", err);
+    if (rc) {
+        *d = 0;
+        return rc;
+    }
+    if (n)
+        rc = cuda_check(c->drv, c->drv->MemcpyHtoD(*d, host, n), "cuMemcpyHtoD", err);
+    return rc;
+}

@@ -52,4 +52,8 @@ void gpu_ctx_free(gpu_ctx *c);
 int gpu_ctx_function(gpu_ctx *c, const nvrtc_request *req, const char *name, size_t smem,
                      gpu_module **out, stof_error *err);
 
+/* A device copy of n host bytes (at least 16 allocated, so that an empty array is a valid
+ * pointer), synchronous; *d is 0 on failure. */
+int gpu_ctx_upload(gpu_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err);
+
 #endif

@@ -44,7 +44,7 @@ int mha_global_prepare(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     plan->d_lse = plan->d_global_index + lse_at;
     if (plan->config.lse) {
         plan->mask_words = folded->words;
-        rc = mha_upload(c, &plan->d_mask_bits, folded->bits,
+        rc = gpu_ctx_upload(c, &plan->d_mask_bits, folded->bits,
                         sizeof(uint64_t) * (size_t)folded->batch * (size_t)folded->q_len *
                             (size_t)folded->words,
                         err);

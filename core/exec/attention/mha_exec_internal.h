@@ -46,9 +46,6 @@ int mha_wisdom_lookup(const mha_exec_ctx *c, const mha_exec_problem *p, const ma
                       mha_exec_force *f);
 void mha_wisdom_record(const mha_exec_ctx *c, const mha_exec_problem *p, const mask *folded,
                        const mha_exec_config *cfg, float ms);
-/* Device copy of n bytes (at least 16 allocated, so that an empty array is a valid
- * pointer); *d is 0 on failure. */
-int mha_upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err);
 /* The plan's own kernel (and its split rows' combine) on t: mha_exec_run without the
  * global tokens' kernels (what a measurement times). */
 int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,

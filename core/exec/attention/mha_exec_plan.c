@@ -16,17 +16,6 @@
 
 /* ---- uploading the format -------------------------------------------------------------- */
 
-int mha_upload(mha_exec_ctx *c, CUdeviceptr *d, const void *host, size_t n, stof_error *err) {
-    int rc = cuda_check(c->drv, c->drv->MemAlloc(d, n < 16 ? 16 : n), "cuMemAlloc", err);
-    if (rc) {
-        *d = 0;
-        return rc;
-    }
-    if (n)
-        rc = cuda_check(c->drv, c->drv->MemcpyHtoD(*d, host, n), "cuMemcpyHtoD", err);
-    return rc;
-}
-
 /* The chunk a plan of cfg splits f at: forced (force_chunk > 0), never
  * (< 0), or mha_exec_split_chunk on the resident slots of lim. */
 static int split_chunk_for(const mha_exec_problem *p, const mha_exec_config *cfg,
@@ -82,10 +71,10 @@ static int upload_split(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *f,
     plan->workspace_ml_offset =
         plan->workspace_bytes / ((size_t)cfg->head_dim + 2) * (size_t)cfg->head_dim;
     size_t ptrs = ((size_t)s->fmt_batch + 1) * sizeof(int32_t);
-    if (!(rc = mha_upload(c, &plan->d_work_ptr, s->work_ptr, ptrs, err)) &&
-        !(rc = mha_upload(c, &plan->d_work, s->work, (size_t)s->n_items * sizeof *s->work, err)) &&
-        !(rc = mha_upload(c, &plan->d_split_ptr, s->split_ptr, ptrs, err)) &&
-        !(rc = mha_upload(c, &plan->d_splits, s->splits, (size_t)s->n_split_rows * sizeof *s->splits,
+    if (!(rc = gpu_ctx_upload(c, &plan->d_work_ptr, s->work_ptr, ptrs, err)) &&
+        !(rc = gpu_ctx_upload(c, &plan->d_work, s->work, (size_t)s->n_items * sizeof *s->work, err)) &&
+        !(rc = gpu_ctx_upload(c, &plan->d_split_ptr, s->split_ptr, ptrs, err)) &&
+        !(rc = gpu_ctx_upload(c, &plan->d_splits, s->splits, (size_t)s->n_split_rows * sizeof *s->splits,
                       err)))
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_workspace, plan->workspace_bytes),
                         "cuMemAlloc(attention split workspace)", err);
@@ -105,11 +94,11 @@ static int upload_bitmaps(mha_exec_ctx *c, mha_exec_plan *plan, const mask_bsr *
                           stof_error *err) {
     size_t bytes = (size_t)f->bitmap_words * sizeof(uint32_t);
     if (f->n_part_masks > 0)
-        return mha_upload(c, &plan->d_bitmaps, f->part_masks, bytes * (size_t)f->n_part_masks, err);
+        return gpu_ctx_upload(c, &plan->d_bitmaps, f->part_masks, bytes * (size_t)f->n_part_masks, err);
     uint32_t *zeros = err_calloc((size_t)f->bitmap_words, sizeof *zeros, err);
     if (!zeros)
         return STOF_ERR_NOMEM;
-    int rc = mha_upload(c, &plan->d_bitmaps, zeros, bytes, err);
+    int rc = gpu_ctx_upload(c, &plan->d_bitmaps, zeros, bytes, err);
     free(zeros);
     return rc;
 }
@@ -126,10 +115,10 @@ static int upload_bsr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     plan->n_partial_blocks = f->n_part;
     plan->n_bitmaps = f->n_part_masks;
     size_t ptrs = (size_t)f->batch * (f->n_block_rows + 1);
-    if (!(rc = mha_upload(c, &plan->d_row_ptr, f->load_row_ptr, ptrs * sizeof(int32_t), err)) &&
-        !(rc = mha_upload(c, &plan->d_col_idx, f->load_col_idx, (size_t)f->n_load * sizeof(int32_t),
+    if (!(rc = gpu_ctx_upload(c, &plan->d_row_ptr, f->load_row_ptr, ptrs * sizeof(int32_t), err)) &&
+        !(rc = gpu_ctx_upload(c, &plan->d_col_idx, f->load_col_idx, (size_t)f->n_load * sizeof(int32_t),
                       err)) &&
-        !(rc = mha_upload(c, &plan->d_mask_idx, f->load_mask_idx,
+        !(rc = gpu_ctx_upload(c, &plan->d_mask_idx, f->load_mask_idx,
                       (size_t)f->n_load * sizeof(int32_t), err)))
         rc = upload_bitmaps(c, plan, f, err);
     if (!rc)
@@ -146,8 +135,8 @@ static int upload_csr(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
         return rc;
     plan->fmt_batch = f->batch;
     size_t ptrs = (size_t)f->batch * (f->q_len + 1);
-    if (!(rc = mha_upload(c, &plan->d_row_ptr, f->row_ptr, ptrs * sizeof(int64_t), err)))
-        rc = mha_upload(c, &plan->d_col_idx, f->col_idx, (size_t)f->nnz * sizeof(int32_t), err);
+    if (!(rc = gpu_ctx_upload(c, &plan->d_row_ptr, f->row_ptr, ptrs * sizeof(int64_t), err)))
+        rc = gpu_ctx_upload(c, &plan->d_col_idx, f->col_idx, (size_t)f->nnz * sizeof(int32_t), err);
     mask_format_csr_free(f);
     return rc;
 }
@@ -166,7 +155,7 @@ static int upload_buckets(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err)
     mha_relpos_far_runs(p, &first_end, &last_start);
     bucket[n] = (int32_t)first_end;
     bucket[n + 1] = (int32_t)last_start;
-    int rc = mha_upload(c, &plan->d_relpos_bucket, bucket, (n + 2) * sizeof *bucket, err);
+    int rc = gpu_ctx_upload(c, &plan->d_relpos_bucket, bucket, (n + 2) * sizeof *bucket, err);
     free(bucket);
     return rc;
 }

@@ -568,6 +568,15 @@ static void test_script_errors(void) {
                  "model.lua:4:", "unknown option 'head'");
     EXPECT_ERROR(MODEL_PRELUDE "m:attention(x, {heads = 4, head_dim = 64, mask = 'causal'})\n",
                  "model.lua:4:", "must be a mask");
+    /* global tokens: global_qkv needs global; the op names what may not go with them */
+    EXPECT_ERROR(MODEL_PRELUDE "m:attention(x, {heads = 4, head_dim = 64, global_qkv = x})\n",
+                 "model.lua:4:", "global_qkv needs global");
+    EXPECT_ERROR(MODEL_PRELUDE "local g = m:input('g', {2, 16}, {dtype = 'int32', high = 2})\n"
+                 "m:attention(m:gemm(x, m:weight('q', {1536, 768})), {heads = 4, head_dim = 128,"
+                 " global = g, causal = true})\n",
+                 "model.lua:5:", "global tokens are an encoder's");
+    EXPECT_ERROR(MODEL_PRELUDE "m:attention(x, {heads = 4, head_dim = 64, global = x})\n",
+                 "model.lua:4:", "global_mask 'x' [2, 16, 768] must be int32 [2, 16]");
     EXPECT_ERROR(MODEL_PRELUDE "m:layer(function() m:layer(function() end) end)\n",
                  "model.lua:4:", "cannot nest");
     EXPECT_ERROR(MODEL_PRELUDE "print(x.nosuch)\n", "model.lua:4:", "no field 'nosuch'");

@@ -97,7 +97,9 @@ class Model:
     optional attention_mask of the same shape (1 = token, 0 = padding; each row right-padded).
     The output has the model's (batch, seq, hidden) whatever the padding; it is zero at padded
     positions. On the GPU a padded batch runs padding-free: everything but the attention on its
-    real tokens alone (STOF_PACK=0 in the environment keeps the padded pass)."""
+    real tokens alone (STOF_PACK=0 in the environment keeps the padded pass). Other inputs go
+    by name: token_type_ids (BERT's sentence pairs), global_attention_mask (Longformer's global
+    tokens, 1 = global; from_pretrained(..., global=False) builds the model without them)."""
 
     def __init__(self, path, **params):
         arr, n = _param_list(params)

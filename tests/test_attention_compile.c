@@ -1375,6 +1375,27 @@ static void test_wisdom_file(void) {
 
 /* The decode-step kernels (attention_decode.cu): every head size and dtype compiles, with its
  * three entry points; the planner's choice of splits and its refusals. */
+/* The rows' log-sum-exp is built for global tokens under a mask that leaves keys out: not
+ * without global tokens, not under a dense mask (every global key already attended). */
+static void test_wants_lse(void) {
+    mask *window = NULL, *full = NULL;
+    stof_error err = {0};
+    CHECK_EQ_INT(mask_build_text("sliding_window{band=4}", 1, 100, 100, &window, &err), STOF_OK);
+    CHECK_EQ_INT(mask_build_text("full", 1, 100, 100, &full, &err), STOF_OK);
+    mha_exec_problem p = {.batch = 2, .heads = 2, .head_dim = 64, .q_len = 100, .k_len = 100,
+                          .dtype = STOF_F16, .scale = 0.125f, .global_keys = 1};
+    CHECK(mha_exec_wants_lse(&p, window) == 1);
+    CHECK(mha_exec_wants_lse(&p, full) == 0);
+    p.global_keys = 0;
+    CHECK(mha_exec_wants_lse(&p, window) == 0);
+    p.global_keys = 1;
+    p.causal = 1; /* the planner refuses what the global kernels do not apply */
+    CHECK_EQ_INT(mha_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "not causal, no relpos");
+    mask_free(window);
+    mask_free(full);
+}
+
 static void test_decode(void) {
     nvrtc_cache c;
     nvrtc_cache_init(&c, "");
@@ -1396,19 +1417,18 @@ static void test_decode(void) {
                          bytes_contain(bin, size, STOF_DECODE_COMBINE_KERNEL) &&
                          bytes_contain(bin, size, STOF_KV_STORE_KERNEL)));
         }
-    /* the global tokens' kernels (attention_global.cu): every head size and dtype */
+    /* the global tokens' kernels (attention_global.cu): every head size and dtype, by the
+     * request the plans and the ahead-of-time builds use */
     for (int d = 0; d < 4; d++)
         for (int t = 1; t <= 2; t++) {
-            char o0[32], o1[32];
-            snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", dims[d]);
-            snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", t);
-            nvrtc_request req = {.source = "attention_global.cu", .arch = "sm_90",
-                                 .options = {o0, o1}, .n_options = 2};
+            mha_exec_problem gp = {.head_dim = dims[d], .dtype = (stof_dtype)t, .global_keys = 1};
+            mha_exec_request r;
+            mha_exec_global_request_init(&r, &gp, "sm_90");
             const void *bin = NULL;
             size_t size = 0;
             stof_error err = {0};
-            int rc = nvrtc_get(&c, &req, &bin, &size, &err);
-            CHECK_MSG(rc == STOF_OK, "attention_global.cu %s %s: %s", o0, o1, err.msg);
+            int rc = nvrtc_get(&c, &r.req, &bin, &size, &err);
+            CHECK_MSG(rc == STOF_OK, "attention_global.cu D=%d dtype %d: %s", dims[d], t, err.msg);
             CHECK(rc || (bytes_contain(bin, size, STOF_ATTN_GLOBAL_INDEX_KERNEL) &&
                          bytes_contain(bin, size, STOF_ATTN_GLOBAL_KEYS_KERNEL) &&
                          bytes_contain(bin, size, STOF_ATTN_GLOBAL_ROWS_KERNEL)));
@@ -1447,6 +1467,7 @@ static void test_decode(void) {
 }
 
 int main(void) {
+    test_wants_lse();
     test_decode();
     test_wisdom_file();
     test_validate();

@@ -640,11 +640,57 @@ static void check_attention_builds(const char *pattern, int expect_split) {
     model_free(&m);
 }
 
+/* An attention with global tokens builds its kernel with the rows' log-sum-exp under a
+ * window (not under a dense mask) and the global tokens' kernels beside it. */
+static void check_global_builds(const char *pattern, int expect_lse) {
+    char path[] = "/tmp/stof-test-global-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "local m = stof.model{name = 'g'}\n"
+               "local x = m:input('x', {2, 256, 384})\n"
+               "local am = m:input('am', {2, 256}, {dtype = 'int32', attention_mask = true})\n"
+               "local gm = m:input('gm', {2, 256}, {dtype = 'int32', high = 2})\n"
+               "local y\n"
+               "m:layer(function() y = m:attention(x, {heads = 2, head_dim = 64, mask = "
+               "stof.mask.named('%s'), padding = am, global = gm, global_qkv = x}) end)\n"
+               "m:output(y)\nreturn m\n", pattern);
+    fclose(f);
+    model m;
+    int rc = model_load(&m, path, NULL, 0);
+    remove(path);
+    if (rc)
+        return;
+    mha_device_limits lim;
+    stof_error err = {0};
+    CHECK_EQ_INT(mha_limits_for_arch("sm_90", &lim, &err), STOF_OK);
+    exec_segment s;
+    static const int v[3] = {64, 64, 4};
+    lone_segment(&m.g, find_op(&m.g, OP_ATTENTION, 0), FUSION_T_ATTENTION_BLOCK, v, 3, &s);
+    exec_build b[EXEC_MAX_BUILDS];
+    int n = 0;
+    rc = exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_PLANNED, b, &n, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", pattern, err.msg);
+    CHECK_EQ_INT(n, 2);
+    if (!rc && n == 2) {
+        CHECK_EQ_INT(has_option(exec_build_request(&b[0]), "-DLSE=1"), expect_lse);
+        CHECK(strcmp(exec_build_request(&b[1])->source, "attention_global.cu") == 0);
+        CHECK(has_option(exec_build_request(&b[1]), "-DHEAD_DIM=64"));
+    }
+    CHECK_EQ_INT(exec_segment_builds(&m.g, &s, &lim, EXEC_BUILDS_ALL, b, &n, &err), STOF_OK);
+    CHECK_EQ_INT(n, 3); /* plain, split, global */
+    model_free(&m);
+}
+
 static void test_builds(void) {
     /* BigBird's global rows are far longer than the rest: cut; a sliding
      * window's rows are all alike: not */
     check_attention_builds("bigbird", 1);
     check_attention_builds("sliding_window", 0);
+    check_global_builds("sliding_window{band=16}", 1);
+    check_global_builds("none", 0);
 
     static const char *const params[] = {"preset=small", "layers=1", "batch=1", "seq=128"};
     model m;

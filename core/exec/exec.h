@@ -199,7 +199,7 @@ typedef struct exec_build {
     } r;
 } exec_build;
 
-#define EXEC_MAX_BUILDS 2
+#define EXEC_MAX_BUILDS 3
 
 const nvrtc_request *exec_build_request(const exec_build *b);
 
@@ -210,7 +210,8 @@ typedef enum exec_builds_mode {
      * builds its split kernel only when the plan cuts rows. */
     EXEC_BUILDS_PLANNED = 0,
     /* Every build a model may need on some device of the architecture, no
-     * feasibility check: block-wise attention both builds. */
+     * feasibility check: block-wise attention both builds. (Either mode adds the global
+     * tokens' kernels of an attention that takes them.) */
     EXEC_BUILDS_ALL
 } exec_builds_mode;
 

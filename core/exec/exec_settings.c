@@ -143,6 +143,7 @@ static int attn_builds(const graph *g, const exec_segment *s, const mha_device_l
         rc = mha_exec_config_check(&cfg, lim->smem_per_block, err);
     if (!rc && mode == EXEC_BUILDS_PLANNED)
         rc = mha_exec_plan_splits(&p, folded, &cfg, lim, f.split_chunk, &split, err);
+    cfg.lse = mha_exec_wants_lse(&p, folded);
     mask_free(folded);
     if (rc)
         return rc;
@@ -153,6 +154,11 @@ static int attn_builds(const graph *g, const exec_segment *s, const mha_device_l
         mha_exec_request_init(&out[k].r.mha, &cfg, lim->arch);
     }
     *n = both + 1;
+    if (p.global_keys) { /* and the global tokens' kernels */
+        out[*n].attention = 1;
+        mha_exec_global_request_init(&out[*n].r.mha, &p, lim->arch);
+        ++*n;
+    }
     return STOF_OK;
 }
 

@@ -156,6 +156,13 @@ typedef struct mha_exec_request {
     char opts[14][48];
 } mha_exec_request;
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch);
+/* Whether a plan of p with the folded mask builds its kernel with the rows' log-sum-exp
+ * (config.lse): global tokens under a mask that leaves keys out (the global keys it left out
+ * are merged in through it). */
+int mha_exec_wants_lse(const mha_exec_problem *p, const mask *folded);
+/* The NVRTC request of the global tokens' kernels (kernels/attention_global.cu) for p. */
+void mha_exec_global_request_init(mha_exec_request *r, const mha_exec_problem *p,
+                                  const char *arch);
 
 /* ---- split block rows (CPU only) ---------------------------------------------------
  *

@@ -95,10 +95,11 @@ int mha_exec_validate(const mha_exec_problem *p, stof_error *err) {
     if (!isfinite(p->scale))
         return err_set(err, STOF_ERR_INVALID, "attention: scale %g is not finite",
                        (double)p->scale);
-    if (p->global_keys && p->q_len != p->k_len)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "attention: global tokens are a "
-                       "self-attention's (q_len = k_len), not %d queries of %d keys", p->q_len,
-                       p->k_len);
+    if (p->global_keys && (p->q_len != p->k_len || p->causal || p->relpos))
+        return err_set(err, STOF_ERR_UNSUPPORTED, "attention: global tokens are an encoder "
+                       "self-attention's (q_len = k_len, not causal, no relpos), not %d queries "
+                       "of %d keys%s%s", p->q_len, p->k_len, p->causal ? ", causal" : "",
+                       p->relpos ? ", with relpos" : "");
     if (p->padded && p->q_len != p->k_len)
         return err_set(err, STOF_ERR_UNSUPPORTED, "attention: an attention_mask pads "
                        "self-attention (q_len = k_len), not %d queries of %d keys", p->q_len,
@@ -360,6 +361,33 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
                        "%d and %d",
                        c->rows_per_warp, c->warps_per_block);
     return STOF_OK;
+}
+
+int mha_exec_wants_lse(const mha_exec_problem *p, const mask *folded) {
+    if (!p->global_keys || !folded)
+        return 0;
+    const uint64_t tail = folded->k_len % 64 ? (1ULL << (folded->k_len % 64)) - 1 : ~0ULL;
+    for (int64_t r = 0; r < (int64_t)folded->batch * folded->q_len; r++) {
+        const uint64_t *row = folded->bits + r * folded->words;
+        for (int w = 0; w < folded->words; w++)
+            if ((row[w] & (w == folded->words - 1 ? tail : ~0ULL)) !=
+                (w == folded->words - 1 ? tail : ~0ULL))
+                return 1; /* a key left out */
+    }
+    return 0;
+}
+
+void mha_exec_global_request_init(mha_exec_request *r, const mha_exec_problem *p,
+                                  const char *arch) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->arch, sizeof r->arch, "%s", arch);
+    snprintf(r->opts[0], sizeof r->opts[0], "-DHEAD_DIM=%d", p->head_dim);
+    snprintf(r->opts[1], sizeof r->opts[0], "-DSTOF_DTYPE=%d", (int)p->dtype);
+    r->req.source = "attention_global.cu";
+    r->req.arch = r->arch;
+    r->req.options[0] = r->opts[0];
+    r->req.options[1] = r->opts[1];
+    r->req.n_options = 2;
 }
 
 void mha_exec_request_init(mha_exec_request *r, const mha_exec_config *c, const char *arch) {

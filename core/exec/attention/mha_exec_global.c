@@ -9,14 +9,11 @@
 #include "kernels/attention_global_abi.cuh"
 
 static int load_kernels(mha_exec_ctx *c, mha_exec_plan *plan, stof_error *err) {
-    char head_dim[32], dtype[32];
-    snprintf(head_dim, sizeof head_dim, "-DHEAD_DIM=%d", plan->problem.head_dim);
-    snprintf(dtype, sizeof dtype, "-DSTOF_DTYPE=%d", (int)plan->problem.dtype);
-    nvrtc_request req = {.source = "attention_global.cu", .arch = c->arch,
-                         .options = {head_dim, dtype}, .n_options = 2};
+    mha_exec_request r;
+    mha_exec_global_request_init(&r, &plan->problem, c->arch);
     gpu_module *mod;
     /* one module, kept by its request with the first kernel named: the others from it */
-    int rc = gpu_ctx_function(c, &req, STOF_ATTN_GLOBAL_INDEX_KERNEL, 0, &mod, err);
+    int rc = gpu_ctx_function(c, &r.req, STOF_ATTN_GLOBAL_INDEX_KERNEL, 0, &mod, err);
     if (rc)
         return rc;
     plan->global_index = mod->func;
@@ -64,7 +61,8 @@ static void fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
     a->gv = (const void *)(uintptr_t)t->gv;
     a->o = (void *)(uintptr_t)t->o;
     a->lse = (const float *)(uintptr_t)plan->d_lse;
-    a->pad_mask = (const stof_i32 *)(uintptr_t)t->pad_mask;
+    /* an unpadded plan's sequences are whole, whatever t holds (as its main kernel reads it) */
+    a->pad_mask = p->padded ? (const stof_i32 *)(uintptr_t)t->pad_mask : NULL;
     a->global_mask = (const stof_i32 *)(uintptr_t)t->global_mask;
     a->index = (stof_i32 *)(uintptr_t)plan->d_global_index;
     a->mask_bits = (const stof_u64 *)(uintptr_t)plan->d_mask_bits;
@@ -89,9 +87,10 @@ static int check_tensors(const mha_exec_plan *plan, const mha_exec_tensors *t,
     const int64_t kvd = (int64_t)mha_exec_kv_heads(p) * p->head_dim;
     const size_t e = stof_dtype_size(p->dtype);
     if (!t->global_mask || t->global_mask % 4)
-        return err_set(err, STOF_ERR_INVALID,
-                       "attention: the plan takes a global_mask but none was given");
-    if (!t->gq || t->k != t->q + (CUdeviceptr)(hd * (int64_t)e) ||
+        return err_set(err, STOF_ERR_INVALID, "attention: the plan takes a global_mask: an int32 "
+                       "[batch, seq] device array, 4-byte aligned (given 0x%llx)",
+                       (unsigned long long)t->global_mask);
+    if (!t->gq || t->gq % 16 || t->k != t->q + (CUdeviceptr)(hd * (int64_t)e) ||
         t->v != t->k + (CUdeviceptr)(kvd * (int64_t)e) ||
         t->gk != t->gq + (CUdeviceptr)(hd * (int64_t)e) ||
         t->gv != t->gk + (CUdeviceptr)(kvd * (int64_t)e) ||
@@ -99,39 +98,36 @@ static int check_tensors(const mha_exec_plan *plan, const mha_exec_tensors *t,
         t->k_batch_stride != t->q_batch_stride || t->v_batch_stride != t->q_batch_stride)
         return err_set(err, STOF_ERR_INVALID, "attention: global tokens need q, k, v (and the "
                        "global projections) packed as one [batch, seq, (H + 2 KVH) D] tensor "
-                       "each");
+                       "each, 16-byte aligned");
     return STOF_OK;
 }
 
-int mha_global_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
-                   CUstream s, int (*launch_main)(mha_exec_ctx *, const mha_exec_plan *,
-                                                  const mha_exec_tensors *, CUstream,
-                                                  stof_error *),
-                   stof_error *err) {
+int mha_global_check(const mha_exec_plan *plan, const mha_exec_tensors *t, stof_error *err) {
+    return check_tensors(plan, t, err);
+}
+
+int mha_global_launch(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+                      CUstream s, stof_error *err) {
     const mha_exec_problem *p = &plan->problem;
-    int rc = check_tensors(plan, t, err);
-    if (rc)
-        return rc;
     stof_attn_global_args args;
     fill_args(plan, t, &args);
     void *params[] = {&args};
     const unsigned index_grid[3] = {(unsigned)p->batch, 1, 1};
     const unsigned index_block[3] = {STOF_ATTN_GLOBAL_INDEX_THREADS, 1, 1};
-    const unsigned warps_block[3] = {STOF_ATTN_GLOBAL_WARPS * 32, 1, 1};
+    const unsigned merge_block[3] = {STOF_ATTN_GLOBAL_WARPS * 32, 1, 1};
     const unsigned merge_grid[3] = {
         (unsigned)((p->q_len + STOF_ATTN_GLOBAL_ROWS - 1) / STOF_ATTN_GLOBAL_ROWS),
         (unsigned)p->heads, (unsigned)p->batch};
+    const unsigned rows_block[3] = {STOF_ATTN_GLOBAL_ROW_WARPS * 32, 1, 1};
     const unsigned rows_grid[3] = {STOF_ATTN_GLOBAL_ROW_BLOCKS, (unsigned)p->heads,
                                    (unsigned)p->batch};
-    if ((rc = cuda_launch(c->drv, plan->global_index, index_grid, index_block, 0, s, params,
-                          c->pdl, "cuLaunchKernel(attention: global tokens' index)", err)) ||
-        (rc = launch_main(c, plan, t, s, err)))
-        return rc;
-    if (plan->config.lse &&
-        (rc = cuda_launch(c->drv, plan->global_merge, merge_grid, warps_block, 0, s, params,
-                          c->pdl, "cuLaunchKernel(attention: global keys)", err)))
-        return rc;
-    const unsigned rows_block[3] = {STOF_ATTN_GLOBAL_ROW_WARPS * 32, 1, 1};
-    return cuda_launch(c->drv, plan->global_rows, rows_grid, rows_block, 0, s, params, c->pdl,
-                       "cuLaunchKernel(attention: global rows)", err);
+    int rc = cuda_launch(c->drv, plan->global_index, index_grid, index_block, 0, s, params,
+                         c->pdl, "cuLaunchKernel(attention: global tokens' index)", err);
+    if (!rc && plan->config.lse)
+        rc = cuda_launch(c->drv, plan->global_merge, merge_grid, merge_block, 0, s, params,
+                         c->pdl, "cuLaunchKernel(attention: global keys)", err);
+    if (!rc)
+        rc = cuda_launch(c->drv, plan->global_rows, rows_grid, rows_block, 0, s, params, c->pdl,
+                         "cuLaunchKernel(attention: global rows)", err);
+    return rc;
 }

@@ -54,13 +54,12 @@ int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
  * when config.lse, the kernels of attention_global.cu. After the main kernel's setup. */
 int mha_global_prepare(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
                        stof_error *err);
-/* The global kernels around the main kernel's launch (launch_main): the index, then the
- * main kernel, then the merge of the global keys (config.lse) and the global rows. */
-int mha_global_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
-                   CUstream s, int (*launch_main)(mha_exec_ctx *, const mha_exec_plan *,
-                                                  const mha_exec_tensors *, CUstream,
-                                                  stof_error *),
-                   stof_error *err);
+/* The global tokens' tensors of t (before anything is launched). */
+int mha_global_check(const mha_exec_plan *plan, const mha_exec_tensors *t, stof_error *err);
+/* After the main kernel: the index of the global tokens, the merge of the global keys
+ * (config.lse) and the global rows. */
+int mha_global_launch(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
+                      CUstream s, stof_error *err);
 
 /* Loaded blocks of block row i of batch b in the BSR load list. */
 int mha_bsr_row_len(const mask_bsr *f, int b, int i);

@@ -221,8 +221,7 @@ int mha_plan_finish(mha_exec_ctx *c, mha_exec_plan *plan, const mask *folded,
     set_launch_shape(plan);
     /* global keys the mask leaves out are merged in through each row's log-sum-exp */
     const mha_exec_problem *p = &plan->problem;
-    plan->config.lse = p->global_keys &&
-                       plan->allowed_pairs < (int64_t)p->batch * p->q_len * p->k_len;
+    plan->config.lse = mha_exec_wants_lse(p, folded);
     mha_exec_request r;
     mha_exec_request_init(&r, &plan->config, c->arch);
     rc = mha_get_function(c, &r,

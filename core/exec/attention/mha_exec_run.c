@@ -175,6 +175,9 @@ int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
 
 int mha_exec_run(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
                  CUstream s, stof_error *err) {
-    return plan->problem.global_keys ? mha_global_run(c, plan, t, s, mha_run_main, err)
-                                     : mha_run_main(c, plan, t, s, err);
+    const int global = plan->problem.global_keys;
+    int rc = global ? mha_global_check(plan, t, err) : STOF_OK;
+    if (!rc)
+        rc = mha_run_main(c, plan, t, s, err);
+    return rc || !global ? rc : mha_global_launch(c, plan, t, s, err);
 }

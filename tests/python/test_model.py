@@ -128,14 +128,19 @@ def read_safetensors(path):
     return out
 
 
-def make_dir(root):
-    d = os.path.join(root, "tiny-bert")
+def write_model_dir(root, name, config, tensors):
+    """A model directory root/name: config.json and model.safetensors of tensors."""
+    d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
+        json.dump(config, f)
+    write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+    return d
+
+
+def make_dir(root):
     w = bert_weights()
-    write_safetensors(os.path.join(d, "model.safetensors"), {"bert." + k: v for k, v in w.items()})
-    return d, w
+    return write_model_dir(root, "tiny-bert", CONFIG, {"bert." + k: v for k, v in w.items()}), w
 
 
 def ids_and_mask():
@@ -304,13 +309,9 @@ def test_longformer_global_tokens():
     padding is padding)."""
     root = tempfile.mkdtemp()
     try:
-        d = os.path.join(root, "tiny-longformer")
-        os.makedirs(d)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(LONGFORMER_CONFIG, f)
         w = longformer_weights()
-        write_safetensors(os.path.join(d, "model.safetensors"),
-                          {"longformer." + k: v for k, v in w.items()})
+        d = write_model_dir(root, "tiny-longformer", LONGFORMER_CONFIG,
+                            {"longformer." + k: v for k, v in w.items()})
         m = stof.Model.from_pretrained(d, batch=2, seq=8, dtype="fp32")
         assert "global_attention_mask" in [t.name for t in m.inputs]
         ids, mask = ids_and_mask()
@@ -405,12 +406,8 @@ def numpy_greedy(w, prompt, n):
 def test_generate():
     root = tempfile.mkdtemp()
     try:
-        d = os.path.join(root, "tiny-gpt2")
-        os.makedirs(d)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(GPT2_CONFIG, f)
         w = gpt2_weights()
-        write_safetensors(os.path.join(d, "model.safetensors"), w)
+        d = write_model_dir(root, "tiny-gpt2", GPT2_CONFIG, w)
         m = stof.Model.from_pretrained(d, batch=1, seq=8, dtype="fp32")
         prompts = [[3, 14, 15, 9, 2, 6], [5, 35], [8]]
         got = m.generate(prompts, max_new_tokens=8, use_eos=False)

@@ -4,14 +4,15 @@
  * STOF_ATTN_GLOBAL_ARGS_BYTES is checked on both sides.
  *
  * A self-attention with global tokens (Longformer's) runs as:
- *   1. stof_attention_global_index, grid (batch): each sequence's global tokens (global_mask
+ *   1. the window attention (attention_block.cu / attention_row.cu, -DLSE=1 when the mask
+ *      leaves keys out): O and each row's log-sum-exp;
+ *   2. stof_attention_global_index, grid (batch): each sequence's global tokens (global_mask
  *      set, position within the attention_mask's length), in order, to
  *      index[b * (q_len + 1)]: their count, then their positions;
- *   2. the window attention (attention_block.cu / attention_row.cu, -DLSE=1 when the mask
- *      leaves keys out): O and each row's log-sum-exp;
- *   3. stof_attention_global_keys, grid (ceil(q_len / STOF_ATTN_GLOBAL_ROWS), heads, batch):
- *      every other query row also attends the global keys its mask left out (mask_bits
- *      says which it allowed), merged into O through its log-sum-exp;
+ *   3. stof_attention_global_keys, grid (ceil(q_len / STOF_ATTN_GLOBAL_ROWS), heads, batch),
+ *      only after a -DLSE=1 window: every other query row also attends the global keys its
+ *      mask left out (mask_bits says which it allowed), merged into O through its
+ *      log-sum-exp;
  *   4. stof_attention_global_rows, grid (STOF_ATTN_GLOBAL_ROW_BLOCKS, heads, batch),
  *      STOF_ATTN_GLOBAL_ROW_WARPS warps a block: each global query attends every key of its
  *      sequence with gq, gk, gv; a block takes STOF_ATTN_GLOBAL_ROW_GROUP rows at a time, its

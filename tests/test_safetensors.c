@@ -569,7 +569,8 @@ static void test_sources(void) {
     CHECK_CONTAINS(err.msg, "weight 'w' [4, 2] is assembled from 'w0' [1, 2] + 'w1' [2, 2]");
     CHECK_CONTAINS(err.msg, "tensors under two prefixes: 'p.' (for 'a.LayerNorm.weight') and "
                             "'q.' (for 'a.LayerNorm.bias')");
-    CHECK_CONTAINS(err.msg, "tensor 'ids': id 4 at index 1 is outside [0, 4)");
+    CHECK_CONTAINS(err.msg, "tensor 'ids': value 4 at index 1 (row 0, position 1) is outside "
+                            "[0, 4)");
     safetensors_close(f);
 
     e[3].name = "p.a.LayerNorm.beta";

@@ -299,18 +299,20 @@ static int weights_read_ids(const weights_origin *o, const graph_tensor *x, floa
     if (!ids)
         return STOF_ERR_NOMEM;
     int rc = safetensors_read_i64(o->file, o->index[0], ids, err);
+    const int64_t seq = x->shape[x->ndim - 1];
     if (!rc && x->init == GRAPH_INIT_PADDING) {
         char what[600];
         snprintf(what, sizeof what, "%s: tensor '%s'", o->file->path,
                  o->file->tensors[o->index[0]].name);
-        int64_t seq = x->shape[x->ndim - 1];
         rc = weights_check_attention_mask(what, ids, n / seq, seq, err);
     }
     for (int64_t i = 0; i < n && !rc; i++) {
+        /* "value", not "id": a global_attention_mask's entries are flags */
         if (ids[i] < 0 || ids[i] >= x->init_high)
-            rc = err_set(err, STOF_ERR_INVALID, "%s: tensor '%s': id %lld at index %lld is "
-                         "outside [0, %lld)", o->file->path, o->file->tensors[o->index[0]].name,
-                         (long long)ids[i], (long long)i, (long long)x->init_high);
+            rc = err_set(err, STOF_ERR_INVALID, "%s: tensor '%s': value %lld at index %lld (row "
+                         "%lld, position %lld) is outside [0, %lld)", o->file->path,
+                         o->file->tensors[o->index[0]].name, (long long)ids[i], (long long)i,
+                         (long long)(i / seq), (long long)(i % seq), (long long)x->init_high);
         out[i] = (float)ids[i];
     }
     free(ids);

@@ -417,14 +417,8 @@ static void case_tensors(const tcase *tc, const mha_exec_problem *p, const dbufs
         t->k_batch_stride = t->v_batch_stride = 0;
     t->relpos_table = db->table;
     t->pad_mask = db->pad;
-    if (tc->n_global) {
-        mha_exec_tensors gt;
-        mha_exec_tensors_packed(&gt, db->gkv, db->o, p, 2);
-        t->global_mask = db->gm;
-        t->gq = gt.q;
-        t->gk = gt.k;
-        t->gv = gt.v;
-    }
+    if (tc->n_global)
+        mha_exec_tensors_global(t, db->gm, db->gkv, p, 2);
 }
 
 /* ---- comparing ----------------------------------------------------------------------------- */

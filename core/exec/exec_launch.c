@@ -682,13 +682,9 @@ static int attn_bind_store(exec_model *m, const graph_op *op, const mha_exec_pro
 static void attn_bind_global(exec_model *m, const graph_op *op, const mha_exec_problem *p,
                              size_t elem, mha_exec_tensors *t) {
     const int at = op_attention_global_input(&op->attr.attn);
-    t->global_mask = ptr_of(m, op->inputs[at]);
-    mha_exec_tensors g;
-    mha_exec_tensors_packed(&g, ptr_of(m, op->inputs[op->attr.attn.global_qkv ? at + 1 : 0]),
-                            t->o, p, elem);
-    t->gq = g.q;
-    t->gk = g.k;
-    t->gv = g.v;
+    mha_exec_tensors_global(t, ptr_of(m, op->inputs[at]),
+                            ptr_of(m, op->inputs[op->attr.attn.global_qkv ? at + 1 : 0]), p,
+                            elem);
 }
 
 static int attn_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {

@@ -451,14 +451,9 @@ static void attention_variant(exec_model *m, const exec_pack *pk, int s, exec_se
     r->t.attn.pad_mask = base->t.attn.pad_mask;
     if (p->global_keys) { /* the padded global_mask; global_qkv scattered to its own scratch */
         const graph_op *op = &m->plan->g->ops[m->plan->segs[s].first];
-        mha_exec_tensors gt;
-        mha_exec_tensors_packed(&gt, op->attr.attn.global_qkv ? pk->scratch_global
-                                                                : pk->scratch_in,
-                                pk->scratch_out, p, stof_dtype_size(p->dtype));
-        r->t.attn.global_mask = base->t.attn.global_mask;
-        r->t.attn.gq = gt.q;
-        r->t.attn.gk = gt.k;
-        r->t.attn.gv = gt.v;
+        mha_exec_tensors_global(&r->t.attn, base->t.attn.global_mask,
+                                op->attr.attn.global_qkv ? pk->scratch_global : pk->scratch_in,
+                                p, stof_dtype_size(p->dtype));
     }
 }
 

@@ -407,6 +407,9 @@ typedef struct mha_exec_tensors {
 /* Self-attention on the QKV GEMM's output qkv [B, S, 3, H, D], o [B, S, H*D]. */
 void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o,
                              const mha_exec_problem *p, size_t elem_bytes);
+/* Global tokens: the global_mask and the global rows' Q, K, V in gqkv, packed as qkv is. */
+void mha_exec_tensors_global(mha_exec_tensors *t, CUdeviceptr global_mask, CUdeviceptr gqkv,
+                             const mha_exec_problem *p, size_t elem_bytes);
 /* Cross-attention: q [B, Sq, H*D], kv [B, Sk, 2, H, D], o [B, Sq, H*D]. */
 void mha_exec_tensors_cross(mha_exec_tensors *t, CUdeviceptr q, CUdeviceptr kv, CUdeviceptr o,
                             const mha_exec_problem *p, size_t elem_bytes);

@@ -366,15 +366,9 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 int mha_exec_wants_lse(const mha_exec_problem *p, const mask *folded) {
     if (!p->global_keys || !folded)
         return 0;
-    const uint64_t tail = folded->k_len % 64 ? (1ULL << (folded->k_len % 64)) - 1 : ~0ULL;
-    for (int64_t r = 0; r < (int64_t)folded->batch * folded->q_len; r++) {
-        const uint64_t *row = folded->bits + r * folded->words;
-        for (int w = 0; w < folded->words; w++)
-            if ((row[w] & (w == folded->words - 1 ? tail : ~0ULL)) !=
-                (w == folded->words - 1 ? tail : ~0ULL))
-                return 1; /* a key left out */
-    }
-    return 0;
+    mask_stats st;
+    mask_compute_stats(folded, 0, 0, &st);
+    return st.nnz < (int64_t)folded->batch * folded->q_len * folded->k_len; /* a key left out */
 }
 
 void mha_exec_global_request_init(mha_exec_request *r, const mha_exec_problem *p,

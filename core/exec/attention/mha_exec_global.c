@@ -80,8 +80,7 @@ static void fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
 
 /* The kernels read q, k, v and gq, gk, gv with one set of strides: the layout of one
  * packed [B, S, (H + 2 KVH) D] tensor each. */
-static int check_tensors(const mha_exec_plan *plan, const mha_exec_tensors *t,
-                         stof_error *err) {
+int mha_global_check(const mha_exec_plan *plan, const mha_exec_tensors *t, stof_error *err) {
     const mha_exec_problem *p = &plan->problem;
     const int64_t hd = (int64_t)p->heads * p->head_dim;
     const int64_t kvd = (int64_t)mha_exec_kv_heads(p) * p->head_dim;
@@ -100,10 +99,6 @@ static int check_tensors(const mha_exec_plan *plan, const mha_exec_tensors *t,
                        "global projections) packed as one [batch, seq, (H + 2 KVH) D] tensor "
                        "each, 16-byte aligned");
     return STOF_OK;
-}
-
-int mha_global_check(const mha_exec_plan *plan, const mha_exec_tensors *t, stof_error *err) {
-    return check_tensors(plan, t, err);
 }
 
 int mha_global_launch(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,

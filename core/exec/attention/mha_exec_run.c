@@ -30,6 +30,16 @@ void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o
     t->o_batch_stride = hd * p->q_len;
 }
 
+void mha_exec_tensors_global(mha_exec_tensors *t, CUdeviceptr global_mask, CUdeviceptr gqkv,
+                             const mha_exec_problem *p, size_t elem_bytes) {
+    mha_exec_tensors g;
+    mha_exec_tensors_packed(&g, gqkv, t->o, p, elem_bytes);
+    t->global_mask = global_mask;
+    t->gq = g.q;
+    t->gk = g.k;
+    t->gv = g.v;
+}
+
 void mha_exec_tensors_cross(mha_exec_tensors *t, CUdeviceptr q, CUdeviceptr kv, CUdeviceptr o,
                             const mha_exec_problem *p, size_t elem_bytes) {
     int64_t hd = (int64_t)p->heads * p->head_dim;

@@ -9,8 +9,9 @@
  * both sides.
  *
  * Tensors. Strides are in elements. Row i of batch b, head h of Q starts at
- *   q + b * q_batch_stride + i * q_row_stride + h * HEAD_DIM
- * and likewise for O, and for K, V (key row j) at head h / kv_group. The host offsets the base
+ *   q + b * q_batch_stride + (first_b + i) * q_row_stride + h * HEAD_DIM
+ * (first_b = seq_start[b] in the ragged layout below, else 0) and likewise for O, and for
+ * K, V (key row j) at head h / kv_group. The host offsets the base
  * pointers for the packed layouts: self-attention reads qkv [B, S, 3, H, D]
  * (k = qkv + H*D, v = qkv + 2*H*D, row stride 3*H*D), cross-attention q
  * [B, Sq, H*D] and kv [B, Sk, 2, H, D]. O is [B, Sq, H*D]. Base pointers are
@@ -66,7 +67,8 @@
  * elements: dims (heads * HEAD_DIM, k_len, batches), strides (row, batch)
  * in bytes, boxes of 64 x BLOCK_N x 1 in the 128-byte swizzle. Key block c
  * of head h, batch b is the box at (h HEAD_DIM + 64 p, c BLOCK_N,
- * b k_tma_batch) for p < HEAD_DIM / 64; rows past k_len come back as zeros.
+ * b k_tma_batch) for p < HEAD_DIM / 64; rows past k_len come back as zeros. A ragged
+ * launch's maps are one batch of all its rows: the box at (.., first_b + c BLOCK_N, 0).
  * A tensor whose batch stride is 0 (one K for every batch) is encoded with
  * one batch and k_tma_batch 0. The maps sit in the argument block, which
  * the kernel takes as a __grid_constant__ parameter so that their address
@@ -148,7 +150,14 @@ typedef struct stof_attn_args {
      * q.k), -inf for a row with no allowed key, at lse[(b * heads + h) * q_len + i] (padded
      * rows: any value); what attention_global.cu merges the global keys into O with */
     float *lse;
-    stof_i64 align_[6];             /* keeps the tensor maps on a 64-byte boundary */
+    /* the ragged layout (-DPADDING=1 builds; NULL: the padded one): int32 [batch + 1], batch
+     * b's rows are rows seq_start[b] .. seq_start[b + 1] - 1 of q, k, v and o (the batch
+     * strides are 0), its length their count; rows past it are neither weighed nor written.
+     * Rows outside every sequence must hold finite values: a TMA build may load them as keys
+     * that the mask then gives no weight. pad_mask still gives the same lengths (the global
+     * kernels' index reads it) */
+    const stof_i32 *seq_start;
+    stof_i64 align_[5];             /* keeps the tensor maps on a 64-byte boundary */
     /* 4-byte fields: keep their count even */
     stof_i32 q_len, k_len, heads, fmt_batch;
     float scale_log2;               /* scale * log2(e): scores are exponentiated with exp2 */

@@ -171,26 +171,32 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     const int end_listed = __ldg(a.load_row_ptr + ptr + 1);
 #endif
 #if PADDING
-    // The sequence's length: keys past it are masked (kv_len), its padded
-    // rows write zeros, and a tile of padded rows does no work at all.
-    const int kv_len = padded_length(a.pad_mask, b, a.q_len);
+    // The sequence: keys past its length are masked and not loaded (kv_len), a
+    // tile of padded rows does no work at all, and its padded rows write
+    // zeros (the padded layout) or nothing (the ragged one, where the next
+    // sequence's rows follow; `first` is its first row there).
+    const sequence_rows sq_rows = sequence_of(a.seq_start, a.pad_mask, b, a.q_len);
+    const int kv_len = sq_rows.len, first = sq_rows.first;
     const int end = row_base < kv_len ? end_listed : start;
     const int live_rows = kv_len - row_base;
+    const int q_rows = min(a.q_len, kv_len) - row_base;  // Q rows loaded
+    const int out_rows = a.seq_start ? live_rows : a.q_len - row_base;
 #else
-    const int kv_len = a.k_len, end = end_listed;
+    const int kv_len = a.k_len, end = end_listed, first = 0;
     constexpr int live_rows = BLOCK_M;
+    const int q_rows = a.q_len - row_base, out_rows = q_rows;
 #endif
 
     const elem_t *q = static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
-                      row_base * a.q_row_stride + h * HEAD_DIM;
+                      (first + row_base) * a.q_row_stride + h * HEAD_DIM;
 #if !TMA  // (the TMA build addresses K and V through its tensor maps)
     const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride +
-                         (h / a.kv_group) * HEAD_DIM;
+                      first * a.k_row_stride + (h / a.kv_group) * HEAD_DIM;
     const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride +
-                         (h / a.kv_group) * HEAD_DIM;
+                      first * a.v_row_stride + (h / a.kv_group) * HEAD_DIM;
 #endif
-    elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
-                  h * HEAD_DIM;
+    elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride +
+                  (first + row_base) * a.o_row_stride + h * HEAD_DIM;
 #if TMA
     // Prologue: the barriers, Q by cp.async, blocks 0 .. kAhead-1 by copies.
     if (threadIdx.x == 0) {
@@ -199,19 +205,19 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
         stof::tma::fence_barrier_init();
     }
     __syncthreads();
-    if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
+    if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, q_rows);
     cp_async_commit();
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int j = 0; j < kAhead; ++j)
             if (start + j < end)
-                load_kv_tma(sk, sv, j, a, load_cols(a, start + j, end), h, b, bar0 + 8 * j);
+                load_kv_tma(sk, sv, j, a, load_cols(a, start + j, end), h, b, first, bar0 + 8 * j);
     }
 #else
-    const kv_thread kt = make_kv_thread(a, k, v, sK, sV);
+    const kv_thread kt = make_kv_thread(a, k, v, sK, sV, kv_len);
 
     // Prologue: groups 0 .. kAhead-1 hold blocks 0 .. kAhead-1 (Q with block 0).
-    if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, a.q_len - row_base);
+    if (start < end) load_tile_async<BLOCK_M>(sQ, q, (int)a.q_row_stride, q_rows);
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
         if (start + j < end)
@@ -256,7 +262,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
         {
 #if TMA
             key_group cur = pipeline_step_tma(a, sk, sv, start, start, end, stage, next, sQ, w, qf,
-                                              bar0, phases, h, b);
+                                              bar0, phases, h, b, first);
 #else
             key_group cur = pipeline_step(a, sK, sV, k, v, start, start, end, stage, next, sQ, w, qf, kt);
 #endif
@@ -274,7 +280,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
         for (int it = start + 1; it < end; ++it) {
 #if TMA
             key_group cur = pipeline_step_tma(a, sk, sv, it, start, end, stage, next, sQ, w, qf,
-                                              bar0, phases, h, b);
+                                              bar0, phases, h, b, first);
 #else
             key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf, kt);
 #endif
@@ -304,7 +310,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     for (int it = start; it < end; ++it) {
 #if TMA
         key_group cur = pipeline_step_tma(a, sk, sv, it, start, end, stage, next, sQ, w, qf, bar0,
-                                          phases, h, b);
+                                          phases, h, b, first);
 #else
         key_group cur = pipeline_step(a, sK, sV, k, v, it, start, end, stage, next, sQ, w, qf, kt);
 #endif
@@ -342,6 +348,6 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
               w, c);
 #endif
     __syncwarp();
-    store_output(o, l, sQ, out, a.o_row_stride, a.q_len - row_base, live_rows, w);
+    store_output(o, l, sQ, out, a.o_row_stride, out_rows, live_rows, w);
 }
 #include "attention_block_combine.cuh"

@@ -26,14 +26,17 @@ stof_attention_combine(const stof_attn_args a) {
     if ((int)blockIdx.x >= __ldg(a.split_ptr + wb + 1) - first) return;
     const int4 sr = __ldg(reinterpret_cast<const int4 *>(a.splits) + first + blockIdx.x);
     const int row_base = sr.x * BLOCK_M, first_slot = sr.y, n_slots = sr.z;
-    const int valid_rows = min(BLOCK_M, a.q_len - row_base);
 #if PADDING
-    const int live_rows = padded_length(a.pad_mask, b, a.q_len) - row_base;
+    // padded rows: zeros in the padded layout, nothing in the ragged one
+    const sequence_rows sq_rows = sequence_of(a.seq_start, a.pad_mask, b, a.q_len);
+    const int live_rows = sq_rows.len - row_base, seq_first = sq_rows.first;
+    const int valid_rows = min(BLOCK_M, a.seq_start ? live_rows : a.q_len - row_base);
 #else
-    constexpr int live_rows = BLOCK_M;
+    constexpr int live_rows = BLOCK_M, seq_first = 0;
+    const int valid_rows = min(BLOCK_M, a.q_len - row_base);
 #endif
-    elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row_base * a.o_row_stride +
-                  h * HEAD_DIM;
+    elem_t *out = static_cast<elem_t *>(a.o) + b * a.o_batch_stride +
+                  (seq_first + row_base) * a.o_row_stride + h * HEAD_DIM;
     const long long u0 = partial_unit(a, first_slot, b, h);
     const long long unit_stride = a.heads;  // consecutive slots: units a.heads apart
     for (int idx = threadIdx.x; idx < valid_rows * kDT; idx += kCombineThreads) {

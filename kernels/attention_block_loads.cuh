@@ -130,9 +130,10 @@ __device__ __forceinline__ key_group load_group(const stof_attn_args &a, int it,
     return r;
 }
 
-// Keys of entry column `col` that exist (below k_len; none past the list's end).
-__device__ __forceinline__ int keys_in(const stof_attn_args &a, int col) {
-    return col >= 0 ? a.k_len - col * BLOCK_N : 0;
+// Keys of entry column `col` that exist (below n_keys: k_len, or with padding the
+// sequence's length; none past the list's end).
+__device__ __forceinline__ int keys_in(int n_keys, int col) {
+    return col >= 0 ? n_keys - col * BLOCK_N : 0;
 }
 
 // A thread's share of the K and V copies where every pass of the block
@@ -156,13 +157,15 @@ struct kv_thread {
     int k_off[kKVPasses], v_off[kKVPasses];  // bytes from a key block's first row
     unsigned sk, sv;  // shared addresses of the first chunk in stage 0, entry 0
     int row0;         // the first chunk's row within a key block
+    int n_keys;       // keys loaded (keys_in); rows past them are zero-filled
 };
 
 // BLOCK_N * stride < 2^30 elements (STOF_ATTN_MAX_ROW_STRIDE): byte offsets fit an int.
 __device__ __forceinline__ kv_thread make_kv_thread(const stof_attn_args &a, const elem_t *k,
                                                     const elem_t *v, const elem_t *sK,
-                                                    const elem_t *sV) {
+                                                    const elem_t *sV, int n_keys) {
     kv_thread t;
+    t.n_keys = n_keys;
     t.kb = reinterpret_cast<const char *>(k);
     t.vb = reinterpret_cast<const char *>(v);
     t.k_blk = BLOCK_N * (int)a.k_row_stride * (int)sizeof(elem_t);
@@ -209,7 +212,7 @@ __device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage,
         asm volatile("mov.b64 %0, %0;" : "+l"(kb));  // once, not folded into every chunk
         asm volatile("mov.b64 %0, %0;" : "+l"(vb));
         const unsigned soff = off * (unsigned)sizeof(elem_t);
-        const int rows = keys_in(a, g.col) - t.row0;  // of this thread's chunks
+        const int rows = keys_in(t.n_keys, g.col) - t.row0;  // of this thread's chunks
 #pragma unroll
         for (int i = 0; i < kKVPasses; ++i) {
             const bool valid = i * kRowStep < rows;
@@ -219,9 +222,9 @@ __device__ __forceinline__ void load_kv_async(elem_t *sK, elem_t *sV, int stage,
     } else {
         const int col0 = g.col >= 0 ? g.col * BLOCK_N : 0;
         load_tile_async<BLOCK_N>(sK + off, k + col0 * a.k_row_stride, (int)a.k_row_stride,
-                                 keys_in(a, g.col));
+                                 keys_in(t.n_keys, g.col));
         load_tile_async<BLOCK_N>(sV + off, v + col0 * a.v_row_stride, (int)a.v_row_stride,
-                                 keys_in(a, g.col));
+                                 keys_in(t.n_keys, g.col));
     }
 }
 
@@ -232,12 +235,14 @@ constexpr unsigned kStageBytes = 2u * kStageElems * sizeof(elem_t);
 
 // K and V of key block column g.col into stage `stage`, by one thread: a
 // tensor copy per 64-column piece, all counted on the stage's barrier. An
-// entry past the list's end reads rows at k_len, out of the tensor: zeros.
+// entry past the list's end reads rows at k_len (out of the tensor: zeros;
+// in a ragged launch's map maybe rows of another sequence), never weighed.
+// The sequence's keys start at row `first` of the map (ragged launches).
 __device__ __forceinline__ void load_kv_tma(unsigned sk, unsigned sv, int stage,
                                             const stof_attn_args &a, const key_cols &g, int h,
-                                            int b, unsigned bar) {
+                                            int b, int first, unsigned bar) {
     stof::tma::arrive_expect(bar, kStageBytes);
-    const int row = g.col >= 0 ? g.col * BLOCK_N : a.k_len;
+    const int row = g.col >= 0 ? first + g.col * BLOCK_N : a.k_len;
 #pragma unroll
     for (int p = 0; p < HEAD_DIM / 64; ++p) {
         const unsigned off = (stage * kStageElems + p * (BLOCK_N * 64)) * sizeof(elem_t);

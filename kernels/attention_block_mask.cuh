@@ -138,8 +138,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kMT][kNT][4], const st
                                                const key_group &g, int h, bool prescale,
                                                const relpos_far &far, int kv_len) {
     // keys of the block that exist (and, with padding, are tokens)
-    const int lim = PADDING ? min(keys_in(a, g.col), kv_len - g.col * BLOCK_N)
-                            : keys_in(a, g.col);
+    const int lim = keys_in(kv_len, g.col);  // kv_len <= k_len
     const bool work = prescale || g.mask >= 0 || lim < BLOCK_N;
     if (!work) return;  // full blocks away from the edge: nothing to mask
     const float mul = prescale ? a.scale_log2 : 1.0f;

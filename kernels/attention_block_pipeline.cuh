@@ -52,7 +52,8 @@ __device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, 
                                                        int stage, key_cols &next,
                                                        const elem_t *sQ, const warp_pos &w,
                                                        unsigned (&qf)[kMT][kKD][4], unsigned bar0,
-                                                       unsigned &phases, int h, int b) {
+                                                       unsigned &phases, int h, int b,
+                                                       int first) {
     if (it == start) {
         cp_async_wait<0>();  // Q, this thread's copies
 #if WGMMA
@@ -63,7 +64,7 @@ __device__ __forceinline__ key_group pipeline_step_tma(const stof_attn_args &a, 
     if (kKeepQ && it == start) load_q_frags(qf, sQ, w);
     const int refill = (stage + kAhead) % STAGES;
     if (threadIdx.x == 0 && it + kAhead < end)
-        load_kv_tma(sk, sv, refill, a, next, h, b, bar0 + 8 * refill);
+        load_kv_tma(sk, sv, refill, a, next, h, b, first, bar0 + 8 * refill);
     next = load_cols(a, it + kAhead + 1, end);
     const key_group cur = load_group(a, it, end);
     stof::tma::wait(bar0 + 8 * stage, (phases >> stage) & 1u);

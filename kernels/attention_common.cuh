@@ -203,5 +203,24 @@ __device__ __forceinline__ int padded_length(const stof_i32 *mask, int b, int n)
     return lo;
 }
 
+// Batch b's real rows: the ragged layout's (seq_start[b] .. seq_start[b + 1] - 1, see
+// attention_abi.cuh), else the attention_mask's length (pad_mask), else all n.
+struct sequence_rows {
+    int first, len;
+};
+
+__device__ __forceinline__ sequence_rows sequence_of(const stof_i32 *seq_start,
+                                                     const stof_i32 *pad_mask, int b, int n) {
+    sequence_rows s;
+    if (seq_start) {
+        s.first = __ldg(seq_start + b);
+        s.len = __ldg(seq_start + b + 1) - s.first;
+    } else {
+        s.first = 0;
+        s.len = pad_mask ? padded_length(pad_mask, b, n) : n;
+    }
+    return s;
+}
+
 }  // namespace attn
 }  // namespace stof

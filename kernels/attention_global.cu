@@ -35,9 +35,9 @@ static_assert(STOF_ATTN_GLOBAL_ROWS % STOF_ATTN_GLOBAL_WARPS == 0, "whole rows a
 
 #include "attention_chunk.cuh"
 
-// The sequence's length: its attention_mask's ones, else every position.
-__device__ __forceinline__ int sequence_length(const stof_attn_global_args &a, int b) {
-    return a.pad_mask ? padded_length(a.pad_mask, b, a.q_len) : a.q_len;
+// The sequence's rows: its first (ragged layout) and its length.
+__device__ __forceinline__ sequence_rows sequence_at(const stof_attn_global_args &a, int b) {
+    return sequence_of(a.seq_start, a.pad_mask, b, a.q_len);
 }
 
 // Inclusive sum over the block (blockDim.x a multiple of 32, at most 1024).
@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(kIndexThreads)
 stof_attention_global_index(const stof_attn_global_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
     __shared__ int s_warp[32];
-    const int b = blockIdx.x, len = sequence_length(a, b);
+    const int b = blockIdx.x, len = sequence_at(a, b).len;
     const stof_i32 *gm = a.global_mask + (long long)b * a.q_len;
     stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
     const int per = (len + kIndexThreads - 1) / kIndexThreads;
@@ -136,13 +136,16 @@ stof_attention_global_keys(const stof_attn_global_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     const stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
     const int n_global = __ldg(index);
-    const int len = sequence_length(a, b);
+    const sequence_rows sr = sequence_at(a, b);
+    const int len = sr.len;
     const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
     if (n_global == 0 || row0 >= len) return;
     const stof_i32 *gm = a.global_mask + (long long)b * a.q_len;
     const long long head = (long long)(h / a.kv_group) * HEAD_DIM;
-    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.batch_stride + head;
-    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.batch_stride + head;
+    const long long in_base = b * a.batch_stride + sr.first * a.row_stride;
+    const elem_t *k = static_cast<const elem_t *>(a.k) + in_base + head;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + in_base + head;
+    elem_t *o = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + sr.first * a.o_row_stride;
     const float *lse = a.lse + ((long long)b * a.heads + h) * a.q_len;
     const stof_u64 *bits = a.mask_bits + (long long)(a.fmt_batch == 1 ? 0 : b) * a.q_len * a.words;
     float *sq = s_query[warp];
@@ -158,8 +161,7 @@ stof_attention_global_keys(const stof_attn_global_args a) {
         live[g] = row0 + g < len && __ldg(gm + row) == 0;
         added[g] = false;
         allowed[g] = bits + (long long)row * a.words;
-        out[g] = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
-                 h * HEAD_DIM;
+        out[g] = o + row * a.o_row_stride + h * HEAD_DIM;
         m[g] = __ldg(lse + row);
         l[g] = m[g] == STOF_NEG_INF ? 0.0f : 1.0f;
 #pragma unroll
@@ -169,7 +171,7 @@ stof_attention_global_keys(const stof_attn_global_args a) {
             acc[g][i] = pair < kPairs && l[g] > 0.0f ? unpack2<elem_t>(*o_pair)
                                                      : make_float2(0.0f, 0.0f);
         }
-        load_query(sq + g * HEAD_DIM, static_cast<const elem_t *>(a.q) + b * a.batch_stride +
+        load_query(sq + g * HEAD_DIM, static_cast<const elem_t *>(a.q) + in_base +
                                           row * a.row_stride + h * HEAD_DIM, lane);
     }
     for (int c0 = 0; c0 < n_global; c0 += 32) {
@@ -213,17 +215,20 @@ stof_attention_global_rows(const stof_attn_global_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     const stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
     const int n_global = __ldg(index);
-    const int len = sequence_length(a, b);
+    const sequence_rows sr = sequence_at(a, b);
+    const int len = sr.len;
     const long long head = (long long)(h / a.kv_group) * HEAD_DIM;
-    const elem_t *k = static_cast<const elem_t *>(a.gk) + b * a.batch_stride + head;
-    const elem_t *v = static_cast<const elem_t *>(a.gv) + b * a.batch_stride + head;
+    const long long in_base = b * a.batch_stride + sr.first * a.row_stride;
+    const elem_t *k = static_cast<const elem_t *>(a.gk) + in_base + head;
+    const elem_t *v = static_cast<const elem_t *>(a.gv) + in_base + head;
+    elem_t *o = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + sr.first * a.o_row_stride;
     for (int t0 = blockIdx.x * kGroup; t0 < n_global; t0 += gridDim.x * kGroup) {
         const int rows = min(kGroup, n_global - t0);
         // the group's queries (rows past it: zeros, computed and dropped)
         for (int g = warp; g < kGroup; g += kRowsWarps) {
             if (g < rows)
                 load_query(s_query + g * HEAD_DIM,
-                           static_cast<const elem_t *>(a.gq) + b * a.batch_stride +
+                           static_cast<const elem_t *>(a.gq) + in_base +
                                __ldg(index + 1 + t0 + g) * a.row_stride + h * HEAD_DIM,
                            lane);
             else
@@ -280,8 +285,7 @@ stof_attention_global_rows(const stof_attn_global_args a) {
             }
             const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
             const int row = __ldg(index + 1 + t0 + g);
-            *reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.o) + b * a.o_batch_stride +
-                                          row * a.o_row_stride + h * HEAD_DIM + 2 * pair) =
+            *reinterpret_cast<unsigned *>(o + row * a.o_row_stride + h * HEAD_DIM + 2 * pair) =
                 pack2<elem_t>(x * inv, y * inv);
         }
         __syncthreads();  // the next group's queries and partials overwrite these

@@ -18,7 +18,9 @@
  *      sequence with gq, gk, gv; a block takes STOF_ATTN_GLOBAL_ROW_GROUP rows at a time, its
  *      warps splitting the keys.
  * q, k, v and gq, gk, gv point at head 0 of row 0 of batch 0 of a [B, S, (H + 2 KVH) D]
- * tensor each (the same strides); o at O [B, S, H D]. */
+ * tensor each (the same strides); o at O [B, S, H D]. In the ragged layout (seq_start set)
+ * batch b's rows start at row seq_start[b] of each and the batch strides are 0; index, lse,
+ * global_mask and pad_mask keep the padded [batch][q_len] positions. */
 #ifndef STOF_KERNELS_ATTENTION_GLOBAL_ABI_CUH
 #define STOF_KERNELS_ATTENTION_GLOBAL_ABI_CUH
 
@@ -33,13 +35,14 @@ typedef struct stof_attn_global_args {
     const stof_i32 *global_mask;    /* [batch][q_len], nonzero: a global token */
     stof_i32 *index;                /* [batch][q_len + 1], written by step 1 */
     const stof_u64 *mask_bits;      /* the window's mask, [fmt_batch][q_len][words] bits */
+    const stof_i32 *seq_start;      /* the ragged layout (attention_abi.cuh), or NULL */
     stof_i64 row_stride, batch_stride;     /* of q, k, v, gq, gk, gv (elements) */
     stof_i64 o_row_stride, o_batch_stride;
     stof_i32 q_len, heads, kv_group, words, fmt_batch;
     float scale_log2;               /* scale * log2(e) */
 } stof_attn_global_args;
 
-#define STOF_ATTN_GLOBAL_ARGS_BYTES (16 * 8 + 6 * 4)
+#define STOF_ATTN_GLOBAL_ARGS_BYTES (17 * 8 + 6 * 4)
 STOF_ABI_STATIC_ASSERT(sizeof(stof_attn_global_args) == STOF_ATTN_GLOBAL_ARGS_BYTES,
                        "stof_attn_global_args layout changed: host and kernels must agree");
 

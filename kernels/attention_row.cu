@@ -74,24 +74,27 @@ stof_attention_row(const stof_attn_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     float *sq = s_query[warp];
 
-    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride +
-                         (h / a.kv_group) * HEAD_DIM;
-    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride +
-                         (h / a.kv_group) * HEAD_DIM;
-    const long long ptr_base = a.fmt_batch == 1 ? 0LL : (long long)b * (a.q_len + 1);
 #if PADDING
-    // keys past the sequence's length are masked; its padded rows write zeros
-    const int kv_len = padded_length(a.pad_mask, b, a.q_len);
+    // keys past the sequence's length are masked and not read; its padded rows write zeros
+    // (the padded layout) or nothing (the ragged one, from its first row on)
+    const sequence_rows sq_rows = sequence_of(a.seq_start, a.pad_mask, b, a.q_len);
+    const int kv_len = sq_rows.len, first = sq_rows.first;
+    const int rows = a.seq_start ? kv_len : a.q_len;
 #else
-    const int kv_len = a.k_len;
+    const int kv_len = a.k_len, first = 0, rows = a.q_len;
 #endif
+    const elem_t *k = static_cast<const elem_t *>(a.k) + b * a.k_batch_stride +
+                      first * a.k_row_stride + (h / a.kv_group) * HEAD_DIM;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + b * a.v_batch_stride +
+                      first * a.v_row_stride + (h / a.kv_group) * HEAD_DIM;
+    const long long ptr_base = a.fmt_batch == 1 ? 0LL : (long long)b * (a.q_len + 1);
 
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
         const int row = (blockIdx.x * WARPS_PER_BLOCK + warp) * ROWS_PER_WARP + r;
-        if (row >= a.q_len)
+        if (row >= rows)
             break;  // warp-uniform
         load_query(sq, static_cast<const elem_t *>(a.q) + b * a.q_batch_stride +
-                           row * a.q_row_stride + h * HEAD_DIM,
+                           (first + row) * a.q_row_stride + h * HEAD_DIM,
                    lane);
         const long long start = __ldg(a.row_ptr + ptr_base + row);
         const long long end = PADDING && row >= kv_len ? start
@@ -104,9 +107,10 @@ stof_attention_row(const stof_attn_args a) {
 
         for (long long c0 = start; c0 < end; c0 += 32) {
             const int n = (int)(end - c0 < 32 ? end - c0 : 32);
-            const bool valid = lane < n;
-            const int col = valid ? __ldg(a.col_idx + c0 + lane) : 0;
-            const float s = chunk_score(a, sq, k, row, col, valid && (!PADDING || col < kv_len), h);
+            const int listed = lane < n ? __ldg(a.col_idx + c0 + lane) : -1;
+            const bool take = listed >= 0 && (!PADDING || listed < kv_len);
+            const int col = take ? listed : 0;  // (a key not taken: row 0's V, weight 0)
+            const float s = chunk_score(a, sq, k, row, col, take, h);
             const float p = chunk_softmax(s, m, l, acc);
             chunk_pv(acc, v, a.v_row_stride, p, col, n, lane);
         }
@@ -115,7 +119,8 @@ stof_attention_row(const stof_attn_args a) {
             a.lse[((long long)b * a.heads + h) * a.q_len + row] =
                 l > 0.0f ? m + log2f(l) : STOF_NEG_INF;
 #endif
-        store_row(static_cast<elem_t *>(a.o) + b * a.o_batch_stride + row * a.o_row_stride +
+        store_row(static_cast<elem_t *>(a.o) + b * a.o_batch_stride +
+                      (first + row) * a.o_row_stride +
                       h * HEAD_DIM,
                   acc, l, lane);
         __syncwarp();  // the next row's query overwrites sq

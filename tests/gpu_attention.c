@@ -13,7 +13,10 @@
  * ||out - ref|| / ||ref|| (< 5e-3 fp16, < 2e-2 bf16), every element finite,
  * rows with no allowed key exactly zero. The "padded" cases pass a run-time
  * attention_mask of the given lengths (-DPADDING=1 builds): keys past a
- * sequence's length are masked, its padded rows must be zeros. The "GQA" cases
+ * sequence's length are masked, its padded rows must be zeros; each such run is
+ * repeated in the ragged layout (the sequences' rows one after another, then
+ * RAGGED_TAIL rows of large values that must not count): the same values on
+ * the real rows, and no row outside the sequences written. The "GQA" cases
  * (grouped-query attention) give K and V fewer heads than Q (kv_heads): query
  * head h reads K/V head h / (heads / kv_heads). One line per run, so a remote log
  * says what is wrong. Then the block-wise kernel is timed at one big shape
@@ -330,29 +333,92 @@ typedef struct dbufs {
     CUdeviceptr pad;             /* the attention_mask [B, Sq] int32, padded cases */
     CUdeviceptr gkv, gm;         /* global tokens: packed global Q, K, V; the global_mask */
     size_t o_elems;
+    /* the ragged layout (padded self-attention cases): the same tensors, sequences one after
+     * another, then RAGGED_TAIL rows; seq_start [B + 1] */
+    CUdeviceptr kv_r, gkv_r, o_r, start;
+    int64_t rows_r;
 } dbufs;
+
+#define RAGGED_TAIL 37
+#define RAGGED_TAIL_VALUE 512.0f /* large enough to show if a tail key were weighed */
 
 static int upload_bits(gpu *g, CUdeviceptr *d, const uint16_t *h, size_t n) {
     return upload(g, d, h, n * 2);
 }
 
-/* Q (unless qd is 0), K and V packed [B, Sk, qd + 2 KVH D] on the device. */
-static int upload_packed(gpu *g, const data *d, const float *q, const float *k, const float *v,
-                         size_t qd, CUdeviceptr *out) {
+/* Q (unless qd is 0), K and V packed [rows, qd + 2 KVH D] on the device: row r holds token
+ * src[r] (b Sk + position; packed, Sq == Sk, so token r of q too), or where src is NULL
+ * token r, and where src[r] < 0 RAGGED_TAIL_VALUE, alternating in sign. */
+static int upload_rows(gpu *g, const data *d, const float *q, const float *k, const float *v,
+                       size_t qd, const int64_t *src, size_t rows, CUdeviceptr *out) {
     size_t hd = (size_t)d->H * d->D, kvd = (size_t)d->KVH * d->D;
-    size_t width = qd + 2 * kvd, rows = (size_t)d->B * d->Sk;
+    size_t width = qd + 2 * kvd;
     uint16_t *kv = malloc(rows * width * 2);
-    for (size_t r = 0; r < rows; r++) { /* packed: Sq == Sk, row r is token r of q too */
+    if (!kv)
+        return -1;
+    for (size_t r = 0; r < rows; r++) {
         uint16_t *row = kv + r * width;
+        const int64_t t = src ? src[r] : (int64_t)r;
+        if (t < 0) {
+            for (size_t x = 0; x < width; x++)
+                row[x] = to_bits(d->dtype, x % 2 ? -RAGGED_TAIL_VALUE : RAGGED_TAIL_VALUE);
+            continue;
+        }
         for (size_t x = 0; x < qd; x++)
-            row[x] = to_bits(d->dtype, q[r * hd + x]);
+            row[x] = to_bits(d->dtype, q[t * hd + x]);
         for (size_t x = 0; x < kvd; x++) {
-            row[qd + x] = to_bits(d->dtype, k[r * kvd + x]);
-            row[qd + kvd + x] = to_bits(d->dtype, v[r * kvd + x]);
+            row[qd + x] = to_bits(d->dtype, k[t * kvd + x]);
+            row[qd + kvd + x] = to_bits(d->dtype, v[t * kvd + x]);
         }
     }
     int rc = upload_bits(g, out, kv, rows * width);
     free(kv);
+    return rc;
+}
+
+static int upload_packed(gpu *g, const data *d, const float *q, const float *k, const float *v,
+                         size_t qd, CUdeviceptr *out) {
+    return upload_rows(g, d, q, k, v, qd, NULL, (size_t)d->B * d->Sk, out);
+}
+
+/* A sequence's length in a padded case (lengths past q_len are whole sequences). */
+static int case_length(const tcase *tc, int b) {
+    return tc->pad[b] < tc->q_len ? tc->pad[b] : tc->q_len;
+}
+
+/* The ragged tensors of a padded self-attention case (see dbufs). */
+static int upload_ragged(gpu *g, const tcase *tc, const data *d, dbufs *db) {
+    int64_t tokens = 0;
+    for (int b = 0; b < d->B; b++)
+        tokens += case_length(tc, b);
+    const int64_t rows = tokens + RAGGED_TAIL;
+    int64_t *src = malloc(sizeof *src * (size_t)rows);
+    int32_t *start = malloc(sizeof *start * ((size_t)d->B + 1));
+    if (!src || !start) {
+        free(src);
+        free(start);
+        return -1;
+    }
+    int64_t r = 0;
+    for (int b = 0; b < d->B; b++) {
+        start[b] = (int32_t)r;
+        for (int i = 0; i < case_length(tc, b); i++)
+            src[r++] = (int64_t)b * d->Sk + i;
+    }
+    start[d->B] = (int32_t)r;
+    for (; r < rows; r++)
+        src[r] = -1;
+    const size_t hd = (size_t)d->H * d->D;
+    int rc = upload_rows(g, d, d->q, d->k, d->v, hd, src, (size_t)rows, &db->kv_r);
+    if (!rc && tc->n_global)
+        rc = upload_rows(g, d, d->gq, d->gk, d->gv, hd, src, (size_t)rows, &db->gkv_r);
+    if (!rc)
+        rc = upload(g, &db->start, start, sizeof *start * ((size_t)d->B + 1));
+    if (!rc)
+        rc = check_cu(g, g->drv->MemAlloc(&db->o_r, (size_t)rows * hd * 2), "cuMemAlloc(o_r)");
+    db->rows_r = rows;
+    free(src);
+    free(start);
     return rc;
 }
 
@@ -395,13 +461,16 @@ static int upload_inputs(gpu *g, const tcase *tc, const data *d, dbufs *db) {
         if (rc)
             return rc;
     }
+    if (tc->pad && !tc->cross && (rc = upload_ragged(g, tc, d, db)))
+        return rc;
     db->o_elems = (size_t)d->B * d->Sq * hd;
     return check_cu(g, g->drv->MemAlloc(&db->o, db->o_elems * 2), "cuMemAlloc(o)");
 }
 
 static void free_bufs(gpu *g, dbufs *db) {
-    CUdeviceptr p[] = {db->q, db->kv, db->o, db->table, db->pad, db->gkv, db->gm};
-    for (int i = 0; i < 7; i++)
+    CUdeviceptr p[] = {db->q,   db->kv,   db->o,   db->table, db->pad,
+                       db->gkv, db->gm,   db->kv_r, db->gkv_r, db->o_r, db->start};
+    for (int i = 0; i < 11; i++)
         if (p[i])
             g->drv->MemFree(p[i]);
     memset(db, 0, sizeof *db);
@@ -421,11 +490,23 @@ static void case_tensors(const tcase *tc, const mha_exec_problem *p, const dbufs
         mha_exec_tensors_global(t, db->gm, db->gkv, p, 2);
 }
 
+/* The same in the ragged layout. */
+static void case_tensors_ragged(const tcase *tc, const mha_exec_problem *p, const dbufs *db,
+                                mha_exec_tensors *t) {
+    mha_exec_tensors_packed(t, db->kv_r, db->o_r, p, 2);
+    t->relpos_table = db->table;
+    t->pad_mask = db->pad;
+    if (tc->n_global)
+        mha_exec_tensors_global(t, db->gm, db->gkv_r, p, 2);
+    mha_exec_tensors_ragged(t, db->start, db->rows_r);
+}
+
 /* ---- comparing ----------------------------------------------------------------------------- */
 
 typedef struct verdict {
     double rel, max_abs;
     long nonfinite, nonzero_empty;
+    long written_outside; /* ragged layout: elements of rows outside the sequences written */
 } verdict;
 
 static verdict compare(const data *d, const uint16_t *out) {
@@ -515,6 +596,100 @@ static mha_exec_problem case_problem(const tcase *tc, const mask *m, stof_dtype 
     return p;
 }
 
+/* The ragged run's output rows back in the padded layout (zeros at padding, as the
+ * reference has them); the elements of rows outside the sequences that are not the poison. */
+static long unpack_ragged(const tcase *tc, const data *d, const uint16_t *ragged, uint16_t poison,
+                          uint16_t *out) {
+    const size_t hd = (size_t)d->H * d->D;
+    size_t r = 0;
+    memset(out, 0, (size_t)d->B * d->Sq * hd * 2);
+    for (int b = 0; b < d->B; b++)
+        for (int i = 0; i < case_length(tc, b); i++, r++)
+            memcpy(out + ((size_t)b * d->Sq + i) * hd, ragged + r * hd, hd * 2);
+    long written = 0;
+    for (size_t x = r * hd; x < (r + RAGGED_TAIL) * hd; x++)
+        written += ragged[x] != poison;
+    return written;
+}
+
+/* One run of plan in the padded layout or the ragged one (the output poisoned first),
+ * checked against the reference. Nonzero when the context may be unusable. */
+static int run_layout(gpu *g, const tcase *tc, const mha_exec_plan *plan, const char *label,
+                      const mha_exec_problem *p, const data *d, const dbufs *db, int ragged,
+                      uint16_t *out) {
+    const char *dt = stof_dtype_name(p->dtype);
+    const char *layout = ragged ? " ragged" : "";
+    mha_exec_tensors t;
+    if (ragged)
+        case_tensors_ragged(tc, p, db, &t);
+    else
+        case_tensors(tc, p, db, &t);
+    const CUdeviceptr o = ragged ? db->o_r : db->o;
+    const size_t o_elems = ragged ? (size_t)db->rows_r * p->heads * p->head_dim : db->o_elems;
+    uint16_t *host = ragged ? malloc(o_elems * 2) : out;
+    stof_error err = {0};
+    uint16_t nan = p->dtype == STOF_BF16 ? 0x7fc0 : 0x7e00;
+    int rc, bad = !host || check_cu(g, g->drv->MemsetD16Async(o, nan, o_elems, 0), "poison o");
+    if (!bad && (rc = mha_exec_run(g->ctx, plan, &t, 0, &err))) {
+        CHECK_MSG(0, "launch %s%s: %s", label, layout, err.msg);
+        printf("%-24s FAIL (launch%s: %s)\n", label, layout, err.msg);
+        recap_add("%s %s D=%d %s%s: launch failed: %.120s", label, dt, p->head_dim, tc->name,
+                  layout, err.msg);
+        bad = 1;
+    }
+    if (!bad)
+        bad = check_cu(g, g->drv->CtxSynchronize(NULL), "kernel execution (cuCtxSynchronize)");
+    if (!bad)
+        bad = check_cu(g, g->drv->MemcpyDtoH(host, o, o_elems * 2), "cuMemcpyDtoH(o)");
+    if (bad) {
+        char desc[600];
+        mha_exec_plan_describe(plan, desc, sizeof desc);
+        printf("%-24s %-5s D=%-3d %-28s FAIL (CUDA error%s) plan: %s\n", label, dt, p->head_dim,
+               tc->name, layout, desc);
+        recap_add("%s %s D=%d %s%s: CUDA error (context lost)", label, dt, p->head_dim, tc->name,
+                  layout);
+        if (ragged)
+            free(host);
+        return -1;
+    }
+    long outside = 0;
+    if (ragged) {
+        outside = unpack_ragged(tc, d, host, nan, out);
+        free(host);
+    }
+    double tol = p->dtype == STOF_BF16 ? TOL_BF16 : TOL_F16;
+    verdict v = compare(d, out);
+    v.written_outside = outside;
+    int pass = v.rel < tol && v.nonfinite == 0 && v.nonzero_empty == 0 && !v.written_outside;
+    printf("%-24s %-5s D=%-3d %-28s B=%d H=%d Sq=%-4d Sk=%-4d%s rel=%.2e max=%.2e", label, dt,
+           p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, layout, v.rel,
+           v.max_abs);
+    if (v.nonfinite)
+        printf(" nonfinite=%ld", v.nonfinite);
+    if (v.nonzero_empty)
+        printf(" nonzero-in-empty-rows=%ld", v.nonzero_empty);
+    if (v.written_outside)
+        printf(" written-outside-the-sequences=%ld", v.written_outside);
+    if (plan->n_measured)
+        printf(" (fastest of %d: %.3f ms)", plan->n_measured, plan->measured_ms);
+    printf(" %s\n", pass ? "PASS" : "FAIL");
+    CHECK_MSG(pass, "%s %s D=%d %s%s: rel %.3g (tol %.g), %ld non-finite, %ld non-zero in empty "
+              "rows, %ld written outside the sequences",
+              label, dt, p->head_dim, tc->name, layout, v.rel, tol, v.nonfinite, v.nonzero_empty,
+              v.written_outside);
+    if (!pass) {
+        recap_add("%s %s D=%d %s B=%d H=%d Sq=%d Sk=%d%s: rel %.2e max %.2e nonfinite %ld "
+                  "nonzero-empty %ld outside %ld",
+                  label, dt, p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len,
+                  layout, v.rel, v.max_abs, v.nonfinite, v.nonzero_empty, v.written_outside);
+        char desc[600];
+        mha_exec_plan_describe(plan, desc, sizeof desc);
+        printf("    plan: %s\n", desc);
+        print_first_errors(d, out, tol);
+    }
+    return 0;
+}
+
 static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exec_problem *p,
                         const data *d, const dbufs *db, uint16_t *out) {
     const char *dt = stof_dtype_name(p->dtype);
@@ -541,54 +716,8 @@ static void run_setting(gpu *g, const tcase *tc, const setting *s, const mha_exe
     char label[64];
     setting_label(s, plan, label, sizeof label);
     n_split_runs += plan->config.split;
-    mha_exec_tensors t;
-    case_tensors(tc, p, db, &t);
-    uint16_t nan = p->dtype == STOF_BF16 ? 0x7fc0 : 0x7e00;
-    int bad = check_cu(g, g->drv->MemsetD16Async(db->o, nan, db->o_elems, 0), "poison o");
-    if (!bad && (rc = mha_exec_run(g->ctx, plan, &t, 0, &err))) {
-        CHECK_MSG(0, "launch %s: %s", label, err.msg);
-        printf("%-24s FAIL (launch: %s)\n", label, err.msg);
-        recap_add("%s %s D=%d %s: launch failed: %.120s", label, dt, p->head_dim, tc->name,
-                  err.msg);
-        bad = 1;
-    }
-    if (!bad)
-        bad = check_cu(g, g->drv->CtxSynchronize(NULL), "kernel execution (cuCtxSynchronize)");
-    if (!bad)
-        bad = check_cu(g, g->drv->MemcpyDtoH(out, db->o, db->o_elems * 2), "cuMemcpyDtoH(o)");
-    if (bad) {
-        char desc[600];
-        mha_exec_plan_describe(plan, desc, sizeof desc);
-        printf("%-24s %-5s D=%-3d %-28s FAIL (CUDA error) plan: %s\n", label, dt, p->head_dim,
-               tc->name, desc);
-        recap_add("%s %s D=%d %s: CUDA error (context lost)", label, dt, p->head_dim, tc->name);
-        mha_exec_plan_free(g->ctx, plan);
-        return;
-    }
-    double tol = p->dtype == STOF_BF16 ? TOL_BF16 : TOL_F16;
-    verdict v = compare(d, out);
-    int pass = v.rel < tol && v.nonfinite == 0 && v.nonzero_empty == 0;
-    printf("%-24s %-5s D=%-3d %-28s B=%d H=%d Sq=%-4d Sk=%-4d rel=%.2e max=%.2e", label, dt,
-           p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, v.rel, v.max_abs);
-    if (v.nonfinite)
-        printf(" nonfinite=%ld", v.nonfinite);
-    if (v.nonzero_empty)
-        printf(" nonzero-in-empty-rows=%ld", v.nonzero_empty);
-    if (plan->n_measured)
-        printf(" (fastest of %d: %.3f ms)", plan->n_measured, plan->measured_ms);
-    printf(" %s\n", pass ? "PASS" : "FAIL");
-    CHECK_MSG(pass, "%s %s D=%d %s: rel %.3g (tol %.g), %ld non-finite, %ld non-zero in empty rows",
-              label, dt, p->head_dim, tc->name, v.rel, tol, v.nonfinite, v.nonzero_empty);
-    if (!pass) {
-        recap_add("%s %s D=%d %s B=%d H=%d Sq=%d Sk=%d: rel %.2e max %.2e nonfinite %ld "
-                  "nonzero-empty %ld",
-                  label, dt, p->head_dim, tc->name, p->batch, p->heads, p->q_len, p->k_len, v.rel,
-                  v.max_abs, v.nonfinite, v.nonzero_empty);
-        char desc[600];
-        mha_exec_plan_describe(plan, desc, sizeof desc);
-        printf("    plan: %s\n", desc);
-        print_first_errors(d, out, tol);
-    }
+    if (!run_layout(g, tc, plan, label, p, d, db, 0, out) && db->start)
+        run_layout(g, tc, plan, label, p, d, db, 1, out);
     mha_exec_plan_free(g->ctx, plan);
 }
 

@@ -402,11 +402,21 @@ typedef struct mha_exec_tensors {
     CUdeviceptr global_mask;  /* int32 [batch, q_len], when global_keys */
     CUdeviceptr gq, gk, gv;   /* the global rows' Q, K, V (the strides of q, k, v): a
                                  global_qkv's, else q, k, v */
+    /* The ragged layout (padded self-attention plans only; 0: the padded one): int32
+     * [batch + 1] on the device, batch b's rows are rows seq_start[b] .. seq_start[b + 1] - 1
+     * of q, k, v, o (and gq, gk, gv), the batch strides 0, ragged_rows the rows the tensors
+     * hold. The lengths must be pad_mask's. Rows outside every sequence are neither weighed
+     * nor written but must hold finite values (a TMA plan may load them). */
+    CUdeviceptr seq_start;
+    int64_t ragged_rows;
 } mha_exec_tensors;
 
 /* Self-attention on the QKV GEMM's output qkv [B, S, 3, H, D], o [B, S, H*D]. */
 void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o,
                              const mha_exec_problem *p, size_t elem_bytes);
+/* The same tensors as t, in the ragged layout: sequences one after another from row 0,
+ * seq_start and rows as mha_exec_tensors says. */
+void mha_exec_tensors_ragged(mha_exec_tensors *t, CUdeviceptr seq_start, int64_t rows);
 /* Global tokens: the global_mask and the global rows' Q, K, V in gqkv, packed as qkv is. */
 void mha_exec_tensors_global(mha_exec_tensors *t, CUdeviceptr global_mask, CUdeviceptr gqkv,
                              const mha_exec_problem *p, size_t elem_bytes);

@@ -66,6 +66,7 @@ static void fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
     a->global_mask = (const stof_i32 *)(uintptr_t)t->global_mask;
     a->index = (stof_i32 *)(uintptr_t)plan->d_global_index;
     a->mask_bits = (const stof_u64 *)(uintptr_t)plan->d_mask_bits;
+    a->seq_start = (const stof_i32 *)(uintptr_t)t->seq_start;
     a->row_stride = t->q_row_stride;
     a->batch_stride = t->q_batch_stride;
     a->o_row_stride = t->o_row_stride;

@@ -30,6 +30,12 @@ void mha_exec_tensors_packed(mha_exec_tensors *t, CUdeviceptr qkv, CUdeviceptr o
     t->o_batch_stride = hd * p->q_len;
 }
 
+void mha_exec_tensors_ragged(mha_exec_tensors *t, CUdeviceptr seq_start, int64_t rows) {
+    t->q_batch_stride = t->k_batch_stride = t->v_batch_stride = t->o_batch_stride = 0;
+    t->seq_start = seq_start;
+    t->ragged_rows = rows;
+}
+
 void mha_exec_tensors_global(mha_exec_tensors *t, CUdeviceptr global_mask, CUdeviceptr gqkv,
                              const mha_exec_problem *p, size_t elem_bytes) {
     mha_exec_tensors g;
@@ -93,6 +99,7 @@ void mha_exec_fill_args(const mha_exec_plan *plan, const mha_exec_tensors *t,
     }
     a->relpos_table = (const void *)(uintptr_t)t->relpos_table;
     a->pad_mask = (const stof_i32 *)(uintptr_t)t->pad_mask;
+    a->seq_start = (const stof_i32 *)(uintptr_t)t->seq_start;
     a->lse = plan->config.lse ? (float *)(uintptr_t)plan->d_lse : NULL;
     a->relpos_bucket = (const stof_i32 *)(uintptr_t)plan->d_relpos_bucket;
     a->q_len = p->q_len;
@@ -121,19 +128,20 @@ static int check_tensor(const char *name, CUdeviceptr ptr, int64_t batch_stride,
 }
 
 /* The tensor map of K or V for the TMA build (attention_abi.cuh): 16-bit
- * elements, dims (kv_heads * head_dim, k_len, batches), boxes 64 x BLOCK_N x 1
+ * elements, dims (kv_heads * head_dim, rows, batches), boxes 64 x BLOCK_N x 1
  * in the 128-byte swizzle, rows outside the tensor read as zeros. A batch
- * stride of 0 (one tensor for every batch) is one batch, *batch_step 0. */
+ * stride of 0 (one tensor for every batch, or the ragged layout's rows) is
+ * one batch, *batch_step 0. rows: k_len, or a ragged tensor's rows. */
 static int encode_kv_map(const cuda_driver *drv, const mha_exec_plan *plan, const char *name,
-                         CUdeviceptr ptr, int64_t batch_stride, int64_t row_stride,
+                         CUdeviceptr ptr, int64_t batch_stride, int64_t row_stride, int64_t rows,
                          stof_attn_tmap *map, stof_i32 *batch_step, stof_error *err) {
     const mha_exec_problem *p = &plan->problem;
     const int one = batch_stride == 0 || p->batch == 1;
     const cuuint64_t e = 2, row_bytes = (cuuint64_t)row_stride * e;
     const cuuint64_t dims[3] = {(cuuint64_t)mha_exec_kv_heads(p) * (cuuint64_t)p->head_dim,
-                                (cuuint64_t)p->k_len, one ? 1 : (cuuint64_t)p->batch};
+                                (cuuint64_t)rows, one ? 1 : (cuuint64_t)p->batch};
     const cuuint64_t strides[2] = {row_bytes,
-                                   one ? row_bytes * (cuuint64_t)p->k_len
+                                   one ? row_bytes * (cuuint64_t)rows
                                        : (cuuint64_t)batch_stride * e};
     const cuuint32_t box[3] = {64, (cuuint32_t)plan->config.block_n, 1};
     const cuuint32_t unit[3] = {1, 1, 1};
@@ -152,6 +160,24 @@ static int encode_kv_map(const cuda_driver *drv, const mha_exec_plan *plan, cons
     return STOF_OK;
 }
 
+/* The ragged layout takes a padded self-attention plan, no batch strides and rows that
+ * fit 32-bit row numbers. */
+static int check_ragged(const mha_exec_plan *plan, const mha_exec_tensors *t, stof_error *err) {
+    const mha_exec_problem *p = &plan->problem;
+    if (!t->seq_start)
+        return STOF_OK;
+    if (!p->padded || p->q_len != p->k_len || t->seq_start % 4)
+        return err_set(err, STOF_ERR_INVALID, "attention: the ragged layout (seq_start) needs a "
+                       "self-attention plan padded by an attention_mask, and a 4-byte aligned "
+                       "int32 array");
+    if (t->q_batch_stride || t->k_batch_stride || t->v_batch_stride || t->o_batch_stride ||
+        t->ragged_rows < 1 || t->ragged_rows > INT32_MAX)
+        return err_set(err, STOF_ERR_INVALID, "attention: a ragged layout's batch strides must "
+                       "be 0 and its rows 1 to 2^31 - 1 (given %lld)",
+                       (long long)t->ragged_rows);
+    return STOF_OK;
+}
+
 int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tensors *t,
                  CUstream s, stof_error *err) {
     int rc;
@@ -166,12 +192,15 @@ int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
     if (plan->problem.relpos && !t->relpos_table)
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the plan has a relative position bias but no table was given");
+    if ((rc = check_ragged(plan, t, err)))
+        return rc;
     stof_attn_args args;
     mha_exec_fill_args(plan, t, &args);
+    const int64_t rows = t->seq_start ? t->ragged_rows : plan->problem.k_len;
     if (plan->config.tma &&
-        ((rc = encode_kv_map(c->drv, plan, "k", t->k, t->k_batch_stride, t->k_row_stride,
+        ((rc = encode_kv_map(c->drv, plan, "k", t->k, t->k_batch_stride, t->k_row_stride, rows,
                              &args.tmap_k, &args.k_tma_batch, err)) ||
-         (rc = encode_kv_map(c->drv, plan, "v", t->v, t->v_batch_stride, t->v_row_stride,
+         (rc = encode_kv_map(c->drv, plan, "v", t->v, t->v_batch_stride, t->v_row_stride, rows,
                              &args.tmap_v, &args.v_tma_batch, err))))
         return rc;
     void *params[] = {&args};

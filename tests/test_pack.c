@@ -42,7 +42,8 @@ static void check_map(const exec_pack_map *m, const int32_t *lengths, int batch,
     CHECK(m->rows == padded || m->rows % bucket == 0);
     CHECK(m->rows - tokens < bucket || m->rows == bucket);
     int64_t r = 0, bad = 0;
-    for (int b = 0; b < batch; b++)
+    for (int b = 0; b < batch; b++) {
+        bad += m->start[b] != r; /* each sequence's first packed row */
         for (int j = 0; j < seq; j++) {
             int64_t at = (int64_t)b * seq + j;
             if (j >= lengths[b]) {
@@ -53,6 +54,8 @@ static void check_map(const exec_pack_map *m, const int32_t *lengths, int batch,
             bad += m->dst[at] != r || m->src[r] != at || m->pos[r] != j || m->valid[r] != 1;
             r++;
         }
+    }
+    bad += m->start[batch] != tokens;
     for (; r < m->rows; r++)
         bad += m->src[r] != -1 || m->pos[r] != 0 || m->valid[r] != 0;
     CHECK_MSG(bad == 0, "%lld wrong map entries (batch %d, seq %d)", (long long)bad, batch, seq);

@@ -2,14 +2,16 @@
  *
  * The packed pass reuses the padded pass's memory: each token-wise tensor's packed rows are
  * the first rows of its arena slot, so lifetimes and offsets stay the plan's. What it adds:
- * the packed int32 inputs, the maps (packed <-> padded rows) and two scratch buffers in the
- * padded layout, one for an attention's input (and, after the last segment, the unpacked
- * output) and one for its output. The attentions keep their kernel plans; every other
- * segment gets one for the packed rows (exec_launch_plan_rows).
+ * the packed int32 inputs, the maps (packed <-> padded rows, each sequence's first row) and
+ * one buffer in the padded layout for the unpacked output. The attentions keep their kernel
+ * plans and read and write the packed rows in place (the ragged layout of
+ * kernels/attention_abi.cuh); every other segment gets one for the packed rows
+ * (exec_launch_plan_rows).
  *
- * The scratch buffers are zeroed once, when made: their padded rows are never written by a
- * scatter, so they hold zeros or an earlier batch's finite values, which an attention never
- * weighs (its keys stop at each sequence's length) but may load with a partial tile. */
+ * Rows past the tokens (up to the bucket) are computed like the others from an id of 0 and
+ * hold finite values, which a TMA attention may load (never weigh) past the last sequence:
+ * so before each attention its output's last bucket of rows is zeroed, the rows past the
+ * tokens that the attention does not write. */
 #include "core/exec/exec_pack.h"
 
 #include <stdarg.h>
@@ -46,6 +48,7 @@ void exec_pack_map_free(exec_pack_map *m) {
     free(m->dst);
     free(m->pos);
     free(m->valid);
+    free(m->start);
     memset(m, 0, sizeof *m);
 }
 
@@ -75,12 +78,14 @@ int exec_pack_map_build(const int32_t *lengths, int batch, int seq, exec_pack_ma
     out->dst = err_malloc(sizeof *out->dst * (size_t)padded, err);
     out->pos = err_calloc((size_t)rows, sizeof *out->pos, err);
     out->valid = err_calloc((size_t)rows, sizeof *out->valid, err);
-    if (!out->src || !out->dst || !out->pos || !out->valid) {
+    out->start = err_malloc(sizeof *out->start * ((size_t)batch + 1), err);
+    if (!out->src || !out->dst || !out->pos || !out->valid || !out->start) {
         exec_pack_map_free(out);
         return STOF_ERR_NOMEM;
     }
     int64_t r = 0;
-    for (int b = 0; b < batch; b++)
+    for (int b = 0; b < batch; b++) {
+        out->start[b] = (int32_t)r;
         for (int j = 0; j < seq; j++) {
             const int64_t at = (int64_t)b * seq + j;
             if (j >= lengths[b]) {
@@ -92,6 +97,8 @@ int exec_pack_map_build(const int32_t *lengths, int batch, int seq, exec_pack_ma
             out->pos[r] = j;
             out->valid[r++] = 1;
         }
+    }
+    out->start[batch] = (int32_t)r;
     for (; r < rows; r++)
         out->src[r] = -1;
     return STOF_OK;
@@ -134,10 +141,6 @@ static int find_mask(const graph *g, char *why, size_t n) {
     return pad_in;
 }
 
-/* The global rows' projections of an attention with global tokens. */
-static const graph_tensor *global_qkv(const graph *g, const graph_op *op) {
-    return &g->tensors[op->inputs[op_attention_global_input(&op->attr.attn) + 1]];
-}
 
 static int attention_packs(const graph *g, const exec_segment *s, int pad_in, int64_t batch,
                            int64_t seq, char *why, size_t n) {
@@ -147,15 +150,13 @@ static int attention_packs(const graph *g, const exec_segment *s, int pad_in, in
         return refuse(why, n, "op #%d is a cross-attention or keeps a KV cache", s->first);
     if (!a->padded || op->inputs[1] != pad_in)
         return refuse(why, n, "op #%d's attention does not take the attention_mask", s->first);
-    if (a->global_qkv && row_bytes(global_qkv(g, op)) % 4)
-        return refuse(why, n, "op #%d's global_qkv rows are not whole 4-byte words", s->first);
     mha_exec_problem p;
     exec_launch_attention_problem(g, s, &p, NULL);
     if (p.batch != batch || p.q_len != seq || p.k_len != seq)
         return refuse(why, n, "op #%d attends (%d, %d x %d), not the mask's (%lld, %lld)",
                       s->first, p.batch, p.q_len, p.k_len, (long long)batch, (long long)seq);
-    if (row_bytes(&g->tensors[op->inputs[0]]) % 4 || row_bytes(&g->tensors[op->output]) % 4)
-        return refuse(why, n, "op #%d's rows are not whole 4-byte words", s->first);
+    if (row_bytes(&g->tensors[op->output]) % 4)
+        return refuse(why, n, "op #%d's output rows are not whole 4-byte words", s->first);
     return 1;
 }
 
@@ -241,11 +242,9 @@ struct exec_pack {
     int n_ints;
     int ints[PACK_MAX_INTS];            /* the int32 inputs [B, S] */
     CUdeviceptr ints_at[PACK_MAX_INTS]; /* each packed */
-    CUdeviceptr idx;                    /* one allocation: src, pos, valid, dst, ints */
-    CUdeviceptr src, pos, valid, dst;
-    CUdeviceptr scratch_in, scratch_out;
-    CUdeviceptr scratch_global;         /* the attentions' padded global_qkv, when any */
-    int64_t in_bytes, out_bytes, global_bytes; /* a padded row of each scratch buffer */
+    CUdeviceptr idx;                    /* one allocation: src, pos, valid, dst, ints, start */
+    CUdeviceptr src, pos, valid, dst, start;
+    CUdeviceptr unpacked;               /* the output, unpacked to [B, S, ...] */
     CUfunction gather16, gather4, scatter16, scatter4;
     int32_t *host_mask, *lengths;
     exec_pack_map map;                  /* the batch last selected */
@@ -260,21 +259,6 @@ static int64_t max64(int64_t a, int64_t b) {
 
 static int is_attention(const exec_model *m, int s) {
     return exec_launch_is_attention(m->plan->segs[s].tmpl);
-}
-
-/* The scratch rows' sizes: every attention's input and output rows (and global_qkv's), and
- * the output's. */
-static void scratch_rows(exec_model *m, exec_pack *pk) {
-    const graph *g = m->plan->g;
-    pk->in_bytes = row_bytes(&g->tensors[g->output]);
-    for (int s = 0; s < m->plan->n_segs; s++)
-        if (is_attention(m, s)) {
-            const graph_op *op = &g->ops[m->plan->segs[s].first];
-            pk->in_bytes = max64(pk->in_bytes, row_bytes(&g->tensors[op->inputs[0]]));
-            pk->out_bytes = max64(pk->out_bytes, row_bytes(&g->tensors[op->output]));
-            if (op->attr.attn.global_qkv)
-                pk->global_bytes = max64(pk->global_bytes, row_bytes(global_qkv(g, op)));
-        }
 }
 
 /* STOF_PACK=0 turns packing off (the padded pass for every batch). */
@@ -311,7 +295,6 @@ int exec_pack_create(exec_model *m, stof_error *err) {
     const size_t padded = (size_t)pk->batch * (size_t)pk->seq;
     pk->host_mask = err_malloc(sizeof *pk->host_mask * padded, err);
     pk->lengths = err_malloc(sizeof *pk->lengths * (size_t)pk->batch, err);
-    scratch_rows(m, pk);
     m->pack = pk;
     return pk->host_mask && pk->lengths ? STOF_OK : STOF_ERR_NOMEM;
 }
@@ -330,8 +313,8 @@ static void variant_release(exec_model *m, pack_variant *v) {
 }
 
 static void pack_device_free(exec_model *m, exec_pack *pk) {
-    CUdeviceptr *bufs[4] = {&pk->idx, &pk->scratch_in, &pk->scratch_out, &pk->scratch_global};
-    for (int i = 0; i < 4; i++) {
+    CUdeviceptr *bufs[2] = {&pk->idx, &pk->unpacked};
+    for (int i = 0; i < 2; i++) {
         if (*bufs[i])
             m->ctx->drv->MemFree(*bufs[i]);
         *bufs[i] = 0;
@@ -377,22 +360,18 @@ static int load_kernels(exec_model *m, exec_pack *pk, stof_error *err) {
     return rc;
 }
 
-/* The maps, packed inputs and scratch buffers: made by the first padded batch. */
+/* The maps, packed inputs and the unpacked output: made by the first padded batch. */
 static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
     if (pk->src)
         return STOF_OK;
     const size_t padded = (size_t)pk->batch * (size_t)pk->seq;
-    int rc = pack_alloc(m, &pk->idx, sizeof(int32_t) * padded * (4 + (size_t)pk->n_ints),
+    const graph *g = m->plan->g;
+    int rc = pack_alloc(m, &pk->idx,
+                        sizeof(int32_t) * (padded * (4 + (size_t)pk->n_ints) + pk->batch + 1),
                         "padding-free runs: the row maps", err);
     if (!rc)
-        rc = pack_alloc(m, &pk->scratch_in, padded * (size_t)pk->in_bytes,
-                        "padding-free runs: the attentions' padded inputs", err);
-    if (!rc)
-        rc = pack_alloc(m, &pk->scratch_out, padded * (size_t)pk->out_bytes,
-                        "padding-free runs: the attentions' padded outputs", err);
-    if (!rc && pk->global_bytes)
-        rc = pack_alloc(m, &pk->scratch_global, padded * (size_t)pk->global_bytes,
-                        "padding-free runs: the attentions' padded global projections", err);
+        rc = pack_alloc(m, &pk->unpacked, padded * (size_t)row_bytes(&g->tensors[g->output]),
+                        "padding-free runs: the unpacked output", err);
     if (!rc)
         rc = load_kernels(m, pk, err);
     if (rc) {
@@ -406,6 +385,7 @@ static int pack_device(exec_model *m, exec_pack *pk, stof_error *err) {
     pk->dst = pk->valid + words;
     for (int i = 0; i < pk->n_ints; i++)
         pk->ints_at[i] = pk->dst + words * (size_t)(1 + i);
+    pk->start = pk->dst + words * (size_t)(1 + pk->n_ints);
     return STOF_OK;
 }
 
@@ -438,23 +418,15 @@ static void rebind(const exec_model *m, const exec_pack *pk, const exec_segment 
     }
 }
 
-/* An attention of the packed pass: the padded pass's kernel plan on the scratch buffers. */
-static void attention_variant(exec_model *m, const exec_pack *pk, int s, exec_seg_rt *r) {
-    const exec_seg_rt *base = &m->rt[s];
-    const mha_exec_problem *p = &((const mha_exec_plan *)base->kplan)->problem;
-    *r = *base;
+/* An attention of the packed pass: the padded pass's kernel plan and tensors (the packed
+ * rows are the first rows of each), in the ragged layout. The attention_mask and the global
+ * tokens' mask stay padded. */
+static void attention_variant(exec_model *m, const exec_pack *pk, int s, int64_t rows,
+                              exec_seg_rt *r) {
+    *r = m->rt[s];
     r->owns_kplan = 0;
     r->store = NULL;
-    mha_exec_tensors_packed(&r->t.attn, pk->scratch_in, pk->scratch_out, p,
-                            stof_dtype_size(p->dtype));
-    r->t.attn.relpos_table = base->t.attn.relpos_table;
-    r->t.attn.pad_mask = base->t.attn.pad_mask;
-    if (p->global_keys) { /* the padded global_mask; global_qkv scattered to its own scratch */
-        const graph_op *op = &m->plan->g->ops[m->plan->segs[s].first];
-        mha_exec_tensors_global(&r->t.attn, base->t.attn.global_mask,
-                                op->attr.attn.global_qkv ? pk->scratch_global : pk->scratch_in,
-                                p, stof_dtype_size(p->dtype));
-    }
+    mha_exec_tensors_ragged(&r->t.attn, pk->start, rows);
 }
 
 static int variant_build(exec_model *m, exec_pack *pk, pack_variant *v, int64_t rows,
@@ -469,7 +441,7 @@ static int variant_build(exec_model *m, exec_pack *pk, pack_variant *v, int64_t 
         const exec_segment *sg = &p->segs[s];
         exec_seg_rt *r = &v->rt[s];
         if (is_attention(m, s)) {
-            attention_variant(m, pk, s, r);
+            attention_variant(m, pk, s, rows, r);
             continue;
         }
         r->launcher = m->rt[s].launcher;
@@ -526,11 +498,12 @@ static int upload_maps(exec_model *m, exec_pack *pk, stof_error *err) {
         CUdeviceptr to;
         const void *from;
         size_t bytes;
-    } parts[4] = {{pk->src, map->src, rows}, {pk->pos, map->pos, rows},
+    } parts[5] = {{pk->src, map->src, rows}, {pk->pos, map->pos, rows},
                   {pk->valid, map->valid, rows},
-                  {pk->dst, map->dst, sizeof(int32_t) * (size_t)pk->batch * (size_t)pk->seq}};
+                  {pk->dst, map->dst, sizeof(int32_t) * (size_t)pk->batch * (size_t)pk->seq},
+                  {pk->start, map->start, sizeof(int32_t) * ((size_t)pk->batch + 1)}};
     int rc = STOF_OK;
-    for (int i = 0; !rc && i < 4; i++)
+    for (int i = 0; !rc && i < 5; i++)
         rc = cuda_check(drv, drv->MemcpyHtoDAsync(parts[i].to, parts[i].from, parts[i].bytes,
                                                   m->stream),
                         "cuMemcpyHtoDAsync(padding-free row maps)", err);
@@ -602,25 +575,23 @@ static int move_rows(exec_model *m, int scatter, CUdeviceptr out, CUdeviceptr in
                        err);
 }
 
+/* The attention in place, after zeroing its output's last bucket of rows: the ones past the
+ * tokens, which it does not write (see the top of the file), lie in it. */
 static int launch_attention(exec_model *m, int s, const exec_seg_rt *r, CUstream st,
                             stof_error *err) {
-    exec_pack *pk = m->pack;
+    const exec_pack *pk = m->pack;
     const graph *g = m->plan->g;
     const graph_op *op = &g->ops[m->plan->segs[s].first];
     const int64_t rows = pk->active->rows;
-    int rc = move_rows(m, 1, pk->scratch_in, m->ptr[op->inputs[0]], pk->src, rows,
-                       row_bytes(&g->tensors[op->inputs[0]]), st, err);
-    if (!rc && op->attr.attn.global_qkv) {
-        const int gin = op->inputs[op_attention_global_input(&op->attr.attn) + 1];
-        rc = move_rows(m, 1, pk->scratch_global, m->ptr[gin], pk->src, rows,
-                       row_bytes(&g->tensors[gin]), st, err);
-    }
-    if (!rc)
-        rc = r->launcher->launch(m, r, st, err);
-    if (!rc)
-        rc = move_rows(m, 0, m->ptr[op->output], pk->scratch_out, pk->src, rows,
-                       row_bytes(&g->tensors[op->output]), st, err);
-    return rc;
+    const int64_t bucket = exec_pack_bucket((int64_t)pk->batch * pk->seq);
+    const int64_t tail = rows < bucket ? rows : bucket;
+    const int64_t bytes = row_bytes(&g->tensors[op->output]);
+    const cuda_driver *drv = m->ctx->drv;
+    int rc = cuda_check(drv, drv->MemsetD32Async(m->ptr[op->output] +
+                                                     (CUdeviceptr)((rows - tail) * bytes),
+                                                 0, (size_t)(tail * bytes / 4), st),
+                        "cuMemsetD32Async(attention rows past the tokens)", err);
+    return rc ? rc : r->launcher->launch(m, r, st, err);
 }
 
 int exec_pack_launch(exec_model *m, int s, CUstream st, stof_error *err) {
@@ -634,7 +605,7 @@ int exec_pack_launch(exec_model *m, int s, CUstream st, stof_error *err) {
         rc = is_attention(m, s) ? launch_attention(m, s, &v->rt[s], st, err)
                                 : v->rt[s].launcher->launch(m, &v->rt[s], st, err);
     if (!rc && s == m->plan->n_segs - 1)
-        rc = move_rows(m, 0, pk->scratch_in, m->ptr[g->output], pk->dst,
+        rc = move_rows(m, 0, pk->unpacked, m->ptr[g->output], pk->dst,
                        (int64_t)pk->batch * pk->seq, row_bytes(&g->tensors[g->output]), st,
                        err);
     return rc;
@@ -669,7 +640,7 @@ CUgraph exec_pack_captured(const exec_model *m) {
 }
 
 CUdeviceptr exec_pack_output(const exec_model *m) {
-    return exec_pack_active(m) ? m->pack->scratch_in : m->ptr[m->plan->g->output];
+    return exec_pack_active(m) ? m->pack->unpacked : m->ptr[m->plan->g->output];
 }
 
 int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows) {

@@ -1,9 +1,9 @@
 /* Padding-free runs of an encoder (exec_pack.c): a batch whose attention_mask pads its
  * sequences runs its token-wise segments (embedding, GEMMs, norms, GLU, rotary) on the real
- * tokens only, packed one after another, as ByteTransformer does. Only the attentions see
- * the padded layout: each one's input rows are scattered to their (batch, position) before it
- * and its output rows gathered back after it; the model's output is unpacked to [B, S, ...]
- * with zeros at the padded positions, as the padded run writes it.
+ * tokens only, packed one after another, as ByteTransformer does. The attentions read and
+ * write the packed rows in place, each sequence from its first row (the ragged layout of
+ * kernels/attention_abi.cuh); the model's output is unpacked to [B, S, ...] with zeros at the
+ * padded positions, as the padded run writes it.
  *
  * The packed rows are the tokens rounded up to a bucket (exec_pack_bucket), so that one
  * CUDA graph serves every batch with as many tokens within a bucket: a model keeps a few
@@ -33,6 +33,7 @@ typedef struct exec_pack_map {
     int32_t *dst;    /* [batch x seq]: padded row -> packed row; -1 at padding */
     int32_t *pos;    /* [rows]: a packed row's position in its sequence; 0 past tokens */
     int32_t *valid;  /* [rows]: 1 for a token, 0 past them */
+    int32_t *start;  /* [batch + 1]: sequence b's first packed row; start[batch] = tokens */
 } exec_pack_map;
 
 /* The map of sequences of lengths[b] (0 .. seq) tokens, each packed after the one before.

@@ -18,8 +18,10 @@
 //   O /= l, rows with no allowed key write zeros
 //
 // With -DPADDING=1 an attention_mask (right padding) gives each sequence
-// its length at run time: keys past it are masked like keys past k_len,
-// its padded rows write zeros, and tiles of padded rows do no work.
+// its length at run time: keys past it are masked like keys past k_len, key
+// blocks wholly past it are not walked, its padded rows write zeros (or, in
+// the ragged layout of attention_abi.cuh, nothing), and tiles of padded rows
+// do no work.
 //
 // Shared memory: Q [BLOCK_M][HEAD_DIM + 8], K and V [STAGES][BLOCK_N][HEAD_DIM + 8]
 // (rows padded by 16 bytes so ldmatrix's eight row addresses fall in
@@ -177,7 +179,7 @@ stof_attention_block(const __grid_constant__ stof_attn_args a) {
     // sequence's rows follow; `first` is its first row there).
     const sequence_rows sq_rows = sequence_of(a.seq_start, a.pad_mask, b, a.q_len);
     const int kv_len = sq_rows.len, first = sq_rows.first;
-    const int end = row_base < kv_len ? end_listed : start;
+    const int end = row_base < kv_len ? entries_below(a, start, end_listed, kv_len) : start;
     const int live_rows = kv_len - row_base;
     const int q_rows = min(a.q_len, kv_len) - row_base;  // Q rows loaded
     const int out_rows = a.seq_start ? live_rows : a.q_len - row_base;

@@ -130,6 +130,22 @@ __device__ __forceinline__ key_group load_group(const stof_attn_args &a, int it,
     return r;
 }
 
+// The end of load-list entries [start, end) whose key block starts below n_keys (>= 1):
+// columns increase along a block row (ops/mask_format.h), so with padding the blocks wholly
+// past a sequence's length are cut off the walk by a binary search.
+__device__ __forceinline__ int entries_below(const stof_attn_args &a, int start, int end,
+                                             int n_keys) {
+    const int last_col = (n_keys - 1) / BLOCK_N;
+    while (start < end) {
+        const int mid = (start + end) >> 1;
+        if (__ldg(a.load_col_idx + mid) <= last_col)
+            start = mid + 1;
+        else
+            end = mid;
+    }
+    return start;
+}
+
 // Keys of entry column `col` that exist (below n_keys: k_len, or with padding the
 // sequence's length; none past the list's end).
 __device__ __forceinline__ int keys_in(int n_keys, int col) {

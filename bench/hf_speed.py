@@ -14,7 +14,9 @@ tuned plan's speedup over the best of transformers. With --padded, the same tune
 runs two padded batches (an attention_mask in the inputs): lengths drawn from 25-100% of seq
 (`random`, seeded) and lengths at the batch's quantiles of that range (`quantiles`, what the
 draw averages). Each runs padding-free (the default) and with STOF_PACK=0 (the padded pass):
-their times, their ratios to the full batch, beside transformers eager on that batch.
+their times, their ratios to the full batch, beside transformers eager on that batch. With
+--draws N, N more seeded draws (the first row whole, as in `random`) run padding-free: their
+mean token fraction and mean, lowest and highest ratio to the full batch.
 
     python3 bench/hf_speed.py [--stof build/stof] [--shapes 8x512,16x2048,4x8192]
            [--tune-time 60] [--variants eager,compile,compile-ro] [--out bench/out/hf_speed.md]
@@ -127,6 +129,8 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
             for draw in ("random", "quantiles"):
                 padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args,
                            log_path)
+            if args.draws:
+                draws_run(stof, plan, ids, cfg, name, batch, seq, row, args, log_path)
     except sc.CmdError as e:
         row["note"] = str(e).splitlines()[0][:200]
         log(f"  {name} ({batch}, {seq}) stof: ERROR {row['note']}")
@@ -172,6 +176,25 @@ def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, l
         f"{row['eager-padded' + key]:.3f} ms")
 
 
+def draws_run(stof, plan, ids, cfg, name, batch, seq, row, args, log_path):
+    """args.draws seeded draws of lengths in 25-100% of seq, padding-free: the mean token
+    fraction and the mean, lowest and highest time against the full batch."""
+    tokens, ratios = [], []
+    for d in range(args.draws):
+        pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=100 + d)
+        path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-draw{d}.safetensors")
+        sc.save_inputs(path, pad_ids, attention_mask=mask,
+                       global_attention_mask=global_mask(args, name, batch, seq))
+        ms = sc.stof_run(stof, plan, sc.io_args(inputs=path), args.reps, 600, log_path)["graph_ms"]
+        tokens.append(float(lengths.sum()) / (batch * seq))
+        ratios.append(ms / row["stof-tuned"])
+    row["draws"] = (sum(tokens) / len(tokens), sum(ratios) / len(ratios), min(ratios),
+                    max(ratios))
+    log(f"  {name} ({batch}, {seq}) padded, {args.draws} more draws: {row['draws'][0]:.0%} tokens "
+        f"on average, {row['draws'][1]:.2f}x the full batch on average "
+        f"({row['draws'][2]:.2f}-{row['draws'][3]:.2f})")
+
+
 def fmt(v):
     return f"{v:.3f}" if isinstance(v, float) else "-"
 
@@ -192,6 +215,8 @@ def report(rows, args, stof):
     pad = [f"{w} {d}" for d in ("random", "quantiles")
            for w in ("stof padded", "padded / full", "padded pass / full", "eager padded")
            ] if args.padded else []
+    if args.draws:
+        pad.append(f"{args.draws} draws: tokens, padded / full mean (range)")
     lines = [head, "", "| model | (batch, seq) | " + " | ".join(variants) +
              " | stof default | stof tuned | tuned vs best torch | rel error | " +
              "".join(p + " | " for p in pad),
@@ -207,6 +232,9 @@ def report(rows, args, stof):
             ratio = f"{sp / tuned:.2f} ({r['tokens' + d]:.0%} tokens)" if sp and tuned else "-"
             unpacked = f"{su / tuned:.2f}" if su and tuned else "-"
             cells += f" {fmt(sp)} | {ratio} | {unpacked} | {fmt(r.get('eager-padded' + d))} |"
+        if args.draws:
+            dr = r.get("draws")
+            cells += (f" {dr[0]:.0%}, {dr[1]:.2f} ({dr[2]:.2f}-{dr[3]:.2f}) |" if dr else " - |")
         lines.append(f"| {r['model']} | ({r['batch']}, {r['seq']}) | " +
                      " | ".join(fmt(r.get(v)) for v in variants) +
                      f" | {fmt(r.get('stof-default'))} | {fmt(tuned)} | {speedup} | {rel} |" +
@@ -224,6 +252,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--padded", action="store_true",
                     help="also a padded batch through the same tuned plan")
+    ap.add_argument("--draws", type=int, default=0,
+                    help="with --padded: this many more seeded draws, padding-free only")
     ap.add_argument("--global-tokens", type=int, default=0,
                     help="Longformer: this many global tokens a sequence, given to both")
     ap.add_argument("--stof-set", action="append", default=[],

@@ -15,6 +15,7 @@
 #include "check.h"
 #include "core/base/util.h"
 #include "core/gen/gen.h"
+#include "core/plan/plan.h"
 #include "core/lua/lua_api.h"
 #include "ops/kv_cache.h"
 #include "ops/mask.h"
@@ -160,6 +161,105 @@ static void check_caches(const tiny *t, fixture *f) {
     CHECK_EQ_INT(attn, d.n_layers);
     CHECK(others >= 1);
     gen_decoder_free(&d);
+}
+
+/* Decoders whose heads the GPU kernels take (sizes 32): the executor's plans of them. */
+static const tiny gpu_shaped[] = {
+    {"gpt2 (heads of 32)", "gpt2.lua",
+     "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"], \"n_embd\": 64,"
+     " \"n_layer\": 3, \"n_head\": 2, \"vocab_size\": 40, \"n_positions\": 32}",
+     {CONTEXT, CONTEXT, CONTEXT}, 3},
+    {"mistral (heads of 32)", "mistral.lua",
+     "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"],"
+     " \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 32,"
+     " \"vocab_size\": 40, \"max_position_embeddings\": 64, \"sliding_window\": 5,"
+     " \"tie_word_embeddings\": false}",
+     {5, 5}, 2},
+};
+
+/* A plan of the model at the prefill's shape whose every class of layers runs unfused
+ * (unlike the default scheme); NULL-free on success. */
+static int unfused_plan(const graph *g, plan *p, stof_error *err) {
+    memset(p, 0, sizeof *p);
+    fusion_seq *seqs = NULL;
+    int n = 0, rc = fusion_sequences(g, &seqs, &n, err);
+    p->sequences = rc ? NULL : calloc((size_t)n, sizeof *p->sequences);
+    for (int i = 0; !rc && i < n; i++) {
+        if (seqs[i].cls != i)
+            continue;
+        plan_sequence *ps = &p->sequences[p->n_sequences++];
+        ps->layer = seqs[i].layer;
+        ps->n_ops = seqs[i].n;
+        ps->instances = calloc((size_t)n, sizeof *ps->instances);
+        for (int j = 0; j < n; j++)
+            if (seqs[j].cls == i)
+                ps->instances[ps->n_instances++] = seqs[j].first;
+        rc = fusion_scheme_all_unfused(&ps->scheme, seqs[i].n, err);
+    }
+    free(seqs);
+    return rc;
+}
+
+/* The prefill pass on the forward plan's schemes (exec_plan_from_plan_prefix): each layer the
+ * prefill has whole takes the plan's scheme, the layer it cuts (the last, up to its
+ * attention) the default; a scheme that does not fit is an error. */
+static void check_prefill_plan(const tiny *t) {
+    plan p = {0};
+    stof_error err = {0};
+    graph fwd, ctx, pass;
+    gen_decoder d;
+    graph_init(&pass);
+    int rc = build(t, BATCH, LONGEST, "dtype=fp16", &fwd, &err); /* the executor's dtypes */
+    if (!rc && !(rc = build(t, BATCH, CONTEXT, "dtype=fp16", &ctx, &err))) {
+        if (!(rc = gen_decoder_build(&ctx, &d, &err))) {
+            rc = gen_prefill_build(&fwd, &d, &pass, &err);
+            gen_decoder_free(&d);
+        }
+        graph_free(&ctx);
+    }
+    if (!rc)
+        rc = unfused_plan(&fwd, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
+    const graph *pg = &pass;
+    exec_plan *xp = NULL;
+    int taken = 0;
+    if (!rc)
+        rc = exec_plan_from_plan_prefix(&p, pg, 1, &xp, &taken, &err);
+    CHECK_MSG(rc == STOF_OK, "%s prefill on the plan: %s", t->name, err.msg);
+    int unfused = 0, cut = 0;
+    for (int i = 0; !rc && i < xp->n_seqs; i++) {
+        const fusion_seq *q = &xp->seqs[i];
+        int whole = 0;
+        for (int k = 0; k < p.n_sequences; k++)
+            for (int j = 0; j < p.sequences[k].n_instances; j++)
+                whole |= p.sequences[k].instances[j] == q->first && p.sequences[k].n_ops == q->n;
+        fusion_scheme def;
+        CHECK_EQ_INT(exec_default_scheme(pg, q, &def, &err), STOF_OK);
+        if (whole) {
+            unfused++;
+            CHECK_EQ_INT(fusion_scheme_count_segments(&xp->schemes[i]), q->n);
+        } else {
+            cut++;
+            CHECK(fusion_scheme_same_segments(&xp->schemes[i], &def));
+        }
+    }
+    CHECK_MSG(rc || (unfused > 0 && cut == 1 && taken >= 1), "%s: %d layers on the plan's "
+              "scheme, %d cut, %d classes taken", t->name, unfused, cut, taken);
+    exec_plan_free(xp);
+    /* a scheme no template runs: the first layer's ops all in one segment */
+    for (int k = 0; !rc && k < p.n_sequences; k++) {
+        fusion_segment all = {0, p.sequences[k].n_ops - 1};
+        CHECK_EQ_INT(fusion_scheme_from_segments(&all, 1, p.sequences[k].n_ops,
+                                                 &p.sequences[k].scheme, &err), STOF_OK);
+    }
+    if (!rc) {
+        CHECK(exec_plan_from_plan_prefix(&p, pg, 0, &xp, &taken, &err) != STOF_OK);
+        CHECK(xp == NULL);
+    }
+    plan_free(&p);
+    graph_free(&pass);
+    graph_free(&fwd);
 }
 
 /* The prefill pass: the model up to its last attention, each attention storing into caches
@@ -639,6 +739,8 @@ int main(void) {
     test_models();
     test_seed_and_stop();
     test_plan_step();
+    for (size_t i = 0; i < sizeof gpu_shaped / sizeof gpu_shaped[0]; i++)
+        check_prefill_plan(&gpu_shaped[i]);
     test_errors();
     test_api();
     return check_summary("test_gen");

@@ -63,6 +63,8 @@ static int generate(stof_model *m, int device, const gen_prompts *p, const gen_o
         context_len = d->context;
         o.step_plan = d->step;
     }
+    if (device >= 0 && m->has_plan) /* the prefill runs the plan's forward pass */
+        o.forward_plan = &m->pl;
     graph prefill, context;
     int rc = lua_api_rebuild_at(&m->script, p->batch, p->stride, &prefill, err);
     if (!rc && (rc = lua_api_rebuild_at(&m->script, p->batch, (int)context_len, &context, err)))

@@ -196,9 +196,12 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
     printf("\n");
     int total = 0;
     char prefill_text[320];
+    static const char *const from_plan[3] = {"the default scheme", "the plan's schemes",
+                                               "the plan's schemes and kernels"};
     if (r->prefilled)
-        snprintf(prefill_text, sizeof prefill_text, "the prefill pass %.3f ms",
-                 1e3 * r->prefill_s);
+        snprintf(prefill_text, sizeof prefill_text, "the prefill pass %.3f ms (%s%s%.160s)",
+                 1e3 * r->prefill_s, from_plan[r->prefill_from_plan],
+                 r->prefill_plan_note[0] ? ": " : "", r->prefill_plan_note);
     else if (r->prefill_skipped[0])
         snprintf(prefill_text, sizeof prefill_text, "token by token through the step (the "
                  "prefill pass did not fit: %.200s)", r->prefill_skipped);
@@ -262,6 +265,7 @@ static int64_t plan_step(const cli_args *a, const plan *pl, const prompts *p, in
 static int generate(const cli_args *a, const graph_script *info, const prompts *p,
                     const graph *prefill, const cli_values *v, exec_ctx *ctx, const plan *pl) {
     gen_options o = options_of(a, info->model_dir);
+    o.forward_plan = ctx ? pl : NULL; /* the prefill runs the plan's forward pass */
     graph context;
     int64_t positions = plan_step(a, pl, p, p->stride + o.max_new_tokens - 1, ctx, &o);
     if (rebuild(info, p->batch, (int)positions, &context))

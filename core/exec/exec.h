@@ -149,6 +149,15 @@ int exec_plan_default(const graph *g, exec_plan **out, stof_error *err);
 struct plan;
 int exec_plan_from_plan(const struct plan *pl, const graph *g, exec_plan **out,
                         stof_error *err);
+/* The same for a graph g whose ops are a prefix of the plan's graph at any shape (the prompts'
+ * prefill pass of a decoder: the model up to its last attention): each class of g's layers
+ * takes the scheme of the plan's sequence that starts at the same op with as many ops, the
+ * default scheme where none does (a layer the prefix cuts); with kernels (g at the plan's own
+ * batch and length), those sequences' segments take the plan's templates and parameters too.
+ * *n_taken: the classes that took the plan's scheme. A scheme that does not fit g is an
+ * error, as in exec_plan_create. */
+int exec_plan_from_plan_prefix(const struct plan *pl, const graph *g, int kernels,
+                               exec_plan **out, int *n_taken, stof_error *err);
 
 /* Runs segment seg (and the segment at the same position of every sequence
  * of its class: they are identical) on template t with values (one per

@@ -76,3 +76,82 @@ int exec_plan_from_plan(const plan *p, const graph *g, exec_plan **out, stof_err
     free(schemes);
     return rc;
 }
+
+/* ---- a prefix of the plan's graph ------------------------------------------------------ */
+
+/* The plan's sequence that starts at g's sequence q (same first op and op count), or NULL. */
+static const plan_sequence *plan_sequence_at(const plan *p, const exec_seq *q) {
+    for (int k = 0; k < p->n_sequences; k++) {
+        const plan_sequence *ps = &p->sequences[k];
+        for (int i = 0; ps->n_ops == q->n && i < ps->n_instances; i++)
+            if (ps->instances[i] == q->first)
+                return ps;
+    }
+    return NULL;
+}
+
+/* schemes[cls]: the plan's where its sequence of that class is g's (the first one found), the
+ * default scheme elsewhere. *taken: the classes that took the plan's. */
+static int prefix_schemes(const plan *p, const graph *g, const exec_seq *seqs, int n,
+                          fusion_scheme *schemes, int *taken, stof_error *err) {
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < n; i++) {
+        const plan_sequence *ps = plan_sequence_at(p, &seqs[i]);
+        if (ps && !taken[seqs[i].cls]) {
+            schemes[seqs[i].cls] = ps->scheme;
+            taken[seqs[i].cls] = 1;
+        }
+    }
+    for (int i = 0; !rc && i < n; i++)
+        if (!taken[seqs[i].cls] && schemes[seqs[i].cls].n == 0)
+            rc = exec_default_scheme(g, &seqs[i], &schemes[seqs[i].cls], err);
+    return rc;
+}
+
+/* Each segment of g's sequences that took the plan's scheme: the plan's template and
+ * parameters. */
+static int prefix_choices(const plan *p, exec_plan *xp, stof_error *err) {
+    for (int i = 0; i < xp->n_seqs; i++) {
+        const plan_sequence *ps = plan_sequence_at(p, &xp->seqs[i]);
+        if (!ps || !fusion_scheme_same_segments(&xp->schemes[i], &ps->scheme))
+            continue;
+        for (int j = 0; j < xp->n_segs; j++) {
+            const exec_segment *sg = &xp->segs[j];
+            if (sg->seq != i || sg->index >= ps->n_segments)
+                continue;
+            const plan_kernel *pk = &ps->segments[sg->index].kernel;
+            int rc = exec_plan_set_choice(xp, j, pk->tmpl, pk->values, err);
+            if (rc)
+                return err_prefix(err, "the plan's segment %d at op #%d: ", sg->index,
+                                  sg->first);
+        }
+    }
+    return STOF_OK;
+}
+
+int exec_plan_from_plan_prefix(const plan *p, const graph *g, int kernels, exec_plan **out,
+                               int *n_taken, stof_error *err) {
+    *out = NULL;
+    *n_taken = 0;
+    exec_seq *seqs = NULL;
+    int n = 0;
+    int rc = fusion_sequences(g, &seqs, &n, err);
+    fusion_scheme *schemes = rc ? NULL : err_calloc((size_t)n, sizeof *schemes, err);
+    int *taken = rc ? NULL : err_calloc((size_t)n, sizeof *taken, err);
+    if (!rc && (!schemes || !taken))
+        rc = STOF_ERR_NOMEM;
+    if (!rc)
+        rc = prefix_schemes(p, g, seqs, n, schemes, taken, err);
+    if (!rc)
+        rc = exec_plan_create(g, schemes, out, err);
+    if (!rc && kernels && (rc = prefix_choices(p, *out, err)) != STOF_OK) {
+        exec_plan_free(*out);
+        *out = NULL;
+    }
+    for (int c = 0; !rc && c < n; c++)
+        *n_taken += taken[c];
+    free(seqs);
+    free(schemes);
+    free(taken);
+    return rc;
+}

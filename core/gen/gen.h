@@ -46,6 +46,10 @@ typedef struct gen_options {
                              instead of the prefill pass */
     const tune_options *tune_step; /* GPU: the decode step tuned first (the search on its
                              graph, tune_gpu), NULL: its default scheme, GEMMs on cuBLASLt */
+    const struct plan *forward_plan; /* GPU: the plan the model came from, whose forward pass
+                             the prefill runs (exec_plan_from_plan_prefix: its schemes, and
+                             its kernels when the prompts' batch and longest length are the
+                             plan's); NULL: the default scheme */
     const struct plan *step_plan; /* GPU: the decode step's plan, tuned before (a plan's
                              decode step, stof tune --decode-batch): it must fit the step's
                              graph (the model's context graph at the plan's batch and context)
@@ -85,6 +89,10 @@ typedef struct gen_result {
     double prefill_s;     /* GPU: the prefill pass */
     char prefill_skipped[200]; /* GPU: why the prompts went token by token when the prefill
                              pass did not fit in the device's memory ("" otherwise) */
+    int prefill_from_plan; /* GPU, prefilled: 0 the default scheme, 1 the forward plan's
+                             schemes, 2 its schemes and kernels */
+    char prefill_plan_note[200]; /* GPU: why the prefill did not take the forward plan's
+                             schemes, or which layers kept the default ("" otherwise) */
     int step_from_plan;   /* GPU: the step ran gen_options.step_plan */
     double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
     double tuned_step_ms; /* graph replay as the tuner measured it */

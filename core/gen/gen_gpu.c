@@ -353,8 +353,7 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
     if (!rc)
         rc = capture_step(&g, err);
     if (!rc && !o->feed_prompts)
-        rc = gen_gpu_prefill(ctx, m, &g.dec, g.xm, p, g.stream, &r->prefilled, &r->prefill_s,
-                             err);
+        rc = gen_gpu_prefill(ctx, m, &g.dec, g.xm, p, o->forward_plan, g.stream, r, err);
     if (rc == STOF_ERR_DEVICE_OOM) { /* the step alone fits: the prompts go through it */
         snprintf(r->prefill_skipped, sizeof r->prefill_skipped, "%.199s",
                  err ? err->msg : "out of device memory");

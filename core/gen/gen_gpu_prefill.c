@@ -1,8 +1,10 @@
 /* The prompts' prefill on the GPU (gen_state.h, gen_gpu_prefill): the model at the prompts'
- * shape up to its last attention (gen_prefill_build), on the executor with its default
- * scheme, each attention writing its K and V into the decode step's caches. The prefill's
- * weights and caches are the decode step's own device memory, bound by name: nothing is
- * uploaded twice. */
+ * shape up to its last attention (gen_prefill_build), on the executor with the forward pass of
+ * the plan the model came from (its schemes, and its kernels at the plan's own shape) or the
+ * default scheme, each attention writing its K and V into the decode step's caches. The
+ * prefill's weights and caches are the decode step's own device memory, bound by name:
+ * nothing is uploaded twice. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +12,7 @@
 #include "core/base/util.h"
 #include "core/gen/gen_state.h"
 #include "core/gpu/cuda_driver.h"
+#include "core/plan/plan.h"
 
 typedef struct prefill_run {
     exec_ctx *ctx;
@@ -109,11 +112,33 @@ static void prefill_free(prefill_run *f) {
     free(f->bound);
 }
 
+/* The pass's executor plan: the forward plan's (schemes; kernels too at its own batch and
+ * length on a device it fits), else, saying why in r, the default scheme. */
+static int prefill_plan(prefill_run *f, const plan *pl, gen_result *r, stof_error *err) {
+    r->prefill_from_plan = 0;
+    r->prefill_plan_note[0] = '\0';
+    if (!pl)
+        return exec_plan_default(&f->g, &f->plan, err);
+    const int kernels = pl->batch == f->p->batch && pl->seq == f->g.tensors[f->ids].shape[1] &&
+                        plan_check_fits(pl, exec_ctx_device(f->ctx), NULL, NULL, NULL) == STOF_OK;
+    int taken = 0;
+    stof_error why = {0};
+    if (exec_plan_from_plan_prefix(pl, &f->g, kernels, &f->plan, &taken, &why) == STOF_OK) {
+        r->prefill_from_plan = taken ? 1 + kernels : 0;
+        if (!taken)
+            snprintf(r->prefill_plan_note, sizeof r->prefill_plan_note,
+                     "no layer of the prefill is one of the plan's");
+        return STOF_OK;
+    }
+    snprintf(r->prefill_plan_note, sizeof r->prefill_plan_note, "%.199s", why.msg);
+    return exec_plan_default(&f->g, &f->plan, err);
+}
+
 int gen_gpu_prefill(exec_ctx *ctx, const gen_model *m, const gen_decoder *dec,
-                    const exec_model *step, const gen_prompts *p, CUstream st, int *ran,
-                    double *run_s, stof_error *err) {
-    *ran = 0;
-    *run_s = 0;
+                    const exec_model *step, const gen_prompts *p, const plan *pl, CUstream st,
+                    gen_result *r, stof_error *err) {
+    r->prefilled = 0;
+    r->prefill_s = 0;
     if (gen_longest(p) < 2) /* one token a prompt: the decode step is the whole prefill */
         return STOF_OK;
     prefill_run f = {.ctx = ctx, .drv = exec_ctx_driver(ctx), .p = p};
@@ -128,7 +153,7 @@ int gen_gpu_prefill(exec_ctx *ctx, const gen_model *m, const gen_decoder *dec,
     }
     rc = bind_step(&f, dec, step, err);
     if (!rc)
-        rc = exec_plan_default(&f.g, &f.plan, err);
+        rc = prefill_plan(&f, pl, r, err);
     if (!rc)
         rc = exec_model_create_bound(ctx, f.plan, &m->weights, f.bound, &f.xm, err);
     if (!rc)
@@ -145,8 +170,8 @@ int gen_gpu_prefill(exec_ctx *ctx, const gen_model *m, const gen_decoder *dec,
     if (!rc)
         rc = cuda_check(f.drv, f.drv->StreamSynchronize(st), "cuStreamSynchronize(prefill)",
                         err);
-    *run_s = util_now() - t0;
-    *ran = !rc;
+    r->prefill_s = util_now() - t0;
+    r->prefilled = !rc;
     prefill_free(&f);
     if (rc && err)
         err_prefix(err, "prefill: ");

@@ -48,12 +48,14 @@ int gen_check_prompts(const gen_prompts *p, int64_t vocab, stof_error *err);
 int gen_profile_step(exec_model *xm, const exec_plan *p, int reps, gen_result *r,
                      stof_error *err);
 /* GPU: the prompts through the prefill pass (gen_prefill_build) on stream st, filling the
- * caches of `step` (the decode step dec on the executor) up to each prompt's last token; *ran
- * 0 when the pass cannot take them (a prompt of one token, inputs the pass lacks): then they
- * go through the decode step. *run_s: the pass's time. */
+ * caches of `step` (the decode step dec on the executor) up to each prompt's last token, on
+ * the forward pass of plan pl (gen_options.forward_plan; NULL: the default scheme). In r:
+ * prefilled 0 when the pass cannot take them (a prompt of one token, inputs the pass lacks):
+ * then they go through the decode step; prefill_s, the pass's time; prefill_from_plan and
+ * prefill_plan_note, what it took of pl. */
 int gen_gpu_prefill(exec_ctx *ctx, const gen_model *m, const gen_decoder *dec,
-                    const exec_model *step, const gen_prompts *p, CUstream st, int *ran,
-                    double *run_s, stof_error *err);
+                    const exec_model *step, const gen_prompts *p, const struct plan *pl,
+                    CUstream st, gen_result *r, stof_error *err);
 /* The longest prompt. */
 int gen_longest(const gen_prompts *p);
 

@@ -120,34 +120,44 @@ static void compare(const tiny *t, const gen_result *cpu, const gen_result *gpu)
 }
 
 /* The decode step from a plan (as stof tune --decode-batch keeps it: here planned offline for
- * this GPU's architecture, its graph's default kernels): the reference's tokens. */
+ * this GPU's architecture, its graph's default kernels) and the prefill on the plan's forward
+ * pass (planned offline at the prompts' shape: its schemes and kernels): the reference's
+ * tokens. */
 static void run_plan_step(exec_ctx *ctx, const tiny *t, const gen_model *m,
                           const gen_prompts *p, const gen_options *o, const gen_result *cpu) {
     gen_decoder dec;
-    plan step;
+    plan step, fwd;
     tune_offline_stats st;
     stof_error err = {0};
     memset(&dec, 0, sizeof dec);
     memset(&step, 0, sizeof step);
+    memset(&fwd, 0, sizeof fwd);
     int rc = gen_decoder_build(m->context, &dec, &err);
     if (!rc)
         rc = tune_offline(&dec.g, m->script, exec_ctx_arch(ctx), NULL, &step, &st, &err);
-    CHECK_MSG(rc == STOF_OK, "%s: the step's plan: %s", t->name, err.msg);
+    if (!rc && (rc = tune_offline(m->prefill, m->script, exec_ctx_arch(ctx), NULL, &fwd, &st,
+                                  &err)))
+        plan_free(&step);
+    CHECK_MSG(rc == STOF_OK, "%s: the plans: %s", t->name, err.msg);
     gen_decoder_free(&dec);
     if (rc)
         return;
     gen_options po = *o;
     po.step_plan = &step;
+    po.forward_plan = &fwd;
     gen_result r;
     rc = gen_run_gpu(m, ctx, p, &po, 1, &r, &err);
     CHECK_MSG(rc == STOF_OK, "%s GPU, a plan's step: %s", t->name, err.msg);
     if (!rc) {
         CHECK_MSG(r.step_from_plan, "%s: the plan's step was not used", t->name);
+        CHECK_MSG(!r.prefilled || r.prefill_from_plan == 2, "%s: the prefill took %d of the "
+                  "plan (%s)", t->name, r.prefill_from_plan, r.prefill_plan_note);
         if (cpu)
             compare(t, cpu, &r);
         gen_result_free(&r);
     }
     plan_free(&step);
+    plan_free(&fwd);
 }
 
 /* Sampled generation: the host draws each sequence's token from its own row of the step's

@@ -92,7 +92,7 @@ typedef struct gen_result {
     int prefill_from_plan; /* GPU, prefilled: 0 the default scheme, 1 the forward plan's
                              schemes, 2 its schemes and kernels */
     char prefill_plan_note[200]; /* GPU: why the prefill did not take the forward plan's
-                             schemes, or which layers kept the default ("" otherwise) */
+                             schemes, or its kernels ("" when it took what it could) */
     int step_from_plan;   /* GPU: the step ran gen_options.step_plan */
     double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
     double tuned_step_ms; /* graph replay as the tuner measured it */

@@ -119,11 +119,17 @@ static int prefill_plan(prefill_run *f, const plan *pl, gen_result *r, stof_erro
     r->prefill_plan_note[0] = '\0';
     if (!pl)
         return exec_plan_default(&f->g, &f->plan, err);
-    const int kernels = pl->batch == f->p->batch && pl->seq == f->g.tensors[f->ids].shape[1] &&
-                        plan_check_fits(pl, exec_ctx_device(f->ctx), NULL, NULL, NULL) == STOF_OK;
+    int kernels = pl->batch == f->p->batch && pl->seq == f->g.tensors[f->ids].shape[1] &&
+                  plan_check_fits(pl, exec_ctx_device(f->ctx), NULL, NULL, NULL) == STOF_OK;
     int taken = 0;
     stof_error why = {0};
-    if (exec_plan_from_plan_prefix(pl, &f->g, kernels, &f->plan, &taken, &why) == STOF_OK) {
+    int rc = exec_plan_from_plan_prefix(pl, &f->g, kernels, &f->plan, &taken, &why);
+    if (rc && kernels) { /* the plan's kernels do not fit the pass: its schemes alone */
+        snprintf(r->prefill_plan_note, sizeof r->prefill_plan_note, "%.199s", why.msg);
+        kernels = 0;
+        rc = exec_plan_from_plan_prefix(pl, &f->g, 0, &f->plan, &taken, &why);
+    }
+    if (rc == STOF_OK) {
         r->prefill_from_plan = taken ? 1 + kernels : 0;
         if (!taken)
             snprintf(r->prefill_plan_note, sizeof r->prefill_plan_note,

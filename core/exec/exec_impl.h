@@ -86,8 +86,9 @@ void exec_pack_free(exec_model *m);
 int exec_pack_select(exec_model *m, stof_error *err);
 void exec_pack_off(exec_model *m);
 int exec_pack_active(const exec_model *m);
-/* The packed pass's segment s on stream st: its packed inputs first (s = 0), the
- * attention's rows scattered and gathered around it, the output unpacked after the last. */
+/* The packed pass's segment s on stream st: its packed inputs first (s = 0), an attention on
+ * the packed rows in place (its output's rows past the tokens zeroed first), the output
+ * unpacked after the last. */
 int exec_pack_launch(exec_model *m, int s, CUstream st, stof_error *err);
 /* After a packed pass: the errors its kernels flagged (a bad id named by batch and position). */
 int exec_pack_status(exec_model *m, stof_error *err);

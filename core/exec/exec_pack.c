@@ -245,17 +245,13 @@ struct exec_pack {
     CUdeviceptr idx;                    /* one allocation: src, pos, valid, dst, ints, start */
     CUdeviceptr src, pos, valid, dst, start;
     CUdeviceptr unpacked;               /* the output, unpacked to [B, S, ...] */
-    CUfunction gather16, gather4, scatter16, scatter4;
+    CUfunction gather16, gather4;
     int32_t *host_mask, *lengths;
     exec_pack_map map;                  /* the batch last selected */
     pack_variant v[PACK_VARIANTS];
     pack_variant *active;               /* NULL: the padded pass */
     uint64_t clock;
 };
-
-static int64_t max64(int64_t a, int64_t b) {
-    return a > b ? a : b;
-}
 
 static int is_attention(const exec_model *m, int s) {
     return exec_launch_is_attention(m->plan->segs[s].tmpl);
@@ -346,14 +342,13 @@ static int pack_alloc(exec_model *m, CUdeviceptr *d, size_t bytes, const char *w
 }
 
 static int load_kernels(exec_model *m, exec_pack *pk, stof_error *err) {
-    static const char *const names[4] = {"stof_rows_gather16", "stof_rows_gather4",
-                                         "stof_rows_scatter16", "stof_rows_scatter4"};
-    CUfunction *fn[4] = {&pk->gather16, &pk->gather4, &pk->scatter16, &pk->scatter4};
+    static const char *const names[2] = {"stof_rows_gather16", "stof_rows_gather4"};
+    CUfunction *fn[2] = {&pk->gather16, &pk->gather4};
     nvrtc_request req = {.source = "pack_rows.cu", .arch = m->ctx->gemm->arch};
     gpu_module *mod;
     /* one module, kept by its request with the first kernel named: the others from it */
     int rc = gpu_ctx_function(m->ctx->gemm, &req, names[0], 0, &mod, err);
-    for (int i = 0; !rc && i < 4; i++)
+    for (int i = 0; !rc && i < 2; i++)
         rc = cuda_check(m->ctx->drv, m->ctx->drv->ModuleGetFunction(fn[i], mod->module,
                                                                    names[i]),
                         "cuModuleGetFunction(pack_rows.cu)", err);
@@ -555,15 +550,13 @@ int exec_pack_active(const exec_model *m) {
     return m->pack && m->pack->active;
 }
 
-/* Rows moved by an index (kernels/pack_rows.cu): gather (out[r] = in[idx[r]]) or scatter
- * (out[idx[r]] = in[r]), r < rows, rows of row_bytes. */
-static int move_rows(exec_model *m, int scatter, CUdeviceptr out, CUdeviceptr in,
-                     CUdeviceptr idx, int64_t rows, int64_t row_bytes, CUstream st,
-                     stof_error *err) {
+/* Rows gathered by an index (kernels/pack_rows.cu): out[r] = in[idx[r]] (zeros where idx[r]
+ * < 0), r < rows, rows of row_bytes. */
+static int gather_rows(exec_model *m, CUdeviceptr out, CUdeviceptr in, CUdeviceptr idx,
+                       int64_t rows, int64_t row_bytes, CUstream st, stof_error *err) {
     const exec_pack *pk = m->pack;
     const int wide = row_bytes % 16 == 0 && out % 16 == 0 && in % 16 == 0;
-    CUfunction f = scatter ? (wide ? pk->scatter16 : pk->scatter4)
-                           : (wide ? pk->gather16 : pk->gather4);
+    CUfunction f = wide ? pk->gather16 : pk->gather4;
     long long n = rows;
     int units = (int)(row_bytes / (wide ? 16 : 4));
     void *params[] = {&out, &in, &idx, &n, &units};
@@ -571,8 +564,7 @@ static int move_rows(exec_model *m, int scatter, CUdeviceptr out, CUdeviceptr in
                               1, 1},
                    block[3] = {PACK_THREADS, 1, 1};
     return cuda_launch(m->ctx->drv, f, grid, block, 0, st, params, m->ctx->gemm->pdl,
-                       scatter ? "cuLaunchKernel(rows scatter)" : "cuLaunchKernel(rows gather)",
-                       err);
+                       "cuLaunchKernel(rows gather)", err);
 }
 
 /* The attention in place, after zeroing its output's last bucket of rows: the ones past the
@@ -600,14 +592,14 @@ int exec_pack_launch(exec_model *m, int s, CUstream st, stof_error *err) {
     const graph *g = m->plan->g;
     int rc = STOF_OK;
     for (int i = 0; !rc && s == 0 && i < pk->n_ints; i++)
-        rc = move_rows(m, 0, pk->ints_at[i], m->ptr[pk->ints[i]], pk->src, v->rows, 4, st, err);
+        rc = gather_rows(m, pk->ints_at[i], m->ptr[pk->ints[i]], pk->src, v->rows, 4, st, err);
     if (!rc)
         rc = is_attention(m, s) ? launch_attention(m, s, &v->rt[s], st, err)
                                 : v->rt[s].launcher->launch(m, &v->rt[s], st, err);
     if (!rc && s == m->plan->n_segs - 1)
-        rc = move_rows(m, 0, pk->unpacked, m->ptr[g->output], pk->dst,
-                       (int64_t)pk->batch * pk->seq, row_bytes(&g->tensors[g->output]), st,
-                       err);
+        rc = gather_rows(m, pk->unpacked, m->ptr[g->output], pk->dst,
+                         (int64_t)pk->batch * pk->seq, row_bytes(&g->tensors[g->output]), st,
+                         err);
     return rc;
 }
 

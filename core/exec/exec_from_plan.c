@@ -36,22 +36,30 @@ static int plan_schemes(const plan *p, const exec_seq *seqs, int n, fusion_schem
     return STOF_OK;
 }
 
+/* Each segment of plan sequence ps, which xp's sequence i is: its template and parameters. */
+static int sequence_choices(const plan_sequence *ps, exec_plan *xp, int i, stof_error *err) {
+    for (int k = 0; k < ps->n_segments; k++) {
+        int seg = -1;
+        for (int j = 0; j < xp->n_segs && seg < 0; j++)
+            if (xp->segs[j].seq == i && xp->segs[j].index == k)
+                seg = j;
+        const plan_kernel *pk = &ps->segments[k].kernel;
+        int rc = seg < 0 ? err_set(err, STOF_ERR_INTERNAL, "segment %d is not planned", k)
+                         : exec_plan_set_choice(xp, seg, pk->tmpl, pk->values, err);
+        if (rc)
+            return err_prefix(err, "segment %d: ", k);
+    }
+    return STOF_OK;
+}
+
 /* Each segment of the plan's sequences: its template and parameters. */
 static int plan_choices(const plan *p, exec_plan *xp, stof_error *err) {
     for (int q = 0; q < p->n_sequences; q++) {
         const plan_sequence *ps = &p->sequences[q];
-        int i = exec_seq_at(xp->seqs, xp->n_seqs, ps->instances[0]);
-        for (int k = 0; k < ps->n_segments; k++) {
-            int seg = -1;
-            for (int j = 0; j < xp->n_segs && seg < 0; j++)
-                if (xp->segs[j].seq == i && xp->segs[j].index == k)
-                    seg = j;
-            const plan_kernel *pk = &ps->segments[k].kernel;
-            int rc = seg < 0 ? err_set(err, STOF_ERR_INTERNAL, "segment %d is not planned", k)
-                             : exec_plan_set_choice(xp, seg, pk->tmpl, pk->values, err);
-            if (rc)
-                return err_prefix(err, "the plan's sequence %d, segment %d: ", q, k);
-        }
+        int rc = sequence_choices(ps, xp, exec_seq_at(xp->seqs, xp->n_seqs, ps->instances[0]),
+                                  err);
+        if (rc)
+            return err_prefix(err, "the plan's sequence %d, ", q);
     }
     return STOF_OK;
 }
@@ -94,14 +102,14 @@ static const plan_sequence *plan_sequence_at(const plan *p, const exec_seq *q) {
  * default scheme elsewhere. *taken: the classes that took the plan's. */
 static int prefix_schemes(const plan *p, const graph *g, const exec_seq *seqs, int n,
                           fusion_scheme *schemes, int *taken, stof_error *err) {
-    int rc = STOF_OK;
-    for (int i = 0; !rc && i < n; i++) {
+    for (int i = 0; i < n; i++) {
         const plan_sequence *ps = plan_sequence_at(p, &seqs[i]);
         if (ps && !taken[seqs[i].cls]) {
             schemes[seqs[i].cls] = ps->scheme;
             taken[seqs[i].cls] = 1;
         }
     }
+    int rc = STOF_OK;
     for (int i = 0; !rc && i < n; i++)
         if (!taken[seqs[i].cls] && schemes[seqs[i].cls].n == 0)
             rc = exec_default_scheme(g, &seqs[i], &schemes[seqs[i].cls], err);
@@ -115,16 +123,9 @@ static int prefix_choices(const plan *p, exec_plan *xp, stof_error *err) {
         const plan_sequence *ps = plan_sequence_at(p, &xp->seqs[i]);
         if (!ps || !fusion_scheme_same_segments(&xp->schemes[i], &ps->scheme))
             continue;
-        for (int j = 0; j < xp->n_segs; j++) {
-            const exec_segment *sg = &xp->segs[j];
-            if (sg->seq != i || sg->index >= ps->n_segments)
-                continue;
-            const plan_kernel *pk = &ps->segments[sg->index].kernel;
-            int rc = exec_plan_set_choice(xp, j, pk->tmpl, pk->values, err);
-            if (rc)
-                return err_prefix(err, "the plan's segment %d at op #%d: ", sg->index,
-                                  sg->first);
-        }
+        int rc = sequence_choices(ps, xp, i, err);
+        if (rc)
+            return err_prefix(err, "the plan's sequence at op #%d, ", xp->seqs[i].first);
     }
     return STOF_OK;
 }

@@ -319,6 +319,13 @@ typedef struct stof_attention_desc {
     int tma;     /* block-wise: 1 = K and V tiles by the tensor memory accelerator (sm_90
                     and later, head_dim a multiple of 64; with wgmma, 64), -1 = by cp.async,
                     0 = automatic (TMA where the GPU and the shape allow it) */
+    int padded;  /* 1: sequences of different lengths up to q_len (self-attention, q_len ==
+                    k_len), given with every run by stof_attention_io's attention_mask or
+                    seq_start: keys past a sequence's length are masked and not read, its
+                    padded rows written as zeros (the padded layout) or not at all (the
+                    ragged one); no work is spent on padding */
+    int kv_heads; /* grouped-query attention: K and V have this many heads (dividing heads),
+                    query head h reading K/V head h / (heads / kv_heads); 0: heads */
 } stof_attention_desc;
 
 typedef struct stof_attention stof_attention;
@@ -344,6 +351,18 @@ typedef struct stof_attention_io {
     void *o;
     int64_t q_stride[2], k_stride[2], v_stride[2], o_stride[2];
     const void *relpos_table;
+    /* Padded plans (stof_attention_desc.padded), one of the two layouts:
+     *  - padded: attention_mask, int32 [batch, q_len] on the device, 1 = token, each row
+     *    ones then zeros; the tensors [batch, q_len, ...] with their strides;
+     *  - ragged (variable length, FlashAttention's "varlen"): seq_start, int32 [batch + 1] on
+     *    the device (cu_seqlens: 0, then each sequence's end), sequence b's rows being rows
+     *    seq_start[b] .. seq_start[b + 1] - 1 of q, k, v and o (their batch strides are not
+     *    read), rows the rows they hold. Rows outside every sequence must hold finite values
+     *    (the TMA build may load them, never weighs them); they are not written.
+     *    attention_mask may be NULL; when given, its lengths must be seq_start's. */
+    const int32_t *attention_mask;
+    const int32_t *seq_start;
+    int64_t rows;
 } stof_attention_io;
 
 STOF_API int stof_attention_run(stof_attention *a, const stof_attention_io *io, void *stream);

@@ -154,8 +154,8 @@ typedef struct stof_attn_args {
      * b's rows are rows seq_start[b] .. seq_start[b + 1] - 1 of q, k, v and o (the batch
      * strides are 0), its length their count; rows past it are neither weighed nor written.
      * Rows outside every sequence must hold finite values: a TMA build may load them as keys
-     * that the mask then gives no weight. pad_mask still gives the same lengths (the global
-     * kernels' index reads it) */
+     * that the mask then gives no weight. pad_mask may be NULL; when given, its lengths must
+     * be these */
     const stof_i32 *seq_start;
     stof_i64 align_[5];             /* keeps the tensor maps on a 64-byte boundary */
     /* 4-byte fields: keep their count even */

@@ -58,6 +58,8 @@ static mha_exec_problem problem_of(const stof_attention_desc *d) {
         .relpos_buckets = d->relpos_buckets,
         .relpos_max_distance = d->relpos_max_distance,
         .relpos_bidirectional = d->relpos_bidirectional,
+        .padded = d->padded,
+        .kv_heads = d->kv_heads,
     };
     return p;
 }
@@ -104,7 +106,10 @@ int stof_attention_run(stof_attention *a, const stof_attention_io *io, void *str
         .v_batch_stride = io->v_stride[0], .v_row_stride = io->v_stride[1],
         .o_batch_stride = io->o_stride[0], .o_row_stride = io->o_stride[1],
         .relpos_table = (CUdeviceptr)io->relpos_table,
+        .pad_mask = (CUdeviceptr)io->attention_mask,
     };
+    if (io->seq_start)
+        mha_exec_tensors_ragged(&t, (CUdeviceptr)io->seq_start, io->rows);
     int rc = mha_exec_run(a->ctx->exec, a->plan, &t, (CUstream)stream, &err);
     return api_remember(rc, &err);
 }

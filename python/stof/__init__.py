@@ -11,6 +11,9 @@ Masks and fused masked attention for PyTorch tensors:
     mask = stof.Mask.pattern("bigbird", q_len=4096)
     attn = ctx.attention(batch=16, heads=12, head_dim=64, q_len=4096, mask=mask)
     out = attn(qkv)          # qkv: [B, S, 3*H*D] fp16/bf16 CUDA tensor (packed Q, K, V)
+    # sequences of different lengths: one plan made with padded=True, then
+    out = attn(qkv, attention_mask=mask)            # padded, int32 [B, S]
+    out = attn.varlen(qkv_rows, cu_seqlens)         # ragged: [rows, 3*H*D], int32 [B + 1]
 
 The library is the one installed with this package, else $STOF_LIB, else a build folder of the
 source tree. Kernels compile in parallel in helper processes when the `stof` command is found

@@ -24,14 +24,17 @@ class _AttentionDesc(ctypes.Structure):
                 ("relpos_bidirectional", ctypes.c_int), ("kernel", ctypes.c_int),
                 ("block_m", ctypes.c_int), ("block_n", ctypes.c_int),
                 ("num_warps", ctypes.c_int), ("measure", ctypes.c_int),
-                ("wgmma", ctypes.c_int), ("tma", ctypes.c_int)]
+                ("wgmma", ctypes.c_int), ("tma", ctypes.c_int), ("padded", ctypes.c_int),
+                ("kv_heads", ctypes.c_int)]
 
 
 class _AttentionIO(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
                 ("o", ctypes.c_void_p), ("q_stride", ctypes.c_int64 * 2),
                 ("k_stride", ctypes.c_int64 * 2), ("v_stride", ctypes.c_int64 * 2),
-                ("o_stride", ctypes.c_int64 * 2), ("relpos_table", ctypes.c_void_p)]
+                ("o_stride", ctypes.c_int64 * 2), ("relpos_table", ctypes.c_void_p),
+                ("attention_mask", ctypes.c_void_p), ("seq_start", ctypes.c_void_p),
+                ("rows", ctypes.c_int64)]
 
 
 class Mask:
@@ -107,7 +110,11 @@ class Attention:
 
     def __init__(self, ctx, batch, heads, head_dim, q_len, k_len=None, dtype="fp16",
                  mask=None, causal=False, scale=0.0, relpos=None, kernel=None,
-                 block_m=0, block_n=0, num_warps=0, measure=0, wgmma=None, tma=None):
+                 block_m=0, block_n=0, num_warps=0, measure=0, wgmma=None, tma=None,
+                 padded=False, kv_heads=0):
+        """padded: sequences of different lengths up to q_len, given with each run by an
+        attention_mask or, in the ragged layout, seq_start (see run). kv_heads: grouped-query
+        attention, K and V with this many heads (0: heads)."""
         d = _AttentionDesc()
         d.batch, d.heads, d.head_dim = batch, heads, head_dim
         d.q_len, d.k_len = q_len, k_len or q_len
@@ -130,6 +137,7 @@ class Attention:
         # K, V tiles by the tensor memory accelerator (sm_90+): True, False (cp.async) or
         # None (automatic)
         d.tma = 0 if tma is None else (1 if tma else -1)
+        d.padded, d.kv_heads = int(padded), kv_heads
         self.desc, self._ctx, self._mask = d, ctx, mask
         self._h = ctypes.c_void_p()
         _check(_lib.stof_attention_plan(ctx._h, ctypes.byref(d), ctypes.byref(self._h)))
@@ -139,21 +147,47 @@ class Attention:
         _check(_lib.stof_attention_describe(self._h, buf, len(buf)))
         return buf.value.decode()
 
-    def _io(self, q, k, v, out, relpos_table):
+    def _lengths(self, name, t, shape):
+        """The device address of an int32 tensor of this shape (a padded plan's lengths)."""
+        if not self.desc.padded:
+            raise StofError(f"{name}: this attention was planned without padded=True")
+        if (not t.is_cuda or str(t.dtype) != "torch.int32" or not t.is_contiguous() or
+                tuple(t.shape) != shape):
+            raise StofError(f"{name}: a contiguous int32 CUDA tensor of shape {shape} was "
+                            f"expected, not {str(t.dtype)} {tuple(t.shape)}")
+        return t.data_ptr()
+
+    def _io(self, q, k, v, out, relpos_table, attention_mask=None, seq_start=None):
         io = _AttentionIO()
+        ragged = seq_start is not None
         for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
             if t.stride(-1) != 1:
                 raise StofError(f"{name}: the last dimension must be contiguous")
+            if ragged and t.dim() != 2:
+                raise StofError(f"{name}: the ragged layout takes [rows, columns] tensors, "
+                                f"not {tuple(t.shape)}")
             setattr(io, name, t.data_ptr())
-            getattr(io, f"{name}_stride")[0] = t.stride(0)
-            getattr(io, f"{name}_stride")[1] = t.stride(1)
+            getattr(io, f"{name}_stride")[0] = 0 if ragged else t.stride(0)
+            getattr(io, f"{name}_stride")[1] = t.stride(0) if ragged else t.stride(1)
         io.relpos_table = relpos_table.data_ptr() if relpos_table is not None else None
+        d = self.desc
+        if attention_mask is not None:
+            io.attention_mask = self._lengths("attention_mask", attention_mask,
+                                              (d.batch, d.q_len))
+        if ragged:
+            io.seq_start = self._lengths("seq_start", seq_start, (d.batch + 1,))
+            io.rows = q.shape[0]
         return io
 
-    def run(self, q, k, v, out, relpos_table=None, stream=None):
+    def run(self, q, k, v, out, relpos_table=None, stream=None, attention_mask=None,
+            seq_start=None):
         """q, k, v, out: CUDA tensors [B, S, ...] whose head h sits at columns h*D..h*D+D-1
-        of each row (views into a packed QKV tensor work: only the last dim must be dense)."""
-        io = self._io(q, k, v, out, relpos_table)
+        of each row (views into a packed QKV tensor work: only the last dim must be dense).
+        A padded plan takes attention_mask (int32 [B, S], 1 = token, right padding: padded
+        rows of out are zeros) or, in the ragged layout, seq_start (int32 [B + 1], as
+        FlashAttention's cu_seqlens) with q, k, v, out [rows, ...]: sequence b is rows
+        seq_start[b] .. seq_start[b + 1] - 1, and rows outside every sequence are not written."""
+        io = self._io(q, k, v, out, relpos_table, attention_mask, seq_start)
         if stream is None:
             import torch
             stream = torch.cuda.current_stream()
@@ -161,11 +195,16 @@ class Attention:
                                        ctypes.c_void_p(stream.cuda_stream)))
         return out
 
+    def _split(self, qkv):
+        """Q, K and V of a packed projection output [..., (H + 2 KVH) D]."""
+        d = self.desc
+        hd, kvd = d.heads * d.head_dim, (d.kv_heads or d.heads) * d.head_dim
+        return qkv[..., :hd], qkv[..., hd:hd + kvd], qkv[..., hd + kvd:]
+
     def bind(self, qkv, out, stream=None):
         """A launcher with the pointers and strides of (qkv, out) fixed: each call costs one
         C call, for loops that run the same buffers many times (benchmarks, CUDA graphs)."""
-        hd = self.desc.heads * self.desc.head_dim
-        io = self._io(qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:], out, None)
+        io = self._io(*self._split(qkv), out, None)
         if stream is None:
             import torch
             stream = torch.cuda.current_stream()
@@ -181,15 +220,24 @@ class Attention:
         launch.keep = (io, qkv, out)  # the struct and tensors must outlive the launcher
         return launch
 
-    def __call__(self, qkv, out=None):
-        """qkv: [B, S, 3*H*D] packed projection output -> [B, S, H*D]."""
+    def __call__(self, qkv, out=None, attention_mask=None):
+        """qkv: [B, S, (H + 2 KVH) D] packed projection output -> [B, S, H*D]."""
         d = self.desc
-        hd = d.heads * d.head_dim
         if out is None:
             import torch
-            out = torch.empty(qkv.shape[0], qkv.shape[1], hd, dtype=qkv.dtype,
-                              device=qkv.device)
-        return self.run(qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:], out)
+            out = torch.empty(qkv.shape[0], qkv.shape[1], d.heads * d.head_dim,
+                              dtype=qkv.dtype, device=qkv.device)
+        return self.run(*self._split(qkv), out, attention_mask=attention_mask)
+
+    def varlen(self, qkv, seq_start, out=None):
+        """The ragged layout: qkv [rows, (H + 2 KVH) D], sequences one after another as
+        seq_start (int32 [B + 1], cu_seqlens) says -> out [rows, H*D] (zeros where no sequence
+        is, when out is made here)."""
+        if out is None:
+            import torch
+            out = torch.zeros(qkv.shape[0], self.desc.heads * self.desc.head_dim,
+                              dtype=qkv.dtype, device=qkv.device)
+        return self.run(*self._split(qkv), out, seq_start=seq_start)
 
     def __del__(self):
         if getattr(self, "_h", None) and _lib:

@@ -405,8 +405,9 @@ typedef struct mha_exec_tensors {
     /* The ragged layout (padded self-attention plans only; 0: the padded one): int32
      * [batch + 1] on the device, batch b's rows are rows seq_start[b] .. seq_start[b + 1] - 1
      * of q, k, v, o (and gq, gk, gv), the batch strides 0, ragged_rows the rows the tensors
-     * hold. The lengths must be pad_mask's. Rows outside every sequence are neither weighed
-     * nor written but must hold finite values (a TMA plan may load them). */
+     * hold. pad_mask may then be 0; when given, its lengths must be seq_start's. Rows outside
+     * every sequence are neither weighed nor written but must hold finite values (a TMA plan
+     * may load them). */
     CUdeviceptr seq_start;
     int64_t ragged_rows;
 } mha_exec_tensors;

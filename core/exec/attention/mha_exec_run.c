@@ -186,9 +186,10 @@ int mha_run_main(mha_exec_ctx *c, const mha_exec_plan *plan, const mha_exec_tens
         (rc = check_tensor("v", t->v, t->v_batch_stride, t->v_row_stride, err)) ||
         (rc = check_tensor("o", t->o, t->o_batch_stride, t->o_row_stride, err)))
         return rc;
-    if (plan->problem.padded && (!t->pad_mask || t->pad_mask % 4))
+    if (plan->problem.padded && ((!t->pad_mask && !t->seq_start) || t->pad_mask % 4))
         return err_set(err, STOF_ERR_INVALID,
-                       "attention: the plan takes an attention_mask but none was given");
+                       "attention: the plan takes sequences' lengths: an attention_mask (int32, "
+                       "4-byte aligned) or the ragged layout's seq_start, and neither was given");
     if (plan->problem.relpos && !t->relpos_table)
         return err_set(err, STOF_ERR_INVALID,
                        "attention: the plan has a relative position bias but no table was given");

@@ -40,6 +40,26 @@ __device__ __forceinline__ sequence_rows sequence_at(const stof_attn_global_args
     return sequence_of(a.seq_start, a.pad_mask, b, a.q_len);
 }
 
+// Sequence b of head h as steps 3 and 4 see it: its length, the offset of its first row in
+// the inputs (q, k, v and their global projections share one layout), the offset of the
+// head's K/V columns (grouped-query heads share them) and its first output row.
+struct sequence_head {
+    int len;
+    long long in_base, kv_head;
+    elem_t *o;
+};
+
+__device__ __forceinline__ sequence_head sequence_head_at(const stof_attn_global_args &a, int b,
+                                                          int h) {
+    const sequence_rows sr = sequence_at(a, b);
+    sequence_head s;
+    s.len = sr.len;
+    s.in_base = b * a.batch_stride + sr.first * a.row_stride;
+    s.kv_head = (long long)(h / a.kv_group) * HEAD_DIM;
+    s.o = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + sr.first * a.o_row_stride;
+    return s;
+}
+
 // Inclusive sum over the block (blockDim.x a multiple of 32, at most 1024).
 __device__ __forceinline__ int block_inclusive_sum(int x, int *s_warp) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -136,16 +156,15 @@ stof_attention_global_keys(const stof_attn_global_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     const stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
     const int n_global = __ldg(index);
-    const sequence_rows sr = sequence_at(a, b);
-    const int len = sr.len;
+    const sequence_head sh = sequence_head_at(a, b, h);
+    const int len = sh.len;
+    const long long in_base = sh.in_base;
     const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
     if (n_global == 0 || row0 >= len) return;
     const stof_i32 *gm = a.global_mask + (long long)b * a.q_len;
-    const long long head = (long long)(h / a.kv_group) * HEAD_DIM;
-    const long long in_base = b * a.batch_stride + sr.first * a.row_stride;
-    const elem_t *k = static_cast<const elem_t *>(a.k) + in_base + head;
-    const elem_t *v = static_cast<const elem_t *>(a.v) + in_base + head;
-    elem_t *o = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + sr.first * a.o_row_stride;
+    const elem_t *k = static_cast<const elem_t *>(a.k) + in_base + sh.kv_head;
+    const elem_t *v = static_cast<const elem_t *>(a.v) + in_base + sh.kv_head;
+    elem_t *o = sh.o;
     const float *lse = a.lse + ((long long)b * a.heads + h) * a.q_len;
     const stof_u64 *bits = a.mask_bits + (long long)(a.fmt_batch == 1 ? 0 : b) * a.q_len * a.words;
     float *sq = s_query[warp];
@@ -215,13 +234,12 @@ stof_attention_global_rows(const stof_attn_global_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     const stof_i32 *index = a.index + (long long)b * (a.q_len + 1);
     const int n_global = __ldg(index);
-    const sequence_rows sr = sequence_at(a, b);
-    const int len = sr.len;
-    const long long head = (long long)(h / a.kv_group) * HEAD_DIM;
-    const long long in_base = b * a.batch_stride + sr.first * a.row_stride;
-    const elem_t *k = static_cast<const elem_t *>(a.gk) + in_base + head;
-    const elem_t *v = static_cast<const elem_t *>(a.gv) + in_base + head;
-    elem_t *o = static_cast<elem_t *>(a.o) + b * a.o_batch_stride + sr.first * a.o_row_stride;
+    const sequence_head sh = sequence_head_at(a, b, h);
+    const int len = sh.len;
+    const long long in_base = sh.in_base;
+    const elem_t *k = static_cast<const elem_t *>(a.gk) + in_base + sh.kv_head;
+    const elem_t *v = static_cast<const elem_t *>(a.gv) + in_base + sh.kv_head;
+    elem_t *o = sh.o;
     for (int t0 = blockIdx.x * kGroup; t0 < n_global; t0 += gridDim.x * kGroup) {
         const int rows = min(kGroup, n_global - t0);
         // the group's queries (rows past it: zeros, computed and dropped)

@@ -1,8 +1,7 @@
-// Rows moved by an index, for padding-free runs (core/exec/exec_pack.c): a packed batch's
-// rows to their padded (batch, position) and back, and its int32 inputs packed.
+// Rows gathered by an index, for padding-free runs (core/exec/exec_pack.c): a packed batch's
+// rows from their padded (batch, position), and its int32 inputs packed.
 //
 //   gather:  out[r] = idx[r] >= 0 ? in[idx[r]] : zeros     for r < rows
-//   scatter: out[idx[r]] = in[r] where idx[r] >= 0         for r < rows
 //
 // Rows of `units` units of UNIT bytes (16: rows of 8 fp16/bf16 values, 4: an int32 or
 // rows of an even count of values), one unit a thread in the grid-stride loop of the memory
@@ -25,18 +24,6 @@ __device__ __forceinline__ void gather_rows(U *out, const U *in, const int *idx,
     }
 }
 
-template <typename U>
-__device__ __forceinline__ void scatter_rows(U *out, const U *in, const int *idx,
-                                             long long rows, int units) {
-    stof::grid_dependency_begin();
-    STOF_GRID_STRIDE(i, rows * units) {
-        const long long r = i / units;
-        const int to = __ldg(idx + r);
-        if (to >= 0)
-            out[(long long)to * units + (i - r * units)] = in[i];
-    }
-}
-
 extern "C" __global__ void stof_rows_gather16(uint4 *out, const uint4 *in, const int *idx,
                                               long long rows, int units) {
     gather_rows(out, in, idx, rows, units);
@@ -45,14 +32,4 @@ extern "C" __global__ void stof_rows_gather16(uint4 *out, const uint4 *in, const
 extern "C" __global__ void stof_rows_gather4(unsigned *out, const unsigned *in, const int *idx,
                                              long long rows, int units) {
     gather_rows(out, in, idx, rows, units);
-}
-
-extern "C" __global__ void stof_rows_scatter16(uint4 *out, const uint4 *in, const int *idx,
-                                               long long rows, int units) {
-    scatter_rows(out, in, idx, rows, units);
-}
-
-extern "C" __global__ void stof_rows_scatter4(unsigned *out, const unsigned *in,
-                                              const int *idx, long long rows, int units) {
-    scatter_rows(out, in, idx, rows, units);
 }

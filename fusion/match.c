@@ -195,6 +195,7 @@ static void fill_attention_dims(const graph *g, const graph_op *op, fusion_dims 
     d->q_len = (int)out->shape[1];
     d->k_len = (int)kv->shape[1];
     d->heads = op->attr.attn.heads;
+    d->kv_heads = op_attention_kv_heads(&op->attr.attn);
     d->head_dim = op->attr.attn.head_dim;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "kernels/attention_decode_abi.cuh"
 #include "kernels/gemm_abi.cuh"
 #include "ops/mha_select.h"
 #include "ops/ops.h"
@@ -203,6 +204,17 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
     return STOF_OK;
 }
 
+/* SPLITS, WARPS (kernels/attention_decode.cu): a CTA's shared memory holds every warp's O of
+ * each query head of its K/V head. */
+static int attention_decode_check(const fusion_dims *d, const int *v, int limit,
+                                  stof_error *err) {
+    (void)limit;
+    const int group = d->kv_heads > 0 ? d->heads / d->kv_heads : d->heads;
+    return check_smem("attention_decode's partial outputs",
+                      STOF_DECODE_SMEM_BYTES((int64_t)v[1], group, d->head_dim),
+                      STOF_DECODE_SMEM_LIMIT, err);
+}
+
 /* ---- the table ---------------------------------------------------------------- */
 
 #define TOK(k) FUSION_TOK(OP_##k)
@@ -267,12 +279,13 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},
         rotary_check},
     /* SPLITS: the CTAs a sequence's keys are split over (kernels/attention_decode.cu); the
-     * planner picks them when the setting is not given */
+     * planner picks them when the setting is not given. WARPS: a CTA's (plans before it: 4).
+     * A rotary op in front is fused: the kernel rotates Q and the new key itself. */
     [FUSION_T_ATTENTION_DECODE] = {FUSION_T_ATTENTION_DECODE, "attention_decode",
         "attention_decode.cu", 0,
-        1, {PATTERN(ONE(TOK(ATTENTION)))},
-        1, {PARAM("SPLITS", 1, 2, 4, 8, 16, 32, 64)},
-        NULL},
+        1, {PATTERN(OPT(TOK(ROTARY)), ONE(TOK(ATTENTION)))},
+        2, {PARAM("SPLITS", 1, 2, 4, 8, 16, 32, 64), PARAM("WARPS", 4, 8)},
+        attention_decode_check, 1},
     /* a few rows (a decode step's): the weights streamed once, each by one thread */
     [FUSION_T_GEMV] = {FUSION_T_GEMV, "gemv", "gemv.cu", 0,
         1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},

@@ -15,7 +15,7 @@
  *   glu              glu.cu               glu
  *   rotary           rotary.cu            rotary
  *   mask_rows        mask_rows.cu         mask_rows
- *   attention_decode attention_decode.cu  attention (one query row, a KV cache)
+ *   attention_decode attention_decode.cu  [rotary] attention (one query row, a KV cache)
  *   gemv             gemv.cu              gemm [bias] [gelu|relu] [add], up to 16 rows
  *
  * Every single op matches at least one template, so the all-unfused scheme
@@ -96,6 +96,7 @@ typedef struct fusion_dims {
     int row_reduce; /* the segment holds a norm or softmax: whole rows at once */
     int weight_kn;  /* the first GEMM's weights are [K, N] */
     int batch, heads, head_dim, q_len, k_len; /* attention; rotary: heads and head_dim */
+    int kv_heads;                             /* attention's K/V heads */
 } fusion_dims;
 
 /* Template flag: besides the segment's result it can write the input of its

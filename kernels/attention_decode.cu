@@ -1,9 +1,11 @@
 // Decode-step attention against a KV cache (attention_decode_abi.cuh): one query a sequence,
 // its keys in the cache's ring of `cap` slots.
 //
-// Grid (kv_heads, batch, splits), STOF_DECODE_WARPS warps: a CTA serves the GROUP query heads
-// that share one K/V head, so each key and value is read once for all of them. Each warp takes
-// tiles of 32 keys of the CTA's chunk:
+// Grid (kv_heads, batch, splits), DECODE_WARPS warps: a CTA serves the GROUP query heads
+// that share one K/V head, so each key and value is read once for all of them. It first puts
+// the group's queries and the new token's key in shared memory (ROTARY: the rotary op fused in
+// front, both rotated here by that op's positions, rounded as its output would be).
+// Each warp takes tiles of 32 keys of the CTA's chunk:
 //
 //   lane l takes key j = tile + l: s_g = q_g . k_j for each head g of the group (its K row
 //                                  read as 16-byte vectors, the q's from shared memory)
@@ -13,10 +15,11 @@
 //
 // then the warps merge through shared memory: O / l into the output (one split), or the
 // partial (O, m, l) to the workspace that stof_attention_decode_combine merges. The CTA of
-// split 0 also writes the new token's K and V into its slot; every CTA reads the new key from
-// qkv itself, so no CTA waits for another.
+// split 0 also writes the new token's K and V into its slot; every CTA makes the new key
+// itself, so no CTA waits for another.
 #include "attention_common.cuh"
 #include "attention_decode_abi.cuh"
+#include "rotary_angle.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -27,21 +30,24 @@
 #ifndef GROUP // query heads a K/V head
 #define GROUP 1
 #endif
+#ifndef DECODE_WARPS // warps a CTA (the host launches as many)
+#define DECODE_WARPS STOF_DECODE_WARPS
+#endif
+#ifndef ROTARY // the rotary op fused in front: Q and the new K rotated by a.theta
+#define ROTARY 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
 
-constexpr int kWarps = STOF_DECODE_WARPS;
-constexpr int kPairs = HEAD_DIM / 2;
+constexpr int kWarps = DECODE_WARPS;
+constexpr int kPairs = HEAD_DIM / 2; // pairs of adjacent dims; also the rotary's half head
 constexpr int kRounds = (kPairs + 31) / 32; // pairs a lane holds (the last round may be short)
 
 static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf16");
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
 static_assert(GROUP >= 1 && GROUP <= STOF_DECODE_MAX_GROUP, "GROUP: 1 to 16 query heads");
-
-__device__ __forceinline__ float2 load_pair(const elem_t *row, int p) {
-    return unpack2<elem_t>(*reinterpret_cast<const unsigned *>(row + 2 * p));
-}
+static_assert(kWarps >= 1 && kWarps <= 32, "DECODE_WARPS: 1 to 32");
 
 // Whether row pos of the mask allows key j (no mask: every key up to pos).
 __device__ __forceinline__ bool allowed(const stof_decode_args &a, int b, int pos, int j) {
@@ -52,25 +58,17 @@ __device__ __forceinline__ bool allowed(const stof_decode_args &a, int b, int po
     return (w >> (j & 63)) & 1ull;
 }
 
-// The new token's K and V (head kvh) into slot pos % cap.
-__device__ __forceinline__ void store_new(const stof_decode_args &a, const elem_t *krow,
-                                          const elem_t *vrow, int b, int kvh, int pos) {
-    const long long slot = ((long long)b * a.cap + pos % a.cap) * a.kv_heads + kvh;
-    unsigned *kc =
-        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.k_cache) + slot * HEAD_DIM);
-    unsigned *vc =
-        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.v_cache) + slot * HEAD_DIM);
-    for (int p = threadIdx.x; p < kPairs; p += blockDim.x) {
-        kc[p] = reinterpret_cast<const unsigned *>(krow)[p];
-        vc[p] = reinterpret_cast<const unsigned *>(vrow)[p];
-    }
-}
-
 struct decode_smem {
     float q[GROUP][HEAD_DIM];   // scaled by scale * log2(e)
+    float knew[HEAD_DIM];       // the new token's key, as its cache slot holds it
     float m[kWarps][GROUP], l[kWarps][GROUP];
     float o[kWarps][GROUP][HEAD_DIM];
 };
+
+static_assert(sizeof(decode_smem) == STOF_DECODE_SMEM_BYTES(kWarps, GROUP, HEAD_DIM),
+              "decode_smem and STOF_DECODE_SMEM_BYTES must agree");
+static_assert(sizeof(decode_smem) <= STOF_DECODE_SMEM_LIMIT,
+              "DECODE_WARPS x GROUP x HEAD_DIM too large (STOF_DECODE_SMEM_BYTES)");
 
 struct warp_state {
     float m[GROUP], l[GROUP];
@@ -84,6 +82,72 @@ __device__ __forceinline__ void scores(const decode_smem &sm, const elem_t *krow
     for (int g = 0; g < GROUP; ++g)
         s[g] = 0.0f;
     dot_key<elem_t, HEAD_DIM, GROUP>(&sm.q[0][0], krow, s);
+}
+
+// s_g = q_g . k for the new token's key (shared memory), summed in dot_key's order.
+__device__ __forceinline__ void scores_new(const decode_smem &sm, float (&s)[GROUP]) {
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        float x = 0.0f;
+        for (int d = 0; d < HEAD_DIM; ++d)
+            x = fmaf(sm.q[g][d], sm.knew[d], x);
+        s[g] = x;
+    }
+}
+
+// Pair j of a head (dims j and j + kPairs) from row x, rotated by position rpos under ROTARY
+// and then rounded to elem_t, as the rotary op writes it.
+__device__ __forceinline__ void head_pair(const elem_t *x, int j, int rpos, double log2_theta,
+                                          float &x0, float &x1) {
+    x0 = stof::to_float(x[j]);
+    x1 = stof::to_float(x[j + kPairs]);
+#if ROTARY
+    float c, sn;
+    stof::rotary_angle(rpos, j, HEAD_DIM, log2_theta, &c, &sn);
+    stof::rotate_pair(x0, x1, c, sn);
+    x0 = stof::to_float(stof::from_float<elem_t>(x0));
+    x1 = stof::to_float(stof::from_float<elem_t>(x1));
+#else
+    (void)rpos;
+    (void)log2_theta;
+#endif
+}
+
+// The group's queries, scaled, and the new token's key into shared memory; the CTA of split
+// 0 (write) also puts that key and its value into slot pos % cap, whose old key (pos - cap) no
+// query of this step can see. Every load comes before the first store.
+__device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode_smem &sm,
+                                               const elem_t *row, int b, int kvh, int pos,
+                                               bool write) {
+    const double log2_theta = ROTARY ? log2(a.theta) : 0.0;
+    const int rpos = ROTARY ? a.rotary_positions[b] : 0;
+    const elem_t *knew = row + (a.heads + kvh) * HEAD_DIM;
+    for (int i = threadIdx.x; i < (GROUP + 1) * kPairs; i += blockDim.x) {
+        const int g = i / kPairs, j = i % kPairs;
+        float x0, x1;
+        head_pair(g < GROUP ? row + (kvh * GROUP + g) * HEAD_DIM : knew, j, rpos, log2_theta, x0,
+                  x1);
+        if (g < GROUP) {
+            sm.q[g][j] = x0 * a.scale_log2;
+            sm.q[g][j + kPairs] = x1 * a.scale_log2;
+        } else {
+            sm.knew[j] = x0;
+            sm.knew[j + kPairs] = x1;
+        }
+    }
+    if (!write)
+        return;
+    const long long slot = ((long long)b * a.cap + pos % a.cap) * a.kv_heads + kvh;
+    elem_t *kc = static_cast<elem_t *>(a.k_cache) + slot * HEAD_DIM;
+    unsigned *vc =
+        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.v_cache) + slot * HEAD_DIM);
+    const unsigned *vnew =
+        reinterpret_cast<const unsigned *>(row + (a.heads + a.kv_heads + kvh) * HEAD_DIM);
+    __syncthreads(); // sm.knew complete
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x)
+        kc[d] = stof::from_float<elem_t>(sm.knew[d]);
+    for (int p = threadIdx.x; p < kPairs; p += blockDim.x)
+        vc[p] = vnew[p];
 }
 
 // The tile's online-softmax update: p_g of the lane's key, the state rescaled.
@@ -182,18 +246,10 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int pos = a.positions[b];
     const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
-    const elem_t *knew = row + (a.heads + kvh) * HEAD_DIM;
     const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
     // pos -1: an ended sequence. Its cache stays, no key is read (the loop below is empty:
     // last = 0) and its output is zeros.
-    if (z == 0 && pos >= 0)
-        store_new(a, knew, vnew, b, kvh, pos);
-    for (int i = threadIdx.x; i < GROUP * kPairs; i += blockDim.x) {
-        const int g = i / kPairs, p = i % kPairs;
-        const float2 x = load_pair(row + (kvh * GROUP + g) * HEAD_DIM, p);
-        sm.q[g][2 * p] = x.x * a.scale_log2;
-        sm.q[g][2 * p + 1] = x.y * a.scale_log2;
-    }
+    load_new_token(a, sm, row, b, kvh, pos, z == 0 && pos >= 0);
     __syncthreads();
 
     warp_state st;
@@ -223,10 +279,10 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         for (int g = 0; g < GROUP; ++g)
             s[g] = STOF_NEG_INF;
         if (j < last) {
-            const elem_t *krow =
-                j == pos ? knew
-                         : kc + ((seq_slots + my_slot) * a.kv_heads + kvh) * HEAD_DIM;
-            scores(sm, krow, s);
+            if (j == pos)
+                scores_new(sm, s);
+            else
+                scores(sm, kc + ((seq_slots + my_slot) * a.kv_heads + kvh) * HEAD_DIM, s);
         }
         const bool valid = j < last && allowed(a, b, pos, j);
 #pragma unroll

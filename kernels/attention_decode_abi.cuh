@@ -10,7 +10,10 @@
  * (heads / kv_heads), likewise v_cache. The new token's Q, K and V are its row of qkv
  * (Q | K | V: heads, kv_heads and kv_heads heads of HEAD_DIM): its K and V are read from
  * there and written to slot p % cap, whose old key (p - cap) no query of this step can see.
- * O is [batch, heads * HEAD_DIM].
+ * O is [batch, heads * HEAD_DIM]. A build with ROTARY (a rotary op fused in front) first
+ * rotates the new token's Q and K heads as that op does, by r = rotary_positions[b] (pairs (j,
+ * j + HEAD_DIM / 2) by r theta^(-2j / HEAD_DIM), rounded to the dtype): the cache holds the
+ * rotated key.
  *
  * A CTA serves the heads / kv_heads query heads of one K/V head (the build's GROUP), so each
  * key is read once for all of them. Split keys (flash-decoding): the grid's z splits a sequence's keys into `splits` chunks of
@@ -36,6 +39,8 @@ typedef struct stof_decode_args {
     const stof_u64 *mask;       /* [mask_batch][context][words] bits, or NULL */
     float *partial_o, *partial_ml;
     const stof_i32 *pad_mask;   /* the store's attention_mask [batch, seq], or NULL */
+    const stof_i32 *rotary_positions; /* ROTARY builds: the rotary op's positions [batch] */
+    double theta;               /* ROTARY builds: the rotary op's base */
     stof_i64 qkv_row_stride;    /* elements from one row of qkv to the next */
     stof_i32 heads, kv_heads, cap, context;
     stof_i32 words, mask_batch, splits, chunk;
@@ -43,14 +48,20 @@ typedef struct stof_decode_args {
     float scale_log2;           /* scale * log2(e) */
 } stof_decode_args;
 
-#define STOF_DECODE_ARGS_BYTES (10 * 8 + 10 * 4)
+#define STOF_DECODE_ARGS_BYTES (12 * 8 + 10 * 4)
 STOF_ABI_STATIC_ASSERT(sizeof(stof_decode_args) == STOF_DECODE_ARGS_BYTES,
                        "stof_decode_args layout changed: host and kernels must agree");
 
 #define STOF_DECODE_KERNEL "stof_attention_decode"
 #define STOF_DECODE_COMBINE_KERNEL "stof_attention_decode_combine"
 #define STOF_KV_STORE_KERNEL "stof_kv_cache_store"
-#define STOF_DECODE_WARPS 4
+#define STOF_DECODE_WARPS 4 /* warps a CTA by default (DECODE_WARPS: a build's own) */
+#define STOF_DECODE_SMEM_LIMIT 49152 /* static shared memory a CTA may hold */
+/* A CTA's static shared memory (attention_decode.cu's decode_smem, floats): the group's
+ * queries and the new key, then each warp's (m, l) and O of every head of the group. */
+#define STOF_DECODE_SMEM_BYTES(warps, group, head_dim)                                         \
+    (4 * ((group) * (head_dim) + (head_dim) + 2 * (warps) * (group) +                          \
+          (warps) * (group) * (head_dim)))
 #define STOF_DECODE_MAX_GROUP 16 /* query heads a K/V head (a build for each) */
 
 #endif

@@ -8,11 +8,9 @@
 // (width - rotated x HEAD_DIM) / VEC copy units; every unit of every row is
 // one index of a grid-stride loop.
 //
-// Angles reach seq_len radians, far outside the range where the fast sine
-// (--use_fast_math) is accurate: each is reduced to [-pi, pi] in double
-// first, and the frequencies are taken in double, so fp32 carries only the
-// reduced angle.
+// The rotation itself is rotary_angle.cuh's.
 #include "grid_stride.cuh"
+#include "rotary_angle.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -25,15 +23,6 @@ static_assert(HEAD_DIM % 2 == 0 && (HEAD_DIM / 2) % VEC == 0, "VEC divides half 
 
 constexpr int kHalf = HEAD_DIM / 2;
 constexpr int kUnitsPerHead = kHalf / VEC;
-
-// cos and sin of s x theta^(-2j / HEAD_DIM).
-__device__ __forceinline__ void rotation(long long s, int j, double log2_theta, float *c,
-                                         float *sn) {
-    const double two_pi = 6.283185307179586476925;
-    double angle = (double)s * exp2(-2.0 * j / HEAD_DIM * log2_theta);
-    angle -= two_pi * rint(angle / two_pi);
-    __sincosf((float)angle, sn, c);
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS) stof_rotary(const stof_rotary_args a) {
     stof::grid_dependency_begin();  // before any read (common.cuh)
@@ -69,10 +58,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_rotary(const stof_rot
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
             float c, sn;
-            rotation(s, j0 + e, log2_theta, &c, &sn);
-            const float a0 = p[e], b0 = q[e];
-            p[e] = a0 * c - b0 * sn;
-            q[e] = b0 * c + a0 * sn;
+            stof::rotary_angle(s, j0 + e, HEAD_DIM, log2_theta, &c, &sn);
+            stof::rotate_pair(p[e], q[e], c, sn);
         }
         stof::store_chunk(yr + lo, p);
         stof::store_chunk(yr + hi, q);

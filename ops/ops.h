@@ -52,6 +52,9 @@ void op_cost(const graph *g, const graph_op *op, double *flops, double *bytes);
 /* Reference helpers shared with tests and other modules. */
 float op_gelu_erf(float x);
 float op_gelu_tanh(float x);
+/* One head's d values at position s rotated into y as the rotary op does: pairs (j, j + d/2)
+ * by s * theta^(-2j/d). */
+void op_rotary_head(const float *x, float *y, int d, int64_t s, double theta);
 /* T5's bucket for relative position (key - query). */
 int op_relpos_bucket(int relative_position, int bidirectional, int num_buckets,
                      int max_distance);

@@ -98,8 +98,7 @@ void ops_rotary_cost(OPS_COST_ARGS) {
     ops_mi_cost(g, op, 4.0, flops, bytes);
 }
 
-/* One head's D values at position s, rotated into y. */
-static void rotate_head(const float *x, float *y, int d, int64_t s, double theta) {
+void op_rotary_head(const float *x, float *y, int d, int64_t s, double theta) {
     int half = d / 2;
     for (int j = 0; j < half; j++) {
         double angle = (double)s * pow(theta, -2.0 * j / d);
@@ -125,8 +124,8 @@ int ops_rotary_ref(OPS_REF_ARGS) {
                                 "a non-negative integer", (double)at, (long long)b,
                                 (long long)s);
             for (int hd = 0; hd < rotated; hd++)
-                rotate_head(xr + (int64_t)hd * d, yr + (int64_t)hd * d, d, (int64_t)at,
-                            op->attr.rotary.theta);
+                op_rotary_head(xr + (int64_t)hd * d, yr + (int64_t)hd * d, d, (int64_t)at,
+                               op->attr.rotary.theta);
             for (int64_t j = (int64_t)rotated * d; j < n; j++)
                 yr[j] = xr[j];
         }

@@ -5,7 +5,10 @@
  *     sliding window whose ring wraps, grouped-query heads, a per-batch random mask; split
  *     over CTAs or not;
  *   - the cache after the step holds the new token's K and V in its slot;
- *   - a sequence that has ended (position -1): zeros out, its cache as the prefill left it.
+ *   - a sequence that has ended (position -1): zeros out, its cache as the prefill left it;
+ *   - a rotary op fused in front: Q and the new K rotated by the kernel, against the rotary
+ *     reference applied first (op_rotary_head);
+ *   - 4 and 8 warps a CTA.
  * Outputs are poisoned (NaN) before each launch. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "core/exec/attention/mha_decode.h"
 #include "ops/kv_cache.h"
 #include "ops/mask.h"
+#include "ops/ops.h"
 
 #define GPU_CTX_TYPE mha_exec_ctx
 #include "gpu_common.h"
@@ -31,24 +35,52 @@ typedef struct dcase {
     int lens[4];       /* each sequence's prefill length; the step's position */
     int ended;         /* 1 + the sequence that has ended (its step's position -1: attention
                           skipped, zeros out, its cache untouched); 0: none */
+    double theta;      /* > 0: a rotary op of this base fused in front */
+    int warps;         /* 0: chosen */
 } dcase;
 
 static const dcase cases[] = {
-    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0},
-    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 0},
-    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0},
-    {"window 64 (ring wraps)", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63}, 0},
-    {"window 64 one split", 2, 4, 1, 400, "sliding_window{band=63}", 0, 1, {300, 10}, 0},
+    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0, 0.0, 0},
+    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 0, 0.0, 0},
+    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 0.0, 0},
+    {"window 64 (ring wraps)", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63}, 0, 0.0,
+     0},
+    {"window 64 one split", 2, 4, 1, 400, "sliding_window{band=63}", 0, 1, {300, 10}, 0, 0.0,
+     0},
     {"random per batch", 2, 4, 4, 200,
      "per_batch(random{rate=0.5, block=4, seed=1}, random{rate=0.3, block=8, seed=2})", 0, 3,
-     {150, 77}, 0},
+     {150, 77}, 0, 0.0, 0},
     {"longformer (global first key)", 4, 2, 2, 256, "longformer{band=16, global=2}", 0, 0,
-     {255, 17, 100, 3}, 0},
-    {"dense, split, one ended", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 1},
+     {255, 17, 100, 3}, 0, 0.0, 0},
+    {"dense, split, one ended", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 1, 0.0, 0},
     {"window 64 (ring wraps), one ended", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0,
-     {300, 63}, 1},
-    {"GQA 8/2, the last ended", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 3},
+     {300, 63}, 1, 0.0, 0},
+    {"GQA 8/2, the last ended", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 3, 0.0, 0},
+    {"dense, 8 warps", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0, 0.0, 8},
+    {"GQA 8/2, rotary", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 10000.0, 0},
+    {"window 64, rotary, one ended", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63},
+     2, 1000000.0, 0},
+    {"GQA 8/2, rotary, split, 8 warps", 3, 8, 2, 1000, NULL, 0, 4, {999, 500, 1}, 0, 500000.0,
+     8},
 };
+
+/* The rotary op's output for a step's row: its Q and K heads rotated by the rotary's position
+ * pos (the sequence's, also for one that has ended), rounded to the dtype as that op writes it. */
+static void rotate_step(const dcase *c, float *row, int pos, int D, stof_dtype t) {
+    float *y = malloc(sizeof *y * (size_t)D);
+    for (int h = 0; h < c->heads + c->kv_heads; h++) {
+        op_rotary_head(row + (size_t)h * D, y, D, pos, c->theta);
+        for (int j = 0; j < D; j++)
+            row[(size_t)h * D + j] = from_bits(t, to_bits(t, y[j]));
+    }
+    free(y);
+}
+
+/* Whether x is y to within the rounding of one value of dtype t (the GPU's sine is not the
+ * reference's, so a rotated value may round the other way). */
+static int near_rounding(float x, float y, stof_dtype t) {
+    return fabsf(x - y) <= fabsf(y) * (t == STOF_BF16 ? 0x1p-7f : 0x1p-10f) + 1e-6f;
+}
 
 typedef struct host {
     float *qkv_prefill;  /* [B][seq][W] */
@@ -122,20 +154,28 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
         pos[b] = b + 1 == c->ended ? -1.0f : (float)c->lens[b];
     }
     ops_kv_cache_store_prefix(&ref, pre, seq, H, lens);
+    /* the reference steps on the rotary op's output; the GPU gets the step as it is */
+    float *step_ref = malloc(sizeof *step_ref * (size_t)(B * W));
+    memcpy(step_ref, step, sizeof *step * (size_t)(B * W));
+    for (int b = 0; c->theta > 0 && b < B; b++)
+        rotate_step(c, step_ref + (size_t)b * W, c->lens[b], D, t);
     op_attention a = {.heads = H, .head_dim = D, .causal = 1, .kv_heads = KVH, .decode = 1,
                       .scale = 1.0f / sqrtf((float)D), .mask = m ? 0 : -1};
     float *want = malloc(sizeof *want * (size_t)(B * H * D));
-    int rc = ops_attention_decode_ref(&a, m, step, pos, &ref, want, &err);
+    int rc = ops_attention_decode_ref(&a, m, step_ref, pos, &ref, want, &err);
     CHECK_MSG(rc == STOF_OK, "%s: reference: %s", c->name, err.msg);
 
-    mha_decode_problem p = {B, H, KVH, D, t, cap, c->context, a.scale, m};
+    mha_decode_problem p = {B, H, KVH, D, t, cap, c->context, a.scale, m, c->theta};
     mha_decode_plan *pl = NULL;
-    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, c->splits, &pl, &err);
+    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, c->splits, c->warps, &pl, &err);
     CHECK_MSG(rc == STOF_OK, "%s: plan: %s", c->name, err.msg);
-    CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_pad = 0, d_k = 0, d_v = 0, d_o = 0;
-    int32_t ipos[4], *am = calloc((size_t)(B * seq), sizeof *am);
+    CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_rpos = 0, d_pad = 0, d_k = 0, d_v = 0,
+                d_o = 0;
+    /* the attentions' positions (-1: ended) and the rotary's (the sequence's, as a step's) */
+    int32_t ipos[4], rpos[4], *am = calloc((size_t)(B * seq), sizeof *am);
     for (int b = 0; b < B; b++) {
         ipos[b] = b + 1 == c->ended ? -1 : c->lens[b];
+        rpos[b] = c->lens[b];
         for (int s = 0; s < c->lens[b]; s++)
             am[b * seq + s] = 1;
     }
@@ -143,12 +183,13 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     if (!rc && !upload_f(g, &d_pre, pre, (size_t)(B * seq * W), t) &&
         !upload_f(g, &d_step, step, (size_t)(B * W), t) &&
         !upload(g, &d_pos, ipos, sizeof(int32_t) * (size_t)B) &&
+        !upload(g, &d_rpos, rpos, sizeof(int32_t) * (size_t)B) &&
         !upload(g, &d_pad, am, sizeof(int32_t) * (size_t)(B * seq)) &&
         !dalloc(g, &d_k, cache_elems * 2) && !dalloc(g, &d_v, cache_elems * 2) &&
         !dalloc(g, &d_o, (size_t)(B * H * D) * 2) && !poison(g, d_k, cache_elems) &&
         !poison(g, d_v, cache_elems) && !poison(g, d_o, (size_t)(B * H * D))) {
         rc = mha_decode_store(pl, d_pre, seq, d_pad, d_k, d_v, 0, &err);
-        mha_decode_tensors tt = {d_step, d_pos, d_k, d_v, d_o, 0};
+        mha_decode_tensors tt = {d_step, d_pos, d_k, d_v, d_o, 0, d_rpos};
         if (!rc)
             rc = mha_decode_run(pl, &tt, 0, &err);
         CHECK_MSG(rc == STOF_OK, "%s: launch: %s", c->name, err.msg);
@@ -167,18 +208,21 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
                 for (int64_t j = last > cap - 1 ? last - cap + 1 : 0; j <= last; j++)
                     for (int x = 0; x < KVH * D; x++) {
                         size_t at = ((size_t)b * cap + (size_t)(j % cap)) * KVH * D + x;
-                        diff += from_bits(t, kc[at]) != ref.k[at];
+                        const float got = from_bits(t, kc[at]);
+                        const int rotated_new = c->theta > 0 && j == c->lens[b];
+                        diff += rotated_new ? !near_rounding(got, ref.k[at], t)
+                                            : got != ref.k[at];
                     }
             }
             CHECK_MSG(diff == 0, "%s: %ld cached key values differ", c->name, diff);
-            printf("%-30s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d rel=%.2e %s\n", c->name,
-                   stof_dtype_name(t), D, B, H, KVH, cap, pl->splits, e,
+            printf("%-34s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d warps=%d rel=%.2e %s\n",
+                   c->name, stof_dtype_name(t), D, B, H, KVH, cap, pl->splits, pl->warps, e,
                    e < tol && bad == 0 && diff == 0 ? "PASS" : "FAIL");
         }
         free(o);
         free(kc);
     }
-    CUdeviceptr *all[] = {&d_pre, &d_step, &d_pos, &d_pad, &d_k, &d_v, &d_o};
+    CUdeviceptr *all[] = {&d_pre, &d_step, &d_pos, &d_rpos, &d_pad, &d_k, &d_v, &d_o};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
         dfree(g, all[k]);
     mha_decode_plan_free(pl);
@@ -187,6 +231,7 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     free(want);
     free(pre);
     free(step);
+    free(step_ref);
     mask_free(m);
 }
 
@@ -194,19 +239,31 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
 static void test_validation(gpu *g) {
     stof_error err = {0};
     mha_decode_plan *pl = NULL;
-    mha_decode_problem p = {2, 4, 3, 64, STOF_F16, 10, 10, 0.125f, NULL};
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_INVALID);
+    mha_decode_problem p = {2, 4, 3, 64, STOF_F16, 10, 10, 0.125f, NULL, 0.0};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "kv_heads dividing heads");
     p.kv_heads = 2;
     p.cap = 11;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "11 cache slots for a context of 10");
     p.cap = 10;
     p.dtype = STOF_F32;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
     p.dtype = STOF_F16;
     p.head_dim = 48;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    p.head_dim = 64;
+    p.rotary_theta = -1.0;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "rotary theta of -1");
+    p.rotary_theta = 0.0;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 33, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "33 warps");
+    p.heads = 32;
+    p.kv_heads = 2;
+    p.head_dim = 128;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "8 warps of 16 query heads of 128 need");
     CHECK(pl == NULL);
 }
 
@@ -231,7 +288,7 @@ static double time_step(gpu *g, const mha_decode_plan *pl) {
         !check_cu(g, g->drv->MemsetD16Async(v, 0x3c00, cache, 0), "memset") &&
         !check_cu(g, g->drv->EventCreate(&e0, 0), "event") &&
         !check_cu(g, g->drv->EventCreate(&e1, 0), "event")) {
-        mha_decode_tensors t = {q, pos, k, v, o, 0};
+        mha_decode_tensors t = {q, pos, k, v, o, 0, pos};
         enum { REPS = 50 };
         int rc = mha_decode_run(pl, &t, 0, &err);
         g->drv->EventRecord(e0, 0);
@@ -262,17 +319,19 @@ static void timing(gpu *g) {
     static const int shapes[][5] = {/* batch, heads, kv_heads, head_dim, cap */
                                     {1, 32, 8, 64, 4096}, {8, 32, 8, 64, 4096},
                                     {64, 32, 8, 64, 4096}, {1, 12, 12, 64, 2048},
-                                    {64, 12, 12, 64, 2048}, {64, 20, 20, 64, 2112}};
+                                    {64, 12, 12, 64, 2048}, {64, 20, 20, 64, 2112},
+                                    {1, 32, 8, 64, 192},    {1, 12, 12, 64, 192},
+                                    {8, 32, 8, 64, 192},    {1, 32, 8, 64, 1024}};
     static const int splits[] = {0, 1, 2, 4, 8, 16};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && !g->dead; i++) {
         const int B = shapes[i][0], H = shapes[i][1], KVH = shapes[i][2], D = shapes[i][3];
         const int cap = shapes[i][4];
-        mha_decode_problem p = {B, H, KVH, D, STOF_F16, cap, cap, 0.125f, NULL};
+        mha_decode_problem p = {B, H, KVH, D, STOF_F16, cap, cap, 0.125f, NULL, 0.0};
         printf("time B=%-3d H=%d/%d D=%d cache %5d:", B, H, KVH, D, cap);
         for (size_t k = 0; k < sizeof splits / sizeof splits[0] && !g->dead; k++) {
             mha_decode_plan *pl = NULL;
             stof_error err = {0};
-            if (mha_decode_plan_create(g->ctx, &p, splits[k], &pl, &err)) {
+            if (mha_decode_plan_create(g->ctx, &p, splits[k], 0, &pl, &err)) {
                 CHECK_MSG(0, "timing plan: %s", err.msg);
                 continue;
             }
@@ -283,6 +342,21 @@ static void timing(gpu *g) {
                        us, gbs);
             else
                 printf(" %d: %.1f", splits[k], us);
+            mha_decode_plan_free(pl);
+        }
+        /* the planner's split with each count of warps, and fused with a rotary op */
+        mha_decode_problem rot = p;
+        rot.rotary_theta = 10000.0;
+        const struct { const mha_decode_problem *p; int warps; const char *name; } alt[] = {
+            {&p, 4, "4 warps"}, {&p, 8, "8 warps"}, {&rot, 0, "rotary"}};
+        for (size_t k = 0; k < sizeof alt / sizeof alt[0] && !g->dead; k++) {
+            mha_decode_plan *pl = NULL;
+            stof_error err = {0};
+            if (mha_decode_plan_create(g->ctx, alt[k].p, 0, alt[k].warps, &pl, &err)) {
+                CHECK_MSG(0, "timing plan: %s", err.msg);
+                continue;
+            }
+            printf("; %s: %.1f", alt[k].name, time_step(g, pl));
             mha_decode_plan_free(pl);
         }
         printf("\n");

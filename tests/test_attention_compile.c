@@ -1373,8 +1373,6 @@ static void test_wisdom_file(void) {
     mask_spec_free(spec);
 }
 
-/* The decode-step kernels (attention_decode.cu): every head size and dtype compiles, with its
- * three entry points; the planner's choice of splits and its refusals. */
 /* The rows' log-sum-exp is built for global tokens under a mask that leaves keys out: not
  * without global tokens, not under a dense mask (every global key already attended). */
 static void test_wants_lse(void) {
@@ -1396,18 +1394,26 @@ static void test_wants_lse(void) {
     mask_free(full);
 }
 
+/* The decode-step kernels (attention_decode.cu): every head size and dtype compiles, with its
+ * three entry points, with and without a rotary op fused in front, with 8 warps where they
+ * fit; the planner's choice of splits and its refusals. */
 static void test_decode(void) {
     nvrtc_cache c;
     nvrtc_cache_init(&c, "");
     static const int dims[] = {32, 64, 80, 128}, groups[] = {1, 4, 16};
     for (int d = 0; d < 4; d++)
         for (int t = 1; t <= 2; t++) {
-            char o0[32], o1[32], o2[32];
+            const int group = groups[(d + t) % 3];
+            const int warps =
+                STOF_DECODE_SMEM_BYTES(8, group, dims[d]) <= STOF_DECODE_SMEM_LIMIT ? 8 : 4;
+            char o0[32], o1[32], o2[32], o3[32];
             snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", dims[d]);
             snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", t);
-            snprintf(o2, sizeof o2, "-DGROUP=%d", groups[(d + t) % 3]);
+            snprintf(o2, sizeof o2, "-DGROUP=%d", group);
+            snprintf(o3, sizeof o3, "-DDECODE_WARPS=%d", warps);
             nvrtc_request req = {.source = "attention_decode.cu", .arch = "sm_90",
-                                 .options = {o0, o1, o2}, .n_options = 3};
+                                 .options = {o0, o1, o2, o3, t == 1 ? "-DROTARY=1" : "-DROTARY=0"},
+                                 .n_options = 5};
             const void *bin = NULL;
             size_t size = 0;
             stof_error err = {0};
@@ -1446,7 +1452,7 @@ static void test_decode(void) {
     }
     nvrtc_cache_free(&c);
     stof_error err = {0};
-    mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL};
+    mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL, 0.0};
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_OK);
     /* one sequence of 8 K/V heads on 132 SMs: split down to 256 keys a split */
     CHECK_EQ_INT(mha_decode_default_splits(&p, 132), 16);
@@ -1464,6 +1470,13 @@ static void test_decode(void) {
     p.kv_heads = 1; /* 32 query heads a K/V head: more than a build holds */
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_ERR_UNSUPPORTED);
     CHECK_CONTAINS(err.msg, "32 query heads a K/V head (at most 16)");
+    p.kv_heads = 8;
+    p.rotary_theta = NAN; /* a fused rotary's base: positive and finite */
+    CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "rotary theta");
+    p.rotary_theta = 10000.0;
+    CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_OK);
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 1), STOF_DECODE_WARPS);
 }
 
 int main(void) {

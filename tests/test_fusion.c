@@ -618,8 +618,9 @@ static void expect_setting(fusion_template_id id, const fusion_dims *d, const in
         CHECK_CONTAINS(err.msg, needle);
 }
 
-/* The gated unit and rotary embeddings run alone (their own templates),
- * fuse with nothing, and carry the sizes their settings are judged by. */
+/* The gated unit and rotary embeddings run alone (their own templates; a decode step's
+ * rotary joins its attention, test_gen), fuse with nothing here, and carry the sizes their
+ * settings are judged by. */
 static void test_glu_rotary(void) {
     const char *src =
         "local m = stof.model{name = 't'}\n"
@@ -760,6 +761,13 @@ static void test_templates(void) {
     few.m = 16;
     expect_setting(FUSION_T_GEMV, &few, gv_kn_big, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "gemv's partial sums needs 65536 bytes");
+    /* attention_decode: every warp's O of each query head of a K/V head in shared memory */
+    fusion_dims dec = {.heads = 32, .kv_heads = 2, .head_dim = 128};
+    expect_setting(FUSION_T_ATTENTION_DECODE, &dec, (int[]){1, 4}, H100_SMEM, STOF_OK, NULL);
+    expect_setting(FUSION_T_ATTENTION_DECODE, &dec, (int[]){1, 8}, H100_SMEM,
+                   STOF_ERR_UNSUPPORTED, "attention_decode's partial outputs needs 75264 bytes");
+    dec.kv_heads = 8;
+    expect_setting(FUSION_T_ATTENTION_DECODE, &dec, (int[]){16, 8}, H100_SMEM, STOF_OK, NULL);
     int algo[] = {2}, algo_bad[] = {9};
     expect_setting(FUSION_T_CUBLASLT, &d, algo, 0, STOF_OK, NULL);
     expect_setting(FUSION_T_CUBLASLT, &d, algo_bad, 0, STOF_ERR_INVALID, "ALGO = 9");

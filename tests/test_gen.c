@@ -262,6 +262,64 @@ static void check_prefill_plan(const tiny *t) {
     graph_free(&fwd);
 }
 
+/* Rotary ops in graph g's default schemes: each joined to the decode attention after it
+ * (decode 1: the segment runs on attention_decode) or left alone (decode 0: on rotary).
+ * Returns how many there were. */
+static int rotary_segments(const graph *g, int decode) {
+    fusion_seq *seqs = NULL;
+    int n = 0, found = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, &err), STOF_OK);
+    for (int i = 0; i < n; i++) {
+        fusion_scheme sc;
+        fusion_segment segs[FUSION_MAX_OPS];
+        CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
+        const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
+        for (int k = 0; k < n_segs; k++) {
+            const int first = seqs[i].first + segs[k].first, len = segs[k].last - segs[k].first + 1;
+            if (g->ops[first].kind != OP_ROTARY)
+                continue;
+            found++;
+            int ops[2] = {first, first + 1};
+            fusion_match m;
+            fusion_template_id t = FUSION_T_COUNT;
+            CHECK_EQ_INT(len, decode ? 2 : 1);
+            CHECK_EQ_INT(fusion_match_segment(g, ops, len, &m, &err), STOF_OK);
+            CHECK_EQ_INT(exec_segment_template(g, first, len, &m, &t, &err), STOF_OK);
+            CHECK_EQ_INT(t, decode ? FUSION_T_ATTENTION_DECODE : FUSION_T_ROTARY);
+        }
+    }
+    free(seqs);
+    return found;
+}
+
+/* A decode step's rotary op runs inside its attention (kernels/attention_decode.cu), a
+ * prefill's on its own: the default schemes of both graphs. */
+static void check_rotary_fused(const tiny *t) {
+    graph fwd, ctx, pass;
+    gen_decoder d;
+    stof_error err = {0};
+    const int rotary = strstr(t->script, "mistral") ? t->n_layers : 0;
+    int rc = build(t, BATCH, LONGEST, "dtype=fp16", &fwd, &err);
+    if (rc) {
+        CHECK_MSG(0, "%s: %s", t->name, err.msg);
+        return;
+    }
+    if (!(rc = build(t, BATCH, CONTEXT, "dtype=fp16", &ctx, &err))) {
+        if (!(rc = gen_decoder_build(&ctx, &d, &err))) {
+            if (!(rc = gen_prefill_build(&fwd, &d, &pass, &err))) {
+                CHECK_EQ_INT(rotary_segments(&d.g, 1), rotary);
+                CHECK_EQ_INT(rotary_segments(&pass, 0), rotary);
+                graph_free(&pass);
+            }
+            gen_decoder_free(&d);
+        }
+        graph_free(&ctx);
+    }
+    CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
+    graph_free(&fwd);
+}
+
 /* The prefill pass: the model up to its last attention, each attention storing into caches
  * named and shaped as the decode step's, nothing after it, no weight it does not read. */
 static void check_prefill(const tiny *t, fixture *f) {
@@ -739,8 +797,10 @@ int main(void) {
     test_models();
     test_seed_and_stop();
     test_plan_step();
-    for (size_t i = 0; i < sizeof gpu_shaped / sizeof gpu_shaped[0]; i++)
+    for (size_t i = 0; i < sizeof gpu_shaped / sizeof gpu_shaped[0]; i++) {
         check_prefill_plan(&gpu_shaped[i]);
+        check_rotary_fused(&gpu_shaped[i]);
+    }
     test_errors();
     test_api();
     return check_summary("test_gen");

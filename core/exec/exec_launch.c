@@ -671,7 +671,7 @@ static int attn_bind_store(exec_model *m, const graph_op *op, const mha_exec_pro
                                  .k_cache = ptr_of(m, op->inputs[op->n_inputs - 2]),
                                  .v_cache = ptr_of(m, op->inputs[op->n_inputs - 1]),
                                  .seq = p->q_len};
-    int rc = mha_decode_plan_create(m->ctx->mha, &dp, 1, &rt->store->plan, err);
+    int rc = mha_decode_plan_create(m->ctx->mha, &dp, 1, 0, &rt->store->plan, err);
     if (rc)
         exec_seg_rt_release(rt);
     return rc;
@@ -728,8 +728,9 @@ static fusion_template_id attn_actual(const void *kplan, fusion_template_id plan
 
 /* ---- a decode step's attention ------------------------------------------------------------------ */
 
-static void dec_read(const graph *g, int first, mha_decode_problem *p) {
-    const graph_op *op = &g->ops[first];
+/* A decode segment: the attention op, after the rotary op fused in front when n is 2. */
+static void dec_read(const graph *g, int first, int n, mha_decode_problem *p) {
+    const graph_op *op = &g->ops[first + n - 1];
     const op_attention *a = &op->attr.attn;
     const graph_tensor *cache = tensor(g, op->inputs[2]);
     const mask *mk = a->mask >= 0 && a->mask < g->n_masks ? g->masks[a->mask] : NULL;
@@ -738,23 +739,51 @@ static void dec_read(const graph *g, int first, mha_decode_problem *p) {
                               .dtype = cache->dtype, .cap = (int)cache->shape[1],
                               .context = mk ? mk->q_len : (int)cache->shape[1], .scale = a->scale,
                               .mask = mk};
+    if (n == 2)
+        p->rotary_theta = g->ops[first].attr.rotary.theta;
+}
+
+/* The kernel rotates what the rotary op would: the attention's Q and K heads, whole, by the
+ * rotary's positions (a step's). */
+static int dec_rotary_fits(const graph *g, int first, stof_error *err) {
+    const graph_op *r = &g->ops[first], *at = &g->ops[first + 1];
+    const op_attention *a = &at->attr.attn;
+    if (r->kind != OP_ROTARY)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode fuses a rotary op in front, "
+                       "not %s", op_describe(r->kind)->name);
+    if (!r->attr.rotary.has_positions || r->n_inputs < 2)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "a fused rotary turns by a step's positions "
+                       "(an input of the op)");
+    if (r->attr.rotary.heads != a->heads || r->attr.rotary.kv_heads != op_attention_kv_heads(a) ||
+        r->attr.rotary.head_dim != a->head_dim)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "a fused rotary rotates the attention's Q and "
+                       "K heads (%d and %d of %d), not %d and %d of %d", a->heads,
+                       op_attention_kv_heads(a), a->head_dim, r->attr.rotary.heads,
+                       r->attr.rotary.kv_heads, r->attr.rotary.head_dim);
+    return STOF_OK;
 }
 
 static int dec_supports(const graph *g, int first, int n, const fusion_match *m,
                         stof_error *err) {
-    if (!g->ops[first].attr.attn.decode)
+    (void)m;
+    if (!g->ops[first + n - 1].attr.attn.decode)
         return err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode runs decode steps only");
+    if (n == 2) {
+        int rc = dec_rotary_fits(g, first, err);
+        if (rc)
+            return rc;
+    }
     mha_decode_problem p;
-    dec_read(g, first, &p);
+    dec_read(g, first, n, &p);
     return mha_decode_validate(&p, err);
 }
 
 static int dec_plan(exec_model *m, const exec_segment *s, void **kplan, stof_error *err) {
     mha_decode_problem p;
-    dec_read(m->plan->g, s->first, &p);
+    dec_read(m->plan->g, s->first, s->n, &p);
     mha_decode_plan *plan = NULL;
-    int rc = mha_decode_plan_create(m->ctx->mha, &p, s->has_values ? s->values[0] : 0, &plan,
-                                    err);
+    int rc = mha_decode_plan_create(m->ctx->mha, &p, s->has_values ? s->values[0] : 0,
+                                    s->has_values ? s->values[1] : 0, &plan, err);
     *kplan = plan;
     return rc;
 }
@@ -765,8 +794,12 @@ static void dec_free(exec_model *m, void *kplan) {
 }
 
 static int dec_bind(exec_model *m, const exec_segment *s, exec_seg_rt *rt, stof_error *err) {
-    const graph_op *op = &m->plan->g->ops[s->first];
-    rt->t.decode = (mha_decode_tensors){.qkv = ptr_of(m, op->inputs[0]),
+    const graph_op *op = &m->plan->g->ops[s->first + s->n - 1];
+    /* qkv: the fused rotary's input, else the attention's */
+    const graph_op *head = &m->plan->g->ops[s->first];
+    rt->t.decode = (mha_decode_tensors){.qkv = ptr_of(m, head->inputs[0]),
+                                        .rotary_positions =
+                                            s->n == 2 ? ptr_of(m, head->inputs[1]) : 0,
                                         .positions = ptr_of(m, op->inputs[1]),
                                         .k_cache = ptr_of(m, op->inputs[2]),
                                         .v_cache = ptr_of(m, op->inputs[3]),
@@ -856,7 +889,7 @@ int exec_launch_gemm_problem(const graph *g, const exec_segment *s, gemm_exec_pr
 }
 
 void exec_launch_decode_problem(const graph *g, const exec_segment *s, mha_decode_problem *p) {
-    dec_read(g, s->first, p);
+    dec_read(g, s->first, s->n, p);
 }
 
 void exec_launch_attention_problem(const graph *g, const exec_segment *s, mha_exec_problem *p,

@@ -112,9 +112,12 @@ int exec_scheme_check(const graph *g, const exec_seq *seq, const fusion_scheme *
 
 /* Whether op `next` may join a segment that op `head` opened, by the greedy
  * rule: a GEMM takes bias, activation and add; an MI chain takes bias, add,
- * activation and norm. */
+ * activation and norm; a rotary op goes into the attention after it (a decode step's: the
+ * template check that follows refuses the others). */
 static int greedy_joins(op_kind head, op_kind next) {
     int epilogue = next == OP_BIAS || next == OP_ADD || next == OP_GELU || next == OP_RELU;
+    if (head == OP_ROTARY)
+        return next == OP_ATTENTION;
     if (head == OP_GEMM)
         return epilogue;
     if (op_describe(head)->cls == OP_CLASS_MI && head != OP_EMBEDDING && head != OP_SOFTMAX)

@@ -60,8 +60,9 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
     if (s->tmpl == FUSION_T_ATTENTION_DECODE) { /* the planner's split of the keys */
         mha_decode_problem p;
         exec_launch_decode_problem(g, s, &p);
-        const int splits = mha_decode_default_splits(&p, lim ? lim->sm_count : 0);
-        out[0] = (exec_choice){s->tmpl, {splits < 64 ? splits : 64}};
+        int splits = mha_decode_default_splits(&p, lim ? lim->sm_count : 0);
+        splits = splits < 64 ? splits : 64;
+        out[0] = (exec_choice){s->tmpl, {splits, mha_decode_default_warps(&p, splits)}};
         *n = in_space(&out[0]);
         return *n ? STOF_OK
                   : err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode: a split of %d is "

@@ -30,6 +30,9 @@ int mha_decode_validate(const mha_decode_problem *p, stof_error *err) {
                        "of %d positions (1 .. context)", p->cap, p->context);
     if (!isfinite(p->scale))
         return err_set(err, STOF_ERR_INVALID, "decode attention: scale %g", (double)p->scale);
+    if (!(p->rotary_theta == 0.0 || (p->rotary_theta > 0.0 && isfinite(p->rotary_theta))))
+        return err_set(err, STOF_ERR_INVALID, "decode attention: a rotary theta of %g (0 for "
+                       "none, else positive)", p->rotary_theta);
     const mask *m = p->mask;
     if (m && (m->q_len != p->context || m->k_len != p->context ||
               (m->batch != 1 && m->batch != p->batch)))
@@ -50,14 +53,23 @@ int mha_decode_default_splits(const mha_decode_problem *p, int sm_count) {
     return splits;
 }
 
+int mha_decode_default_warps(const mha_decode_problem *p, int splits) {
+    (void)p;
+    (void)splits;
+    return STOF_DECODE_WARPS;
+}
+
 static int load_kernels(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
     const mha_decode_problem *p = &pl->problem;
-    char o0[32], o1[32], o2[32];
+    char o0[32], o1[32], o2[32], o3[32];
     snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", p->head_dim);
     snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", (int)p->dtype);
     snprintf(o2, sizeof o2, "-DGROUP=%d", p->heads / p->kv_heads);
+    snprintf(o3, sizeof o3, "-DDECODE_WARPS=%d", pl->warps);
     nvrtc_request req = {.source = "attention_decode.cu", .arch = c->arch,
-                         .options = {o0, o1, o2}, .n_options = 3};
+                         .options = {o0, o1, o2, o3}, .n_options = 4};
+    if (p->rotary_theta > 0.0)
+        req.options[req.n_options++] = "-DROTARY=1";
     gpu_module *m;
     int rc = gpu_ctx_function(c, &req, STOF_DECODE_KERNEL, 0, &m, err);
     if (rc)
@@ -108,7 +120,7 @@ static int upload(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
     return rc;
 }
 
-int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits,
+int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits, int warps,
                            mha_decode_plan **out, stof_error *err) {
     *out = NULL;
     int rc = mha_decode_validate(p, err);
@@ -117,6 +129,15 @@ int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int spl
     if (splits < 0 || splits > 1024)
         return err_set(err, STOF_ERR_INVALID, "decode attention: splits %d (0: chosen, up to "
                        "1024)", splits);
+    if (warps < 0 || warps > 32)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: %d warps (0: chosen, up to 32)",
+                       warps);
+    const int group = p->heads / p->kv_heads;
+    if (warps && STOF_DECODE_SMEM_BYTES(warps, group, p->head_dim) > STOF_DECODE_SMEM_LIMIT)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: %d warps of %d query heads "
+                       "of %d need %d bytes of shared memory (at most %d)", warps, group,
+                       p->head_dim, STOF_DECODE_SMEM_BYTES(warps, group, p->head_dim),
+                       STOF_DECODE_SMEM_LIMIT);
     mha_decode_plan *pl = err_calloc(1, sizeof *pl, err);
     if (!pl)
         return STOF_ERR_NOMEM;
@@ -126,6 +147,7 @@ int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int spl
     if (pl->splits > p->cap)
         pl->splits = p->cap;
     pl->chunk = (p->cap + pl->splits - 1) / pl->splits;
+    pl->warps = warps ? warps : mha_decode_default_warps(p, pl->splits);
     rc = load_kernels(c, pl, err);
     if (!rc)
         rc = upload(c, pl, err);
@@ -164,6 +186,7 @@ static void fill_args(const mha_decode_plan *pl, stof_decode_args *a) {
     a->splits = pl->splits;
     a->chunk = pl->chunk;
     a->scale_log2 = p->scale * 1.4426950408889634f;
+    a->theta = p->rotary_theta;
 }
 
 static int64_t packed_width(const mha_decode_problem *p) {
@@ -183,10 +206,12 @@ int mha_decode_run(const mha_decode_plan *pl, const mha_decode_tensors *t, CUstr
     int rc;
     if ((rc = check_ptr("qkv", t->qkv, err)) || (rc = check_ptr("positions", t->positions, err)) ||
         (rc = check_ptr("k_cache", t->k_cache, err)) ||
-        (rc = check_ptr("v_cache", t->v_cache, err)) || (rc = check_ptr("o", t->o, err)))
+        (rc = check_ptr("v_cache", t->v_cache, err)) || (rc = check_ptr("o", t->o, err)) ||
+        (p->rotary_theta > 0.0 && (rc = check_ptr("rotary_positions", t->rotary_positions, err))))
         return rc;
     stof_decode_args a;
     fill_args(pl, &a);
+    a.rotary_positions = (const stof_i32 *)(uintptr_t)t->rotary_positions;
     a.qkv = (const void *)(uintptr_t)t->qkv;
     a.positions = (const stof_i32 *)(uintptr_t)t->positions;
     a.k_cache = (void *)(uintptr_t)t->k_cache;
@@ -195,7 +220,7 @@ int mha_decode_run(const mha_decode_plan *pl, const mha_decode_tensors *t, CUstr
     a.qkv_row_stride = t->qkv_row_stride ? t->qkv_row_stride : packed_width(p);
     void *params[] = {&a};
     const unsigned grid[3] = {(unsigned)p->kv_heads, (unsigned)p->batch, (unsigned)pl->splits};
-    const unsigned block[3] = {STOF_DECODE_WARPS * 32, 1, 1};
+    const unsigned block[3] = {(unsigned)pl->warps * 32, 1, 1};
     const unsigned cgrid[3] = {(unsigned)p->heads, (unsigned)p->batch, 1};
     rc = cuda_launch(pl->ctx->drv, pl->decode, grid, block, 0, s, params, pl->ctx->pdl,
                      "cuLaunchKernel(decode attention)", err);
@@ -224,7 +249,7 @@ int mha_decode_store(const mha_decode_plan *pl, CUdeviceptr qkv, int seq, CUdevi
     a.seq = seq;
     void *params[] = {&a};
     const unsigned grid[3] = {(unsigned)seq, (unsigned)p->batch, 1};
-    const unsigned block[3] = {STOF_DECODE_WARPS * 32, 1, 1};
+    const unsigned block[3] = {(unsigned)pl->warps * 32, 1, 1};
     return cuda_launch(pl->ctx->drv, pl->store, grid, block, 0, s, params, pl->ctx->pdl,
                        "cuLaunchKernel(kv store)", err);
 }

@@ -26,6 +26,8 @@ typedef struct mha_decode_problem {
     int context;            /* positions 0 .. context - 1 */
     float scale;
     const mask *mask;       /* context x context, batch 1 or `batch`; NULL: every earlier key */
+    double rotary_theta;    /* > 0: a rotary op of this base fused in front (Q and the new K
+                               rotated by its positions); 0: none */
 } mha_decode_problem;
 
 int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
@@ -35,10 +37,12 @@ int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
  * splits 0 asks for that. */
 #define MHA_DECODE_CTAS_PER_SM 32
 int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
+/* The warps a CTA of plan (p, splits) takes by default. */
+int mha_decode_default_warps(const mha_decode_problem *p, int splits);
 
 typedef struct mha_decode_plan {
     mha_decode_problem problem;
-    int splits, chunk;
+    int splits, chunk, warps;
     CUdeviceptr d_mask;      /* the mask's bits, or 0: no mask, or one the ring of cap slots is */
     CUdeviceptr d_workspace; /* partial O and (m, l) when splits > 1 */
     size_t workspace_ml_offset;
@@ -46,7 +50,8 @@ typedef struct mha_decode_plan {
     mha_exec_ctx *ctx;
 } mha_decode_plan;
 
-int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits,
+/* splits and warps: 0 for the defaults. */
+int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits, int warps,
                            mha_decode_plan **out, stof_error *err);
 void mha_decode_plan_free(mha_decode_plan *plan);
 
@@ -56,6 +61,7 @@ void mha_decode_plan_free(mha_decode_plan *plan);
 typedef struct mha_decode_tensors {
     CUdeviceptr qkv, positions, k_cache, v_cache, o;
     int64_t qkv_row_stride;
+    CUdeviceptr rotary_positions; /* int32 [batch]: the fused rotary's (rotary_theta > 0) */
 } mha_decode_tensors;
 
 int mha_decode_run(const mha_decode_plan *plan, const mha_decode_tensors *t, CUstream s,

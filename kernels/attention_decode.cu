@@ -48,6 +48,7 @@ static_assert(STOF_DTYPE == 1 || STOF_DTYPE == 2, "attention runs in fp16 or bf1
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 up to 256");
 static_assert(GROUP >= 1 && GROUP <= STOF_DECODE_MAX_GROUP, "GROUP: 1 to 16 query heads");
 static_assert(kWarps >= 1 && kWarps <= 32, "DECODE_WARPS: 1 to 32");
+static_assert(kWarps * 32 >= kPairs, "a thread for each pair of the new token's V");
 
 // Whether row pos of the mask allows key j (no mask: every key up to pos).
 __device__ __forceinline__ bool allowed(const stof_decode_args &a, int b, int pos, int j) {
@@ -84,14 +85,19 @@ __device__ __forceinline__ void scores(const decode_smem &sm, const elem_t *krow
     dot_key<elem_t, HEAD_DIM, GROUP>(&sm.q[0][0], krow, s);
 }
 
-// s_g = q_g . k for the new token's key (shared memory), summed in dot_key's order.
-__device__ __forceinline__ void scores_new(const decode_smem &sm, float (&s)[GROUP]) {
+// The tile that holds the new token's key (tile <= pos < tile + 32, the same for the whole
+// warp): s_g = q_g . k_new for the lane of that key, from shared memory, the warp's lanes
+// sharing out the dims.
+__device__ __forceinline__ void scores_new(const decode_smem &sm, int lane, bool mine,
+                                           float (&s)[GROUP]) {
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         float x = 0.0f;
-        for (int d = 0; d < HEAD_DIM; ++d)
+        for (int d = lane; d < HEAD_DIM; d += 32)
             x = fmaf(sm.q[g][d], sm.knew[d], x);
-        s[g] = x;
+        x = stof::warp_sum(x);
+        if (mine)
+            s[g] = x;
     }
 }
 
@@ -115,13 +121,21 @@ __device__ __forceinline__ void head_pair(const elem_t *x, int j, int rpos, doub
 
 // The group's queries, scaled, and the new token's key into shared memory; the CTA of split
 // 0 (write) also puts that key and its value into slot pos % cap, whose old key (pos - cap) no
-// query of this step can see. Every load comes before the first store.
+// query of this step can see. The loads come before the stores.
 __device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode_smem &sm,
                                                const elem_t *row, int b, int kvh, int pos,
                                                bool write) {
     const double log2_theta = ROTARY ? log2(a.theta) : 0.0;
     const int rpos = ROTARY ? a.rotary_positions[b] : 0;
     const elem_t *knew = row + (a.heads + kvh) * HEAD_DIM;
+    const unsigned *vnew =
+        reinterpret_cast<const unsigned *>(row + (a.heads + a.kv_heads + kvh) * HEAD_DIM);
+    const long long slot = ((long long)b * a.cap + (write ? pos % a.cap : 0)) * a.kv_heads + kvh;
+    elem_t *kc = static_cast<elem_t *>(a.k_cache) + slot * HEAD_DIM;
+    unsigned *vc =
+        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.v_cache) + slot * HEAD_DIM);
+    const int p = threadIdx.x; // the V pair this thread copies
+    const unsigned v = write && p < kPairs ? vnew[p] : 0u;
     for (int i = threadIdx.x; i < (GROUP + 1) * kPairs; i += blockDim.x) {
         const int g = i / kPairs, j = i % kPairs;
         float x0, x1;
@@ -133,21 +147,14 @@ __device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode
         } else {
             sm.knew[j] = x0;
             sm.knew[j + kPairs] = x1;
+            if (write) {
+                kc[j] = stof::from_float<elem_t>(x0);
+                kc[j + kPairs] = stof::from_float<elem_t>(x1);
+            }
         }
     }
-    if (!write)
-        return;
-    const long long slot = ((long long)b * a.cap + pos % a.cap) * a.kv_heads + kvh;
-    elem_t *kc = static_cast<elem_t *>(a.k_cache) + slot * HEAD_DIM;
-    unsigned *vc =
-        reinterpret_cast<unsigned *>(static_cast<elem_t *>(a.v_cache) + slot * HEAD_DIM);
-    const unsigned *vnew =
-        reinterpret_cast<const unsigned *>(row + (a.heads + a.kv_heads + kvh) * HEAD_DIM);
-    __syncthreads(); // sm.knew complete
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x)
-        kc[d] = stof::from_float<elem_t>(sm.knew[d]);
-    for (int p = threadIdx.x; p < kPairs; p += blockDim.x)
-        vc[p] = vnew[p];
+    if (write && p < kPairs)
+        vc[p] = v;
 }
 
 // The tile's online-softmax update: p_g of the lane's key, the state rescaled.
@@ -278,12 +285,10 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
 #pragma unroll
         for (int g = 0; g < GROUP; ++g)
             s[g] = STOF_NEG_INF;
-        if (j < last) {
-            if (j == pos)
-                scores_new(sm, s);
-            else
-                scores(sm, kc + ((seq_slots + my_slot) * a.kv_heads + kvh) * HEAD_DIM, s);
-        }
+        if (j < last && j != pos)
+            scores(sm, kc + ((seq_slots + my_slot) * a.kv_heads + kvh) * HEAD_DIM, s);
+        if (tile <= pos && pos < tile + 32 && pos < last)
+            scores_new(sm, lane, j == pos, s);
         const bool valid = j < last && allowed(a, b, pos, j);
 #pragma unroll
         for (int g = 0; g < GROUP; ++g)

@@ -1476,7 +1476,17 @@ static void test_decode(void) {
     CHECK_CONTAINS(err.msg, "rotary theta");
     p.rotary_theta = 10000.0;
     CHECK_EQ_INT(mha_decode_validate(&p, &err), STOF_OK);
-    CHECK_EQ_INT(mha_decode_default_warps(&p, 1), STOF_DECODE_WARPS);
+    /* 8 warps for few CTAs with many tiles each, where their shared memory fits */
+    p.cap = 192;
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 1, 132), 8);
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 1, 0), STOF_DECODE_WARPS);
+    p.cap = 128; /* 4 tiles: one a warp already */
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 1, 132), STOF_DECODE_WARPS);
+    p.cap = 4096;
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 16, 132), STOF_DECODE_WARPS); /* 128 CTAs */
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), 8);
+    p.kv_heads = 2, p.heads = 32, p.head_dim = 128; /* 16 heads of 128 a CTA: 8 do not fit */
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), STOF_DECODE_WARPS);
 }
 
 int main(void) {

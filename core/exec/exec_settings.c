@@ -62,7 +62,9 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
         exec_launch_decode_problem(g, s, &p);
         int splits = mha_decode_default_splits(&p, lim ? lim->sm_count : 0);
         splits = splits < 64 ? splits : 64;
-        out[0] = (exec_choice){s->tmpl, {splits, mha_decode_default_warps(&p, splits)}};
+        out[0] = (exec_choice){s->tmpl,
+                               {splits, mha_decode_default_warps(&p, splits,
+                                                                 lim ? lim->sm_count : 0)}};
         *n = in_space(&out[0]);
         return *n ? STOF_OK
                   : err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode: a split of %d is "

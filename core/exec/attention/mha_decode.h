@@ -37,8 +37,9 @@ int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
  * splits 0 asks for that. */
 #define MHA_DECODE_CTAS_PER_SM 32
 int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
-/* The warps a CTA of plan (p, splits) takes by default. */
-int mha_decode_default_warps(const mha_decode_problem *p, int splits);
+/* The warps a CTA of plan (p, splits) takes by default on sm_count SMs: 4, or 8 where few
+ * CTAs each have many tiles of keys. */
+int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count);
 
 typedef struct mha_decode_plan {
     mha_decode_problem problem;

@@ -1483,8 +1483,8 @@ static void test_decode(void) {
     p.cap = 128; /* 4 tiles: one a warp already */
     CHECK_EQ_INT(mha_decode_default_warps(&p, 1, 132), STOF_DECODE_WARPS);
     p.cap = 4096;
-    CHECK_EQ_INT(mha_decode_default_warps(&p, 16, 132), STOF_DECODE_WARPS); /* 128 CTAs */
-    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), 8);
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 16, 132), 8); /* 128 CTAs on 132 SMs */
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 32, 132), STOF_DECODE_WARPS); /* 256 */
     p.kv_heads = 2, p.heads = 32, p.head_dim = 128; /* 16 heads of 128 a CTA: 8 do not fit */
     CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), STOF_DECODE_WARPS);
 }

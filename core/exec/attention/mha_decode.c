@@ -54,14 +54,15 @@ int mha_decode_default_splits(const mha_decode_problem *p, int sm_count) {
 }
 
 int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count) {
-    /* A warp takes a tile of 32 keys at a time. With CTAs for at most half the SMs and more
-     * tiles a CTA than 4 warps take at once, 8 warps do the chunk in fewer rounds (an H200, one
-     * step of a 192-key cache: 7.4 against 9.6 us at batch 1, 8.7 against 10.1 at batch 8);
-     * with more CTAs, the SMs are busy and 4 are as fast or faster (batch 64, 4096 keys: 259
-     * against 308 us). */
+    /* A warp takes a tile of 32 keys at a time. With at most a CTA an SM and more tiles a CTA
+     * than 4 warps take at once, 8 warps do the chunk in fewer rounds (an H200, one step, 8
+     * K/V heads of 4 query heads: a 192-key cache 6.9 against 10.8 us at batch 1, 8.2 against
+     * 11.3 at batch 8; 4096 keys in 16 splits at batch 1, 12.4 against 14.3); with more CTAs
+     * the SMs are busy and 4 are as fast or faster (batch 8, 4096 keys: 44.7 against 46.1;
+     * batch 64: 261 against 313 us). */
     const int group = p->heads / p->kv_heads, chunk = (p->cap + splits - 1) / splits;
     const long long ctas = (long long)p->batch * p->kv_heads * splits;
-    if (2 * ctas <= sm_count && chunk > 32 * STOF_DECODE_WARPS &&
+    if (ctas <= sm_count && chunk > 32 * STOF_DECODE_WARPS &&
         STOF_DECODE_SMEM_BYTES(8, group, p->head_dim) <= STOF_DECODE_SMEM_LIMIT)
         return 8;
     return STOF_DECODE_WARPS;

@@ -8,3 +8,8 @@ const kernel_source *kernel_find(const char *name) {
             return &kernel_sources[i];
     return NULL;
 }
+
+int kernel_is_header(const kernel_source *s) {
+    size_t n = strlen(s->name);
+    return n > 4 && strcmp(s->name + n - 4, ".cuh") == 0;
+}

@@ -16,4 +16,7 @@ extern const int kernel_source_count;
 /* NULL when there is no such file. */
 const kernel_source *kernel_find(const char *name);
 
+/* 1 for a header (.cuh): any kernel may include it. */
+int kernel_is_header(const kernel_source *s);
+
 #endif

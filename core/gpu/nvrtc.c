@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <stdarg.h>
-#include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +14,6 @@
 #include "core/base/memo.h"
 #include "core/gpu/nvrtc_worker.h"
 #include "core/base/util.h"
-
-#ifndef STOF_CUDA_INCLUDE_DIR
-#define STOF_CUDA_INCLUDE_DIR "/usr/local/cuda/include"
-#endif
 
 /* A cubin in the memory cache. */
 typedef struct nvrtc_cubin {
@@ -93,15 +88,9 @@ void nvrtc_cache_free(nvrtc_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
-int nvrtc_version(int *major, int *minor, stof_error *err) {
-    if (nvrtcVersion(major, minor) != NVRTC_SUCCESS)
-        return err_set(err, STOF_ERR_COMPILE, "NVRTC did not report its version");
-    return STOF_OK;
-}
-
 uint64_t nvrtc_key(const nvrtc_request *req) {
     int major = 0, minor = 0;
-    nvrtcVersion(&major, &minor);
+    nvrtc_version(&major, &minor, NULL);
     uint64_t h = util_hash(UTIL_HASH_SEED, &major, sizeof major);
     h = util_hash(h, &minor, sizeof minor);
     h = util_hash_str(h, req->arch);
@@ -110,12 +99,9 @@ uint64_t nvrtc_key(const nvrtc_request *req) {
     if (src)
         h = util_hash(h, src->text, src->len);
     /* headers may be included by any kernel: all of them are part of the key */
-    for (int i = 0; i < kernel_source_count; i++) {
-        const char *name = kernel_sources[i].name;
-        size_t n = strlen(name);
-        if (n > 4 && strcmp(name + n - 4, ".cuh") == 0)
+    for (int i = 0; i < kernel_source_count; i++)
+        if (kernel_is_header(&kernel_sources[i]))
             h = util_hash(h, kernel_sources[i].text, kernel_sources[i].len);
-    }
     for (int i = 0; i < req->n_options; i++) {
         h = util_hash_str(h, req->options[i]);
         h = util_hash(h, "\0", 1);
@@ -215,103 +201,6 @@ static void disk_store(nvrtc_cache *c, uint64_t key, const void *cubin, size_t s
         disk_warn(c, "%s", err.msg);
 }
 
-/* Collects the embedded .cuh files as NVRTC headers. */
-static int header_list(const char ***texts, const char ***names, int *n, stof_error *err) {
-    int count = 0;
-    for (int i = 0; i < kernel_source_count; i++) {
-        size_t len = strlen(kernel_sources[i].name);
-        count += len > 4 && strcmp(kernel_sources[i].name + len - 4, ".cuh") == 0;
-    }
-    *texts = err_calloc((size_t)count + 1, sizeof **texts, err);
-    *names = err_calloc((size_t)count + 1, sizeof **names, err);
-    if (!*texts || !*names) {
-        free(*texts);
-        free(*names);
-        return STOF_ERR_NOMEM;
-    }
-    *n = 0;
-    for (int i = 0; i < kernel_source_count; i++) {
-        size_t len = strlen(kernel_sources[i].name);
-        if (len > 4 && strcmp(kernel_sources[i].name + len - 4, ".cuh") == 0) {
-            (*texts)[*n] = kernel_sources[i].text;
-            (*names)[*n] = kernel_sources[i].name;
-            (*n)++;
-        }
-    }
-    return STOF_OK;
-}
-
-static int compile_error(nvrtcProgram prog, const nvrtc_request *req, nvrtcResult r,
-                         stof_error *err) {
-    size_t log_size = 0;
-    char log[768] = "";
-    if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
-        char *full = malloc(log_size);
-        if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
-            snprintf(log, sizeof log, "%s", full);
-        free(full);
-    }
-    err_set(err, STOF_ERR_COMPILE, "NVRTC could not compile %s for %s (%s):\n%s", req->source,
-            req->arch, nvrtcGetErrorString(r), log);
-    return STOF_ERR_COMPILE;
-}
-
-/* opts gets arch_opt (filled here, "-arch=sm_90"), the fixed options and
- * the request's. */
-static void build_options(const nvrtc_request *req, char *arch_opt, size_t arch_cap,
-                          const char **opts, int *n) {
-    static const char *const fixed[] = {"-std=c++17", "-default-device", "--use_fast_math",
-                                        "-I" STOF_CUDA_INCLUDE_DIR};
-    snprintf(arch_opt, arch_cap, "-arch=%s", req->arch);
-    int k = 0;
-    opts[k++] = arch_opt;
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        opts[k++] = fixed[i];
-    for (int i = 0; i < req->n_options; i++)
-        opts[k++] = req->options[i];
-    *n = k;
-}
-
-int nvrtc_compile_in_process(const nvrtc_request *req, void **cubin, size_t *size,
-                             stof_error *err) {
-    const kernel_source *src = kernel_find(req->source);
-    if (!src)
-        return err_set(err, STOF_ERR_INVALID, "no kernel source named '%s' is built in",
-                       req->source);
-    const char **htexts, **hnames;
-    int nh, rc = header_list(&htexts, &hnames, &nh, err);
-    if (rc)
-        return rc;
-    nvrtcProgram prog;
-    nvrtcResult r = nvrtcCreateProgram(&prog, src->text, src->name, nh, htexts, hnames);
-    free(htexts);
-    free(hnames);
-    if (r != NVRTC_SUCCESS)
-        return err_set(err, STOF_ERR_COMPILE, "nvrtcCreateProgram(%s): %s", req->source,
-                       nvrtcGetErrorString(r));
-    const char *opts[NVRTC_MAX_OPTIONS + 8];
-    char arch_opt[64];
-    int nopts;
-    build_options(req, arch_opt, sizeof arch_opt, opts, &nopts);
-    r = nvrtcCompileProgram(prog, nopts, opts);
-    if (r != NVRTC_SUCCESS) {
-        compile_error(prog, req, r, err);
-        nvrtcDestroyProgram(&prog);
-        return STOF_ERR_COMPILE;
-    }
-    r = nvrtcGetCUBINSize(prog, size);
-    if (r == NVRTC_SUCCESS && (*cubin = err_malloc(*size, err)) != NULL)
-        r = nvrtcGetCUBIN(prog, *cubin);
-    nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS) {
-        free(*cubin);
-        *cubin = NULL;
-        return err_set(err, STOF_ERR_COMPILE, "NVRTC gave no cubin for %s: %s", req->source,
-                       nvrtcGetErrorString(r));
-    }
-    return *cubin ? STOF_OK : STOF_ERR_NOMEM;
-}
-
 /* ---- the memory cache ------------------------------------------------------------------ */
 
 /* What computing one key needs (memo_compute's argument). */
@@ -323,7 +212,7 @@ typedef struct nvrtc_make {
     int ran;   /* set when the computation ran on this thread */
 } nvrtc_make;
 
-static void count(nvrtc_cache *c, int *counter, double compile_s) {
+static void count_compile(nvrtc_cache *c, int *counter, double compile_s) {
     pthread_mutex_lock(&c->lock);
     if (counter)
         (*counter)++;
@@ -372,7 +261,7 @@ static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
     cb->ahead = mk->ahead;
     cb->bin = disk_load(c, mk->key, &cb->size);
     if (cb->bin) {
-        count(c, &c->disk_hits, 0);
+        count_compile(c, &c->disk_hits, 0);
     } else {
         double t0 = util_now();
         int handled;
@@ -380,7 +269,7 @@ static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
         if (!handled)
             rc = nvrtc_compile_in_process(mk->req, &cb->bin, &cb->size, err);
         double dt = util_now() - t0;
-        count(c, rc ? &c->failed : &c->compiled, dt);
+        count_compile(c, rc ? &c->failed : &c->compiled, dt);
         if (!rc) {
             count_source(c, mk->req->source, dt);
             note_slowest(c, mk->req, dt);
@@ -392,7 +281,7 @@ static int make_cubin(void *arg, void **value, size_t *bytes, stof_error *err) {
         disk_store(c, mk->key, cb->bin, cb->size);
     }
     if (mk->ahead)
-        count(c, &c->ahead, 0);
+        count_compile(c, &c->ahead, 0);
     *value = cb;
     *bytes = cb->size;
     return STOF_OK;

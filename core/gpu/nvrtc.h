@@ -21,16 +21,8 @@
 #include <stdint.h>
 
 #include "core/base/task_pool.h"
+#include "core/gpu/nvrtc_compile.h"
 #include "stof.h"
-
-#define NVRTC_MAX_OPTIONS 48
-
-typedef struct nvrtc_request {
-    const char *source;  /* file name under kernels/, e.g. "util.cu" */
-    const char *arch;    /* "sm_80", "sm_90", "sm_90a" */
-    const char *options[NVRTC_MAX_OPTIONS]; /* "-DBLOCK_M=64", ... */
-    int n_options;
-} nvrtc_request;
 
 /* Compiles of one kernel source: how many, and NVRTC's time for them. */
 typedef struct nvrtc_source_stats {
@@ -80,12 +72,6 @@ void nvrtc_cache_free(nvrtc_cache *c);
 int nvrtc_get(nvrtc_cache *c, const nvrtc_request *req, const void **cubin, size_t *size,
               stof_error *err);
 
-/* Compiles req in this process, without any cache (*cubin malloc'ed).
- * nvrtc_get compiles in a worker process when it can (core/gpu/nvrtc_worker.h)
- * and falls back to this. */
-int nvrtc_compile_in_process(const nvrtc_request *req, void **cubin, size_t *size,
-                             stof_error *err);
-
 /* Queues the compile of req (copied) on pool with tag (task_pool_submit),
  * unless the cache holds it or a compile of it is under way: it lands in the
  * memory and disk caches. Its failure is not reported here (nvrtc_get
@@ -97,8 +83,5 @@ int nvrtc_submit(task_pool *pool, int tag, nvrtc_cache *c, const nvrtc_request *
 
 /* The cache key of a request (exposed for tests and plans). */
 uint64_t nvrtc_key(const nvrtc_request *req);
-
-/* "12.9" style NVRTC version, or an error when NVRTC cannot be loaded. */
-int nvrtc_version(int *major, int *minor, stof_error *err);
 
 #endif

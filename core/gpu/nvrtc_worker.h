@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/gpu/nvrtc.h"
+#include "core/gpu/nvrtc_compile.h"
 
 /* argv[1] that makes a program serve as a worker (nvrtc_worker_main). */
 #define NVRTC_WORKER_ARG "__nvrtc-worker"

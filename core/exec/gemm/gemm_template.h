@@ -50,6 +50,8 @@ typedef struct gemm_template {
     void (*launch_shape)(const gemm_exec_ctx *c, gemm_exec_plan *plan);
     /* Blocks a cluster; NULL: 1. */
     int (*cluster)(const gemm_exec_problem *p, const int *v);
+    /* Whether setting v is a wgmma build (sm_90a, gemm_exec_wgmma); NULL: never. */
+    int (*wgmma)(const gemm_exec_problem *p, const int *v, const char *arch);
     int error_flag; /* the plan owns a device int32 the kernel reports bad input through */
 
     gemm_residual_at residual_at;

@@ -33,19 +33,19 @@ static int epilogue_row_reduce(const gemm_exec_problem *p) {
 
 /* ---- the wgmma build ------------------------------------------------------------- */
 
-int gemm_exec_wgmma(const gemm_exec_problem *p, const int *v, const char *arch) {
+static int epilogue_wgmma(const gemm_exec_problem *p, const int *v, const char *arch) {
     return p->tmpl == FUSION_T_GEMM_EPILOGUE && !p->weight_kn && device_wgmma_arch(arch) &&
            stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]);
 }
 
 int gemm_exec_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {
-    return gemm_exec_wgmma(p, v, arch) && v[5] <= 1 && p->epi.norm == FUSION_NORM_NONE;
+    return epilogue_wgmma(p, v, arch) && v[5] <= 1 && p->epi.norm == FUSION_NORM_NONE;
 }
 
 static int epilogue_check_arch(const gemm_exec_problem *p, const int *v, const char *arch,
                                stof_error *err) {
     const int norm = p->epi.norm != FUSION_NORM_NONE;
-    if ((v[5] <= 1 && !norm) || gemm_exec_wgmma(p, v, arch))
+    if ((v[5] <= 1 && !norm) || epilogue_wgmma(p, v, arch))
         return STOF_OK;
     char what[32];
     snprintf(what, sizeof what, norm ? "a norm" : "SPLIT_K %d", v[5]);
@@ -72,7 +72,7 @@ static int epilogue_cluster(const gemm_exec_problem *p, const int *v) {
 #define GEMM_EXEC_SMALL_M_BLOCKS 192
 static int small_m_values(const gemm_exec_problem *p, const char *arch, int *v) {
     const int small[6] = {64, 32, 64, 4, 6, 1};
-    if (p->m > GEMM_EXEC_SMALL_M || !arch || !gemm_exec_wgmma(p, small, arch))
+    if (p->m > GEMM_EXEC_SMALL_M || !arch || !epilogue_wgmma(p, small, arch))
         return 0;
     memcpy(v, small, sizeof small);
     const int64_t tiles = ((p->m + 63) / 64) * ((p->n + 31) / 32), slices = (p->k + 63) / 64;
@@ -121,7 +121,7 @@ static void epilogue_defaults(const gemm_exec_problem *p, const char *arch, int 
      * slices in 3 stages (48 KiB), and small M wastes less with 64-row
      * tiles. */
     static const int hopper[6] = {128, 128, 64, 8, 3, 1};
-    if (arch && gemm_exec_wgmma(p, hopper, arch)) {
+    if (arch && epilogue_wgmma(p, hopper, arch)) {
         memcpy(v, hopper, sizeof hopper);
         return;
     }
@@ -141,7 +141,7 @@ static void epilogue_defines(gemm_exec_request *r, const gemm_exec_problem *p, c
     gemm_request_define(r, "HAS_BIAS", p->epi.has_bias != 0);
     gemm_request_define(r, "ACT", (int)p->epi.act);
     gemm_request_define(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
-    if (gemm_exec_wgmma(p, v, arch))
+    if (epilogue_wgmma(p, v, arch))
         gemm_request_define(r, "WGMMA", 1);
     if (p->epi.norm != FUSION_NORM_NONE) {
         gemm_request_define(r, "NORM", (int)p->epi.norm);
@@ -171,7 +171,7 @@ static void epilogue_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) 
         plan->grid[1] = 1;
     }
     /* the wgmma build adds a warp that issues the copies (gemm_epilogue.cu) */
-    plan->block[0] = (unsigned)v[3] * 32 + (gemm_exec_wgmma(p, v, plan->arch) ? 32u : 0u);
+    plan->block[0] = (unsigned)v[3] * 32 + (epilogue_wgmma(p, v, plan->arch) ? 32u : 0u);
 }
 
 const gemm_template gemm_template_epilogue = {
@@ -186,5 +186,6 @@ const gemm_template gemm_template_epilogue = {
     .smem = epilogue_smem,
     .launch_shape = epilogue_launch_shape,
     .cluster = epilogue_cluster,
+    .wgmma = epilogue_wgmma,
     .residual_at = GEMM_RESIDUAL_AFTER_ACT,
 };

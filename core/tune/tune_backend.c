@@ -12,6 +12,11 @@
 #include "core/base/util.h"
 #include "core/tune/tune_impl.h"
 
+/* The attention planner's templates: their settings come from the selector (auto_attention). */
+int tune_is_attention(fusion_template_id t) {
+    return t == FUSION_T_ATTENTION_ROW || t == FUSION_T_ATTENTION_BLOCK;
+}
+
 /* Values and references (the work on them done first). */
 static void kept_free(tune_backend *b) {
     task_pool_drop(b->pool, TUNE_TAG_SEARCH);

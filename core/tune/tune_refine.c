@@ -25,10 +25,6 @@ static int measure_cached(tune_backend *b, search_cache *cache, const search_seg
     return search_cache_store(cache, sig, values, n, *ms, err);
 }
 
-int tune_is_attention(fusion_template_id t) {
-    return t == FUSION_T_ATTENTION_ROW || t == FUSION_T_ATTENTION_BLOCK;
-}
-
 /* The settings a segment is also tried with after the search: the
  * executor's defaults for the search's template and for the executor's
  * own first choice; for attention the selector's best candidates. */

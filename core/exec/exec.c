@@ -88,24 +88,6 @@ const char *exec_ctx_cache_warning(const exec_ctx *c, int *count) {
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-int exec_device_alloc(exec_ctx *c, CUdeviceptr *d, size_t bytes, const char *what,
-                        stof_error *err) {
-    *d = 0;
-    if (bytes == 0)
-        return STOF_OK;
-    int rc = cuda_check(c->drv, c->drv->MemAlloc(d, bytes), "cuMemAlloc", err);
-    if (rc) {
-        *d = 0;
-        size_t free_b = 0, total_b = 0;
-        char have[96] = "";
-        if (c->drv->MemGetInfo(&free_b, &total_b) == CUDA_SUCCESS)
-            snprintf(have, sizeof have, " (%.1f MiB of %.1f MiB free)", free_b / 1048576.0,
-                     total_b / 1048576.0);
-        err_prefix(err, "%s of %zu bytes (%.1f MiB)%s: ", what, bytes, bytes / 1048576.0, have);
-    }
-    return rc;
-}
-
 /* Host memory the weights and inputs are staged in: they are filled in
  * groups (tensors in graph order, this many bytes at most unless one tensor
  * alone is bigger), each group copied to the device before the next is
@@ -234,16 +216,6 @@ static int upload_consts(exec_model *m, const weights_source *src, stof_error *e
 
 /* An earlier segment at the same place of a sequence of the same class:
  * the same kernel problem, so the same kernel plan. */
-int exec_segment_twin(const exec_plan *p, int s) {
-    const exec_segment *x = &p->segs[s];
-    for (int k = 0; k < s; k++) {
-        const exec_segment *y = &p->segs[k];
-        if (p->seqs[y->seq].cls == p->seqs[x->seq].cls && y->index == x->index)
-            return k;
-    }
-    return -1;
-}
-
 static int prepare_segments(exec_model *m, stof_error *err) {
     const exec_plan *p = m->plan;
     char name[256], seq[96];
@@ -764,14 +736,6 @@ static int copy_input(exec_model *m, const exec_io *io, CUstream st, stof_error 
 /* A given attention_mask, read back: right padding, or an error naming the
  * row (the kernels find a row's length by bisection, which only right
  * padding makes exact). The output is not copied out when it is wrong. */
-int exec_read_input_mask(exec_model *m, int t, int32_t *host, stof_error *err) {
-    const graph_tensor *x = &m->plan->g->tensors[t];
-    int rc = cuda_check(m->ctx->drv,
-                        m->ctx->drv->MemcpyDtoH(host, m->ptr[t], graph_tensor_bytes(x)),
-                        "cuMemcpyDtoH(attention_mask)", err);
-    return rc ? rc : weights_check_input_mask(x, host, err);
-}
-
 static int check_attention_mask(exec_model *m, int t, stof_error *err) {
     const graph_tensor *x = &m->plan->g->tensors[t];
     if (x->init != GRAPH_INIT_PADDING)

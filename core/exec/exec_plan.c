@@ -108,6 +108,16 @@ int exec_scheme_check(const graph *g, const exec_seq *seq, const fusion_scheme *
     return rc;
 }
 
+int exec_segment_twin(const exec_plan *p, int s) {
+    const exec_segment *x = &p->segs[s];
+    for (int k = 0; k < s; k++) {
+        const exec_segment *y = &p->segs[k];
+        if (p->seqs[y->seq].cls == p->seqs[x->seq].cls && y->index == x->index)
+            return k;
+    }
+    return -1;
+}
+
 /* ---- the default scheme ------------------------------------------------------------------------ */
 
 /* Whether op `next` may join a segment that op `head` opened, by the greedy

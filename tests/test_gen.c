@@ -293,6 +293,37 @@ static int rotary_segments(const graph *g, int decode) {
     return found;
 }
 
+/* A rotary op that does not rotate what the decode attention after it reads, or not by a
+ * step's positions, stays a segment of its own: the attention_decode template refuses the pair
+ * and says why. (The op's attributes are changed in place for the check, then restored.) */
+static void check_rotary_refused(graph *g) {
+    int at = -1;
+    for (int i = 0; i + 1 < g->n_ops && at < 0; i++)
+        if (g->ops[i].kind == OP_ROTARY && g->ops[i + 1].kind == OP_ATTENTION)
+            at = i;
+    CHECK(at >= 0);
+    if (at < 0)
+        return;
+    graph_op *r = &g->ops[at];
+    const graph_op keep = *r;
+    static const char *const why[] = {"rotates the attention's Q and K heads",
+                                      "turns by a step's positions"};
+    for (int k = 0; k < 2; k++) {
+        if (k == 0)
+            r->attr.rotary.kv_heads++;
+        else
+            r->attr.rotary.has_positions = 0;
+        int ops[2] = {at, at + 1};
+        fusion_match m;
+        fusion_template_id t;
+        stof_error err = {0};
+        CHECK_EQ_INT(fusion_match_segment(g, ops, 2, &m, &err), STOF_OK);
+        CHECK(exec_segment_template(g, at, 2, &m, &t, &err) != STOF_OK);
+        CHECK_CONTAINS(err.msg, why[k]);
+        *r = keep;
+    }
+}
+
 /* A decode step's rotary op runs inside its attention (kernels/attention_decode.cu), a
  * prefill's on its own: the default schemes of both graphs. */
 static void check_rotary_fused(const tiny *t) {
@@ -310,6 +341,8 @@ static void check_rotary_fused(const tiny *t) {
             if (!(rc = gen_prefill_build(&fwd, &d, &pass, &err))) {
                 CHECK_EQ_INT(rotary_segments(&d.g, 1), rotary);
                 CHECK_EQ_INT(rotary_segments(&pass, 0), rotary);
+                if (rotary)
+                    check_rotary_refused(&d.g);
                 graph_free(&pass);
             }
             gen_decoder_free(&d);

@@ -1,0 +1,200 @@
+"""Where a decode step goes, kernel by kernel, timed by Nsight Compute.
+
+`stof generate --profile` times a step's segments in place, with an event between them; this
+script times each kernel of one step alone instead: `ncu --graph-profiling node` replays every
+kernel of the step's CUDA graph by itself, caches flushed first (so the weights come from
+memory, as they do in a step of a model larger than L2), and reads the bytes it took from
+memory. Their sum is more than the graph's time (no overlap, no warm L2), but it says which
+kernels move the weights near the memory's speed and which cost time for moving nothing.
+
+For each model (the configs of bench/hf_generate.py, random weights): the model directory is
+saved, `stof generate DIR` runs a prompt of --prompt tokens and 3 new ones under ncu, and the
+last whole decode step (the kernels between the last two embedding launches of --batch rows) is
+printed kernel by kernel in launch order for its first --layers layers, then summed by kernel,
+with the time the step's weights take at --bandwidth.
+
+    python3 bench/decode_kernels.py [--stof build/stof] [--models mistral-1b,gpt2] [--batch 1]
+           [--prompt 128] [--layers 1] [--ncu ncu] [--out bench/out/decode_kernels.md]
+    python3 bench/decode_kernels.py --csv ncu.csv [--batch 1]    # a saved ncu --csv report
+"""
+import argparse
+import collections
+import csv
+import datetime
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stof_cli as sc  # noqa: E402
+from stof_cli import log  # noqa: E402
+
+METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")
+ATTENTION = "stof_attention_decode"  # one launch a layer
+
+
+def read_report(text):
+    """ncu --csv --print-units base: one dict a kernel launch, in launch order (the program's
+    own output before the table is skipped)."""
+    lines = text.splitlines()
+    head = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if head is None:
+        raise ValueError("no ncu table (a line starting with \"ID\") in the report")
+    kernels = collections.OrderedDict()
+    for row in csv.DictReader(lines[head:]):
+        k = kernels.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"]})
+        k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+    return list(kernels.values())
+
+
+def grid_x(kernel):
+    return int(kernel["grid"].strip("()").split(",")[0])
+
+
+def last_step(kernels, batch):
+    """The kernels of the last whole decode step: from the second-to-last embedding launch of
+    `batch` rows (a step's; the prefill's has a row a token) to the next one."""
+    starts = [i for i, k in enumerate(kernels)
+              if k["name"] == "stof_embedding" and grid_x(k) <= batch]
+    if len(starts) < 2:
+        raise ValueError(f"fewer than two decode steps of batch {batch} in the report "
+                         f"({len(starts)} embedding launches of {batch} rows or fewer)")
+    return kernels[starts[-2]:starts[-1]]
+
+
+def short_name(name):
+    """cuBLASLt's kernels by what they are; ours by name."""
+    if name.startswith("nvjet_"):  # its tile and layout in the rest of the name
+        return "cuBLASLt GEMM " + name[len("nvjet_"):]
+    if "splitKreduce" in name:
+        return "cuBLASLt split-K reduce"
+    return name.split("(")[0].split("<")[0].replace("void ", "")
+
+
+def us(k):
+    return k.get("gpu__time_duration.sum", 0.0) / 1e3
+
+
+def mb(k):
+    return k.get("dram__bytes_read.sum", 0.0) / 1e6
+
+
+def gbs(megabytes, micros):
+    return megabytes / micros * 1e3 if micros > 0 else 0.0
+
+
+def first_layers(step, layers):
+    """The step's embedding and its first `layers` layers: a layer is as many launches as lie
+    between two attention launches."""
+    at = [i for i, k in enumerate(step) if k["name"] == ATTENTION]
+    if len(at) < 2:
+        return step
+    return step[:1 + layers * (at[1] - at[0])]
+
+
+def tables(step, layers, weight_mb, bandwidth):
+    first = first_layers(step, layers)
+    out = ["| # | kernel | grid | us | MB read | GB/s |", "|---|---|---|---|---|---|"]
+    for i, k in enumerate(first):
+        out.append(f"| {i} | {short_name(k['name'])} | {k['grid']} | {us(k):.2f} | "
+                   f"{mb(k):.2f} | {gbs(mb(k), us(k)):.0f} |")
+    by = collections.OrderedDict()
+    for k in step:
+        a = by.setdefault(short_name(k["name"]), [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += us(k)
+        a[2] += mb(k)
+    total_us = sum(a[1] for a in by.values())
+    total_mb = sum(a[2] for a in by.values())
+    out += ["", "| kernel | launches | us | share | MB read | GB/s |", "|---|---|---|---|---|---|"]
+    for name, (n, t, m) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        out.append(f"| {name} | {n} | {t:.1f} | {100 * t / total_us:.1f}% | {m:.1f} | "
+                   f"{gbs(m, t):.0f} |")
+    out.append(f"| all | {len(step)} | {total_us:.1f} | 100% | {total_mb:.1f} | "
+               f"{gbs(total_mb, total_us):.0f} |")
+    if weight_mb:
+        out += ["", f"The step's weights: {weight_mb:.1f} MB, {weight_mb / bandwidth * 1e3:.1f} us "
+                f"at {bandwidth:.0f} GB/s; the kernels alone add up to "
+                f"{total_us / (weight_mb / bandwidth * 1e3):.1f}x that."]
+    return out
+
+
+def step_layers(step):
+    """Layers in a step: its decode-attention launches."""
+    return sum(1 for k in step if k["name"] == ATTENTION)
+
+
+def profile_model(args, name, stof):
+    import torch
+    import hf_generate as hg
+    import torch_models as tm
+    cfg, cls = hg.config(name, args.prompt + 8)
+    torch.manual_seed(3)
+    model = cls(cfg)
+    tm.perturb_(model, 3)
+    model = model.eval().to(dtype=torch.float16)
+    weight_mb = hg.weight_bytes(model) / 1e6
+    d = os.path.join(args.work_dir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    model.save_pretrained(d, safe_serialization=True)
+    del model
+    ids = sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5)
+    prompts = os.path.join(args.work_dir, name + "-prompts.txt")
+    with open(prompts, "w") as f:
+        for row in ids.tolist():
+            f.write(",".join(map(str, row)) + "\n")
+    out, _ = sc.run_cmd([args.ncu, "--clock-control", "none", "--graph-profiling", "node",
+                         "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+                         stof, "generate", d, "--prompt-ids", prompts, "--max-new-tokens", "3",
+                         "--ignore-eos"], args.timeout, os.path.join(args.work_dir, "ncu.log"))
+    return read_report(out), weight_mb
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stof", default="build/stof")
+    ap.add_argument("--models", default="mistral-1b,gpt2")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=1, help="layers printed kernel by kernel")
+    ap.add_argument("--bandwidth", type=float, default=4800.0, help="GB/s of the GPU's memory")
+    ap.add_argument("--ncu", default="ncu")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds for one model under ncu")
+    ap.add_argument("--csv", help="analyse this saved report instead of running anything")
+    ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "decode_kernels"))
+    ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "decode_kernels.md"))
+    args = ap.parse_args()
+    lines = []
+    try:
+        if args.csv:
+            with open(args.csv) as f:
+                runs = [(os.path.basename(args.csv), read_report(f.read()), 0.0)]
+            head = f"Report {args.csv}; batch {args.batch}."
+        else:
+            stof = sc.resolve_stof(args.stof)
+            os.makedirs(args.work_dir, exist_ok=True)
+            runs = [(name,) + profile_model(args, name, stof) for name in args.models.split(",")]
+            import torch
+            head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof "
+                    f"commit {sc.stof_commit(stof)}; fp16, random weights; batch {args.batch}, "
+                    f"a prompt of {args.prompt}; each kernel of the last whole decode step timed "
+                    f"alone by ncu (caches flushed).")
+        lines = [head]
+        for name, kernels, weight_mb in runs:
+            step = last_step(kernels, args.batch)
+            lines += ["", f"### {name}: {len(step)} kernels a step, {step_layers(step)} layers", ""]
+            lines += tables(step, args.layers, weight_mb, args.bandwidth)
+    except (ValueError, OSError, sc.CmdError) as e:
+        log(f"decode_kernels: {e}")
+        return 1
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,8 @@ For each model (the configs of bench/hf_generate.py, random weights): the model 
 saved, `stof generate DIR` runs a prompt of --prompt tokens and 3 new ones under ncu, and the
 last whole decode step (the kernels between the last two embedding launches of --batch rows) is
 printed kernel by kernel in launch order for its first --layers layers, then summed by kernel,
-with the time the step's weights take at --bandwidth.
+with the time the step's weights take at --bandwidth. (A step is found by its embedding launch:
+at most --batch blocks, where the prefill's covers every token of the prompts.)
 
     python3 bench/decode_kernels.py [--stof build/stof] [--models mistral-1b,gpt2] [--batch 1]
            [--prompt 128] [--layers 1] [--ncu ncu] [--out bench/out/decode_kernels.md]
@@ -52,13 +53,14 @@ def grid_x(kernel):
 
 
 def last_step(kernels, batch):
-    """The kernels of the last whole decode step: from the second-to-last embedding launch of
-    `batch` rows (a step's; the prefill's has a row a token) to the next one."""
+    """The kernels of the last whole decode step: from the second-to-last embedding launch of at
+    most `batch` blocks (a step's, `batch` rows; the prefill's covers every token of the
+    prompts, far more blocks) to the next one."""
     starts = [i for i, k in enumerate(kernels)
               if k["name"] == "stof_embedding" and grid_x(k) <= batch]
     if len(starts) < 2:
         raise ValueError(f"fewer than two decode steps of batch {batch} in the report "
-                         f"({len(starts)} embedding launches of {batch} rows or fewer)")
+                         f"({len(starts)} embedding launches of {batch} blocks or fewer)")
     return kernels[starts[-2]:starts[-1]]
 
 

@@ -87,7 +87,8 @@ __device__ __forceinline__ void scores(const decode_smem &sm, const elem_t *krow
 
 // The tile that holds the new token's key (tile <= pos < tile + 32, the same for the whole
 // warp): s_g = q_g . k_new for the lane of that key, from shared memory, the warp's lanes
-// sharing out the dims.
+// sharing out the dims. (Summed in another order than dot_key's, so this step's score of the
+// new key may differ in its last bits from a later step's score of it from the cache.)
 __device__ __forceinline__ void scores_new(const decode_smem &sm, int lane, bool mine,
                                            float (&s)[GROUP]) {
 #pragma unroll

@@ -64,6 +64,10 @@ static const dcase cases[] = {
      8},
 };
 
+/* The rotary's positions are the attentions' shifted by this much, so that a kernel rotating
+ * by the wrong ones fails. */
+#define ROTARY_SHIFT 5
+
 /* The rotary op's output for a step's row: its Q and K heads rotated by the rotary's position
  * pos (the sequence's, also for one that has ended), rounded to the dtype as that op writes it. */
 static void rotate_step(const dcase *c, float *row, int pos, int D, stof_dtype t) {
@@ -158,7 +162,7 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     float *step_ref = malloc(sizeof *step_ref * (size_t)(B * W));
     memcpy(step_ref, step, sizeof *step * (size_t)(B * W));
     for (int b = 0; c->theta > 0 && b < B; b++)
-        rotate_step(c, step_ref + (size_t)b * W, c->lens[b], D, t);
+        rotate_step(c, step_ref + (size_t)b * W, c->lens[b] + ROTARY_SHIFT, D, t);
     op_attention a = {.heads = H, .head_dim = D, .causal = 1, .kv_heads = KVH, .decode = 1,
                       .scale = 1.0f / sqrtf((float)D), .mask = m ? 0 : -1};
     float *want = malloc(sizeof *want * (size_t)(B * H * D));
@@ -171,11 +175,12 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     CHECK_MSG(rc == STOF_OK, "%s: plan: %s", c->name, err.msg);
     CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_rpos = 0, d_pad = 0, d_k = 0, d_v = 0,
                 d_o = 0;
-    /* the attentions' positions (-1: ended) and the rotary's (the sequence's, as a step's) */
+    /* the attentions' positions (-1: ended) and the rotary's (a step's are the sequence's;
+     * here shifted, to tell the two apart) */
     int32_t ipos[4], rpos[4], *am = calloc((size_t)(B * seq), sizeof *am);
     for (int b = 0; b < B; b++) {
         ipos[b] = b + 1 == c->ended ? -1 : c->lens[b];
-        rpos[b] = c->lens[b];
+        rpos[b] = c->lens[b] + ROTARY_SHIFT;
         for (int s = 0; s < c->lens[b]; s++)
             am[b * seq + s] = 1;
     }
@@ -264,6 +269,9 @@ static void test_validation(gpu *g) {
     p.head_dim = 128;
     CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, &pl, &err), STOF_ERR_UNSUPPORTED);
     CHECK_CONTAINS(err.msg, "8 warps of 16 query heads of 128 need");
+    p.kv_heads = 8; /* heads of 128: 64 pairs, more than one warp's threads */
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 1, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "at least a thread for each pair of dims: 2 warps");
     CHECK(pl == NULL);
 }
 

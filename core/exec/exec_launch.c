@@ -751,6 +751,9 @@ static int dec_rotary_fits(const graph *g, int first, stof_error *err) {
     if (r->kind != OP_ROTARY)
         return err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode fuses a rotary op in front, "
                        "not %s", op_describe(r->kind)->name);
+    if (at->inputs[0] != r->output)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "a fused rotary's output is the attention's "
+                       "qkv");
     if (!r->attr.rotary.has_positions || r->n_inputs < 2)
         return err_set(err, STOF_ERR_UNSUPPORTED, "a fused rotary turns by a step's positions "
                        "(an input of the op)");
@@ -814,9 +817,10 @@ static int dec_launch(exec_model *m, const exec_seg_rt *rt, CUstream st, stof_er
 static size_t dec_describe(const void *kplan, char *buf, size_t n) {
     const mha_decode_plan *pl = kplan;
     int len = snprintf(buf, n, "attention_decode: %d query heads on %d K/V heads of %d, %d "
-                       "cache slots of a context of %d, keys split %d ways", pl->problem.heads,
-                       pl->problem.kv_heads, pl->problem.head_dim, pl->problem.cap,
-                       pl->problem.context, pl->splits);
+                       "cache slots of a context of %d, keys split %d ways, %d warps a CTA%s",
+                       pl->problem.heads, pl->problem.kv_heads, pl->problem.head_dim,
+                       pl->problem.cap, pl->problem.context, pl->splits, pl->warps,
+                       pl->problem.rotary_theta > 0.0 ? ", the rotary fused" : "");
     return len < 0 ? 0 : (size_t)len;
 }
 

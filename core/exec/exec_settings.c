@@ -67,8 +67,9 @@ int exec_segment_candidates(const graph *g, const exec_segment *s,
                                                                  lim ? lim->sm_count : 0)}};
         *n = in_space(&out[0]);
         return *n ? STOF_OK
-                  : err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode: a split of %d is "
-                            "outside the template's parameters", out[0].values[0]);
+                  : err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode: a split of %d with "
+                            "%d warps is outside the template's parameters", out[0].values[0],
+                            out[0].values[1]);
     }
     if (!exec_launch_is_attention(s->tmpl))
         return err_set(err, STOF_ERR_UNSUPPORTED, "template %s has no default setting",

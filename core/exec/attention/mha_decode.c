@@ -129,6 +129,22 @@ static int upload(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
     return rc;
 }
 
+/* What a CTA of `warps` warps must hold: a thread for each pair of the new token's V, and
+ * every warp's O of the group's heads within the static shared memory. */
+static int check_warps(const mha_decode_problem *p, int warps, stof_error *err) {
+    const int group = p->heads / p->kv_heads;
+    if (warps * 32 < p->head_dim / 2)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: %d warps for heads of %d (at "
+                       "least a thread for each pair of dims: %d warps)", warps, p->head_dim,
+                       (p->head_dim / 2 + 31) / 32);
+    if (STOF_DECODE_SMEM_BYTES(warps, group, p->head_dim) > STOF_DECODE_SMEM_LIMIT)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: %d warps of %d query heads "
+                       "of %d need %d bytes of shared memory (at most %d)", warps, group,
+                       p->head_dim, STOF_DECODE_SMEM_BYTES(warps, group, p->head_dim),
+                       STOF_DECODE_SMEM_LIMIT);
+    return STOF_OK;
+}
+
 int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits, int warps,
                            mha_decode_plan **out, stof_error *err) {
     *out = NULL;
@@ -141,12 +157,6 @@ int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int spl
     if (warps < 0 || warps > 32)
         return err_set(err, STOF_ERR_INVALID, "decode attention: %d warps (0: chosen, up to 32)",
                        warps);
-    const int group = p->heads / p->kv_heads;
-    if (warps && STOF_DECODE_SMEM_BYTES(warps, group, p->head_dim) > STOF_DECODE_SMEM_LIMIT)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: %d warps of %d query heads "
-                       "of %d need %d bytes of shared memory (at most %d)", warps, group,
-                       p->head_dim, STOF_DECODE_SMEM_BYTES(warps, group, p->head_dim),
-                       STOF_DECODE_SMEM_LIMIT);
     mha_decode_plan *pl = err_calloc(1, sizeof *pl, err);
     if (!pl)
         return STOF_ERR_NOMEM;
@@ -157,6 +167,11 @@ int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int spl
         pl->splits = p->cap;
     pl->chunk = (p->cap + pl->splits - 1) / pl->splits;
     pl->warps = warps ? warps : mha_decode_default_warps(p, pl->splits, c->info.sm_count);
+    rc = check_warps(p, pl->warps, err);
+    if (rc) {
+        mha_decode_plan_free(pl);
+        return rc;
+    }
     rc = load_kernels(c, pl, err);
     if (!rc)
         rc = upload(c, pl, err);

@@ -102,12 +102,18 @@ static int check_chain_link(const graph *g, const int *ops, int n, int k, stof_e
     return STOF_OK;
 }
 
+/* A norm that opens a segment before its GEMM (a prologue: the GEMM normalizes its rows of x
+ * as it reads them). */
+static int is_prologue_norm(const graph *g, const int *ops, int n, int k) {
+    return k == 0 && n > 1 && is_norm(g, ops[0]) && g->ops[ops[1]].kind == OP_GEMM;
+}
+
 static int check_norms(const graph *g, const int *ops, int n, stof_error *err) {
     for (int k = 0; k + 1 < n; k++)
-        if (is_norm(g, ops[k]))
+        if (is_norm(g, ops[k]) && !is_prologue_norm(g, ops, n, k))
             return seg_fail(g, ops, n, err,
-                            "%s #%d in the middle of a segment (a norm can only end one)",
-                            kind_of(g, ops[k]), ops[k]);
+                            "%s #%d in the middle of a segment (a norm can only end one, or "
+                            "open one before its GEMM)", kind_of(g, ops[k]), ops[k]);
     return STOF_OK;
 }
 
@@ -160,6 +166,10 @@ static void fill_epilogues(const graph *g, const int *ops, int n, fusion_match *
     int stage = 0;
     for (int k = 0; k < n; k++) {
         const graph_op *op = &g->ops[ops[k]];
+        if (is_prologue_norm(g, ops, n, k)) {
+            m->prologue = op->kind == OP_LAYERNORM ? FUSION_NORM_LAYERNORM : FUSION_NORM_RMSNORM;
+            continue;
+        }
         if (is_ci(g, ops[k])) {
             stage = m->n_ci++ > 0 ? 1 : 0;
             continue;

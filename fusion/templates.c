@@ -286,9 +286,11 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         1, {PATTERN(OPT(TOK(ROTARY)), ONE(TOK(ATTENTION)))},
         2, {PARAM("SPLITS", 1, 2, 4, 8, 16, 32, 64), PARAM("WARPS", 4, 8)},
         attention_decode_check, 1},
-    /* a few rows (a decode step's): the weights streamed once, each by one thread */
+    /* a few rows (a decode step's): the weights streamed once, each by one thread; a norm
+     * ahead of the GEMM (a pre-norm model's) applied to the rows of x as they are read */
     [FUSION_T_GEMV] = {FUSION_T_GEMV, "gemv", "gemv.cu", 0,
-        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
+        2, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD))),
+            PATTERN(ONE(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
         4, {PARAM("ROWS", 1, 2, 4, 8, 16), PARAM("BLOCK_N", 4, 8, 16, 32, 64, 128),
             PARAM("WARPS", 4, 8), PARAM("UNROLL", 2, 4, 8)},
         gemv_check},

@@ -16,7 +16,8 @@
  *   rotary           rotary.cu            rotary
  *   mask_rows        mask_rows.cu         mask_rows
  *   attention_decode attention_decode.cu  [rotary] attention (one query row, a KV cache)
- *   gemv             gemv.cu              gemm [bias] [gelu|relu] [add], up to 16 rows
+ *   gemv             gemv.cu              [layernorm|rmsnorm] gemm [bias] [gelu|relu] [add],
+ *                                         up to 16 rows
  *
  * Every single op matches at least one template, so the all-unfused scheme
  * is always valid. The norm kind is an epilogue flag (fusion_epilogue.norm),

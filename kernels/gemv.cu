@@ -14,7 +14,10 @@
 //   over K; partial sums meet by shuffles within a warp, then across warps in shared memory.
 //
 // The epilogue is gemm_epilogue's: + bias[n] (HAS_BIAS), the activation (ACT), + residual[m, n]
-// (HAS_RESIDUAL), rounded once. Sums are fp32. x is read through L1 (each block reads it
+// (HAS_RESIDUAL), rounded once. Sums are fp32. With PROLOGUE_NORM the block first finds its
+// rows' statistics (two passes over x, as mi_chain.cu: the mean, then the squared deviations;
+// RMSNorm the mean square), and every x value is normalized as it is read, gamma (and beta)
+// applied and the result rounded to the dtype, as the norm op would have stored it. x is read through L1 (each block reads it
 // whole); the weights bypass it. With [N, K] weights N may be any width (a vocabulary), and y,
 // the bias and the residual are accessed an element at a time; with [K, N] weights N is a
 // multiple of 8. K is a multiple of 8; rows m >= M are neither read nor written.
@@ -49,12 +52,17 @@
 #ifndef HAS_RESIDUAL
 #define HAS_RESIDUAL 0
 #endif
+#ifndef PROLOGUE_NORM // STOF_NORM_*: x's rows normalized first (a pre-norm model's norm)
+#define PROLOGUE_NORM 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 
 constexpr int kThreads = WARPS * 32;
 static_assert(ROWS >= 1 && ROWS <= STOF_GEMV_MAX_ROWS, "ROWS: 1 .. STOF_GEMV_MAX_ROWS");
 static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL: 1 .. 8");
+static_assert(PROLOGUE_NORM == 0 || PROLOGUE_NORM == STOF_NORM_LAYERNORM ||
+                  PROLOGUE_NORM == STOF_NORM_RMSNORM, "PROLOGUE_NORM: none, LayerNorm or RMSNorm");
 #if WEIGHT_KN
 constexpr int kColLanes = BLOCK_N / 8;
 constexpr int kKLanes = kThreads / kColLanes;
@@ -90,6 +98,78 @@ __device__ __forceinline__ const elem_t *row_of(const void *base, long long stri
     return static_cast<const elem_t *>(base) + (long long)row * stride;
 }
 
+// The block's rows' statistics for the prologue norm: s_mean[r] (LayerNorm) and s_rstd[r].
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = stof::warp_sum(v);
+    __syncthreads(); // red is free again (an earlier sum has been read)
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w)
+        t += red[w];
+    return t;
+}
+
+__device__ __forceinline__ void row_stats(const stof_gemv_args &a, int m0, int rows,
+                                          float *s_mean, float *s_rstd) {
+    __shared__ float red[WARPS];
+    const float inv_k = 1.0f / (float)a.k;
+    for (int r = 0; r < rows; ++r) {
+        const elem_t *x = row_of(a.x, a.x_row_stride, m0 + r);
+        float mean = 0.0f, sq = 0.0f;
+#if PROLOGUE_NORM == STOF_NORM_LAYERNORM
+        for (int k = threadIdx.x; k < a.k; k += kThreads)
+            mean += stof::to_float(x[k]);
+        mean = block_sum(mean, red) * inv_k;
+        for (int k = threadIdx.x; k < a.k; k += kThreads) {
+            const float d = stof::to_float(x[k]) - mean;
+            sq += d * d;
+        }
+#else
+        for (int k = threadIdx.x; k < a.k; k += kThreads) {
+            const float v = stof::to_float(x[k]);
+            sq += v * v;
+        }
+#endif
+        sq = block_sum(sq, red);
+        if (threadIdx.x == 0) {
+            s_mean[r] = mean;
+            s_rstd[r] = rsqrtf(sq * inv_k + a.eps);
+        }
+    }
+    __syncthreads();
+}
+
+// An x value normalized with its row's (mean, rstd) and its column's gain g and bias b (b: 0
+// for RMSNorm), rounded as the norm op's output.
+__device__ __forceinline__ float norm_value(float v, float g, float b, float mean, float rstd) {
+#if PROLOGUE_NORM == STOF_NORM_LAYERNORM
+    v = (v - mean) * rstd * g + b;
+#else
+    (void)mean;
+    (void)b;
+    v = v * rstd * g;
+#endif
+    return stof::to_float(stof::from_float<elem_t>(v));
+}
+
+// The gain and bias of columns k .. k + V - 1 (bias 0 for RMSNorm).
+template <int V>
+__device__ __forceinline__ void norm_params(const stof_gemv_args &a, int k, float (&g)[V],
+                                            float (&b)[V]) {
+    stof::load_chunk<V>(g, static_cast<const elem_t *>(a.gamma) + k);
+#if PROLOGUE_NORM == STOF_NORM_LAYERNORM
+    stof::load_chunk<V>(b, static_cast<const elem_t *>(a.beta) + k);
+#else
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+        b[e] = 0.0f;
+#endif
+}
+
 // The epilogue of one output, stored.
 __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, float v) {
 #if HAS_BIAS
@@ -104,7 +184,8 @@ __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, fl
 
 #if !WEIGHT_KN
 // [N, K]: warp w's outputs n0 .. n0 + kOuts - 1, lanes over K in 16-byte chunks.
-__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows) {
+__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows,
+                                        const float *s_mean, const float *s_rstd) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
     const elem_t *w[kOuts];
@@ -134,12 +215,21 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
 #pragma unroll
             for (int o = 0; o < kOuts; ++o)
                 unpack8(wv[u][o], wf[o]);
+#if PROLOGUE_NORM
+            float gm[8], bt[8];
+            norm_params<8>(a, k, gm, bt);
+#endif
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= rows)
                     break;
                 float xf[8];
                 stof::load_chunk<8>(xf, row_of(a.x, a.x_row_stride, m0 + r) + k);
+#if PROLOGUE_NORM
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    xf[e] = norm_value(xf[e], gm[e], bt[e], s_mean[r], s_rstd[r]);
+#endif
 #pragma unroll
                 for (int o = 0; o < kOuts; ++o)
 #pragma unroll
@@ -160,7 +250,8 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
 }
 #else
 // [K, N]: column lane cl's eight columns, k lane kl's rows kl, kl + kKLanes, ...
-__device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int rows) {
+__device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int rows,
+                                        const float *s_mean, const float *s_rstd) {
     __shared__ float partial[WARPS][ROWS][BLOCK_N];
     const int cl = threadIdx.x % kColLanes, kl = threadIdx.x / kColLanes;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -186,11 +277,18 @@ __device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int row
                 break;
             float wf[8];
             unpack8(wv[u], wf);
+#if PROLOGUE_NORM
+            float gm[1], bt[1];
+            norm_params<1>(a, k, gm, bt);
+#endif
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= rows)
                     break;
-                const float xv = stof::to_float(row_of(a.x, a.x_row_stride, m0 + r)[k]);
+                float xv = stof::to_float(row_of(a.x, a.x_row_stride, m0 + r)[k]);
+#if PROLOGUE_NORM
+                xv = norm_value(xv, gm[0], bt[0], s_mean[r], s_rstd[r]);
+#endif
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
                     acc[r][e] = fmaf(xv, wf[e], acc[r][e]);
@@ -248,9 +346,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) stof_gemv(const stof_gemv
         prefetch_weights(a);
     stof::grid_dependency_wait();
     const int m0 = blockIdx.y * ROWS, rows = min(ROWS, a.m - m0);
+    __shared__ float s_mean[ROWS], s_rstd[ROWS];
+#if PROLOGUE_NORM
+    row_stats(a, m0, rows, s_mean, s_rstd);
+#endif
 #if WEIGHT_KN
-    gemv_kn(a, m0, rows);
+    gemv_kn(a, m0, rows, s_mean, s_rstd);
 #else
-    gemv_nk(a, m0, rows);
+    gemv_nk(a, m0, rows, s_mean, s_rstd);
 #endif
 }

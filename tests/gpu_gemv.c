@@ -8,7 +8,9 @@
  * ones below in turn (rows split over blocks, 2 to 8 loads in flight, 4 and 8 warps, 1 to 8
  * outputs a warp or 1 to 16 column lanes), with an epilogue rotating over the 16 the template
  * declares ([bias] [gelu|gelu_tanh|relu] [add]), and the residual added in place (y = residual)
- * on some. Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
+ * on some; and a LayerNorm or RMSNorm ahead of the GEMM (the template's prologue: the reference
+ * normalizes x in fp64 and rounds it to the dtype, as the norm op stores it), with fresh gains
+ * and biases. Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
  * NaN before every launch; every row and column is checked: relative error below 1e-2 (fp16)
  * or 2e-2 (bf16), no NaN or infinity anywhere.
  *
@@ -54,13 +56,87 @@ static int pow2_at_least(int m) {
     return r;
 }
 
-/* One case: setting -1 is the default. */
+/* A norm ahead of the GEMM (the template's prologue): its kind, gain and bias (as floats and on
+ * the device), and the reference set: the set's x normalized over K with fp64 statistics,
+ * rounded to the dtype as the norm op would store it, and its products. The kernel gets the
+ * set's x as it is. */
+typedef struct prologue {
+    fusion_norm kind;
+    float eps;
+    float *gamma, *beta;
+    CUdeviceptr dgamma, dbeta;
+    gset ref; /* the set's, but x and acc of the normalized rows */
+} prologue;
+
+static int make_prologue(gpu *g, prologue *pr, const gset *s, fusion_norm kind, util_rng *rng) {
+    const gweights *wt = s->wt;
+    const int N = wt->N, K = wt->K, M = s->M;
+    memset(pr, 0, sizeof *pr);
+    pr->kind = kind;
+    pr->eps = kind == FUSION_NORM_LAYERNORM ? 1e-5f : 1e-6f;
+    pr->ref = *s;
+    pr->gamma = malloc(sizeof *pr->gamma * (size_t)K);
+    pr->beta = malloc(sizeof *pr->beta * (size_t)K);
+    pr->ref.x = malloc(sizeof *pr->ref.x * (size_t)M * K);
+    pr->ref.acc = malloc(sizeof *pr->ref.acc * (size_t)MAX_REF_ROWS * N);
+    uint16_t *gb = malloc((size_t)K * 2), *bb = malloc((size_t)K * 2);
+    int rc = -1;
+    if (pr->gamma && pr->beta && pr->ref.x && pr->ref.acc && gb && bb) {
+        fill(pr->gamma, gb, (size_t)K, wt->dt, rng, 0.5, 1.5);
+        fill(pr->beta, bb, (size_t)K, wt->dt, rng, -0.5, 0.5);
+        for (int r = 0; r < M; r++) {
+            const float *x = s->x + (size_t)r * K;
+            double mean = 0.0, sq = 0.0;
+            for (int k = 0; kind == FUSION_NORM_LAYERNORM && k < K; k++)
+                mean += x[k];
+            mean /= K;
+            for (int k = 0; k < K; k++)
+                sq += (x[k] - mean) * (x[k] - mean);
+            const double rstd = 1.0 / sqrt(sq / K + pr->eps);
+            for (int k = 0; k < K; k++) {
+                double v = (x[k] - mean) * rstd * pr->gamma[k];
+                if (kind == FUSION_NORM_LAYERNORM)
+                    v += pr->beta[k];
+                pr->ref.x[(size_t)r * K + k] = from_bits(wt->dt, to_bits(wt->dt, (float)v));
+            }
+        }
+        for (int i = 0; i < s->n_rows; i++) {
+            const float *xr = pr->ref.x + (size_t)s->rows[i] * K;
+            for (int n = 0; n < N; n++) {
+                const float *wr = wt->w + (size_t)n * K;
+                double sum = 0.0;
+                for (int k = 0; k < K; k++)
+                    sum += (double)xr[k] * wr[k];
+                pr->ref.acc[(size_t)i * N + n] = sum;
+            }
+        }
+        rc = upload(g, &pr->dgamma, gb, (size_t)K * 2) || upload(g, &pr->dbeta, bb, (size_t)K * 2);
+    }
+    free(gb);
+    free(bb);
+    return rc;
+}
+
+static void free_prologue(gpu *g, prologue *pr) {
+    free(pr->gamma);
+    free(pr->beta);
+    free(pr->ref.x);
+    free(pr->ref.acc);
+    dfree(g, &pr->dgamma);
+    dfree(g, &pr->dbeta);
+}
+
+/* One case: setting -1 is the default; pr a norm ahead of the GEMM, or NULL. */
 static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int setting,
-                     int in_place) {
+                     int in_place, const prologue *pr) {
     const gweights *wt = s->wt;
     const int N = wt->N, M = s->M;
     gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = wt->dt, .m = M, .n = N, .k = wt->K,
                            .epi = epi, .weight_kn = weight_kn};
+    if (pr) {
+        p.prologue = pr->kind;
+        p.eps = pr->eps;
+    }
     int v[FUSION_MAX_PARAMS] = {0};
     if (setting < 0) {
         gemm_exec_default_values(&p, g->ctx->arch, v);
@@ -70,8 +146,10 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
             v[0] = pow2_at_least(M);
     }
     char label[200];
-    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s %s%s%s r%d n%d w%d u%d%s",
-             stof_dtype_name(wt->dt), M, N, wt->K, weight_kn ? "W[K,N]" : "W[N,K]",
+    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s r%d n%d w%d u%d%s",
+             stof_dtype_name(wt->dt), M, N, wt->K,
+             !pr ? "" : pr->kind == FUSION_NORM_LAYERNORM ? "layernorm> " : "rmsnorm> ",
+             weight_kn ? "W[K,N]" : "W[N,K]",
              epi.has_bias ? "bias" : "-", act_label(epi.act),
              epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "", v[0], v[1], v[2],
              v[3], setting < 0 ? " default" : "");
@@ -89,7 +167,8 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
     size_t mn = (size_t)M * N;
     gemm_exec_gemm_tensors t = {.x = s->dx, .w = weight_kn ? wt->dw_kn : wt->dw_nk,
                                 .bias = wt->db, .residual = in_place ? s->dy : s->dr,
-                                .y = s->dy};
+                                .y = s->dy, .gamma = pr ? pr->dgamma : 0,
+                                .beta = pr ? pr->dbeta : 0};
     rc = in_place ? check_cu(g, g->drv->MemcpyHtoD(s->dy, s->res_bits, mn * 2),
                              "cuMemcpyHtoD(y = residual)")
                   : poison(g, s->dy, mn);
@@ -100,7 +179,7 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         recap_add("%s: launch: %.160s", label, err.msg);
     }
     if (!rc && !fetch(g, s->hy, s->dy, mn)) /* M <= MAX_REF_ROWS: every row is judged */
-        judge_epilogue(s, &epi, label);
+        judge_epilogue(pr ? &pr->ref : s, &epi, label);
     gemm_exec_plan_free(g->ctx, plan);
 }
 
@@ -123,15 +202,22 @@ static void test_shapes(gpu *g, util_rng *rng) {
                 if (N == 50257 && Ms[mi] != 1 && Ms[mi] != 8)
                     continue; /* the head: a step's batch of 1 and 8 */
                 gset s;
-                if (!make_set(g, &s, &wt, Ms[mi], rng))
+                prologue pr;
+                memset(&pr, 0, sizeof pr);
+                const fusion_norm kind = mi % 2 ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM;
+                if (!make_set(g, &s, &wt, Ms[mi], rng) && !make_prologue(g, &pr, &s, kind, rng))
                     for (int kn = 0; kn < 2 && !g->dead; kn++) {
                         if (kn && N % 8)
                             continue;
-                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0);
+                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0, NULL);
                         run_case(g, &s, kn, epilogue_of((turn + 5) % 16), turn % N_SETTINGS,
-                                 turn % 3 == 0);
+                                 turn % 3 == 0, NULL);
+                        /* a norm ahead, default and explicit settings in turn */
+                        run_case(g, &s, kn, epilogue_of((turn + 9) % 16),
+                                 turn % 2 ? -1 : (turn + 2) % N_SETTINGS, turn % 4 == 1, &pr);
                         turn++;
                     }
+                free_prologue(g, &pr);
                 free_set(g, &s);
             }
             free_weights(g, &wt);

@@ -428,6 +428,10 @@ static void test_bert(void) {
     snprintf(msg, sizeof msg, "layernorm #%d in the middle", ops[6]);
     expect_scheme(&g, ops, n, "01010111010101", 0, msg, NULL);
     expect_scheme(&g, ops, n, "01010111010101", 0, "scheme segment 6 of 12 (positions 5-7)", NULL);
+    /* post-norm: the norm's output is the residual too, so it cannot open the GEMM's segment */
+    stof_error e2 = {0};
+    CHECK_EQ_INT(fusion_match_segment(&g, ops + 6, 2, &m, &e2), STOF_ERR_INVALID);
+    CHECK_CONTAINS(e2.msg, "outside the segment reads");
     /* gemm bias attention: CI + CI but no template */
     expect_scheme(&g, ops, n, "00010101010101", 0, "no template implements it", NULL);
     /* the whole layer */
@@ -462,10 +466,16 @@ static void test_gpt2(void) {
     /* GPT-2's tanh GELU fits cuBLASLt's epilogue. */
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 8, 3, &m, NULL), STOF_OK);
     CHECK(fusion_match_has(&m, FUSION_T_CUBLASLT) && m.epi[0].act == FUSION_ACT_GELU_TANH);
-    /* pre-norm: the norm cannot join the GEMM after it */
+    /* pre-norm: the norm opens the GEMM's segment on gemv alone (its prologue; the GEMM reads
+     * the norm's output and nothing else does), not in the middle of one */
     stof_error err = {0};
-    CHECK_EQ_INT(fusion_match_segment(&g, ops, 3, &m, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(fusion_match_segment(&g, ops, 3, &m, &err), STOF_OK);
+    CHECK(m.templates == 1u << FUSION_T_GEMV && m.prologue == FUSION_NORM_LAYERNORM &&
+          m.epi[0].has_bias && m.epi[0].norm == FUSION_NORM_NONE && m.dims.k == 64 * 12);
+    CHECK_EQ_INT(fusion_match_segment(&g, ops + 6, 3, &m, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "in the middle of a segment");
+    CHECK_EQ_INT(fusion_match_segment(&g, ops + 7, 5, &m, &err), STOF_ERR_INVALID); /* FFN */
+    CHECK_CONTAINS(err.msg, "no template implements it");
 
     enumerate_graph(&g, "gpt2 (2 layers)");
     graph_free(&g);

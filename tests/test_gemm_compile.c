@@ -353,8 +353,8 @@ static void list_glu_rotary(variant *v, int cap, int *n) {
         }
 }
 
-/* gemv: both layouts and dtypes, every epilogue flag, rows of 1 to 16 in one block and split
- * over blocks, the thread layouts of the search's extremes. */
+/* gemv: both layouts and dtypes, every epilogue flag, a LayerNorm or RMSNorm ahead or none, rows
+ * of 1 to 16 in one block and split over blocks, the thread layouts of the search's extremes. */
 static void list_gemv(variant *v, int cap, int *n) {
     static const int nk[][4] = {{1, 4, 4, 8}, {8, 8, 4, 8}, {16, 16, 8, 4}, {2, 64, 8, 2}};
     static const int kn[][4] = {{1, 16, 8, 8}, {8, 64, 8, 8}, {16, 8, 4, 4}, {4, 128, 4, 2}};
@@ -369,6 +369,10 @@ static void list_gemv(variant *v, int cap, int *n) {
                     p.epi.has_bias = (i + d) & 1;
                     p.epi.act = (fusion_act)((i + a) % 4);
                     p.epi.has_residual = i >= 2;
+                    /* a norm ahead of the GEMM on every other variant, both kinds */
+                    p.prologue = (i + kn_) & 1 ? (d ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM)
+                                               : FUSION_NORM_NONE;
+                    p.eps = 1e-5f;
                     int full[FUSION_MAX_PARAMS] = {vals[0], vals[1], vals[2], vals[3]};
                     add(v, cap, n, &p, full, archs[a]);
                 }
@@ -977,6 +981,13 @@ static void test_gemv(void) {
     p.epi.norm = FUSION_NORM_RMSNORM;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "no closing norm");
     p.epi.norm = FUSION_NORM_NONE;
+    p.prologue = FUSION_NORM_RMSNORM; /* a norm ahead: its eps must be usable */
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "eps must be positive");
+    p.eps = 1e-6f;
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
+    p.prologue = (fusion_norm)7;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "unknown norm 7 ahead");
+    p.prologue = FUSION_NORM_NONE;
     p.dtype = STOF_F32;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
     p.dtype = STOF_F16;
@@ -1011,7 +1022,7 @@ static void test_gemv(void) {
     CHECK(strcmp(r.req.source, "gemv.cu") == 0);
     const char *want[] = {"-DROWS=4", "-DBLOCK_N=64", "-DWARPS=8", "-DUNROLL=2",
                           "-DSTOF_DTYPE=1", "-DWEIGHT_KN=1", "-DHAS_BIAS=1", "-DACT=2",
-                          "-DHAS_RESIDUAL=1"};
+                          "-DHAS_RESIDUAL=1", "-DPROLOGUE_NORM=0"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         CHECK_MSG(has_option(&r, want[i]), "missing %s", want[i]);
     CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMV), "stof_gemv") == 0);
@@ -1038,6 +1049,19 @@ static void test_gemv(void) {
     stof_gemm_args ga;
     expect(gemm_exec_gemm_args(&plan, &t, &ga, &err), STOF_ERR_INVALID, &err,
            "a gemv plan launched as gemm_epilogue");
+    /* a LayerNorm ahead: its gain and bias, and eps, go to the kernel */
+    t.residual = 0x4002;
+    plan.problem.prologue = FUSION_NORM_LAYERNORM;
+    plan.problem.eps = 1e-5f;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "gamma");
+    t.gamma = 0x6000;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "beta");
+    t.beta = 0x7000;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK(a.gamma == (const void *)0x6000 && a.beta == (const void *)0x7000 && a.eps == 1e-5f);
+    plan.problem.prologue = FUSION_NORM_RMSNORM; /* no bias */
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK(a.gamma == (const void *)0x6000 && a.beta == NULL);
 }
 
 static void test_args(void) {

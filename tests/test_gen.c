@@ -293,6 +293,43 @@ static int rotary_segments(const graph *g, int decode) {
     return found;
 }
 
+/* A decode step's norms (its rows are few): each in one segment with the GEMM after it, on
+ * gemv (the norm its prologue). Returns how many there were. */
+static int norm_prologues(const graph *g) {
+    fusion_seq *seqs = NULL;
+    int n = 0, joined = 0, norms = 0;
+    stof_error err = {0};
+    for (int i = 0; i + 1 < g->n_ops; i++)
+        norms += (g->ops[i].kind == OP_LAYERNORM || g->ops[i].kind == OP_RMSNORM) &&
+                 g->ops[i + 1].kind == OP_GEMM;
+    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, &err), STOF_OK);
+    for (int i = 0; i < n; i++) {
+        fusion_scheme sc;
+        fusion_segment segs[FUSION_MAX_OPS];
+        CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
+        const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
+        for (int k = 0; k < n_segs; k++) {
+            const int first = seqs[i].first + segs[k].first, len = segs[k].last - segs[k].first + 1;
+            const op_kind kind = g->ops[first].kind;
+            if (kind != OP_LAYERNORM && kind != OP_RMSNORM)
+                continue;
+            int ops[FUSION_MAX_OPS];
+            for (int j = 0; j < len; j++)
+                ops[j] = first + j;
+            fusion_match m;
+            fusion_template_id t = FUSION_T_COUNT;
+            CHECK(len >= 2 && g->ops[first + 1].kind == OP_GEMM);
+            CHECK_EQ_INT(fusion_match_segment(g, ops, len, &m, &err), STOF_OK);
+            CHECK_EQ_INT(exec_segment_template(g, first, len, &m, &t, &err), STOF_OK);
+            CHECK_EQ_INT(t, FUSION_T_GEMV);
+            joined += len >= 2 && t == FUSION_T_GEMV;
+        }
+    }
+    free(seqs);
+    CHECK_EQ_INT(joined, norms);
+    return joined;
+}
+
 /* A rotary op that does not rotate what the decode attention after it reads, or not by a
  * step's positions, stays a segment of its own: the attention_decode template refuses the pair
  * and says why. (The op's attributes are changed in place for the check, then restored.) */
@@ -343,6 +380,7 @@ static void check_rotary_fused(const tiny *t) {
                 CHECK_EQ_INT(rotary_segments(&pass, 0), rotary);
                 if (rotary)
                     check_rotary_refused(&d.g);
+                CHECK_EQ_INT(norm_prologues(&d.g), 2 * t->n_layers + 1);
                 graph_free(&pass);
             }
             gen_decoder_free(&d);

@@ -111,9 +111,29 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
 /* gemm_epilogue (gemm [bias] [act] [add] [norm]), cublaslt (gemm [bias]
  * [act] [add]) and gemm_ln (gemm [bias] [add] norm); the norm's input
  * stored when the match says so. */
+/* gemv with a norm ahead (match.prologue): the norm's input is x, its gain and bias the
+ * roles' gamma and beta. */
+static int gemv_read_prologue(const graph *g, int first, int n, const fusion_match *m,
+                              gemm_exec_problem *p, gemm_roles *r, stof_error *err) {
+    const graph_op *norm = &g->ops[first];
+    int rc = gemm_read(g, first + 1, n - 1, FUSION_T_GEMV, &m->epi[0], p, r, err);
+    if (rc)
+        return rc;
+    r->x = norm->inputs[0];
+    r->gamma = norm->inputs[1];
+    r->beta = norm->kind == OP_LAYERNORM ? norm->inputs[2] : -1;
+    p->eps = norm->attr.norm.eps;
+    p->prologue = m->prologue;
+    return STOF_OK;
+}
+
 static int gemm_read_seg(const graph *g, int first, int n, const fusion_match *m,
                          fusion_template_id tmpl, gemm_exec_problem *p, gemm_roles *r,
                          stof_error *err) {
+    if (m->prologue != FUSION_NORM_NONE)
+        return tmpl == FUSION_T_GEMV ? gemv_read_prologue(g, first, n, m, p, r, err)
+                                     : unsupported(err, "%s has no norm ahead of the GEMM",
+                                                   fusion_template_get(tmpl)->name);
     int rc = gemm_read(g, first, n, tmpl, &m->epi[0], p, r, err);
     if (!rc && (tmpl == FUSION_T_GEMM_LN || tmpl == FUSION_T_GEMM_EPILOGUE))
         p->store_pre_norm = m->store_pre_norm;

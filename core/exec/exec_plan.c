@@ -123,11 +123,14 @@ int exec_segment_twin(const exec_plan *p, int s) {
 /* Whether op `next` may join a segment that op `head` opened, by the greedy
  * rule: a GEMM takes bias, activation and add; an MI chain takes bias, add,
  * activation and norm; a rotary op goes into the attention after it (a decode step's: the
- * template check that follows refuses the others). */
+ * template check that follows refuses the others); a norm goes ahead of the GEMM after it,
+ * and that GEMM's epilogue after both (gemv's prologue, a few rows: the check refuses more). */
 static int greedy_joins(op_kind head, op_kind next) {
     int epilogue = next == OP_BIAS || next == OP_ADD || next == OP_GELU || next == OP_RELU;
     if (head == OP_ROTARY)
         return next == OP_ATTENTION;
+    if ((head == OP_LAYERNORM || head == OP_RMSNORM) && next == OP_GEMM)
+        return 1;
     if (head == OP_GEMM)
         return epilogue;
     if (op_describe(head)->cls == OP_CLASS_MI && head != OP_EMBEDDING && head != OP_SOFTMAX)

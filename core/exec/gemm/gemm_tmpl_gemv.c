@@ -1,6 +1,7 @@
 /* gemv's row (kernels/gemv.cu): a GEMM of a few rows with gemm_epilogue's epilogue (bias,
- * activation, residual; no norm), the weights streamed once. With [N, K] weights its N may be
- * any width (a vocabulary). */
+ * activation, residual; no closing norm) and, ahead of it, a norm of x's rows (a pre-norm
+ * model's), the weights streamed once. With [N, K] weights its N may be any width (a
+ * vocabulary). */
 #include <stdio.h>
 
 #include "core/base/error.h"
@@ -17,7 +18,10 @@ static int validate_gemv(const gemm_exec_problem *p, stof_error *err) {
     if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
         return err_set(err, STOF_ERR_UNSUPPORTED, "gemv: no closing norm (gemm_epilogue and "
                        "gemm_ln have one)");
-    return STOF_OK;
+    if ((int)p->prologue < FUSION_NORM_NONE || p->prologue > FUSION_NORM_RMSNORM)
+        return err_set(err, STOF_ERR_INVALID, "gemv: unknown norm %d ahead of the GEMM",
+                       (int)p->prologue);
+    return p->prologue != FUSION_NORM_NONE ? gemm_validate_eps("gemv", p->eps, err) : STOF_OK;
 }
 
 static int no_row_reduce(const gemm_exec_problem *p) {
@@ -64,6 +68,7 @@ static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const
     gemm_request_define(r, "HAS_BIAS", p->epi.has_bias != 0);
     gemm_request_define(r, "ACT", (int)p->epi.act);
     gemm_request_define(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+    gemm_request_define(r, "PROLOGUE_NORM", (int)p->prologue);
 }
 
 /* Column slices of BLOCK_N, times row groups of ROWS. */

@@ -216,6 +216,7 @@ static void fill_dims(const graph *g, const int *ops, int n, fusion_dims *d) {
     for (int k = 0; k < n; k++) {
         const graph_op *op = &g->ops[ops[k]];
         d->row_reduce |= is_norm(g, ops[k]) || op->kind == OP_SOFTMAX;
+        d->gated |= op->kind == OP_GLU && k > 0;
         if (op->kind == OP_ATTENTION)
             fill_attention_dims(g, op, d);
         if (op->kind == OP_ROTARY) {

@@ -9,6 +9,7 @@
 //
 // [N, K] weights (K contiguous): each warp owns OUTS = BLOCK_N / WARPS outputs; its lanes walk
 //   K eight elements (16 bytes) at a time, then each output's partial sums meet by shuffles.
+//   With a GLU (GLU = its activation) the OUTS are features of OUTS / 2 outputs: j and N/2 + j.
 // [K, N] weights (WEIGHT_KN, N contiguous: GPT-2's Conv1D): the block owns BLOCK_N columns,
 //   eight a lane; its threads are kColLanes = BLOCK_N / 8 column lanes times kKLanes lanes
 //   over K; partial sums meet by shuffles within a warp, then across warps in shared memory.
@@ -55,6 +56,9 @@
 #ifndef PROLOGUE_NORM // STOF_NORM_*: x's rows normalized first (a pre-norm model's norm)
 #define PROLOGUE_NORM 0
 #endif
+#ifndef GLU // STOF_ACT_*: a gated unit after the GEMM, y[m, j] = act(s[m, j]) * s[m, N/2 + j]
+#define GLU 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 
@@ -71,7 +75,10 @@ static_assert(BLOCK_N % 8 == 0 && kColLanes <= 32 && 32 % kColLanes == 0,
 #else
 constexpr int kOuts = BLOCK_N / WARPS;
 static_assert(BLOCK_N % WARPS == 0 && kOuts >= 1 && kOuts <= 8, "[N, K]: 1 .. 8 outputs a warp");
+static_assert(GLU == 0 || kOuts % 2 == 0, "GLU: an even count of features a warp");
 #endif
+static_assert(GLU == 0 || !WEIGHT_KN, "GLU: [N, K] weights");
+static_assert(GLU == 0 || (!HAS_RESIDUAL && ACT == 0), "GLU: no activation or residual first");
 
 namespace {
 
@@ -170,6 +177,20 @@ __device__ __forceinline__ void norm_params(const stof_gemv_args &a, int k, floa
 #endif
 }
 
+// A gated unit's output j from its two features' sums (g: feature j, u: feature N/2 + j): each
+// with its bias and rounded as the GEMM's output would be stored, then act(g) * u.
+__device__ __forceinline__ void finish_glu(const stof_gemv_args &a, int m, int j, float g,
+                                           float u) {
+#if HAS_BIAS
+    g += stof::to_float(static_cast<const elem_t *>(a.bias)[j]);
+    u += stof::to_float(static_cast<const elem_t *>(a.bias)[a.n / 2 + j]);
+#endif
+    g = stof::to_float(stof::from_float<elem_t>(g));
+    u = stof::to_float(stof::from_float<elem_t>(u));
+    static_cast<elem_t *>(a.y)[(long long)m * a.y_row_stride + j] =
+        stof::from_float<elem_t>(stof_activate<GLU>(g) * u);
+}
+
 // The epilogue of one output, stored.
 __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, float v) {
 #if HAS_BIAS
@@ -187,11 +208,20 @@ __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, fl
 __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows,
                                         const float *s_mean, const float *s_rstd) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
     const elem_t *w[kOuts];
+#if GLU
+    // the warp's kOuts / 2 outputs from j0 on: features j0 + o, then N/2 + j0 + o
+    constexpr int kHalf = kOuts / 2;
+    const int f = a.n / 2, j0 = blockIdx.x * (BLOCK_N / 2) + warp * kHalf;
+#pragma unroll
+    for (int o = 0; o < kOuts; ++o) // outputs past N/2 read the last one's and are not stored
+        w[o] = row_of(a.w, a.w_row_stride, min(j0 + o % kHalf, f - 1) + (o < kHalf ? 0 : f));
+#else
+    const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
 #pragma unroll
     for (int o = 0; o < kOuts; ++o) // rows past N read row N - 1 and are not stored
         w[o] = row_of(a.w, a.w_row_stride, min(n0 + o, a.n - 1));
+#endif
     float acc[ROWS][kOuts];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -238,6 +268,16 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
             }
         }
     }
+#if GLU
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int o = 0; o < kHalf; ++o) {
+            const float g = stof::warp_sum(acc[r][o]), u = stof::warp_sum(acc[r][kHalf + o]);
+            if (r < rows && j0 + o < f && lane == (r * kHalf + o) % 32)
+                finish_glu(a, m0 + r, j0 + o, g, u);
+        }
+#else
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -247,6 +287,7 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
             if (r < rows && n0 + o < a.n && lane == (r * kOuts + o) % 32)
                 finish(a, m0 + r, n0 + o, v);
         }
+#endif
 }
 #else
 // [K, N]: column lane cl's eight columns, k lane kl's rows kl, kl + kKLanes, ...
@@ -322,11 +363,16 @@ __device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int row
 }
 #endif
 
-// This block's weights asked of L2 before the wait: rows of [N, K] weights, or the K rows'
-// BLOCK_N columns of [K, N] ones.
+// This block's weights asked of L2 before the wait: rows of [N, K] weights (with a GLU, the
+// two halves' rows of its outputs), or the K rows' BLOCK_N columns of [K, N] ones.
 __device__ __forceinline__ void prefetch_weights(const stof_gemv_args &a) {
     const long long stride = a.w_row_stride * (long long)sizeof(elem_t);
-#if WEIGHT_KN
+#if GLU
+    const int f = a.n / 2, j0 = blockIdx.x * (BLOCK_N / 2), outs = min(BLOCK_N / 2, f - j0);
+    for (int half = 0; half < 2; ++half)
+        stof::prefetch_l2(row_of(a.w, a.w_row_stride, j0 + half * f), stride, outs,
+                          a.k * (int)sizeof(elem_t));
+#elif WEIGHT_KN
     const int n0 = blockIdx.x * BLOCK_N, cols = min(BLOCK_N, a.n - n0);
     stof::prefetch_l2(static_cast<const elem_t *>(a.w) + n0, stride, a.k,
                       cols * (int)sizeof(elem_t));

@@ -10,7 +10,8 @@
  * declares ([bias] [gelu|gelu_tanh|relu] [add]), and the residual added in place (y = residual)
  * on some; and a LayerNorm or RMSNorm ahead of the GEMM (the template's prologue: the reference
  * normalizes x in fp64 and rounds it to the dtype, as the norm op stores it), with fresh gains
- * and biases. Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
+ * and biases; and a gated unit after the GEMM (SwiGLU, GeGLU: N/2 outputs, each from features j
+ * and N/2 + j rounded as the GEMM would store them). Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
  * NaN before every launch; every row and column is checked: relative error below 1e-2 (fp16)
  * or 2e-2 (bf16), no NaN or infinity anywhere.
  *
@@ -126,13 +127,55 @@ static void free_prologue(gpu *g, prologue *pr) {
     dfree(g, &pr->dbeta);
 }
 
-/* One case: setting -1 is the default; pr a norm ahead of the GEMM, or NULL. */
+/* A gated unit after the GEMM (and its bias): output j of a reference row from features j and
+ * N/2 + j, each rounded to the dtype as the GEMM's output would be, act(g) * u. */
+static double glu_reference(const gset *s, int has_bias, int act, int i, int j) {
+    const int N = s->wt->N, F = N / 2;
+    const stof_dtype dt = s->wt->dt;
+    double gv = s->acc[(size_t)i * N + j], uv = s->acc[(size_t)i * N + F + j];
+    if (has_bias) {
+        gv += s->wt->bias[j];
+        uv += s->wt->bias[F + j];
+    }
+    gv = from_bits(dt, to_bits(dt, (float)gv));
+    uv = from_bits(dt, to_bits(dt, (float)uv));
+    const double a = act == STOF_ACT_SILU ? gv / (1.0 + exp(-gv))
+                                          : act_ref(act == STOF_ACT_GELU ? FUSION_ACT_GELU
+                                                                         : FUSION_ACT_GELU_TANH,
+                                                    gv);
+    return a * uv;
+}
+
+static void judge_glu(const gset *s, int has_bias, int act, const char *label) {
+    const int F = s->wt->N / 2;
+    const stof_dtype dt = s->wt->dt;
+    verdict v;
+    verdict_init(&v);
+    for (int i = 0; i < s->n_rows; i++)
+        for (int j = 0; j < F; j++) {
+            long at = (long)s->rows[i] * F + j;
+            verdict_add(&v, from_bits(dt, s->hy[at]), glu_reference(s, has_bias, act, i, j), at);
+        }
+    char where[160] = "";
+    if (v.first_bad >= 0)
+        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / F,
+                 v.first_bad % F, from_bits(dt, s->hy[v.first_bad]));
+    report(label, &v, count_nonfinite(s->hy, (size_t)s->M * F, dt), tol_of(dt), where);
+}
+
+/* One case: setting -1 is the default; pr a norm ahead of the GEMM, or NULL; glu a gated
+ * unit's activation after the GEMM (STOF_ACT_*; then epi only its bias), or 0. */
 static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int setting,
-                     int in_place, const prologue *pr) {
+                     int in_place, const prologue *pr, int glu) {
     const gweights *wt = s->wt;
     const int N = wt->N, M = s->M;
+    if (glu) {
+        epi.act = FUSION_ACT_NONE;
+        epi.has_residual = 0;
+        in_place = 0;
+    }
     gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = wt->dt, .m = M, .n = N, .k = wt->K,
-                           .epi = epi, .weight_kn = weight_kn};
+                           .epi = epi, .weight_kn = weight_kn, .glu_act = glu};
     if (pr) {
         p.prologue = pr->kind;
         p.eps = pr->eps;
@@ -144,12 +187,15 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         memcpy(v, (weight_kn ? kn_settings : nk_settings)[setting], sizeof nk_settings[0]);
         if (v[0] == 0 || v[0] >= 2 * M)
             v[0] = pow2_at_least(M);
+        if (glu && (v[1] / v[2]) % 2) /* an output's two features in one warp */
+            v[1] *= 2;
     }
     char label[200];
-    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s r%d n%d w%d u%d%s",
+    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s%s r%d n%d w%d u%d%s",
              stof_dtype_name(wt->dt), M, N, wt->K,
              !pr ? "" : pr->kind == FUSION_NORM_LAYERNORM ? "layernorm> " : "rmsnorm> ",
              weight_kn ? "W[K,N]" : "W[N,K]",
+             !glu ? "" : glu == STOF_ACT_SILU ? "swiglu " : "geglu ",
              epi.has_bias ? "bias" : "-", act_label(epi.act),
              epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "", v[0], v[1], v[2],
              v[3], setting < 0 ? " default" : "");
@@ -164,7 +210,7 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         g->dead |= rc == STOF_ERR_CUDA;
         return;
     }
-    size_t mn = (size_t)M * N;
+    size_t mn = (size_t)M * (glu ? N / 2 : N);
     gemm_exec_gemm_tensors t = {.x = s->dx, .w = weight_kn ? wt->dw_kn : wt->dw_nk,
                                 .bias = wt->db, .residual = in_place ? s->dy : s->dr,
                                 .y = s->dy, .gamma = pr ? pr->dgamma : 0,
@@ -178,8 +224,12 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         CHECK_MSG(0, "%s: %s", label, err.msg);
         recap_add("%s: launch: %.160s", label, err.msg);
     }
-    if (!rc && !fetch(g, s->hy, s->dy, mn)) /* M <= MAX_REF_ROWS: every row is judged */
-        judge_epilogue(pr ? &pr->ref : s, &epi, label);
+    if (!rc && !fetch(g, s->hy, s->dy, mn)) { /* M <= MAX_REF_ROWS: every row is judged */
+        if (glu)
+            judge_glu(pr ? &pr->ref : s, epi.has_bias, glu, label);
+        else
+            judge_epilogue(pr ? &pr->ref : s, &epi, label);
+    }
     gemm_exec_plan_free(g->ctx, plan);
 }
 
@@ -209,12 +259,19 @@ static void test_shapes(gpu *g, util_rng *rng) {
                     for (int kn = 0; kn < 2 && !g->dead; kn++) {
                         if (kn && N % 8)
                             continue;
-                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0, NULL);
+                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0, NULL, 0);
                         run_case(g, &s, kn, epilogue_of((turn + 5) % 16), turn % N_SETTINGS,
-                                 turn % 3 == 0, NULL);
+                                 turn % 3 == 0, NULL, 0);
                         /* a norm ahead, default and explicit settings in turn */
                         run_case(g, &s, kn, epilogue_of((turn + 9) % 16),
-                                 turn % 2 ? -1 : (turn + 2) % N_SETTINGS, turn % 4 == 1, &pr);
+                                 turn % 2 ? -1 : (turn + 2) % N_SETTINGS, turn % 4 == 1, &pr, 0);
+                        /* a gated unit after the GEMM ([N, K], an even N), with or without the
+                         * norm ahead */
+                        static const int glus[] = {STOF_ACT_SILU, STOF_ACT_GELU,
+                                                   STOF_ACT_GELU_TANH};
+                        if (!kn && N % 2 == 0)
+                            run_case(g, &s, kn, epilogue_of(turn % 2), turn % 3 ? -1 : turn % 5,
+                                     0, turn % 2 ? &pr : NULL, glus[turn % 3]);
                         turn++;
                     }
                 free_prologue(g, &pr);

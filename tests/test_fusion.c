@@ -629,8 +629,8 @@ static void expect_setting(fusion_template_id id, const fusion_dims *d, const in
 }
 
 /* The gated unit and rotary embeddings run alone (their own templates; a decode step's
- * rotary joins its attention, test_gen), fuse with nothing here, and carry the sizes their
- * settings are judged by. */
+ * rotary joins its attention, test_gen; a GEMM's GLU joins it on gemv), and carry the sizes
+ * their settings are judged by. */
 static void test_glu_rotary(void) {
     const char *src =
         "local m = stof.model{name = 't'}\n"
@@ -650,8 +650,17 @@ static void test_glu_rotary(void) {
           m.dims.n == 96 && m.dims.m == 16);
     CHECK_EQ_INT(fusion_match_segment(&g, s2, 1, &m, &err), STOF_OK);
     CHECK(m.templates == 1u << FUSION_T_GLU && m.dims.n == 32 && m.dims.m == 16);
-    CHECK_EQ_INT(fusion_match_segment(&g, s12, 2, &m, &err), STOF_ERR_INVALID);
-    CHECK_CONTAINS(err.msg, "(gemm glu): no template implements it");
+    /* a gated unit after its GEMM: gemv alone (a few rows), each output's two features in a
+     * warp: BLOCK_N / WARPS even */
+    CHECK_EQ_INT(fusion_match_segment(&g, s12, 2, &m, &err), STOF_OK);
+    CHECK(m.templates == 1u << FUSION_T_GEMV && m.dims.gated && m.dims.n == 64);
+    m.dims.m = 16;
+    const fusion_template *gv = fusion_template_get(FUSION_T_GEMV);
+    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 8, 4, 4}, H100_SMEM, &err),
+                 STOF_OK);
+    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 4, 4, 4}, H100_SMEM, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "an even count of features a warp");
     CHECK_EQ_INT(fusion_match_segment(&g, s23, 2, &m, &err), STOF_ERR_INVALID);
     CHECK_EQ_INT(fusion_match_segment(&g, s01, 2, &m, &err), STOF_ERR_INVALID);
     /* rotary's VEC divides half a head (12): 4 does, 8 does not */

@@ -375,6 +375,15 @@ static void list_gemv(variant *v, int cap, int *n) {
                     p.eps = 1e-5f;
                     int full[FUSION_MAX_PARAMS] = {vals[0], vals[1], vals[2], vals[3]};
                     add(v, cap, n, &p, full, archs[a]);
+                    /* [N, K] weights with an even count of features a warp: also a GLU after
+                     * the GEMM (and its bias), each activation */
+                    if (kn_ || (vals[1] / vals[2]) % 2)
+                        continue;
+                    static const int glus[] = {STOF_ACT_GELU, STOF_ACT_GELU_TANH, STOF_ACT_SILU};
+                    p.epi.act = FUSION_ACT_NONE;
+                    p.epi.has_residual = 0;
+                    p.glu_act = glus[(i + a + d) % 3];
+                    add(v, cap, n, &p, full, archs[a]);
                 }
 }
 
@@ -988,6 +997,19 @@ static void test_gemv(void) {
     p.prologue = (fusion_norm)7;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "unknown norm 7 ahead");
     p.prologue = FUSION_NORM_NONE;
+    p.glu_act = STOF_ACT_RELU; /* a gated unit after the GEMM: its activations, its layout */
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "GLU activation 3");
+    p.glu_act = STOF_ACT_SILU;
+    p.n = 50257;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "an even N (50257)");
+    p.n = 11264;
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
+    int gv[FUSION_MAX_PARAMS] = {0};
+    gemm_exec_default_values(&p, "sm_90", gv);
+    CHECK_EQ_INT(gv[1] / gv[2] % 2, 0); /* the default: two features a warp at least */
+    expect(gemm_exec_check(&p, gv, SMEM_H100, &err), STOF_OK, &err, NULL);
+    p.glu_act = 0;
+    p.n = 50257;
     p.dtype = STOF_F32;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
     p.dtype = STOF_F16;

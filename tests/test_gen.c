@@ -294,10 +294,14 @@ static int rotary_segments(const graph *g, int decode) {
 }
 
 /* A decode step's norms (its rows are few): each in one segment with the GEMM after it, on
- * gemv (the norm its prologue). Returns how many there were. */
-static int norm_prologues(const graph *g) {
+ * gemv (the norm its prologue), and so is every gated unit, after its GEMM. Returns how many
+ * norms there were; *glus the gated units. */
+static int norm_prologues(const graph *g, int *glus) {
     fusion_seq *seqs = NULL;
-    int n = 0, joined = 0, norms = 0;
+    int n = 0, joined = 0, norms = 0, glu_ops = 0;
+    *glus = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        glu_ops += g->ops[i].kind == OP_GLU;
     stof_error err = {0};
     for (int i = 0; i + 1 < g->n_ops; i++)
         norms += (g->ops[i].kind == OP_LAYERNORM || g->ops[i].kind == OP_RMSNORM) &&
@@ -323,10 +327,12 @@ static int norm_prologues(const graph *g) {
             CHECK_EQ_INT(exec_segment_template(g, first, len, &m, &t, &err), STOF_OK);
             CHECK_EQ_INT(t, FUSION_T_GEMV);
             joined += len >= 2 && t == FUSION_T_GEMV;
+            *glus += t == FUSION_T_GEMV && g->ops[first + len - 1].kind == OP_GLU;
         }
     }
     free(seqs);
     CHECK_EQ_INT(joined, norms);
+    CHECK_EQ_INT(*glus, glu_ops);
     return joined;
 }
 
@@ -380,7 +386,9 @@ static void check_rotary_fused(const tiny *t) {
                 CHECK_EQ_INT(rotary_segments(&pass, 0), rotary);
                 if (rotary)
                     check_rotary_refused(&d.g);
-                CHECK_EQ_INT(norm_prologues(&d.g), 2 * t->n_layers + 1);
+                int glus = 0;
+                CHECK_EQ_INT(norm_prologues(&d.g, &glus), 2 * t->n_layers + 1);
+                CHECK_EQ_INT(glus, rotary ? t->n_layers : 0); /* mistral's SwiGLU */
                 graph_free(&pass);
             }
             gen_decoder_free(&d);

@@ -124,12 +124,14 @@ int exec_segment_twin(const exec_plan *p, int s) {
  * rule: a GEMM takes bias, activation and add; an MI chain takes bias, add,
  * activation and norm; a rotary op goes into the attention after it (a decode step's: the
  * template check that follows refuses the others); a norm goes ahead of the GEMM after it,
- * and that GEMM's epilogue after both (gemv's prologue, a few rows: the check refuses more). */
+ * and that GEMM's epilogue after both, a gated unit too (gemv's prologue and GLU, a few rows:
+ * the check refuses more). */
 static int greedy_joins(op_kind head, op_kind next) {
     int epilogue = next == OP_BIAS || next == OP_ADD || next == OP_GELU || next == OP_RELU;
+    const int norm_head = head == OP_LAYERNORM || head == OP_RMSNORM;
     if (head == OP_ROTARY)
         return next == OP_ATTENTION;
-    if ((head == OP_LAYERNORM || head == OP_RMSNORM) && next == OP_GEMM)
+    if ((norm_head && next == OP_GEMM) || (next == OP_GLU && (head == OP_GEMM || norm_head)))
         return 1;
     if (head == OP_GEMM)
         return epilogue;

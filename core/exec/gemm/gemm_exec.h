@@ -71,7 +71,9 @@ typedef struct gemm_exec_problem {
     int has_type_ids, type_vocab; /* embedding: a type row per token (of type_vocab rows) */
     int has_position_ids, pos_rows; /* embedding: a position row per token (of pos_rows);
                                        rotary: each row's position (in the xy tensors' mask) */
-    int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU */
+    int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU; gemv:
+                                that or 0, a GLU after the GEMM (its n features, n / 2
+                                outputs: act(first half) * second half) */
     int heads, kv_heads, head_dim; /* rotary: Q heads, K (and V) heads, their size */
     float theta;             /* rotary: the frequencies' base */
 } gemm_exec_problem;

@@ -109,7 +109,8 @@ int gemm_exec_gemv_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
         (rc = check_tensor("gemv", "x", s.x, &s.x_row_stride, p->k, err)) ||
         (rc = check_tensor("gemv", "w", s.w, &s.w_row_stride, p->weight_kn ? p->n : p->k,
                            err)) ||
-        (rc = check_elementwise("y", s.y, &s.y_row_stride, p->n, err)) ||
+        (rc = check_elementwise("y", s.y, &s.y_row_stride, p->glu_act ? p->n / 2 : p->n,
+                                err)) ||
         (p->epi.has_bias && (rc = check_elementwise("bias", s.bias, &bias_stride, p->n, err))) ||
         (p->epi.has_residual &&
          (rc = check_elementwise("residual", s.residual, &s.r_row_stride, p->n, err))) ||

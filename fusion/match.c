@@ -88,9 +88,10 @@ static int check_chain_link(const graph *g, const int *ops, int n, int k, stof_e
         return seg_fail(g, ops, n, err,
                         "#%d (%s) does not read the output of #%d (%s): the ops of a segment "
                         "must form a chain", ops[k], kind_of(g, ops[k]), prev, kind_of(g, prev));
-    if (op->kind == OP_GEMM && slot != 0)
-        return seg_fail(g, ops, n, err, "#%d (gemm) reads #%d's output as its weight operand",
-                        ops[k], prev);
+    for (int i = 1; op->kind == OP_GEMM && i < op->n_inputs; i++)
+        if (op->inputs[i] == g->ops[prev].output)
+            return seg_fail(g, ops, n, err, "#%d (gemm) reads #%d's output as its weight "
+                            "operand", ops[k], prev);
     for (int i = 0; i < op->n_inputs; i++) {
         int p = seg_position(ops, n, g->tensors[op->inputs[i]].producer);
         if (p >= 0 && p != k - 1)
@@ -215,7 +216,9 @@ static void fill_dims(const graph *g, const int *ops, int n, fusion_dims *d) {
     rows_features(g, ops[0], &d->m, &d->n);
     for (int k = 0; k < n; k++) {
         const graph_op *op = &g->ops[ops[k]];
-        d->row_reduce |= is_norm(g, ops[k]) || op->kind == OP_SOFTMAX;
+        const int prologue = is_prologue_norm(g, ops, n, k);
+        d->prologue |= prologue; /* its statistics are the block's own: no row reduction */
+        d->row_reduce |= (is_norm(g, ops[k]) && !prologue) || op->kind == OP_SOFTMAX;
         d->gated |= op->kind == OP_GLU && k > 0;
         if (op->kind == OP_ATTENTION)
             fill_attention_dims(g, op, d);

@@ -173,7 +173,8 @@ static int rotary_check(const fusion_dims *d, const int *v, int limit, stof_erro
  * tensor-core templates read the weights as well and compute faster), ROWS below twice M
  * (more would only idle accumulators), BLOCK_N the warps' whole outputs ([N, K]: 1 to 8 a
  * warp) or whole 16-byte column lanes dividing a warp ([K, N]: BLOCK_N / 8 of them), the
- * accumulators and the loads in flight within about 160 registers, [K, N]'s partial sums
+ * accumulators and the loads in flight within about 160 registers (a norm ahead holds 16 more:
+ * its gains and biases), [K, N]'s partial sums
  * within 48 KiB of static shared memory. */
 static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     (void)limit;
@@ -201,9 +202,9 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
     if (d->gated && outs % 2)
         return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d over %d warps with a GLU: an "
                        "even count of features a warp (each output's two)", block_n, warps);
-    if (rows * outs + unroll * outs * 4 + outs * 8 > 160)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d: over 160 "
-                       "registers", rows, outs, unroll);
+    if (rows * outs + unroll * outs * 4 + outs * 8 + (d->prologue ? 16 : 0) > 160)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d%s: over 160 "
+                       "registers", rows, outs, unroll, d->prologue ? ", a norm's gains" : "");
     return STOF_OK;
 }
 

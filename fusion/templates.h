@@ -99,6 +99,7 @@ typedef struct fusion_dims {
     int batch, heads, head_dim, q_len, k_len; /* attention; rotary: heads and head_dim */
     int kv_heads;                             /* attention's K/V heads */
     int gated;      /* a GLU after the GEMM: each output takes two of its features */
+    int prologue;   /* a norm ahead of the GEMM (gemv normalizes x's rows as it reads them) */
 } fusion_dims;
 
 /* Template flag: besides the segment's result it can write the input of its

@@ -16,9 +16,9 @@
 //
 // The epilogue is gemm_epilogue's: + bias[n] (HAS_BIAS), the activation (ACT), + residual[m, n]
 // (HAS_RESIDUAL), rounded once. Sums are fp32. With PROLOGUE_NORM the block first finds its
-// rows' statistics (two passes over x, as mi_chain.cu: the mean, then the squared deviations;
-// RMSNorm the mean square), and every x value is normalized as it is read, gamma (and beta)
-// applied and the result rounded to the dtype, as the norm op would have stored it. x is read through L1 (each block reads it
+// rows' statistics (a warp a row; two passes over x, as mi_chain.cu: the mean, then the squared
+// deviations; RMSNorm the mean square), and every x value is normalized as it is read, gamma
+// (and beta) applied and the result rounded to the dtype, as the norm op would have stored it. x is read through L1 (each block reads it
 // whole); the weights bypass it. With [N, K] weights N may be any width (a vocabulary), and y,
 // the bias and the residual are accessed an element at a time; with [K, N] weights N is a
 // multiple of 8. K is a multiple of 8; rows m >= M are neither read nor written.
@@ -105,44 +105,36 @@ __device__ __forceinline__ const elem_t *row_of(const void *base, long long stri
     return static_cast<const elem_t *>(base) + (long long)row * stride;
 }
 
-// The block's rows' statistics for the prologue norm: s_mean[r] (LayerNorm) and s_rstd[r].
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    v = stof::warp_sum(v);
-    __syncthreads(); // red is free again (an earlier sum has been read)
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w)
-        t += red[w];
-    return t;
-}
-
+// The block's rows' statistics for the prologue norm: s_mean[r] (LayerNorm; 0 for RMSNorm)
+// and s_rstd[r]. Warp w takes rows w, w + WARPS, ...: its lanes read the row 16 bytes at a time
+// (K is a multiple of 8) and sum by shuffles, so the warps work at once and the block meets at
+// one barrier.
 __device__ __forceinline__ void row_stats(const stof_gemv_args &a, int m0, int rows,
                                           float *s_mean, float *s_rstd) {
-    __shared__ float red[WARPS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float inv_k = 1.0f / (float)a.k;
-    for (int r = 0; r < rows; ++r) {
+    for (int r = warp; r < rows; r += WARPS) {
         const elem_t *x = row_of(a.x, a.x_row_stride, m0 + r);
         float mean = 0.0f, sq = 0.0f;
 #if PROLOGUE_NORM == STOF_NORM_LAYERNORM
-        for (int k = threadIdx.x; k < a.k; k += kThreads)
-            mean += stof::to_float(x[k]);
-        mean = block_sum(mean, red) * inv_k;
-        for (int k = threadIdx.x; k < a.k; k += kThreads) {
-            const float d = stof::to_float(x[k]) - mean;
-            sq += d * d;
+        for (int k = lane * 8; k < a.k; k += 256) {
+            float v[8];
+            stof::load_chunk<8>(v, x + k);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                mean += v[e];
         }
-#else
-        for (int k = threadIdx.x; k < a.k; k += kThreads) {
-            const float v = stof::to_float(x[k]);
-            sq += v * v;
-        }
+        mean = stof::warp_sum(mean) * inv_k;
 #endif
-        sq = block_sum(sq, red);
-        if (threadIdx.x == 0) {
+        for (int k = lane * 8; k < a.k; k += 256) {
+            float v[8];
+            stof::load_chunk<8>(v, x + k);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                sq += (v[e] - mean) * (v[e] - mean);
+        }
+        sq = stof::warp_sum(sq);
+        if (lane == 0) {
             s_mean[r] = mean;
             s_rstd[r] = rsqrtf(sq * inv_k + a.eps);
         }

@@ -270,8 +270,9 @@ static void test_shapes(gpu *g, util_rng *rng) {
                         static const int glus[] = {STOF_ACT_SILU, STOF_ACT_GELU,
                                                    STOF_ACT_GELU_TANH};
                         if (!kn && N % 2 == 0)
-                            run_case(g, &s, kn, epilogue_of(turn % 2), turn % 3 ? -1 : turn % 5,
-                                     0, turn % 2 ? &pr : NULL, glus[turn % 3]);
+                            run_case(g, &s, kn, epilogue_of(turn / 2 % 2),
+                                     turn % 3 ? -1 : turn / 3 % N_SETTINGS, 0,
+                                     turn % 2 ? &pr : NULL, glus[turn / 4 % 3]);
                         turn++;
                     }
                 free_prologue(g, &pr);

@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "core/exec/gemm/gemm_exec.h"
+#include "core/exec/gemm/gemm_template.h"
 #include "core/gpu/nvrtc.h"
 #include "core/base/util.h"
 
@@ -1003,11 +1004,25 @@ static void test_gemv(void) {
     p.n = 50257;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "an even N (50257)");
     p.n = 11264;
+    p.epi.has_residual = 1; /* no residual before the gated unit */
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "no activation or residual");
+    p.epi.has_residual = 0;
     expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
     int gv[FUSION_MAX_PARAMS] = {0};
     gemm_exec_default_values(&p, "sm_90", gv);
     CHECK_EQ_INT(gv[1] / gv[2] % 2, 0); /* the default: two features a warp at least */
     expect(gemm_exec_check(&p, gv, SMEM_H100, &err), STOF_OK, &err, NULL);
+    {
+        gemm_exec_request gr;
+        gemm_exec_request_init(&gr, &p, gv, "sm_90");
+        CHECK(has_option(&gr, "-DGLU=4")); /* STOF_ACT_SILU */
+        gemm_exec_plan gp;
+        memset(&gp, 0, sizeof gp);
+        gp.problem = p;
+        memcpy(gp.values, gv, sizeof gv);
+        gemm_template_get(FUSION_T_GEMV)->launch_shape(NULL, &gp);
+        CHECK_EQ_INT(gp.grid[0], (unsigned)((11264 / 2 + gv[1] / 2 - 1) / (gv[1] / 2)));
+    }
     p.glu_act = 0;
     p.n = 50257;
     p.dtype = STOF_F32;

@@ -336,6 +336,28 @@ static int norm_prologues(const graph *g, int *glus) {
     return joined;
 }
 
+/* Segments of g's default schemes that open with a norm and hold more ops (gemv's prologue),
+ * counted when `many_rows` (none can run there: gemv takes 16 rows or fewer). */
+static int norm_led_segments(const graph *g, int many_rows) {
+    fusion_seq *seqs = NULL;
+    int n = 0, found = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, &err), STOF_OK);
+    for (int i = 0; i < n; i++) {
+        fusion_scheme sc;
+        fusion_segment segs[FUSION_MAX_OPS];
+        CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
+        const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
+        for (int k = 0; k < n_segs; k++) {
+            const op_kind kind = g->ops[seqs[i].first + segs[k].first].kind;
+            found += many_rows && (kind == OP_LAYERNORM || kind == OP_RMSNORM) &&
+                     segs[k].last > segs[k].first;
+        }
+    }
+    free(seqs);
+    return found;
+}
+
 /* A rotary op that does not rotate what the decode attention after it reads, or not by a
  * step's positions, stays a segment of its own: the attention_decode template refuses the pair
  * and says why. (The op's attributes are changed in place for the check, then restored.) */
@@ -389,6 +411,7 @@ static void check_rotary_fused(const tiny *t) {
                 int glus = 0;
                 CHECK_EQ_INT(norm_prologues(&d.g, &glus), 2 * t->n_layers + 1);
                 CHECK_EQ_INT(glus, rotary ? t->n_layers : 0); /* mistral's SwiGLU */
+                CHECK_EQ_INT(norm_led_segments(&pass, BATCH * LONGEST > 16), 0);
                 graph_free(&pass);
             }
             gen_decoder_free(&d);

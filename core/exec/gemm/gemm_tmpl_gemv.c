@@ -83,6 +83,14 @@ static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const
     gemm_request_define(r, "GLU", p->glu_act);
 }
 
+/* What a description adds: the gated unit after the GEMM. */
+static void gemv_describe_extra(const gemm_exec_problem *p, char *buf, size_t n) {
+    snprintf(buf, n, "%s", p->glu_act == STOF_ACT_SILU        ? " swiglu"
+                           : p->glu_act == STOF_ACT_GELU      ? " geglu"
+                           : p->glu_act == STOF_ACT_GELU_TANH ? " geglu(tanh)"
+                                                              : "");
+}
+
 /* Column slices of BLOCK_N (with a GLU, BLOCK_N / 2 outputs and their pairs), times row groups
  * of ROWS. */
 static void gemv_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
@@ -104,4 +112,5 @@ const gemm_template gemm_template_gemv = {
     .defines = gemv_defines,
     .launch_shape = gemv_launch_shape,
     .residual_at = GEMM_RESIDUAL_AFTER_ACT,
+    .describe_extra = gemv_describe_extra,
 };

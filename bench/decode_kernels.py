@@ -23,7 +23,6 @@ import collections
 import csv
 import datetime
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -127,24 +126,13 @@ def step_layers(step):
 
 
 def profile_model(args, name, stof):
-    import torch
     import hf_generate as hg
-    import torch_models as tm
-    cfg, cls = hg.config(name, args.prompt + 8)
-    torch.manual_seed(3)
-    model = cls(cfg)
-    tm.perturb_(model, 3)
-    model = model.eval().to(dtype=torch.float16)
-    weight_mb = hg.weight_bytes(model) / 1e6
     d = os.path.join(args.work_dir, name)
-    shutil.rmtree(d, ignore_errors=True)
-    model.save_pretrained(d, safe_serialization=True)
+    cfg, model = hg.save_model(name, args.prompt + 8, d, "cpu")
+    weight_mb = hg.weight_bytes(model) / 1e6
     del model
-    ids = sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5)
     prompts = os.path.join(args.work_dir, name + "-prompts.txt")
-    with open(prompts, "w") as f:
-        for row in ids.tolist():
-            f.write(",".join(map(str, row)) + "\n")
+    hg.write_prompts(sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5), prompts)
     out, _ = sc.run_cmd([args.ncu, "--clock-control", "none", "--graph-profiling", "node",
                          "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
                          stof, "generate", d, "--prompt-ids", prompts, "--max-new-tokens", "3",

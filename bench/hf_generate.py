@@ -50,6 +50,27 @@ def weight_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def save_model(name, max_pos, d, device):
+    """Model `name` with seeded random weights (moved off 0/1), fp16 on device, saved as the
+    model directory d; returns (config, model)."""
+    import torch
+    cfg, cls = config(name, max_pos)
+    torch.manual_seed(3)
+    model = cls(cfg)
+    tm.perturb_(model, 3)
+    model = model.eval().to(device=device, dtype=torch.float16)
+    shutil.rmtree(d, ignore_errors=True)
+    model.save_pretrained(d, safe_serialization=True)
+    return cfg, model
+
+
+def write_prompts(ids, path):
+    """Token ids [batch, len] as `stof generate --prompt-ids` reads them: a line a prompt."""
+    with open(path, "w") as f:
+        for row in ids.tolist():
+            f.write(",".join(map(str, row)) + "\n")
+
+
 def hf_token_ms(model, ids, new):
     import torch
     kw = dict(do_sample=False, cache_implementation="static", pad_token_id=0,
@@ -69,9 +90,7 @@ def hf_token_ms(model, ids, new):
 
 def stof_step_ms(stof, d, ids, new, work, log_path, profile, tune_step):
     path = os.path.join(work, "prompts.txt")
-    with open(path, "w") as f:
-        for row in ids.tolist():
-            f.write(",".join(map(str, row)) + "\n")
+    write_prompts(ids, path)
     out, _ = sc.run_cmd([stof, "generate", d, "--prompt-ids", path, "--max-new-tokens",
                          str(new), "--ignore-eos"] + (["--profile"] if profile else []) +
                         (["--tune-step", str(tune_step)] if tune_step else []),
@@ -109,14 +128,8 @@ def main():
     log_path = os.path.join(args.work_dir, "stof.log")
     rows, profiles = [], []
     for name in args.models.split(","):
-        cfg, cls = config(name, args.prompt + args.new)
-        torch.manual_seed(3)
-        model = cls(cfg)
-        tm.perturb_(model, 3)
-        model = model.eval().to(device="cuda", dtype=torch.float16)
         d = os.path.join(args.work_dir, name)
-        shutil.rmtree(d, ignore_errors=True)
-        model.save_pretrained(d, safe_serialization=True)
+        cfg, model = save_model(name, args.prompt + args.new, d, "cuda")
         wb = weight_bytes(model)
         for b in map(int, args.batches.split(",")):
             ids = sc.random_ids(cfg.vocab_size, b, args.prompt, seed=5)

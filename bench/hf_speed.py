@@ -180,11 +180,11 @@ def draws_run(stof, plan, ids, cfg, name, batch, seq, row, args, log_path):
     """args.draws seeded draws of lengths in 25-100% of seq, padding-free: the mean token
     fraction and the mean, lowest and highest time against the full batch."""
     tokens, ratios = [], []
+    gm = global_mask(args, name, batch, seq)  # the same for every draw
     for d in range(args.draws):
         pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=100 + d)
         path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-draw{d}.safetensors")
-        sc.save_inputs(path, pad_ids, attention_mask=mask,
-                       global_attention_mask=global_mask(args, name, batch, seq))
+        sc.save_inputs(path, pad_ids, attention_mask=mask, global_attention_mask=gm)
         ms = sc.stof_run(stof, plan, sc.io_args(inputs=path), args.reps, 600, log_path)["graph_ms"]
         tokens.append(float(lengths.sum()) / (batch * seq))
         ratios.append(ms / row["stof-tuned"])

@@ -19,13 +19,11 @@ __device__ __forceinline__ void rotary_angle(long long s, int j, int head_dim, d
     __sincosf((float)angle, sn, c);
 }
 
-// The pair (x0, x1) = (x_j, x_{j + head_dim / 2}) rotated by (c, sn). The fused multiply-adds
-// are spelled out so that every kernel rounds the same way (the compiler may contract a * c -
-// b * sn either way), and a fused rotary writes the very values the rotary kernel would.
+// The pair (x0, x1) = (x_j, x_{j + head_dim / 2}) rotated by (c, sn).
 __device__ __forceinline__ void rotate_pair(float &x0, float &x1, float c, float sn) {
     const float a = x0, b = x1;
-    x0 = fmaf(a, c, -(b * sn));
-    x1 = fmaf(b, c, a * sn);
+    x0 = a * c - b * sn;
+    x1 = b * c + a * sn;
 }
 
 }  // namespace stof

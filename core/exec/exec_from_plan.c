@@ -98,8 +98,8 @@ static const plan_sequence *plan_sequence_at(const plan *p, const exec_seq *q) {
     return NULL;
 }
 
-/* schemes[cls]: the plan's where its sequence of that class is g's (the first one found), the
- * default scheme elsewhere. *taken: the classes that took the plan's. */
+/* schemes[cls]: the plan's where its sequence of that class is g's (the first one found), as a
+ * default plan elsewhere (exec_default_schemes). *taken: the classes that took the plan's. */
 static int prefix_schemes(const plan *p, const graph *g, const exec_seq *seqs, int n,
                           fusion_scheme *schemes, int *taken, stof_error *err) {
     for (int i = 0; i < n; i++) {
@@ -109,11 +109,7 @@ static int prefix_schemes(const plan *p, const graph *g, const exec_seq *seqs, i
             taken[seqs[i].cls] = 1;
         }
     }
-    int rc = STOF_OK;
-    for (int i = 0; !rc && i < n; i++)
-        if (!taken[seqs[i].cls] && schemes[seqs[i].cls].n == 0)
-            rc = exec_default_scheme(g, &seqs[i], &schemes[seqs[i].cls], err);
-    return rc;
+    return exec_default_schemes(g, seqs, n, schemes, err);
 }
 
 /* Each segment of g's sequences that took the plan's scheme: the plan's template and

@@ -771,14 +771,11 @@ static void dec_read(const graph *g, int first, int n, mha_decode_problem *p) {
         p->rotary_theta = g->ops[first].attr.rotary.theta;
 }
 
-/* The kernel rotates what the rotary op would: the attention's Q and K heads, whole, by the
- * rotary's positions (a step's). */
+/* The kernel rotates what the rotary op would (the template's pattern put it first): the
+ * attention's Q and K heads, whole, by the rotary's positions (a step's). */
 static int dec_rotary_fits(const graph *g, int first, stof_error *err) {
     const graph_op *r = &g->ops[first], *at = &g->ops[first + 1];
     const op_attention *a = &at->attr.attn;
-    if (r->kind != OP_ROTARY)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "attention_decode fuses a rotary op in front, "
-                       "not %s", op_describe(r->kind)->name);
     if (at->inputs[0] != r->output)
         return err_set(err, STOF_ERR_UNSUPPORTED, "a fused rotary's output is the attention's "
                        "qkv");

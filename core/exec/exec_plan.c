@@ -543,6 +543,15 @@ void exec_arena_assign(exec_buffer *b, int n, size_t *arena, size_t *bound) {
     free(off);
 }
 
+int exec_default_schemes(const graph *g, const exec_seq *seqs, int n, fusion_scheme *schemes,
+                         stof_error *err) {
+    int rc = STOF_OK;
+    for (int i = 0; !rc && i < n; i++)
+        if (seqs[i].layer >= 0 && schemes[seqs[i].cls].n == 0)
+            rc = exec_default_scheme(g, &seqs[i], &schemes[seqs[i].cls], err);
+    return rc;
+}
+
 int exec_plan_default(const graph *g, exec_plan **out, stof_error *err) {
     exec_seq *seqs = NULL;
     int n = 0;
@@ -550,9 +559,8 @@ int exec_plan_default(const graph *g, exec_plan **out, stof_error *err) {
     fusion_scheme *schemes = rc ? NULL : err_calloc((size_t)n + 1, sizeof *schemes, err);
     if (!rc && !schemes)
         rc = STOF_ERR_NOMEM;
-    for (int i = 0; !rc && i < n; i++)
-        if (seqs[i].layer >= 0 && seqs[i].cls == i)
-            rc = exec_default_scheme(g, &seqs[i], &schemes[i], err);
+    if (!rc)
+        rc = exec_default_schemes(g, seqs, n, schemes, err);
     if (!rc)
         rc = exec_plan_create(g, schemes, out, err);
     free(schemes);

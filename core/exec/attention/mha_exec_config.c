@@ -366,9 +366,12 @@ int mha_exec_config_check(const mha_exec_config *c, int smem_limit, stof_error *
 int mha_exec_wants_lse(const mha_exec_problem *p, const mask *folded) {
     if (!p->global_keys || !folded)
         return 0;
-    mask_stats st;
-    mask_compute_stats(folded, 0, 0, &st);
-    return st.nnz < (int64_t)folded->batch * folded->q_len * folded->k_len; /* a key left out */
+    /* a key left out: the first row that is not full says so (a window's first row does) */
+    for (int b = 0; b < folded->batch; b++)
+        for (int i = 0; i < folded->q_len; i++)
+            if (mask_row_count_range(mask_row(folded, b, i), 0, folded->k_len) < folded->k_len)
+                return 1;
+    return 0;
 }
 
 void mha_exec_global_request_init(mha_exec_request *r, const mha_exec_problem *p,

@@ -10,12 +10,11 @@
 #include "core/exec/attention/mha_exec_internal.h"
 #include "core/base/error.h"
 
+/* The (query, key) pairs m allows over the problem's batch (a mask of batch 1 serves all). */
 static int64_t count_allowed(const mask *m, int batch) {
-    int64_t n = 0;
-    for (int b = 0; b < m->batch; b++)
-        for (int i = 0; i < m->q_len; i++)
-            n += mask_row_count_range(mask_row(m, b, i), 0, m->k_len);
-    return m->batch == 1 ? n * batch : n;
+    mask_stats st;
+    mask_compute_stats(m, 0, 0, &st);
+    return m->batch == 1 ? st.nnz * batch : st.nnz;
 }
 
 /* The analytical plan: mha_exec_choose's configuration. */

@@ -308,9 +308,9 @@ static void check_default(const char *script, const char *const *params, int n_p
 }
 
 static void test_default_scheme(void) {
-    /* gemm bias | attention | gemm bias add | layernorm | gemm bias gelu | gemm bias add |
-     * layernorm */
-    static const char *const bert[] = {"00100010001110"};
+    /* gemm bias | attention | gemm bias | add layernorm | gemm bias gelu | gemm bias |
+     * add layernorm: a post-norm layer's residual adds stay with their norms */
+    static const char *const bert[] = {"00100110001100"};
     check_default(SCRIPTS "bert.lua", bert_params, 4, bert, 1);
     /* layernorm | gemm bias | attention | gemm bias add | layernorm | gemm bias gelu |
      * gemm bias add */
@@ -340,16 +340,17 @@ static void test_fused_bert(void) {
     /* embedding, layernorm, then 7 segments in each of 4 layers */
     CHECK_EQ_INT(p->n_segs, 2 + 4 * 7);
     check_plan(&g, p);
-    /* layer 0: #2 gemm, #3 bias, #4 attention, #5-#7 gemm bias add, #8 layernorm,
-     * #9-#11 gemm bias gelu, #12-#14 gemm bias add, #15 layernorm */
+    /* layer 0: #2 gemm, #3 bias, #4 attention, #5-#6 gemm bias, #7-#8 add layernorm,
+     * #9-#11 gemm bias gelu, #12-#13 gemm bias, #14-#15 add layernorm */
     const exec_segment *qkv = segment_of(p, 2), *proj = segment_of(p, 5),
-                       *ffn = segment_of(p, 9), *ln = segment_of(p, 8);
+                       *ffn = segment_of(p, 9), *ln = segment_of(p, 7);
     CHECK(qkv && qkv->n == 2 && qkv->tmpl == FUSION_T_GEMM_EPILOGUE &&
           qkv->match.epi[0].has_bias && !qkv->match.epi[0].has_residual);
-    CHECK(proj && proj->n == 3 && proj->match.epi[0].has_residual);
+    CHECK(proj && proj->n == 2 && proj->match.epi[0].has_bias &&
+          !proj->match.epi[0].has_residual);
     CHECK(ffn && ffn->n == 3 && ffn->match.epi[0].act == FUSION_ACT_GELU);
-    CHECK(ln && ln->n == 1 && ln->tmpl == FUSION_T_MI_CHAIN &&
-          ln->match.epi[0].norm == FUSION_NORM_LAYERNORM);
+    CHECK(ln && ln->n == 2 && ln->tmpl == FUSION_T_MI_CHAIN &&
+          ln->match.epi[0].has_residual && ln->match.epi[0].norm == FUSION_NORM_LAYERNORM);
     CHECK_EQ_INT(p->buf_of[g.ops[2].output], -1); /* the QKV GEMM before its bias */
     CHECK(p->buf_of[g.ops[3].output] >= 0);
     /* fusing needs less activation memory than not fusing */

@@ -120,9 +120,6 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
     return STOF_OK;
 }
 
-/* gemm_epilogue (gemm [bias] [act] [add] [norm]), cublaslt (gemm [bias]
- * [act] [add]) and gemm_ln (gemm [bias] [add] norm); the norm's input
- * stored when the match says so. */
 /* gemv with a norm ahead (match.prologue): the norm's input is x, its gain and bias the
  * roles' gamma and beta. */
 static int gemv_read_prologue(const graph *g, int first, int n, const fusion_match *m,
@@ -139,6 +136,9 @@ static int gemv_read_prologue(const graph *g, int first, int n, const fusion_mat
     return STOF_OK;
 }
 
+/* gemm_epilogue (gemm [bias] [act] [add] [norm]), cublaslt (gemm [bias]
+ * [act] [add]) and gemm_ln (gemm [bias] [add] norm); the norm's input
+ * stored when the match says so. */
 static int gemm_read_seg(const graph *g, int first, int n, const fusion_match *m,
                          fusion_template_id tmpl, gemm_exec_problem *p, gemm_roles *r,
                          stof_error *err) {

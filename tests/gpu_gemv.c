@@ -190,10 +190,14 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         if (glu && (v[1] / v[2]) % 2) /* an output's two features in one warp */
             v[1] *= 2;
         /* a setting the host check refuses (a norm's gains take registers too) runs with fewer
-         * loads in flight: the case still covers a setting other than the default */
+         * loads in flight, then fewer outputs a warp: the case still covers a setting other
+         * than the default */
+        const int smem = g->ctx->info.smem_per_block_optin, min_outs = glu ? 2 : 1;
         stof_error why = {0};
-        while (v[3] > 1 && gemm_exec_check(&p, v, g->ctx->info.smem_per_block_optin, &why))
+        while (v[3] > 2 && gemm_exec_check(&p, v, smem, &why))
             v[3] /= 2;
+        while (!weight_kn && v[1] / v[2] > min_outs && gemm_exec_check(&p, v, smem, &why))
+            v[1] /= 2;
     }
     char label[200];
     snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s%s r%d n%d w%d u%d%s",

@@ -88,9 +88,10 @@ static int check_chain_link(const graph *g, const int *ops, int n, int k, stof_e
         return seg_fail(g, ops, n, err,
                         "#%d (%s) does not read the output of #%d (%s): the ops of a segment "
                         "must form a chain", ops[k], kind_of(g, ops[k]), prev, kind_of(g, prev));
-    if (op->kind == OP_GEMM && slot != 0)
-        return seg_fail(g, ops, n, err, "#%d (gemm) reads #%d's output as its weight operand",
-                        ops[k], prev);
+    for (int i = 1; op->kind == OP_GEMM && i < op->n_inputs; i++)
+        if (op->inputs[i] == g->ops[prev].output)
+            return seg_fail(g, ops, n, err, "#%d (gemm) reads #%d's output as its weight "
+                            "operand", ops[k], prev);
     for (int i = 0; i < op->n_inputs; i++) {
         int p = seg_position(ops, n, g->tensors[op->inputs[i]].producer);
         if (p >= 0 && p != k - 1)
@@ -102,12 +103,18 @@ static int check_chain_link(const graph *g, const int *ops, int n, int k, stof_e
     return STOF_OK;
 }
 
+/* A norm that opens a segment before its GEMM (a prologue: the GEMM normalizes its rows of x
+ * as it reads them). */
+static int is_prologue_norm(const graph *g, const int *ops, int n, int k) {
+    return k == 0 && n > 1 && is_norm(g, ops[0]) && g->ops[ops[1]].kind == OP_GEMM;
+}
+
 static int check_norms(const graph *g, const int *ops, int n, stof_error *err) {
     for (int k = 0; k + 1 < n; k++)
-        if (is_norm(g, ops[k]))
+        if (is_norm(g, ops[k]) && !is_prologue_norm(g, ops, n, k))
             return seg_fail(g, ops, n, err,
-                            "%s #%d in the middle of a segment (a norm can only end one)",
-                            kind_of(g, ops[k]), ops[k]);
+                            "%s #%d in the middle of a segment (a norm can only end one, or "
+                            "open one before its GEMM)", kind_of(g, ops[k]), ops[k]);
     return STOF_OK;
 }
 
@@ -160,6 +167,10 @@ static void fill_epilogues(const graph *g, const int *ops, int n, fusion_match *
     int stage = 0;
     for (int k = 0; k < n; k++) {
         const graph_op *op = &g->ops[ops[k]];
+        if (is_prologue_norm(g, ops, n, k)) {
+            m->prologue = op->kind == OP_LAYERNORM ? FUSION_NORM_LAYERNORM : FUSION_NORM_RMSNORM;
+            continue;
+        }
         if (is_ci(g, ops[k])) {
             stage = m->n_ci++ > 0 ? 1 : 0;
             continue;
@@ -205,7 +216,10 @@ static void fill_dims(const graph *g, const int *ops, int n, fusion_dims *d) {
     rows_features(g, ops[0], &d->m, &d->n);
     for (int k = 0; k < n; k++) {
         const graph_op *op = &g->ops[ops[k]];
-        d->row_reduce |= is_norm(g, ops[k]) || op->kind == OP_SOFTMAX;
+        const int prologue = is_prologue_norm(g, ops, n, k);
+        d->prologue |= prologue; /* its statistics are the block's own: no row reduction */
+        d->row_reduce |= (is_norm(g, ops[k]) && !prologue) || op->kind == OP_SOFTMAX;
+        d->gated |= op->kind == OP_GLU && k > 0;
         if (op->kind == OP_ATTENTION)
             fill_attention_dims(g, op, d);
         if (op->kind == OP_ROTARY) {

@@ -49,6 +49,8 @@ typedef struct fusion_match {
      * the second CI op. */
     fusion_epilogue epi[2];
     int store_pre_norm;     /* the closing norm's input must be written too */
+    fusion_norm prologue;   /* a norm ahead of the GEMM (the segment's first op, its output
+                               read by the GEMM alone): gemv normalizes each row of x itself */
     fusion_dims dims;
 } fusion_match;
 

@@ -173,7 +173,8 @@ static int rotary_check(const fusion_dims *d, const int *v, int limit, stof_erro
  * tensor-core templates read the weights as well and compute faster), ROWS below twice M
  * (more would only idle accumulators), BLOCK_N the warps' whole outputs ([N, K]: 1 to 8 a
  * warp) or whole 16-byte column lanes dividing a warp ([K, N]: BLOCK_N / 8 of them), the
- * accumulators and the loads in flight within about 160 registers, [K, N]'s partial sums
+ * accumulators and the loads in flight within about 160 registers (a norm ahead holds 16 more:
+ * its gains and biases), [K, N]'s partial sums
  * within 48 KiB of static shared memory. */
 static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
     (void)limit;
@@ -198,9 +199,12 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
     if (block_n % warps || outs < 1 || outs > 8)
         return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d over %d warps: 1 to 8 outputs a "
                        "warp", block_n, warps);
-    if (rows * outs + unroll * outs * 4 + outs * 8 > 160)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d: over 160 "
-                       "registers", rows, outs, unroll);
+    if (d->gated && outs % 2)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d over %d warps with a GLU: an "
+                       "even count of features a warp (each output's two)", block_n, warps);
+    if (rows * outs + unroll * outs * 4 + outs * 8 + (d->prologue ? 16 : 0) > 160)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d%s: over 160 "
+                       "registers", rows, outs, unroll, d->prologue ? ", a norm's gains" : "");
     return STOF_OK;
 }
 
@@ -286,9 +290,12 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         1, {PATTERN(OPT(TOK(ROTARY)), ONE(TOK(ATTENTION)))},
         2, {PARAM("SPLITS", 1, 2, 4, 8, 16, 32, 64), PARAM("WARPS", 4, 8)},
         attention_decode_check, 1},
-    /* a few rows (a decode step's): the weights streamed once, each by one thread */
+    /* a few rows (a decode step's): the weights streamed once, each by one thread; a norm
+     * ahead of the GEMM (a pre-norm model's) applied to the rows of x as they are read; a
+     * gated unit after it (GeGLU, SwiGLU) taking each output's two features in one warp */
     [FUSION_T_GEMV] = {FUSION_T_GEMV, "gemv", "gemv.cu", 0,
-        1, {PATTERN(ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD)))},
+        2, {PATTERN(OPT(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD))),
+            PATTERN(OPT(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), ONE(TOK(GLU)))},
         4, {PARAM("ROWS", 1, 2, 4, 8, 16), PARAM("BLOCK_N", 4, 8, 16, 32, 64, 128),
             PARAM("WARPS", 4, 8), PARAM("UNROLL", 2, 4, 8)},
         gemv_check},

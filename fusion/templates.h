@@ -16,7 +16,8 @@
  *   rotary           rotary.cu            rotary
  *   mask_rows        mask_rows.cu         mask_rows
  *   attention_decode attention_decode.cu  [rotary] attention (one query row, a KV cache)
- *   gemv             gemv.cu              gemm [bias] [gelu|relu] [add], up to 16 rows
+ *   gemv             gemv.cu              [layernorm|rmsnorm] gemm [bias] [gelu|relu] [add];
+ *                                         [layernorm|rmsnorm] gemm [bias] glu; up to 16 rows
  *
  * Every single op matches at least one template, so the all-unfused scheme
  * is always valid. The norm kind is an epilogue flag (fusion_epilogue.norm),
@@ -97,6 +98,8 @@ typedef struct fusion_dims {
     int weight_kn;  /* the first GEMM's weights are [K, N] */
     int batch, heads, head_dim, q_len, k_len; /* attention; rotary: heads and head_dim */
     int kv_heads;                             /* attention's K/V heads */
+    int gated;      /* a GLU after the GEMM: each output takes two of its features */
+    int prologue;   /* a norm ahead of the GEMM (gemv normalizes x's rows as it reads them) */
 } fusion_dims;
 
 /* Template flag: besides the segment's result it can write the input of its

@@ -325,6 +325,8 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mask_rows_args) == STOF_MASK_ROWS_ARGS_B
 
 /* gemv.cu: gemm_epilogue's product and epilogue (bias, ACT, residual; no norm) for a few rows,
  * as a matrix-vector product: y[m, n] = residual[m, n] + act(sum_k x[m, k] w[n, k] + bias[n]).
+ * With PROLOGUE_NORM (STOF_NORM_LAYERNORM or _RMSNORM) x's rows are first normalized over K with
+ * gamma (and beta) [K] and eps, each value rounded to the dtype as a norm op would store it.
  * w is [N, K], or with WEIGHT_KN=1 [K, N]. With [N, K] weights N may be any width and y's and
  * the residual's row strides any value (elements are stored one at a time); with [K, N] ones N
  * is a multiple of 8. K is a multiple of 8, x and w rows 16-byte aligned. residual may be y
@@ -332,12 +334,14 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_mask_rows_args) == STOF_MASK_ROWS_ARGS_B
  * STOF_GEMV_MAX_ROWS a block. */
 typedef struct stof_gemv_args {
     const void *x, *w, *bias, *residual;
+    const void *gamma, *beta; /* PROLOGUE_NORM builds: the norm's gain (and LayerNorm's bias) */
     void *y;
     stof_i64 x_row_stride, w_row_stride, r_row_stride, y_row_stride;
-    stof_i32 m, n, k, pad_;
+    stof_i32 m, n, k;
+    float eps;                /* PROLOGUE_NORM builds */
 } stof_gemv_args;
 
-#define STOF_GEMV_ARGS_BYTES (9 * 8 + 4 * 4)
+#define STOF_GEMV_ARGS_BYTES (11 * 8 + 4 * 4)
 #define STOF_GEMV_MAX_M 16
 #define STOF_GEMV_MAX_ROWS 16
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemv_args) == STOF_GEMV_ARGS_BYTES,

@@ -9,12 +9,16 @@
 //
 // [N, K] weights (K contiguous): each warp owns OUTS = BLOCK_N / WARPS outputs; its lanes walk
 //   K eight elements (16 bytes) at a time, then each output's partial sums meet by shuffles.
+//   With a GLU (GLU = its activation) the OUTS are features of OUTS / 2 outputs: j and N/2 + j.
 // [K, N] weights (WEIGHT_KN, N contiguous: GPT-2's Conv1D): the block owns BLOCK_N columns,
 //   eight a lane; its threads are kColLanes = BLOCK_N / 8 column lanes times kKLanes lanes
 //   over K; partial sums meet by shuffles within a warp, then across warps in shared memory.
 //
 // The epilogue is gemm_epilogue's: + bias[n] (HAS_BIAS), the activation (ACT), + residual[m, n]
-// (HAS_RESIDUAL), rounded once. Sums are fp32. x is read through L1 (each block reads it
+// (HAS_RESIDUAL), rounded once. Sums are fp32. With PROLOGUE_NORM the block first finds its
+// rows' statistics (a warp a row; two passes over x, as mi_chain.cu: the mean, then the squared
+// deviations; RMSNorm the mean square), and every x value is normalized as it is read, gamma
+// (and beta) applied and the result rounded to the dtype, as the norm op would have stored it. x is read through L1 (each block reads it
 // whole); the weights bypass it. With [N, K] weights N may be any width (a vocabulary), and y,
 // the bias and the residual are accessed an element at a time; with [K, N] weights N is a
 // multiple of 8. K is a multiple of 8; rows m >= M are neither read nor written.
@@ -49,12 +53,20 @@
 #ifndef HAS_RESIDUAL
 #define HAS_RESIDUAL 0
 #endif
+#ifndef PROLOGUE_NORM // STOF_NORM_*: x's rows normalized first (a pre-norm model's norm)
+#define PROLOGUE_NORM 0
+#endif
+#ifndef GLU // STOF_ACT_*: a gated unit after the GEMM, y[m, j] = act(s[m, j]) * s[m, N/2 + j]
+#define GLU 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 
 constexpr int kThreads = WARPS * 32;
 static_assert(ROWS >= 1 && ROWS <= STOF_GEMV_MAX_ROWS, "ROWS: 1 .. STOF_GEMV_MAX_ROWS");
 static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL: 1 .. 8");
+static_assert(PROLOGUE_NORM == 0 || PROLOGUE_NORM == STOF_NORM_LAYERNORM ||
+                  PROLOGUE_NORM == STOF_NORM_RMSNORM, "PROLOGUE_NORM: none, LayerNorm or RMSNorm");
 #if WEIGHT_KN
 constexpr int kColLanes = BLOCK_N / 8;
 constexpr int kKLanes = kThreads / kColLanes;
@@ -63,7 +75,10 @@ static_assert(BLOCK_N % 8 == 0 && kColLanes <= 32 && 32 % kColLanes == 0,
 #else
 constexpr int kOuts = BLOCK_N / WARPS;
 static_assert(BLOCK_N % WARPS == 0 && kOuts >= 1 && kOuts <= 8, "[N, K]: 1 .. 8 outputs a warp");
+static_assert(GLU == 0 || kOuts % 2 == 0, "GLU: an even count of features a warp");
 #endif
+static_assert(GLU == 0 || !WEIGHT_KN, "GLU: [N, K] weights");
+static_assert(GLU == 0 || (!HAS_RESIDUAL && ACT == 0), "GLU: no activation or residual first");
 
 namespace {
 
@@ -90,6 +105,84 @@ __device__ __forceinline__ const elem_t *row_of(const void *base, long long stri
     return static_cast<const elem_t *>(base) + (long long)row * stride;
 }
 
+// The block's rows' statistics for the prologue norm: s_mean[r] (LayerNorm; 0 for RMSNorm)
+// and s_rstd[r]. Warp w takes rows w, w + WARPS, ...: its lanes read the row 16 bytes at a time
+// (K is a multiple of 8) and sum by shuffles, so the warps work at once and the block meets at
+// one barrier.
+__device__ __forceinline__ void row_stats(const stof_gemv_args &a, int m0, int rows,
+                                          float *s_mean, float *s_rstd) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float inv_k = 1.0f / (float)a.k;
+    for (int r = warp; r < rows; r += WARPS) {
+        const elem_t *x = row_of(a.x, a.x_row_stride, m0 + r);
+        float mean = 0.0f, sq = 0.0f;
+#if PROLOGUE_NORM == STOF_NORM_LAYERNORM
+        for (int k = lane * 8; k < a.k; k += 256) {
+            float v[8];
+            stof::load_chunk<8>(v, x + k);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                mean += v[e];
+        }
+        mean = stof::warp_sum(mean) * inv_k;
+#endif
+        for (int k = lane * 8; k < a.k; k += 256) {
+            float v[8];
+            stof::load_chunk<8>(v, x + k);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                sq += (v[e] - mean) * (v[e] - mean);
+        }
+        sq = stof::warp_sum(sq);
+        if (lane == 0) {
+            s_mean[r] = mean;
+            s_rstd[r] = rsqrtf(sq * inv_k + a.eps);
+        }
+    }
+    __syncthreads();
+}
+
+// An x value normalized with its row's (mean, rstd) and its column's gain g and bias b (b: 0
+// for RMSNorm), rounded as the norm op's output.
+__device__ __forceinline__ float norm_value(float v, float g, float b, float mean, float rstd) {
+#if PROLOGUE_NORM == STOF_NORM_LAYERNORM
+    v = (v - mean) * rstd * g + b;
+#else
+    (void)mean;
+    (void)b;
+    v = v * rstd * g;
+#endif
+    return stof::to_float(stof::from_float<elem_t>(v));
+}
+
+// The gain and bias of columns k .. k + V - 1 (bias 0 for RMSNorm).
+template <int V>
+__device__ __forceinline__ void norm_params(const stof_gemv_args &a, int k, float (&g)[V],
+                                            float (&b)[V]) {
+    stof::load_chunk<V>(g, static_cast<const elem_t *>(a.gamma) + k);
+#if PROLOGUE_NORM == STOF_NORM_LAYERNORM
+    stof::load_chunk<V>(b, static_cast<const elem_t *>(a.beta) + k);
+#else
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+        b[e] = 0.0f;
+#endif
+}
+
+// A gated unit's output j from its two features' sums (g: feature j, u: feature N/2 + j): each
+// with its bias and rounded as the GEMM's output would be stored, then act(g) * u.
+__device__ __forceinline__ void finish_glu(const stof_gemv_args &a, int m, int j, float g,
+                                           float u) {
+#if HAS_BIAS
+    g += stof::to_float(static_cast<const elem_t *>(a.bias)[j]);
+    u += stof::to_float(static_cast<const elem_t *>(a.bias)[a.n / 2 + j]);
+#endif
+    g = stof::to_float(stof::from_float<elem_t>(g));
+    u = stof::to_float(stof::from_float<elem_t>(u));
+    static_cast<elem_t *>(a.y)[(long long)m * a.y_row_stride + j] =
+        stof::from_float<elem_t>(stof_activate<GLU>(g) * u);
+}
+
 // The epilogue of one output, stored.
 __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, float v) {
 #if HAS_BIAS
@@ -104,13 +197,23 @@ __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, fl
 
 #if !WEIGHT_KN
 // [N, K]: warp w's outputs n0 .. n0 + kOuts - 1, lanes over K in 16-byte chunks.
-__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows) {
+__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows,
+                                        const float *s_mean, const float *s_rstd) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
     const elem_t *w[kOuts];
+#if GLU
+    // the warp's kOuts / 2 outputs from j0 on: features j0 + o, then N/2 + j0 + o
+    constexpr int kHalf = kOuts / 2;
+    const int f = a.n / 2, j0 = blockIdx.x * (BLOCK_N / 2) + warp * kHalf;
+#pragma unroll
+    for (int o = 0; o < kOuts; ++o) // outputs past N/2 read the last one's and are not stored
+        w[o] = row_of(a.w, a.w_row_stride, min(j0 + o % kHalf, f - 1) + (o < kHalf ? 0 : f));
+#else
+    const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
 #pragma unroll
     for (int o = 0; o < kOuts; ++o) // rows past N read row N - 1 and are not stored
         w[o] = row_of(a.w, a.w_row_stride, min(n0 + o, a.n - 1));
+#endif
     float acc[ROWS][kOuts];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -134,12 +237,21 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
 #pragma unroll
             for (int o = 0; o < kOuts; ++o)
                 unpack8(wv[u][o], wf[o]);
+#if PROLOGUE_NORM
+            float gm[8], bt[8];
+            norm_params<8>(a, k, gm, bt);
+#endif
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= rows)
                     break;
                 float xf[8];
                 stof::load_chunk<8>(xf, row_of(a.x, a.x_row_stride, m0 + r) + k);
+#if PROLOGUE_NORM
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    xf[e] = norm_value(xf[e], gm[e], bt[e], s_mean[r], s_rstd[r]);
+#endif
 #pragma unroll
                 for (int o = 0; o < kOuts; ++o)
 #pragma unroll
@@ -148,6 +260,16 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
             }
         }
     }
+#if GLU
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int o = 0; o < kHalf; ++o) {
+            const float g = stof::warp_sum(acc[r][o]), u = stof::warp_sum(acc[r][kHalf + o]);
+            if (r < rows && j0 + o < f && lane == (r * kHalf + o) % 32)
+                finish_glu(a, m0 + r, j0 + o, g, u);
+        }
+#else
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -157,10 +279,12 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
             if (r < rows && n0 + o < a.n && lane == (r * kOuts + o) % 32)
                 finish(a, m0 + r, n0 + o, v);
         }
+#endif
 }
 #else
 // [K, N]: column lane cl's eight columns, k lane kl's rows kl, kl + kKLanes, ...
-__device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int rows) {
+__device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int rows,
+                                        const float *s_mean, const float *s_rstd) {
     __shared__ float partial[WARPS][ROWS][BLOCK_N];
     const int cl = threadIdx.x % kColLanes, kl = threadIdx.x / kColLanes;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -186,11 +310,18 @@ __device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int row
                 break;
             float wf[8];
             unpack8(wv[u], wf);
+#if PROLOGUE_NORM
+            float gm[1], bt[1];
+            norm_params<1>(a, k, gm, bt);
+#endif
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= rows)
                     break;
-                const float xv = stof::to_float(row_of(a.x, a.x_row_stride, m0 + r)[k]);
+                float xv = stof::to_float(row_of(a.x, a.x_row_stride, m0 + r)[k]);
+#if PROLOGUE_NORM
+                xv = norm_value(xv, gm[0], bt[0], s_mean[r], s_rstd[r]);
+#endif
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
                     acc[r][e] = fmaf(xv, wf[e], acc[r][e]);
@@ -224,11 +355,16 @@ __device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int row
 }
 #endif
 
-// This block's weights asked of L2 before the wait: rows of [N, K] weights, or the K rows'
-// BLOCK_N columns of [K, N] ones.
+// This block's weights asked of L2 before the wait: rows of [N, K] weights (with a GLU, the
+// two halves' rows of its outputs), or the K rows' BLOCK_N columns of [K, N] ones.
 __device__ __forceinline__ void prefetch_weights(const stof_gemv_args &a) {
     const long long stride = a.w_row_stride * (long long)sizeof(elem_t);
-#if WEIGHT_KN
+#if GLU
+    const int f = a.n / 2, j0 = blockIdx.x * (BLOCK_N / 2), outs = min(BLOCK_N / 2, f - j0);
+    for (int half = 0; half < 2; ++half)
+        stof::prefetch_l2(row_of(a.w, a.w_row_stride, j0 + half * f), stride, outs,
+                          a.k * (int)sizeof(elem_t));
+#elif WEIGHT_KN
     const int n0 = blockIdx.x * BLOCK_N, cols = min(BLOCK_N, a.n - n0);
     stof::prefetch_l2(static_cast<const elem_t *>(a.w) + n0, stride, a.k,
                       cols * (int)sizeof(elem_t));
@@ -248,9 +384,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) stof_gemv(const stof_gemv
         prefetch_weights(a);
     stof::grid_dependency_wait();
     const int m0 = blockIdx.y * ROWS, rows = min(ROWS, a.m - m0);
+    __shared__ float s_mean[ROWS], s_rstd[ROWS];
+#if PROLOGUE_NORM
+    row_stats(a, m0, rows, s_mean, s_rstd);
+#endif
 #if WEIGHT_KN
-    gemv_kn(a, m0, rows);
+    gemv_kn(a, m0, rows, s_mean, s_rstd);
 #else
-    gemv_nk(a, m0, rows);
+    gemv_nk(a, m0, rows, s_mean, s_rstd);
 #endif
 }

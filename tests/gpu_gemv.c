@@ -8,7 +8,10 @@
  * ones below in turn (rows split over blocks, 2 to 8 loads in flight, 4 and 8 warps, 1 to 8
  * outputs a warp or 1 to 16 column lanes), with an epilogue rotating over the 16 the template
  * declares ([bias] [gelu|gelu_tanh|relu] [add]), and the residual added in place (y = residual)
- * on some. Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
+ * on some; and a LayerNorm or RMSNorm ahead of the GEMM (the template's prologue: the reference
+ * normalizes x in fp64 and rounds it to the dtype, as the norm op stores it), with fresh gains
+ * and biases; and a gated unit after the GEMM (SwiGLU, GeGLU: N/2 outputs, each from features j
+ * and N/2 + j rounded as the GEMM would store them). Inputs are fresh seeded uniform values rounded to the dtype, outputs poisoned with
  * NaN before every launch; every row and column is checked: relative error below 1e-2 (fp16)
  * or 2e-2 (bf16), no NaN or infinity anywhere.
  *
@@ -54,13 +57,129 @@ static int pow2_at_least(int m) {
     return r;
 }
 
-/* One case: setting -1 is the default. */
+/* A norm ahead of the GEMM (the template's prologue): its kind, gain and bias (as floats and on
+ * the device), and the reference set: the set's x normalized over K with fp64 statistics,
+ * rounded to the dtype as the norm op would store it, and its products. The kernel gets the
+ * set's x as it is. */
+typedef struct prologue {
+    fusion_norm kind;
+    float eps;
+    float *gamma, *beta;
+    CUdeviceptr dgamma, dbeta;
+    gset ref; /* the set's, but x and acc of the normalized rows */
+} prologue;
+
+static int make_prologue(gpu *g, prologue *pr, const gset *s, fusion_norm kind, util_rng *rng) {
+    const gweights *wt = s->wt;
+    const int N = wt->N, K = wt->K, M = s->M;
+    memset(pr, 0, sizeof *pr);
+    pr->kind = kind;
+    pr->eps = kind == FUSION_NORM_LAYERNORM ? 1e-5f : 1e-6f;
+    pr->ref = *s;
+    pr->gamma = malloc(sizeof *pr->gamma * (size_t)K);
+    pr->beta = malloc(sizeof *pr->beta * (size_t)K);
+    pr->ref.x = malloc(sizeof *pr->ref.x * (size_t)M * K);
+    pr->ref.acc = malloc(sizeof *pr->ref.acc * (size_t)MAX_REF_ROWS * N);
+    uint16_t *gb = malloc((size_t)K * 2), *bb = malloc((size_t)K * 2);
+    int rc = -1;
+    if (pr->gamma && pr->beta && pr->ref.x && pr->ref.acc && gb && bb) {
+        fill(pr->gamma, gb, (size_t)K, wt->dt, rng, 0.5, 1.5);
+        fill(pr->beta, bb, (size_t)K, wt->dt, rng, -0.5, 0.5);
+        for (int r = 0; r < M; r++) {
+            const float *x = s->x + (size_t)r * K;
+            double mean = 0.0, sq = 0.0;
+            for (int k = 0; kind == FUSION_NORM_LAYERNORM && k < K; k++)
+                mean += x[k];
+            mean /= K;
+            for (int k = 0; k < K; k++)
+                sq += (x[k] - mean) * (x[k] - mean);
+            const double rstd = 1.0 / sqrt(sq / K + pr->eps);
+            for (int k = 0; k < K; k++) {
+                double v = (x[k] - mean) * rstd * pr->gamma[k];
+                if (kind == FUSION_NORM_LAYERNORM)
+                    v += pr->beta[k];
+                pr->ref.x[(size_t)r * K + k] = from_bits(wt->dt, to_bits(wt->dt, (float)v));
+            }
+        }
+        for (int i = 0; i < s->n_rows; i++) {
+            const float *xr = pr->ref.x + (size_t)s->rows[i] * K;
+            for (int n = 0; n < N; n++) {
+                const float *wr = wt->w + (size_t)n * K;
+                double sum = 0.0;
+                for (int k = 0; k < K; k++)
+                    sum += (double)xr[k] * wr[k];
+                pr->ref.acc[(size_t)i * N + n] = sum;
+            }
+        }
+        rc = upload(g, &pr->dgamma, gb, (size_t)K * 2) || upload(g, &pr->dbeta, bb, (size_t)K * 2);
+    }
+    free(gb);
+    free(bb);
+    return rc;
+}
+
+static void free_prologue(gpu *g, prologue *pr) {
+    free(pr->gamma);
+    free(pr->beta);
+    free(pr->ref.x);
+    free(pr->ref.acc);
+    dfree(g, &pr->dgamma);
+    dfree(g, &pr->dbeta);
+}
+
+/* A gated unit after the GEMM (and its bias): output j of a reference row from features j and
+ * N/2 + j, each rounded to the dtype as the GEMM's output would be, act(g) * u. */
+static double glu_reference(const gset *s, int has_bias, int act, int i, int j) {
+    const int N = s->wt->N, F = N / 2;
+    const stof_dtype dt = s->wt->dt;
+    double gv = s->acc[(size_t)i * N + j], uv = s->acc[(size_t)i * N + F + j];
+    if (has_bias) {
+        gv += s->wt->bias[j];
+        uv += s->wt->bias[F + j];
+    }
+    gv = from_bits(dt, to_bits(dt, (float)gv));
+    uv = from_bits(dt, to_bits(dt, (float)uv));
+    const double a = act == STOF_ACT_SILU ? gv / (1.0 + exp(-gv))
+                                          : act_ref(act == STOF_ACT_GELU ? FUSION_ACT_GELU
+                                                                         : FUSION_ACT_GELU_TANH,
+                                                    gv);
+    return a * uv;
+}
+
+static void judge_glu(const gset *s, int has_bias, int act, const char *label) {
+    const int F = s->wt->N / 2;
+    const stof_dtype dt = s->wt->dt;
+    verdict v;
+    verdict_init(&v);
+    for (int i = 0; i < s->n_rows; i++)
+        for (int j = 0; j < F; j++) {
+            long at = (long)s->rows[i] * F + j;
+            verdict_add(&v, from_bits(dt, s->hy[at]), glu_reference(s, has_bias, act, i, j), at);
+        }
+    char where[160] = "";
+    if (v.first_bad >= 0)
+        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / F,
+                 v.first_bad % F, from_bits(dt, s->hy[v.first_bad]));
+    report(label, &v, count_nonfinite(s->hy, (size_t)s->M * F, dt), tol_of(dt), where);
+}
+
+/* One case: setting -1 is the default; pr a norm ahead of the GEMM, or NULL; glu a gated
+ * unit's activation after the GEMM (STOF_ACT_*; then epi only its bias), or 0. */
 static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int setting,
-                     int in_place) {
+                     int in_place, const prologue *pr, int glu) {
     const gweights *wt = s->wt;
     const int N = wt->N, M = s->M;
+    if (glu) {
+        epi.act = FUSION_ACT_NONE;
+        epi.has_residual = 0;
+        in_place = 0;
+    }
     gemm_exec_problem p = {.tmpl = FUSION_T_GEMV, .dtype = wt->dt, .m = M, .n = N, .k = wt->K,
-                           .epi = epi, .weight_kn = weight_kn};
+                           .epi = epi, .weight_kn = weight_kn, .glu_act = glu};
+    if (pr) {
+        p.prologue = pr->kind;
+        p.eps = pr->eps;
+    }
     int v[FUSION_MAX_PARAMS] = {0};
     if (setting < 0) {
         gemm_exec_default_values(&p, g->ctx->arch, v);
@@ -68,10 +187,24 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         memcpy(v, (weight_kn ? kn_settings : nk_settings)[setting], sizeof nk_settings[0]);
         if (v[0] == 0 || v[0] >= 2 * M)
             v[0] = pow2_at_least(M);
+        if (glu && (v[1] / v[2]) % 2) /* an output's two features in one warp */
+            v[1] *= 2;
+        /* a setting the host check refuses (a norm's gains take registers too) runs with fewer
+         * loads in flight, then fewer outputs a warp: the case still covers a setting other
+         * than the default */
+        const int smem = g->ctx->info.smem_per_block_optin, min_outs = glu ? 2 : 1;
+        stof_error why = {0};
+        while (v[3] > 2 && gemm_exec_check(&p, v, smem, &why))
+            v[3] /= 2;
+        while (!weight_kn && v[1] / v[2] > min_outs && gemm_exec_check(&p, v, smem, &why))
+            v[1] /= 2;
     }
     char label[200];
-    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s %s%s%s r%d n%d w%d u%d%s",
-             stof_dtype_name(wt->dt), M, N, wt->K, weight_kn ? "W[K,N]" : "W[N,K]",
+    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s%s r%d n%d w%d u%d%s",
+             stof_dtype_name(wt->dt), M, N, wt->K,
+             !pr ? "" : pr->kind == FUSION_NORM_LAYERNORM ? "layernorm> " : "rmsnorm> ",
+             weight_kn ? "W[K,N]" : "W[N,K]",
+             !glu ? "" : glu == STOF_ACT_SILU ? "swiglu " : "geglu ",
              epi.has_bias ? "bias" : "-", act_label(epi.act),
              epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "", v[0], v[1], v[2],
              v[3], setting < 0 ? " default" : "");
@@ -86,10 +219,11 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         g->dead |= rc == STOF_ERR_CUDA;
         return;
     }
-    size_t mn = (size_t)M * N;
+    size_t mn = (size_t)M * (glu ? N / 2 : N);
     gemm_exec_gemm_tensors t = {.x = s->dx, .w = weight_kn ? wt->dw_kn : wt->dw_nk,
                                 .bias = wt->db, .residual = in_place ? s->dy : s->dr,
-                                .y = s->dy};
+                                .y = s->dy, .gamma = pr ? pr->dgamma : 0,
+                                .beta = pr ? pr->dbeta : 0};
     rc = in_place ? check_cu(g, g->drv->MemcpyHtoD(s->dy, s->res_bits, mn * 2),
                              "cuMemcpyHtoD(y = residual)")
                   : poison(g, s->dy, mn);
@@ -99,8 +233,12 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
         CHECK_MSG(0, "%s: %s", label, err.msg);
         recap_add("%s: launch: %.160s", label, err.msg);
     }
-    if (!rc && !fetch(g, s->hy, s->dy, mn)) /* M <= MAX_REF_ROWS: every row is judged */
-        judge_epilogue(s, &epi, label);
+    if (!rc && !fetch(g, s->hy, s->dy, mn)) { /* M <= MAX_REF_ROWS: every row is judged */
+        if (glu)
+            judge_glu(pr ? &pr->ref : s, epi.has_bias, glu, label);
+        else
+            judge_epilogue(pr ? &pr->ref : s, &epi, label);
+    }
     gemm_exec_plan_free(g->ctx, plan);
 }
 
@@ -123,15 +261,30 @@ static void test_shapes(gpu *g, util_rng *rng) {
                 if (N == 50257 && Ms[mi] != 1 && Ms[mi] != 8)
                     continue; /* the head: a step's batch of 1 and 8 */
                 gset s;
-                if (!make_set(g, &s, &wt, Ms[mi], rng))
+                prologue pr;
+                memset(&pr, 0, sizeof pr);
+                const fusion_norm kind = mi % 2 ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM;
+                if (!make_set(g, &s, &wt, Ms[mi], rng) && !make_prologue(g, &pr, &s, kind, rng))
                     for (int kn = 0; kn < 2 && !g->dead; kn++) {
                         if (kn && N % 8)
                             continue;
-                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0);
+                        run_case(g, &s, kn, epilogue_of(turn % 16), -1, 0, NULL, 0);
                         run_case(g, &s, kn, epilogue_of((turn + 5) % 16), turn % N_SETTINGS,
-                                 turn % 3 == 0);
+                                 turn % 3 == 0, NULL, 0);
+                        /* a norm ahead, default and explicit settings in turn */
+                        run_case(g, &s, kn, epilogue_of((turn + 9) % 16),
+                                 turn % 2 ? -1 : (turn + 2) % N_SETTINGS, turn % 4 == 1, &pr, 0);
+                        /* a gated unit after the GEMM ([N, K], an even N), with or without the
+                         * norm ahead */
+                        static const int glus[] = {STOF_ACT_SILU, STOF_ACT_GELU,
+                                                   STOF_ACT_GELU_TANH};
+                        if (!kn && N % 2 == 0)
+                            run_case(g, &s, kn, epilogue_of(turn / 2 % 2),
+                                     turn % 3 ? -1 : turn / 3 % N_SETTINGS, 0,
+                                     turn % 2 ? &pr : NULL, glus[turn / 4 % 3]);
                         turn++;
                     }
+                free_prologue(g, &pr);
                 free_set(g, &s);
             }
             free_weights(g, &wt);

@@ -428,6 +428,10 @@ static void test_bert(void) {
     snprintf(msg, sizeof msg, "layernorm #%d in the middle", ops[6]);
     expect_scheme(&g, ops, n, "01010111010101", 0, msg, NULL);
     expect_scheme(&g, ops, n, "01010111010101", 0, "scheme segment 6 of 12 (positions 5-7)", NULL);
+    /* post-norm: the norm's output is the residual too, so it cannot open the GEMM's segment */
+    stof_error e2 = {0};
+    CHECK_EQ_INT(fusion_match_segment(&g, ops + 6, 2, &m, &e2), STOF_ERR_INVALID);
+    CHECK_CONTAINS(e2.msg, "outside the segment reads");
     /* gemm bias attention: CI + CI but no template */
     expect_scheme(&g, ops, n, "00010101010101", 0, "no template implements it", NULL);
     /* the whole layer */
@@ -462,10 +466,16 @@ static void test_gpt2(void) {
     /* GPT-2's tanh GELU fits cuBLASLt's epilogue. */
     CHECK_EQ_INT(fusion_match_segment(&g, ops + 8, 3, &m, NULL), STOF_OK);
     CHECK(fusion_match_has(&m, FUSION_T_CUBLASLT) && m.epi[0].act == FUSION_ACT_GELU_TANH);
-    /* pre-norm: the norm cannot join the GEMM after it */
+    /* pre-norm: the norm opens the GEMM's segment on gemv alone (its prologue; the GEMM reads
+     * the norm's output and nothing else does), not in the middle of one */
     stof_error err = {0};
-    CHECK_EQ_INT(fusion_match_segment(&g, ops, 3, &m, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(fusion_match_segment(&g, ops, 3, &m, &err), STOF_OK);
+    CHECK(m.templates == 1u << FUSION_T_GEMV && m.prologue == FUSION_NORM_LAYERNORM &&
+          m.epi[0].has_bias && m.epi[0].norm == FUSION_NORM_NONE && m.dims.k == 64 * 12);
+    CHECK_EQ_INT(fusion_match_segment(&g, ops + 6, 3, &m, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "in the middle of a segment");
+    CHECK_EQ_INT(fusion_match_segment(&g, ops + 7, 5, &m, &err), STOF_ERR_INVALID); /* FFN */
+    CHECK_CONTAINS(err.msg, "no template implements it");
 
     enumerate_graph(&g, "gpt2 (2 layers)");
     graph_free(&g);
@@ -619,8 +629,8 @@ static void expect_setting(fusion_template_id id, const fusion_dims *d, const in
 }
 
 /* The gated unit and rotary embeddings run alone (their own templates; a decode step's
- * rotary joins its attention, test_gen), fuse with nothing here, and carry the sizes their
- * settings are judged by. */
+ * rotary joins its attention, test_gen; a GEMM's GLU joins it on gemv), and carry the sizes
+ * their settings are judged by. */
 static void test_glu_rotary(void) {
     const char *src =
         "local m = stof.model{name = 't'}\n"
@@ -640,8 +650,17 @@ static void test_glu_rotary(void) {
           m.dims.n == 96 && m.dims.m == 16);
     CHECK_EQ_INT(fusion_match_segment(&g, s2, 1, &m, &err), STOF_OK);
     CHECK(m.templates == 1u << FUSION_T_GLU && m.dims.n == 32 && m.dims.m == 16);
-    CHECK_EQ_INT(fusion_match_segment(&g, s12, 2, &m, &err), STOF_ERR_INVALID);
-    CHECK_CONTAINS(err.msg, "(gemm glu): no template implements it");
+    /* a gated unit after its GEMM: gemv alone (a few rows), each output's two features in a
+     * warp: BLOCK_N / WARPS even */
+    CHECK_EQ_INT(fusion_match_segment(&g, s12, 2, &m, &err), STOF_OK);
+    CHECK(m.templates == 1u << FUSION_T_GEMV && m.dims.gated && m.dims.n == 64);
+    m.dims.m = 16;
+    const fusion_template *gv = fusion_template_get(FUSION_T_GEMV);
+    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 8, 4, 4}, H100_SMEM, &err),
+                 STOF_OK);
+    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 4, 4, 4}, H100_SMEM, &err),
+                 STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "an even count of features a warp");
     CHECK_EQ_INT(fusion_match_segment(&g, s23, 2, &m, &err), STOF_ERR_INVALID);
     CHECK_EQ_INT(fusion_match_segment(&g, s01, 2, &m, &err), STOF_ERR_INVALID);
     /* rotary's VEC divides half a head (12): 4 does, 8 does not */

@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "core/exec/gemm/gemm_exec.h"
+#include "core/exec/gemm/gemm_template.h"
 #include "core/gpu/nvrtc.h"
 #include "core/base/util.h"
 
@@ -353,8 +354,8 @@ static void list_glu_rotary(variant *v, int cap, int *n) {
         }
 }
 
-/* gemv: both layouts and dtypes, every epilogue flag, rows of 1 to 16 in one block and split
- * over blocks, the thread layouts of the search's extremes. */
+/* gemv: both layouts and dtypes, every epilogue flag, a LayerNorm or RMSNorm ahead or none, rows
+ * of 1 to 16 in one block and split over blocks, the thread layouts of the search's extremes. */
 static void list_gemv(variant *v, int cap, int *n) {
     static const int nk[][4] = {{1, 4, 4, 8}, {8, 8, 4, 8}, {16, 16, 8, 4}, {2, 64, 8, 2}};
     static const int kn[][4] = {{1, 16, 8, 8}, {8, 64, 8, 8}, {16, 8, 4, 4}, {4, 128, 4, 2}};
@@ -369,7 +370,20 @@ static void list_gemv(variant *v, int cap, int *n) {
                     p.epi.has_bias = (i + d) & 1;
                     p.epi.act = (fusion_act)((i + a) % 4);
                     p.epi.has_residual = i >= 2;
+                    /* a norm ahead of the GEMM on every other variant, both kinds */
+                    p.prologue = (i + kn_) & 1 ? (d ? FUSION_NORM_RMSNORM : FUSION_NORM_LAYERNORM)
+                                               : FUSION_NORM_NONE;
+                    p.eps = 1e-5f;
                     int full[FUSION_MAX_PARAMS] = {vals[0], vals[1], vals[2], vals[3]};
+                    add(v, cap, n, &p, full, archs[a]);
+                    /* [N, K] weights with an even count of features a warp: also a GLU after
+                     * the GEMM (and its bias), each activation */
+                    if (kn_ || (vals[1] / vals[2]) % 2)
+                        continue;
+                    static const int glus[] = {STOF_ACT_GELU, STOF_ACT_GELU_TANH, STOF_ACT_SILU};
+                    p.epi.act = FUSION_ACT_NONE;
+                    p.epi.has_residual = 0;
+                    p.glu_act = glus[(i + a + d) % 3];
                     add(v, cap, n, &p, full, archs[a]);
                 }
 }
@@ -977,6 +991,40 @@ static void test_gemv(void) {
     p.epi.norm = FUSION_NORM_RMSNORM;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "no closing norm");
     p.epi.norm = FUSION_NORM_NONE;
+    p.prologue = FUSION_NORM_RMSNORM; /* a norm ahead: its eps must be usable */
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "eps must be positive");
+    p.eps = 1e-6f;
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
+    p.prologue = (fusion_norm)7;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "unknown norm 7 ahead");
+    p.prologue = FUSION_NORM_NONE;
+    p.glu_act = STOF_ACT_RELU; /* a gated unit after the GEMM: its activations, its layout */
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_INVALID, &err, "GLU activation 3");
+    p.glu_act = STOF_ACT_SILU;
+    p.n = 50257;
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "an even N (50257)");
+    p.n = 11264;
+    p.epi.has_residual = 1; /* no residual before the gated unit */
+    expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "no activation or residual");
+    p.epi.has_residual = 0;
+    expect(gemm_exec_validate(&p, &err), STOF_OK, &err, NULL);
+    int gv[FUSION_MAX_PARAMS] = {0};
+    gemm_exec_default_values(&p, "sm_90", gv);
+    CHECK_EQ_INT(gv[1] / gv[2] % 2, 0); /* the default: two features a warp at least */
+    expect(gemm_exec_check(&p, gv, SMEM_H100, &err), STOF_OK, &err, NULL);
+    {
+        gemm_exec_request gr;
+        gemm_exec_request_init(&gr, &p, gv, "sm_90");
+        CHECK(has_option(&gr, "-DGLU=4")); /* STOF_ACT_SILU */
+        gemm_exec_plan gp;
+        memset(&gp, 0, sizeof gp);
+        gp.problem = p;
+        memcpy(gp.values, gv, sizeof gv);
+        gemm_template_get(FUSION_T_GEMV)->launch_shape(NULL, &gp);
+        CHECK_EQ_INT(gp.grid[0], (unsigned)((11264 / 2 + gv[1] / 2 - 1) / (gv[1] / 2)));
+    }
+    p.glu_act = 0;
+    p.n = 50257;
     p.dtype = STOF_F32;
     expect(gemm_exec_validate(&p, &err), STOF_ERR_UNSUPPORTED, &err, "f16 or bf16");
     p.dtype = STOF_F16;
@@ -1011,7 +1059,7 @@ static void test_gemv(void) {
     CHECK(strcmp(r.req.source, "gemv.cu") == 0);
     const char *want[] = {"-DROWS=4", "-DBLOCK_N=64", "-DWARPS=8", "-DUNROLL=2",
                           "-DSTOF_DTYPE=1", "-DWEIGHT_KN=1", "-DHAS_BIAS=1", "-DACT=2",
-                          "-DHAS_RESIDUAL=1"};
+                          "-DHAS_RESIDUAL=1", "-DPROLOGUE_NORM=0"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         CHECK_MSG(has_option(&r, want[i]), "missing %s", want[i]);
     CHECK(strcmp(gemm_exec_kernel_name(FUSION_T_GEMV), "stof_gemv") == 0);
@@ -1038,6 +1086,19 @@ static void test_gemv(void) {
     stof_gemm_args ga;
     expect(gemm_exec_gemm_args(&plan, &t, &ga, &err), STOF_ERR_INVALID, &err,
            "a gemv plan launched as gemm_epilogue");
+    /* a LayerNorm ahead: its gain and bias, and eps, go to the kernel */
+    t.residual = 0x4002;
+    plan.problem.prologue = FUSION_NORM_LAYERNORM;
+    plan.problem.eps = 1e-5f;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "gamma");
+    t.gamma = 0x6000;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_ERR_INVALID, &err, "beta");
+    t.beta = 0x7000;
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK(a.gamma == (const void *)0x6000 && a.beta == (const void *)0x7000 && a.eps == 1e-5f);
+    plan.problem.prologue = FUSION_NORM_RMSNORM; /* no bias */
+    expect(gemm_exec_gemv_args(&plan, &t, &a, &err), STOF_OK, &err, NULL);
+    CHECK(a.gamma == (const void *)0x6000 && a.beta == NULL);
 }
 
 static void test_args(void) {

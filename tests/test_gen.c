@@ -293,6 +293,71 @@ static int rotary_segments(const graph *g, int decode) {
     return found;
 }
 
+/* The longest segment from op `first` that a template runs (0 when not even two ops do), and
+ * that template. */
+static int longest_segment(const graph *g, int first, fusion_template_id *t) {
+    int ops[FUSION_MAX_OPS], best = 0;
+    for (int len = 1; len <= FUSION_MAX_OPS && first + len <= g->n_ops; len++) {
+        ops[len - 1] = first + len - 1;
+        fusion_match m;
+        fusion_template_id tt;
+        if (fusion_match_segment(g, ops, len, &m, NULL) != STOF_OK ||
+            exec_segment_template(g, first, len, &m, &tt, NULL) != STOF_OK)
+            break;
+        if (len >= 2) {
+            best = len;
+            *t = tt;
+        }
+    }
+    return best;
+}
+
+/* A decode step's norms (its rows are few) can each join the GEMM after it and that GEMM's
+ * epilogue or gated unit, on gemv (the norm its prologue): segments the search measures.
+ * Returns how many norms did; *glus the segments that close with a gated unit. */
+static int norm_prologues(const graph *g, int *glus) {
+    int joined = 0, norms = 0, glu_ops = 0;
+    *glus = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        glu_ops += g->ops[i].kind == OP_GLU;
+    for (int i = 0; i + 1 < g->n_ops; i++) {
+        const op_kind kind = g->ops[i].kind;
+        if ((kind != OP_LAYERNORM && kind != OP_RMSNORM) || g->ops[i + 1].kind != OP_GEMM)
+            continue;
+        norms++;
+        fusion_template_id t = FUSION_T_COUNT;
+        const int len = longest_segment(g, i, &t);
+        CHECK_MSG(len >= 2 && t == FUSION_T_GEMV, "norm #%d: %d ops on template %d", i, len,
+                  (int)t);
+        joined += len >= 2 && t == FUSION_T_GEMV;
+        *glus += len >= 2 && t == FUSION_T_GEMV && g->ops[i + len - 1].kind == OP_GLU;
+    }
+    CHECK_EQ_INT(joined, norms);
+    CHECK_EQ_INT(*glus, glu_ops);
+    return joined;
+}
+
+/* Segments of g's default schemes that open with a norm and hold more ops (gemv's prologue):
+ * the default leaves those to the search. */
+static int norm_led_segments(const graph *g) {
+    fusion_seq *seqs = NULL;
+    int n = 0, found = 0;
+    stof_error err = {0};
+    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, &err), STOF_OK);
+    for (int i = 0; i < n; i++) {
+        fusion_scheme sc;
+        fusion_segment segs[FUSION_MAX_OPS];
+        CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
+        const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
+        for (int k = 0; k < n_segs; k++) {
+            const op_kind kind = g->ops[seqs[i].first + segs[k].first].kind;
+            found += (kind == OP_LAYERNORM || kind == OP_RMSNORM) && segs[k].last > segs[k].first;
+        }
+    }
+    free(seqs);
+    return found;
+}
+
 /* A rotary op that does not rotate what the decode attention after it reads, or not by a
  * step's positions, stays a segment of its own: the attention_decode template refuses the pair
  * and says why. (The op's attributes are changed in place for the check, then restored.) */
@@ -343,6 +408,11 @@ static void check_rotary_fused(const tiny *t) {
                 CHECK_EQ_INT(rotary_segments(&pass, 0), rotary);
                 if (rotary)
                     check_rotary_refused(&d.g);
+                int glus = 0;
+                CHECK_EQ_INT(norm_prologues(&d.g, &glus), 2 * t->n_layers + 1);
+                CHECK_EQ_INT(glus, rotary ? t->n_layers : 0); /* mistral's SwiGLU */
+                CHECK_EQ_INT(norm_led_segments(&d.g), 0);
+                CHECK_EQ_INT(norm_led_segments(&pass), 0);
                 graph_free(&pass);
             }
             gen_decoder_free(&d);

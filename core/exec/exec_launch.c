@@ -64,6 +64,14 @@ static int is_norm(op_kind k) {
     return k == OP_LAYERNORM || k == OP_RMSNORM;
 }
 
+/* The STOF_ACT_* code of a GLU op's activation (OP_GLU_*), -1 for an unknown one. */
+static int glu_act_code(int act) {
+    static const int code[] = {[OP_GLU_GELU] = STOF_ACT_GELU,
+                               [OP_GLU_GELU_TANH] = STOF_ACT_GELU_TANH,
+                               [OP_GLU_SILU] = STOF_ACT_SILU};
+    return act >= 0 && act <= OP_GLU_SILU ? code[act] : -1;
+}
+
 /* ---- the GEMM family: gemm_epilogue, cublaslt, gemm_ln, gemm_chain, gemv ------------------- */
 
 /* One GEMM and the epilogue ops after it: the operands each op brings. */
@@ -81,6 +89,7 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
     const graph_op *op0 = &g->ops[first];
     const graph_tensor *y = tensor(g, op0->output);
     *r = (gemm_roles){op0->inputs[0], op0->inputs[1], -1, -1, -1, -1, 0.0f};
+    int glu_act = 0;
     for (int k = 1; k < n; k++) {
         const graph_op *op = &g->ops[first + k];
         int prev = g->ops[first + k - 1].output;
@@ -94,6 +103,8 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
             r->gamma = op->inputs[1];
             r->beta = op->kind == OP_LAYERNORM ? op->inputs[2] : -1;
             r->eps = op->attr.norm.eps;
+        } else if (op->kind == OP_GLU) {
+            glu_act = glu_act_code(op->attr.glu.act);
         }
     }
     memset(p, 0, sizeof *p);
@@ -105,6 +116,23 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
     p->epi = *epi;
     p->weight_kn = op0->attr.gemm.weight_kn;
     p->eps = r->eps;
+    p->glu_act = glu_act;
+    return STOF_OK;
+}
+
+/* gemv with a norm ahead (match.prologue): the norm's input is x, its gain and bias the
+ * roles' gamma and beta. */
+static int gemv_read_prologue(const graph *g, int first, int n, const fusion_match *m,
+                              gemm_exec_problem *p, gemm_roles *r, stof_error *err) {
+    const graph_op *norm = &g->ops[first];
+    int rc = gemm_read(g, first + 1, n - 1, FUSION_T_GEMV, &m->epi[0], p, r, err);
+    if (rc)
+        return rc;
+    r->x = norm->inputs[0];
+    r->gamma = norm->inputs[1];
+    r->beta = norm->kind == OP_LAYERNORM ? norm->inputs[2] : -1;
+    p->eps = norm->attr.norm.eps;
+    p->prologue = m->prologue;
     return STOF_OK;
 }
 
@@ -114,6 +142,10 @@ static int gemm_read(const graph *g, int first, int n, fusion_template_id tmpl,
 static int gemm_read_seg(const graph *g, int first, int n, const fusion_match *m,
                          fusion_template_id tmpl, gemm_exec_problem *p, gemm_roles *r,
                          stof_error *err) {
+    if (m->prologue != FUSION_NORM_NONE)
+        return tmpl == FUSION_T_GEMV ? gemv_read_prologue(g, first, n, m, p, r, err)
+                                     : unsupported(err, "%s has no norm ahead of the GEMM",
+                                                   fusion_template_get(tmpl)->name);
     int rc = gemm_read(g, first, n, tmpl, &m->epi[0], p, r, err);
     if (!rc && (tmpl == FUSION_T_GEMM_LN || tmpl == FUSION_T_GEMM_EPILOGUE))
         p->store_pre_norm = m->store_pre_norm;
@@ -306,9 +338,6 @@ static int embed_supports(const graph *g, int first, int n, const fusion_match *
 /* The problem of elementwise op `first`: rows of its output's last dim
  * (mask_rows: B x S rows of the rest), and the op's own attributes. */
 static void elementwise_read(const graph *g, int first, gemm_exec_problem *p) {
-    static const int act_code[] = {[OP_GLU_GELU] = STOF_ACT_GELU,
-                                   [OP_GLU_GELU_TANH] = STOF_ACT_GELU_TANH,
-                                   [OP_GLU_SILU] = STOF_ACT_SILU};
     const graph_op *op = &g->ops[first];
     const graph_tensor *y = tensor(g, op->output);
     memset(p, 0, sizeof *p);
@@ -318,9 +347,8 @@ static void elementwise_read(const graph *g, int first, gemm_exec_problem *p) {
         p->n = y->ndim >= 2 ? graph_tensor_numel(y) / (y->shape[0] * y->shape[1]) : 0;
     p->m = p->n ? graph_tensor_numel(y) / p->n : 0;
     if (op->kind == OP_GLU) {
-        int act = op->attr.glu.act;
         p->tmpl = FUSION_T_GLU;
-        p->glu_act = act >= 0 && act <= OP_GLU_SILU ? act_code[act] : -1;
+        p->glu_act = glu_act_code(op->attr.glu.act);
     } else if (op->kind == OP_ROTARY) {
         p->tmpl = FUSION_T_ROTARY;
         p->seq_len = y->ndim == 3 ? (int)y->shape[1] : 0;

@@ -123,7 +123,11 @@ int exec_segment_twin(const exec_plan *p, int s) {
 /* Whether op `next` may join a segment that op `head` opened, by the greedy
  * rule: a GEMM takes bias, activation and add; an MI chain takes bias, add,
  * activation and norm; a rotary op goes into the attention after it (a decode step's: the
- * template check that follows refuses the others). */
+ * template check that follows refuses the others). A norm ahead of a GEMM and a gated unit
+ * after one (gemv's prologue and GLU, a decode step's few rows) are left to the search: joined
+ * by default, a whole step was slower than cuBLASLt with the norms and gated units apart
+ * (the Mistral-shaped 1B at batch 1: 1.047 against 0.971 ms; at batch 8, 2.39 against 0.98;
+ * bench/RESULTS.md). */
 static int greedy_joins(op_kind head, op_kind next) {
     int epilogue = next == OP_BIAS || next == OP_ADD || next == OP_GELU || next == OP_RELU;
     if (head == OP_ROTARY)

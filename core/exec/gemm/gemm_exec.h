@@ -63,13 +63,17 @@ typedef struct gemm_exec_problem {
     int weight_kn;           /* GEMM, gemm_ln, gemm_chain (both weights): W
                                 stored [K, N] instead of [N, K] */
     int store_pre_norm;      /* gemm_ln, MI chain with a norm: also write its input */
-    float eps;               /* gemm_ln, MI chain norm */
+    float eps;               /* gemm_ln, MI chain norm; gemv: its prologue's */
+    fusion_norm prologue;    /* gemv: each row of x normalized first (the tensors' gamma and
+                                beta), as a norm op ahead of the GEMM would write it */
     int seq_len, vocab;      /* embedding, rotary: positions are row % seq_len */
     int has_position, has_type;
     int has_type_ids, type_vocab; /* embedding: a type row per token (of type_vocab rows) */
     int has_position_ids, pos_rows; /* embedding: a position row per token (of pos_rows);
                                        rotary: each row's position (in the xy tensors' mask) */
-    int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU */
+    int glu_act;             /* glu: STOF_ACT_GELU, STOF_ACT_GELU_TANH or STOF_ACT_SILU; gemv:
+                                that or 0, a GLU after the GEMM (its n features, n / 2
+                                outputs: act(first half) * second half) */
     int heads, kv_heads, head_dim; /* rotary: Q heads, K (and V) heads, their size */
     float theta;             /* rotary: the frequencies' base */
 } gemm_exec_problem;

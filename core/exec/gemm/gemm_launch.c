@@ -109,15 +109,21 @@ int gemm_exec_gemv_args(const gemm_exec_plan *plan, const gemm_exec_gemm_tensors
         (rc = check_tensor("gemv", "x", s.x, &s.x_row_stride, p->k, err)) ||
         (rc = check_tensor("gemv", "w", s.w, &s.w_row_stride, p->weight_kn ? p->n : p->k,
                            err)) ||
-        (rc = check_elementwise("y", s.y, &s.y_row_stride, p->n, err)) ||
+        (rc = check_elementwise("y", s.y, &s.y_row_stride, p->glu_act ? p->n / 2 : p->n,
+                                err)) ||
         (p->epi.has_bias && (rc = check_elementwise("bias", s.bias, &bias_stride, p->n, err))) ||
         (p->epi.has_residual &&
-         (rc = check_elementwise("residual", s.residual, &s.r_row_stride, p->n, err))))
+         (rc = check_elementwise("residual", s.residual, &s.r_row_stride, p->n, err))) ||
+        (p->prologue != FUSION_NORM_NONE && (rc = check_ptr("gemv", "gamma", s.gamma, err))) ||
+        (p->prologue == FUSION_NORM_LAYERNORM && (rc = check_ptr("gemv", "beta", s.beta, err))))
         return rc;
     a->x = PTR(s.x);
     a->w = PTR(s.w);
     a->bias = p->epi.has_bias ? PTR(s.bias) : NULL;
     a->residual = p->epi.has_residual ? PTR(s.residual) : NULL;
+    a->gamma = p->prologue != FUSION_NORM_NONE ? PTR(s.gamma) : NULL;
+    a->beta = p->prologue == FUSION_NORM_LAYERNORM ? PTR(s.beta) : NULL;
+    a->eps = p->eps;
     a->y = PTR(s.y);
     a->x_row_stride = s.x_row_stride;
     a->w_row_stride = s.w_row_stride;

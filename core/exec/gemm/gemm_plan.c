@@ -177,7 +177,8 @@ static void describe_ops(const gemm_exec_problem *p, char *buf, size_t n) {
     char extra[64] = "";
     if (row->describe_extra)
         row->describe_extra(p, extra, sizeof extra);
-    snprintf(buf, n, "%s%s%s%s%s%s%s%s", p->weight_kn ? " w[K,N]" : "",
+    snprintf(buf, n, "%s%s%s%s%s%s%s%s%s%s", p->prologue ? norms[p->prologue] : "",
+             p->prologue ? " ahead," : "", p->weight_kn ? " w[K,N]" : "",
              p->epi.has_bias ? " bias" : "",
              add && row->residual_at == GEMM_RESIDUAL_BEFORE_ACT ? " add" : "",
              act_name(p->epi.act),

@@ -121,6 +121,8 @@ void gemm_exec_dims(const gemm_exec_problem *p, fusion_dims *d) {
     d->weight_kn = p->weight_kn;
     d->heads = p->heads;
     d->head_dim = p->head_dim;
+    d->gated = p->tmpl == FUSION_T_GEMV && p->glu_act > 0;
+    d->prologue = p->tmpl == FUSION_T_GEMV && p->prologue != FUSION_NORM_NONE;
 }
 
 /* ---- settings ---------------------------------------------------------------------- */

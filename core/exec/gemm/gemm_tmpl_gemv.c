@@ -1,6 +1,7 @@
 /* gemv's row (kernels/gemv.cu): a GEMM of a few rows with gemm_epilogue's epilogue (bias,
- * activation, residual; no norm), the weights streamed once. With [N, K] weights its N may be
- * any width (a vocabulary). */
+ * activation, residual; no closing norm) or a gated unit (bias, GLU), and ahead of it a norm of
+ * x's rows (a pre-norm model's), the weights streamed once. With [N, K] weights its N may be any
+ * width (a vocabulary). */
 #include <stdio.h>
 
 #include "core/base/error.h"
@@ -17,7 +18,19 @@ static int validate_gemv(const gemm_exec_problem *p, stof_error *err) {
     if (p->epi.norm != FUSION_NORM_NONE || p->store_pre_norm)
         return err_set(err, STOF_ERR_UNSUPPORTED, "gemv: no closing norm (gemm_epilogue and "
                        "gemm_ln have one)");
-    return STOF_OK;
+    if ((int)p->prologue < FUSION_NORM_NONE || p->prologue > FUSION_NORM_RMSNORM)
+        return err_set(err, STOF_ERR_INVALID, "gemv: unknown norm %d ahead of the GEMM",
+                       (int)p->prologue);
+    if (p->glu_act && (p->glu_act != STOF_ACT_GELU && p->glu_act != STOF_ACT_GELU_TANH &&
+                       p->glu_act != STOF_ACT_SILU))
+        return err_set(err, STOF_ERR_INVALID, "gemv: GLU activation %d (gelu, gelu tanh or "
+                       "silu)", p->glu_act);
+    if (p->glu_act && (p->weight_kn || p->n % 2 || p->epi.act != FUSION_ACT_NONE ||
+                       p->epi.has_residual))
+        return err_set(err, STOF_ERR_UNSUPPORTED, "gemv: a GLU after the GEMM takes [N, K] "
+                       "weights, an even N (%lld) and no activation or residual before it",
+                       (long long)p->n);
+    return p->prologue != FUSION_NORM_NONE ? gemm_validate_eps("gemv", p->eps, err) : STOF_OK;
 }
 
 static int no_row_reduce(const gemm_exec_problem *p) {
@@ -35,7 +48,7 @@ static int smallest_rows(int64_t m) {
 /* Enough blocks to keep the memory busy on an H100 / H200 (132 SMs): every row of the block's
  * x in one pass (ROWS >= M), and the loads of a whole K in flight where registers allow.
  * [N, K]: one output a warp of four (two from five rows on, which halves the conversions of x
- * a weight takes), eight loads a lane; [K, N]: the widest column slice of 64, 32 or 16 leaving
+ * a weight takes; two with a GLU, an output's pair), eight loads a lane; [K, N]: the widest column slice of 64, 32 or 16 leaving
  * at least 128 blocks, eight warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
@@ -53,6 +66,8 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
     }
     v[2] = 4;
     v[1] = p->m <= 4 ? 4 : 8;
+    if (p->glu_act) /* two features a warp: an output's pair */
+        v[1] = 8;
     v[3] = v[0] >= 16 ? 4 : 8;
 }
 
@@ -64,13 +79,25 @@ static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const
     gemm_request_define(r, "HAS_BIAS", p->epi.has_bias != 0);
     gemm_request_define(r, "ACT", (int)p->epi.act);
     gemm_request_define(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
+    gemm_request_define(r, "PROLOGUE_NORM", (int)p->prologue);
+    gemm_request_define(r, "GLU", p->glu_act);
 }
 
-/* Column slices of BLOCK_N, times row groups of ROWS. */
+/* What a description adds: the gated unit after the GEMM. */
+static void gemv_describe_extra(const gemm_exec_problem *p, char *buf, size_t n) {
+    snprintf(buf, n, "%s", p->glu_act == STOF_ACT_SILU        ? " swiglu"
+                           : p->glu_act == STOF_ACT_GELU      ? " geglu"
+                           : p->glu_act == STOF_ACT_GELU_TANH ? " geglu(tanh)"
+                                                              : "");
+}
+
+/* Column slices of BLOCK_N (with a GLU, BLOCK_N / 2 outputs and their pairs), times row groups
+ * of ROWS. */
 static void gemv_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     (void)c;
     const gemm_exec_problem *p = &plan->problem;
-    plan->grid[0] = (unsigned)gemm_ceil_div(p->n, plan->values[1]);
+    plan->grid[0] = (unsigned)(p->glu_act ? gemm_ceil_div(p->n / 2, plan->values[1] / 2)
+                                          : gemm_ceil_div(p->n, plan->values[1]));
     plan->grid[1] = (unsigned)gemm_ceil_div(p->m, plan->values[0]);
     plan->block[0] = (unsigned)plan->values[2] * 32;
 }
@@ -85,4 +112,5 @@ const gemm_template gemm_template_gemv = {
     .defines = gemv_defines,
     .launch_shape = gemv_launch_shape,
     .residual_at = GEMM_RESIDUAL_AFTER_ACT,
+    .describe_extra = gemv_describe_extra,
 };

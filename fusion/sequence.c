@@ -54,6 +54,9 @@ static int attrs_equal(const graph_op *a, const graph_op *b) {
     switch (a->kind) {
     case OP_GEMM:
         return a->attr.gemm.weight_kn == b->attr.gemm.weight_kn;
+    case OP_ADD:
+        return a->attr.add.has_dtype == b->attr.add.has_dtype &&
+               (!a->attr.add.has_dtype || a->attr.add.dtype == b->attr.add.dtype);
     case OP_LAYERNORM:
     case OP_RMSNORM:
         return a->attr.norm.eps == b->attr.norm.eps;

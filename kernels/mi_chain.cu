@@ -14,6 +14,10 @@
 // shuffles within the row's threads and, past one warp, through a few
 // floats of shared memory. Nothing is read twice from memory.
 //
+// X_F32, RESIDUAL_F32, PRE_NORM_F32 and Y_F32 keep x, the residual, the stored pre-norm
+// value and y in fp32 (a residual stream beside a model in f16 or bf16); bias, gamma and beta
+// stay in the model's dtype.
+//
 // Registers, not shared memory, hold the rows: templates.c's model
 // (ROWS x ROW_N fp32) is an upper bound this kernel stays far below. A
 // thread holds at most STOF_MI_MAX_PER_THREAD elements (static_assert; the
@@ -52,8 +56,27 @@
 #ifndef STORE_PRE_NORM
 #define STORE_PRE_NORM 0
 #endif
+#ifndef X_F32
+#define X_F32 0
+#endif
+#ifndef RESIDUAL_F32
+#define RESIDUAL_F32 0
+#endif
+#ifndef PRE_NORM_F32
+#define PRE_NORM_F32 0
+#endif
+#ifndef Y_F32
+#define Y_F32 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
+// each tensor's element: fp32 where the build says so, else the model's dtype
+template <int F32> struct stored { using type = elem_t; };
+template <> struct stored<1> { using type = float; };
+using x_t = typename stored<X_F32>::type;
+using res_t = typename stored<RESIDUAL_F32>::type;
+using pre_t = typename stored<PRE_NORM_F32>::type;
+using y_t = typename stored<Y_F32>::type;
 
 constexpr int kTPR = THREADS / ROWS;                    // threads per row
 constexpr int kRowChunks = ROW_N / VEC;                 // VEC-element chunks per row
@@ -88,6 +111,37 @@ template <int V> __device__ __forceinline__ void load_vec(const elem_t *p, float
             f[2 * i] = t.x;
             f[2 * i + 1] = t.y;
         }
+    }
+}
+
+// fp32: 16-byte loads of four where VEC allows.
+template <int V> __device__ __forceinline__ void load_vec(const float *p, float (&f)[V]) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < V / 4; ++i) {
+            const float4 t = reinterpret_cast<const float4 *>(p)[i];
+            f[4 * i] = t.x;
+            f[4 * i + 1] = t.y;
+            f[4 * i + 2] = t.z;
+            f[4 * i + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            f[i] = p[i];
+    }
+}
+
+template <int V> __device__ __forceinline__ void store_vec(float *p, const float (&f)[V]) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < V / 4; ++i)
+            reinterpret_cast<float4 *>(p)[i] =
+                make_float4(f[4 * i], f[4 * i + 1], f[4 * i + 2], f[4 * i + 3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            p[i] = f[i];
     }
 }
 
@@ -139,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
 
     // s = act(x + bias + residual), in registers
     float v[kPer][VEC];
-    const elem_t *x = static_cast<const elem_t *>(a.x) + row * a.x_row_stride;
+    const x_t *x = static_cast<const x_t *>(a.x) + row * a.x_row_stride;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const int col = (part + i * kTPR) * VEC;
@@ -159,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
 #endif
 #if HAS_RESIDUAL
         float r[VEC];
-        load_vec(static_cast<const elem_t *>(a.residual) + row * a.r_row_stride + col, r);
+        load_vec(static_cast<const res_t *>(a.residual) + row * a.r_row_stride + col, r);
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
             v[i][e] += r[e];
@@ -168,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
         for (int e = 0; e < VEC; ++e)
             v[i][e] = stof_activate<ACT>(v[i][e]);
 #if STORE_PRE_NORM
-        store_vec(static_cast<elem_t *>(a.pre_norm) + row * a.p_row_stride + col, v[i]);
+        store_vec(static_cast<pre_t *>(a.pre_norm) + row * a.p_row_stride + col, v[i]);
 #endif
     }
 
@@ -203,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_mi_chain(const stof_m
 
     if (!active)
         return;
-    elem_t *y = static_cast<elem_t *>(a.y) + row * a.y_row_stride;
+    y_t *y = static_cast<y_t *>(a.y) + row * a.y_row_stride;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const int col = (part + i * kTPR) * VEC;

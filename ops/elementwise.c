@@ -19,16 +19,23 @@ static int same_shape(const graph_tensor *a, const graph_tensor *b) {
 
 int ops_add_infer(OPS_INFER_ARGS) {
     const graph_tensor *a = ops_input(g, op, 0), *b = ops_input(g, op, 1);
+    const int has_dtype = op->attr.add.has_dtype;
     int rc;
     if ((rc = ops_require_float(op, a, "a", err)) || (rc = ops_require_float(op, b, "b", err)) ||
-        (rc = ops_require_same_dtype(op, a, "a", b, "b", err)))
+        (!has_dtype && (rc = ops_require_same_dtype(op, a, "a", b, "b", err))))
         return rc;
+    if (has_dtype && op->attr.add.dtype != STOF_F32 && op->attr.add.dtype != STOF_F16 &&
+        op->attr.add.dtype != STOF_BF16)
+        return ops_fail(op, err, STOF_ERR_INVALID, "the sum's dtype must be fp32, fp16 or bf16, "
+                        "got %s", stof_dtype_name(op->attr.add.dtype));
     if (!same_shape(a, b)) {
         char as[OPS_TENSOR_STR_MAX], bs[OPS_TENSOR_STR_MAX];
         return ops_fail(op, err, STOF_ERR_SHAPE, "a %s and b %s must have the same shape",
                         ops_tensor_str(a, as, sizeof as), ops_tensor_str(b, bs, sizeof bs));
     }
     ops_copy_shape(out, a);
+    if (has_dtype)
+        out->dtype = op->attr.add.dtype;
     return STOF_OK;
 }
 

@@ -17,7 +17,8 @@ static int check_eps(const graph_op *op, stof_error *err) {
 }
 
 /* x [..., N] and one gain (and shift) vector [N] per feature; n_params is the
- * number of vectors after x. */
+ * number of vectors after x. The output has the gain's dtype: x's, or f16 / bf16 where x is an
+ * fp32 residual stream. */
 static int norm_infer(const graph *g, const graph_op *op, int n_params, graph_tensor *out,
                       stof_error *err) {
     static const char *const roles[] = {"gamma", "beta"};
@@ -27,12 +28,15 @@ static int norm_infer(const graph *g, const graph_op *op, int n_params, graph_te
         return rc;
     for (int k = 0; k < n_params; k++) {
         const graph_tensor *p = ops_input(g, op, 1 + k);
+        const graph_tensor *g0 = ops_input(g, op, 1);
         if ((rc = ops_require_float(op, p, roles[k], err)) ||
-            (rc = ops_require_same_dtype(op, x, "x", p, roles[k], err)) ||
+            (x->dtype != STOF_F32 && (rc = ops_require_same_dtype(op, x, "x", p, roles[k], err))) ||
+            (rc = ops_require_same_dtype(op, g0, roles[0], p, roles[k], err)) ||
             (rc = ops_require_vector(op, p, roles[k], ops_last_dim(x), err)))
             return rc;
     }
     ops_copy_shape(out, x);
+    out->dtype = ops_input(g, op, 1)->dtype;
     return STOF_OK;
 }
 

@@ -20,11 +20,16 @@
 --                   attends its window AND this pattern
 --   dtype   "fp16"  fp16, bf16 or fp32
 --   padding true    an input attention_mask [batch, seq] (optional at run time; see bert.lua)
+--   residual "auto" the residual stream's dtype (x above): "fp32", or "dtype" (the model's);
+--                   "auto" is fp32 in bf16 (bf16's 8-bit mantissa, rounded at each of the 44
+--                   residual adds, put the last hidden state 1.0e-2 from an fp32 run; kept in
+--                   fp32 the stream leaves 2.4e-3) and the dtype otherwise
 local hf = require("hf")
 local c = stof.config or {hidden_size = 768, num_hidden_layers = 22, num_attention_heads = 12,
                           intermediate_size = 1152, vocab_size = 50368,
                           max_position_embeddings = 8192}
-local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16", padding = true}
+local p = stof.params{batch = 8, seq = 512, mask = "none", dtype = "fp16", padding = true,
+                      residual = "auto"}
 
 local H, L = hf.need(c, "hidden_size", true), hf.need(c, "num_hidden_layers", true)
 local heads, F = hf.need(c, "num_attention_heads", true), hf.need(c, "intermediate_size", true)
@@ -58,6 +63,12 @@ end
 local global_theta = theta("full_attention", "global_rope_theta", 160000.0)
 local local_theta = theta("sliding_attention", "local_rope_theta", 10000.0)
 local window = c.sliding_window or (c.local_attention or 128) // 2
+if p.residual ~= "auto" and p.residual ~= "fp32" and p.residual ~= "dtype" then
+  error("residual '" .. tostring(p.residual) .. "': auto, fp32 or dtype")
+end
+-- the adds' options: the stream's dtype where it is not the model's
+local stream = (p.residual == "fp32" or (p.residual == "auto" and p.dtype == "bf16"))
+               and p.dtype ~= "fp32" and {dtype = "fp32"} or nil
 
 local m = stof.model{name = "modernbert", dtype = p.dtype}
 local global_mask = stof.mask.named(p.mask)
@@ -96,10 +107,10 @@ for n = 0, L - 1 do
                          name = pre .. ".attn.rotary"})
     local a = m:attention(qkv, {heads = heads, head_dim = D, padding = am,
                                 mask = loc and local_mask or global_mask, name = pre .. ".attn"})
-    x = m:add(x, linear(pre .. ".attn.Wo", a, H, H, c.attention_bias))
+    x = m:add(x, linear(pre .. ".attn.Wo", a, H, H, c.attention_bias), stream)
     local u = linear(pre .. ".mlp.Wi", layernorm(pre .. ".mlp_norm", x), 2 * F, H, c.mlp_bias)
     local g = m:glu(u, {act = act and "gelu_tanh" or "gelu", name = pre .. ".mlp.glu"})
-    x = m:add(x, linear(pre .. ".mlp.Wo", g, H, F, c.mlp_bias))
+    x = m:add(x, linear(pre .. ".mlp.Wo", g, H, F, c.mlp_bias), stream)
   end)
 end
 

@@ -34,14 +34,26 @@ static void sig_add(sig_buf *b, const char *fmt, ...) {
         b->len += (size_t)n;
 }
 
+/* "/f32" and the roles of op's tensors that are fp32 in a model of f16 or bf16 (a residual
+ * stream): bit k input k, bit 7 the output; nothing when none is. */
+static void sig_f32(sig_buf *b, const graph *g, const graph_op *op) {
+    unsigned bits = 0;
+    for (int k = 0; k < op->n_inputs && k < 7; k++)
+        bits |= (unsigned)(g->tensors[op->inputs[k]].dtype == STOF_F32) << k;
+    bits |= (unsigned)(g->tensors[op->output].dtype == STOF_F32) << 7;
+    if (bits && g->output >= 0 && g->tensors[g->output].dtype != STOF_F32)
+        sig_add(b, "/f32:%x", bits);
+}
+
 /* The attributes of one op that change its kernel's time beyond the dims:
  * a GEMM's weight layout, a gated unit's activation, rotary's heads and
- * theta, the embedding's type ids, attention's flags and mask. (An entry
- * without an attribute that was added later keeps its old meaning: the
+ * theta, the embedding's type ids, attention's flags and mask, fp32 tensors in a model of
+ * f16 or bf16. (An entry without an attribute that was added later keeps its old meaning: the
  * attribute's default.) */
 static void sig_op(sig_buf *b, const graph *g, const graph_op *op) {
     sig_add(b, "%s%s", op_describe(op->kind)->name,
             op->kind == OP_GELU && op->attr.gelu.tanh ? "_tanh" : "");
+    sig_f32(b, g, op);
     if (op->kind == OP_GEMM && op->attr.gemm.weight_kn)
         sig_add(b, "/kn");
     if (op->kind == OP_GLU)

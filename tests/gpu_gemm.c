@@ -38,7 +38,9 @@
  * mi_chain: bias+add+layernorm, add+layernorm, add+rmsnorm, gelu, the
  * pre-norm store of pre-LN models, bias+gelu_tanh, add+relu, rows of 512,
  * 768 and 1024, 7 and 1000 rows, three thread layouts (a warp a row, a
- * block a row, a sub-warp a row). Every element checked.
+ * block a row, a sub-warp a row). Every element checked. The same with an fp32
+ * residual stream: the stream read as x or as the residual, added to, stored as the norm's
+ * input, normalized alone (`gpu_gemm stream` runs these alone).
  *
  * embedding: with and without position and type tables, widths 768 (VEC 8)
  * and 100 (VEC 4); bad ids give zero rows and an error naming the token.
@@ -855,6 +857,149 @@ static void test_mi_chain(gpu *g, util_rng *rng) {
             }
 }
 
+/* ---- mi_chain over an fp32 residual stream ------------------------------------------------ */
+
+/* The chains of a pre-norm model whose residual stream is fp32 (GEMM_F32_*): x and res's roles,
+ * the stored norm input and y each fp32 or the dtype. */
+typedef struct stream_chain {
+    const char *name;
+    int res;
+    fusion_norm norm;
+    int pre;
+    unsigned f32;
+} stream_chain;
+
+static const stream_chain streams[] = {
+    {"stream+add+layernorm, stream stored", 1, FUSION_NORM_LAYERNORM, 1,
+     GEMM_F32_X | GEMM_F32_PRE_NORM},
+    {"stream+add -> stream", 1, FUSION_NORM_NONE, 0, GEMM_F32_X | GEMM_F32_Y},
+    {"add -> stream", 1, FUSION_NORM_NONE, 0, GEMM_F32_Y},
+    {"layernorm of the stream", 0, FUSION_NORM_LAYERNORM, 0, GEMM_F32_X},
+    {"add+stream+rmsnorm, stream stored", 1, FUSION_NORM_RMSNORM, 1,
+     GEMM_F32_RESIDUAL | GEMM_F32_PRE_NORM},
+};
+
+/* n values for a tensor of role `f32`: fp32 ones off the dtype's grid (what a stream holds),
+ * else rounded to dt; x gets the values the kernel reads, dev the upload. */
+static int stream_values(gpu *g, int f32, float *x, uint16_t *bits, size_t n, stof_dtype dt,
+                         util_rng *rng, CUdeviceptr *dev) {
+    fill(x, bits, n, dt, rng, -2.0, 2.0);
+    if (!f32)
+        return upload(g, dev, bits, n * 2);
+    for (size_t i = 0; i < n; i++)
+        x[i] += (float)((util_rng_double(rng) - 0.5) * 0.01);
+    return upload(g, dev, x, n * 4);
+}
+
+/* An output checked against the reference: fp32 (bound 1e-5) or dt. */
+static void stream_judge(gpu *g, const char *label, CUdeviceptr d, int f32, stof_dtype dt,
+                         size_t mn, int N, const double *ref, void *host) {
+    if (fetch(g, host, d, f32 ? 2 * mn : mn))
+        return;
+    verdict v;
+    verdict_init(&v);
+    long bad = 0;
+    for (size_t i = 0; i < mn; i++) {
+        const float y = f32 ? ((float *)host)[i] : from_bits(dt, ((uint16_t *)host)[i]);
+        bad += !isfinite(y);
+        verdict_add(&v, y, ref[i], (long)i);
+    }
+    char where[160] = "";
+    if (v.first_bad >= 0)
+        snprintf(where, sizeof where, "first bad: row %ld col %ld, ref %g", v.first_bad / N,
+                 v.first_bad % N, ref[v.first_bad]);
+    report(label, &v, bad, f32 ? 1e-5 : tol_of(dt), where);
+}
+
+static void run_stream(gpu *g, const stream_chain *c, int setting, stof_dtype dt, int rows,
+                       int N, CUdeviceptr dx, CUdeviceptr dres, const CUdeviceptr *dvec,
+                       CUdeviceptr dy, CUdeviceptr dpre, const double *pre, const double *y,
+                       void *host) {
+    char label[200];
+    snprintf(label, sizeof label, "mi_chain %s rows=%d N=%d %s ROWS=%d THREADS=%d VEC=%d",
+             stof_dtype_name(dt), rows, N, c->name, mi_settings[setting][0],
+             mi_settings[setting][1], mi_settings[setting][2]);
+    gemm_exec_problem p = {.tmpl = FUSION_T_MI_CHAIN, .dtype = dt, .m = rows, .n = N,
+                           .epi = {0, FUSION_ACT_NONE, c->res, c->norm},
+                           .store_pre_norm = c->pre, .eps = 1e-5f, .f32 = c->f32};
+    gemm_exec_plan *plan = make_plan(g, &p, mi_settings[setting], label);
+    if (!plan)
+        return;
+    size_t mn = (size_t)rows * N;
+    gemm_exec_mi_tensors t = {.x = dx, .residual = dres, .gamma = dvec[0], .beta = dvec[1],
+                              .y = dy, .pre_norm = dpre};
+    stof_error err = {0};
+    int rc = poison(g, dy, 2 * mn) || poison(g, dpre, 2 * mn);
+    if (!rc && (rc = gemm_exec_mi_chain(g->ctx, plan, &t, 0, &err)) != STOF_OK) {
+        n_runs++;
+        CHECK_MSG(0, "%s: %s", label, err.msg);
+        recap_add("%s: launch: %.160s", label, err.msg);
+    }
+    if (!rc)
+        stream_judge(g, label, dy, (c->f32 & GEMM_F32_Y) != 0, dt, mn, N, y, host);
+    if (!rc && c->pre) {
+        char lab[220];
+        snprintf(lab, sizeof lab, "%s [pre_norm]", label);
+        stream_judge(g, lab, dpre, (c->f32 & GEMM_F32_PRE_NORM) != 0, dt, mn, N, pre, host);
+    }
+    gemm_exec_plan_free(g->ctx, plan);
+}
+
+/* mi_chain with an fp32 residual stream: each chain, both dtypes, rows of 768 and 1000 (a
+ * partial last chunk at VEC 8 over a warp), 7 and 1000 rows, the three thread layouts; fresh
+ * values for each, the outputs poisoned first. */
+static void test_mi_stream(gpu *g, util_rng *rng) {
+    static const int Ns[] = {768, 1000};
+    static const int Rs[] = {7, 1000};
+    static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
+    const int n_streams = (int)(sizeof streams / sizeof streams[0]);
+    for (int d = 0; d < 2 && !g->dead; d++)
+        for (int ni = 0; ni < 2 && !g->dead; ni++)
+            for (int ri = 0; ri < 2 && !g->dead; ri++)
+                for (int c = 0; c < n_streams && !g->dead; c++) {
+                    const stream_chain *sc = &streams[c];
+                    const int N = Ns[ni], rows = Rs[ri];
+                    const size_t mn = (size_t)rows * N;
+                    const stof_dtype dt = dts[d];
+                    float *x = malloc(mn * 4), *res = malloc(mn * 4), *vec = malloc(N * 8u);
+                    uint16_t *bits = malloc(mn * 2), *vb = malloc(N * 4u);
+                    void *host = malloc(mn * 4);
+                    double *pre = malloc(mn * sizeof *pre), *y = malloc(mn * sizeof *y);
+                    CUdeviceptr dx = 0, dres = 0, dvec[2] = {0, 0}, dy = 0, dpre = 0;
+                    if (x && res && vec && bits && vb && host && pre && y &&
+                        !stream_values(g, sc->f32 & GEMM_F32_X, x, bits, mn, dt, rng, &dx) &&
+                        !stream_values(g, sc->f32 & GEMM_F32_RESIDUAL, res, bits, mn, dt, rng,
+                                       &dres)) {
+                        fill(vec, vb, (size_t)N, dt, rng, 0.5, 1.5);
+                        fill(vec + N, vb + N, (size_t)N, dt, rng, -1.0, 1.0);
+                        const chain ref = {sc->name, 0, sc->res, FUSION_ACT_NONE, sc->norm,
+                                           sc->pre};
+                        mi_reference(&ref, rows, N, x, NULL, res, vec, vec + N,
+                                     (double)1e-5f, pre, y);
+                        if (!upload(g, &dvec[0], vb, N * 2u) &&
+                            !upload(g, &dvec[1], vb + N, N * 2u) && !dalloc(g, &dy, mn * 4) &&
+                            !dalloc(g, &dpre, mn * 4))
+                            for (int s = 0; s < N_MI_SETTINGS && !g->dead; s++)
+                                run_stream(g, sc, s, dt, rows, N, dx, dres, dvec, dy, dpre, pre,
+                                           y, host);
+                    }
+                    dfree(g, &dx);
+                    dfree(g, &dres);
+                    dfree(g, &dvec[0]);
+                    dfree(g, &dvec[1]);
+                    dfree(g, &dy);
+                    dfree(g, &dpre);
+                    free(x);
+                    free(res);
+                    free(vec);
+                    free(bits);
+                    free(vb);
+                    free(host);
+                    free(pre);
+                    free(y);
+                }
+}
+
 /* ---- embedding ------------------------------------------------------------------------------ */
 
 #define EMB_BATCH 2
@@ -1537,6 +1682,12 @@ int main(int argc, char **argv) {
            g.ctx->info.sm_count, g.ctx->info.smem_per_block_optin);
     int notime = argc > 1 && !strcmp(argv[1], "notime");
     util_rng rng = {20240611};
+    if (argc > 1 && !strcmp(argv[1], "stream")) { /* the fp32 residual stream's chains alone */
+        test_mi_stream(&g, &rng);
+        gemm_exec_ctx_free(g.ctx);
+        recap_print();
+        return check_summary("gpu_gemm");
+    }
     if (argc > 1 && !strcmp(argv[1], "timeonly")) { /* for a profiler: the timing alone */
         timing(&g, &rng);
         gemm_exec_ctx_free(g.ctx);
@@ -1549,6 +1700,8 @@ int main(int argc, char **argv) {
         test_glu_rotary(&g, &rng);
     if (!g.dead)
         test_mi_chain(&g, &rng);
+    if (!g.dead)
+        test_mi_stream(&g, &rng);
     if (!g.dead)
         test_gemm_epilogues(&g, &rng);
     if (!g.dead)

@@ -4,6 +4,7 @@
  * the activation buffers (lifetimes, no two live ones sharing bytes, the
  * arena against the live-set bound), per-segment choices, and the error
  * paths that need no device. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -833,7 +834,167 @@ static void test_no_device(void) {
     exec_plan_free(NULL);
 }
 
+/* ---- an fp32 residual stream beside a bf16 model -------------------------------------- */
+
+static const char *const tiny_modernbert =
+    "{\"model_type\": \"modernbert\", \"hidden_size\": 64, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 50,"
+    " \"max_position_embeddings\": 64, \"norm_eps\": 1e-5, \"norm_bias\": false,"
+    " \"hidden_activation\": \"gelu\", \"global_attn_every_n_layers\": 3,"
+    " \"local_attention\": 8, \"global_rope_theta\": 160000.0,"
+    " \"local_rope_theta\": 10000.0}";
+
+static int build_modernbert(const char *dtype, const char *residual, graph *g,
+                            stof_error *err) {
+    char d[32], r[32];
+    snprintf(d, sizeof d, "dtype=%s", dtype);
+    snprintf(r, sizeof r, "residual=%s", residual);
+    const char *params[] = {"batch=2", "seq=64", d, r};
+    cJSON *c = cJSON_Parse(tiny_modernbert);
+    graph_init(g);
+    int rc = lua_api_build_config(SCRIPTS "modernbert.lua", params, 4, c, g, NULL, err);
+    cJSON_Delete(c);
+    return rc;
+}
+
+static int count_dtype(const graph *g, stof_dtype dt) {
+    int n = 0;
+    for (int i = 0; i < g->n_tensors; i++)
+        n += g->tensors[i].dtype == dt;
+    return n;
+}
+
+static int touches_f32(const graph *g, int first, int n) {
+    for (int i = first; i < first + n; i++) {
+        if (g->tensors[g->ops[i].output].dtype == STOF_F32)
+            return 1;
+        for (int k = 0; k < g->ops[i].n_inputs; k++)
+            if (g->tensors[g->ops[i].inputs[k]].dtype == STOF_F32)
+                return 1;
+    }
+    return 0;
+}
+
+/* ModernBERT in bf16 keeps its residual stream in fp32 (residual=auto): every add's sum is
+ * fp32, every norm's output bf16; the default plan puts every segment that touches the stream
+ * on mi_chain and leaves the GEMMs without the add; a GEMM with the add is refused. */
+static void test_fp32_stream(void) {
+    graph g;
+    stof_error err = {0};
+    int rc = build_modernbert("bf16", "auto", &g, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    if (rc)
+        return;
+    int adds = 0, norms = 0;
+    for (int i = 0; i < g.n_ops; i++) {
+        const graph_op *op = &g.ops[i];
+        if (op->kind == OP_ADD) {
+            adds++;
+            CHECK_EQ_INT(g.tensors[op->output].dtype, STOF_F32);
+        } else if (op->kind == OP_LAYERNORM) {
+            norms++;
+            CHECK_EQ_INT(g.tensors[op->output].dtype, STOF_BF16);
+        }
+    }
+    CHECK_EQ_INT(adds, 6);
+    CHECK_EQ_INT(count_dtype(&g, STOF_F32), 6);
+    CHECK_EQ_INT(g.tensors[g.output].dtype, STOF_BF16);
+    stof_dtype dt;
+    CHECK_EQ_INT(exec_model_dtype(&g, &dt, &err), STOF_OK);
+    CHECK_EQ_INT(dt, STOF_BF16);
+
+    static const char *const def[] = {"default"};
+    exec_plan *p = NULL;
+    rc = plan_with(&g, def, 1, &p, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    int on_stream = 0;
+    for (int s = 0; !rc && s < p->n_segs; s++) {
+        const exec_segment *x = &p->segs[s];
+        if (!touches_f32(&g, x->first, x->n))
+            continue;
+        on_stream++;
+        CHECK_MSG(x->tmpl == FUSION_T_MI_CHAIN, "segment #%d-#%d on template %d", x->first,
+                  x->first + x->n - 1, (int)x->tmpl);
+    }
+    /* layer 0: add+mlp_norm, add; layers 1 and 2: attn_norm too; then the final norm */
+    CHECK_EQ_INT(on_stream, 2 + 3 + 3 + 1);
+    exec_plan_free(p);
+
+    /* the attention's output projection with its add: refused, and saying why */
+    for (int i = 0; i + 1 < g.n_ops; i++) {
+        if (g.ops[i].kind != OP_GEMM || g.ops[i + 1].kind != OP_ADD)
+            continue;
+        int ops[2] = {i, i + 1};
+        fusion_match m;
+        CHECK_EQ_INT(fusion_match_segment(&g, ops, 2, &m, &err), STOF_OK);
+        stof_error e = {0};
+        CHECK_EQ_INT(exec_segment_supports(&g, i, 2, &m, FUSION_T_CUBLASLT, &e),
+                     STOF_ERR_UNSUPPORTED);
+        CHECK_MSG(strstr(e.msg, "fp32") && strstr(e.msg, "mi_chain"), "%s", e.msg);
+        break;
+    }
+    graph_free(&g);
+
+    /* residual=dtype keeps one dtype; fp16's auto too; a bad value names the choices */
+    CHECK_EQ_INT(build_modernbert("bf16", "dtype", &g, &err), STOF_OK);
+    CHECK_EQ_INT(count_dtype(&g, STOF_F32), 0);
+    graph_free(&g);
+    CHECK_EQ_INT(build_modernbert("fp16", "auto", &g, &err), STOF_OK);
+    CHECK_EQ_INT(count_dtype(&g, STOF_F32), 0);
+    graph_free(&g);
+    CHECK_EQ_INT(build_modernbert("fp16", "fp32", &g, &err), STOF_OK);
+    CHECK_EQ_INT(count_dtype(&g, STOF_F32), 6);
+    graph_free(&g);
+    CHECK(build_modernbert("bf16", "half", &g, &err) != STOF_OK);
+    CHECK_MSG(strstr(err.msg, "residual 'half'") && strstr(err.msg, "auto, fp32 or dtype"),
+              "%s", err.msg);
+    graph_free(&g);
+}
+
+/* m:add's dtype option and the norms over an fp32 input, from a script. */
+static void test_add_dtype(void) {
+    static const char *const head =
+        "local m = stof.model{name = 't', dtype = 'bf16'}\n"
+        "local a = m:input('a', {2, 8})\n"
+        "local b = m:input('b', {2, 8})\n"
+        "local g = m:weight('g', {8}, {init = 'ones'})\n";
+    struct {
+        const char *body, *error; /* error: NULL when the script must build */
+        stof_dtype out;
+    } cases[] = {
+        {"local s = m:add(a, b, {dtype = 'fp32'})\nm:output(m:rmsnorm(s, g))\n", NULL,
+         STOF_BF16},
+        {"m:output(m:add(a, b, {dtype = 'fp32'}))\n", NULL, STOF_F32},
+        {"local h = m:input('h', {2, 8}, {dtype = 'fp16'})\nm:output(m:add(a, h))\n",
+         "they must match", STOF_BF16},
+        {"m:output(m:add(a, b, {dtype = 'int32'}))\n", "unknown dtype 'int32'", STOF_BF16},
+        {"m:output(m:add(a, b, {dtypes = 'fp32'}))\n", "dtypes", STOF_BF16},
+        {"local s = m:add(a, b, {dtype = 'fp32'})\n"
+         "local h = m:weight('h', {8}, {dtype = 'fp16', init = 'ones'})\n"
+         "m:output(m:layernorm(s, g, h))\n", "must match", STOF_BF16},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char src[1024];
+        snprintf(src, sizeof src, "%s%sreturn m\n", head, cases[c].body);
+        graph g;
+        stof_error err = {0};
+        graph_init(&g);
+        int rc = lua_api_build_string(src, "model.lua", NULL, NULL, 0, &g, NULL, &err);
+        if (!cases[c].error) {
+            CHECK_MSG(rc == STOF_OK, "case %zu: %s", c, err.msg);
+            if (!rc)
+                CHECK_EQ_INT(g.tensors[g.output].dtype, cases[c].out);
+        } else {
+            CHECK_MSG(rc != STOF_OK && strstr(err.msg, cases[c].error), "case %zu: %s", c,
+                      err.msg);
+        }
+        graph_free(&g);
+    }
+}
+
 int main(void) {
+    test_fp32_stream();
+    test_add_dtype();
     test_arena();
     test_sequences();
     test_unfused();

@@ -305,6 +305,34 @@ static void list_mi(variant *v, int cap, int *n) {
                                                        layouts[l][2]};
                         add(v, cap, n, &p, vals, archs[a]);
                     }
+    /* an fp32 residual stream beside f16 / bf16: the stream read as x and stored as the
+     * norm's input (add+layernorm), added and stored (add), started (add of two in the model's
+     * dtype), normalized alone, and read as the residual (add+rmsnorm) */
+    static const struct {
+        int res;
+        fusion_norm norm;
+        int pre;
+        unsigned f32;
+    } streams[] = {
+        {1, FUSION_NORM_LAYERNORM, 1, GEMM_F32_X | GEMM_F32_PRE_NORM},
+        {1, FUSION_NORM_NONE, 0, GEMM_F32_X | GEMM_F32_Y},
+        {1, FUSION_NORM_NONE, 0, GEMM_F32_Y},
+        {0, FUSION_NORM_LAYERNORM, 0, GEMM_F32_X},
+        {1, FUSION_NORM_RMSNORM, 1, GEMM_F32_RESIDUAL | GEMM_F32_PRE_NORM},
+    };
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof streams / sizeof streams[0]; c++)
+            for (int l = 0; l < 3; l++)
+                for (int w = 0; w < 2; w++) {
+                    gemm_exec_problem p = {.tmpl = FUSION_T_MI_CHAIN, .dtype = dtypes[d],
+                                           .m = 1000, .n = widths[w], .eps = 1e-5f,
+                                           .store_pre_norm = streams[c].pre,
+                                           .f32 = streams[c].f32};
+                    p.epi = (fusion_epilogue){0, FUSION_ACT_NONE, streams[c].res,
+                                              streams[c].norm};
+                    int vals[FUSION_MAX_PARAMS] = {layouts[l][0], layouts[l][1], layouts[l][2]};
+                    add(v, cap, n, &p, vals, archs[1]);
+                }
 }
 
 /* embedding: with and without positions and types, VEC 8 and 1. */

@@ -23,6 +23,26 @@ const char *exec_seq_name(const exec_seq *s, char *buf, size_t n) {
 
 /* ---- templates ----------------------------------------------------------------------------------- */
 
+/* An fp32 tensor in a model of f16 or bf16 (a residual stream kept in fp32) is read and written
+ * only by mi_chain: the other kernels take one dtype. */
+static int fp32_tensors_fit(const graph *g, int first, int n, fusion_template_id t,
+                            stof_error *err) {
+    if (t == FUSION_T_MI_CHAIN || g->output < 0 || g->tensors[g->output].dtype == STOF_F32)
+        return STOF_OK;
+    for (int i = first; i < first + n; i++) {
+        const graph_op *op = &g->ops[i];
+        for (int k = -1; k < op->n_inputs; k++) {
+            const graph_tensor *x = &g->tensors[k < 0 ? op->output : op->inputs[k]];
+            if (x->dtype == STOF_F32)
+                return err_set(err, STOF_ERR_UNSUPPORTED,
+                               "'%s' is fp32 in a %s model (a residual stream): only mi_chain "
+                               "reads or writes such a tensor", x->name,
+                               stof_dtype_name(g->tensors[g->output].dtype));
+        }
+    }
+    return STOF_OK;
+}
+
 int exec_segment_supports(const graph *g, int first, int n, const fusion_match *m,
                           fusion_template_id t, stof_error *err) {
     const exec_launcher *l = exec_launcher_get(t);
@@ -35,7 +55,9 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
         return err_set(err, STOF_ERR_UNSUPPORTED, "%s on template %s: %s",
                        exec_segment_name(g, first, n, name, sizeof name),
                        fusion_template_get(t)->name, l->missing);
-    int rc = l->supports(g, first, n, m, err);
+    int rc = fp32_tensors_fit(g, first, n, t, err);
+    if (!rc)
+        rc = l->supports(g, first, n, m, err);
     if (rc)
         err_prefix(err, "%s on template %s: ", exec_segment_name(g, first, n, name, sizeof name),
                    fusion_template_get(t)->name);
@@ -73,7 +95,8 @@ int exec_segment_template(const graph *g, int first, int n, const fusion_match *
         /* the launcher's own reason: the segment's name comes once in front */
         const exec_launcher *l = exec_launcher_get((fusion_template_id)k);
         stof_error e = {0};
-        if (!l->missing && l->supports(g, first, n, m, &e) == STOF_OK) {
+        if (!l->missing && fp32_tensors_fit(g, first, n, k, &e) == STOF_OK &&
+            l->supports(g, first, n, m, &e) == STOF_OK) {
             *t = (fusion_template_id)k;
             return STOF_OK;
         }
@@ -212,10 +235,12 @@ int exec_model_dtype(const graph *g, stof_dtype *dtype, stof_error *err) {
                        "dtype=fp16 or bf16)", stof_dtype_name(*dtype));
     for (int i = 0; i < g->n_tensors; i++) {
         const graph_tensor *t = &g->tensors[i];
-        if (t->dtype != STOF_I32 && t->dtype != *dtype)
+        if (t->dtype != STOF_I32 && t->dtype != *dtype &&
+            !(t->dtype == STOF_F32 && t->role == GRAPH_ACTIVATION))
             return err_set(err, STOF_ERR_UNSUPPORTED,
                            "tensor '%s' is %s but the model runs in %s (the GPU kernels take "
-                           "one float dtype)", t->name, stof_dtype_name(t->dtype),
+                           "one float dtype, and fp32 only for activations such as a residual "
+                           "stream)", t->name, stof_dtype_name(t->dtype),
                            stof_dtype_name(*dtype));
     }
     return STOF_OK;

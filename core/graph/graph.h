@@ -161,6 +161,9 @@ typedef struct graph_op {
     int line;  /* script line that made it, 0 when unknown */
     union {
         struct { int weight_kn; } gemm; /* 1: W stored [K, N] (GPT-2 Conv1D) */
+        /* has_dtype: the sum is stored as dtype (a residual stream kept in fp32 while the
+         * model runs in f16 or bf16), a and b any float dtypes; else all three alike */
+        struct { int has_dtype; stof_dtype dtype; } add;
         struct { float eps; } norm;
         struct { int tanh; } gelu;      /* 1: tanh approximation (GPT-2) */
         /* inputs: ids, word, [pos], [type], [type ids: the row of type per token; without,

@@ -181,7 +181,7 @@ static int luaapi_tensor_eq(lua_State *L) {
 
 /* ---- declared tensors: inputs and weights ---------------------------------- */
 
-static stof_dtype luaapi_dtype(lua_State *L, const char *name, int allow_int, const char *fname) {
+stof_dtype luaapi_dtype(lua_State *L, const char *name, int allow_int, const char *fname) {
     static const char *const names[] = {"fp32", "fp16", "bf16", "int32"};
     static const stof_dtype types[] = {STOF_F32, STOF_F16, STOF_BF16, STOF_I32};
     for (int k = 0; k < 3 + allow_int; k++)

@@ -26,6 +26,9 @@ double luaapi_opt_number(lua_State *L, int opts, const char *key, double def,
                          const char *fname);
 int64_t luaapi_opt_int(lua_State *L, int opts, const char *key, int64_t def, int64_t lo,
                        int64_t hi, const char *fname);
+/* The dtype named fp32, fp16, bf16 (or int32 when allow_int); a script error naming fname
+ * otherwise. */
+stof_dtype luaapi_dtype(lua_State *L, const char *name, int allow_int, const char *fname);
 int luaapi_opt_string(lua_State *L, int opts, const char *key, char *buf, size_t n,
                       const char *fname);
 /* The options table at idx (0 when absent), checked against allowed. */

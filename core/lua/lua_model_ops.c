@@ -71,8 +71,24 @@ static int luaapi_bias(lua_State *L) {
     return luaapi_binary(L, OP_BIAS, "bias");
 }
 
+/* m:add(a, b, {dtype =, name =}): with dtype, the sum is stored as that dtype whatever a's and
+ * b's are (a residual stream in fp32 beside a model in f16 or bf16). */
 static int luaapi_add(lua_State *L) {
-    return luaapi_binary(L, OP_ADD, "add");
+    static const char *const allowed[] = {"dtype", "name", NULL};
+    luaapi_self(L);
+    graph_op op;
+    int a = luaapi_check_tensor(L, 2), b = luaapi_check_tensor(L, 3);
+    int opts = luaapi_options(L, 4, "add", allowed);
+    luaapi_op_begin(L, &op, OP_ADD, opts, "add");
+    op.inputs[0] = a;
+    op.inputs[1] = b;
+    op.n_inputs = 2;
+    char dtype[16];
+    if (luaapi_opt_string(L, opts, "dtype", dtype, sizeof dtype, "add")) {
+        op.attr.add.has_dtype = 1;
+        op.attr.add.dtype = luaapi_dtype(L, dtype, 0, "add");
+    }
+    return luaapi_op_push(L, &op);
 }
 
 /* m:linear(x, w, b_or_nil, {kn =, name =}): gemm, then bias when b is given.

@@ -38,6 +38,14 @@
 
 /* ---- problems and settings (CPU only) ------------------------------------------ */
 
+/* gemm_exec_problem.f32: which of an MI chain's tensors are fp32. */
+enum {
+    GEMM_F32_X = 1,        /* the chain's input */
+    GEMM_F32_RESIDUAL = 2, /* the added tensor */
+    GEMM_F32_PRE_NORM = 4, /* the norm's input, stored */
+    GEMM_F32_Y = 8         /* the output */
+};
+
 typedef struct gemm_exec_problem {
     fusion_template_id tmpl; /* FUSION_T_GEMM_EPILOGUE, _GEMM_LN, _GEMM_CHAIN,
                                 _MI_CHAIN, _EMBEDDING, _GLU, _ROTARY, _MASK_ROWS
@@ -63,6 +71,8 @@ typedef struct gemm_exec_problem {
     int weight_kn;           /* GEMM, gemm_ln, gemm_chain (both weights): W
                                 stored [K, N] instead of [N, K] */
     int store_pre_norm;      /* gemm_ln, MI chain with a norm: also write its input */
+    unsigned f32;            /* MI chain: GEMM_F32_* of its tensors kept in fp32 (a residual
+                                stream), the others in dtype; 0 elsewhere */
     float eps;               /* gemm_ln, MI chain norm; gemv: its prologue's */
     fusion_norm prologue;    /* gemv: each row of x normalized first (the tensors' gamma and
                                 beta), as a norm op ahead of the GEMM would write it */

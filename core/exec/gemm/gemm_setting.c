@@ -106,6 +106,9 @@ int gemm_exec_validate(const gemm_exec_problem *p, stof_error *err) {
         (int)p->epi.norm < FUSION_NORM_NONE || p->epi.norm > FUSION_NORM_RMSNORM)
         return err_set(err, STOF_ERR_INVALID, "%s: unknown activation %d or norm %d",
                        gemm_template_name(p->tmpl), (int)p->epi.act, (int)p->epi.norm);
+    if (p->f32 && p->tmpl != FUSION_T_MI_CHAIN)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "%s: fp32 tensors beside %s (only mi_chain "
+                       "takes them)", gemm_template_name(p->tmpl), stof_dtype_name(p->dtype));
     return row->validate(p, err);
 }
 

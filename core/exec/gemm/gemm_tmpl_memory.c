@@ -21,6 +21,12 @@ static int validate_mi(const gemm_exec_problem *p, stof_error *err) {
     if (p->store_pre_norm && p->epi.norm == FUSION_NORM_NONE)
         return err_set(err, STOF_ERR_INVALID,
                        "mi_chain: store_pre_norm without a norm (the output is the pre-norm)");
+    if (p->f32 & ~(unsigned)(GEMM_F32_X | GEMM_F32_RESIDUAL | GEMM_F32_PRE_NORM | GEMM_F32_Y) ||
+        ((p->f32 & GEMM_F32_RESIDUAL) && !p->epi.has_residual) ||
+        ((p->f32 & GEMM_F32_PRE_NORM) && !p->store_pre_norm))
+        return err_set(err, STOF_ERR_INVALID, "mi_chain: fp32 tensors 0x%x with%s a residual "
+                       "and with%s the norm's input stored", p->f32,
+                       p->epi.has_residual ? "" : "out", p->store_pre_norm ? "" : "out");
     return STOF_OK;
 }
 
@@ -75,6 +81,11 @@ static void mi_defines(gemm_exec_request *r, const gemm_exec_problem *p, const i
     gemm_request_define(r, "ACT", (int)p->epi.act);
     gemm_request_define(r, "NORM", (int)p->epi.norm);
     gemm_request_define(r, "STORE_PRE_NORM", p->store_pre_norm != 0);
+    /* the tensors kept in fp32 (a residual stream), each its own build */
+    gemm_request_define(r, "X_F32", (p->f32 & GEMM_F32_X) != 0);
+    gemm_request_define(r, "RESIDUAL_F32", (p->f32 & GEMM_F32_RESIDUAL) != 0);
+    gemm_request_define(r, "PRE_NORM_F32", (p->f32 & GEMM_F32_PRE_NORM) != 0);
+    gemm_request_define(r, "Y_F32", (p->f32 & GEMM_F32_Y) != 0);
 }
 
 /* ROWS rows a block of THREADS threads. */

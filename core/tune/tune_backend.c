@@ -187,11 +187,11 @@ static int template_default(void *ud, const search_segment *seg, int *values) {
     return rc || tmpl == seg->tmpl ? rc : STOF_ERR_UNSUPPORTED;
 }
 
-/* f16 or bf16 -> float, in slices on the pool. */
+/* f16, bf16 or fp32 (a residual stream) -> float, in slices on the pool. */
 typedef struct unstage_job {
-    const uint16_t *h;
+    const void *h;
     float *out;
-    int bf16;
+    stof_dtype dtype;
     size_t n;
     int slices;
 } unstage_job;
@@ -200,8 +200,11 @@ static void unstage_slice(void *arg, int k) {
     const unstage_job *j = arg;
     size_t lo = j->n * (size_t)k / (size_t)j->slices;
     size_t hi = j->n * (size_t)(k + 1) / (size_t)j->slices;
+    const uint16_t *h = j->h;
     for (size_t i = lo; i < hi; i++)
-        j->out[i] = j->bf16 ? util_bf16_to_f32(j->h[i]) : util_f16_to_f32(j->h[i]);
+        j->out[i] = j->dtype == STOF_F32    ? ((const float *)j->h)[i]
+                    : j->dtype == STOF_BF16 ? util_bf16_to_f32(h[i])
+                                            : util_f16_to_f32(h[i]);
 }
 
 /* The rows of tensor t (of row_len elements) that ref holds, as floats:
@@ -209,20 +212,21 @@ static void unstage_slice(void *arg, int k) {
 static int download_rows(tune_backend *b, const graph_tensor *t, CUdeviceptr d,
                          const tune_reference *ref, float *out, stof_error *err) {
     size_t len = (size_t)ref->row_len, n = (size_t)ref->n_rows * len;
-    uint16_t *h = err_malloc(n * sizeof *h, err);
+    const size_t e = stof_dtype_size(t->dtype);
+    unsigned char *h = err_malloc(n * e, err);
     if (!h)
         return STOF_ERR_NOMEM;
     int rc = STOF_OK;
     if (!ref->rows)
-        rc = cuda_check(b->drv, b->drv->MemcpyDtoH(h, d, n * sizeof *h), "cuMemcpyDtoH", err);
+        rc = cuda_check(b->drv, b->drv->MemcpyDtoH(h, d, n * e), "cuMemcpyDtoH", err);
     for (int64_t r = 0; ref->rows && !rc && r < ref->n_rows; r++) {
-        CUdeviceptr row = d + (CUdeviceptr)((size_t)ref->rows[r] * len * sizeof *h);
-        rc = cuda_check(b->drv, b->drv->MemcpyDtoH(h + (size_t)r * len, row, len * sizeof *h),
+        CUdeviceptr row = d + (CUdeviceptr)((size_t)ref->rows[r] * len * e);
+        rc = cuda_check(b->drv, b->drv->MemcpyDtoH(h + (size_t)r * len * e, row, len * e),
                         "cuMemcpyDtoH", err);
     }
     if (!rc) {
         size_t slices = (n + TUNE_STAGE_SLICE - 1) / TUNE_STAGE_SLICE;
-        unstage_job j = {h, out, t->dtype == STOF_BF16, n, slices ? (int)slices : 1};
+        unstage_job j = {h, out, t->dtype, n, slices ? (int)slices : 1};
         task_pool_parallel_for(b->pool, j.slices, unstage_slice, &j);
     }
     free(h);

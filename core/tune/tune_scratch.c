@@ -96,6 +96,8 @@ static void stage_slice(void *arg, int k) {
     for (size_t i = lo; i < hi; i++) {
         if (j->dtype == STOF_I32)
             ((int32_t *)j->staged)[i] = (int32_t)j->f[i];
+        else if (j->dtype == STOF_F32) /* a residual stream kept in fp32 */
+            ((float *)j->staged)[i] = j->f[i];
         else if (j->dtype == STOF_BF16)
             ((uint16_t *)j->staged)[i] = util_f32_to_bf16(j->f[i]);
         else
@@ -103,7 +105,7 @@ static void stage_slice(void *arg, int k) {
     }
 }
 
-/* Fills tensor t of copy c on the device (f16, bf16 or int32) from the
+/* Fills tensor t of copy c on the device (f16, bf16, fp32 or int32) from the
  * values kept (computed now when nobody did ahead). */
 static int upload_tensor(tune_backend *b, const graph *g, int t, int copy, CUdeviceptr d,
                          void *staged, stof_error *err) {

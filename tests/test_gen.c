@@ -262,10 +262,9 @@ static void check_prefill_plan(const tiny *t) {
     graph_free(&fwd);
 }
 
-/* Rotary ops in graph g's default schemes: each joined to the decode attention after it
- * (decode 1: the segment runs on attention_decode) or left alone (decode 0: on rotary).
- * Returns how many there were. */
-static int rotary_segments(const graph *g, int decode) {
+/* The segments of g's default schemes, as (first op, ops) pairs; returns how many (at most
+ * cap). */
+static int default_segments(const graph *g, int (*spans)[2], int cap) {
     fusion_seq *seqs = NULL;
     int n = 0, found = 0;
     stof_error err = {0};
@@ -275,21 +274,38 @@ static int rotary_segments(const graph *g, int decode) {
         fusion_segment segs[FUSION_MAX_OPS];
         CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
         const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
-        for (int k = 0; k < n_segs; k++) {
-            const int first = seqs[i].first + segs[k].first, len = segs[k].last - segs[k].first + 1;
-            if (g->ops[first].kind != OP_ROTARY)
-                continue;
-            found++;
-            int ops[2] = {first, first + 1};
-            fusion_match m;
-            fusion_template_id t = FUSION_T_COUNT;
-            CHECK_EQ_INT(len, decode ? 2 : 1);
-            CHECK_EQ_INT(fusion_match_segment(g, ops, len, &m, &err), STOF_OK);
-            CHECK_EQ_INT(exec_segment_template(g, first, len, &m, &t, &err), STOF_OK);
-            CHECK_EQ_INT(t, decode ? FUSION_T_ATTENTION_DECODE : FUSION_T_ROTARY);
+        for (int k = 0; k < n_segs && found < cap; k++, found++) {
+            spans[found][0] = seqs[i].first + segs[k].first;
+            spans[found][1] = segs[k].last - segs[k].first + 1;
         }
     }
     free(seqs);
+    return found;
+}
+
+#define MAX_SEGMENTS 4096
+
+/* Rotary ops in graph g's default schemes: each joined to the decode attention after it
+ * (decode 1: the segment runs on attention_decode) or left alone (decode 0: on rotary).
+ * Returns how many there were. */
+static int rotary_segments(const graph *g, int decode) {
+    static int spans[MAX_SEGMENTS][2];
+    const int n = default_segments(g, spans, MAX_SEGMENTS);
+    int found = 0;
+    stof_error err = {0};
+    for (int k = 0; k < n; k++) {
+        const int first = spans[k][0], len = spans[k][1];
+        if (g->ops[first].kind != OP_ROTARY)
+            continue;
+        found++;
+        int ops[2] = {first, first + 1};
+        fusion_match m;
+        fusion_template_id t = FUSION_T_COUNT;
+        CHECK_EQ_INT(len, decode ? 2 : 1);
+        CHECK_EQ_INT(fusion_match_segment(g, ops, len, &m, &err), STOF_OK);
+        CHECK_EQ_INT(exec_segment_template(g, first, len, &m, &t, &err), STOF_OK);
+        CHECK_EQ_INT(t, decode ? FUSION_T_ATTENTION_DECODE : FUSION_T_ROTARY);
+    }
     return found;
 }
 
@@ -340,21 +356,13 @@ static int norm_prologues(const graph *g, int *glus) {
 /* Segments of g's default schemes that open with a norm and hold more ops (gemv's prologue):
  * the default leaves those to the search. */
 static int norm_led_segments(const graph *g) {
-    fusion_seq *seqs = NULL;
-    int n = 0, found = 0;
-    stof_error err = {0};
-    CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, &err), STOF_OK);
-    for (int i = 0; i < n; i++) {
-        fusion_scheme sc;
-        fusion_segment segs[FUSION_MAX_OPS];
-        CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
-        const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
-        for (int k = 0; k < n_segs; k++) {
-            const op_kind kind = g->ops[seqs[i].first + segs[k].first].kind;
-            found += (kind == OP_LAYERNORM || kind == OP_RMSNORM) && segs[k].last > segs[k].first;
-        }
+    static int spans[MAX_SEGMENTS][2];
+    const int n = default_segments(g, spans, MAX_SEGMENTS);
+    int found = 0;
+    for (int k = 0; k < n; k++) {
+        const op_kind kind = g->ops[spans[k][0]].kind;
+        found += (kind == OP_LAYERNORM || kind == OP_RMSNORM) && spans[k][1] > 1;
     }
-    free(seqs);
     return found;
 }
 

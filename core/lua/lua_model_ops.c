@@ -54,16 +54,23 @@ static int luaapi_gemm(lua_State *L) {
     return luaapi_op_push(L, &op);
 }
 
-/* Two-input ops with only a name option: bias(x, b), add(a, b). */
-static int luaapi_binary(lua_State *L, op_kind kind, const char *fname) {
+/* A two-input op's inputs and its options (allowed keys): returns the options' index. */
+static int luaapi_binary_op(lua_State *L, op_kind kind, const char *fname,
+                            const char *const *allowed, graph_op *op) {
     luaapi_self(L);
-    graph_op op;
     int a = luaapi_check_tensor(L, 2), b = luaapi_check_tensor(L, 3);
-    int opts = luaapi_options(L, 4, fname, luaapi_opts_name);
-    luaapi_op_begin(L, &op, kind, opts, fname);
-    op.inputs[0] = a;
-    op.inputs[1] = b;
-    op.n_inputs = 2;
+    int opts = luaapi_options(L, 4, fname, allowed);
+    luaapi_op_begin(L, op, kind, opts, fname);
+    op->inputs[0] = a;
+    op->inputs[1] = b;
+    op->n_inputs = 2;
+    return opts;
+}
+
+/* Two-input ops with only a name option: bias(x, b). */
+static int luaapi_binary(lua_State *L, op_kind kind, const char *fname) {
+    graph_op op;
+    luaapi_binary_op(L, kind, fname, luaapi_opts_name, &op);
     return luaapi_op_push(L, &op);
 }
 
@@ -75,14 +82,8 @@ static int luaapi_bias(lua_State *L) {
  * b's are (a residual stream in fp32 beside a model in f16 or bf16). */
 static int luaapi_add(lua_State *L) {
     static const char *const allowed[] = {"dtype", "name", NULL};
-    luaapi_self(L);
     graph_op op;
-    int a = luaapi_check_tensor(L, 2), b = luaapi_check_tensor(L, 3);
-    int opts = luaapi_options(L, 4, "add", allowed);
-    luaapi_op_begin(L, &op, OP_ADD, opts, "add");
-    op.inputs[0] = a;
-    op.inputs[1] = b;
-    op.n_inputs = 2;
+    int opts = luaapi_binary_op(L, OP_ADD, "add", allowed, &op);
     char dtype[16];
     if (luaapi_opt_string(L, opts, "dtype", dtype, sizeof dtype, "add")) {
         op.attr.add.has_dtype = 1;

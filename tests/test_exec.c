@@ -973,6 +973,20 @@ static void test_add_dtype(void) {
          "local h = m:weight('h', {8}, {dtype = 'fp16', init = 'ones'})\n"
          "m:output(m:layernorm(s, g, h))\n", "must match", STOF_BF16},
     };
+    /* a model whose output is the fp32 sum: refused by the executor, saying why */
+    {
+        char src[1024];
+        snprintf(src, sizeof src, "%s%sreturn m\n", head, cases[1].body);
+        graph g;
+        stof_error err = {0};
+        stof_dtype dt;
+        graph_init(&g);
+        if (lua_api_build_string(src, "model.lua", NULL, NULL, 0, &g, NULL, &err) == STOF_OK) {
+            CHECK_EQ_INT(exec_model_dtype(&g, &dt, &err), STOF_ERR_UNSUPPORTED);
+            CHECK_MSG(strstr(err.msg, "is fp32 but the weights are bf16"), "%s", err.msg);
+        }
+        graph_free(&g);
+    }
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char src[1024];
         snprintf(src, sizeof src, "%s%sreturn m\n", head, cases[c].body);

@@ -229,6 +229,14 @@ int exec_model_dtype(const graph *g, stof_dtype *dtype, stof_error *err) {
     if (g->output < 0)
         return err_set(err, STOF_ERR_INVALID, "the graph has no output");
     *dtype = g->tensors[g->output].dtype;
+    for (int i = 0; *dtype == STOF_F32 && i < g->n_tensors; i++)
+        if (g->tensors[i].role == GRAPH_WEIGHT &&
+            (g->tensors[i].dtype == STOF_F16 || g->tensors[i].dtype == STOF_BF16))
+            return err_set(err, STOF_ERR_UNSUPPORTED,
+                           "the output '%s' is fp32 but the weights are %s: a model's output is "
+                           "in its dtype (fp32 is for activations such as a residual stream; "
+                           "a norm brings it back)", g->tensors[g->output].name,
+                           stof_dtype_name(g->tensors[i].dtype));
     if (*dtype != STOF_F16 && *dtype != STOF_BF16)
         return err_set(err, STOF_ERR_UNSUPPORTED,
                        "the GPU kernels run in f16 or bf16, and this model is %s (set "

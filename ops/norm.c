@@ -22,21 +22,22 @@ static int check_eps(const graph_op *op, stof_error *err) {
 static int norm_infer(const graph *g, const graph_op *op, int n_params, graph_tensor *out,
                       stof_error *err) {
     static const char *const roles[] = {"gamma", "beta"};
-    const graph_tensor *x = ops_input(g, op, 0);
+    const graph_tensor *x = ops_input(g, op, 0), *gain = ops_input(g, op, 1);
     int rc;
     if ((rc = ops_require_float(op, x, "x", err)) || (rc = check_eps(op, err)))
         return rc;
     for (int k = 0; k < n_params; k++) {
         const graph_tensor *p = ops_input(g, op, 1 + k);
-        const graph_tensor *g0 = ops_input(g, op, 1);
+        /* x's dtype, unless x is fp32; beta's, gamma's */
+        const graph_tensor *like = k == 0 && x->dtype != STOF_F32 ? x : gain;
         if ((rc = ops_require_float(op, p, roles[k], err)) ||
-            (x->dtype != STOF_F32 && (rc = ops_require_same_dtype(op, x, "x", p, roles[k], err))) ||
-            (rc = ops_require_same_dtype(op, g0, roles[0], p, roles[k], err)) ||
+            (rc = ops_require_same_dtype(op, like, like == x ? "x" : roles[0], p, roles[k],
+                                         err)) ||
             (rc = ops_require_vector(op, p, roles[k], ops_last_dim(x), err)))
             return rc;
     }
     ops_copy_shape(out, x);
-    out->dtype = ops_input(g, op, 1)->dtype;
+    out->dtype = gain->dtype;
     return STOF_OK;
 }
 

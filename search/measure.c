@@ -39,9 +39,9 @@ static void sig_add(sig_buf *b, const char *fmt, ...) {
 static void sig_f32(sig_buf *b, const graph *g, const graph_op *op) {
     unsigned bits = 0;
     for (int k = 0; k < op->n_inputs && k < 7; k++)
-        bits |= (unsigned)(g->tensors[op->inputs[k]].dtype == STOF_F32) << k;
-    bits |= (unsigned)(g->tensors[op->output].dtype == STOF_F32) << 7;
-    if (bits && g->output >= 0 && g->tensors[g->output].dtype != STOF_F32)
+        bits |= (unsigned)graph_tensor_is_stream(g, op->inputs[k]) << k;
+    bits |= (unsigned)graph_tensor_is_stream(g, op->output) << 7;
+    if (bits)
         sig_add(b, "/f32:%x", bits);
 }
 

@@ -281,13 +281,12 @@ static int mi_read(const graph *g, int first, int n, const fusion_match *m,
     if (g->output >= 0 && g->tensors[g->output].dtype != STOF_F32) {
         /* fp32 tensors beside a model of f16 or bf16: a residual stream */
         p->dtype = g->tensors[g->output].dtype;
-        p->f32 = (tensor(g, r->x)->dtype == STOF_F32 ? GEMM_F32_X : 0u) |
-                 (r->residual >= 0 && tensor(g, r->residual)->dtype == STOF_F32
-                      ? GEMM_F32_RESIDUAL : 0u) |
-                 (y->dtype == STOF_F32 ? GEMM_F32_Y : 0u) |
-                 (m->store_pre_norm && n >= 2 &&
-                          tensor(g, g->ops[first + n - 2].output)->dtype == STOF_F32
-                      ? GEMM_F32_PRE_NORM : 0u);
+        const int out = g->ops[first + n - 1].output;
+        const int pre = m->store_pre_norm && n >= 2 ? g->ops[first + n - 2].output : -1;
+        p->f32 = (graph_tensor_is_stream(g, r->x) ? GEMM_F32_X : 0u) |
+                 (graph_tensor_is_stream(g, r->residual) ? GEMM_F32_RESIDUAL : 0u) |
+                 (graph_tensor_is_stream(g, out) ? GEMM_F32_Y : 0u) |
+                 (graph_tensor_is_stream(g, pre) ? GEMM_F32_PRE_NORM : 0u);
         if ((r->bias >= 0 && tensor(g, r->bias)->dtype != p->dtype) ||
             (r->gamma >= 0 && tensor(g, r->gamma)->dtype != p->dtype))
             return unsupported(err, "mi_chain: a bias or gain in another dtype than the "

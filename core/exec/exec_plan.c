@@ -27,16 +27,14 @@ const char *exec_seq_name(const exec_seq *s, char *buf, size_t n) {
  * only by mi_chain: the other kernels take one dtype. */
 static int fp32_tensors_fit(const graph *g, int first, int n, fusion_template_id t,
                             stof_error *err) {
-    if (t == FUSION_T_MI_CHAIN || g->output < 0 || g->tensors[g->output].dtype == STOF_F32)
-        return STOF_OK;
-    for (int i = first; i < first + n; i++) {
+    for (int i = first; t != FUSION_T_MI_CHAIN && i < first + n; i++) {
         const graph_op *op = &g->ops[i];
         for (int k = -1; k < op->n_inputs; k++) {
-            const graph_tensor *x = &g->tensors[k < 0 ? op->output : op->inputs[k]];
-            if (x->dtype == STOF_F32)
+            const int x = k < 0 ? op->output : op->inputs[k];
+            if (graph_tensor_is_stream(g, x))
                 return err_set(err, STOF_ERR_UNSUPPORTED,
                                "'%s' is fp32 in a %s model (a residual stream): only mi_chain "
-                               "reads or writes such a tensor", x->name,
+                               "reads or writes such a tensor", g->tensors[x].name,
                                stof_dtype_name(g->tensors[g->output].dtype));
         }
     }

@@ -1,7 +1,9 @@
 """Decode speed: `stof generate` beside transformers' `generate`, in one run.
 
 For each model (random weights, seeded, fp16; saved once as a model directory) and each batch:
-prompts of --prompt random tokens, --new greedy tokens (no end-of-sequence stop), timed as
+prompts of --prompt random tokens, --new tokens (no end-of-sequence stop), greedy or, with
+--sample T,K,P, drawn at temperature T from the top K tokens and top P of the mass (both sides
+with those settings), timed as
 
   - transformers `generate` with its static cache (which compiles the forward by itself), after
     a warm-up call of the same shape: the time a new token costs, (t(new tokens) - t(1 token))
@@ -15,7 +17,8 @@ the live KV cache (the weights bound every step's time at batch 1). Speed is a b
 table, not a pass or fail.
 
     python3 bench/hf_generate.py [--stof build/stof] [--models gpt2,mistral-1b] [--batches 1,8,64]
-           [--prompt 128] [--new 64] [--tune-step S] [--profile] [--skip-hf]
+           [--prompt 128] [--new 64] [--sample 0.8,50,0.9] [--tune-step S] [--profile]
+           [--skip-hf]
            [--out bench/out/hf_generate.md]
 """
 import argparse
@@ -71,10 +74,20 @@ def write_prompts(ids, path):
             f.write(",".join(map(str, row)) + "\n")
 
 
-def hf_token_ms(model, ids, new):
+def sampling(spec):
+    """--sample T,K,P as (temperature, top_k, top_p); None: greedy."""
+    if not spec:
+        return None
+    t, k, p = spec.split(",")
+    return float(t), int(k), float(p)
+
+
+def hf_token_ms(model, ids, new, sample):
     import torch
     kw = dict(do_sample=False, cache_implementation="static", pad_token_id=0,
               eos_token_id=None)
+    if sample:
+        kw.update(do_sample=True, temperature=sample[0], top_k=sample[1], top_p=sample[2])
 
     def run(n):
         torch.cuda.synchronize()
@@ -88,11 +101,13 @@ def hf_token_ms(model, ids, new):
     return 1e3 * (full - one) / (new - 1)
 
 
-def stof_step_ms(stof, d, ids, new, work, log_path, profile, tune_step):
+def stof_step_ms(stof, d, ids, new, work, log_path, profile, tune_step, sample):
     path = os.path.join(work, "prompts.txt")
     write_prompts(ids, path)
+    drawn = ["--temperature", str(sample[0]), "--top-k", str(sample[1]), "--top-p",
+             str(sample[2]), "--seed", "3"] if sample else []
     out, _ = sc.run_cmd([stof, "generate", d, "--prompt-ids", path, "--max-new-tokens",
-                         str(new), "--ignore-eos"] + (["--profile"] if profile else []) +
+                         str(new), "--ignore-eos"] + drawn + (["--profile"] if profile else []) +
                         (["--tune-step", str(tune_step)] if tune_step else []),
                         900, log_path)
     m = re.search(r"the steps [0-9.]+ s: ([0-9.]+) ms a step", out)
@@ -112,6 +127,8 @@ def main():
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--sample", default="",
+                    help="T,K,P: tokens drawn at temperature T, top-k K, top-p P (default: greedy)")
     ap.add_argument("--profile", action="store_true",
                     help="stof's decode step segment by segment, after the table")
     ap.add_argument("--tune-step", type=float, default=0,
@@ -122,6 +139,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_generate.md"))
     args = ap.parse_args()
     stof = sc.resolve_stof(args.stof)
+    sample = sampling(args.sample)
     import torch
     import transformers
     os.makedirs(args.work_dir, exist_ok=True)
@@ -138,13 +156,13 @@ def main():
                 if args.skip_hf:
                     raise RuntimeError("not run (--skip-hf)")
                 with torch.no_grad():
-                    row["hf"] = hf_token_ms(model, ids.cuda(), args.new)
+                    row["hf"] = hf_token_ms(model, ids.cuda(), args.new, sample)
             except Exception as e:  # noqa: BLE001 -- the row says why
                 row["hf_note"] = str(e).splitlines()[0][:120]
             try:
                 row["stof"], row["cache"], row["prefill"], prof = stof_step_ms(
                     stof, d, ids, args.new, args.work_dir, log_path, args.profile,
-                    args.tune_step)
+                    args.tune_step, sample)
                 if prof:
                     profiles.append(f"{name}, batch {b}:\n```\n{prof}\n```")
             except sc.CmdError as e:
@@ -158,7 +176,10 @@ def main():
     head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof commit "
             f"{sc.stof_commit(stof)}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; fp16, random weights; prompts of {args.prompt} tokens, "
-            f"{args.new} new tokens, greedy. transformers: `generate` with its static cache "
+            f"{args.new} new tokens, "
+            + (f"drawn (temperature {sample[0]:g}, top-k {sample[1]}, top-p {sample[2]:g})"
+               if sample else "greedy")
+            + ". transformers: `generate` with its static cache "
             f"(compiled), per new token; stof: `stof generate` on the GPU, per decode step, and "
             f"its prefill pass of the prompts"
             + (f"; the step tuned for {args.tune_step:g} s first" if args.tune_step else "")

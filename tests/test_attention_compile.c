@@ -1439,7 +1439,7 @@ static void test_decode(void) {
                          bytes_contain(bin, size, STOF_ATTN_GLOBAL_KEYS_KERNEL) &&
                          bytes_contain(bin, size, STOF_ATTN_GLOBAL_ROWS_KERNEL)));
         }
-    /* the decode step's greedy argmax */
+    /* the decode step's token choice: the greedy argmax and the sampled draw */
     for (int t = 1; t <= 2; t++) {
         char o0[32];
         snprintf(o0, sizeof o0, "-DSTOF_DTYPE=%d", t);
@@ -1448,7 +1448,10 @@ static void test_decode(void) {
         const void *bin = NULL;
         size_t size = 0;
         stof_error err = {0};
-        CHECK_MSG(nvrtc_get(&c, &req, &bin, &size, &err) == STOF_OK, "sample.cu: %s", err.msg);
+        int rc = nvrtc_get(&c, &req, &bin, &size, &err);
+        CHECK_MSG(rc == STOF_OK, "sample.cu: %s", err.msg);
+        CHECK(rc || (bytes_contain(bin, size, "stof_argmax_rows") &&
+                     bytes_contain(bin, size, "stof_sample_rows")));
     }
     nvrtc_cache_free(&c);
     stof_error err = {0};

@@ -834,6 +834,37 @@ static void test_no_device(void) {
     exec_plan_free(NULL);
 }
 
+/* The GPU's token choice refuses what it cannot draw from before it needs a device, and its
+ * unit of mass keeps a vocabulary's worth of probabilities within 62 bits. */
+static void test_sampling_checks(void) {
+    stof_error err = {0};
+    exec_sampling how = {0.8f, 0, 1.0f};
+    const CUdeviceptr d = 256; /* never read: the checks come first */
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 0, 10, &how, d, 0, d, d, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "sampling: 0 rows of 10 logits");
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, 0, 0, d, d, NULL, &err),
+                 STOF_ERR_INVALID);
+    how.temperature = -1.0f;
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, 0, d, d, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "temperature -1 (> 0)");
+    how = (exec_sampling){0.8f, -2, 1.0f};
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, 0, d, d, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "top_k -2 (>= 0)");
+    how = (exec_sampling){0.8f, 0, 1.5f};
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, 0, d, d, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "top_p 1.5 (in (0, 1])");
+    CHECK(exec_sample_mass_unit(1) == ldexpf(1.0f, 62));
+    CHECK(exec_sample_mass_unit(2) == ldexpf(1.0f, 61));
+    CHECK(exec_sample_mass_unit(50257) == ldexpf(1.0f, 46));
+    CHECK(exec_sample_mass_unit(65536) == ldexpf(1.0f, 46));
+    CHECK(exec_sample_mass_unit(128256) == ldexpf(1.0f, 45));
+    CHECK(exec_sample_mass_unit(INT32_MAX) == ldexpf(1.0f, 31));
+}
+
 /* ---- an fp32 residual stream beside a bf16 model -------------------------------------- */
 
 static const char *const tiny_modernbert =
@@ -1023,5 +1054,6 @@ int main(void) {
     test_choices();
     test_compare();
     test_no_device();
+    test_sampling_checks();
     return check_summary("test_exec");
 }

@@ -382,6 +382,29 @@ const char *exec_model_pack_refused(const exec_model *m);
  * (the first of equal ones), launched on stream st (captured when st is capturing). */
 int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
                      CUdeviceptr out, CUstream st, stof_error *err);
+
+/* What a sampled token is drawn from (gen_options' fields of the same names): logits /
+ * temperature (> 0), the top_k first in rank order (0: every token), of those the fewest whose
+ * probability reaches top_p (1: all of them). */
+typedef struct exec_sampling {
+    float temperature;
+    int top_k;
+    float top_p;
+} exec_sampling;
+
+/* Sampled tokens: out[r] (int32) drawn from row r of logits [rows, vocab] with the uniform
+ * number u[r] (fp64, in [0, 1)) as the host's gen_sample draws it, up to masses in fixed point
+ * (a probability relative to the row's largest, times exec_sample_mass_unit(vocab), rounded: a token
+ * below half a unit has none). The kept tokens are walked in rank order, larger logits first
+ * and the smaller index among equal ones. live (int32 [rows], may be 0): rows whose entry is
+ * negative are skipped, out left as it was. prob: [rows, vocab] fp32 scratch. Launched on st
+ * (captured when st is capturing). */
+int exec_sample_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
+                     const exec_sampling *how, CUdeviceptr u, CUdeviceptr live, CUdeviceptr prob,
+                     CUdeviceptr out, CUstream st, stof_error *err);
+/* The fixed-point unit of a probability in exec_sample_rows: the largest power of two that
+ * keeps vocab of them within 62 bits (2^46 at 50257 tokens). */
+float exec_sample_mass_unit(int64_t vocab);
 /* Waits for the model's stream and reads what its kernels flagged (bad token or position
  * ids): the check exec_model_run_io leaves to a later call when it runs inside a capture. */
 int exec_model_status(exec_model *m, stof_error *err);

@@ -160,6 +160,11 @@ void gen_decoder_free(gen_decoder *d);
  * 2 * vocab ints. */
 int32_t gen_sample(const gen_options *o, const float *row, int64_t vocab, int b, int t,
                    float *scratch, int32_t *order);
+/* The uniform number in [0, 1) that sequence b's draw at step t takes from seed. */
+double gen_uniform(uint64_t seed, int b, int t);
+/* The draw of gen_sample with that number given (o->temperature > 0). */
+int32_t gen_sample_uniform(const gen_options *o, const float *row, int64_t vocab, double u01,
+                           float *scratch, int32_t *order);
 
 /* ---- a plan's decode steps -------------------------------------------------------------- */
 

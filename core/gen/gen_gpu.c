@@ -1,22 +1,21 @@
 /* Generation on the GPU (gen.h): the decode step's graph on the executor (the default
  * scheme's kernels), each attention against its KV cache, which lives on the device as a
- * weight of the step that its kernel writes. A step is one CUDA graph of its own: the inputs
- * copied in, the model's pass, the greedy argmax.
+ * weight of the step that its kernel writes. A step is one CUDA graph of its own: the model's
+ * pass and the kernel that chooses the tokens, after a copy of the inputs in.
  *
  * The prompts go through the prefill pass (gen_gpu_prefill.c), which fills the caches up to
  * each prompt's last token; that token then goes through the first step, whose logits give the
  * first new token. Every step feeds each sequence its next token -- the one it just
  * generated, or a prompt's when the prefill could not take the prompts and they go token by
  * token -- at its position; a sequence whose prompt is all in draws its next token from that
- * step's logits: greedy ones by an argmax on the GPU (one token a sequence comes back),
- * sampled ones on the host with gen_sample (the same draws as the CPU reference), the
- * sequences spread over host threads. */
+ * step's logits on the GPU, so that one token a sequence comes back: greedy ones by an argmax,
+ * sampled ones drawn as the CPU reference's gen_sample draws them, from the same uniform
+ * number of (seed, sequence, step), which the step's inputs carry (exec_sample_rows). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/base/error.h"
-#include "core/base/task_pool.h"
 #include "core/base/util.h"
 #include "core/exec/exec.h"
 #include "core/gen/gen.h"
@@ -36,91 +35,91 @@ typedef struct gpu_run {
     exec_model *xm;
     stof_dtype dtype;
     const cuda_driver *drv;
-    CUdeviceptr d_in, d_out, d_tok; /* d_in: [3][batch] the step's inputs (as `in`) */
+    /* d_in: the step's inputs (as `in`); d_prob: the sampling kernel's scratch */
+    CUdeviceptr d_in, d_out, d_tok, d_prob;
     CUstream stream;
-    CUgraph step_graph;     /* inputs in, the model's pass, the greedy argmax */
+    CUgraph step_graph;     /* the model's pass, then the tokens chosen */
     CUgraphExec step_exec;
-    int on_gpu_argmax;      /* greedy without the logits kept: tokens chosen on the GPU */
-    int32_t *tok;           /* [batch] their tokens */
-    int32_t *in;            /* [3][batch] a step's inputs: ids, positions, then the
-                               attentions' positions (-1 for an ended sequence) */
+    int keep_logits;        /* the logits come back too (gen_result.logits) */
+    int32_t *tok;           /* [batch] the tokens the step chose */
+    int32_t *in;            /* a step's inputs, in_bytes of them: [3][batch] int32 (ids,
+                               positions, the attentions' positions, -1 for an ended
+                               sequence), then at byte 16 batch `u`: */
+    double *u;              /* [batch] each sequence's uniform number for this step's draw */
+    size_t in_bytes;
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
-    uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them */
-    float *f16;             /* fp16 bits -> float, all 65536 (fp16 models): a row of logits
-                               converts by lookup, not bit by bit */
-    /* Sampled tokens are drawn on the host, the sequences spread over `lanes` threads, each
-     * lane with its own row and gen_sample scratch. */
-    task_pool *pool;        /* NULL: one lane */
-    int lanes;
-    float *rows;            /* [lanes][vocab] */
-    float *scratch;         /* [lanes][2 vocab] */
-    int32_t *orders;        /* [lanes][2 vocab] */
-    int *draw;              /* [batch] 1: draws its next token from this step's logits */
+    uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them (kept) */
+    float *row;             /* [vocab] one of them as floats */
 } gpu_run;
 
-/* Host threads for the draws of a sampled run (as many lanes as sequences, up to the pool's
- * threads); one lane otherwise. */
-static int alloc_lanes(gpu_run *g, stof_error *err) {
-    size_t V = (size_t)g->r->vocab;
-    g->lanes = 1;
-    if (!g->on_gpu_argmax && g->p->batch > 1) {
-        int threads = task_pool_default_threads();
-        g->lanes = threads < g->p->batch ? threads : g->p->batch;
-        int rc = g->lanes > 1 ? task_pool_create(g->lanes - 1, &g->pool, err) : STOF_OK;
-        if (rc)
-            return rc;
-    }
-    g->rows = err_malloc(sizeof *g->rows * V * (size_t)g->lanes, err);
-    g->scratch = err_malloc(sizeof *g->scratch * 2 * V * (size_t)g->lanes, err);
-    g->orders = err_malloc(sizeof *g->orders * 2 * V * (size_t)g->lanes, err);
-    return g->rows && g->scratch && g->orders ? STOF_OK : STOF_ERR_NOMEM;
+static int sampled(const gpu_run *g) {
+    return g->o->temperature > 0.0f;
 }
 
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    g->in = err_malloc(sizeof *g->in * 3 * B, err);
+    g->in_bytes = sampled(g) ? 24 * B : 12 * B;
+    g->in = err_malloc(24 * B, err); /* 16-byte rows: the doubles after three int32 rows */
+    g->u = g->in ? (double *)(void *)((char *)g->in + 16 * B) : NULL;
     g->fed = err_calloc(B, sizeof *g->fed, err);
-    g->raw = err_malloc(sizeof *g->raw * B * V, err);
-    g->f16 = err_malloc(sizeof *g->f16 * 65536, err);
     g->tok = err_malloc(sizeof *g->tok * B, err);
-    g->draw = err_calloc(B, sizeof *g->draw, err);
-    for (uint32_t h = 0; g->f16 && h < 65536; h++)
-        g->f16[h] = util_f16_to_f32((uint16_t)h);
-    if (!(g->in && g->fed && g->raw && g->f16 && g->tok && g->draw))
-        return STOF_ERR_NOMEM;
-    return alloc_lanes(g, err);
+    if (g->keep_logits) {
+        g->raw = err_malloc(sizeof *g->raw * B * V, err);
+        g->row = err_malloc(sizeof *g->row * V, err);
+        if (!g->raw || !g->row)
+            return STOF_ERR_NOMEM;
+    }
+    return g->in && g->fed && g->tok ? STOF_OK : STOF_ERR_NOMEM;
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, 12 * B), "cuMemAlloc(ids, positions)",
+    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, 24 * B), "cuMemAlloc(ids, positions)",
                         err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
                         err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_tok, 4 * B), "cuMemAlloc(tokens)", err);
+    if (!rc && sampled(g))
+        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_prob, 4 * B * V),
+                        "cuMemAlloc(sampling scratch)", err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->StreamCreate(&g->stream, CU_STREAM_NON_BLOCKING),
                         "cuStreamCreate", err);
     return rc;
 }
 
-/* The whole step as one CUDA graph of its own, made once: the inputs copied into the model,
- * its pass, and for greedy runs the argmax, so that a step is one copy in, one launch and one
- * copy out (the model's bad-id flags are read once, after the last step). */
+/* The tokens of the step's logits: greedy (argmax) or drawn with each sequence's uniform
+ * number; an ended sequence (attention position -1) draws none. */
+static int choose_tokens(gpu_run *g, stof_error *err) {
+    size_t B = (size_t)g->p->batch;
+    if (!sampled(g))
+        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
+                                g->stream, err);
+    exec_sampling how = {g->o->temperature, g->o->top_k, g->o->top_p};
+    return exec_sample_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, &how,
+                            g->d_in + 16 * B, g->d_in + 8 * B, g->d_prob, g->d_tok, g->stream,
+                            err);
+}
+
+/* The whole step as one CUDA graph of its own, made once: the model's pass and the tokens
+ * chosen, so that a step is one copy in, one launch and one copy out (the model's bad-id
+ * flags are read once, after the last step). */
 static int capture_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch;
     exec_io in[3] = {{g->dec.ids, g->d_in}, {g->dec.positions, g->d_in + 4 * B},
                      {g->dec.attn_positions, g->d_in + 8 * B}};
-    /* the argmax kernel loaded (compiled or read) before the capture, not inside it: run once
-     * on logits of zeros */
+    /* the choosing kernel loaded (compiled or read) before the capture, not inside it: run
+     * once on logits and inputs of zeros */
     int rc = cuda_check(drv, drv->MemsetD8Async(g->d_out, 0, 2 * B * (size_t)g->r->vocab,
                                                 g->stream), "cuMemsetD8Async(logits)", err);
-    if (!rc && g->on_gpu_argmax)
-        rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
-                              g->stream, err);
+    if (!rc)
+        rc = cuda_check(drv, drv->MemsetD8Async(g->d_in, 0, 24 * B, g->stream),
+                        "cuMemsetD8Async(inputs)", err);
+    if (!rc)
+        rc = choose_tokens(g, err);
     if (!rc)
         rc = cuda_check(drv, drv->StreamSynchronize(g->stream), "cuStreamSynchronize", err);
     if (!rc)
@@ -130,9 +129,8 @@ static int capture_step(gpu_run *g, stof_error *err) {
     if (rc)
         return rc;
     rc = exec_model_run_io(g->xm, in, 3, g->d_out, g->stream, err);
-    if (!rc && g->on_gpu_argmax)
-        rc = exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
-                              g->stream, err);
+    if (!rc)
+        rc = choose_tokens(g, err);
     CUgraph captured = NULL; /* the capture ends whatever happened */
     int end = cuda_check(drv, drv->StreamEndCapture(g->stream, &captured),
                          "cuStreamEndCapture(decode step)", rc ? NULL : err);
@@ -230,7 +228,7 @@ static int prepare(gpu_run *g, stof_error *err) {
 
 /* The step's inputs: each sequence's next token at its position; an ended one repeats its
  * last through the projections, and its attention is skipped (position -1: no key read, its
- * cache untouched). */
+ * cache untouched, no draw). A sampled run's uniform numbers: for its next new token. */
 static void step_inputs(gpu_run *g) {
     const int B = g->p->batch;
     for (int b = 0; b < B; b++) {
@@ -238,21 +236,22 @@ static void step_inputs(gpu_run *g) {
         g->in[b] = gen_state_token(&g->st, b, at);
         g->in[B + b] = (int32_t)at;
         g->in[2 * B + b] = g->st.done[b] ? -1 : (int32_t)at;
+        g->u[b] = gen_uniform(g->o->seed, b, g->r->n_new[b]);
     }
 }
 
 static int run_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in, g->in, 12 * B, g->stream),
+    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in, g->in, g->in_bytes, g->stream),
                         "cuMemcpyHtoDAsync(ids, positions)", err);
     if (!rc)
         rc = cuda_check(drv, drv->GraphLaunch(g->step_exec, g->stream), "cuGraphLaunch(decode "
                         "step)", err);
-    if (!rc && g->on_gpu_argmax)
+    if (!rc)
         rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->tok, g->d_tok, 4 * B, g->stream),
                         "cuMemcpyDtoHAsync(tokens)", err);
-    else if (!rc)
+    if (!rc && g->keep_logits)
         rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->raw, g->d_out, 2 * B * V, g->stream),
                         "cuMemcpyDtoHAsync(logits)", err);
     if (!rc)
@@ -262,42 +261,25 @@ static int run_step(gpu_run *g, stof_error *err) {
     return rc;
 }
 
-/* Lane c's draws: sequences c, c + lanes, ... that draw this step, each from its row of
- * logits converted to floats. A sequence's token, count and logits are its own, so lanes
- * write no common state. */
-static void draw_lane(void *arg, int c) {
-    gpu_run *g = arg;
+/* Sequence b's row of the step's logits as floats (kept logits). */
+static const float *logits_row(gpu_run *g, int b) {
     size_t V = (size_t)g->r->vocab;
-    float *row = g->rows + (size_t)c * V;
-    for (int b = c; b < g->p->batch; b += g->lanes) {
-        if (!g->draw[b])
-            continue;
-        const uint16_t *raw = g->raw + (size_t)b * V;
-        for (size_t v = 0; v < V; v++)
-            row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : g->f16[raw[v]];
-        int t = g->r->n_new[b];
-        int32_t tok = gen_sample(g->o, row, (int64_t)V, b, t, g->scratch + (size_t)c * 2 * V,
-                                 g->orders + (size_t)c * 2 * V);
-        gen_state_emit_token(&g->st, b, t, tok, row);
-    }
+    const uint16_t *raw = g->raw + (size_t)b * V;
+    for (size_t v = 0; v < V; v++)
+        g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : util_f16_to_f32(raw[v]);
+    return g->row;
 }
 
-/* After a step: a sequence whose fed token was its last known one draws the next. */
+/* After a step: a sequence whose fed token was its last known one takes the step's token. */
 static void take_step(gpu_run *g) {
-    int any = 0;
     for (int b = 0; b < g->p->batch; b++) {
-        g->draw[b] = 0;
         if (g->st.done[b])
             continue;
         if (++g->fed[b] < g->st.len[b])
             continue; /* still feeding its prompt */
-        if (g->on_gpu_argmax)
-            gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[b], NULL);
-        else
-            any = g->draw[b] = 1;
+        gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[b],
+                             g->keep_logits ? logits_row(g, b) : NULL);
     }
-    if (any)
-        task_pool_parallel_for(g->pool, g->lanes, draw_lane, g);
 }
 
 static void run_free(gpu_run *g) {
@@ -314,6 +296,8 @@ static void run_free(gpu_run *g) {
             g->drv->MemFree(g->d_out);
         if (g->d_tok)
             g->drv->MemFree(g->d_tok);
+        if (g->d_prob)
+            g->drv->MemFree(g->d_prob);
     }
     exec_model_free(g->xm);
     exec_plan_free(g->plan);
@@ -322,20 +306,15 @@ static void run_free(gpu_run *g) {
     free(g->in);
     free(g->fed);
     free(g->raw);
-    free(g->f16);
+    free(g->row);
     free(g->tok);
-    free(g->draw);
-    task_pool_free(g->pool);
-    free(g->rows);
-    free(g->scratch);
-    free(g->orders);
 }
 
 int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,
                 int keep_logits, gen_result *r, stof_error *err) {
     memset(r, 0, sizeof *r);
     gpu_run g = {.m = m, .p = p, .o = o, .r = r, .ctx = ctx, .drv = exec_ctx_driver(ctx),
-                 .on_gpu_argmax = o->temperature == 0.0f && !keep_logits};
+                 .keep_logits = keep_logits};
     int64_t vocab;
     int rc = o->recompute ? err_set(err, STOF_ERR_UNSUPPORTED, "recompute is the CPU reference's")
                           : gen_check_run(m, p, o, &vocab, err);

@@ -134,8 +134,7 @@ static void top_sorted(const float *key, int64_t vocab, int64_t keep, int32_t *h
         out[k] = heap_pop(&h);
 }
 
-/* The uniform number of (seed, b, t) in [0, 1). */
-static double draw(uint64_t seed, int b, int t) {
+double gen_uniform(uint64_t seed, int b, int t) {
     util_rng r = {util_hash(util_hash(seed, &b, sizeof b), &t, sizeof t)};
     return util_rng_double(&r);
 }
@@ -268,10 +267,14 @@ int32_t gen_sample(const gen_options *o, const float *row, int64_t vocab, int b,
                    float *scratch, int32_t *order) {
     if (o->temperature == 0.0f)
         return argmax(row, vocab);
+    return gen_sample_uniform(o, row, vocab, gen_uniform(o->seed, b, t), scratch, order);
+}
+
+int32_t gen_sample_uniform(const gen_options *o, const float *row, int64_t vocab, double u01,
+                           float *scratch, int32_t *order) {
     float *scaled = scratch, *prob = scratch + vocab;
     for (int64_t v = 0; v < vocab; v++)
         scaled[v] = row[v] / o->temperature;
-    double u01 = draw(o->seed, b, t);
     if (o->top_k > 0 && o->top_k < vocab)
         return sample_top_k(o, scaled, vocab, o->top_k, u01, prob, order);
     return sample_all(o, scaled, vocab, u01, prob, order);

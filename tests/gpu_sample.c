@@ -1,0 +1,377 @@
+/* The decode step's token choice on the GPU (kernels/sample.cu, exec_sample_rows) against the
+ * host's draw (gen_sample_uniform, the CPU reference's), with the same uniform numbers.
+ *
+ * Rows of fp16 and bf16 logits, vocabularies of 1 to 128256, of several kinds: normal values at
+ * two spreads, one token far above the rest, every logit equal, a few values repeated (ties
+ * everywhere), sorted, zeros of both signs and minus infinities; temperatures 0.7 to 1.3,
+ * top_k from 1 to past the vocabulary, top_p from 0.05 to 1; uniform numbers of (seed, row,
+ * step) and the ends of [0, 1). Tokens poisoned before each launch, the sampling scratch
+ * poisoned too. Every token must be the host's, or else one the host draws when its uniform
+ * number or its top_p moves by a rounding (a draw on a boundary between two tokens, which
+ * fixed-point masses may place on the other side), or one below the GPU's unit of mass that
+ * the host's draw at an end of [0, 1) reaches: those are counted, and must stay rare.
+ * A second launch gives the same tokens (integer sums: no order to depend on); rows marked
+ * ended are skipped, their tokens left as poisoned.
+ *
+ * Then the timing (informational; "notime" skips it): a step's draw at a 50257-token
+ * vocabulary, 1, 8 and 64 rows, beside the greedy argmax, each replayed from a CUDA graph. Exit 77 without a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "gpu_open.h"
+#include "core/base/util.h"
+#include "core/exec/exec.h"
+#include "core/gen/gen.h"
+#include "core/gpu/cuda_driver.h"
+
+#define ROWS 6
+#define POISON_TOKEN (-7)
+
+typedef enum row_kind {
+    K_NORMAL,   /* normal, sd 1 */
+    K_WIDE,     /* normal, sd 6 */
+    K_SPIKE,    /* one token 20 above normal ones */
+    K_FLAT,     /* every logit 0.5 */
+    K_FEW,      /* the integers -3..3: ties everywhere */
+    K_SORTED,   /* rising with the index */
+    K_ZEROS,    /* zeros of both signs among a few others, and minus infinities */
+    N_KINDS
+} row_kind;
+
+static const char *kind_name[N_KINDS] = {"normal", "wide", "spike", "flat", "few values",
+                                         "sorted", "signed zeros, -inf"};
+
+static double normal(util_rng *r) {
+    double a = util_rng_double(r), b = util_rng_double(r);
+    return sqrt(-2.0 * log(a + 1e-300)) * cos(6.283185307179586 * b);
+}
+
+static float logit_of(row_kind k, util_rng *r, int64_t v, int64_t vocab) {
+    switch (k) {
+    case K_NORMAL: return (float)normal(r);
+    case K_WIDE: return (float)(6.0 * normal(r));
+    case K_SPIKE: return v == vocab / 3 ? 20.0f : (float)normal(r);
+    case K_FLAT: return 0.5f;
+    case K_FEW: return (float)((int)(util_rng_double(r) * 7.0) - 3);
+    case K_SORTED: return (float)(8.0 * (double)v / (double)vocab - 4.0);
+    default: {
+        double x = util_rng_double(r);
+        return x < 0.3 ? 0.0f : x < 0.6 ? -0.0f : x < 0.7 ? -INFINITY : (float)normal(r);
+    }
+    }
+}
+
+/* qsort's order of floats. */
+static int cmp_float_ms(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct gpu_bufs {
+    CUdeviceptr logits, u, live, prob, out;
+} gpu_bufs;
+
+typedef struct tally {
+    int draws, boundary, massless;
+} tally;
+
+/* The host's token for u and top_p given. */
+static int32_t host_draw(const gen_options *o, const float *row, int64_t vocab, double u,
+                         float *scratch, int32_t *order) {
+    return gen_sample_uniform(o, row, vocab, u, scratch, order);
+}
+
+/* Whether token v has no mass on the GPU: its probability below half exec_sample_mass_unit's
+ * unit (the host computes the same probability: exp(s - max) in fp64, rounded to fp32). */
+static int massless(const gen_options *o, const float *row, int64_t vocab, int32_t v) {
+    float max = row[0] / o->temperature;
+    for (int64_t i = 1; i < vocab; i++)
+        max = row[i] / o->temperature > max ? row[i] / o->temperature : max;
+    float p = (float)exp((double)(row[v] / o->temperature) - max);
+    return (double)p * (double)exec_sample_mass_unit(vocab) < 0.5;
+}
+
+/* Whether the host draws tok once u or top_p moves by a rounding: a boundary case. */
+static int on_boundary(const gen_options *o, const float *row, int64_t vocab, double u,
+                       int32_t tok, float *scratch, int32_t *order) {
+    const double us[3] = {u, u > 1e-9 ? u - 1e-9 : 0.0, u + 1e-9 < 1.0 ? u + 1e-9 : u};
+    const float ps[3] = {o->top_p, nextafterf(o->top_p, 0.0f),
+                         o->top_p < 1.0f ? nextafterf(o->top_p, 2.0f) : o->top_p};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            gen_options m = *o;
+            m.top_p = ps[j];
+            if (host_draw(&m, row, vocab, us[i], scratch, order) == tok)
+                return 1;
+        }
+    return 0;
+}
+
+static int launch(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int rows, int64_t vocab,
+                  const gen_options *o, int with_live, int32_t *out) {
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    stof_error err = {0};
+    exec_sampling how = {o->temperature, o->top_k, o->top_p};
+    int32_t poison[ROWS];
+    for (int r = 0; r < ROWS; r++)
+        poison[r] = POISON_TOKEN;
+    int rc = drv->MemcpyHtoD(d->out, poison, sizeof poison) != CUDA_SUCCESS ||
+             drv->MemsetD8Async(d->prob, 0xff, 4 * (size_t)rows * (size_t)vocab, NULL) != CUDA_SUCCESS;
+    CHECK_MSG(!rc, "poisoning the outputs");
+    if (!rc)
+        rc = exec_sample_rows(ctx, d->logits, t, rows, vocab, &how, d->u,
+                              with_live ? d->live : 0, d->prob, d->out, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "exec_sample_rows: %s", err.msg);
+    if (!rc)
+        rc = drv->StreamSynchronize(NULL) != CUDA_SUCCESS ||
+             drv->MemcpyDtoH(out, d->out, sizeof *out * (size_t)rows) != CUDA_SUCCESS;
+    CHECK_MSG(!rc, "the sampling kernel failed");
+    return rc;
+}
+
+/* One vocabulary, dtype and kind of row: ROWS rows, a few sets of options over them. */
+static void run_case(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int64_t vocab, row_kind k,
+                     uint64_t seed, tally *tl) {
+    const size_t n = (size_t)ROWS * (size_t)vocab;
+    uint16_t *bits = malloc(sizeof *bits * n);
+    float *rows = malloc(sizeof *rows * n);
+    float *scratch = malloc(sizeof *scratch * 2 * (size_t)vocab);
+    int32_t *order = malloc(sizeof *order * 2 * (size_t)vocab);
+    if (!bits || !rows || !scratch || !order) {
+        CHECK_MSG(0, "out of host memory");
+        goto done;
+    }
+    util_rng rng = {seed};
+    for (size_t i = 0; i < n; i++) {
+        bits[i] = t == STOF_BF16 ? util_f32_to_bf16(logit_of(k, &rng, (int64_t)(i % (size_t)vocab), vocab))
+                                 : util_f32_to_f16(logit_of(k, &rng, (int64_t)(i % (size_t)vocab), vocab));
+        rows[i] = t == STOF_BF16 ? util_bf16_to_f32(bits[i]) : util_f16_to_f32(bits[i]);
+    }
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    if (drv->MemcpyHtoD(d->logits, bits, sizeof *bits * n) != CUDA_SUCCESS) {
+        CHECK_MSG(0, "uploading logits");
+        goto done;
+    }
+    static const float temps[] = {0.7f, 1.0f, 1.3f};
+    static const float top_ps[] = {1.0f, 0.9f, 0.5f, 0.05f, 0.999f};
+    const int top_ks[] = {0, 1, 3, 50, (int)vocab - 1, (int)vocab, (int)vocab + 3};
+    for (int c = 0; c < 6; c++) {
+        gen_options o = gen_options_default(1);
+        o.temperature = temps[(c + k) % 3];
+        o.top_k = top_ks[(c * 3 + k + (int)(seed % 7)) % 7];
+        o.top_p = top_ps[(c + 2 * k + (int)(seed % 5)) % 5];
+        if (o.top_k < 0)
+            o.top_k = 0;
+        double u[ROWS];
+        int32_t live[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            u[r] = r == 0 ? 0.0 : r == 1 ? 1.0 - 1.0 / 9007199254740992.0
+                                         : gen_uniform(seed, r, c);
+            live[r] = r == 3 && c % 2 ? -1 : r;
+        }
+        int32_t got[ROWS], again[ROWS];
+        if (drv->MemcpyHtoD(d->u, u, sizeof u) != CUDA_SUCCESS ||
+            drv->MemcpyHtoD(d->live, live, sizeof live) != CUDA_SUCCESS) {
+            CHECK_MSG(0, "uploading the uniforms");
+            goto done;
+        }
+        if (launch(ctx, d, t, ROWS, vocab, &o, 1, got) || launch(ctx, d, t, ROWS, vocab, &o, 1, again))
+            goto done;
+        CHECK_MSG(memcmp(got, again, sizeof got) == 0, "%s, vocab %lld: two launches chose "
+                  "different tokens", kind_name[k], (long long)vocab);
+        for (int r = 0; r < ROWS; r++) {
+            if (live[r] < 0) {
+                CHECK_MSG(got[r] == POISON_TOKEN, "an ended row got token %d", got[r]);
+                continue;
+            }
+            const float *row = rows + (size_t)r * (size_t)vocab;
+            int32_t want = host_draw(&o, row, vocab, u[r], scratch, order);
+            tl->draws++;
+            if (got[r] == want) {
+                check_passed++;
+                continue;
+            }
+            int valid = got[r] >= 0 && got[r] < vocab;
+            int none = valid && massless(&o, row, vocab, want);
+            int edge = valid && !none && on_boundary(&o, row, vocab, u[r], got[r], scratch, order);
+            tl->boundary += edge;
+            tl->massless += none;
+            CHECK_MSG(edge || none, "%s %s vocab %lld, T %g top_k %d top_p %g, u %.17g: token %d, the "
+                      "host draws %d", t == STOF_BF16 ? "bf16" : "fp16", kind_name[k],
+                      (long long)vocab, (double)o.temperature, o.top_k, (double)o.top_p, u[r],
+                      got[r], want);
+        }
+    }
+done:
+    free(bits);
+    free(rows);
+    free(scratch);
+    free(order);
+}
+
+/* The median time of a launch of exec_sample_rows (or the argmax), us, of 20 replays of a CUDA
+ * graph that holds it (what a decode step's graph runs). */
+static double time_rows(exec_ctx *ctx, const gpu_bufs *d, int rows, int64_t vocab,
+                        const gen_options *o) {
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    CUstream st = NULL;
+    CUgraph captured = NULL;
+    CUgraphExec exec = NULL;
+    CUevent e0 = NULL, e1 = NULL;
+    stof_error err = {0};
+    exec_sampling how = {o->temperature, o->top_k, o->top_p};
+    float ms[20];
+    int rc = drv->StreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
+    for (int pass = 0; !rc && pass < 2; pass++) { /* once to load the kernel, once captured */
+        rc = pass && drv->StreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+        rc = rc || (o->temperature > 0.0f
+                        ? exec_sample_rows(ctx, d->logits, STOF_F16, rows, vocab, &how, d->u, 0,
+                                           d->prob, d->out, st, &err)
+                        : exec_argmax_rows(ctx, d->logits, STOF_F16, rows, vocab, d->out, st,
+                                           &err));
+        if (pass)
+            rc = drv->StreamEndCapture(st, &captured) != CUDA_SUCCESS || rc;
+    }
+    rc = rc || drv->GraphInstantiate(&exec, captured, 0) != CUDA_SUCCESS ||
+         drv->EventCreate(&e0, 0) != CUDA_SUCCESS || drv->EventCreate(&e1, 0) != CUDA_SUCCESS;
+    for (int i = 0; i < 20 && !rc; i++)
+        rc = drv->EventRecord(e0, st) != CUDA_SUCCESS || drv->GraphLaunch(exec, st) != CUDA_SUCCESS ||
+             drv->EventRecord(e1, st) != CUDA_SUCCESS || drv->EventSynchronize(e1) != CUDA_SUCCESS ||
+             drv->EventElapsedTime(&ms[i], e0, e1) != CUDA_SUCCESS;
+    CHECK_MSG(!rc, "timing %d rows: %s", rows, err.msg);
+    if (e0)
+        drv->EventDestroy(e0);
+    if (e1)
+        drv->EventDestroy(e1);
+    if (exec)
+        drv->GraphExecDestroy(exec);
+    if (captured)
+        drv->GraphDestroy(captured);
+    if (st)
+        drv->StreamDestroy(st);
+    if (rc)
+        return -1.0;
+    qsort(ms, 20, sizeof *ms, cmp_float_ms);
+    return 1000.0 * ms[10];
+}
+
+static void timing(exec_ctx *ctx, const gpu_bufs *d) {
+    const int64_t vocab = 50257;
+    static const int batches[] = {1, 8, 64};
+    printf("time of a step's token choice, vocabulary %lld, fp16, us (median of 20):\n",
+           (long long)vocab);
+    printf("  %-28s %8s %8s %8s\n", "choice", "rows 1", "rows 8", "rows 64");
+    struct { const char *name; float t; int k; float p; } modes[] = {
+        {"greedy (argmax)", 0.0f, 0, 1.0f},          {"T 0.8", 0.8f, 0, 1.0f},
+        {"T 0.8, top-k 50", 0.8f, 50, 1.0f},         {"T 0.8, top-p 0.9", 0.8f, 0, 0.9f},
+        {"T 0.8, top-k 50, top-p 0.9", 0.8f, 50, 0.9f}};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        gen_options o = gen_options_default(1);
+        o.temperature = modes[m].t;
+        o.top_k = modes[m].k;
+        o.top_p = modes[m].p;
+        printf("  %-28s", modes[m].name);
+        for (int b = 0; b < 3; b++)
+            printf(" %8.1f", time_rows(ctx, d, batches[b], vocab, &o));
+        printf("\n");
+    }
+}
+
+enum { TIME_ROWS = 64, TIME_VOCAB = 50257, BIG_VOCAB = 128256 };
+
+static int alloc_bufs(exec_ctx *ctx, gpu_bufs *d) {
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    size_t most = (size_t)TIME_ROWS * TIME_VOCAB > (size_t)ROWS * BIG_VOCAB
+                      ? (size_t)TIME_ROWS * TIME_VOCAB
+                      : (size_t)ROWS * BIG_VOCAB;
+    memset(d, 0, sizeof *d);
+    return drv->MemAlloc(&d->logits, 2 * most) != CUDA_SUCCESS ||
+           drv->MemAlloc(&d->prob, 4 * most) != CUDA_SUCCESS ||
+           drv->MemAlloc(&d->u, sizeof(double) * TIME_ROWS) != CUDA_SUCCESS ||
+           drv->MemAlloc(&d->live, sizeof(int32_t) * TIME_ROWS) != CUDA_SUCCESS ||
+           drv->MemAlloc(&d->out, sizeof(int32_t) * TIME_ROWS) != CUDA_SUCCESS;
+}
+
+static void free_bufs(exec_ctx *ctx, gpu_bufs *d) {
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    CUdeviceptr *all[] = {&d->logits, &d->prob, &d->u, &d->live, &d->out};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (*all[i])
+            drv->MemFree(*all[i]);
+}
+
+/* Logits and uniforms for the timing: normal fp16 values, TIME_ROWS rows. */
+static int timing_inputs(exec_ctx *ctx, const gpu_bufs *d) {
+    size_t n = (size_t)TIME_ROWS * TIME_VOCAB;
+    uint16_t *bits = malloc(sizeof *bits * n);
+    if (!bits)
+        return -1;
+    util_rng rng = {99};
+    for (size_t i = 0; i < n; i++)
+        bits[i] = util_f32_to_f16((float)(2.0 * normal(&rng)));
+    double u[TIME_ROWS];
+    for (int r = 0; r < TIME_ROWS; r++)
+        u[r] = gen_uniform(99, r, 0);
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    int rc = drv->MemcpyHtoD(d->logits, bits, sizeof *bits * n) != CUDA_SUCCESS ||
+             drv->MemcpyHtoD(d->u, u, sizeof u) != CUDA_SUCCESS;
+    free(bits);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    exec_ctx *ctx = NULL;
+    GPU_TEST_OPEN(exec_ctx_create, ctx, "gpu_sample");
+    printf("GPU: %s\n", exec_ctx_device(ctx)->name);
+    stof_error err = {0};
+    gpu_bufs d;
+    int rc = exec_ctx_make_current(ctx, &err);
+    CHECK_MSG(rc == STOF_OK, "context: %s", err.msg);
+    if (!rc)
+        rc = alloc_bufs(ctx, &d);
+    CHECK_MSG(rc == 0, "device buffers");
+    static const int64_t vocabs[] = {1, 2, 7, 1000, 4099, 50257, BIG_VOCAB};
+    tally tl = {0, 0, 0};
+    uint64_t seed = 1;
+    for (int t = 1; !rc && t <= 2; t++)
+        for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++)
+            for (int k = 0; k < N_KINDS; k++) {
+                if (vocabs[v] == BIG_VOCAB && k != K_NORMAL && k != K_FEW)
+                    continue;
+                run_case(ctx, &d, (stof_dtype)t, vocabs[v], (row_kind)k, seed++, &tl);
+            }
+    printf("sampled tokens: %d draws, %d the host's, %d on a boundary the host's draw moves "
+           "across by a rounding, %d where the host drew a token without mass on the GPU (below "
+           "half a unit)\n", tl.draws, tl.draws - tl.boundary - tl.massless, tl.boundary,
+           tl.massless);
+    CHECK_MSG(tl.draws > 2000, "only %d draws", tl.draws);
+    CHECK_MSG(tl.boundary * 200 <= tl.draws, "%d of %d draws on a boundary: more than rounding "
+              "explains", tl.boundary, tl.draws);
+    /* the massless ones come from the ends of [0, 1) alone (rows 0 and 1 of each case) */
+    CHECK_MSG(tl.massless * 20 <= tl.draws, "%d of %d draws of a token without mass",
+              tl.massless, tl.draws);
+    /* bad requests: refused, saying what was expected */
+    exec_sampling bad = {0.0f, 0, 1.0f};
+    if (!rc) {
+        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F16, 1, 10, &bad, d.u, 0, d.prob, d.out,
+                                      NULL, &err), STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, "temperature 0 (> 0)");
+        bad.temperature = 1.0f;
+        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F32, 1, 10, &bad, d.u, 0, d.prob, d.out,
+                                      NULL, &err), STOF_ERR_UNSUPPORTED);
+        CHECK_CONTAINS(err.msg, "logits in fp16 or bf16, not fp32");
+        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F16, 1, (int64_t)1 << 31, &bad, d.u, 0,
+                                      d.prob, d.out, NULL, &err), STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, "sampling: 1 rows of 2147483648 logits");
+    }
+    int notime = argc > 1 && strcmp(argv[1], "notime") == 0;
+    if (!rc && !notime && timing_inputs(ctx, &d) == 0)
+        timing(ctx, &d);
+    if (!rc)
+        free_bufs(ctx, &d);
+    exec_ctx_free(ctx);
+    return check_summary("gpu_sample");
+}

@@ -414,42 +414,61 @@ __device__ int first_reaching(sample_smem &s, int n, u64 v0, u64 v1, u64 want, b
     return first;
 }
 
-// Top-k with few tokens near the k-th (the common case): a histogram of counts over value bins
-// finds the bin of the k-th token; the tokens of it and of the bins before (at most
-// SAMPLE_BINS) are gathered and sorted by (rank key, index), and the top-k, top-p cut and the
-// draw are made on them in rank order. Returns the token, or -1 when they do not fit (the
-// caller then takes rank_select's passes).
-__device__ int sample_top_k_sorted(sample_smem &s, const sample_row &r, const kept_set &all,
-                                   int top_k, float top_p, double u) {
+#define SAMPLE_COARSE_SHIFT 31 // a mass >> 31: a vocabulary's sum within 32 bits
+
+// The kept tokens when few (the common case): a histogram over value bins finds the bin where
+// the kept tokens end (counts: the k-th token's, top_k > 0; else masses rounded down to
+// 2^31 fine units, which can only place it later: the bin where top_p of the row's total
+// mass is surely reached). The tokens of it and of the bins before (at most SAMPLE_BINS) are
+// gathered and sorted by (rank key, index), and the top-k, top-p cut and the draw are made on
+// them in rank order with their exact masses. Returns the token, or -1 when they do not fit
+// (the caller then takes rank_select's passes). total: the row's mass (top_k 0 only, after
+// row_probabilities).
+__device__ int sample_sorted(sample_smem &s, const sample_row &r, const kept_set &all,
+                             int top_k, float top_p, double u, u64 total) {
     const int t = threadIdx.x;
     const float span = __fsub_rn(all.hi, all.lo);
     const float per_unit = span > 0.0f ? __fdiv_rn((float)SAMPLE_BINS, span) : 0.0f;
     for (int i = t; i < SAMPLE_BINS; i += SAMPLE_THREADS)
         s.count[i] = 0;
     __syncthreads();
-    for_each_scaled(r, [&](long long, float sv) {
-        atomicAdd(&s.count[value_bin(sv, all, per_unit)], 1u);
-    });
+    u64 want;
+    if (top_k > 0) {
+        for_each_scaled(r, [&](long long, float sv) {
+            atomicAdd(&s.count[value_bin(sv, all, per_unit)], 1u);
+        });
+        want = (u64)top_k;
+    } else {
+        for_each_scaled_prob(r, [&](long long, float sv, float p) {
+            atomicAdd(&s.count[value_bin(sv, all, per_unit)],
+                      (unsigned)(fixed_mass(p, r.unit) >> SAMPLE_COARSE_SHIFT));
+        });
+        const double goal = ceil((double)top_p * (double)total);
+        const u64 fine = goal < 1.0 ? 1 : goal > (double)total ? total : (u64)goal;
+        want = (fine + (1ull << SAMPLE_COARSE_SHIFT) - 1) >> SAMPLE_COARSE_SHIFT;
+    }
     __syncthreads();
     u64 c0 = s.count[2 * t], c1 = s.count[2 * t + 1], c = c0 + c1, unused = 0, tc, tu;
     block_scan2(s, c, unused, &tc, &tu);
-    const int d = first_reaching(s, SAMPLE_BINS, c + c0, c + c0 + c1, (u64)top_k, false);
-    // the tokens up to bin d: their count, handed out by its owner
-    if (d / 2 == t)
-        s.warp_a[0] = c + c0 + (d & 1 ? c1 : 0);
-    __syncthreads();
-    const u64 n = s.warp_a[0];
-    __syncthreads();
-    if (d >= SAMPLE_BINS || n > SAMPLE_BINS)
+    const int d = first_reaching(s, SAMPLE_BINS, c + c0, c + c0 + c1, want, false);
+    if (d >= SAMPLE_BINS)
         return -1;
     // gathered as (rank key << 32 | index), padded to a power of two with the largest key
     if (t == 0)
         s.first = 0;
     __syncthreads();
     for_each_scaled(r, [&](long long v, float sv) {
-        if (value_bin(sv, all, per_unit) <= (unsigned)d)
-            s.mass[atomicAdd(&s.first, 1)] = (u64)rank_key(sv) << 32 | (u64)v;
+        if (value_bin(sv, all, per_unit) <= (unsigned)d) {
+            const int at = atomicAdd(&s.first, 1);
+            if (at < SAMPLE_BINS)
+                s.mass[at] = (u64)rank_key(sv) << 32 | (u64)v;
+        }
     });
+    __syncthreads();
+    const int n = s.first;
+    __syncthreads();
+    if (n > SAMPLE_BINS)
+        return -1;
     int size = 2;
     while (size < (int)n)
         size *= 2;
@@ -467,23 +486,25 @@ __device__ int sample_top_k_sorted(sample_smem &s, const sample_row &r, const ke
             }
             __syncthreads();
         }
-    // masses of the top_k in rank order, running sums
+    // masses of the candidates (the top_k) in rank order, running sums
+    const int limit = top_k > 0 ? top_k : n;
     u64 m0 = 0, m1 = 0;
-    if (2 * t < top_k)
+    if (2 * t < limit)
         m0 = fixed_mass(probability(value_of_key((unsigned)(s.mass[2 * t] >> 32)), all.hi), r.unit);
-    if (2 * t + 1 < top_k)
+    if (2 * t + 1 < limit)
         m1 = fixed_mass(probability(value_of_key((unsigned)(s.mass[2 * t + 1] >> 32)), all.hi),
                         r.unit);
     u64 m = m0 + m1, kept_mass, tm;
     unused = 0;
     block_scan2(s, m, unused, &kept_mass, &tm);
     const u64 run0 = m + m0, run1 = m + m0 + m1;
-    int kept_n = top_k;
+    kept_mass = top_k > 0 ? kept_mass : total;
+    int kept_n = limit;
     u64 mass = kept_mass;
     if (top_p < 1.0f) {
         const double goal = ceil((double)top_p * (double)kept_mass);
         const u64 want = goal < 1.0 ? 1 : goal > (double)kept_mass ? kept_mass : (u64)goal;
-        const int cut = first_reaching(s, top_k, run0, run1, want, false);
+        const int cut = first_reaching(s, limit, run0, run1, want, false);
         if (cut / 2 == t)
             s.warp_b[0] = cut & 1 ? run1 : run0;
         __syncthreads();
@@ -513,9 +534,8 @@ stof_sample_rows(const elem_t *x, long long vocab, float temperature, int top_k,
     kept_set kept = {0xffffffffu, vocab - 1, 0.0f, 0.0f};
     row_extremes(s, r, &kept.hi, &kept.lo);
     const bool with_k = top_k > 0 && top_k < vocab;
-    int token = with_k && top_k <= SAMPLE_BINS
-                    ? sample_top_k_sorted(s, r, kept, top_k, top_p, u[row])
-                    : -1;
+    int token = with_k && top_k <= SAMPLE_BINS ? sample_sorted(s, r, kept, top_k, top_p, u[row], 0)
+                                               : -1;
     if (token >= 0) {
         if (threadIdx.x == 0)
             out[row] = token;
@@ -527,10 +547,12 @@ stof_sample_rows(const elem_t *x, long long vocab, float temperature, int top_k,
             out[row] = 0;
         return;
     }
+    if (!with_k && top_p < 1.0f)
+        token = sample_sorted(s, r, kept, 0, top_p, u[row], total);
     if (!with_k && top_p >= 1.0f) {
         const double w = u[row] * (double)total;
         token = walk_in_order(s, r, w < (double)(total - 1) ? (u64)w : total - 1);
-    } else {
+    } else if (token < 0) {
         u64 mass = total;
         if (with_k) {
             const selected k = rank_select(s, r, kept, false, (u64)top_k, false);

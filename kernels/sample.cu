@@ -62,7 +62,7 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out) {
 // neither top_k nor top_p, every token in vocabulary order).
 //
 // Masses are fixed point, a probability times `unit` (a power of two, the largest that keeps
-// vocab of them within 63 bits: 2^47 at 50257 tokens), rounded: integer sums do not depend on
+// vocab of them within 62 bits: 2^46 at 50257 tokens), rounded: integer sums do not depend on
 // the order they are made in, so a row's token is the same on every run; a token below half a
 // unit of the largest one's probability has no mass. Nothing is sorted: each selection in rank
 // order (the k-th token, the first whose running mass reaches a goal) is a radix select: a
@@ -139,7 +139,8 @@ __device__ __forceinline__ unsigned value_bin(float s, const kept_set &k, float 
 }
 
 __device__ __forceinline__ u64 fixed_mass(float p, float unit) {
-    return __float2ull_rn(__fmul_rn(p, unit)); // exact: unit a power of two, p <= 1
+    // exact: unit a power of two, p <= 1; a NaN (of a +inf or NaN logit) has no mass
+    return p >= 0.0f ? __float2ull_rn(__fmul_rn(p, unit)) : 0ull;
 }
 
 // f(v, s) for every token v of this thread's stride (scaled value s), SAMPLE_ILP loads at once.
@@ -499,12 +500,15 @@ __device__ int sample_sorted(sample_smem &s, const sample_row &r, const kept_set
     block_scan2(s, m, unused, &kept_mass, &tm);
     const u64 run0 = m + m0, run1 = m + m0 + m1;
     kept_mass = top_k > 0 ? kept_mass : total;
+    if (kept_mass == 0) // no finite largest logit: the caller's passes say so
+        return -1;
     int kept_n = limit;
     u64 mass = kept_mass;
     if (top_p < 1.0f) {
         const double goal = ceil((double)top_p * (double)kept_mass);
         const u64 want = goal < 1.0 ? 1 : goal > (double)kept_mass ? kept_mass : (u64)goal;
-        const int cut = first_reaching(s, limit, run0, run1, want, false);
+        int cut = first_reaching(s, limit, run0, run1, want, false);
+        cut = cut < limit ? cut : limit - 1; // always found: want <= kept_mass
         if (cut / 2 == t)
             s.warp_b[0] = cut & 1 ? run1 : run0;
         __syncthreads();
@@ -542,7 +546,7 @@ stof_sample_rows(const elem_t *x, long long vocab, float temperature, int top_k,
         return;
     }
     const u64 total = row_probabilities(s, r, kept.hi);
-    if (total == 0) { // no finite logit
+    if (total == 0) { // no finite largest logit (all -inf, a +inf or a NaN): token 0
         if (threadIdx.x == 0)
             out[row] = 0;
         return;

@@ -196,7 +196,10 @@ static void run_case(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int64_t voc
                 continue;
             }
             int valid = got[r] >= 0 && got[r] < vocab;
-            int none = valid && massless(&o, row, vocab, want);
+            /* only a draw at an end of [0, 1) reaches a token without mass, and the GPU's
+             * token must have some */
+            int none = valid && r < 2 && massless(&o, row, vocab, want) &&
+                       !massless(&o, row, vocab, got[r]);
             int edge = valid && !none && on_boundary(&o, row, vocab, u[r], got[r], scratch, order);
             tl->boundary += edge;
             tl->massless += none;
@@ -355,6 +358,28 @@ int main(int argc, char **argv) {
     /* the massless ones come from the ends of [0, 1) alone (rows 0 and 1 of each case) */
     CHECK_MSG(tl.massless * 20 <= tl.draws, "%d of %d draws of a token without mass",
               tl.massless, tl.draws);
+    /* rows without a finite largest logit (all -inf; a +inf): token 0, whatever the options */
+    for (int k = 0; k < 2 && !rc; k++) {
+        const int64_t vocab = 300;
+        uint16_t bits[ROWS * 300];
+        for (int i = 0; i < ROWS * 300; i++)
+            bits[i] = k == 0 ? 0xfc00 : (i % 300 == 7 ? 0x7c00 : 0x3c00);
+        double u[ROWS] = {0.0, 0.5, 0.25, 0.75, 0.9, 0.1};
+        const cuda_driver *drv = exec_ctx_driver(ctx);
+        rc = drv->MemcpyHtoD(d.logits, bits, sizeof bits) != CUDA_SUCCESS ||
+             drv->MemcpyHtoD(d.u, u, sizeof u) != CUDA_SUCCESS;
+        static const int ks[] = {0, 5, 0, 5};
+        static const float ps[] = {1.0f, 1.0f, 0.5f, 0.5f};
+        for (int c = 0; c < 4 && !rc; c++) {
+            gen_options o = gen_options_default(1);
+            o.temperature = 1.0f, o.top_k = ks[c], o.top_p = ps[c];
+            int32_t got[ROWS];
+            rc = launch(ctx, &d, STOF_F16, ROWS, vocab, &o, 0, got);
+            for (int r = 0; r < ROWS && !rc; r++)
+                CHECK_MSG(got[r] == 0, "%s, top_k %d top_p %g: token %d", k ? "a +inf" : "all -inf",
+                          ks[c], (double)ps[c], got[r]);
+        }
+    }
     /* bad requests: refused, saying what was expected */
     exec_sampling bad = {0.0f, 0, 1.0f};
     if (!rc) {

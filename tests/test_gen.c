@@ -591,6 +591,19 @@ static void test_sample(void) {
     for (int t = 0; t < 200; t++)
         seen[gen_sample(&o, row, 6, 2, t, scratch, order)]++;
     CHECK(seen[1] && seen[3] && seen[4] && !seen[0] && !seen[2] && !seen[5]);
+    /* a draw is gen_sample_uniform's at the uniform number of (seed, sequence, step), which
+     * the GPU's draws take from the step's inputs; the ends of [0, 1) take the first and the
+     * last kept token (top_k 3: tokens 1, 3, 4 in rank order) */
+    for (int t = 0; t < 50; t++) {
+        double u = gen_uniform(o.seed, 2, t);
+        CHECK(u >= 0.0 && u < 1.0);
+        CHECK_EQ_INT(gen_sample(&o, row, 6, 2, t, scratch, order),
+                     gen_sample_uniform(&o, row, 6, u, scratch, order));
+    }
+    CHECK(gen_uniform(o.seed, 2, 0) != gen_uniform(o.seed, 2, 1));
+    CHECK(gen_uniform(o.seed, 2, 0) != gen_uniform(o.seed, 3, 0));
+    CHECK_EQ_INT(gen_sample_uniform(&o, row, 6, 0.0, scratch, order), 1);
+    CHECK_EQ_INT(gen_sample_uniform(&o, row, 6, 1.0 - 1.0 / 9007199254740992.0, scratch, order), 4);
 }
 
 static const float *g_key; /* the reference's sort key */

@@ -59,7 +59,7 @@ static int sampled(const gpu_run *g) {
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
     g->in_bytes = sampled(g) ? 24 * B : 12 * B;
-    g->in = err_malloc(24 * B, err); /* 16-byte rows: the doubles after three int32 rows */
+    g->in = err_calloc(24, B, err); /* 16-byte rows: the doubles after three int32 rows */
     g->u = g->in ? (double *)(void *)((char *)g->in + 16 * B) : NULL;
     g->fed = err_calloc(B, sizeof *g->fed, err);
     g->tok = err_malloc(sizeof *g->tok * B, err);

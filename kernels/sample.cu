@@ -64,13 +64,17 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out) {
 // Masses are fixed point, a probability times `unit` (a power of two, the largest that keeps
 // vocab of them within 62 bits: 2^46 at 50257 tokens), rounded: integer sums do not depend on
 // the order they are made in, so a row's token is the same on every run; a token below half a
-// unit of the largest one's probability has no mass. Nothing is sorted: each selection in rank
-// order (the k-th token, the first whose running mass reaches a goal) is a radix select: a
-// histogram of counts and masses over 2048 bins of value between the kept tokens' extremes
-// (spread, so that few tokens of a warp add to the same bin), then three over the bits of the
-// rank keys of the tokens left in the bin (11, 11 and 10 bits), then the tie at the selected
-// value found in index order. prob: [rows, vocab] fp32 scratch. live (may be NULL): a row
-// whose live entry is negative (an ended sequence) is skipped.
+// unit of the largest one's probability has no mass. The vocabulary is never sorted. When the
+// kept tokens are few (top-k, or top-p over a peaked row), a histogram over 2048 bins of value
+// finds the bin they end in, and the at most 2048 tokens up to it are gathered and sorted
+// (sample_sorted). Otherwise each selection in rank order (the k-th token, the first whose
+// running mass reaches a goal) is a radix select: a histogram of counts and masses over the
+// value bins between the kept tokens' extremes (spread, so that few tokens of a warp add to
+// the same bin), then three over the bits of the rank keys of the tokens left in the bin (11,
+// 11 and 10 bits), then the tie at the selected value found in index order (rank_select).
+// Without top-k and top-p the draw walks every token in vocabulary order (walk_in_order). A
+// row without a finite largest logit draws token 0. prob: [rows, vocab] fp32 scratch. live
+// (may be NULL): a row whose live entry is negative (an ended sequence) is skipped.
 
 #ifndef SAMPLE_THREADS
 #define SAMPLE_THREADS 1024

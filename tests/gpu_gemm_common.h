@@ -252,23 +252,35 @@ static inline double epilogue_reference(const gset *s, const fusion_epilogue *ep
     return ref;
 }
 
-/* Checks the packed output fetched into s->hy against the reference on the set's reference
- * rows, and reports it (report()). */
-static inline void judge_epilogue(const gset *s, const fusion_epilogue *epi, const char *label) {
-    const int N = s->wt->N;
+/* A reference output of the set: reference row i, output n; how: what the caller judges. */
+typedef double (*row_reference)(const gset *s, const void *how, int i, int n);
+
+/* Checks the packed output fetched into s->hy, width outputs a row, against ref on the set's
+ * reference rows, and reports it (report()). */
+static inline void judge_rows(const gset *s, int width, row_reference ref, const void *how,
+                              const char *label) {
     const stof_dtype dt = s->wt->dt;
     verdict v;
     verdict_init(&v);
     for (int i = 0; i < s->n_rows; i++)
-        for (int n = 0; n < N; n++) {
-            long at = (long)s->rows[i] * N + n;
-            verdict_add(&v, from_bits(dt, s->hy[at]), epilogue_reference(s, epi, i, n), at);
+        for (int n = 0; n < width; n++) {
+            long at = (long)s->rows[i] * width + n;
+            verdict_add(&v, from_bits(dt, s->hy[at]), ref(s, how, i, n), at);
         }
     char where[160] = "";
     if (v.first_bad >= 0)
-        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / N,
-                 v.first_bad % N, from_bits(dt, s->hy[v.first_bad]));
-    report(label, &v, count_nonfinite(s->hy, (size_t)s->M * N, dt), tol_of(dt), where);
+        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / width,
+                 v.first_bad % width, from_bits(dt, s->hy[v.first_bad]));
+    report(label, &v, count_nonfinite(s->hy, (size_t)s->M * width, dt), tol_of(dt), where);
+}
+
+static inline double epilogue_row_reference(const gset *s, const void *how, int i, int n) {
+    return epilogue_reference(s, how, i, n);
+}
+
+/* The epilogue's outputs against its reference (judge_rows). */
+static inline void judge_epilogue(const gset *s, const fusion_epilogue *epi, const char *label) {
+    judge_rows(s, s->wt->N, epilogue_row_reference, epi, label);
 }
 
 #endif

@@ -146,21 +146,19 @@ static double glu_reference(const gset *s, int has_bias, int act, int i, int j) 
     return a * uv;
 }
 
+/* What judge_glu judges: the gated unit's bias and activation. */
+typedef struct glu_how {
+    int has_bias, act;
+} glu_how;
+
+static double glu_row_reference(const gset *s, const void *how, int i, int j) {
+    const glu_how *h = how;
+    return glu_reference(s, h->has_bias, h->act, i, j);
+}
+
 static void judge_glu(const gset *s, int has_bias, int act, const char *label) {
-    const int F = s->wt->N / 2;
-    const stof_dtype dt = s->wt->dt;
-    verdict v;
-    verdict_init(&v);
-    for (int i = 0; i < s->n_rows; i++)
-        for (int j = 0; j < F; j++) {
-            long at = (long)s->rows[i] * F + j;
-            verdict_add(&v, from_bits(dt, s->hy[at]), glu_reference(s, has_bias, act, i, j), at);
-        }
-    char where[160] = "";
-    if (v.first_bad >= 0)
-        snprintf(where, sizeof where, "first bad: row %ld col %ld = %g", v.first_bad / F,
-                 v.first_bad % F, from_bits(dt, s->hy[v.first_bad]));
-    report(label, &v, count_nonfinite(s->hy, (size_t)s->M * F, dt), tol_of(dt), where);
+    const glu_how how = {has_bias, act};
+    judge_rows(s, s->wt->N / 2, glu_row_reference, &how, label);
 }
 
 /* One case: setting -1 is the default; pr a norm ahead of the GEMM, or NULL; glu a gated

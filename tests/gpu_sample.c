@@ -28,6 +28,9 @@
 #include "core/gen/gen.h"
 #include "core/gpu/cuda_driver.h"
 
+#define GPU_CTX_TYPE exec_ctx
+#include "gpu_common.h"
+
 #define ROWS 6
 #define POISON_TOKEN (-7)
 
@@ -63,12 +66,6 @@ static float logit_of(row_kind k, util_rng *r, int64_t v, int64_t vocab) {
         return x < 0.3 ? 0.0f : x < 0.6 ? -0.0f : x < 0.7 ? -INFINITY : (float)normal(r);
     }
     }
-}
-
-/* qsort's order of floats. */
-static int cmp_float_ms(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
 }
 
 typedef struct gpu_bufs {
@@ -147,9 +144,8 @@ static void run_case(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int64_t voc
     }
     util_rng rng = {seed};
     for (size_t i = 0; i < n; i++) {
-        bits[i] = t == STOF_BF16 ? util_f32_to_bf16(logit_of(k, &rng, (int64_t)(i % (size_t)vocab), vocab))
-                                 : util_f32_to_f16(logit_of(k, &rng, (int64_t)(i % (size_t)vocab), vocab));
-        rows[i] = t == STOF_BF16 ? util_bf16_to_f32(bits[i]) : util_f16_to_f32(bits[i]);
+        bits[i] = to_bits(t, logit_of(k, &rng, (int64_t)(i % (size_t)vocab), vocab));
+        rows[i] = from_bits(t, bits[i]);
     }
     const cuda_driver *drv = exec_ctx_driver(ctx);
     if (drv->MemcpyHtoD(d->logits, bits, sizeof *bits * n) != CUDA_SUCCESS) {
@@ -258,7 +254,7 @@ static double time_rows(exec_ctx *ctx, const gpu_bufs *d, int rows, int64_t voca
         drv->StreamDestroy(st);
     if (rc)
         return -1.0;
-    qsort(ms, 20, sizeof *ms, cmp_float_ms);
+    qsort(ms, 20, sizeof *ms, cmp_float);
     return 1000.0 * ms[10];
 }
 

@@ -24,8 +24,7 @@ int ops_add_infer(OPS_INFER_ARGS) {
     if ((rc = ops_require_float(op, a, "a", err)) || (rc = ops_require_float(op, b, "b", err)) ||
         (!has_dtype && (rc = ops_require_same_dtype(op, a, "a", b, "b", err))))
         return rc;
-    if (has_dtype && op->attr.add.dtype != STOF_F32 && op->attr.add.dtype != STOF_F16 &&
-        op->attr.add.dtype != STOF_BF16)
+    if (has_dtype && !ops_dtype_is_float(op->attr.add.dtype))
         return ops_fail(op, err, STOF_ERR_INVALID, "the sum's dtype must be fp32, fp16 or bf16, "
                         "got %s", stof_dtype_name(op->attr.add.dtype));
     if (!same_shape(a, b)) {

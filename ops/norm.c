@@ -28,12 +28,14 @@ static int norm_infer(const graph *g, const graph_op *op, int n_params, graph_te
         return rc;
     for (int k = 0; k < n_params; k++) {
         const graph_tensor *p = ops_input(g, op, 1 + k);
-        /* x's dtype, unless x is fp32; beta's, gamma's */
-        const graph_tensor *like = k == 0 && x->dtype != STOF_F32 ? x : gain;
-        if ((rc = ops_require_float(op, p, roles[k], err)) ||
-            (rc = ops_require_same_dtype(op, like, like == x ? "x" : roles[0], p, roles[k],
-                                         err)) ||
-            (rc = ops_require_vector(op, p, roles[k], ops_last_dim(x), err)))
+        if ((rc = ops_require_float(op, p, roles[k], err)))
+            return rc;
+        /* gamma: x's dtype, unless x is an fp32 stream; beta: gamma's */
+        if (k == 1)
+            rc = ops_require_same_dtype(op, gain, roles[0], p, roles[1], err);
+        else if (x->dtype != STOF_F32)
+            rc = ops_require_same_dtype(op, x, "x", p, roles[0], err);
+        if (rc || (rc = ops_require_vector(op, p, roles[k], ops_last_dim(x), err)))
             return rc;
     }
     ops_copy_shape(out, x);

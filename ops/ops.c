@@ -113,13 +113,13 @@ const char *ops_tensor_str(const graph_tensor *t, char *buf, size_t n) {
     return buf;
 }
 
-static int is_float(stof_dtype t) {
+int ops_dtype_is_float(stof_dtype t) {
     return t == STOF_F32 || t == STOF_F16 || t == STOF_BF16;
 }
 
 int ops_require_float(const graph_op *op, const graph_tensor *t, const char *role,
                       stof_error *err) {
-    if (is_float(t->dtype))
+    if (ops_dtype_is_float(t->dtype))
         return STOF_OK;
     return ops_fail(op, err, STOF_ERR_INVALID, "%s '%s' must be fp32, fp16 or bf16, got %s", role,
                     t->name, stof_dtype_name(t->dtype));

@@ -84,6 +84,8 @@ int ops_fail(const graph_op *op, stof_error *err, int code, const char *fmt, ...
 const char *ops_tensor_str(const graph_tensor *t, char *buf, size_t n);
 
 /* role is how the message calls the tensor ("x", "W", "gamma"). */
+/* fp32, fp16 or bf16. */
+int ops_dtype_is_float(stof_dtype t);
 int ops_require_float(const graph_op *op, const graph_tensor *t, const char *role,
                       stof_error *err);
 int ops_require_rank(const graph_op *op, const graph_tensor *t, const char *role, int min_rank,

@@ -214,8 +214,8 @@ static int upload_consts(exec_model *m, const weights_source *src, stof_error *e
 
 /* ---- segments' kernels --------------------------------------------------------------------- */
 
-/* An earlier segment at the same place of a sequence of the same class:
- * the same kernel problem, so the same kernel plan. */
+/* Each segment's launcher and kernel plan, shared with its twin (exec_segment_twin) where it
+ * has one. */
 static int prepare_segments(exec_model *m, stof_error *err) {
     const exec_plan *p = m->plan;
     char name[256], seq[96];

@@ -78,7 +78,5 @@ int mha_exec_plan_create(mha_exec_ctx *c, const mha_exec_problem *p, const mha_e
         rc = plan_analytic(c, &base, folded, &lim, force, out, err);
     }
     mask_free(folded);
-    if (!rc)
-        (*out)->problem.mask = NULL;
     return rc;
 }

@@ -7,6 +7,7 @@
 
 #include "core/base/error.h"
 #include "core/base/util.h"
+#include "core/io/weights.h"
 #include "core/tune/tune_impl.h"
 
 static size_t align_up(size_t x) {
@@ -93,16 +94,8 @@ static void stage_slice(void *arg, int k) {
     const stage_job *j = arg;
     size_t lo = j->n * (size_t)k / (size_t)j->slices;
     size_t hi = j->n * (size_t)(k + 1) / (size_t)j->slices;
-    for (size_t i = lo; i < hi; i++) {
-        if (j->dtype == STOF_I32)
-            ((int32_t *)j->staged)[i] = (int32_t)j->f[i];
-        else if (j->dtype == STOF_F32) /* a residual stream kept in fp32 */
-            ((float *)j->staged)[i] = j->f[i];
-        else if (j->dtype == STOF_BF16)
-            ((uint16_t *)j->staged)[i] = util_f32_to_bf16(j->f[i]);
-        else
-            ((uint16_t *)j->staged)[i] = util_f32_to_f16(j->f[i]);
-    }
+    weights_store(j->dtype, j->f + lo, (int64_t)(hi - lo),
+                  (char *)j->staged + lo * stof_dtype_size(j->dtype));
 }
 
 /* Fills tensor t of copy c on the device (f16, bf16, fp32 or int32) from the

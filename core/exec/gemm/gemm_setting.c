@@ -67,6 +67,13 @@ void gemm_first_feasible(const gemm_exec_problem *p, const int (*candidates)[5],
     }
 }
 
+const char *gemm_glu_act_name(int act) {
+    return act == STOF_ACT_GELU        ? "gelu"
+           : act == STOF_ACT_GELU_TANH ? "gelu_tanh"
+           : act == STOF_ACT_SILU      ? "silu"
+                                       : NULL;
+}
+
 void gemm_grid_stride_defaults(int64_t row, int *v) {
     v[0] = 256;
     v[1] = gemm_widest_vec(row);

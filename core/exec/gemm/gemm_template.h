@@ -101,6 +101,10 @@ void gemm_first_feasible(const gemm_exec_problem *p, const int (*candidates)[5],
 void gemm_grid_stride_defaults(int64_t row, int *v);
 void gemm_grid_stride_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan, int64_t units);
 
+/* A gated unit's activation (glu, and gemv's after its GEMM): its name as m:glu takes it
+ * ("gelu", "gelu_tanh", "silu"), or NULL for any other. */
+const char *gemm_glu_act_name(int act);
+
 /* Appends -Dname=value to the request (up to GEMM_EXEC_MAX_OPTS). */
 void gemm_request_define(gemm_exec_request *r, const char *name, long long value);
 

@@ -20,8 +20,7 @@ static int validate_glu(const gemm_exec_problem *p, stof_error *err) {
     if (p->m < 1 || p->n < 1 || 2 * p->n > INT32_MAX)
         return err_set(err, STOF_ERR_INVALID, "glu: %lld rows of %lld outputs", (long long)p->m,
                        (long long)p->n);
-    if (p->glu_act != STOF_ACT_GELU && p->glu_act != STOF_ACT_GELU_TANH &&
-        p->glu_act != STOF_ACT_SILU)
+    if (!gemm_glu_act_name(p->glu_act))
         return err_set(err, STOF_ERR_INVALID, "glu: activation %d (gelu %d, gelu tanh %d or "
                        "silu %d)", p->glu_act, STOF_ACT_GELU, STOF_ACT_GELU_TANH, STOF_ACT_SILU);
     return STOF_OK;
@@ -46,9 +45,7 @@ static void row_chunk_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan)
 }
 
 static void glu_describe(const gemm_exec_problem *p, char *buf, size_t n) {
-    snprintf(buf, n, " %s", p->glu_act == STOF_ACT_SILU        ? "silu"
-                            : p->glu_act == STOF_ACT_GELU_TANH ? "gelu_tanh"
-                                                               : "gelu");
+    snprintf(buf, n, " %s", gemm_glu_act_name(p->glu_act));
 }
 
 const gemm_template gemm_template_glu = {

@@ -21,8 +21,7 @@ static int validate_gemv(const gemm_exec_problem *p, stof_error *err) {
     if ((int)p->prologue < FUSION_NORM_NONE || p->prologue > FUSION_NORM_RMSNORM)
         return err_set(err, STOF_ERR_INVALID, "gemv: unknown norm %d ahead of the GEMM",
                        (int)p->prologue);
-    if (p->glu_act && (p->glu_act != STOF_ACT_GELU && p->glu_act != STOF_ACT_GELU_TANH &&
-                       p->glu_act != STOF_ACT_SILU))
+    if (p->glu_act && !gemm_glu_act_name(p->glu_act))
         return err_set(err, STOF_ERR_INVALID, "gemv: GLU activation %d (gelu, gelu tanh or "
                        "silu)", p->glu_act);
     if (p->glu_act && (p->weight_kn || p->n % 2 || p->epi.act != FUSION_ACT_NONE ||
@@ -65,9 +64,7 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
         return;
     }
     v[2] = 4;
-    v[1] = p->m <= 4 ? 4 : 8;
-    if (p->glu_act) /* two features a warp: an output's pair */
-        v[1] = 8;
+    v[1] = p->m <= 4 && !p->glu_act ? 4 : 8; /* with a GLU two features a warp: a pair */
     v[3] = v[0] >= 16 ? 4 : 8;
 }
 
@@ -83,12 +80,12 @@ static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const
     gemm_request_define(r, "GLU", p->glu_act);
 }
 
-/* What a description adds: the gated unit after the GEMM. */
+/* What a description adds: the gated unit after the GEMM, named as glu's. */
 static void gemv_describe_extra(const gemm_exec_problem *p, char *buf, size_t n) {
-    snprintf(buf, n, "%s", p->glu_act == STOF_ACT_SILU        ? " swiglu"
-                           : p->glu_act == STOF_ACT_GELU      ? " geglu"
-                           : p->glu_act == STOF_ACT_GELU_TANH ? " geglu(tanh)"
-                                                              : "");
+    if (p->glu_act)
+        snprintf(buf, n, " glu %s", gemm_glu_act_name(p->glu_act));
+    else if (n)
+        buf[0] = '\0';
 }
 
 /* Column slices of BLOCK_N (with a GLU, BLOCK_N / 2 outputs and their pairs), times row groups

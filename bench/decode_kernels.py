@@ -9,10 +9,10 @@ kernels move the weights near the memory's speed and which cost time for moving 
 
 For each model (the configs of bench/hf_generate.py, random weights): the model directory is
 saved, `stof generate DIR` runs a prompt of --prompt tokens and 3 new ones under ncu, and the
-last whole decode step (the kernels between the last two embedding launches of --batch rows) is
-printed kernel by kernel in launch order for its first --layers layers, then summed by kernel,
-with the time the step's weights take at --bandwidth. (A step is found by its embedding launch:
-at most --batch blocks, where the prefill's covers every token of the prompts.)
+last whole decode step (the kernels from an embedding launch to the next) is printed kernel by
+kernel in launch order for its first --layers layers, then summed by kernel, with the time the
+step's weights take at --bandwidth. (A step is told from the prefill by its decode attention
+launches; the prefill runs the block attention.)
 
     python3 bench/decode_kernels.py [--stof build/stof] [--models mistral-1b,gpt2] [--batch 1]
            [--prompt 128] [--layers 1] [--ncu ncu] [--out bench/out/decode_kernels.md]
@@ -47,20 +47,18 @@ def read_report(text):
     return list(kernels.values())
 
 
-def grid_x(kernel):
-    return int(kernel["grid"].strip("()").split(",")[0])
-
-
-def last_step(kernels, batch):
-    """The kernels of the last whole decode step: from the second-to-last embedding launch of at
-    most `batch` blocks (a step's, `batch` rows; the prefill's covers every token of the
-    prompts, far more blocks) to the next one."""
-    starts = [i for i, k in enumerate(kernels)
-              if k["name"] == "stof_embedding" and grid_x(k) <= batch]
-    if len(starts) < 2:
-        raise ValueError(f"fewer than two decode steps of batch {batch} in the report "
-                         f"({len(starts)} embedding launches of {batch} blocks or fewer)")
-    return kernels[starts[-2]:starts[-1]]
+def last_step(kernels):
+    """The kernels of the last whole decode step: the launches from an embedding launch to the
+    next one that hold the decode attention (a prefill's hold the block attention instead), the
+    last such run that another embedding launch closes."""
+    starts = [i for i, k in enumerate(kernels) if k["name"] == "stof_embedding"]
+    steps = [(a, b) for a, b in zip(starts, starts[1:])
+             if any(k["name"] == ATTENTION for k in kernels[a:b])]
+    if not steps:
+        raise ValueError(f"fewer than two decode steps in the report ({len(starts)} embedding "
+                         f"launches, none of them followed by a whole step's {ATTENTION})")
+    a, b = steps[-1]
+    return kernels[a:b]
 
 
 def short_name(name):
@@ -171,7 +169,7 @@ def main():
                     f"alone by ncu (caches flushed).")
         lines = [head]
         for name, kernels, weight_mb in runs:
-            step = last_step(kernels, args.batch)
+            step = last_step(kernels)
             lines += ["", f"### {name}: {len(step)} kernels a step, {step_layers(step)} layers", ""]
             lines += tables(step, args.layers, weight_mb, args.bandwidth)
     except (ValueError, OSError, sc.CmdError) as e:

@@ -127,17 +127,17 @@ def run_shape(args, stof, name, model, cfg, d, batch, seq, rows):
             f"(tuned in {t['tune_wall_s']:.0f} s, rel {row.get('rel', float('nan')):.1e})")
         if args.padded:
             for draw in ("random", "quantiles"):
-                padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args,
+                padded_run(stof, plan, model, ids, gm, cfg, name, batch, seq, draw, row, args,
                            log_path)
             if args.draws:
-                draws_run(stof, plan, ids, cfg, name, batch, seq, row, args, log_path)
+                draws_run(stof, plan, ids, gm, cfg, name, batch, seq, row, args, log_path)
     except sc.CmdError as e:
         row["note"] = str(e).splitlines()[0][:200]
         log(f"  {name} ({batch}, {seq}) stof: ERROR {row['note']}")
     rows.append(row)
 
 
-def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, log_path):
+def padded_run(stof, plan, model, ids, gm, cfg, name, batch, seq, draw, row, args, log_path):
     """The tuned plan on a padded batch: lengths drawn from 25-100% of seq (`random`, seeded)
     or at the batch's quantiles of that range (`quantiles`: what the draw averages), the
     padding-free pass and the padded pass (STOF_PACK=0), beside transformers eager."""
@@ -150,7 +150,6 @@ def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, l
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
         pad_ids = torch.where(mask.bool(), ids, torch.full_like(ids, cfg.pad_token_id or 0))
     pad_path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-padded-{draw}.safetensors")
-    gm = global_mask(args, name, batch, seq)
     sc.save_inputs(pad_path, pad_ids, attention_mask=mask, global_attention_mask=gm)
     kw = {} if gm is None else {"global_attention_mask": gm.cuda()}
     key = f"-{draw}"
@@ -176,11 +175,10 @@ def padded_run(stof, plan, model, ids, cfg, name, batch, seq, draw, row, args, l
         f"{row['eager-padded' + key]:.3f} ms")
 
 
-def draws_run(stof, plan, ids, cfg, name, batch, seq, row, args, log_path):
+def draws_run(stof, plan, ids, gm, cfg, name, batch, seq, row, args, log_path):
     """args.draws seeded draws of lengths in 25-100% of seq, padding-free: the mean token
     fraction and the mean, lowest and highest time against the full batch."""
     tokens, ratios = [], []
-    gm = global_mask(args, name, batch, seq)  # the same for every draw
     for d in range(args.draws):
         pad_ids, mask, lengths = sc.padded_batch(ids, cfg.pad_token_id or 0, seed=100 + d)
         path = os.path.join(args.work_dir, f"{name}-{batch}x{seq}-draw{d}.safetensors")

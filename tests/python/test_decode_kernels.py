@@ -1,6 +1,6 @@
 """bench/decode_kernels.py's reading of an ncu report, on a report written here: the program's
-own output before the table skipped, one decode step found between the embedding launches of
-its batch, its first layer and the sums by kernel."""
+own output before the table skipped, one decode step found between embedding launches (the
+ones whose launches hold the decode attention), its first layer and the sums by kernel."""
 import os
 import sys
 
@@ -36,7 +36,7 @@ def test_one_step_of_a_report():
     kernels = dk.read_report(report(prefill + step + step + [("stof_embedding", 1, 2.0, 1e4)]))
     assert len(kernels) == 2 + 2 * len(step) + 1
     assert kernels[2]["gpu__time_duration.sum"] == 2000.0
-    got = dk.last_step(kernels, 1)
+    got = dk.last_step(kernels)
     assert [k["name"] for k in got] == [k[0] for k in step]
     assert dk.step_layers(got) == 2
     assert [k["name"] for k in dk.first_layers(got, 1)] == [k[0] for k in step[:4]]
@@ -47,10 +47,21 @@ def test_one_step_of_a_report():
     assert "The step's weights: 24.0 MB, 5.0 us at 4800 GB/s" in text
 
 
+def test_wide_model():
+    """A model wider than 2048 at batch 1 embeds its token with several blocks; a short prompt
+    embeds with few: the steps are told by their decode attention, not by the grid."""
+    prefill = [("stof_embedding", 2, 3.0, 5e5), ("stof_attention_block", 16, 9.0, 1e6)]
+    step = [("stof_embedding", 4, 2.0, 1e4)] + layer(10.0) + [("stof_argmax_rows", 1, 12.0, 1e5)]
+    kernels = dk.read_report(report(prefill + step + step + [("stof_embedding", 4, 2.0, 1e4)]))
+    got = dk.last_step(kernels)
+    assert [k["name"] for k in got] == [k[0] for k in step]
+    assert got[0] is kernels[2 + len(step)]
+
+
 def test_errors():
     for bad in ("no table here", report([("stof_embedding", 1, 2.0, 0)])):
         try:
-            dk.last_step(dk.read_report(bad), 1)
+            dk.last_step(dk.read_report(bad))
         except ValueError as e:
             assert "ncu table" in str(e) or "fewer than two decode steps" in str(e)
         else:
@@ -59,5 +70,6 @@ def test_errors():
 
 if __name__ == "__main__":
     test_one_step_of_a_report()
+    test_wide_model()
     test_errors()
     print("test_decode_kernels: ok")

@@ -14,14 +14,24 @@ kernel in launch order for its first --layers layers, then summed by kernel, wit
 step's weights take at --bandwidth. (A step is told from the prefill by its decode attention
 launches; the prefill runs the block attention.)
 
+With --timeline the step is timed in place instead, as it runs: the Python package runs
+the generation in this process under torch.profiler, whose CUPTI trace has each kernel of the
+step's graph with its start and end. Beside each kernel's time it prints the time it added to
+the step: how far its end moved past the ends of the kernels before it. Kernels that
+programmatic dependent launch overlaps with the one before add only what runs past it, and a
+gap before a kernel is added to it; the added times sum to the step's time.
+
     python3 bench/decode_kernels.py [--stof build/stof] [--models mistral-1b,gpt2] [--batch 1]
            [--prompt 128] [--layers 1] [--ncu ncu] [--out bench/out/decode_kernels.md]
     python3 bench/decode_kernels.py --csv ncu.csv [--batch 1]    # a saved ncu --csv report
+    python3 bench/decode_kernels.py --timeline [--models ...] [--batch 1] [--prompt 128]
+    python3 bench/decode_kernels.py --trace trace.json       # a saved torch.profiler trace
 """
 import argparse
 import collections
 import csv
 import datetime
+import json
 import os
 import sys
 
@@ -118,6 +128,87 @@ def tables(step, layers, weight_mb, bandwidth):
     return out
 
 
+def read_trace(text):
+    """A Chrome trace of torch.profiler: its GPU kernels as dicts of name, start and dur (us),
+    in the order they started."""
+    try:
+        events = json.loads(text).get("traceEvents")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"not a Chrome trace (JSON with traceEvents): {e}") from None
+    if not isinstance(events, list):
+        raise ValueError("not a Chrome trace: no list of traceEvents")
+    kernels = [{"name": e["name"], "start": float(e["ts"]), "dur": float(e["dur"])}
+               for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    if not kernels:
+        raise ValueError("no GPU kernels in the trace (was it recorded with CUDA activity?)")
+    return sorted(kernels, key=lambda k: k["start"])
+
+
+def time_added(step):
+    """For each kernel of a step, in start order, the microseconds its end moved the latest end
+    of the kernels before it (0 for one that ends within them). They sum to the step's time
+    from its first kernel's start."""
+    latest = step[0]["start"]
+    added = []
+    for k in step:
+        end = k["start"] + k["dur"]
+        added.append(max(0.0, end - latest))
+        latest = max(latest, end)
+    return added
+
+
+def timeline_tables(step, layers, weight_mb, bandwidth):
+    added = time_added(step)
+    wall = sum(added)
+    t0 = step[0]["start"]
+    first = first_layers(step, layers)
+    out = ["| # | kernel | starts at (us) | us in the graph | us added to the step |",
+           "|---|---|---|---|---|"]
+    for i, k in enumerate(first):
+        out.append(f"| {i} | {short_name(k['name'])} | {k['start'] - t0:.1f} | {k['dur']:.1f} | "
+                   f"{added[i]:.1f} |")
+    by = collections.OrderedDict()
+    for k, a in zip(step, added):
+        s = by.setdefault(short_name(k["name"]), [0, 0.0, 0.0])
+        s[0] += 1
+        s[1] += k["dur"]
+        s[2] += a
+    out += ["", "| kernel | launches | us in the graph | us added | share of the step |",
+            "|---|---|---|---|---|"]
+    for name, (n, t, a) in sorted(by.items(), key=lambda kv: -kv[1][2]):
+        out.append(f"| {name} | {n} | {t:.1f} | {a:.1f} | {100 * a / wall:.1f}% |")
+    out.append(f"| all | {len(step)} | {sum(k['dur'] for k in step):.1f} | {wall:.1f} | 100% |")
+    if weight_mb:
+        read_us = weight_mb / bandwidth * 1e3
+        out += ["", f"The step's weights: {weight_mb:.1f} MB, {read_us:.1f} us at {bandwidth:.0f} "
+                f"GB/s; the step took {wall / read_us:.1f}x that."]
+    return out
+
+
+def trace_model(args, name):
+    """The kernels of a generation of args.new tokens after a prompt, traced by torch.profiler
+    (a first generation before it compiles the kernels and captures the step's graph)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    import hf_generate as hg
+    sys.path.insert(0, os.path.join(sc.ROOT, "python"))
+    import stof
+    d = os.path.join(args.work_dir, name)
+    cfg, model = hg.save_model(name, args.prompt + args.new, d, "cpu")
+    weight_mb = hg.weight_bytes(model) / 1e6
+    del model
+    prompts = sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5).tolist()
+    m = stof.Model.from_pretrained(d, batch=args.batch, seq=args.prompt + args.new)
+    m.generate(prompts, max_new_tokens=args.new, use_eos=False, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        m.generate(prompts, max_new_tokens=args.new, use_eos=False, device="cuda")
+    torch.cuda.synchronize()
+    path = os.path.join(args.work_dir, name + "-trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        return read_trace(f.read()), weight_mb
+
+
 def step_layers(step):
     """Layers in a step: its decode-attention launches."""
     return sum(1 for k in step if k["name"] == ATTENTION)
@@ -149,15 +240,32 @@ def main():
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--timeout", type=int, default=600, help="seconds for one model under ncu")
     ap.add_argument("--csv", help="analyse this saved report instead of running anything")
+    ap.add_argument("--timeline", action="store_true",
+                    help="time the step in place (torch.profiler) instead of under ncu")
+    ap.add_argument("--new", type=int, default=6, help="tokens generated under --timeline")
+    ap.add_argument("--trace", help="analyse this saved torch.profiler trace")
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "decode_kernels"))
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "decode_kernels.md"))
     args = ap.parse_args()
     lines = []
     try:
+        in_place = args.timeline or args.trace
         if args.csv:
             with open(args.csv) as f:
                 runs = [(os.path.basename(args.csv), read_report(f.read()), 0.0)]
             head = f"Report {args.csv}; batch {args.batch}."
+        elif args.trace:
+            with open(args.trace) as f:
+                runs = [(os.path.basename(args.trace), read_trace(f.read()), 0.0)]
+            head = f"Trace {args.trace}."
+        elif args.timeline:
+            os.makedirs(args.work_dir, exist_ok=True)
+            runs = [(name,) + trace_model(args, name) for name in args.models.split(",")]
+            import torch
+            head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof "
+                    f"commit {sc.stof_commit(sc.resolve_stof(args.stof))}; fp16, random weights; "
+                    f"batch {args.batch}, a prompt of {args.prompt}; the last whole decode step "
+                    f"as its CUDA graph ran, traced by torch.profiler.")
         else:
             stof = sc.resolve_stof(args.stof)
             os.makedirs(args.work_dir, exist_ok=True)
@@ -171,7 +279,8 @@ def main():
         for name, kernels, weight_mb in runs:
             step = last_step(kernels)
             lines += ["", f"### {name}: {len(step)} kernels a step, {step_layers(step)} layers", ""]
-            lines += tables(step, args.layers, weight_mb, args.bandwidth)
+            lines += (timeline_tables if in_place else tables)(step, args.layers, weight_mb,
+                                                               args.bandwidth)
     except (ValueError, OSError, sc.CmdError) as e:
         log(f"decode_kernels: {e}")
         return 1

@@ -1,6 +1,9 @@
 """bench/decode_kernels.py's reading of an ncu report, on a report written here: the program's
 own output before the table skipped, one decode step found between embedding launches (the
-ones whose launches hold the decode attention), its first layer and the sums by kernel."""
+ones whose launches hold the decode attention), its first layer and the sums by kernel. And its
+reading of a torch.profiler trace: the kernels in start order, the time each added to the step
+when kernels overlap or wait."""
+import json
 import os
 import sys
 
@@ -68,8 +71,55 @@ def test_errors():
             raise AssertionError("accepted")
 
 
+def trace(kernels, other=()):
+    """kernels: (name, start us, duration us), written out of order among other events."""
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0.5,
+               "dur": 1.0}] + list(other)
+    events += [{"ph": "X", "cat": "kernel", "name": n, "ts": t, "dur": d,
+                "args": {"grid": [1, 1, 1]}} for n, t, d in reversed(kernels)]
+    return json.dumps({"schemaVersion": 1, "traceEvents": events})
+
+
+def test_timeline_of_a_trace():
+    # a step: the qkv GEMM starts before the norm ends (programmatic dependent launch), the
+    # attention waits 1 us after it, the o GEMM ends inside the attention's time
+    step = [("stof_embedding", 0.0, 2.0), ("stof_mi_chain", 2.0, 2.0),
+            ("nvjet_sm90_hsh_64x8_v_bz_TNT", 3.0, 5.0), ("stof_attention_decode", 9.0, 8.0),
+            ("stof_gemv", 10.0, 6.0), ("stof_argmax_rows", 17.5, 1.5)]
+    prefill = [("stof_embedding", -50.0, 3.0), ("stof_attention_block", -40.0, 9.0)]
+    shift = lambda ks, dt: [(n, t + dt, d) for n, t, d in ks]  # noqa: E731
+    kernels = dk.read_trace(trace(prefill + step + shift(step, 30.0) + shift(step[:1], 60.0),
+                                  [{"ph": "i", "cat": "kernel", "name": "marker", "ts": 1.0}]))
+    assert [k["name"] for k in kernels[:3]] == ["stof_embedding", "stof_attention_block",
+                                                "stof_embedding"]
+    got = dk.last_step(kernels)
+    assert [(k["name"], k["start"]) for k in got] == [(n, t + 30.0) for n, t, _ in step]
+    assert dk.time_added(got) == [2.0, 2.0, 4.0, 9.0, 0.0, 2.0]
+    text = "\n".join(dk.timeline_tables(got, 1, 0.0, 4800.0))
+    assert "| 3 | stof_attention_decode | 9.0 | 8.0 | 9.0 |" in text
+    assert "| 4 | stof_gemv | 10.0 | 6.0 | 0.0 |" in text
+    assert "| cuBLASLt GEMM sm90_hsh_64x8_v_bz_TNT | 1 | 5.0 | 4.0 | 21.1% |" in text
+    assert "| all | 6 | 24.5 | 19.0 | 100% |" in text
+    weights = "\n".join(dk.timeline_tables(got, 1, 48.0, 4800.0))
+    assert "The step's weights: 48.0 MB, 10.0 us at 4800 GB/s; the step took 1.9x that." in weights
+
+
+def test_trace_errors():
+    for bad, why in (("{not json", "not a Chrome trace"), ("[1, 2]", "not a Chrome trace"),
+                     ('{"traceEvents": 3}', "no list of traceEvents"),
+                     (trace([]), "no GPU kernels in the trace")):
+        try:
+            dk.read_trace(bad)
+        except ValueError as e:
+            assert why in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"accepted {bad!r}")
+
+
 if __name__ == "__main__":
     test_one_step_of_a_report()
     test_wide_model()
     test_errors()
+    test_timeline_of_a_trace()
+    test_trace_errors()
     print("test_decode_kernels: ok")

@@ -85,6 +85,54 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
+def _as_array(x, what):
+    """x (a torch tensor on any device, an array or nested lists) as a numpy array."""
+    import numpy as np
+    if _is_torch(x):
+        x = x.detach().cpu().numpy()
+    try:
+        return np.asarray(x)
+    except ValueError as e:  # ragged nested lists
+        raise StofError(f"{what}: not a rectangular array ({e})") from None
+
+
+def _prompt_rows(prompts, attention_mask):
+    """Model.generate's prompts as lists of ints: a list of lists, one list, or a 1-D / 2-D
+    array or tensor of token ids, each row cut to its tokens where attention_mask says so."""
+    import numpy as np
+    if attention_mask is None:
+        if _is_torch(prompts) or isinstance(prompts, np.ndarray):
+            ids = _as_array(prompts, "prompts")
+            if ids.ndim not in (1, 2) or ids.dtype.kind not in "iu":
+                raise StofError(f"prompts: token ids, [batch, seq] or [seq] integers, got an "
+                                f"array of shape {list(ids.shape)} and dtype {ids.dtype}")
+            return [ids.tolist()] if ids.ndim == 1 else ids.tolist()
+        if len(prompts) and isinstance(prompts[0], (int, np.integer)):
+            return [prompts]
+        return prompts
+    ids, mask = _as_array(prompts, "prompts"), _as_array(attention_mask, "attention_mask")
+    if ids.ndim == 1:
+        ids, mask = ids[None, :], mask[None, :] if mask.ndim == 1 else mask
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+        raise StofError(f"prompts with an attention_mask: [batch, seq] integer token ids, got "
+                        f"shape {list(ids.shape)} and dtype {ids.dtype}")
+    if mask.shape != ids.shape:
+        raise StofError(f"attention_mask: shape {list(mask.shape)}, expected the prompts' "
+                        f"{list(ids.shape)}")
+    if not np.isin(mask, (0, 1)).all():
+        raise StofError("attention_mask: values other than 0 (padding) and 1 (token)")
+    rows = []
+    for b in range(ids.shape[0]):
+        at = np.flatnonzero(mask[b])
+        if at.size == 0:
+            raise StofError(f"attention_mask: row {b} has no token")
+        if at[-1] - at[0] + 1 != at.size:
+            raise StofError(f"attention_mask: row {b}'s tokens are not one run (padding goes on "
+                            f"the left or on the right)")
+        rows.append(ids[b, at[0]:at[-1] + 1].tolist())
+    return rows
+
+
 class Model:
     """A model ready to run.
 
@@ -250,10 +298,14 @@ class Model:
 
     def generate(self, prompts, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
                  seed=1, stop_tokens=(), use_eos=True, recompute=False, device="cpu",
-                 tune_step=0.0):
-        """Token ids generated after each prompt (a list of token id lists, or one list), as
-        a list of lists: the prompts' prefill, then a decode step a token against a KV cache
-        (a sliding window keeps its window). Greedy when temperature is 0, else sampled
+                 tune_step=0.0, attention_mask=None):
+        """Token ids generated after each prompt, as a list of lists (the new tokens only).
+        prompts: a list of token id lists, one list, or a [batch, seq] (or [seq]) array or
+        torch tensor, such as a tokenizer's input_ids; attention_mask (its shape, 1 = token,
+        0 = padding, padded on the left or on the right) leaves each row's padding out of its
+        prompt, so that prompts of different lengths run as they are (ragged, no pad token
+        attended to). The prompts' prefill comes first, then a decode step a token against a
+        KV cache (a sliding window keeps its window). Greedy when temperature is 0, else sampled
         (top_k, top_p) from seed, the same on every run. A sequence ends at one of stop_tokens
         or, with use_eos, at the model directory's eos_token_id. The model must output logits
         (a *ForCausalLM directory, or head=True). device: "cpu", the fp32 CPU reference, or
@@ -264,8 +316,7 @@ class Model:
         model's plan for this batch (`stof tune --decode-batch`, Model.from_plan) when it has
         one whose caches hold the prompts and new tokens, else its default scheme."""
         gpu = _gpu_ordinal(device)
-        if prompts and isinstance(prompts[0], int):
-            prompts = [prompts]
+        prompts = _prompt_rows(prompts, attention_mask)
         rows = [(ctypes.c_int32 * len(p))(*[int(t) for t in p]) for p in prompts]
         n = len(rows)
         if n == 0:

@@ -422,6 +422,42 @@ def test_generate():
         stop = got[1][2]
         cut = m.generate(prompts, max_new_tokens=8, stop_tokens=[stop], use_eos=False)
         assert cut[1] == got[1][:got[1].index(stop) + 1]
+        # a tokenizer's padded batch: ids and attention_mask, left or right padded, as numpy
+        # arrays or torch tensors; the padding is left out of each prompt
+        pad = 0
+        right = np.full((3, 6), pad, dtype=np.int64)
+        left = np.full((3, 6), pad, dtype=np.int64)
+        for b, p in enumerate(prompts):
+            right[b, :len(p)] = p
+            left[b, 6 - len(p):] = p
+        assert m.generate(right, max_new_tokens=8, use_eos=False,
+                          attention_mask=right != pad) == got
+        mask_left = np.zeros((3, 6), dtype=np.int32)
+        for b, p in enumerate(prompts):
+            mask_left[b, 6 - len(p):] = 1
+        assert m.generate(left, max_new_tokens=8, use_eos=False, attention_mask=mask_left) == got
+        assert m.generate(np.array(prompts[0]), max_new_tokens=8, use_eos=False) == [got[0]]
+        assert m.generate(np.array([prompts[0]]), max_new_tokens=8, use_eos=False) == [got[0]]
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:
+            assert m.generate(torch.from_numpy(left), max_new_tokens=8, use_eos=False,
+                              attention_mask=torch.from_numpy(mask_left)) == got
+        holed = mask_left.copy()
+        holed[0, 2] = 0
+        expect_error(lambda: m.generate(left, attention_mask=holed), "row 0's tokens are not one")
+        empty = mask_left.copy()
+        empty[2] = 0
+        expect_error(lambda: m.generate(left, attention_mask=empty), "row 2 has no token")
+        expect_error(lambda: m.generate(left, attention_mask=mask_left[:2]),
+                     "attention_mask: shape [2, 6], expected the prompts' [3, 6]")
+        expect_error(lambda: m.generate(left, attention_mask=mask_left * 2), "other than 0")
+        expect_error(lambda: m.generate(left.astype(np.float32), attention_mask=mask_left),
+                     "integer token ids")
+        expect_error(lambda: m.generate(prompts, attention_mask=mask_left), "not a rectangular")
+        expect_error(lambda: m.generate(np.zeros((2, 2, 2), np.int64)), "[batch, seq] or [seq]")
         expect_error(lambda: m.generate(prompts, device="tpu"), "device 'tpu'")
         expect_error(lambda: m.generate(prompts, tune_step=5), "tunes the GPU's decode step")
         expect_error(lambda: m.generate(prompts, tune_step=-1), "tune_step_s: seconds from 0")

@@ -137,8 +137,12 @@ def read_trace(text):
         raise ValueError(f"not a Chrome trace (JSON with traceEvents): {e}") from None
     if not isinstance(events, list):
         raise ValueError("not a Chrome trace: no list of traceEvents")
-    kernels = [{"name": e["name"], "start": float(e["ts"]), "dur": float(e["dur"])}
-               for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    try:
+        kernels = [{"name": e["name"], "start": float(e["ts"]), "dur": float(e["dur"])}
+                   for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"a kernel event without a name, a start (ts) or a duration (dur): "
+                         f"{e!r}") from None
     if not kernels:
         raise ValueError("no GPU kernels in the trace (was it recorded with CUDA activity?)")
     return sorted(kernels, key=lambda k: k["start"])
@@ -239,14 +243,18 @@ def main():
     ap.add_argument("--bandwidth", type=float, default=4800.0, help="GB/s of the GPU's memory")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--timeout", type=int, default=600, help="seconds for one model under ncu")
-    ap.add_argument("--csv", help="analyse this saved report instead of running anything")
-    ap.add_argument("--timeline", action="store_true",
-                    help="time the step in place (torch.profiler) instead of under ncu")
-    ap.add_argument("--new", type=int, default=6, help="tokens generated under --timeline")
-    ap.add_argument("--trace", help="analyse this saved torch.profiler trace")
+    source = ap.add_mutually_exclusive_group()
+    source.add_argument("--csv", help="analyse this saved report instead of running anything")
+    source.add_argument("--timeline", action="store_true",
+                        help="time the step in place (torch.profiler) instead of under ncu")
+    source.add_argument("--trace", help="analyse this saved torch.profiler trace")
+    ap.add_argument("--new", type=int, default=6,
+                    help="tokens generated under --timeline (3 or more: a whole step between two)")
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "decode_kernels"))
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "decode_kernels.md"))
     args = ap.parse_args()
+    if args.new < 3:
+        ap.error("--new: 3 or more (the prefill's token, then whole steps between two others)")
     lines = []
     try:
         in_place = args.timeline or args.trace

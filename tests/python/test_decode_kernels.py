@@ -107,7 +107,9 @@ def test_timeline_of_a_trace():
 def test_trace_errors():
     for bad, why in (("{not json", "not a Chrome trace"), ("[1, 2]", "not a Chrome trace"),
                      ('{"traceEvents": 3}', "no list of traceEvents"),
-                     (trace([]), "no GPU kernels in the trace")):
+                     (trace([]), "no GPU kernels in the trace"),
+                     ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1}]}',
+                      "without a name, a start (ts) or a duration")):
         try:
             dk.read_trace(bad)
         except ValueError as e:

@@ -100,22 +100,19 @@ def _prompt_rows(prompts, attention_mask):
     """Model.generate's prompts as lists of ints: a list of lists, one list, or a 1-D / 2-D
     array or tensor of token ids, each row cut to its tokens where attention_mask says so."""
     import numpy as np
-    if attention_mask is None:
-        if _is_torch(prompts) or isinstance(prompts, np.ndarray):
-            ids = _as_array(prompts, "prompts")
-            if ids.ndim not in (1, 2) or ids.dtype.kind not in "iu":
-                raise StofError(f"prompts: token ids, [batch, seq] or [seq] integers, got an "
-                                f"array of shape {list(ids.shape)} and dtype {ids.dtype}")
-            return [ids.tolist()] if ids.ndim == 1 else ids.tolist()
+    if attention_mask is None and not (_is_torch(prompts) or isinstance(prompts, np.ndarray)):
         if len(prompts) and isinstance(prompts[0], (int, np.integer)):
             return [prompts]
         return prompts
-    ids, mask = _as_array(prompts, "prompts"), _as_array(attention_mask, "attention_mask")
-    if ids.ndim == 1:
-        ids, mask = ids[None, :], mask[None, :] if mask.ndim == 1 else mask
+    ids = _as_array(prompts, "prompts")
+    ids = ids[None, :] if ids.ndim == 1 else ids
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
-        raise StofError(f"prompts with an attention_mask: [batch, seq] integer token ids, got "
-                        f"shape {list(ids.shape)} and dtype {ids.dtype}")
+        raise StofError(f"prompts: [batch, seq] or [seq] integer token ids, got shape "
+                        f"{list(ids.shape)} and dtype {ids.dtype}")
+    if attention_mask is None:
+        return ids.tolist()
+    mask = _as_array(attention_mask, "attention_mask")
+    mask = mask[None, :] if mask.ndim == 1 else mask
     if mask.shape != ids.shape:
         raise StofError(f"attention_mask: shape {list(mask.shape)}, expected the prompts' "
                         f"{list(ids.shape)}")

@@ -1,8 +1,10 @@
 // Decode-step attention against a KV cache (attention_decode_abi.cuh): one query a sequence,
 // its keys in the cache's ring of `cap` slots.
 //
-// Grid (kv_heads, batch, splits), DECODE_WARPS warps: a CTA serves the GROUP query heads
-// that share one K/V head, so each key and value is read once for all of them. It first puts
+// Grid (heads / GROUP, batch, splits), DECODE_WARPS warps: a CTA serves GROUP query heads
+// that share one K/V head, so each key and value it reads serves all of them (GROUP is all of
+// the K/V head's query heads, or a part of them when there are few CTAs: then each of its
+// CTAs reads the K/V head's keys and each has less to do a key). It first puts
 // the group's queries and the new token's key in shared memory (ROTARY: the rotary op fused in
 // front, both rotated here by that op's positions, rounded as its output would be).
 // Each warp takes tiles of 32 keys of the CTA's chunk:
@@ -27,7 +29,7 @@
 #ifndef STOF_DTYPE
 #define STOF_DTYPE 1
 #endif
-#ifndef GROUP // query heads a K/V head
+#ifndef GROUP // query heads a CTA (all those of a K/V head, or a divisor of them)
 #define GROUP 1
 #endif
 #ifndef DECODE_WARPS // warps a CTA (the host launches as many)
@@ -120,11 +122,12 @@ __device__ __forceinline__ void head_pair(const elem_t *x, int j, int rpos, doub
 #endif
 }
 
-// The group's queries, scaled, and the new token's key into shared memory; the CTA of split
-// 0 (write) also puts that key and its value into slot pos % cap, whose old key (pos - cap) no
-// query of this step can see. The loads come before the stores.
+// The queries of heads q0 .. q0 + GROUP - 1, scaled, and the new token's key into shared
+// memory; one CTA of the K/V head (write: split 0, its first query heads) also puts that key
+// and its value into slot pos % cap, whose old key (pos - cap) no query of this step can see.
+// The loads come before the stores.
 __device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode_smem &sm,
-                                               const elem_t *row, int b, int kvh, int pos,
+                                               const elem_t *row, int b, int kvh, int q0, int pos,
                                                bool write) {
     const double log2_theta = ROTARY ? log2(a.theta) : 0.0;
     const int rpos = ROTARY ? a.rotary_positions[b] : 0;
@@ -140,8 +143,7 @@ __device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode
     for (int i = threadIdx.x; i < (GROUP + 1) * kPairs; i += blockDim.x) {
         const int g = i / kPairs, j = i % kPairs;
         float x0, x1;
-        head_pair(g < GROUP ? row + (kvh * GROUP + g) * HEAD_DIM : knew, j, rpos, log2_theta, x0,
-                  x1);
+        head_pair(g < GROUP ? row + (q0 + g) * HEAD_DIM : knew, j, rpos, log2_theta, x0, x1);
         if (g < GROUP) {
             sm.q[g][j] = x0 * a.scale_log2;
             sm.q[g][j + kPairs] = x1 * a.scale_log2;
@@ -250,14 +252,15 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
     __shared__ decode_smem sm;
-    const int kvh = blockIdx.x, b = blockIdx.y, z = blockIdx.z;
+    const int q0 = blockIdx.x * GROUP, b = blockIdx.y, z = blockIdx.z; // q0: first query head
+    const int per_kv = a.heads / a.kv_heads, kvh = q0 / per_kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int pos = a.positions[b];
     const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
     const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
     // pos -1: an ended sequence. Its cache stays, no key is read (the loop below is empty:
     // last = 0) and its output is zeros.
-    load_new_token(a, sm, row, b, kvh, pos, z == 0 && pos >= 0);
+    load_new_token(a, sm, row, b, kvh, q0, pos, z == 0 && q0 % per_kv == 0 && pos >= 0);
     __syncthreads();
 
     warp_state st;
@@ -325,7 +328,7 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     }
     __syncthreads();
     for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
-        const int g = i / HEAD_DIM, d = i % HEAD_DIM, h = kvh * GROUP + g;
+        const int g = i / HEAD_DIM, d = i % HEAD_DIM, h = q0 + g;
         float m = STOF_NEG_INF;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w)

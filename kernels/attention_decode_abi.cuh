@@ -15,8 +15,11 @@
  * j + HEAD_DIM / 2) by r theta^(-2j / HEAD_DIM), rounded to the dtype): the cache holds the
  * rotated key.
  *
- * A CTA serves the heads / kv_heads query heads of one K/V head (the build's GROUP), so each
- * key is read once for all of them. Split keys (flash-decoding): the grid's z splits a sequence's keys into `splits` chunks of
+ * A CTA serves GROUP query heads (the build's) of one K/V head: grid x is heads / GROUP, CTA x
+ * the heads GROUP x .. GROUP x + GROUP - 1, and GROUP divides heads / kv_heads. With all of a
+ * K/V head's query heads each key is read once for all of them; with fewer, each of the K/V
+ * head's CTAs reads its keys (for grids with fewer CTAs than SMs, where a CTA's chain of work
+ * is the step's time). Split keys (flash-decoding): the grid's z splits a sequence's keys into `splits` chunks of
  * `chunk` keys; with splits > 1 each writes its unnormalized fp32 partial O and (m, l) --
  * running maximum in base 2 (-inf for none) and sum -- to
  *   partial_o + ((b * heads + h) * splits + z) * HEAD_DIM, partial_ml + (...) * 2,
@@ -62,6 +65,6 @@ STOF_ABI_STATIC_ASSERT(sizeof(stof_decode_args) == STOF_DECODE_ARGS_BYTES,
 #define STOF_DECODE_SMEM_BYTES(warps, group, head_dim)                                         \
     (4 * ((group) * (head_dim) + (head_dim) + 2 * (warps) * (group) +                          \
           (warps) * (group) * (head_dim)))
-#define STOF_DECODE_MAX_GROUP 16 /* query heads a K/V head (a build for each) */
+#define STOF_DECODE_MAX_GROUP 16 /* query heads a CTA (a build for each) */
 
 #endif

@@ -8,7 +8,9 @@
  *   - a sequence that has ended (position -1): zeros out, its cache as the prefill left it;
  *   - a rotary op fused in front: Q and the new K rotated by the kernel, against the rotary
  *     reference applied first (op_rotary_head);
- *   - 4 and 8 warps a CTA.
+ *   - 4 and 8 warps a CTA;
+ *   - a K/V head's query heads in one CTA or spread over several (each of its CTAs reads its
+ *     keys; one writes the new token's K and V).
  * Outputs are poisoned (NaN) before each launch. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -37,31 +39,38 @@ typedef struct dcase {
                           skipped, zeros out, its cache untouched); 0: none */
     double theta;      /* > 0: a rotary op of this base fused in front */
     int warps;         /* 0: chosen */
+    int cta_heads;     /* query heads a CTA; 0: chosen */
 } dcase;
 
 static const dcase cases[] = {
-    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0, 0.0, 0},
-    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 0, 0.0, 0},
-    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 0.0, 0},
+    {"dense", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0, 0.0, 0, 0},
+    {"dense, split", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 0, 0.0, 0, 0},
+    {"dense GQA 8/2, split", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 0.0, 0, 0},
     {"window 64 (ring wraps)", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63}, 0, 0.0,
-     0},
+     0, 0},
     {"window 64 one split", 2, 4, 1, 400, "sliding_window{band=63}", 0, 1, {300, 10}, 0, 0.0,
-     0},
+     0, 0},
     {"random per batch", 2, 4, 4, 200,
      "per_batch(random{rate=0.5, block=4, seed=1}, random{rate=0.3, block=8, seed=2})", 0, 3,
-     {150, 77}, 0, 0.0, 0},
+     {150, 77}, 0, 0.0, 0, 0},
     {"longformer (global first key)", 4, 2, 2, 256, "longformer{band=16, global=2}", 0, 0,
-     {255, 17, 100, 3}, 0, 0.0, 0},
-    {"dense, split, one ended", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 1, 0.0, 0},
+     {255, 17, 100, 3}, 0, 0.0, 0, 0},
+    {"dense, split, one ended", 2, 4, 4, 300, NULL, 0, 8, {257, 40}, 1, 0.0, 0, 0},
     {"window 64 (ring wraps), one ended", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0,
-     {300, 63}, 1, 0.0, 0},
-    {"GQA 8/2, the last ended", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 3, 0.0, 0},
-    {"dense, 8 warps", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0, 0.0, 8},
-    {"GQA 8/2, rotary", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 10000.0, 0},
+     {300, 63}, 1, 0.0, 0, 0},
+    {"GQA 8/2, the last ended", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 3, 0.0, 0, 0},
+    {"dense, 8 warps", 2, 4, 4, 300, NULL, 0, 1, {257, 40}, 0, 0.0, 8, 0},
+    {"GQA 8/2, rotary", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 10000.0, 0, 0},
     {"window 64, rotary, one ended", 2, 4, 2, 400, "sliding_window{band=63}", 0, 0, {300, 63},
-     2, 1000000.0, 0},
+     2, 1000000.0, 0, 0},
     {"GQA 8/2, rotary, split, 8 warps", 3, 8, 2, 1000, NULL, 0, 4, {999, 500, 1}, 0, 500000.0,
-     8},
+     8, 0},
+    {"GQA 8/2, a CTA a query head", 3, 8, 2, 1000, NULL, 0, 0, {999, 500, 1}, 0, 0.0, 0, 1},
+    {"GQA 8/2, all four a CTA", 3, 8, 2, 1000, NULL, 0, 1, {999, 500, 1}, 0, 0.0, 0, 4},
+    {"GQA 8/2, rotary, split, two a CTA, one ended", 3, 8, 2, 1000, NULL, 0, 4, {999, 500, 1}, 2,
+     10000.0, 8, 2},
+    {"window 64 (ring wraps), GQA 4/1, rotary, a CTA a head", 2, 4, 1, 400,
+     "sliding_window{band=63}", 0, 0, {300, 63}, 0, 1000000.0, 0, 1},
 };
 
 /* The rotary's positions are the attentions' shifted by this much, so that a kernel rotating
@@ -171,7 +180,7 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
 
     mha_decode_problem p = {B, H, KVH, D, t, cap, c->context, a.scale, m, c->theta};
     mha_decode_plan *pl = NULL;
-    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, c->splits, c->warps, &pl, &err);
+    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, c->splits, c->warps, c->cta_heads, &pl, &err);
     CHECK_MSG(rc == STOF_OK, "%s: plan: %s", c->name, err.msg);
     CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_rpos = 0, d_pad = 0, d_k = 0, d_v = 0,
                 d_o = 0;
@@ -245,32 +254,41 @@ static void test_validation(gpu *g) {
     stof_error err = {0};
     mha_decode_plan *pl = NULL;
     mha_decode_problem p = {2, 4, 3, 64, STOF_F16, 10, 10, 0.125f, NULL, 0.0};
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "kv_heads dividing heads");
     p.kv_heads = 2;
     p.cap = 11;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "11 cache slots for a context of 10");
     p.cap = 10;
     p.dtype = STOF_F32;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
     p.dtype = STOF_F16;
     p.head_dim = 48;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
     p.head_dim = 64;
     p.rotary_theta = -1.0;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "rotary theta of -1");
     p.rotary_theta = 0.0;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 33, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 33, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "33 warps");
     p.heads = 32;
     p.kv_heads = 2;
     p.head_dim = 128;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, 16, &pl, &err), STOF_ERR_UNSUPPORTED);
     CHECK_CONTAINS(err.msg, "8 warps of 16 query heads of 128 need");
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, 3, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "3 query heads a CTA (0: chosen, else a divisor of the 16");
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, -1, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "-1 query heads a CTA");
+    /* few CTAs: the default serves fewer heads a CTA, and 8 warps of them fit */
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, 0, &pl, &err), STOF_OK);
+    CHECK(pl && pl->cta_heads < 16 && 16 % pl->cta_heads == 0);
+    mha_decode_plan_free(pl);
+    pl = NULL;
     p.kv_heads = 8; /* heads of 128: 64 pairs, more than one warp's threads */
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 1, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 1, 0, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "at least a thread for each pair of dims: 2 warps");
     CHECK(pl == NULL);
 }
@@ -339,28 +357,36 @@ static void timing(gpu *g) {
         for (size_t k = 0; k < sizeof splits / sizeof splits[0] && !g->dead; k++) {
             mha_decode_plan *pl = NULL;
             stof_error err = {0};
-            if (mha_decode_plan_create(g->ctx, &p, splits[k], 0, &pl, &err)) {
+            if (mha_decode_plan_create(g->ctx, &p, splits[k], 0, 0, &pl, &err)) {
                 CHECK_MSG(0, "timing plan: %s", err.msg);
                 continue;
             }
             double us = time_step(g, pl);
             double gbs = 2.0 * (double)B * cap * KVH * D * 2 / (us * 1e3);
             if (k == 0)
-                printf(" planner's split %d: %.1f us (%.0f GB/s of K and V); others:", pl->splits,
-                       us, gbs);
+                printf(" planner's split %d (%d heads a CTA): %.1f us (%.0f GB/s of K and V); "
+                       "others:", pl->splits, pl->cta_heads, us, gbs);
             else
                 printf(" %d: %.1f", splits[k], us);
             mha_decode_plan_free(pl);
         }
-        /* the planner's split with each count of warps, and fused with a rotary op */
+        /* the planner's split with each count of warps, fused with a rotary op, and with a CTA
+         * for all of a K/V head's query heads */
         mha_decode_problem rot = p;
         rot.rotary_theta = 10000.0;
-        const struct { const mha_decode_problem *p; int warps; const char *name; } alt[] = {
-            {&p, 4, "4 warps"}, {&p, 8, "8 warps"}, {&rot, 0, "rotary"}};
+        const struct {
+            const mha_decode_problem *p;
+            int warps, cta_heads;
+            const char *name;
+        } alt[] = {{&p, 4, 0, "4 warps"},
+                   {&p, 8, 0, "8 warps"},
+                   {&rot, 0, 0, "rotary"},
+                   {&p, 0, H / KVH, "a CTA a K/V head"}};
         for (size_t k = 0; k < sizeof alt / sizeof alt[0] && !g->dead; k++) {
             mha_decode_plan *pl = NULL;
             stof_error err = {0};
-            if (mha_decode_plan_create(g->ctx, alt[k].p, 0, alt[k].warps, &pl, &err)) {
+            if (mha_decode_plan_create(g->ctx, alt[k].p, 0, alt[k].warps, alt[k].cta_heads, &pl,
+                                       &err)) {
                 CHECK_MSG(0, "timing plan: %s", err.msg);
                 continue;
             }

@@ -1488,13 +1488,39 @@ static void test_decode(void) {
     p.cap = 4096;
     CHECK_EQ_INT(mha_decode_default_warps(&p, 16, 132), 8); /* 128 CTAs on 132 SMs */
     CHECK_EQ_INT(mha_decode_default_warps(&p, 32, 132), STOF_DECODE_WARPS); /* 256 */
-    p.kv_heads = 2, p.heads = 32, p.head_dim = 128; /* 16 heads of 128 a CTA: 8 do not fit */
-    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), STOF_DECODE_WARPS);
+    p.kv_heads = 2, p.heads = 32, p.head_dim = 128; /* 8 CTAs of 16 heads: a CTA a head */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 4, 132), 1);
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), 8);
+    /* on 10 SMs they stay 16 heads of 128 a CTA, and 8 warps of them do not fit */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 4, 10), 16);
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 10), STOF_DECODE_WARPS);
+}
+
+/* The query heads a decode CTA serves: fewer than a K/V head's only while the grid stays
+ * within the SMs, always a divisor of them. */
+static void test_decode_cta_heads(void) {
+    mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 192, 192, 0.125f, NULL, 0.0};
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 132), 1);  /* 8 CTAs -> 32 */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 0), 4);    /* SMs unknown */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 16, 132), 4); /* 128 CTAs already */
+    p.batch = 8; /* 64 CTAs: 128 with two heads each, 256 with one */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 132), 2);
+    p.batch = 64;
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 132), 4);
+    p.batch = 1, p.heads = 12, p.kv_heads = 12; /* no grouped heads */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 132), 1);
+    p.kv_heads = 2; /* 6 a K/V head: 3, 2 or 1 */
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 132), 1);
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 12), 1);
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 6), 2);
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 5), 3);
+    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 3), 6);
 }
 
 int main(void) {
     test_wants_lse();
     test_decode();
+    test_decode_cta_heads();
     test_wisdom_file();
     test_validate();
     test_fold();

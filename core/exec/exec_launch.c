@@ -713,7 +713,7 @@ static int attn_bind_store(exec_model *m, const graph_op *op, const mha_exec_pro
                                  .k_cache = ptr_of(m, op->inputs[op->n_inputs - 2]),
                                  .v_cache = ptr_of(m, op->inputs[op->n_inputs - 1]),
                                  .seq = p->q_len};
-    int rc = mha_decode_plan_create(m->ctx->mha, &dp, 1, 0, &rt->store->plan, err);
+    int rc = mha_decode_plan_create(m->ctx->mha, &dp, 1, 0, 0, &rt->store->plan, err);
     if (rc)
         exec_seg_rt_release(rt);
     return rc;
@@ -825,7 +825,7 @@ static int dec_plan(exec_model *m, const exec_segment *s, void **kplan, stof_err
     dec_read(m->plan->g, s->first, s->n, &p);
     mha_decode_plan *plan = NULL;
     int rc = mha_decode_plan_create(m->ctx->mha, &p, s->has_values ? s->values[0] : 0,
-                                    s->has_values ? s->values[1] : 0, &plan, err);
+                                    s->has_values ? s->values[1] : 0, 0, &plan, err);
     *kplan = plan;
     return rc;
 }

@@ -37,6 +37,10 @@ int mha_decode_validate(const mha_decode_problem *p, stof_error *err);
  * splits 0 asks for that. */
 #define MHA_DECODE_CTAS_PER_SM 32
 int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
+/* The query heads a CTA of plan (p, splits) serves by default on sm_count SMs (0: unknown):
+ * all of a K/V head's, or where the grid has fewer CTAs than SMs the fewest (a divisor of
+ * them) that keep it so. */
+int mha_decode_default_cta_heads(const mha_decode_problem *p, int splits, int sm_count);
 /* The warps a CTA of plan (p, splits) takes by default on sm_count SMs: 4, or 8 where few
  * CTAs each have many tiles of keys. */
 int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count);
@@ -44,6 +48,7 @@ int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_cou
 typedef struct mha_decode_plan {
     mha_decode_problem problem;
     int splits, chunk, warps;
+    int cta_heads;           /* query heads a CTA (the build's GROUP): grid x is heads / it */
     CUdeviceptr d_mask;      /* the mask's bits, or 0: no mask, or one the ring of cap slots is */
     CUdeviceptr d_workspace; /* partial O and (m, l) when splits > 1 */
     size_t workspace_ml_offset;
@@ -51,9 +56,9 @@ typedef struct mha_decode_plan {
     mha_exec_ctx *ctx;
 } mha_decode_plan;
 
-/* splits and warps: 0 for the defaults. */
+/* splits, warps and cta_heads: 0 for the defaults. */
 int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits, int warps,
-                           mha_decode_plan **out, stof_error *err);
+                           int cta_heads, mha_decode_plan **out, stof_error *err);
 void mha_decode_plan_free(mha_decode_plan *plan);
 
 /* The tensors of a step: qkv [batch] rows of (heads + 2 kv_heads) head_dim (row stride in

@@ -12,11 +12,11 @@
 //   lane l takes key j = tile + l: s_g = q_g . k_j for each head g of the group (its K row
 //                                  read as 16-byte vectors, the q's from shared memory)
 //   tile max and sum by shuffles, online softmax (base 2) per head
-//   O_g += sum_j p_gj v_j:         lanes own pairs of dims; p_gj comes by shuffle, key after
-//                                  key, V rows read coalesced
+//   O_g += sum_j p_gj v_j:         lanes own pairs of dims of every key, or (WIDE_V) 8 dims
+//                                  of every fourth key (heads of 64); p_gj comes by shuffle
 //
 // then the warps merge through shared memory: O / l into the output (one split), or the
-// partial (O, m, l) to the workspace that stof_attention_decode_combine merges. The CTA of
+// partial (O, m, l) to the workspace that stof_attention_decode_combine merges. One CTA of
 // split 0 also writes the new token's K and V into its slot; every CTA makes the new key
 // itself, so no CTA waits for another.
 #include "attention_common.cuh"
@@ -38,6 +38,9 @@
 #ifndef ROTARY // the rotary op fused in front: Q and the new K rotated by a.theta
 #define ROTARY 0
 #endif
+#ifndef WIDE_V // V read 16 bytes a lane (see kWideV below)
+#define WIDE_V 0
+#endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using namespace stof::attn;
@@ -51,6 +54,20 @@ static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 8 u
 static_assert(GROUP >= 1 && GROUP <= STOF_DECODE_MAX_GROUP, "GROUP: 1 to 16 query heads");
 static_assert(kWarps >= 1 && kWarps <= 32, "DECODE_WARPS: 1 to 32");
 static_assert(kWarps * 32 >= kPairs, "a thread for each pair of the new token's V");
+
+// How a lane holds its share of O. Wide (WIDE_V: heads of 32, 64 or 128 dims, up to 4 query
+// heads a CTA; the host chooses it, mha_decode_default_v_read): V rows are read 16 bytes a
+// lane, kRowLanes lanes a row, so a load covers kKeysAtOnce keys and a tile of 32 keys takes
+// kRowLanes loads a lane (against 32 of 4 bytes); the lane
+// sums its 8 dims over the keys t with t % kKeysAtOnce == lane / kRowLanes, and the lanes of
+// the same dims add up their sums once, at the end. Otherwise a lane holds pairs of dims
+// (lane, lane + 32, ...) of every key.
+constexpr int kRowLanes = HEAD_DIM / 8;
+constexpr bool kWideV = WIDE_V;
+static_assert(!WIDE_V || ((HEAD_DIM == 32 || HEAD_DIM == 64 || HEAD_DIM == 128) && GROUP <= 4),
+              "WIDE_V: heads of 32, 64 or 128, up to 4 query heads a CTA");
+constexpr int kKeysAtOnce = kWideV ? 32 / kRowLanes : 1;
+constexpr int kAcc = kWideV ? 8 : 2 * kRounds; // the fp32 sums of O a lane holds a head
 
 // Whether row pos of the mask allows key j (no mask: every key up to pos).
 __device__ __forceinline__ bool allowed(const stof_decode_args &a, int b, int pos, int j) {
@@ -75,7 +92,7 @@ static_assert(sizeof(decode_smem) <= STOF_DECODE_SMEM_LIMIT,
 
 struct warp_state {
     float m[GROUP], l[GROUP];
-    float2 acc[GROUP][kRounds];
+    float acc[GROUP][kAcc];
 };
 
 // s_g = q_g . k for the lane's key row.
@@ -175,10 +192,8 @@ __device__ __forceinline__ void softmax_tile(warp_state &st, float (&s)[GROUP], 
         st.l[g] = st.l[g] * corr + stof::warp_sum(s[g]);
         st.m[g] = m;
 #pragma unroll
-        for (int r = 0; r < kRounds; ++r) {
-            st.acc[g][r].x *= corr;
-            st.acc[g][r].y *= corr;
-        }
+        for (int i = 0; i < kAcc; ++i)
+            st.acc[g][i] *= corr;
     }
 }
 
@@ -195,7 +210,7 @@ __device__ __forceinline__ int ring_slot(int tile_slot, int t, int tile, int cap
 // 128 dims with few query heads a K/V head hold the whole tile, loaded before its keys are
 // scored, so that a tile costs one memory latency; the others hold kChunk keys at a time,
 // loaded after (fewer registers, still independent loads in flight).
-constexpr bool kPrefetchV = kRounds <= 2 && GROUP * kRounds <= 16;
+constexpr bool kPrefetchV = !kWideV && kRounds <= 2 && GROUP * kRounds <= 16;
 constexpr int kChunk = kPrefetchV ? 32 : (kRounds >= 4 ? 2 : (kRounds == 2 ? 4 : 8));
 
 struct v_chunk {
@@ -240,9 +255,89 @@ __device__ __forceinline__ void accumulate_v_chunk(warp_state &st, const float (
 #pragma unroll
                 for (int r = 0; r < kRounds; ++r) {
                     const float2 x = unpack2<elem_t>(c.raw[u][r]);
-                    st.acc[g][r].x = fmaf(pg, x.x, st.acc[g][r].x);
-                    st.acc[g][r].y = fmaf(pg, x.y, st.acc[g][r].y);
+                    st.acc[g][2 * r] = fmaf(pg, x.x, st.acc[g][2 * r]);
+                    st.acc[g][2 * r + 1] = fmaf(pg, x.y, st.acc[g][2 * r + 1]);
                 }
+            }
+        }
+    }
+}
+
+// Wide V (kWideV): the 8 dims at 8 * (lane % kRowLanes) of keys tile + t, t = i * kKeysAtOnce
+// + lane / kRowLanes for i < kRowLanes, loaded before the tile's keys are scored (a key past
+// the tile's n: zeros, never used). tile_slot = tile % cap; vseq: the sequence's slot 0 of
+// head kvh; the key at pos is vnew.
+struct v_wide {
+    uint4 raw[kRowLanes];
+};
+
+__device__ __forceinline__ void load_v_wide(v_wide &c, int n, int tile, int tile_slot, int pos,
+                                            const elem_t *vnew, const elem_t *vseq,
+                                            int kv_heads, int cap) {
+    const int lane = threadIdx.x % 32, col = 8 * (lane % kRowLanes);
+#pragma unroll
+    for (int i = 0; i < kRowLanes; ++i) {
+        const int t = i * kKeysAtOnce + lane / kRowLanes;
+        c.raw[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (t < n) {
+            const elem_t *vrow =
+                tile + t == pos
+                    ? vnew
+                    : vseq + (long long)ring_slot(tile_slot, t, tile, cap) * kv_heads * HEAD_DIM;
+            c.raw[i] = *reinterpret_cast<const uint4 *>(vrow + col);
+        }
+    }
+}
+
+// O_g += p_gj v_j over the lane's keys of the tile (p_gj: lane j's s[g]; ok_keys as
+// accumulate_v_chunk's).
+__device__ __forceinline__ void accumulate_v_wide(warp_state &st, const float (&s)[GROUP],
+                                                  unsigned ok_keys, int n, const v_wide &c) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < kRowLanes; ++i) {
+        const int t = i * kKeysAtOnce + lane / kRowLanes;
+        const bool use = t < n && ((ok_keys >> t) & 1u);
+        const unsigned words[4] = {c.raw[i].x, c.raw[i].y, c.raw[i].z, c.raw[i].w};
+        float x[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 v = unpack2<elem_t>(words[e]);
+            x[2 * e] = v.x;
+            x[2 * e + 1] = v.y;
+        }
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            const float pg = __shfl_sync(0xffffffffu, s[g], t);
+            if (use) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    st.acc[g][e] = fmaf(pg, x[e], st.acc[g][e]);
+            }
+        }
+    }
+}
+
+// The warp's O of head g into shared memory: wide, the sums of the lanes holding the same
+// dims added up first (lanes l, l + kRowLanes, ...).
+__device__ __forceinline__ void store_warp_o(decode_smem &sm, warp_state &st, int warp, int lane,
+                                             int g) {
+    if (kWideV) {
+#pragma unroll
+        for (int e = 0; e < kAcc; ++e)
+            for (int o = kRowLanes; o < 32; o <<= 1)
+                st.acc[g][e] += __shfl_xor_sync(0xffffffffu, st.acc[g][e], o);
+        if (lane < kRowLanes)
+#pragma unroll
+            for (int e = 0; e < kAcc; ++e)
+                sm.o[warp][g][8 * lane + e] = st.acc[g][e];
+    } else {
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r) {
+            const int p = lane + 32 * r;
+            if (p < kPairs) {
+                sm.o[warp][g][2 * p] = st.acc[g][2 * r];
+                sm.o[warp][g][2 * p + 1] = st.acc[g][2 * r + 1];
             }
         }
     }
@@ -269,8 +364,8 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         st.m[g] = STOF_NEG_INF;
         st.l[g] = 0.0f;
 #pragma unroll
-        for (int r = 0; r < kRounds; ++r)
-            st.acc[g][r] = make_float2(0.0f, 0.0f);
+        for (int i = 0; i < kAcc; ++i)
+            st.acc[g][i] = 0.0f;
     }
     const int lo = max(0, pos - a.cap + 1);
     const int first = lo + z * a.chunk, last = min(pos + 1, first + a.chunk);
@@ -282,7 +377,10 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         const int my_slot = ring_slot(tile % a.cap, lane, tile, a.cap);
         const elem_t *vseq = vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM;
         v_chunk whole; // the tile's V rows, when they come before its scores
-        if (kPrefetchV)
+        v_wide wide;
+        if (kWideV)
+            load_v_wide(wide, n, tile, tile % a.cap, pos, vnew, vseq, a.kv_heads, a.cap);
+        else if (kPrefetchV)
             load_v_chunk(whole, 0, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
         // the key's scores and its mask bit are loaded side by side: neither waits for the other
         float s[GROUP];
@@ -299,7 +397,9 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
             s[g] = valid ? s[g] : STOF_NEG_INF;
         softmax_tile(st, s, valid);
         const unsigned ok_keys = __ballot_sync(0xffffffffu, valid);
-        if (kPrefetchV) {
+        if (kWideV) {
+            accumulate_v_wide(st, s, ok_keys, n, wide);
+        } else if (kPrefetchV) {
             accumulate_v_chunk(st, s, ok_keys, 0, n, whole);
         } else {
             for (int t0 = 0; t0 < n; t0 += kChunk) {
@@ -313,14 +413,7 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     // merge the warps: each rescaled to the CTA's maximum, per head
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
-#pragma unroll
-        for (int r = 0; r < kRounds; ++r) {
-            const int p = lane + 32 * r;
-            if (p < kPairs) {
-                sm.o[warp][g][2 * p] = st.acc[g][r].x;
-                sm.o[warp][g][2 * p + 1] = st.acc[g][r].y;
-            }
-        }
+        store_warp_o(sm, st, warp, lane, g);
         if (lane == 0) {
             sm.m[warp][g] = st.m[g];
             sm.l[warp][g] = st.l[g];

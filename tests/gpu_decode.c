@@ -10,7 +10,9 @@
  *     reference applied first (op_rotary_head);
  *   - 4 and 8 warps a CTA;
  *   - a K/V head's query heads in one CTA or spread over several (each of its CTAs reads its
- *     keys; one writes the new token's K and V).
+ *     keys; one writes the new token's K and V);
+ *   - V read in pairs of dims of every key and 16 bytes of one key a lane (every case both
+ *     ways where the head size allows).
  * Outputs are poisoned (NaN) before each launch. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -143,7 +145,9 @@ static double rel_err(const uint16_t *got, const float *want, size_t n, stof_dty
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed) {
+#define V_NAME(v) ((v) == MHA_DECODE_V_WIDE ? "V wide" : "V in pairs")
+
+static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, int v_read, uint64_t seed) {
     mask *m = case_mask(c);
     int64_t span = ops_kv_cache_span(m, c->context);
     int cap = c->cap ? c->cap : (int)span;
@@ -179,9 +183,10 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
     CHECK_MSG(rc == STOF_OK, "%s: reference: %s", c->name, err.msg);
 
     mha_decode_problem p = {B, H, KVH, D, t, cap, c->context, a.scale, m, c->theta};
+    const mha_decode_settings set = {c->splits, c->warps, c->cta_heads, v_read};
     mha_decode_plan *pl = NULL;
-    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, c->splits, c->warps, c->cta_heads, &pl, &err);
-    CHECK_MSG(rc == STOF_OK, "%s: plan: %s", c->name, err.msg);
+    rc = rc ? rc : mha_decode_plan_create(g->ctx, &p, &set, &pl, &err);
+    CHECK_MSG(rc == STOF_OK, "%s (%s): plan: %s", c->name, V_NAME(v_read), err.msg);
     CUdeviceptr d_pre = 0, d_step = 0, d_pos = 0, d_rpos = 0, d_pad = 0, d_k = 0, d_v = 0,
                 d_o = 0;
     /* the attentions' positions (-1: ended) and the rotary's (a step's are the sequence's;
@@ -206,14 +211,14 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
         mha_decode_tensors tt = {d_step, d_pos, d_k, d_v, d_o, 0, d_rpos};
         if (!rc)
             rc = mha_decode_run(pl, &tt, 0, &err);
-        CHECK_MSG(rc == STOF_OK, "%s: launch: %s", c->name, err.msg);
+        CHECK_MSG(rc == STOF_OK, "%s (%s): launch: %s", c->name, V_NAME(v_read), err.msg);
         uint16_t *o = malloc((size_t)(B * H * D) * 2), *kc = malloc(cache_elems * 2);
         if (!rc && !fetch(g, o, d_o, (size_t)(B * H * D)) && !fetch(g, kc, d_k, cache_elems)) {
             long bad;
             double e = rel_err(o, want, (size_t)(B * H * D), t, &bad);
             double tol = t == STOF_BF16 ? 2e-2 : 5e-3;
-            CHECK_MSG(e < tol && bad == 0, "%s %s D=%d: rel %.2e, %ld non-finite", c->name,
-                      stof_dtype_name(t), D, e, bad);
+            CHECK_MSG(e < tol && bad == 0, "%s %s D=%d (%s): rel %.2e, %ld non-finite", c->name,
+                      stof_dtype_name(t), D, V_NAME(v_read), e, bad);
             /* the cache: every slot a sequence can still read equals the reference's; an
              * ended one's still holds its prefix (the step wrote nothing) */
             long diff = 0;
@@ -228,9 +233,11 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, uint64_t seed)
                                             : got != ref.k[at];
                     }
             }
-            CHECK_MSG(diff == 0, "%s: %ld cached key values differ", c->name, diff);
-            printf("%-34s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d warps=%d rel=%.2e %s\n",
-                   c->name, stof_dtype_name(t), D, B, H, KVH, cap, pl->splits, pl->warps, e,
+            CHECK_MSG(diff == 0, "%s (%s): %ld cached key values differ", c->name,
+                      V_NAME(v_read), diff);
+            printf("%-34s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d warps=%d heads a CTA=%d %s "
+                   "rel=%.2e %s\n", c->name, stof_dtype_name(t), D, B, H, KVH, cap, pl->splits,
+                   pl->warps, pl->cta_heads, V_NAME(v_read), e,
                    e < tol && bad == 0 && diff == 0 ? "PASS" : "FAIL");
         }
         free(o);
@@ -254,41 +261,68 @@ static void test_validation(gpu *g) {
     stof_error err = {0};
     mha_decode_plan *pl = NULL;
     mha_decode_problem p = {2, 4, 3, 64, STOF_F16, 10, 10, 0.125f, NULL, 0.0};
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, NULL, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "kv_heads dividing heads");
     p.kv_heads = 2;
     p.cap = 11;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, NULL, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "11 cache slots for a context of 10");
     p.cap = 10;
     p.dtype = STOF_F32;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, NULL, &pl, &err), STOF_ERR_UNSUPPORTED);
     p.dtype = STOF_F16;
     p.head_dim = 48;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, NULL, &pl, &err), STOF_ERR_UNSUPPORTED);
     p.head_dim = 64;
     p.rotary_theta = -1.0;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 0, 0, &pl, &err), STOF_ERR_INVALID);
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, NULL, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "rotary theta of -1");
     p.rotary_theta = 0.0;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 33, 0, &pl, &err), STOF_ERR_INVALID);
+    mha_decode_settings set = {.warps = 33};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "33 warps");
+    set = (mha_decode_settings){.v_read = 3};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "a V read of 3");
+    p.head_dim = 80; /* wide V reads: heads of 32, 64 or 128 */
+    set = (mha_decode_settings){.v_read = MHA_DECODE_V_WIDE};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "needs heads of 32, 64 or 128 and at most 4 query heads a CTA");
     p.heads = 32;
     p.kv_heads = 2;
     p.head_dim = 128;
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, 16, &pl, &err), STOF_ERR_UNSUPPORTED);
+    set = (mha_decode_settings){.warps = 8, .cta_heads = 16};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_UNSUPPORTED);
     CHECK_CONTAINS(err.msg, "8 warps of 16 query heads of 128 need");
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, 3, &pl, &err), STOF_ERR_INVALID);
+    set.v_read = MHA_DECODE_V_WIDE; /* ... and at most 4 of them a CTA */
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "(heads of 128, 16 a CTA)");
+    set = (mha_decode_settings){.warps = 8, .cta_heads = 3};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "3 query heads a CTA (0: chosen, else a divisor of the 16");
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, -1, &pl, &err), STOF_ERR_INVALID);
+    set.cta_heads = -1;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "-1 query heads a CTA");
     /* few CTAs: the default serves fewer heads a CTA, and 8 warps of them fit */
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 8, 0, &pl, &err), STOF_OK);
+    set.cta_heads = 0;
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_OK);
     CHECK(pl && pl->cta_heads < 16 && 16 % pl->cta_heads == 0);
     mha_decode_plan_free(pl);
     pl = NULL;
+    /* rows of qkv must be whole and 16-byte aligned: refused before anything is launched */
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, NULL, &pl, &err), STOF_OK);
+    const int64_t width = (int64_t)(p.heads + 2 * p.kv_heads) * p.head_dim;
+    const int64_t strides[] = {width + 4, width - 8};
+    for (int i = 0; pl && i < 2; i++) {
+        mha_decode_tensors t = {0x1000, 0x1000, 0x1000, 0x1000, 0x1000, strides[i], 0};
+        CHECK_EQ_INT(mha_decode_run(pl, &t, 0, &err), STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, "qkv row stride");
+    }
+    mha_decode_plan_free(pl);
+    pl = NULL;
     p.kv_heads = 8; /* heads of 128: 64 pairs, more than one warp's threads */
-    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, 0, 1, 0, &pl, &err), STOF_ERR_INVALID);
+    set = (mha_decode_settings){.warps = 1};
+    CHECK_EQ_INT(mha_decode_plan_create(g->ctx, &p, &set, &pl, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "at least a thread for each pair of dims: 2 warps");
     CHECK(pl == NULL);
 }
@@ -357,36 +391,37 @@ static void timing(gpu *g) {
         for (size_t k = 0; k < sizeof splits / sizeof splits[0] && !g->dead; k++) {
             mha_decode_plan *pl = NULL;
             stof_error err = {0};
-            if (mha_decode_plan_create(g->ctx, &p, splits[k], 0, 0, &pl, &err)) {
+            const mha_decode_settings set = {.splits = splits[k]};
+            if (mha_decode_plan_create(g->ctx, &p, &set, &pl, &err)) {
                 CHECK_MSG(0, "timing plan: %s", err.msg);
                 continue;
             }
             double us = time_step(g, pl);
             double gbs = 2.0 * (double)B * cap * KVH * D * 2 / (us * 1e3);
             if (k == 0)
-                printf(" planner's split %d (%d heads a CTA): %.1f us (%.0f GB/s of K and V); "
-                       "others:", pl->splits, pl->cta_heads, us, gbs);
+                printf(" planner's split %d (%d heads a CTA, %s): %.1f us (%.0f GB/s of K and "
+                       "V); others:", pl->splits, pl->cta_heads, V_NAME(pl->v_read), us, gbs);
             else
                 printf(" %d: %.1f", splits[k], us);
             mha_decode_plan_free(pl);
         }
-        /* the planner's split with each count of warps, fused with a rotary op, and with a CTA
-         * for all of a K/V head's query heads */
+        /* the planner's split with each count of warps, fused with a rotary op, with a CTA for
+         * all of a K/V head's query heads, and with V read in pairs */
         mha_decode_problem rot = p;
         rot.rotary_theta = 10000.0;
         const struct {
             const mha_decode_problem *p;
-            int warps, cta_heads;
+            mha_decode_settings set;
             const char *name;
-        } alt[] = {{&p, 4, 0, "4 warps"},
-                   {&p, 8, 0, "8 warps"},
-                   {&rot, 0, 0, "rotary"},
-                   {&p, 0, H / KVH, "a CTA a K/V head"}};
+        } alt[] = {{&p, {.warps = 4}, "4 warps"},
+                   {&p, {.warps = 8}, "8 warps"},
+                   {&rot, {0}, "rotary"},
+                   {&p, {.cta_heads = H / KVH}, "a CTA a K/V head"},
+                   {&p, {.v_read = MHA_DECODE_V_PAIRS}, "V in pairs"}};
         for (size_t k = 0; k < sizeof alt / sizeof alt[0] && !g->dead; k++) {
             mha_decode_plan *pl = NULL;
             stof_error err = {0};
-            if (mha_decode_plan_create(g->ctx, alt[k].p, 0, alt[k].warps, alt[k].cta_heads, &pl,
-                                       &err)) {
+            if (mha_decode_plan_create(g->ctx, alt[k].p, &alt[k].set, &pl, &err)) {
                 CHECK_MSG(0, "timing plan: %s", err.msg);
                 continue;
             }
@@ -410,7 +445,9 @@ int main(int argc, char **argv) {
     for (int di = 0; di < 2 && !g.dead; di++)
         for (int hi = 0; hi < (quick ? 2 : 3) && !g.dead; hi++)
             for (size_t c = 0; c < sizeof cases / sizeof cases[0] && !g.dead; c++)
-                run_case(&g, &cases[c], dtypes[di], dims[hi], seed++);
+                for (int v = MHA_DECODE_V_PAIRS; v <= MHA_DECODE_V_WIDE; v++)
+                    if (v == MHA_DECODE_V_PAIRS || dims[hi] != 80) /* wide: 32, 64, 128 */
+                        run_case(&g, &cases[c], dtypes[di], dims[hi], v, seed++);
     if (!g.dead && !(argc > 1 && !strcmp(argv[1], "notime")))
         timing(&g);
     mha_exec_ctx_free(g.ctx);

@@ -1423,6 +1423,29 @@ static void test_decode(void) {
                          bytes_contain(bin, size, STOF_DECODE_COMBINE_KERNEL) &&
                          bytes_contain(bin, size, STOF_KV_STORE_KERNEL)));
         }
+    /* V read 16 bytes a lane: heads of 32, 64 and 128 at 1, 2 and 4 query heads a CTA; a build
+     * of more heads a CTA is refused by the kernel itself */
+    static const int wide_dims[] = {32, 64, 128}, wide_groups[] = {1, 2, 4, 16};
+    for (int d = 0; d < 3; d++)
+        for (int gi = 0; gi < 4; gi++) {
+            char o0[32], o1[32], o2[32];
+            snprintf(o0, sizeof o0, "-DHEAD_DIM=%d", wide_dims[d]);
+            snprintf(o1, sizeof o1, "-DSTOF_DTYPE=%d", 1 + (d + gi) % 2);
+            snprintf(o2, sizeof o2, "-DGROUP=%d", wide_groups[gi]);
+            nvrtc_request req = {.source = "attention_decode.cu", .arch = "sm_90",
+                                 .options = {o0, o1, o2, "-DWIDE_V=1"}, .n_options = 4};
+            const void *bin = NULL;
+            size_t size = 0;
+            stof_error err = {0};
+            int rc = nvrtc_get(&c, &req, &bin, &size, &err);
+            if (wide_groups[gi] > 4) {
+                CHECK_EQ_INT(rc, STOF_ERR_COMPILE);
+                CHECK_CONTAINS(err.msg, "WIDE_V: heads of 32, 64 or 128, up to 4 query heads");
+                continue;
+            }
+            CHECK_MSG(rc == STOF_OK, "attention_decode.cu WIDE_V %s %s: %s", o0, o2, err.msg);
+            CHECK(rc || bytes_contain(bin, size, STOF_DECODE_KERNEL));
+        }
     /* the global tokens' kernels (attention_global.cu): every head size and dtype, by the
      * request the plans and the ahead-of-time builds use */
     for (int d = 0; d < 4; d++)
@@ -1517,10 +1540,29 @@ static void test_decode_cta_heads(void) {
     CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 1, 3), 6);
 }
 
+/* How a decode CTA reads V by default: 16 bytes a lane where a build can, unless several query
+ * heads a CTA in a grid of more CTAs than SMs. */
+static void test_decode_v_read(void) {
+    mha_decode_problem p = {1, 32, 8, 64, STOF_F16, 4096, 4096, 0.125f, NULL, 0.0};
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 1, 1, 132), MHA_DECODE_V_WIDE);
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 16, 4, 132), MHA_DECODE_V_WIDE); /* 128 CTAs */
+    p.batch = 64; /* 8192 CTAs of 4 heads: pairs; of one head: wide */
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 16, 4, 132), MHA_DECODE_V_PAIRS);
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 16, 1, 132), MHA_DECODE_V_WIDE);
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 16, 2, 0), MHA_DECODE_V_PAIRS); /* SMs unknown */
+    p.head_dim = 80; /* no wide build */
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 1, 1, 132), MHA_DECODE_V_PAIRS);
+    p.head_dim = 128, p.heads = 64; /* 8 query heads a CTA: no wide build */
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 1, 8, 132), MHA_DECODE_V_PAIRS);
+    p.head_dim = 32;
+    CHECK_EQ_INT(mha_decode_default_v_read(&p, 1, 1, 132), MHA_DECODE_V_WIDE);
+}
+
 int main(void) {
     test_wants_lse();
     test_decode();
     test_decode_cta_heads();
+    test_decode_v_read();
     test_wisdom_file();
     test_validate();
     test_fold();

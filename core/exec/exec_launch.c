@@ -713,7 +713,8 @@ static int attn_bind_store(exec_model *m, const graph_op *op, const mha_exec_pro
                                  .k_cache = ptr_of(m, op->inputs[op->n_inputs - 2]),
                                  .v_cache = ptr_of(m, op->inputs[op->n_inputs - 1]),
                                  .seq = p->q_len};
-    int rc = mha_decode_plan_create(m->ctx->mha, &dp, 1, 0, 0, &rt->store->plan, err);
+    int rc = mha_decode_plan_create(m->ctx->mha, &dp, &(mha_decode_settings){.splits = 1},
+                                    &rt->store->plan, err);
     if (rc)
         exec_seg_rt_release(rt);
     return rc;
@@ -824,8 +825,9 @@ static int dec_plan(exec_model *m, const exec_segment *s, void **kplan, stof_err
     mha_decode_problem p;
     dec_read(m->plan->g, s->first, s->n, &p);
     mha_decode_plan *plan = NULL;
-    int rc = mha_decode_plan_create(m->ctx->mha, &p, s->has_values ? s->values[0] : 0,
-                                    s->has_values ? s->values[1] : 0, 0, &plan, err);
+    const mha_decode_settings set = {.splits = s->has_values ? s->values[0] : 0,
+                                     .warps = s->has_values ? s->values[1] : 0};
+    int rc = mha_decode_plan_create(m->ctx->mha, &p, &set, &plan, err);
     *kplan = plan;
     return rc;
 }

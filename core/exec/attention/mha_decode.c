@@ -74,6 +74,26 @@ int mha_decode_default_cta_heads(const mha_decode_problem *p, int splits, int sm
     return heads;
 }
 
+/* Whether a build can read V 16 bytes a lane (attention_decode.cu's WIDE_V). */
+static int v_wide_builds(int head_dim, int cta_heads) {
+    return (head_dim == 32 || head_dim == 64 || head_dim == 128) && cta_heads <= 4;
+}
+
+int mha_decode_default_v_read(const mha_decode_problem *p, int splits, int cta_heads,
+                              int sm_count) {
+    /* Wide reads take far fewer instructions a key, which is what a step of few CTAs waits
+     * on; with several query heads a CTA they also hold more registers (heads of 64, 4 a CTA:
+     * 136 against 116), which costs a grid of many CTAs a CTA an SM. Measured on an H200, us a
+     * step, wide against pairs: 32/8 heads at batch 1 and 192 keys, a CTA a head, 4.5 against
+     * 5.1; at batch 8, 128 CTAs of two heads, 6.4 against 8.4; batch 1 and 4096 keys in 16
+     * splits (128 CTAs of 4), 9.9 against 12.5; 12/12 heads at batch 64 and 2048 keys, 141
+     * against 156; but 32/8 at batch 64 and 4096 keys (8192 CTAs of 4), 301 against 268. */
+    if (!v_wide_builds(p->head_dim, cta_heads))
+        return MHA_DECODE_V_PAIRS;
+    const long long ctas = (long long)p->batch * (p->heads / cta_heads) * splits;
+    return cta_heads == 1 || ctas <= sm_count ? MHA_DECODE_V_WIDE : MHA_DECODE_V_PAIRS;
+}
+
 int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count) {
     /* A warp takes a tile of 32 keys at a time. With at most a CTA an SM and more tiles a CTA
      * than 4 warps take at once, 8 warps do the chunk in fewer rounds (an H200, one step, 8
@@ -101,6 +121,8 @@ static int load_kernels(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
                          .options = {o0, o1, o2, o3}, .n_options = 4};
     if (p->rotary_theta > 0.0)
         req.options[req.n_options++] = "-DROTARY=1";
+    if (pl->v_read == MHA_DECODE_V_WIDE)
+        req.options[req.n_options++] = "-DWIDE_V=1";
     gpu_module *m;
     int rc = gpu_ctx_function(c, &req, STOF_DECODE_KERNEL, 0, &m, err);
     if (rc)
@@ -166,39 +188,58 @@ static int check_warps(const mha_decode_problem *p, int warps, int group, stof_e
     return STOF_OK;
 }
 
-int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits, int warps,
-                           int cta_heads, mha_decode_plan **out, stof_error *err) {
+/* The settings s asks for (NULL: none), each checked, with the defaults for the others. */
+static int resolve_settings(const mha_exec_ctx *c, const mha_decode_problem *p,
+                            const mha_decode_settings *s, mha_decode_settings *out,
+                            stof_error *err) {
+    static const mha_decode_settings none = {0};
+    const int per_kv = p->heads / p->kv_heads, sms = c->info.sm_count;
+    s = s ? s : &none;
+    if (s->splits < 0 || s->splits > 1024)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: splits %d (0: chosen, up to "
+                       "1024)", s->splits);
+    if (s->warps < 0 || s->warps > 32)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: %d warps (0: chosen, up to 32)",
+                       s->warps);
+    if (s->cta_heads < 0 || (s->cta_heads && per_kv % s->cta_heads))
+        return err_set(err, STOF_ERR_INVALID, "decode attention: %d query heads a CTA (0: "
+                       "chosen, else a divisor of the %d query heads a K/V head)", s->cta_heads,
+                       per_kv);
+    if (s->v_read < MHA_DECODE_V_CHOSEN || s->v_read > MHA_DECODE_V_WIDE)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: a V read of %d", s->v_read);
+    out->splits = s->splits ? s->splits : mha_decode_default_splits(p, sms);
+    out->splits = out->splits < p->cap ? out->splits : p->cap;
+    out->warps = s->warps ? s->warps : mha_decode_default_warps(p, out->splits, sms);
+    out->cta_heads = s->cta_heads ? s->cta_heads
+                                  : mha_decode_default_cta_heads(p, out->splits, sms);
+    out->v_read = s->v_read ? s->v_read
+                            : mha_decode_default_v_read(p, out->splits, out->cta_heads, sms);
+    if (out->v_read == MHA_DECODE_V_WIDE && !v_wide_builds(p->head_dim, out->cta_heads))
+        return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: V read 16 bytes a lane "
+                       "needs heads of 32, 64 or 128 and at most 4 query heads a CTA (heads of "
+                       "%d, %d a CTA)", p->head_dim, out->cta_heads);
+    return check_warps(p, out->warps, out->cta_heads, err);
+}
+
+int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p,
+                           const mha_decode_settings *s, mha_decode_plan **out, stof_error *err) {
     *out = NULL;
+    mha_decode_settings set;
     int rc = mha_decode_validate(p, err);
+    if (!rc)
+        rc = resolve_settings(c, p, s, &set, err);
     if (rc)
         return rc;
-    if (splits < 0 || splits > 1024)
-        return err_set(err, STOF_ERR_INVALID, "decode attention: splits %d (0: chosen, up to "
-                       "1024)", splits);
-    if (warps < 0 || warps > 32)
-        return err_set(err, STOF_ERR_INVALID, "decode attention: %d warps (0: chosen, up to 32)",
-                       warps);
-    if (cta_heads < 0 || (cta_heads && (p->heads / p->kv_heads) % cta_heads))
-        return err_set(err, STOF_ERR_INVALID, "decode attention: %d query heads a CTA (0: "
-                       "chosen, else a divisor of the %d query heads a K/V head)", cta_heads,
-                       p->heads / p->kv_heads);
     mha_decode_plan *pl = err_calloc(1, sizeof *pl, err);
     if (!pl)
         return STOF_ERR_NOMEM;
     pl->problem = *p;
     pl->ctx = c;
-    pl->splits = splits ? splits : mha_decode_default_splits(p, c->info.sm_count);
-    if (pl->splits > p->cap)
-        pl->splits = p->cap;
+    pl->splits = set.splits;
     pl->chunk = (p->cap + pl->splits - 1) / pl->splits;
-    pl->warps = warps ? warps : mha_decode_default_warps(p, pl->splits, c->info.sm_count);
-    pl->cta_heads = cta_heads ? cta_heads
-                              : mha_decode_default_cta_heads(p, pl->splits, c->info.sm_count);
-    rc = check_warps(p, pl->warps, pl->cta_heads, err);
-    if (rc) {
-        mha_decode_plan_free(pl);
-        return rc;
-    }
+    pl->warps = set.warps;
+    pl->cta_heads = set.cta_heads;
+    pl->v_read = set.v_read;
     rc = load_kernels(c, pl, err);
     if (!rc)
         rc = upload(c, pl, err);
@@ -269,6 +310,10 @@ int mha_decode_run(const mha_decode_plan *pl, const mha_decode_tensors *t, CUstr
     a.v_cache = (void *)(uintptr_t)t->v_cache;
     a.o = (void *)(uintptr_t)t->o;
     a.qkv_row_stride = t->qkv_row_stride ? t->qkv_row_stride : packed_width(p);
+    if (a.qkv_row_stride < packed_width(p) || a.qkv_row_stride % 8)
+        return err_set(err, STOF_ERR_INVALID, "decode attention: a qkv row stride of %lld "
+                       "elements (at least the %lld of a row, a multiple of 8: rows 16-byte "
+                       "aligned)", (long long)a.qkv_row_stride, (long long)packed_width(p));
     void *params[] = {&a};
     const unsigned grid[3] = {(unsigned)(p->heads / pl->cta_heads), (unsigned)p->batch,
                               (unsigned)pl->splits};

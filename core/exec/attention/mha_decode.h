@@ -41,14 +41,31 @@ int mha_decode_default_splits(const mha_decode_problem *p, int sm_count);
  * all of a K/V head's, or where the grid has fewer CTAs than SMs the fewest (a divisor of
  * them) that keep it so. */
 int mha_decode_default_cta_heads(const mha_decode_problem *p, int splits, int sm_count);
+
+/* How a lane reads the V rows (attention_decode.cu): pairs of dims of every key (4 bytes a
+ * key), or 16 bytes of one key a load (heads of 32, 64 or 128, up to 4 query heads a CTA:
+ * far fewer instructions a key, more registers). */
+enum { MHA_DECODE_V_CHOSEN, MHA_DECODE_V_PAIRS, MHA_DECODE_V_WIDE };
+/* The default: wide where a build can be, unless a CTA of several query heads would hold so
+ * many registers that a grid of more CTAs than SMs loses CTAs an SM. */
+int mha_decode_default_v_read(const mha_decode_problem *p, int splits, int cta_heads,
+                              int sm_count);
 /* The warps a CTA of plan (p, splits) takes by default on sm_count SMs: 4, or 8 where few
  * CTAs each have many tiles of keys. */
 int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count);
 
+/* A plan's settings; a 0 is the default's (mha_decode_default_*). */
+typedef struct mha_decode_settings {
+    int splits, warps;
+    int cta_heads; /* query heads a CTA (the build's GROUP): a divisor of heads / kv_heads */
+    int v_read;    /* MHA_DECODE_V_* */
+} mha_decode_settings;
+
 typedef struct mha_decode_plan {
     mha_decode_problem problem;
     int splits, chunk, warps;
-    int cta_heads;           /* query heads a CTA (the build's GROUP): grid x is heads / it */
+    int cta_heads;           /* grid x is heads / cta_heads */
+    int v_read;              /* MHA_DECODE_V_PAIRS or _WIDE */
     CUdeviceptr d_mask;      /* the mask's bits, or 0: no mask, or one the ring of cap slots is */
     CUdeviceptr d_workspace; /* partial O and (m, l) when splits > 1 */
     size_t workspace_ml_offset;
@@ -56,9 +73,9 @@ typedef struct mha_decode_plan {
     mha_exec_ctx *ctx;
 } mha_decode_plan;
 
-/* splits, warps and cta_heads: 0 for the defaults. */
-int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p, int splits, int warps,
-                           int cta_heads, mha_decode_plan **out, stof_error *err);
+/* s: NULL for every default. */
+int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p,
+                           const mha_decode_settings *s, mha_decode_plan **out, stof_error *err);
 void mha_decode_plan_free(mha_decode_plan *plan);
 
 /* The tensors of a step: qkv [batch] rows of (heads + 2 kv_heads) head_dim (row stride in

@@ -7,14 +7,18 @@
  * (tests/gpu_gemv, H200). The side branch joins the caller's stream at the end of the pass
  * (when it forked at all: a stream that never joined the capture cannot be waited on).
  *
- * Off by default until measured as it is now. A first version, which asked for a segment's
- * largest weight of any kind (so an attention's K cache too, a decode step's weight), made
- * decode steps on an H200 (32 tokens after prompts of 128, graph replay): gpt2-124M 0.419 ->
- * 0.392 ms at batch 1 and 0.456 -> 0.425 at batch 8 with a lead of 1, no better with 2 or 4; a
- * Mistral-shaped 1B 0.993 -> 0.995 with 1 but 1.058 with 2 and 1.101 with 4 (prefetched lines
- * pushed out of L2 before their kernel reads them). Asking for a cache's first bytes helps no
- * one (they are a few sequences' rows, mostly not yet written), so only GEMM weights are asked
- * for now. sm_90 and later (bulk prefetch); STOF_PREFETCH=N sets a lead (0: none). */
+ * Off by default. A first version, which asked for a segment's largest weight of any kind (so an
+ * attention's K cache too, a decode step's weight), made decode steps on an H200 (32 tokens after
+ * prompts of 128, graph replay): gpt2-124M 0.419 -> 0.392 ms at batch 1 and 0.456 -> 0.425 at
+ * batch 8 with a lead of 1, no better with 2 or 4; a Mistral-shaped 1B 0.993 -> 0.995 with 1 but
+ * 1.058 with 2 and 1.101 with 4 (prefetched lines pushed out of L2 before their kernel reads
+ * them). Asking for a cache's first bytes helps no one (they are a few sequences' rows, mostly not
+ * yet written), so only GEMM weights are asked for now. Measured so, on an H200 (32 tokens after
+ * prompts of 128, ms a step, off -> a lead of 1): the 1B 0.972 -> 0.993 at batch 1 and 0.977 ->
+ * 1.018 at batch 8, gpt2-124M 0.429 -> 0.433 and 0.465 -> 0.463; asking only beside segments that
+ * read under 4 or 16 MB of weights themselves (the norms, the attention) did no better (1.006 on
+ * the 1B, 0.428-0.432 on gpt2). So it stays off. sm_90 and later (bulk prefetch); STOF_PREFETCH=N
+ * sets a lead (0: none). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

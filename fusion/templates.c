@@ -209,7 +209,9 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
 }
 
 /* SPLITS, WARPS (kernels/attention_decode.cu): a CTA's shared memory holds every warp's O of
- * each query head of its K/V head. */
+ * each query head it serves. The plan may give a CTA fewer than all of a K/V head's query
+ * heads (core/exec/attention/mha_decode.c), which this check, knowing no SM count, cannot
+ * tell: it counts all of them, and the planner's default warps follow it. */
 static int attention_decode_check(const fusion_dims *d, const int *v, int limit,
                                   stof_error *err) {
     (void)limit;

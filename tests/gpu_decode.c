@@ -212,15 +212,18 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, int v_read, ui
         if (!rc)
             rc = mha_decode_run(pl, &tt, 0, &err);
         CHECK_MSG(rc == STOF_OK, "%s (%s): launch: %s", c->name, V_NAME(v_read), err.msg);
-        uint16_t *o = malloc((size_t)(B * H * D) * 2), *kc = malloc(cache_elems * 2);
-        if (!rc && !fetch(g, o, d_o, (size_t)(B * H * D)) && !fetch(g, kc, d_k, cache_elems)) {
+        uint16_t *o = malloc((size_t)(B * H * D) * 2), *kc = malloc(cache_elems * 2),
+                 *vc = malloc(cache_elems * 2);
+        if (!rc && !fetch(g, o, d_o, (size_t)(B * H * D)) && !fetch(g, kc, d_k, cache_elems) &&
+            !fetch(g, vc, d_v, cache_elems)) {
             long bad;
             double e = rel_err(o, want, (size_t)(B * H * D), t, &bad);
             double tol = t == STOF_BF16 ? 2e-2 : 5e-3;
             CHECK_MSG(e < tol && bad == 0, "%s %s D=%d (%s): rel %.2e, %ld non-finite", c->name,
                       stof_dtype_name(t), D, V_NAME(v_read), e, bad);
-            /* the cache: every slot a sequence can still read equals the reference's; an
-             * ended one's still holds its prefix (the step wrote nothing) */
+            /* the caches: every slot a sequence can still read equals the reference's (its
+             * new token's V as it came, its new key rotated within a rounding); an ended
+             * one's still hold its prefix (the step wrote nothing) */
             long diff = 0;
             for (int b = 0; b < B; b++) {
                 const int last = b + 1 == c->ended ? c->lens[b] - 1 : c->lens[b];
@@ -231,9 +234,10 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, int v_read, ui
                         const int rotated_new = c->theta > 0 && j == c->lens[b];
                         diff += rotated_new ? !near_rounding(got, ref.k[at], t)
                                             : got != ref.k[at];
+                        diff += from_bits(t, vc[at]) != ref.v[at];
                     }
             }
-            CHECK_MSG(diff == 0, "%s (%s): %ld cached key values differ", c->name,
+            CHECK_MSG(diff == 0, "%s (%s): %ld cached key or value values differ", c->name,
                       V_NAME(v_read), diff);
             printf("%-34s %s D=%-3d B=%d H=%d/%d cap=%-4d splits=%d warps=%d heads a CTA=%d %s "
                    "rel=%.2e %s\n", c->name, stof_dtype_name(t), D, B, H, KVH, cap, pl->splits,
@@ -242,6 +246,7 @@ static void run_case(gpu *g, const dcase *c, stof_dtype t, int D, int v_read, ui
         }
         free(o);
         free(kc);
+        free(vc);
     }
     CUdeviceptr *all[] = {&d_pre, &d_step, &d_pos, &d_rpos, &d_pad, &d_k, &d_v, &d_o};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
@@ -439,11 +444,11 @@ int main(int argc, char **argv) {
     printf("GPU: %s (%s, %d SMs)\n", g.ctx->info.name, g.ctx->arch, g.ctx->info.sm_count);
     int quick = argc > 1 && !strcmp(argv[1], "quick");
     static const stof_dtype dtypes[] = {STOF_F16, STOF_BF16};
-    static const int dims[] = {64, 128, 80};
+    static const int dims[] = {64, 128, 80, 32};
     uint64_t seed = 1;
     test_validation(&g);
     for (int di = 0; di < 2 && !g.dead; di++)
-        for (int hi = 0; hi < (quick ? 2 : 3) && !g.dead; hi++)
+        for (int hi = 0; hi < (quick ? 2 : 4) && !g.dead; hi++)
             for (size_t c = 0; c < sizeof cases / sizeof cases[0] && !g.dead; c++)
                 for (int v = MHA_DECODE_V_PAIRS; v <= MHA_DECODE_V_WIDE; v++)
                     if (v == MHA_DECODE_V_PAIRS || dims[hi] != 80) /* wide: 32, 64, 128 */

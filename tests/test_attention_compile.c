@@ -1513,10 +1513,10 @@ static void test_decode(void) {
     CHECK_EQ_INT(mha_decode_default_warps(&p, 32, 132), STOF_DECODE_WARPS); /* 256 */
     p.kv_heads = 2, p.heads = 32, p.head_dim = 128; /* 8 CTAs of 16 heads: a CTA a head */
     CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 4, 132), 1);
+    /* 8 warps would fit a CTA of one head, not of the 16 the template's check counts */
+    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), STOF_DECODE_WARPS);
+    p.kv_heads = 8; /* 4 heads of 128 a K/V head: 8 warps fit all of them */
     CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 132), 8);
-    /* on 10 SMs they stay 16 heads of 128 a CTA, and 8 warps of them do not fit */
-    CHECK_EQ_INT(mha_decode_default_cta_heads(&p, 4, 10), 16);
-    CHECK_EQ_INT(mha_decode_default_warps(&p, 4, 10), STOF_DECODE_WARPS);
 }
 
 /* The query heads a decode CTA serves: fewer than a K/V head's only while the grid stays

@@ -94,20 +94,26 @@ int mha_decode_default_v_read(const mha_decode_problem *p, int splits, int cta_h
     return cta_heads == 1 || ctas <= sm_count ? MHA_DECODE_V_WIDE : MHA_DECODE_V_PAIRS;
 }
 
-int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count) {
+/* The default warps of a plan whose CTAs serve cta_heads query heads (see below). */
+static int warps_for(const mha_decode_problem *p, int splits, int cta_heads, int sm_count) {
     /* A warp takes a tile of 32 keys at a time. With at most a CTA an SM and more tiles a CTA
      * than 4 warps take at once, 8 warps do the chunk in fewer rounds (an H200, one step, 8
      * K/V heads of 4 query heads: a 192-key cache 6.9 against 10.8 us at batch 1, 8.2 against
      * 11.3 at batch 8; 4096 keys in 16 splits at batch 1, 12.4 against 14.3); with more CTAs
      * the SMs are busy and 4 are as fast or faster (batch 8, 4096 keys: 44.7 against 46.1;
-     * batch 64: 261 against 313 us). */
-    const int group = mha_decode_default_cta_heads(p, splits, sm_count);
+     * batch 64: 261 against 313 us). 8 only where they would fit a CTA of all of a K/V
+     * head's query heads, as the template's check of a setting (which knows no SM count)
+     * counts them. */
     const int chunk = (p->cap + splits - 1) / splits;
-    const long long ctas = (long long)p->batch * (p->heads / group) * splits;
+    const long long ctas = (long long)p->batch * (p->heads / cta_heads) * splits;
     if (ctas <= sm_count && chunk > 32 * STOF_DECODE_WARPS &&
-        STOF_DECODE_SMEM_BYTES(8, group, p->head_dim) <= STOF_DECODE_SMEM_LIMIT)
+        STOF_DECODE_SMEM_BYTES(8, p->heads / p->kv_heads, p->head_dim) <= STOF_DECODE_SMEM_LIMIT)
         return 8;
     return STOF_DECODE_WARPS;
+}
+
+int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count) {
+    return warps_for(p, splits, mha_decode_default_cta_heads(p, splits, sm_count), sm_count);
 }
 
 static int load_kernels(mha_exec_ctx *c, mha_decode_plan *pl, stof_error *err) {
@@ -209,9 +215,9 @@ static int resolve_settings(const mha_exec_ctx *c, const mha_decode_problem *p,
         return err_set(err, STOF_ERR_INVALID, "decode attention: a V read of %d", s->v_read);
     out->splits = s->splits ? s->splits : mha_decode_default_splits(p, sms);
     out->splits = out->splits < p->cap ? out->splits : p->cap;
-    out->warps = s->warps ? s->warps : mha_decode_default_warps(p, out->splits, sms);
     out->cta_heads = s->cta_heads ? s->cta_heads
                                   : mha_decode_default_cta_heads(p, out->splits, sms);
+    out->warps = s->warps ? s->warps : warps_for(p, out->splits, out->cta_heads, sms);
     out->v_read = s->v_read ? s->v_read
                             : mha_decode_default_v_read(p, out->splits, out->cta_heads, sms);
     if (out->v_read == MHA_DECODE_V_WIDE && !v_wide_builds(p->head_dim, out->cta_heads))

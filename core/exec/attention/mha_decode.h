@@ -50,8 +50,8 @@ enum { MHA_DECODE_V_CHOSEN, MHA_DECODE_V_PAIRS, MHA_DECODE_V_WIDE };
  * many registers that a grid of more CTAs than SMs loses CTAs an SM. */
 int mha_decode_default_v_read(const mha_decode_problem *p, int splits, int cta_heads,
                               int sm_count);
-/* The warps a CTA of plan (p, splits) takes by default on sm_count SMs: 4, or 8 where few
- * CTAs each have many tiles of keys. */
+/* The warps a CTA of plan (p, splits) takes by default on sm_count SMs, its heads a CTA the
+ * default's: 4, or 8 where few CTAs each have many tiles of keys. */
 int mha_decode_default_warps(const mha_decode_problem *p, int splits, int sm_count);
 
 /* A plan's settings; a 0 is the default's (mha_decode_default_*). */
@@ -79,7 +79,7 @@ int mha_decode_plan_create(mha_exec_ctx *c, const mha_decode_problem *p,
 void mha_decode_plan_free(mha_decode_plan *plan);
 
 /* The tensors of a step: qkv [batch] rows of (heads + 2 kv_heads) head_dim (row stride in
- * elements, 0: packed), positions int32 [batch], the caches [batch][cap][kv_heads][head_dim],
+ * elements, 0: packed; else at least a row and a multiple of 8, rows 16-byte aligned), positions int32 [batch], the caches [batch][cap][kv_heads][head_dim],
  * o [batch][heads * head_dim]. */
 typedef struct mha_decode_tensors {
     CUdeviceptr qkv, positions, k_cache, v_cache, o;

@@ -278,8 +278,7 @@ static int mi_read(const graph *g, int first, int n, const fusion_match *m,
     memset(p, 0, sizeof *p);
     p->tmpl = FUSION_T_MI_CHAIN;
     p->dtype = y->dtype;
-    if (g->output >= 0 && g->tensors[g->output].dtype != STOF_F32) {
-        /* fp32 tensors beside a model of f16 or bf16: a residual stream */
+    if (graph_has_streams(g)) { /* fp32 tensors beside a model of f16 or bf16 */
         p->dtype = g->tensors[g->output].dtype;
         const int out = g->ops[first + n - 1].output;
         const int pre = m->store_pre_norm && n >= 2 ? g->ops[first + n - 2].output : -1;

@@ -100,9 +100,12 @@ size_t graph_tensor_bytes(const graph_tensor *t) {
     return (size_t)graph_tensor_numel(t) * stof_dtype_size(t->dtype);
 }
 
+int graph_has_streams(const graph *g) {
+    return g->output >= 0 && g->tensors[g->output].dtype != STOF_F32;
+}
+
 int graph_tensor_is_stream(const graph *g, int t) {
-    return t >= 0 && t < g->n_tensors && g->tensors[t].dtype == STOF_F32 && g->output >= 0 &&
-           g->tensors[g->output].dtype != STOF_F32;
+    return t >= 0 && t < g->n_tensors && g->tensors[t].dtype == STOF_F32 && graph_has_streams(g);
 }
 
 const char *graph_shape_str(const graph_tensor *t, char *buf, size_t n) {

@@ -252,6 +252,8 @@ void graph_end_layer(graph *g);
 int graph_find_tensor(const graph *g, const char *name);
 int64_t graph_tensor_numel(const graph_tensor *t);
 size_t graph_tensor_bytes(const graph_tensor *t);
+/* Whether the model's output is f16 or bf16, so that its fp32 tensors are residual streams. */
+int graph_has_streams(const graph *g);
 /* Whether tensor t is fp32 in a model whose output is f16 or bf16: a residual stream kept in
  * fp32 (m:add's dtype option), which only the memory-bound chains read and write. */
 int graph_tensor_is_stream(const graph *g, int t);

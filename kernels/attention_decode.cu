@@ -64,7 +64,7 @@ static_assert(kWarps * 32 >= kPairs, "a thread for each pair of the new token's 
 // (lane, lane + 32, ...) of every key.
 constexpr int kRowLanes = HEAD_DIM / 8;
 constexpr bool kWideV = WIDE_V;
-static_assert(!WIDE_V || ((HEAD_DIM == 32 || HEAD_DIM == 64 || HEAD_DIM == 128) && GROUP <= 4),
+static_assert(!WIDE_V || STOF_DECODE_WIDE_V_BUILDS(HEAD_DIM, GROUP),
               "WIDE_V: heads of 32, 64 or 128, up to 4 query heads a CTA");
 constexpr int kKeysAtOnce = kWideV ? 32 / kRowLanes : 1;
 constexpr int kAcc = kWideV ? 8 : 2 * kRounds; // the fp32 sums of O a lane holds a head

@@ -66,5 +66,9 @@ STOF_ABI_STATIC_ASSERT(sizeof(stof_decode_args) == STOF_DECODE_ARGS_BYTES,
     (4 * ((group) * (head_dim) + (head_dim) + 2 * (warps) * (group) +                          \
           (warps) * (group) * (head_dim)))
 #define STOF_DECODE_MAX_GROUP 16 /* query heads a CTA (a build for each) */
+/* Whether a build of `group` query heads a CTA with heads of head_dim can read V 16 bytes a
+ * lane (attention_decode.cu's WIDE_V). */
+#define STOF_DECODE_WIDE_V_BUILDS(head_dim, group)                                             \
+    (((head_dim) == 32 || (head_dim) == 64 || (head_dim) == 128) && (group) <= 4)
 
 #endif

@@ -236,7 +236,8 @@ static void step_inputs(gpu_run *g) {
         g->in[b] = gen_state_token(&g->st, b, at);
         g->in[B + b] = (int32_t)at;
         g->in[2 * B + b] = g->st.done[b] ? -1 : (int32_t)at;
-        g->u[b] = gen_uniform(g->o->seed, b, g->r->n_new[b]);
+        if (sampled(g)) /* a greedy step copies no numbers */
+            g->u[b] = gen_uniform(g->o->seed, b, g->r->n_new[b]);
     }
 }
 

@@ -74,11 +74,6 @@ int mha_decode_default_cta_heads(const mha_decode_problem *p, int splits, int sm
     return heads;
 }
 
-/* Whether a build can read V 16 bytes a lane (attention_decode.cu's WIDE_V). */
-static int v_wide_builds(int head_dim, int cta_heads) {
-    return (head_dim == 32 || head_dim == 64 || head_dim == 128) && cta_heads <= 4;
-}
-
 int mha_decode_default_v_read(const mha_decode_problem *p, int splits, int cta_heads,
                               int sm_count) {
     /* Wide reads take far fewer instructions a key, which is what a step of few CTAs waits
@@ -88,7 +83,7 @@ int mha_decode_default_v_read(const mha_decode_problem *p, int splits, int cta_h
      * 5.1; at batch 8, 128 CTAs of two heads, 6.4 against 8.4; batch 1 and 4096 keys in 16
      * splits (128 CTAs of 4), 9.9 against 12.5; 12/12 heads at batch 64 and 2048 keys, 141
      * against 156; but 32/8 at batch 64 and 4096 keys (8192 CTAs of 4), 301 against 268. */
-    if (!v_wide_builds(p->head_dim, cta_heads))
+    if (!STOF_DECODE_WIDE_V_BUILDS(p->head_dim, cta_heads))
         return MHA_DECODE_V_PAIRS;
     const long long ctas = (long long)p->batch * (p->heads / cta_heads) * splits;
     return cta_heads == 1 || ctas <= sm_count ? MHA_DECODE_V_WIDE : MHA_DECODE_V_PAIRS;
@@ -220,7 +215,8 @@ static int resolve_settings(const mha_exec_ctx *c, const mha_decode_problem *p,
     out->warps = s->warps ? s->warps : warps_for(p, out->splits, out->cta_heads, sms);
     out->v_read = s->v_read ? s->v_read
                             : mha_decode_default_v_read(p, out->splits, out->cta_heads, sms);
-    if (out->v_read == MHA_DECODE_V_WIDE && !v_wide_builds(p->head_dim, out->cta_heads))
+    if (out->v_read == MHA_DECODE_V_WIDE &&
+        !STOF_DECODE_WIDE_V_BUILDS(p->head_dim, out->cta_heads))
         return err_set(err, STOF_ERR_UNSUPPORTED, "decode attention: V read 16 bytes a lane "
                        "needs heads of 32, 64 or 128 and at most 4 query heads a CTA (heads of "
                        "%d, %d a CTA)", p->head_dim, out->cta_heads);

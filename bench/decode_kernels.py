@@ -24,7 +24,7 @@ gap before a kernel is added to it; the added times sum to the step's time.
     python3 bench/decode_kernels.py [--stof build/stof] [--models mistral-1b,gpt2] [--batch 1]
            [--prompt 128] [--layers 1] [--ncu ncu] [--out bench/out/decode_kernels.md]
     python3 bench/decode_kernels.py --csv ncu.csv [--batch 1]    # a saved ncu --csv report
-    python3 bench/decode_kernels.py --timeline [--models ...] [--batch 1] [--prompt 128]
+    python3 bench/decode_kernels.py --timeline [--models ...] [--batch 1] [--prompt 128] [--new 6]
     python3 bench/decode_kernels.py --trace trace.json       # a saved torch.profiler trace
 """
 import argparse
@@ -101,18 +101,31 @@ def first_layers(step, layers):
     return step[:1 + layers * (at[1] - at[0])]
 
 
+def kernel_sums(step, *values):
+    """Per kernel (short name, in first-launch order): [launches, then the sum of each of
+    `values` (a number of each launch, given the launch and its index in step)]."""
+    by = collections.OrderedDict()
+    for i, k in enumerate(step):
+        a = by.setdefault(short_name(k["name"]), [0] + [0.0] * len(values))
+        a[0] += 1
+        for j, value in enumerate(values):
+            a[1 + j] += value(k, i)
+    return by
+
+
+def weights_line(weight_mb, bandwidth, total_us, what):
+    read_us = weight_mb / bandwidth * 1e3
+    return ["", f"The step's weights: {weight_mb:.1f} MB, {read_us:.1f} us at {bandwidth:.0f} "
+            f"GB/s; {what} {total_us / read_us:.1f}x that."]
+
+
 def tables(step, layers, weight_mb, bandwidth):
     first = first_layers(step, layers)
     out = ["| # | kernel | grid | us | MB read | GB/s |", "|---|---|---|---|---|---|"]
     for i, k in enumerate(first):
         out.append(f"| {i} | {short_name(k['name'])} | {k['grid']} | {us(k):.2f} | "
                    f"{mb(k):.2f} | {gbs(mb(k), us(k)):.0f} |")
-    by = collections.OrderedDict()
-    for k in step:
-        a = by.setdefault(short_name(k["name"]), [0, 0.0, 0.0])
-        a[0] += 1
-        a[1] += us(k)
-        a[2] += mb(k)
+    by = kernel_sums(step, lambda k, i: us(k), lambda k, i: mb(k))
     total_us = sum(a[1] for a in by.values())
     total_mb = sum(a[2] for a in by.values())
     out += ["", "| kernel | launches | us | share | MB read | GB/s |", "|---|---|---|---|---|---|"]
@@ -122,9 +135,7 @@ def tables(step, layers, weight_mb, bandwidth):
     out.append(f"| all | {len(step)} | {total_us:.1f} | 100% | {total_mb:.1f} | "
                f"{gbs(total_mb, total_us):.0f} |")
     if weight_mb:
-        out += ["", f"The step's weights: {weight_mb:.1f} MB, {weight_mb / bandwidth * 1e3:.1f} us "
-                f"at {bandwidth:.0f} GB/s; the kernels alone add up to "
-                f"{total_us / (weight_mb / bandwidth * 1e3):.1f}x that."]
+        out += weights_line(weight_mb, bandwidth, total_us, "the kernels alone add up to")
     return out
 
 
@@ -171,37 +182,37 @@ def timeline_tables(step, layers, weight_mb, bandwidth):
     for i, k in enumerate(first):
         out.append(f"| {i} | {short_name(k['name'])} | {k['start'] - t0:.1f} | {k['dur']:.1f} | "
                    f"{added[i]:.1f} |")
-    by = collections.OrderedDict()
-    for k, a in zip(step, added):
-        s = by.setdefault(short_name(k["name"]), [0, 0.0, 0.0])
-        s[0] += 1
-        s[1] += k["dur"]
-        s[2] += a
+    by = kernel_sums(step, lambda k, i: k["dur"], lambda k, i: added[i])
     out += ["", "| kernel | launches | us in the graph | us added | share of the step |",
             "|---|---|---|---|---|"]
     for name, (n, t, a) in sorted(by.items(), key=lambda kv: -kv[1][2]):
         out.append(f"| {name} | {n} | {t:.1f} | {a:.1f} | {100 * a / wall:.1f}% |")
     out.append(f"| all | {len(step)} | {sum(k['dur'] for k in step):.1f} | {wall:.1f} | 100% |")
     if weight_mb:
-        read_us = weight_mb / bandwidth * 1e3
-        out += ["", f"The step's weights: {weight_mb:.1f} MB, {read_us:.1f} us at {bandwidth:.0f} "
-                f"GB/s; the step took {wall / read_us:.1f}x that."]
+        out += weights_line(weight_mb, bandwidth, wall, "the step took")
     return out
 
 
-def trace_model(args, name):
-    """The kernels of a generation of args.new tokens after a prompt, traced by torch.profiler
-    (a first generation before it compiles the kernels and captures the step's graph)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+def model_inputs(args, name, max_pos):
+    """Model `name` saved with random weights under the work dir for max_pos positions: its
+    directory, its weights' MB and the prompts' ids [batch, prompt]."""
     import hf_generate as hg
-    sys.path.insert(0, os.path.join(sc.ROOT, "python"))
-    import stof
     d = os.path.join(args.work_dir, name)
-    cfg, model = hg.save_model(name, args.prompt + args.new, d, "cpu")
+    cfg, model = hg.save_model(name, max_pos, d, "cpu")
     weight_mb = hg.weight_bytes(model) / 1e6
     del model
-    prompts = sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5).tolist()
+    return d, weight_mb, sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5)
+
+
+def trace_model(args, name, stof_bin):
+    """The kernels of a generation of args.new tokens after a prompt, traced by torch.profiler
+    (a first generation before it compiles the kernels and captures the step's graph), on the
+    libstof.so beside stof_bin."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    stof = sc.binding(stof_bin)
+    d, weight_mb, ids = model_inputs(args, name, args.prompt + args.new)
+    prompts = ids.tolist()
     m = stof.Model.from_pretrained(d, batch=args.batch, seq=args.prompt + args.new)
     m.generate(prompts, max_new_tokens=args.new, use_eos=False, device="cuda")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -220,12 +231,9 @@ def step_layers(step):
 
 def profile_model(args, name, stof):
     import hf_generate as hg
-    d = os.path.join(args.work_dir, name)
-    cfg, model = hg.save_model(name, args.prompt + 8, d, "cpu")
-    weight_mb = hg.weight_bytes(model) / 1e6
-    del model
+    d, weight_mb, ids = model_inputs(args, name, args.prompt + 8)
     prompts = os.path.join(args.work_dir, name + "-prompts.txt")
-    hg.write_prompts(sc.random_ids(cfg.vocab_size, args.batch, args.prompt, seed=5), prompts)
+    hg.write_prompts(ids, prompts)
     out, _ = sc.run_cmd([args.ncu, "--clock-control", "none", "--graph-profiling", "node",
                          "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
                          stof, "generate", d, "--prompt-ids", prompts, "--max-new-tokens", "3",
@@ -253,7 +261,7 @@ def main():
     ap.add_argument("--work-dir", default=os.path.join(sc.ROOT, "build", "decode_kernels"))
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "decode_kernels.md"))
     args = ap.parse_args()
-    if args.new < 3:
+    if args.timeline and args.new < 3:
         ap.error("--new: 3 or more (the prefill's token, then whole steps between two others)")
     lines = []
     try:
@@ -267,11 +275,12 @@ def main():
                 runs = [(os.path.basename(args.trace), read_trace(f.read()), 0.0)]
             head = f"Trace {args.trace}."
         elif args.timeline:
+            stof = sc.resolve_stof(args.stof)
             os.makedirs(args.work_dir, exist_ok=True)
-            runs = [(name,) + trace_model(args, name) for name in args.models.split(",")]
+            runs = [(name,) + trace_model(args, name, stof) for name in args.models.split(",")]
             import torch
             head = (f"Device: {torch.cuda.get_device_name()}; date {datetime.date.today()}; stof "
-                    f"commit {sc.stof_commit(sc.resolve_stof(args.stof))}; fp16, random weights; "
+                    f"commit {sc.stof_commit(stof)}; fp16, random weights; "
                     f"batch {args.batch}, a prompt of {args.prompt}; the last whole decode step "
                     f"as its CUDA graph ran, traced by torch.profiler.")
         else:

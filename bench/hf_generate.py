@@ -75,11 +75,13 @@ def write_prompts(ids, path):
 
 
 def sampling(spec):
-    """--sample T,K,P as (temperature, top_k, top_p); None: greedy."""
-    if not spec:
-        return None
-    t, k, p = spec.split(",")
-    return float(t), int(k), float(p)
+    """--sample T,K,P as (temperature, top_k, top_p) (argparse's type: a clear error else)."""
+    try:
+        t, k, p = spec.split(",")
+        return float(t), int(k), float(p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{spec}': T,K,P (a temperature, a top-k and a top-p, "
+                                         f"e.g. 0.8,50,0.9)") from None
 
 
 def hf_token_ms(model, ids, new, sample):
@@ -127,7 +129,7 @@ def main():
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--sample", default="",
+    ap.add_argument("--sample", type=sampling, default=None,
                     help="T,K,P: tokens drawn at temperature T, top-k K, top-p P (default: greedy)")
     ap.add_argument("--profile", action="store_true",
                     help="stof's decode step segment by segment, after the table")
@@ -139,7 +141,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(sc.ROOT, "bench", "out", "hf_generate.md"))
     args = ap.parse_args()
     stof = sc.resolve_stof(args.stof)
-    sample = sampling(args.sample)
+    sample = args.sample
     import torch
     import transformers
     os.makedirs(args.work_dir, exist_ok=True)

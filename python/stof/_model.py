@@ -377,7 +377,7 @@ class Model:
     def _run_cpu(self, given):
         import numpy as np
         torch_out = any(_is_torch(v) for v in given.values())
-        arrays = {k: np.asarray(v.cpu().numpy() if _is_torch(v) else v) for k, v in given.items()}
+        arrays = {k: _as_array(v, f"input '{k}'") for k, v in given.items()}
         specs = self._specs(arrays)
         keep, refs = [], []
         for name, a in arrays.items():

@@ -173,12 +173,13 @@ static int rotary_check(const fusion_dims *d, const int *v, int limit, stof_erro
  * tensor-core templates read the weights as well and compute faster), ROWS below twice M
  * (more would only idle accumulators), BLOCK_N the warps' whole outputs ([N, K]: 1 to 8 a
  * warp) or whole 16-byte column lanes dividing a warp ([K, N]: BLOCK_N / 8 of them), the
- * accumulators and the loads in flight within about 160 registers (a norm ahead holds 16 more:
- * its gains and biases), [K, N]'s partial sums
- * within 48 KiB of static shared memory. */
+ * accumulators and the loads in flight within about 160 registers (100 at 16 warps, whose
+ * 512 threads get at most 128 registers each), [K, N]'s partial sums
+ * within 48 KiB of static shared memory, [N, K]'s staged rows of x (normalized where a norm
+ * comes first) within the block's shared memory. */
 static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    (void)limit;
     const int rows = v[0], block_n = v[1], warps = v[2], unroll = v[3];
+    const int regs = warps > 8 ? 100 : 160; /* the model's count; the kernel takes about 24 more */
     if (d->m > STOF_GEMV_MAX_M)
         return err_set(err, STOF_ERR_UNSUPPORTED, "%lld rows (it runs up to %d)",
                        (long long)d->m, STOF_GEMV_MAX_M);
@@ -189,9 +190,9 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
         if (block_n % 8 || 32 % lanes)
             return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d with [K, N] weights: 8, 16, "
                            "32, 64 or 128 (16-byte column lanes dividing a warp)", block_n);
-        if (rows * 8 + unroll * 4 > 160)
+        if (rows * 8 + unroll * 4 > regs)
             return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x 8 sums and UNROLL %d loads: "
-                           "over 160 registers", rows, unroll);
+                           "over %d registers (%d warps)", rows, unroll, regs, warps);
         return check_smem("gemv's partial sums", (int64_t)warps * rows * block_n * 4,
                           48 * 1024, err);
     }
@@ -202,10 +203,11 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
     if (d->gated && outs % 2)
         return err_set(err, STOF_ERR_UNSUPPORTED, "BLOCK_N %d over %d warps with a GLU: an "
                        "even count of features a warp (each output's two)", block_n, warps);
-    if (rows * outs + unroll * outs * 4 + outs * 8 + (d->prologue ? 16 : 0) > 160)
-        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d%s: over 160 "
-                       "registers", rows, outs, unroll, d->prologue ? ", a norm's gains" : "");
-    return STOF_OK;
+    if (rows * outs + unroll * outs * 4 + outs * 8 > regs)
+        return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d: over %d "
+                       "registers (%d warps)", rows, outs, unroll, regs, warps);
+    return check_smem("gemv's staged rows of x", stof_gemv_smem(rows, d->m, d->k, d->elem_bytes),
+                      limit, err);
 }
 
 /* SPLITS, WARPS (kernels/attention_decode.cu): a CTA's shared memory holds every warp's O of
@@ -299,7 +301,7 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
         2, {PATTERN(OPT(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD))),
             PATTERN(OPT(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), ONE(TOK(GLU)))},
         4, {PARAM("ROWS", 1, 2, 4, 8, 16), PARAM("BLOCK_N", 4, 8, 16, 32, 64, 128),
-            PARAM("WARPS", 4, 8), PARAM("UNROLL", 2, 4, 8)},
+            PARAM("WARPS", 4, 8, 16), PARAM("UNROLL", 2, 4, 8, 16)},
         gemv_check},
     [FUSION_T_MASK_ROWS] = {FUSION_T_MASK_ROWS, "mask_rows", "mask_rows.cu", 0,
         1, {PATTERN(ONE(TOK(MASK_ROWS)))},

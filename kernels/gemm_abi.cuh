@@ -344,6 +344,11 @@ typedef struct stof_gemv_args {
 #define STOF_GEMV_ARGS_BYTES (11 * 8 + 4 * 4)
 #define STOF_GEMV_MAX_M 16
 #define STOF_GEMV_MAX_ROWS 16
+/* gemv.cu's dynamic shared memory with [N, K] weights: a row group's x rows (ROWS, or M if
+ * fewer) of K elements. */
+STOF_GEMM_ABI_FN long long stof_gemv_smem(int rows, long long m, long long k, int elem_bytes) {
+    return (rows < m ? rows : m) * k * elem_bytes;
+}
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemv_args) == STOF_GEMV_ARGS_BYTES,
                             "stof_gemv_args layout changed: host and kernels must agree");
 

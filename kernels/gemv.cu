@@ -10,6 +10,11 @@
 // [N, K] weights (K contiguous): each warp owns OUTS = BLOCK_N / WARPS outputs; its lanes walk
 //   K eight elements (16 bytes) at a time, then each output's partial sums meet by shuffles.
 //   With a GLU (GLU = its activation) the OUTS are features of OUTS / 2 outputs: j and N/2 + j.
+//   The grid is persistent (as many blocks as the GPU holds, at most one a tile; the host sizes
+//   it): a block loops over tiles of BLOCK_N outputs (row group major), and x's rows of its row
+//   group are staged once in dynamic shared memory (ROWS x K elements), normalized there where a
+//   norm comes first. So a block's norm statistics and normalization are paid once, not once a
+//   tile, and the loop reads x from shared memory without conversions of gains a weight.
 // [K, N] weights (WEIGHT_KN, N contiguous: GPT-2's Conv1D): the block owns BLOCK_N columns,
 //   eight a lane; its threads are kColLanes = BLOCK_N / 8 column lanes times kKLanes lanes
 //   over K; partial sums meet by shuffles within a warp, then across warps in shared memory.
@@ -18,8 +23,8 @@
 // (HAS_RESIDUAL), rounded once. Sums are fp32. With PROLOGUE_NORM the block first finds its
 // rows' statistics (a warp a row; two passes over x, as mi_chain.cu: the mean, then the squared
 // deviations; RMSNorm the mean square), and every x value is normalized as it is read, gamma
-// (and beta) applied and the result rounded to the dtype, as the norm op would have stored it. x is read through L1 (each block reads it
-// whole); the weights bypass it. With [N, K] weights N may be any width (a vocabulary), and y,
+// (and beta) applied and the result rounded to the dtype, as the norm op would have stored it.
+// [K, N]: x is read through L1 (each block reads it whole). The weights bypass L1. With [N, K] weights N may be any width (a vocabulary), and y,
 // the bias and the residual are accessed an element at a time; with [K, N] weights N is a
 // multiple of 8. K is a multiple of 8; rows m >= M are neither read nor written.
 #include "common.cuh"
@@ -64,7 +69,7 @@ using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 
 constexpr int kThreads = WARPS * 32;
 static_assert(ROWS >= 1 && ROWS <= STOF_GEMV_MAX_ROWS, "ROWS: 1 .. STOF_GEMV_MAX_ROWS");
-static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL: 1 .. 8");
+static_assert(UNROLL >= 1 && UNROLL <= 16, "UNROLL: 1 .. 16");
 static_assert(PROLOGUE_NORM == 0 || PROLOGUE_NORM == STOF_NORM_LAYERNORM ||
                   PROLOGUE_NORM == STOF_NORM_RMSNORM, "PROLOGUE_NORM: none, LayerNorm or RMSNorm");
 #if WEIGHT_KN
@@ -169,6 +174,31 @@ __device__ __forceinline__ void norm_params(const stof_gemv_args &a, int k, floa
 #endif
 }
 
+#if !WEIGHT_KN
+// x's rows m0 .. m0 + rows - 1 into xs (row r at xs + r * K), normalized and rounded as the norm
+// op would store them where a norm comes first. The caller holds the barriers around it.
+__device__ __forceinline__ void stage_x(const stof_gemv_args &a, int m0, int rows, elem_t *xs,
+                                        const float *s_mean, const float *s_rstd) {
+    const int chunks = a.k / 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
+        const int r = i / chunks, k = (i - r * chunks) * 8;
+        float v[8];
+        stof::load_chunk<8>(v, row_of(a.x, a.x_row_stride, m0 + r) + k);
+#if PROLOGUE_NORM
+        float gm[8], bt[8];
+        norm_params<8>(a, k, gm, bt);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            v[e] = norm_value(v[e], gm[e], bt[e], s_mean[r], s_rstd[r]);
+#else
+        (void)s_mean;
+        (void)s_rstd;
+#endif
+        stof::store_chunk<8>(xs + (long long)r * a.k + k, v);
+    }
+}
+#endif
+
 // A gated unit's output j from its two features' sums (g: feature j, u: feature N/2 + j): each
 // with its bias and rounded as the GEMM's output would be stored, then act(g) * u.
 __device__ __forceinline__ void finish_glu(const stof_gemv_args &a, int m, int j, float g,
@@ -196,20 +226,21 @@ __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, fl
 }
 
 #if !WEIGHT_KN
-// [N, K]: warp w's outputs n0 .. n0 + kOuts - 1, lanes over K in 16-byte chunks.
-__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int rows,
-                                        const float *s_mean, const float *s_rstd) {
+// [N, K]: tile t's outputs (warp w's n0 .. n0 + kOuts - 1), lanes over K in 16-byte chunks,
+// x's rows from xs (stage_x).
+__device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int t, int m0, int rows,
+                                        const elem_t *xs) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const elem_t *w[kOuts];
 #if GLU
     // the warp's kOuts / 2 outputs from j0 on: features j0 + o, then N/2 + j0 + o
     constexpr int kHalf = kOuts / 2;
-    const int f = a.n / 2, j0 = blockIdx.x * (BLOCK_N / 2) + warp * kHalf;
+    const int f = a.n / 2, j0 = t * (BLOCK_N / 2) + warp * kHalf;
 #pragma unroll
     for (int o = 0; o < kOuts; ++o) // outputs past N/2 read the last one's and are not stored
         w[o] = row_of(a.w, a.w_row_stride, min(j0 + o % kHalf, f - 1) + (o < kHalf ? 0 : f));
 #else
-    const int n0 = blockIdx.x * BLOCK_N + warp * kOuts;
+    const int n0 = t * BLOCK_N + warp * kOuts;
 #pragma unroll
     for (int o = 0; o < kOuts; ++o) // rows past N read row N - 1 and are not stored
         w[o] = row_of(a.w, a.w_row_stride, min(n0 + o, a.n - 1));
@@ -237,21 +268,12 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int m0, int row
 #pragma unroll
             for (int o = 0; o < kOuts; ++o)
                 unpack8(wv[u][o], wf[o]);
-#if PROLOGUE_NORM
-            float gm[8], bt[8];
-            norm_params<8>(a, k, gm, bt);
-#endif
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= rows)
                     break;
                 float xf[8];
-                stof::load_chunk<8>(xf, row_of(a.x, a.x_row_stride, m0 + r) + k);
-#if PROLOGUE_NORM
-#pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    xf[e] = norm_value(xf[e], gm[e], bt[e], s_mean[r], s_rstd[r]);
-#endif
+                stof::load_chunk<8>(xf, xs + (long long)r * a.k + k);
 #pragma unroll
                 for (int o = 0; o < kOuts; ++o)
 #pragma unroll
@@ -355,21 +377,21 @@ __device__ __forceinline__ void gemv_kn(const stof_gemv_args &a, int m0, int row
 }
 #endif
 
-// This block's weights asked of L2 before the wait: rows of [N, K] weights (with a GLU, the
+// Column tile t's weights asked of L2 before the wait: rows of [N, K] weights (with a GLU, the
 // two halves' rows of its outputs), or the K rows' BLOCK_N columns of [K, N] ones.
-__device__ __forceinline__ void prefetch_weights(const stof_gemv_args &a) {
+__device__ __forceinline__ void prefetch_weights(const stof_gemv_args &a, int t) {
     const long long stride = a.w_row_stride * (long long)sizeof(elem_t);
 #if GLU
-    const int f = a.n / 2, j0 = blockIdx.x * (BLOCK_N / 2), outs = min(BLOCK_N / 2, f - j0);
+    const int f = a.n / 2, j0 = t * (BLOCK_N / 2), outs = min(BLOCK_N / 2, f - j0);
     for (int half = 0; half < 2; ++half)
         stof::prefetch_l2(row_of(a.w, a.w_row_stride, j0 + half * f), stride, outs,
                           a.k * (int)sizeof(elem_t));
 #elif WEIGHT_KN
-    const int n0 = blockIdx.x * BLOCK_N, cols = min(BLOCK_N, a.n - n0);
+    const int n0 = t * BLOCK_N, cols = min(BLOCK_N, a.n - n0);
     stof::prefetch_l2(static_cast<const elem_t *>(a.w) + n0, stride, a.k,
                       cols * (int)sizeof(elem_t));
 #else
-    const int n0 = blockIdx.x * BLOCK_N, outs = min(BLOCK_N, a.n - n0);
+    const int n0 = t * BLOCK_N, outs = min(BLOCK_N, a.n - n0);
     stof::prefetch_l2(row_of(a.w, a.w_row_stride, n0), stride, outs,
                       a.k * (int)sizeof(elem_t));
 #endif
@@ -379,18 +401,39 @@ __device__ __forceinline__ void prefetch_weights(const stof_gemv_args &a) {
 
 extern "C" __global__ void __launch_bounds__(kThreads) stof_gemv(const stof_gemv_args a) {
     static_assert(sizeof(stof_gemv_args) == STOF_GEMV_ARGS_BYTES, "ABI mismatch");
+    __shared__ float s_mean[ROWS], s_rstd[ROWS];
     stof::grid_dependency_launch();
+#if WEIGHT_KN
     if (blockIdx.y == 0) // one block of each column slice asks; the others find it in L2
-        prefetch_weights(a);
+        prefetch_weights(a, blockIdx.x);
     stof::grid_dependency_wait();
     const int m0 = blockIdx.y * ROWS, rows = min(ROWS, a.m - m0);
-    __shared__ float s_mean[ROWS], s_rstd[ROWS];
 #if PROLOGUE_NORM
     row_stats(a, m0, rows, s_mean, s_rstd);
 #endif
-#if WEIGHT_KN
     gemv_kn(a, m0, rows, s_mean, s_rstd);
 #else
-    gemv_nk(a, m0, rows, s_mean, s_rstd);
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    elem_t *xs = reinterpret_cast<elem_t *>(gemv_smem);
+    const int tiles_n = GLU ? (a.n / 2 + BLOCK_N / 2 - 1) / (BLOCK_N / 2)
+                            : (a.n + BLOCK_N - 1) / BLOCK_N;
+    const int tiles = tiles_n * ((a.m + ROWS - 1) / ROWS);
+    if ((int)blockIdx.x < tiles && (int)blockIdx.x / tiles_n == 0) // the first row group's
+        prefetch_weights(a, blockIdx.x);
+    stof::grid_dependency_wait();
+    int staged = -1; // the row group whose x is in xs
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int group = t / tiles_n, m0 = group * ROWS, rows = min(ROWS, a.m - m0);
+        if (group != staged) {
+            __syncthreads(); // every warp is done with the previous group's x
+#if PROLOGUE_NORM
+            row_stats(a, m0, rows, s_mean, s_rstd); // ends with a barrier
+#endif
+            stage_x(a, m0, rows, xs, s_mean, s_rstd);
+            __syncthreads();
+            staged = group;
+        }
+        gemv_nk(a, t - group * tiles_n, m0, rows, xs);
+    }
 #endif
 }

@@ -52,9 +52,10 @@ static const tiny models[] = {
      " \"max_position_embeddings\": 64, \"tie_word_embeddings\": true}"},
 };
 
-static int build(const tiny *t, int seq, graph *g, graph_script *info, stof_error *err) {
+static int build(const tiny *t, int batch, int seq, graph *g, graph_script *info,
+                 stof_error *err) {
     char b[32], s[32], path[512];
-    snprintf(b, sizeof b, "batch=%d", BATCH);
+    snprintf(b, sizeof b, "batch=%d", batch);
     snprintf(s, sizeof s, "seq=%d", seq);
     snprintf(path, sizeof path, SCRIPTS "%s", t->script);
     const char *params[] = {b, s, "dtype=fp16"};
@@ -80,14 +81,14 @@ static double margin(const float *row) {
     return big > 0 ? (a - b) / big : 0;
 }
 
-static void compare(const tiny *t, const gen_result *cpu, const gen_result *gpu) {
+static void compare(const tiny *t, int batch, const gen_result *cpu, const gen_result *gpu) {
     double worst = 0;
     int same = 0, ties = 0, wrong = 0;
-    for (int b = 0; b < BATCH; b++) {
+    for (int b = 0; b < batch; b++) {
         for (int k = 0; k < NEW; k++) {
             int32_t want = cpu->tokens[b * NEW + k], got = gpu->tokens[b * NEW + k];
-            const float *rc = cpu->logits + ((size_t)k * BATCH + b) * VOCAB;
-            const float *rg = gpu->logits + ((size_t)k * BATCH + b) * VOCAB;
+            const float *rc = cpu->logits + ((size_t)k * batch + b) * VOCAB;
+            const float *rg = gpu->logits + ((size_t)k * batch + b) * VOCAB;
             double num = 0, den = 0;
             for (int v = 0; v < VOCAB; v++) {
                 num += ((double)rg[v] - rc[v]) * ((double)rg[v] - rc[v]);
@@ -110,13 +111,13 @@ static void compare(const tiny *t, const gen_result *cpu, const gen_result *gpu)
               worst);
     CHECK_MSG(wrong == 0, "%s: %d sequences' tokens differ where the reference is sure", t->name,
               wrong);
-    printf("%-8s GPU (%s) against the CPU reference: logits rel <= %.2e, %d tokens the same, "
-           "%d near ties, %d wrong; %d GPU steps, KV cache %zu B\n", t->name,
+    printf("%-8s GPU (%s, batch %d) against the CPU reference: logits rel <= %.2e, %d tokens "
+           "the same, %d near ties, %d wrong; %d GPU steps, KV cache %zu B\n", t->name,
            gpu->step_from_plan ? "a plan's step"
            : gpu->tune_s > 0   ? "tuned step"
            : gpu->prefilled    ? "prefill pass"
                                : "prompts fed",
-           worst, same, ties, wrong, gpu->steps, gpu->cache_bytes);
+           batch, worst, same, ties, wrong, gpu->steps, gpu->cache_bytes);
 }
 
 /* The decode step from a plan (as stof tune --decode-batch keeps it: here planned offline for
@@ -154,7 +155,7 @@ static void run_plan_step(exec_ctx *ctx, const tiny *t, const gen_model *m,
                   "took %d of the plan (%s)", t->name, r.prefilled, r.prefill_from_plan,
                   r.prefill_plan_note);
         if (cpu)
-            compare(t, cpu, &r);
+            compare(t, BATCH, cpu, &r);
         gen_result_free(&r);
     }
     plan_free(&step);
@@ -214,21 +215,69 @@ static void run_sampled(exec_ctx *ctx, const tiny *t, const gen_model *m, const 
         gen_result_free(&two);
 }
 
-static void run_model(exec_ctx *ctx, const tiny *t) {
+/* The ragged batch's other ways (cpu, gpu: the default way's results, NULL where it failed). */
+static void run_variants(exec_ctx *ctx, const tiny *t, const gen_model *m, const gen_prompts *p,
+                         const gen_options *o, const gen_result *cpu, const gen_result *gpu) {
+    stof_error err = {0};
+    /* greedy without the logits kept: the tokens chosen on the GPU, the same */
+    gen_result fast;
+    int rf = gen_run_gpu(m, ctx, p, o, 0, &fast, &err);
+    CHECK_MSG(rf == STOF_OK, "%s GPU argmax: %s", t->name, err.msg);
+    if (!rf && gpu)
+        CHECK_MSG(memcmp(fast.tokens, gpu->tokens, sizeof *fast.tokens * BATCH * NEW) == 0,
+                  "%s: the GPU's argmax chose other tokens than the host's", t->name);
+    if (!rf)
+        gen_result_free(&fast);
+    /* the prompts token by token through the decode step instead: the reference's too */
+    gen_options fed_o = *o;
+    fed_o.feed_prompts = 1;
+    gen_result fed;
+    int rd = gen_run_gpu(m, ctx, p, &fed_o, 1, &fed, &err);
+    CHECK_MSG(rd == STOF_OK, "%s GPU, prompts fed: %s", t->name, err.msg);
+    if (!rd && cpu) {
+        CHECK_MSG(!fed.prefilled, "%s: prompts fed, yet a prefill ran", t->name);
+        compare(t, BATCH, cpu, &fed);
+    }
+    if (!rd)
+        gen_result_free(&fed);
+    /* the decode step tuned first (a short search): the reference's tokens still */
+    tune_options tune = {.time_limit_s = 3, .seed = 3};
+    gen_options tuned_o = *o;
+    tuned_o.tune_step = &tune;
+    gen_result tuned;
+    int rt = gen_run_gpu(m, ctx, p, &tuned_o, 1, &tuned, &err);
+    CHECK_MSG(rt == STOF_OK, "%s GPU, step tuned: %s", t->name, err.msg);
+    if (!rt && cpu) {
+        CHECK_MSG(tuned.tune_s > 0 && tuned.tuned_step_ms > 0, "%s: no tuning recorded",
+                  t->name);
+        compare(t, BATCH, cpu, &tuned);
+    }
+    if (!rt)
+        gen_result_free(&tuned);
+    run_plan_step(ctx, t, m, p, o, cpu);
+    run_sampled(ctx, t, m, p);
+}
+
+/* The model's ragged batch of BATCH prompts (lens LENS) through every way to generate, or one
+ * prompt (batch 1) the default way only: there the step's GEMMs run one row on gemv, each norm
+ * joined to the GEMM after it and a gated unit to its GEMM (exec_default_scheme). Every way
+ * gives the reference's tokens. */
+static void run_model(exec_ctx *ctx, const tiny *t, int batch) {
     graph prefill, context;
     stof_error err = {0};
     graph_script info;
-    int rc = build(t, LONGEST, &prefill, NULL, &err);
+    int rc = build(t, batch, LONGEST, &prefill, NULL, &err);
     if (!rc)
-        rc = build(t, CONTEXT, &context, &info, &err);
-    CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
+        rc = build(t, batch, CONTEXT, &context, &info, &err);
+    CHECK_MSG(rc == STOF_OK, "%s at batch %d: %s", t->name, batch, err.msg);
     if (rc)
         return;
+    static const int one_len = LONGEST - 2;
     int32_t ids[BATCH * LONGEST];
-    for (int k = 0; k < BATCH * LONGEST; k++)
-        ids[k] = (k * 37 + 11) % VOCAB;
-    gen_model m = {&prefill, &context, weights_source_seeded(7), &info};
-    gen_prompts p = {BATCH, ids, LONGEST, LENS};
+    for (int k = 0; k < batch * LONGEST; k++)
+        ids[k] = (k * 37 + 11 + batch) % VOCAB;
+    gen_model m = {&prefill, &context, weights_source_seeded(7 + batch), &info};
+    gen_prompts p = {batch, ids, LONGEST, batch == 1 ? &one_len : LENS};
     gen_options o = gen_options_default(NEW);
     gen_result cpu, gpu;
     rc = gen_run_cpu(&m, &p, &o, 1, &cpu, &err);
@@ -236,46 +285,11 @@ static void run_model(exec_ctx *ctx, const tiny *t) {
     int rg = gen_run_gpu(&m, ctx, &p, &o, 1, &gpu, &err);
     CHECK_MSG(rg == STOF_OK, "%s GPU: %s", t->name, err.msg);
     if (!rc && !rg)
-        compare(t, &cpu, &gpu);
+        compare(t, batch, &cpu, &gpu);
     CHECK_MSG(rg || gpu.prefilled, "%s: the prompts did not go through the prefill pass",
               t->name);
-    /* greedy without the logits kept: the tokens chosen on the GPU, the same */
-    gen_result fast;
-    int rf = gen_run_gpu(&m, ctx, &p, &o, 0, &fast, &err);
-    CHECK_MSG(rf == STOF_OK, "%s GPU argmax: %s", t->name, err.msg);
-    if (!rf && !rg)
-        CHECK_MSG(memcmp(fast.tokens, gpu.tokens, sizeof *fast.tokens * BATCH * NEW) == 0,
-                  "%s: the GPU's argmax chose other tokens than the host's", t->name);
-    if (!rf)
-        gen_result_free(&fast);
-    /* the prompts token by token through the decode step instead: the reference's too */
-    gen_options fed_o = o;
-    fed_o.feed_prompts = 1;
-    gen_result fed;
-    int rd = gen_run_gpu(&m, ctx, &p, &fed_o, 1, &fed, &err);
-    CHECK_MSG(rd == STOF_OK, "%s GPU, prompts fed: %s", t->name, err.msg);
-    if (!rd && !rc) {
-        CHECK_MSG(!fed.prefilled, "%s: prompts fed, yet a prefill ran", t->name);
-        compare(t, &cpu, &fed);
-    }
-    if (!rd)
-        gen_result_free(&fed);
-    /* the decode step tuned first (a short search): the reference's tokens still */
-    tune_options tune = {.time_limit_s = 3, .seed = 3};
-    gen_options tuned_o = o;
-    tuned_o.tune_step = &tune;
-    gen_result tuned;
-    int rt = gen_run_gpu(&m, ctx, &p, &tuned_o, 1, &tuned, &err);
-    CHECK_MSG(rt == STOF_OK, "%s GPU, step tuned: %s", t->name, err.msg);
-    if (!rt && !rc) {
-        CHECK_MSG(tuned.tune_s > 0 && tuned.tuned_step_ms > 0, "%s: no tuning recorded",
-                  t->name);
-        compare(t, &cpu, &tuned);
-    }
-    if (!rt)
-        gen_result_free(&tuned);
-    run_plan_step(ctx, t, &m, &p, &o, rc ? NULL : &cpu);
-    run_sampled(ctx, t, &m, &p);
+    if (batch == BATCH)
+        run_variants(ctx, t, &m, &p, &o, rc ? NULL : &cpu, rg ? NULL : &gpu);
     if (!rc)
         gen_result_free(&cpu);
     if (!rg)
@@ -288,8 +302,10 @@ int main(void) {
     exec_ctx *ctx = NULL;
     GPU_TEST_OPEN(exec_ctx_create, ctx, "gpu_gen");
     printf("GPU: %s\n", exec_ctx_device(ctx)->name);
-    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++)
-        run_model(ctx, &models[k]);
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        run_model(ctx, &models[k], BATCH);
+        run_model(ctx, &models[k], 1);
+    }
     exec_ctx_free(ctx);
     return check_summary("gpu_gen");
 }

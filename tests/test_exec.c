@@ -694,14 +694,16 @@ static void test_kernel_limits(void) {
     graph_free(&g);
 }
 
-/* A vocabulary's head by default: gemv at one row of an odd width, cuBLASLt at more rows (the
- * tensor-core template takes no such width), gemm_epilogue for a width of whole tiles. */
+/* A GEMM's template by default: gemv at one row (a vocabulary's head too), cuBLASLt at more rows
+ * of an odd width (the tensor-core template takes no such width), gemm_epilogue for a width of
+ * whole tiles. */
 static void test_default_head(void) {
     static const struct {
         int rows, width;
         fusion_template_id want;
     } cases[] = {{1, 50257, FUSION_T_GEMV}, {2, 50257, FUSION_T_CUBLASLT},
-                 {1, 1024, FUSION_T_GEMM_EPILOGUE}, {17, 1001, FUSION_T_CUBLASLT}};
+                 {1, 1024, FUSION_T_GEMV}, {2, 1024, FUSION_T_GEMM_EPILOGUE},
+                 {17, 1001, FUSION_T_CUBLASLT}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char src[320];
         snprintf(src, sizeof src,

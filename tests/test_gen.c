@@ -353,17 +353,50 @@ static int norm_prologues(const graph *g, int *glus) {
     return joined;
 }
 
-/* Segments of g's default schemes that open with a norm and hold more ops (gemv's prologue):
- * the default leaves those to the search. */
-static int norm_led_segments(const graph *g) {
+/* Segments of g's default schemes that open with a norm and hold more ops (gemv's prologue),
+ * each checked to run on gemv; *glus those that close with a gated unit. The default joins
+ * them for one row (a step at batch 1) and leaves them to the search at more. */
+static int norm_led_segments(const graph *g, int *glus) {
     static int spans[MAX_SEGMENTS][2];
     const int n = default_segments(g, spans, MAX_SEGMENTS);
     int found = 0;
+    *glus = 0;
     for (int k = 0; k < n; k++) {
-        const op_kind kind = g->ops[spans[k][0]].kind;
-        found += (kind == OP_LAYERNORM || kind == OP_RMSNORM) && spans[k][1] > 1;
+        const int first = spans[k][0], len = spans[k][1];
+        const op_kind kind = g->ops[first].kind;
+        if ((kind != OP_LAYERNORM && kind != OP_RMSNORM) || len < 2)
+            continue;
+        found++;
+        *glus += g->ops[first + len - 1].kind == OP_GLU;
+        int ops[FUSION_MAX_OPS];
+        for (int i = 0; i < len; i++)
+            ops[i] = first + i;
+        fusion_match m;
+        fusion_template_id t = FUSION_T_COUNT;
+        stof_error err = {0};
+        CHECK_EQ_INT(fusion_match_segment(g, ops, len, &m, &err), STOF_OK);
+        CHECK_EQ_INT(exec_segment_template(g, first, len, &m, &t, &err), STOF_OK);
+        CHECK_MSG(t == FUSION_T_GEMV, "segment #%d of %d ops: template %d", first, len, (int)t);
     }
     return found;
+}
+
+/* A decode step at batch 1 by default: every norm joined to the GEMM after it and that GEMM's
+ * epilogue or gated unit, on gemv. */
+static void check_one_row_joins(const tiny *t, int glu_layers) {
+    graph ctx;
+    gen_decoder d;
+    stof_error err = {0};
+    int rc = build(t, 1, CONTEXT, "dtype=fp16", &ctx, &err);
+    if (!rc && !(rc = gen_decoder_build(&ctx, &d, &err))) {
+        int glus = 0;
+        CHECK_EQ_INT(norm_led_segments(&d.g, &glus), 2 * t->n_layers + 1);
+        CHECK_EQ_INT(glus, glu_layers);
+        gen_decoder_free(&d);
+    }
+    if (!rc)
+        graph_free(&ctx);
+    CHECK_MSG(rc == STOF_OK, "%s at batch 1: %s", t->name, err.msg);
 }
 
 /* A rotary op that does not rotate what the decode attention after it reads, or not by a
@@ -419,8 +452,8 @@ static void check_rotary_fused(const tiny *t) {
                 int glus = 0;
                 CHECK_EQ_INT(norm_prologues(&d.g, &glus), 2 * t->n_layers + 1);
                 CHECK_EQ_INT(glus, rotary ? t->n_layers : 0); /* mistral's SwiGLU */
-                CHECK_EQ_INT(norm_led_segments(&d.g), 0);
-                CHECK_EQ_INT(norm_led_segments(&pass), 0);
+                CHECK_EQ_INT(norm_led_segments(&d.g, &glus), 0);
+                CHECK_EQ_INT(norm_led_segments(&pass, &glus), 0);
                 graph_free(&pass);
             }
             gen_decoder_free(&d);
@@ -429,6 +462,7 @@ static void check_rotary_fused(const tiny *t) {
     }
     CHECK_MSG(rc == STOF_OK, "%s: %s", t->name, err.msg);
     graph_free(&fwd);
+    check_one_row_joins(t, rotary ? t->n_layers : 0);
 }
 
 /* The prefill pass: the model up to its last attention, each attention storing into caches

@@ -65,11 +65,11 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
 /* The order exec_segment_template tries templates in: gemm_ln before gemm_epilogue, so that a
  * GEMM closing with a norm, which both match, gets by default the kernel that runs on every
  * architecture (gemm_epilogue's norm is its sm_90 build's; the search measures both); then by
- * id. gemv goes first for one row of outputs whose width is no multiple of 8 (a vocabulary's
- * head at batch 1): there it read the weights faster than cuBLASLt, the one other template that
- * takes such widths (50257 x 768 fp16 from memory on an H200: 28.6 against 37.2 us).
- * Elsewhere, with the weights in memory, cuBLASLt was as fast or faster (bench/RESULTS.md), so
- * gemv is left to the search. */
+ * id. gemv goes first for one row (a decode step at batch 1): there it reads the weights with
+ * the norm ahead and the gated unit after it joined (one_row_joins), and a vocabulary's head,
+ * whose width no tensor-core template takes but cuBLASLt, faster than cuBLASLt (50257 x 768 fp16
+ * from memory on an H200: 28.6 against 37.2 us). At more rows its FMAs bind and the tensor-core
+ * templates are faster (bench/RESULTS.md): gemv is left to the search there. */
 static void default_order(int gemv_first, fusion_template_id order[FUSION_T_COUNT]) {
     int n = 0;
     if (gemv_first)
@@ -85,7 +85,7 @@ int exec_segment_template(const graph *g, int first, int n, const fusion_match *
     char why[768] = "", name[256];
     size_t len = 0;
     fusion_template_id order[FUSION_T_COUNT];
-    default_order(m->dims.m == 1 && m->dims.n % 8 != 0, order);
+    default_order(m->dims.m == 1, order);
     for (int i = 0; i < FUSION_T_COUNT; i++) {
         const fusion_template_id k = order[i];
         if (!fusion_match_has(m, (fusion_template_id)k))
@@ -141,14 +141,22 @@ int exec_segment_twin(const exec_plan *p, int s) {
 
 /* ---- the default scheme ------------------------------------------------------------------------ */
 
+/* Whether ops first .. first + n - 1 make a segment of one row that gemv runs. */
+static int one_row_segment(const graph *g, int first, int n) {
+    int ops[FUSION_MAX_OPS];
+    for (int k = 0; k < n; k++)
+        ops[k] = first + k;
+    fusion_match m;
+    return fusion_match_segment(g, ops, n, &m, NULL) == STOF_OK && m.dims.m == 1 &&
+           fusion_match_has(&m, FUSION_T_GEMV) &&
+           exec_segment_supports(g, first, n, &m, FUSION_T_GEMV, NULL) == STOF_OK;
+}
+
 /* Whether op `next` may join a segment that op `head` opened, by the greedy
  * rule: a GEMM takes bias, activation and add; an MI chain takes bias, add,
  * activation and norm; a rotary op goes into the attention after it (a decode step's: the
  * template check that follows refuses the others). A norm ahead of a GEMM and a gated unit
- * after one (gemv's prologue and GLU, a decode step's few rows) are left to the search: joined
- * by default, a whole step was slower than cuBLASLt with the norms and gated units apart
- * (the Mistral-shaped 1B at batch 1: 1.047 against 0.971 ms; at batch 8, 2.39 against 0.98;
- * bench/RESULTS.md). */
+ * after one join only for one row (one_row_joins); at more rows they are left to the search. */
 static int greedy_joins(op_kind head, op_kind next) {
     int epilogue = next == OP_BIAS || next == OP_ADD || next == OP_GELU || next == OP_RELU;
     if (head == OP_ROTARY)
@@ -158,6 +166,26 @@ static int greedy_joins(op_kind head, op_kind next) {
     if (op_describe(head)->cls == OP_CLASS_MI && head != OP_EMBEDDING && head != OP_SOFTMAX)
         return epilogue || next == OP_LAYERNORM || next == OP_RMSNORM;
     return 0;
+}
+
+static int is_norm(op_kind k) {
+    return k == OP_LAYERNORM || k == OP_RMSNORM;
+}
+
+/* Whether op head + len may join the segment of ops head .. head + len - 1 beyond the greedy
+ * rule, where the segment runs one row (M = 1, a decode step at batch 1) on gemv: a norm ahead
+ * of a GEMM, then the GEMM's epilogue or gated unit. gemv stages the normalized row once a
+ * block and reads the weights as it would alone, so the norm's and the gated unit's own kernels
+ * and their waits go (the Mistral-shaped 1B's step: 0.931 -> 0.911 ms, gpt2's 0.427 -> 0.406;
+ * at batch 8 gemv's FMAs bind and joined steps were 2.5x slower: bench/RESULTS.md). */
+static int one_row_joins(const graph *g, int head, int len) {
+    const op_kind next = g->ops[head + len].kind;
+    const int gemm_at = is_norm(g->ops[head].kind) ? 1 : 0;
+    if (len == gemm_at) /* the norm: a GEMM after it */
+        return next == OP_GEMM && one_row_segment(g, head, len + 1);
+    if (len <= gemm_at || g->ops[head + gemm_at].kind != OP_GEMM)
+        return 0;
+    return (greedy_joins(OP_GEMM, next) || next == OP_GLU) && one_row_segment(g, head, len + 1);
 }
 
 /* Whether op i is a residual add whose sum only the norm after it reads (a post-norm layer:
@@ -194,8 +222,10 @@ int exec_default_scheme(const graph *g, const exec_seq *seq, fusion_scheme *s, s
     int n_segs = 0;
     for (int i = 0; i < seq->n;) {
         int head = seq->first + i, len = 1;
-        while (i + len < seq->n && greedy_joins(g->ops[head].kind, g->ops[head + len].kind) &&
-               !(g->ops[head].kind == OP_GEMM &&
+        while (i + len < seq->n &&
+               (greedy_joins(g->ops[head].kind, g->ops[head + len].kind) ||
+                one_row_joins(g, head, len)) &&
+               !(g->ops[head + (is_norm(g->ops[head].kind) && len > 1)].kind == OP_GEMM &&
                  post_norm_add(g, head + len, seq->first + seq->n - 1)) &&
                segment_runs(g, head, len + 1))
             len++;

@@ -3,6 +3,7 @@
  * x's rows (a pre-norm model's), the weights streamed once. With [N, K] weights its N may be any
  * width (a vocabulary). */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "core/base/error.h"
 #include "core/exec/gemm/gemm_template.h"
@@ -46,9 +47,11 @@ static int smallest_rows(int64_t m) {
 
 /* Enough blocks to keep the memory busy on an H100 / H200 (132 SMs): every row of the block's
  * x in one pass (ROWS >= M), and the loads of a whole K in flight where registers allow.
- * [N, K]: one output a warp of four (two from five rows on, which halves the conversions of x
- * a weight takes; two with a GLU, an output's pair), eight loads a lane; [K, N]: the widest column slice of 64, 32 or 16 leaving
- * at least 128 blocks, eight warps. */
+ * [N, K]: one output a warp (two from five rows on, which halves the conversions of x a weight
+ * takes; two with a GLU, an output's pair); at one row eight warps a block and sixteen loads a
+ * lane for a K of 4096 or more (a down projection's 8192 in two rounds, not four), else four
+ * warps and eight loads. [K, N]: the widest column slice of 64, 32 or 16 leaving at least 128
+ * blocks, eight warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
     v[0] = smallest_rows(p->m);
@@ -63,9 +66,10 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
         v[3] = v[0] >= 16 ? 4 : 8;
         return;
     }
-    v[2] = 4;
-    v[1] = p->m <= 4 && !p->glu_act ? 4 : 8; /* with a GLU two features a warp: a pair */
-    v[3] = v[0] >= 16 ? 4 : 8;
+    const int outs = p->m <= 4 && !p->glu_act ? 1 : 2; /* with a GLU two features a warp */
+    v[2] = p->m == 1 ? 8 : 4;
+    v[1] = v[2] * outs;
+    v[3] = v[0] >= 16 ? 4 : p->m == 1 && outs == 1 && p->k >= 4096 ? 16 : 8;
 }
 
 static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
@@ -89,14 +93,30 @@ static void gemv_describe_extra(const gemm_exec_problem *p, char *buf, size_t n)
 }
 
 /* Column slices of BLOCK_N (with a GLU, BLOCK_N / 2 outputs and their pairs), times row groups
- * of ROWS. */
+ * of ROWS: [K, N], a block each (grid y the row groups); [N, K], the tiles of a persistent grid
+ * (one dimension, capped by the plan at the blocks the GPU holds; gemv_persistent). */
 static void gemv_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     (void)c;
     const gemm_exec_problem *p = &plan->problem;
-    plan->grid[0] = (unsigned)(p->glu_act ? gemm_ceil_div(p->n / 2, plan->values[1] / 2)
-                                          : gemm_ceil_div(p->n, plan->values[1]));
-    plan->grid[1] = (unsigned)gemm_ceil_div(p->m, plan->values[0]);
+    const int64_t slices = p->glu_act ? gemm_ceil_div(p->n / 2, plan->values[1] / 2)
+                                      : gemm_ceil_div(p->n, plan->values[1]);
+    const int64_t groups = gemm_ceil_div(p->m, plan->values[0]);
+    if (p->weight_kn) {
+        plan->grid[0] = (unsigned)slices;
+        plan->grid[1] = (unsigned)groups;
+    } else {
+        plan->grid[0] = (unsigned)(slices * groups);
+    }
     plan->block[0] = (unsigned)plan->values[2] * 32;
+}
+
+/* [N, K]: x's rows of a row group staged in shared memory, ROWS (or M, if fewer) rows of K. */
+static size_t gemv_smem(const gemm_exec_problem *p, const int *v) {
+    return p->weight_kn ? 0 : stof_gemv_smem(v[0], p->m, p->k, stof_dtype_size(p->dtype));
+}
+
+static int gemv_persistent(const gemm_exec_problem *p) {
+    return !p->weight_kn;
 }
 
 const gemm_template gemm_template_gemv = {
@@ -107,7 +127,9 @@ const gemm_template gemm_template_gemv = {
     .row_reduce = no_row_reduce,
     .defaults = gemv_defaults,
     .defines = gemv_defines,
+    .smem = gemv_smem,
     .launch_shape = gemv_launch_shape,
+    .persistent = gemv_persistent,
     .residual_at = GEMM_RESIDUAL_AFTER_ACT,
     .describe_extra = gemv_describe_extra,
 };

@@ -1,10 +1,10 @@
 // A GEMM of a few rows (a decode step's one token a sequence) as a matrix-vector product:
-// y[m, n] = epilogue(sum_k x[m, k] w[n, k]) for the ROWS rows of x a block takes (grid y
-// covers M), every weight element read once from memory by one thread and used for all those
+// y[m, n] = epilogue(sum_k x[m, k] w[n, k]) for the ROWS rows of x a block takes at a time,
+// every weight element read once from memory by one thread and used for all those
 // rows. At one to sixteen rows the weights are nearly all the bytes moved, and tensor-core
 // tiles made for hundreds of rows (gemm_epilogue.cu, cuBLASLt) leave most of a tile empty and
 // too few blocks to keep the memory busy; here every thread has UNROLL weight loads of 16
-// bytes in flight, and the block asks L2 for its whole slice of the weights before it waits
+// bytes in flight, and the block asks L2 for its (first) slice of the weights before it waits
 // for the previous kernel (the weights do not depend on it).
 //
 // [N, K] weights (K contiguous): each warp owns OUTS = BLOCK_N / WARPS outputs; its lanes walk

@@ -206,8 +206,9 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
     if (rows * outs + unroll * outs * 4 + outs * 8 > regs)
         return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d: over %d "
                        "registers (%d warps)", rows, outs, unroll, regs, warps);
-    return check_smem("gemv's staged rows of x", stof_gemv_smem(rows, d->m, d->k, d->elem_bytes),
-                      limit, err);
+    /* beside the staged rows, the kernel's static statistics: two floats a row */
+    return check_smem("gemv's staged rows of x",
+                      stof_gemv_smem(rows, d->m, d->k, d->elem_bytes) + 8LL * rows, limit, err);
 }
 
 /* SPLITS, WARPS (kernels/attention_decode.cu): a CTA's shared memory holds every warp's O of

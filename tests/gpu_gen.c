@@ -273,10 +273,11 @@ static void run_model(exec_ctx *ctx, const tiny *t, int batch) {
     if (rc)
         return;
     static const int one_len = LONGEST - 2;
+    const int one = batch == 1; /* other weights and prompts than the ragged batch's */
     int32_t ids[BATCH * LONGEST];
     for (int k = 0; k < batch * LONGEST; k++)
-        ids[k] = (k * 37 + 11 + batch) % VOCAB;
-    gen_model m = {&prefill, &context, weights_source_seeded(7 + batch), &info};
+        ids[k] = (k * 37 + 11 + one) % VOCAB;
+    gen_model m = {&prefill, &context, weights_source_seeded(7 + one), &info};
     gen_prompts p = {batch, ids, LONGEST, batch == 1 ? &one_len : LENS};
     gen_options o = gen_options_default(NEW);
     gen_result cpu, gpu;

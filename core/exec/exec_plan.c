@@ -176,8 +176,9 @@ static int is_norm(op_kind k) {
  * rule, where the segment runs one row (M = 1, a decode step at batch 1) on gemv: a norm ahead
  * of a GEMM, then the GEMM's epilogue or gated unit. gemv stages the normalized row once a
  * block and reads the weights as it would alone, so the norm's and the gated unit's own kernels
- * and their waits go (the Mistral-shaped 1B's step: 0.931 -> 0.911 ms, gpt2's 0.427 -> 0.406;
- * at batch 8 gemv's FMAs bind and joined steps were 2.5x slower: bench/RESULTS.md). */
+ * and their waits go (on an H200 the Mistral-shaped 1B's step 0.921 -> 0.836 ms, gpt2's
+ * 0.428 -> 0.405; at batch 8 gemv's FMAs bind and joined steps were 2.5x slower:
+ * bench/RESULTS.md). */
 static int one_row_joins(const graph *g, int head, int len) {
     const op_kind next = g->ops[head + len].kind;
     const int gemm_at = is_norm(g->ops[head].kind) ? 1 : 0;

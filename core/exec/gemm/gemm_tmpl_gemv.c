@@ -3,7 +3,6 @@
  * x's rows (a pre-norm model's), the weights streamed once. With [N, K] weights its N may be any
  * width (a vocabulary). */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "core/base/error.h"
 #include "core/exec/gemm/gemm_template.h"
@@ -38,6 +37,10 @@ static int no_row_reduce(const gemm_exec_problem *p) {
     return 0;
 }
 
+/* What the default setting stages of x at most: within every architecture's shared memory a
+ * block (99 KiB on sm_86 and sm_89), two blocks an SM on sm_90. */
+#define GEMV_STAGED_BYTES (96 * 1024)
+
 static int smallest_rows(int64_t m) {
     int rows = 1;
     while (rows < m)
@@ -47,7 +50,7 @@ static int smallest_rows(int64_t m) {
 
 /* Enough blocks to keep the memory busy on an H100 / H200 (132 SMs): every row of the block's
  * x in one pass (ROWS >= M), and the loads of a whole K in flight where registers allow.
- * [N, K]: one output a warp (two from five rows on, which halves the conversions of x a weight
+ * [N, K]: x's staged rows within 96 KiB; one output a warp (two from five rows on, which halves the conversions of x a weight
  * takes; two with a GLU, an output's pair); at one row eight warps a block and sixteen loads a
  * lane for a K of 4096 or more (a down projection's 8192 in two rounds, not four), else four
  * warps and eight loads. [K, N]: the widest column slice of 64, 32 or 16 leaving at least 128
@@ -55,6 +58,11 @@ static int smallest_rows(int64_t m) {
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
     v[0] = smallest_rows(p->m);
+    /* [N, K]: the staged rows of x within GEMV_STAGED_BYTES, fewer rows a pass where they are
+     * long (16 rows of a down projection's 8192 would need 256 KiB) */
+    while (!p->weight_kn && v[0] > 1 &&
+           stof_gemv_smem(v[0], p->m, p->k, (int)stof_dtype_size(p->dtype)) > GEMV_STAGED_BYTES)
+        v[0] /= 2;
     if (p->weight_kn) {
         v[1] = 16;
         for (int w = 64; w > 16; w /= 2)

@@ -140,10 +140,11 @@ static int capture_step(gpu_run *g, stof_error *err) {
                                 "cuGraphInstantiate(decode step)", err);
 }
 
-/* The default scheme cuts a step's GEMMs as a prefill's, into tiles made for thousands of
- * rows; a step has one row a sequence, where cuBLASLt's own choice reads the weights with
- * more blocks. Every gemm_epilogue segment cuBLASLt can run goes to it (the rest keep the
- * default, a vocabulary's head at batch 1 gemv): until the step is tuned, the better default. */
+/* The default scheme cuts a step's GEMMs of several rows as a prefill's, into tiles made for
+ * thousands of rows; a step has one row a sequence, where cuBLASLt's own choice reads the
+ * weights with more blocks. Every gemm_epilogue segment cuBLASLt can run goes to it (the rest
+ * keep the default; at batch 1 every GEMM is already gemv's, with the norms and gated units
+ * joined): until the step is tuned, the better default. */
 static int prefer_cublaslt(exec_plan *xp, const graph *g, stof_error *err) {
     for (int s = 0; s < xp->n_segs; s++) {
         const exec_segment *seg = &xp->segs[s];

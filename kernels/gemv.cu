@@ -22,11 +22,12 @@
 // The epilogue is gemm_epilogue's: + bias[n] (HAS_BIAS), the activation (ACT), + residual[m, n]
 // (HAS_RESIDUAL), rounded once. Sums are fp32. With PROLOGUE_NORM the block first finds its
 // rows' statistics (a warp a row; two passes over x, as mi_chain.cu: the mean, then the squared
-// deviations; RMSNorm the mean square), and every x value is normalized as it is read, gamma
-// (and beta) applied and the result rounded to the dtype, as the norm op would have stored it.
-// [K, N]: x is read through L1 (each block reads it whole). The weights bypass L1. With [N, K] weights N may be any width (a vocabulary), and y,
-// the bias and the residual are accessed an element at a time; with [K, N] weights N is a
-// multiple of 8. K is a multiple of 8; rows m >= M are neither read nor written.
+// deviations; RMSNorm the mean square), and every x value is normalized (gamma and beta applied,
+// the result rounded to the dtype, as the norm op would have stored it): [N, K] as it is staged,
+// [K, N] as it is read. [K, N] reads x through L1 (each block reads it whole); the weights
+// bypass L1. With [N, K] weights N may be any width (a vocabulary), and y, the bias and the
+// residual are accessed an element at a time; with [K, N] weights N is a multiple of 8. K is a
+// multiple of 8; rows m >= M are neither read nor written.
 #include "common.cuh"
 #include "gemm_abi.cuh"
 #include "vec_chunk.cuh"

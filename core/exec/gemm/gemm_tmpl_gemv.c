@@ -49,17 +49,16 @@ static int smallest_rows(int64_t m) {
 }
 
 /* Enough blocks to keep the memory busy on an H100 / H200 (132 SMs): every row of the block's
- * x in one pass (ROWS >= M), and the loads of a whole K in flight where registers allow.
- * [N, K]: x's staged rows within 96 KiB; one output a warp (two from five rows on, which halves the conversions of x a weight
- * takes; two with a GLU, an output's pair); at one row eight warps a block and sixteen loads a
- * lane for a K of 4096 or more (a down projection's 8192 in two rounds, not four), else four
- * warps and eight loads. [K, N]: the widest column slice of 64, 32 or 16 leaving at least 128
- * blocks, eight warps. */
+ * x in one pass (ROWS >= M) where [N, K]'s staged rows of x stay within GEMV_STAGED_BYTES, and
+ * the loads of a whole K in flight where registers allow. [N, K]: one output a warp (two from
+ * five rows on, which halves the conversions of x a weight takes; two with a GLU, an output's
+ * pair); at one row eight warps a block and sixteen loads a lane for a K of 4096 or more (a
+ * down projection's 8192 in two rounds, not four), else four warps and eight loads. [K, N]:
+ * the widest column slice of 64, 32 or 16 leaving at least 128 blocks, eight warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
     v[0] = smallest_rows(p->m);
-    /* [N, K]: the staged rows of x within GEMV_STAGED_BYTES, fewer rows a pass where they are
-     * long (16 rows of a down projection's 8192 would need 256 KiB) */
+    /* fewer rows a pass where they are long (16 rows of a down projection's 8192: 256 KiB) */
     while (!p->weight_kn && v[0] > 1 &&
            stof_gemv_smem(v[0], p->m, p->k, (int)stof_dtype_size(p->dtype)) > GEMV_STAGED_BYTES)
         v[0] /= 2;

@@ -66,7 +66,7 @@ int exec_segment_supports(const graph *g, int first, int n, const fusion_match *
  * GEMM closing with a norm, which both match, gets by default the kernel that runs on every
  * architecture (gemm_epilogue's norm is its sm_90 build's; the search measures both); then by
  * id. gemv goes first for one row (a decode step at batch 1): there it reads the weights with
- * the norm ahead and the gated unit after it joined (one_row_joins), and a vocabulary's head,
+ * the norm ahead and the gated unit after it joined (one_row_kinds), and a vocabulary's head,
  * whose width no tensor-core template takes but cuBLASLt, faster than cuBLASLt (50257 x 768 fp16
  * from memory on an H200: 28.6 against 37.2 us). At more rows its FMAs bind and the tensor-core
  * templates are faster (bench/RESULTS.md): gemv is left to the search there. */
@@ -141,22 +141,19 @@ int exec_segment_twin(const exec_plan *p, int s) {
 
 /* ---- the default scheme ------------------------------------------------------------------------ */
 
-/* Whether ops first .. first + n - 1 make a segment of one row that gemv runs. */
-static int one_row_segment(const graph *g, int first, int n) {
+/* fusion_match_segment of ops first .. first + n - 1. */
+static int match_span(const graph *g, int first, int n, fusion_match *m) {
     int ops[FUSION_MAX_OPS];
     for (int k = 0; k < n; k++)
         ops[k] = first + k;
-    fusion_match m;
-    return fusion_match_segment(g, ops, n, &m, NULL) == STOF_OK && m.dims.m == 1 &&
-           fusion_match_has(&m, FUSION_T_GEMV) &&
-           exec_segment_supports(g, first, n, &m, FUSION_T_GEMV, NULL) == STOF_OK;
+    return fusion_match_segment(g, ops, n, m, NULL) == STOF_OK;
 }
 
 /* Whether op `next` may join a segment that op `head` opened, by the greedy
  * rule: a GEMM takes bias, activation and add; an MI chain takes bias, add,
  * activation and norm; a rotary op goes into the attention after it (a decode step's: the
  * template check that follows refuses the others). A norm ahead of a GEMM and a gated unit
- * after one join only for one row (one_row_joins); at more rows they are left to the search. */
+ * after one join only for one row (one_row_kinds); at more rows they are left to the search. */
 static int greedy_joins(op_kind head, op_kind next) {
     int epilogue = next == OP_BIAS || next == OP_ADD || next == OP_GELU || next == OP_RELU;
     if (head == OP_ROTARY)
@@ -172,21 +169,20 @@ static int is_norm(op_kind k) {
     return k == OP_LAYERNORM || k == OP_RMSNORM;
 }
 
-/* Whether op head + len may join the segment of ops head .. head + len - 1 beyond the greedy
- * rule, where the segment runs one row (M = 1, a decode step at batch 1) on gemv: a norm ahead
- * of a GEMM, then the GEMM's epilogue or gated unit. gemv stages the normalized row once a
- * block and reads the weights as it would alone, so the norm's and the gated unit's own kernels
- * and their waits go (on an H200 the Mistral-shaped 1B's step 0.921 -> 0.836 ms, gpt2's
- * 0.428 -> 0.405; at batch 8 gemv's FMAs bind and joined steps were 2.5x slower:
- * bench/RESULTS.md). */
-static int one_row_joins(const graph *g, int head, int len) {
+/* Whether op head + len is of a kind that may join the segment of ops head .. head + len - 1
+ * beyond the greedy rule where the segment runs one row (M = 1, a decode step at batch 1) on
+ * gemv (joins checks that): a norm ahead of a GEMM, then the GEMM's epilogue or gated unit.
+ * gemv stages the normalized row once a block and reads the weights as it would alone, so the
+ * norm's and the gated unit's own kernels and their waits go (on an H200 the Mistral-shaped
+ * 1B's step 0.921 -> 0.836 ms, gpt2's 0.428 -> 0.405; at batch 8 gemv's FMAs bind and joined
+ * steps were 2.5x slower: bench/RESULTS.md). */
+static int one_row_kinds(const graph *g, int head, int len) {
     const op_kind next = g->ops[head + len].kind;
     const int gemm_at = is_norm(g->ops[head].kind) ? 1 : 0;
     if (len == gemm_at) /* the norm: a GEMM after it */
-        return next == OP_GEMM && one_row_segment(g, head, len + 1);
-    if (len <= gemm_at || g->ops[head + gemm_at].kind != OP_GEMM)
-        return 0;
-    return (greedy_joins(OP_GEMM, next) || next == OP_GLU) && one_row_segment(g, head, len + 1);
+        return next == OP_GEMM;
+    return len > gemm_at && g->ops[head + gemm_at].kind == OP_GEMM &&
+           (greedy_joins(OP_GEMM, next) || next == OP_GLU);
 }
 
 /* Whether op i is a residual add whose sum only the norm after it reads (a post-norm layer:
@@ -197,22 +193,28 @@ static int one_row_joins(const graph *g, int head, int len) {
  * plans, which split them there, were under. In a pre-norm layer the sum is the residual
  * stream, stored either way, and the GEMM keeps the add. */
 static int post_norm_add(const graph *g, int i, int last) {
-    if (i + 1 > last || g->ops[i].kind != OP_ADD ||
-        (g->ops[i + 1].kind != OP_LAYERNORM && g->ops[i + 1].kind != OP_RMSNORM))
+    if (i + 1 > last || g->ops[i].kind != OP_ADD || !is_norm(g->ops[i + 1].kind))
         return 0;
-    int ops[2] = {i, i + 1};
     fusion_match m;
-    return fusion_match_segment(g, ops, 2, &m, NULL) == STOF_OK && !m.store_pre_norm;
+    return match_span(g, i, 2, &m) && !m.store_pre_norm;
 }
 
-static int segment_runs(const graph *g, int first, int n) {
-    int ops[FUSION_MAX_OPS];
-    for (int k = 0; k < n; k++)
-        ops[k] = first + k;
+/* Whether op head + len joins the segment of ops head .. head + len - 1 of sequence seq: by the
+ * greedy rule, or as one_row_kinds says where the longer segment runs one row on gemv; not a
+ * post-norm add after a GEMM; and a template runs the longer segment. */
+static int joins(const graph *g, const exec_seq *seq, int head, int len) {
+    const op_kind kind = g->ops[head].kind;
+    const int greedy = greedy_joins(kind, g->ops[head + len].kind);
+    if (!greedy && !one_row_kinds(g, head, len))
+        return 0;
+    if (g->ops[head + (is_norm(kind) && len > 1)].kind == OP_GEMM &&
+        post_norm_add(g, head + len, seq->first + seq->n - 1))
+        return 0;
     fusion_match m;
     fusion_template_id t;
-    return fusion_match_segment(g, ops, n, &m, NULL) == STOF_OK &&
-           exec_segment_template(g, first, n, &m, &t, NULL) == STOF_OK;
+    return match_span(g, head, len + 1, &m) &&
+           exec_segment_template(g, head, len + 1, &m, &t, NULL) == STOF_OK &&
+           (greedy || (m.dims.m == 1 && t == FUSION_T_GEMV));
 }
 
 int exec_default_scheme(const graph *g, const exec_seq *seq, fusion_scheme *s, stof_error *err) {
@@ -223,12 +225,7 @@ int exec_default_scheme(const graph *g, const exec_seq *seq, fusion_scheme *s, s
     int n_segs = 0;
     for (int i = 0; i < seq->n;) {
         int head = seq->first + i, len = 1;
-        while (i + len < seq->n &&
-               (greedy_joins(g->ops[head].kind, g->ops[head + len].kind) ||
-                one_row_joins(g, head, len)) &&
-               !(g->ops[head + (is_norm(g->ops[head].kind) && len > 1)].kind == OP_GEMM &&
-                 post_norm_add(g, head + len, seq->first + seq->n - 1)) &&
-               segment_runs(g, head, len + 1))
+        while (i + len < seq->n && joins(g, seq, head, len))
             len++;
         segs[n_segs++] = (fusion_segment){i, i + len - 1};
         i += len;

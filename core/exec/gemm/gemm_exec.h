@@ -127,9 +127,10 @@ void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int 
  * fewer than 3 stages keep mma.sync). */
 int gemm_exec_wgmma(const gemm_exec_problem *p, const int *values, const char *arch);
 
-/* Whether that wgmma build is the persistent one: no split of K, no norm.
- * Its grid is as many blocks as the GPU holds at once (plan creation asks
- * the driver), each looping over tiles. */
+/* Whether setting v's grid is persistent (the template's hook): as many
+ * blocks as the GPU holds at once (plan creation asks the driver), each
+ * looping over tiles. gemm_epilogue's wgmma build without a split of K or a
+ * norm; gemv with [N, K] weights. */
 int gemm_exec_persistent(const gemm_exec_problem *p, const int *values, const char *arch);
 
 /* What gemm_exec_check cannot see: a split of K (SPLIT_K > 1) and a closing

@@ -135,11 +135,9 @@ int gemm_exec_plan_create(gemm_exec_ctx *c, const gemm_exec_problem *p, const in
     const int cluster = gemm_exec_cluster(p, plan->values);
     if (!rc && cluster > 1)
         rc = cluster_fits(c, plan, cluster, err);
-    const gemm_template *row = gemm_template_get(p->tmpl);
-    if (!rc && (gemm_exec_persistent(p, plan->values, c->arch) ||
-                (row->persistent && row->persistent(p))))
+    if (!rc && gemm_exec_persistent(p, plan->values, c->arch))
         rc = persistent_grid(c, plan, err);
-    if (!rc && row->error_flag) {
+    if (!rc && gemm_template_get(p->tmpl)->error_flag) {
         rc = cuda_check(c->drv, c->drv->MemAlloc(&plan->d_error, sizeof(int32_t)),
                         "cuMemAlloc(embedding error flag)", err);
         const int32_t zero = 0;

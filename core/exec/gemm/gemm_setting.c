@@ -171,6 +171,11 @@ int gemm_exec_wgmma(const gemm_exec_problem *p, const int *v, const char *arch) 
     return row && row->wgmma ? row->wgmma(p, v, arch) : 0;
 }
 
+int gemm_exec_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {
+    const gemm_template *row = gemm_template_get(p->tmpl);
+    return row && row->persistent ? row->persistent(p, v, arch) : 0;
+}
+
 void gemm_exec_default_values(const gemm_exec_problem *p, const char *arch, int *v) {
     const gemm_template *row = gemm_template_get(p->tmpl);
     memset(v, 0, FUSION_MAX_PARAMS * sizeof *v);

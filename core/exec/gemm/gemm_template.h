@@ -48,10 +48,9 @@ typedef struct gemm_template {
     size_t (*smem)(const gemm_exec_problem *p, const int *v);
     /* Grid and block x (y and z are 1 beforehand). */
     void (*launch_shape)(const gemm_exec_ctx *c, gemm_exec_plan *plan);
-    /* Whether the grid is persistent beyond gemm_exec_persistent's builds: as many blocks
-     * as the GPU holds, at most one a tile of launch_shape's grid x, each looping over its
-     * tiles; NULL: never. */
-    int (*persistent)(const gemm_exec_problem *p);
+    /* Whether setting v's grid is persistent: as many blocks as the GPU holds, at most one a
+     * tile of launch_shape's grid, each looping over its tiles; NULL: never. */
+    int (*persistent)(const gemm_exec_problem *p, const int *v, const char *arch);
     /* Blocks a cluster; NULL: 1. */
     int (*cluster)(const gemm_exec_problem *p, const int *v);
     /* Whether setting v is a wgmma build (sm_90a, gemm_exec_wgmma); NULL: never. */

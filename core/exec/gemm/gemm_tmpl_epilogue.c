@@ -38,7 +38,8 @@ static int epilogue_wgmma(const gemm_exec_problem *p, const int *v, const char *
            stof_gemm_wgmma_shape(v[0], v[1], v[2], v[3], v[4]);
 }
 
-int gemm_exec_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {
+/* The persistent wgmma build: no split of K, no norm. */
+static int epilogue_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {
     return epilogue_wgmma(p, v, arch) && v[5] <= 1 && p->epi.norm == FUSION_NORM_NONE;
 }
 
@@ -187,5 +188,6 @@ const gemm_template gemm_template_epilogue = {
     .launch_shape = epilogue_launch_shape,
     .cluster = epilogue_cluster,
     .wgmma = epilogue_wgmma,
+    .persistent = epilogue_persistent,
     .residual_at = GEMM_RESIDUAL_AFTER_ACT,
 };

@@ -122,7 +122,9 @@ static size_t gemv_smem(const gemm_exec_problem *p, const int *v) {
     return p->weight_kn ? 0 : stof_gemv_smem(v[0], p->m, p->k, stof_dtype_size(p->dtype));
 }
 
-static int gemv_persistent(const gemm_exec_problem *p) {
+static int gemv_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {
+    (void)v;
+    (void)arch;
     return !p->weight_kn;
 }
 

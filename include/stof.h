@@ -135,7 +135,8 @@ typedef struct stof_tensor_ref {
 /* Weights already on the GPU, used in place (no copy): every weight the
  * model reads from a checkpoint, under the model's own names and layout
  * (stof_model_num_weights / stof_model_weight_info: a fused QKV projection
- * is one tensor), in its dtype, contiguous, 16-byte aligned device
+ * is one tensor; GPT-2's Conv1D weights, [in, out] in its checkpoint, are
+ * [out, in]), in its dtype, contiguous, 16-byte aligned device
  * pointers. Keep them alive and unchanged while the model runs. The CPU
  * reference cannot read them (stof_model_run_cpu says so). */
 STOF_API int stof_model_num_weights(const stof_model *m);

@@ -22,8 +22,11 @@
 --                    (optional at run time; right padding); rows past a sequence's
 --                    length are zeros before the head
 --
--- GPT-2's Conv1D weights are stored [in, out], so every projection is a GEMM
--- with kn = true. Weight names follow GPT2Model (wte.weight, h.N.attn.c_attn.weight, ...).
+-- GPT-2's Conv1D weights are stored [in, out]; they are declared [out, in] and read
+-- transposed from a checkpoint (m:weight's transposed), so every projection is a GEMM
+-- with [N, K] weights (nn.Linear's layout) as in the other models, and takes the same
+-- kernels (the decode step's gemv among them). Weight names follow GPT2Model
+-- (wte.weight, h.N.attn.c_attn.weight, ...).
 local c = stof.config
 local hf = require("hf")
 local p = stof.params{layers = 0, batch = 8, seq = 512, mask = "none", dtype = "fp16",
@@ -59,12 +62,13 @@ local function layernorm(prefix, x)
   return m:layernorm(x, g, b, {eps = eps, name = prefix})
 end
 
--- A Conv1D: weight [n_in, n_out], scaled by its fan-in (the default scale
--- follows the last dimension, which here is the fan-out).
+-- A Conv1D: the checkpoint's weight [n_in, n_out], transposed as it is read into
+-- [n_out, n_in] (nn.Linear's layout; the default scale follows the last dimension,
+-- the fan-in).
 local function conv1d(prefix, x, n_in, n_out)
-  local w = m:weight(prefix .. ".weight", {n_in, n_out}, {scale = 1 / math.sqrt(n_in)})
+  local w = m:weight(prefix .. ".weight", {n_out, n_in}, {transposed = true})
   local b = m:weight(prefix .. ".bias", {n_out})
-  return m:linear(x, w, b, {kn = true, name = prefix})
+  return m:linear(x, w, b, {name = prefix})
 end
 
 local ids = m:input("input_ids", {p.batch, p.seq}, {dtype = "int32", high = vocab})

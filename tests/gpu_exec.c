@@ -504,7 +504,8 @@ static void test_oom(gpu *gp) {
 
 /* Writes the weights of g drawn from seed as F32 checkpoint tensors: an
  * assembled weight as its parts (equal rows each, as the scripts' QKV and
- * KV projections are). */
+ * KV projections are), a weight read transposed as its transpose [K, N]
+ * (GPT-2's Conv1D). */
 static int export_weights(const graph *g, uint64_t seed, const char *path, stof_error *err) {
     int n = 0, cap = g->n_tensors * 3;
     safetensors_entry *e = calloc((size_t)cap, sizeof *e);
@@ -518,6 +519,16 @@ static int export_weights(const graph *g, uint64_t seed, const char *path, stof_
             break;
         weights_fill(x, seed, data[t]);
         const graph_source *s = graph_source_of(g, t);
+        if (s && s->transposed) {
+            float *kn = malloc(sizeof *kn * (size_t)graph_tensor_numel(x));
+            if (!kn)
+                break;
+            for (int64_t r = 0; r < x->shape[0]; r++)
+                for (int64_t c = 0; c < x->shape[1]; c++)
+                    kn[c * x->shape[0] + r] = data[t][r * x->shape[1] + c];
+            free(data[t]);
+            data[t] = kn;
+        }
         int parts = s ? s->n : 1;
         int64_t row = graph_tensor_numel(x) / x->shape[0], first = 0;
         for (int k = 0; k < parts && n < cap; k++, n++) {
@@ -528,6 +539,10 @@ static int export_weights(const graph *g, uint64_t seed, const char *path, stof_
                 e[n].shape[d] = x->shape[d];
             e[n].shape[0] = rows;
             first += rows;
+            if (s && s->transposed) {
+                e[n].shape[0] = x->shape[1];
+                e[n].shape[1] = x->shape[0];
+            }
         }
     }
     int rc = e && data ? safetensors_write(path, e, n, err) : STOF_ERR_NOMEM;

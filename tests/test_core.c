@@ -78,7 +78,8 @@ static void test_weights(void) {
 /* ---- weights filled on threads ---------------------------------------------------------- */
 
 /* A graph of weights and inputs of every dtype, sizes around WEIGHTS_CHUNK;
- * the first is bigger than a few chunks and not a multiple of one. */
+ * the first is bigger than a few chunks and not a multiple of one. The
+ * last is read transposed from a file (graph_set_source_transposed). */
 static void parallel_graph(graph *g) {
     static const struct {
         const char *name;
@@ -92,6 +93,7 @@ static void parallel_graph(graph *g) {
         {"l0.b", GRAPH_WEIGHT, STOF_F16, 1, WEIGHTS_CHUNK + 1},
         {"l0.ln", GRAPH_WEIGHT, STOF_F32, 1, WEIGHTS_CHUNK - 1},
         {"l1.w", GRAPH_WEIGHT, STOF_F16, 5, 7},
+        {"l1.conv", GRAPH_WEIGHT, STOF_BF16, 3, 5},
     };
     graph_init(g);
     stof_error err = {0};
@@ -106,6 +108,8 @@ static void parallel_graph(graph *g) {
         }
         int id;
         CHECK_MSG(graph_add_tensor(g, &t, &id, &err) == STOF_OK, "%s", err.msg);
+        if (strcmp(t.name, "l1.conv") == 0)
+            CHECK_MSG(graph_set_source_transposed(g, id, NULL, &err) == STOF_OK, "%s", err.msg);
     }
 }
 
@@ -235,6 +239,17 @@ static void test_weights_parallel_files(void) {
             v[i] = x->dtype == STOF_I32 ? (float)((int64_t)v[i] * 7 % 1000) : v[i] * -0.5f;
         safetensors_entry en = {.name = x->name, .ndim = x->ndim};
         memcpy(en.shape, x->shape, sizeof *x->shape * (size_t)x->ndim);
+        const graph_source *s = graph_source_of(&g, t);
+        if (s && s->transposed) { /* the file holds it [K, N] */
+            float *kn = malloc(sizeof *kn * (size_t)e);
+            for (int64_t r = 0; r < x->shape[0]; r++)
+                for (int64_t c = 0; c < x->shape[1]; c++)
+                    kn[c * x->shape[0] + r] = v[r * x->shape[1] + c];
+            free(v);
+            v = kn;
+            en.shape[0] = x->shape[1];
+            en.shape[1] = x->shape[0];
+        }
         if (x->dtype == STOF_I32) {
             int64_t *ids = malloc(sizeof *ids * (size_t)e);
             for (int64_t i = 0; i < e; i++)
@@ -269,6 +284,18 @@ static void test_weights_parallel_files(void) {
         /* with the inputs file only, the weights are seeded */
         weights_source inputs_only = {.seed = 3, .inputs = inf};
         check_many(&g, &inputs_only, pool, WEIGHTS_STORED, 0);
+
+        /* the transposed weight: element (r, c) is the file's (c, r), rounded to bf16 */
+        int conv = graph_find_tensor(&g, "l1.conv");
+        float file[15], got[15];
+        CHECK_EQ_INT(safetensors_read_f32(wf, safetensors_find(wf, "l1.conv", &err), file, &err),
+                     STOF_OK);
+        CHECK_EQ_INT(weights_source_values(&src, &g, conv, got, &err), STOF_OK);
+        int transposed = 1;
+        for (int r = 0; r < 3; r++)
+            for (int c = 0; c < 5; c++)
+                transposed &= got[r * 5 + c] == weights_round(STOF_BF16, file[c * 3 + r]);
+        CHECK(transposed);
 
         /* a weight the file lacks: the first such in the order given */
         graph_tensor extra = g.tensors[5];
@@ -329,6 +356,24 @@ static void test_graph_errors(void) {
     op.n_inputs = 3;
     CHECK_EQ_INT(op_add(&g, &op, &out, &err), STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "inputs");
+
+    /* a weight read transposed: 2-D, a weight, one source */
+    int64_t three[3] = {2, 4, 8};
+    int w2, w3;
+    t = tensor("w2", GRAPH_WEIGHT, 2, ok_shape);
+    CHECK_EQ_INT(graph_add_tensor(&g, &t, &w2, &err), STOF_OK);
+    t = tensor("w3", GRAPH_WEIGHT, 3, three);
+    CHECK_EQ_INT(graph_add_tensor(&g, &t, &w3, &err), STOF_OK);
+    CHECK_EQ_INT(graph_set_source_transposed(&g, w3, NULL, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "weight 'w3' is [2, 4, 8]: only a 2-D weight is read transposed");
+    CHECK_EQ_INT(graph_set_source_transposed(&g, 0, NULL, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "only weights");
+    CHECK_EQ_INT(graph_set_source_transposed(&g, w2, "conv.w", &err), STOF_OK);
+    const graph_source *src = graph_source_of(&g, w2);
+    CHECK(src && src->transposed && src->n == 1 && !src->row_offset &&
+          strcmp(graph_source_part(&g, src, 0), "conv.w") == 0);
+    CHECK_EQ_INT(graph_set_source_transposed(&g, w2, NULL, &err), STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "weight 'w2' already has its parts");
     graph_free(&g);
 }
 

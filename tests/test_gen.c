@@ -160,6 +160,23 @@ static void check_caches(const tiny *t, fixture *f) {
     }
     CHECK_EQ_INT(attn, d.n_layers);
     CHECK(others >= 1);
+    /* the step reads each weight from a file as the model does (GPT-2's Conv1D transposed) */
+    int transposed = 0, same = 1;
+    for (int w = 0; w < d.g.n_tensors; w++) {
+        if (d.g.tensors[w].role != GRAPH_WEIGHT || d.g.tensors[w].constant)
+            continue; /* the caches are the step's own */
+        int mw = graph_find_tensor(&f->context, d.g.tensors[w].name);
+        const graph_source *a = graph_source_of(&d.g, w);
+        const graph_source *b = mw >= 0 ? graph_source_of(&f->context, mw) : NULL;
+        same &= mw >= 0 && !a == !b;
+        same &= !a || !b || (a->n == b->n && a->row_offset == b->row_offset &&
+                             a->transposed == b->transposed &&
+                             strcmp(graph_source_part(&d.g, a, 0),
+                                    graph_source_part(&f->context, b, 0)) == 0);
+        transposed += a && a->transposed;
+    }
+    CHECK_MSG(same, "%s: the step's weight sources differ from the model's", t->name);
+    CHECK_EQ_INT(transposed, strcmp(t->script, "gpt2.lua") == 0 ? 4 * t->n_layers : 0);
     gen_decoder_free(&d);
 }
 

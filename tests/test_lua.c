@@ -2,6 +2,7 @@
  * describe (op counts, shapes, FLOPs, parameters), masks made in Lua equal
  * the same masks made in C, and every way a script can go wrong comes back
  * as an error with the script's line, never a crash. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,8 +255,8 @@ static void test_gpt2(void) {
     CHECK_EQ_INT(g.n_masks, 0);
     for (int i = 0; i < g.n_ops; i++) {
         const graph_op *op = &g.ops[i];
-        if (op->kind == OP_GEMM)
-            CHECK_EQ_INT(op->attr.gemm.weight_kn, 1);
+        if (op->kind == OP_GEMM) /* Conv1D weights read transposed: [N, K] */
+            CHECK_EQ_INT(op->attr.gemm.weight_kn, 0);
         if (op->kind == OP_GELU)
             CHECK_EQ_INT(op->attr.gelu.tanh, 1);
         if (op->kind == OP_ATTENTION) {
@@ -266,7 +267,12 @@ static void test_gpt2(void) {
             CHECK_NEAR(op->attr.norm.eps, 1e-5, 1e-12);
     }
     int w = graph_find_tensor(&g, "h.3.attn.c_attn.weight");
-    CHECK(w >= 0 && g.tensors[w].shape[0] == 768 && g.tensors[w].shape[1] == 2304);
+    CHECK(w >= 0 && g.tensors[w].shape[0] == 2304 && g.tensors[w].shape[1] == 768);
+    const graph_source *ws = w >= 0 ? graph_source_of(&g, w) : NULL;
+    CHECK(ws && ws->transposed && ws->n == 1 &&
+          strcmp(graph_source_part(&g, ws, 0), "h.3.attn.c_attn.weight") == 0);
+    /* the default scale follows the fan-in, the last dimension */
+    CHECK(w >= 0 && fabsf(g.tensors[w].init_scale - 1.0f / sqrtf(768.0f)) < 1e-7f);
     int wpe = graph_find_tensor(&g, "wpe.weight");
     CHECK(wpe >= 0 && g.tensors[wpe].shape[0] == 1024);
     CHECK(graph_find_tensor(&g, "ln_f.weight") >= 0);
@@ -930,6 +936,33 @@ static void test_messages(void) {
     EXPECT_ERROR("local m = stof.model{name = 't'}\n"
                  "local b = m:weight('b', {8}, {init = 'zeros', constant = true, rows_from = 2})\n",
                  "model.lua:2:", "a constant is read from no file");
+    /* transposed: one 2-D checkpoint tensor, nothing else about the file */
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {8}, {transposed = true})\n",
+                 "model.lua:2:", "weight 'w': transposed takes a 2-D weight [N, K] (read from a "
+                 "[K, N] checkpoint tensor), got 1 dimensions");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {2, 4, 8}, {transposed = true})\n",
+                 "model.lua:2:", "transposed takes a 2-D weight [N, K]");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {4, 8}, {transposed = true, rows_from = 2})\n",
+                 "model.lua:2:", "weight 'w': transposed does not go with rows_from");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {4, 8}, {transposed = true, from = {'a', 'b'}})\n",
+                 "model.lua:2:", "weight 'w': transposed reads one checkpoint tensor: from names "
+                 "at most one (got 2)");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {4, 8}, {transposed = true, from = {'a'},\n"
+                 "                                 from_rows = {4}})\n",
+                 "model.lua:2:", "from_rows does not go with it");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {4, 8}, {init = 'zeros', constant = true,\n"
+                 "                                 transposed = true})\n",
+                 "model.lua:2:", "a constant is read from no file (no from, rows_from, "
+                 "transposed)");
+    EXPECT_ERROR("local m = stof.model{name = 't'}\n"
+                 "local w = m:weight('w', {4, 8}, {transposed = 1})\n",
+                 "model.lua:2:", "transposed");
     /* A function that takes no options says so. */
     EXPECT_ERROR("local c = stof.mask.causal{x = 1}\n", "model.lua:1:",
                  "unknown option 'x' (it takes no options)");

@@ -178,9 +178,20 @@ static void test_errors(void) {
 
 #define SCRIPTS STOF_SOURCE_DIR "/scripts/"
 
+/* v [rows, cols] transposed in place (a scratch copy). */
+static void transpose_2d(float *v, int64_t rows, int64_t cols) {
+    float *t = malloc(sizeof *t * (size_t)(rows * cols));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            t[c * rows + r] = v[r * cols + c];
+    memcpy(v, t, sizeof *t * (size_t)(rows * cols));
+    free(t);
+}
+
 /* The graph's weights as a checkpoint would store them, from the values
  * seeded with seed: a weight assembled from parts as its parts (equal rows
- * each), a weight that is rows R.. of a tensor with R rows of 7 before it;
+ * each), a weight that is rows R.. of a tensor with R rows of 7 before it,
+ * a weight read transposed as its transpose (GPT-2's Conv1D [in, out]);
  * every name after prefix; into n_shards files (with an index) or one. */
 static void export_dir(const graph *g, uint64_t seed, const char *dir, const char *prefix,
                        int n_shards) {
@@ -208,6 +219,11 @@ static void export_dir(const graph *g, uint64_t seed, const char *dir, const cha
             data[n] = malloc(sizeof(float) * (size_t)(rows * row));
             memcpy(data[n], v + first * row, sizeof(float) * (size_t)(rows * row));
             first += rows;
+            if (src && src->transposed) {
+                transpose_2d(data[n], rows, row);
+                e[n].shape[0] = row;
+                e[n].shape[1] = rows;
+            }
             if (src && src->row_offset) {
                 int64_t off = src->row_offset;
                 float *wide = malloc(sizeof(float) * (size_t)((rows + off) * row));
@@ -426,6 +442,77 @@ static void check_dir_model(const char *name, const char *config, const char *sc
     graph_free(&g);
 }
 
+/* GPT-2's Conv1D weights are stored [in, out] (as transformers writes them, and export_dir
+ * does) and read transposed into the graph's [out, in]; the model's weights (its device
+ * layout) are [out, in]. A checkpoint that stores one [out, in] (nn.Linear's layout) is
+ * refused by name, with the shape expected and the one found. */
+static void check_gpt2_layout(void) {
+    const char *dir = WORK "gpt2-lm-tiny";
+    const char *params[] = {"batch=2", "seq=16", "dtype=fp32"};
+    graph gr, *g = &gr;
+    graph_init(g);
+    stof_error err = {0};
+    int rc = lua_api_build_dir(dir, NULL, params, 3, g, NULL, &err);
+    CHECK_MSG(rc == STOF_OK, "%s", err.msg);
+    stof_model *m = NULL;
+    if (!rc)
+        rc = stof_model_open(dir, params, 3, &m);
+    CHECK_MSG(rc == STOF_OK, "%s", stof_last_error());
+    if (rc) {
+        graph_free(g);
+        return;
+    }
+    int transposed = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const graph_source *s = graph_source_of(g, t);
+        transposed += s && s->transposed;
+    }
+    CHECK_EQ_INT(transposed, 8); /* c_attn, attn.c_proj, c_fc, mlp.c_proj of 2 layers */
+    for (int i = 0; i < stof_model_num_weights(m); i++) {
+        stof_tensor_info info;
+        CHECK_EQ_INT(stof_model_weight_info(m, i, &info), STOF_OK);
+        if (strcmp(info.name, "h.1.attn.c_attn.weight") == 0)
+            CHECK(info.ndim == 2 && info.shape[0] == 192 && info.shape[1] == 64);
+    }
+    safetensors_file *f = NULL;
+    CHECK_MSG(model_dir_weights_at(dir, &f, &err) == STOF_OK, "%s", err.msg);
+    weights_source src = {.seed = 5, .weights = f};
+    char line[1024];
+    weights_source_describe(&src, g, line, sizeof line);
+    CHECK_CONTAINS(line, ", 8 transposed");
+    /* the same tensors, h.1.attn.c_attn.weight [192, 64] */
+    safetensors_entry *e = f ? calloc((size_t)f->n, sizeof *e) : NULL;
+    void **data = f ? calloc((size_t)f->n, sizeof *data) : NULL;
+    for (int i = 0; e && data && i < f->n; i++) {
+        const safetensors_tensor *t = &f->tensors[i];
+        data[i] = malloc((size_t)(t->end - t->begin));
+        CHECK_EQ_INT(safetensors_read(f, i, data[i], &err), STOF_OK);
+        e[i] = (safetensors_entry){t->name, t->dtype, t->ndim, {0}, data[i]};
+        memcpy(e[i].shape, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
+        if (strcmp(t->name, "transformer.h.1.attn.c_attn.weight") == 0) {
+            e[i].shape[0] = t->shape[1];
+            e[i].shape[1] = t->shape[0];
+        }
+    }
+    const char *path = WORK "gpt2-linear-layout.safetensors";
+    if (e && data) {
+        CHECK_MSG(safetensors_write(path, e, f->n, &err) == STOF_OK, "%s", err.msg);
+        CHECK_EQ_INT(stof_model_set_weights(m, path), STOF_ERR_MISMATCH);
+        char want[512];
+        snprintf(want, sizeof want, "%s: tensor 'transformer.h.1.attn.c_attn.weight' is "
+                 "[192, 64], expected [64, 192] (weight 'h.1.attn.c_attn.weight' [192, 64] is "
+                 "its transpose)", path);
+        CHECK_MSG(strcmp(stof_last_error(), want) == 0, "%s", stof_last_error());
+    }
+    for (int i = 0; data && f && i < f->n; i++)
+        free(data[i]);
+    free(data);
+    free(e);
+    safetensors_close(f);
+    stof_model_free(m);
+    graph_free(g);
+}
+
 /* The decoders with their language-modelling heads: GPT-2 tied, GPT-Neo's local and global
  * layers (a window of 4 in 16 tokens), Mistral's grouped-query attention with a sliding window
  * of 5 and its own head, Llama tied and dense. */
@@ -435,6 +522,7 @@ static void test_dir_decoders(void) {
                     " \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50,"
                     " \"n_positions\": 32, \"layer_norm_epsilon\": 1e-5}",
                     "gpt2.lua", "transformer.", 1, 2);
+    check_gpt2_layout();
     check_dir_model("gpt-neo-tiny",
                     "{\"model_type\": \"gpt_neo\", \"architectures\": [\"GPTNeoForCausalLM\"],"
                     " \"hidden_size\": 64, \"num_layers\": 2, \"num_heads\": 2,"

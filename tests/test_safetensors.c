@@ -395,8 +395,23 @@ static void export_add(export_buf *b, const export_opts *o, const graph_tensor *
     b->data[b->n++] = data;
 }
 
+/* Weight t's values v [N, K] as a checkpoint that stores them [K, N] does. */
+static void export_transposed(export_buf *b, const export_opts *o, const graph_tensor *t,
+                              const char *name, const float *v) {
+    graph_tensor kn = *t;
+    kn.shape[0] = t->shape[1];
+    kn.shape[1] = t->shape[0];
+    float *w = malloc(sizeof *w * (size_t)graph_tensor_numel(t));
+    for (int64_t r = 0; r < t->shape[0]; r++)
+        for (int64_t c = 0; c < t->shape[1]; c++)
+            w[c * t->shape[0] + r] = v[r * t->shape[1] + c];
+    export_add(b, o, &kn, name, w, 0, kn.shape[0]);
+    free(w);
+}
+
 /* Writes the seeded values of g's tensors of o->role to path; an
- * assembled weight as its parts (equal rows each). */
+ * assembled weight as its parts (equal rows each), a weight read
+ * transposed as its transpose. */
 static void export_values(const graph *g, uint64_t seed, const char *path, const export_opts *o) {
     export_buf *b = calloc(1, sizeof *b);
     for (int t = 0; t < g->n_tensors; t++) {
@@ -407,11 +422,13 @@ static void export_values(const graph *g, uint64_t seed, const char *path, const
         weights_fill(x, seed, v);
         const graph_source *s = graph_source_of(g, t);
         int parts = s ? s->n : 1;
-        for (int k = 0, first = 0; k < parts; k++) {
+        for (int k = 0, first = 0; k < parts && !(s && s->transposed); k++) {
             int64_t rows = s ? s->part_rows[k] : x->shape[0];
             export_add(b, o, x, s ? graph_source_part(g, s, k) : x->name, v, first, rows);
             first += (int)rows;
         }
+        if (s && s->transposed)
+            export_transposed(b, o, x, graph_source_part(g, s, 0), v);
         free(v);
     }
     stof_error err = {0};
@@ -636,6 +653,135 @@ static void test_sources(void) {
     }
 }
 
+/* Weights read transposed (GPT-2's Conv1D [in, out] into [out, in]): the
+ * values, the shape the file must have, a part named by `from`, the element
+ * a bad value is at, and the output of a kn = true GEMM on the file's
+ * tensors as they are. */
+static void test_transposed(void) {
+    static const char *nk =
+        "local m = stof.model{name = 't', dtype = 'fp32'}\n"
+        "local x = m:input('x', {1, 2, 3})\n"
+        "local c = m:weight('c.weight', {4, 3}, {transposed = true})\n"
+        "local d = m:weight('d.weight', {4, 3}, {transposed = true, from = {'d.conv'}})\n"
+        "m:output(m:add(m:linear(x, c), m:gelu(m:linear(x, d))))\n"
+        "return m\n";
+    static const char *kn =
+        "local m = stof.model{name = 't', dtype = 'fp32'}\n"
+        "local x = m:input('x', {1, 2, 3})\n"
+        "local c = m:weight('c.weight', {3, 4})\n"
+        "local d = m:weight('d.conv', {3, 4})\n"
+        "m:output(m:add(m:linear(x, c, nil, {kn = true}),\n"
+        "               m:gelu(m:linear(x, d, nil, {kn = true}))))\n"
+        "return m\n";
+    graph g, gkn;
+    if (build(nk, &g))
+        return;
+    if (build(kn, &gkn)) {
+        graph_free(&g);
+        return;
+    }
+    int c = graph_find_tensor(&g, "c.weight"), d = graph_find_tensor(&g, "d.weight");
+    const graph_source *cs = graph_source_of(&g, c), *ds = graph_source_of(&g, d);
+    CHECK(cs && cs->transposed && strcmp(graph_source_part(&g, cs, 0), "c.weight") == 0);
+    CHECK(ds && ds->transposed && strcmp(graph_source_part(&g, ds, 0), "d.conv") == 0);
+    /* the file: [K, N] = [3, 4]; 'd.weight' [4, 3] too, which must not be read */
+    float cv[12], dv[12], decoy[12];
+    for (int i = 0; i < 12; i++) {
+        cv[i] = (float)i;
+        dv[i] = 100.0f + (float)i;
+        decoy[i] = -1.0f;
+    }
+    const char *path = WORK "st_transposed.safetensors";
+    safetensors_entry e[] = {{"c.weight", SAFETENSORS_F32, 2, {3, 4}, cv},
+                             {"d.conv", SAFETENSORS_F32, 2, {3, 4}, dv},
+                             {"d.weight", SAFETENSORS_F32, 2, {4, 3}, decoy}};
+    stof_error err = {0};
+    CHECK_EQ_INT(safetensors_write(path, e, 3, &err), STOF_OK);
+    safetensors_file *f = open_ok(path);
+    weights_source src = {.seed = 1, .weights = f};
+    CHECK_MSG(weights_source_check(&src, &g, &err) == STOF_OK, "%s", err.msg);
+    float got[2][12];
+    CHECK_EQ_INT(weights_source_values(&src, &g, c, got[0], &err), STOF_OK);
+    CHECK_EQ_INT(weights_source_values(&src, &g, d, got[1], &err), STOF_OK);
+    int ok = 1;
+    for (int n = 0; n < 4; n++)
+        for (int k = 0; k < 3; k++)
+            ok &= got[0][n * 3 + k] == cv[k * 4 + n] && got[1][n * 3 + k] == dv[k * 4 + n];
+    CHECK_MSG(ok, "the weights are not the file's tensors transposed");
+    /* many at once, on the caller's thread, as one by one */
+    float many[2][12];
+    int list[2] = {c, d};
+    void *out[2] = {many[0], many[1]};
+    CHECK_EQ_INT(weights_source_values_many(&src, &g, list, 2, WEIGHTS_FLOAT, out, NULL, &err),
+                 STOF_OK);
+    CHECK(memcmp(many, got, sizeof got) == 0);
+    char line[1024];
+    weights_source_describe(&src, &g, line, sizeof line);
+    printf("transposed:\n  %s\n", line);
+    CHECK_CONTAINS(line, "weights: 2 tensors from");
+    CHECK_CONTAINS(line, ", 2 transposed");
+    /* the same math as a kn = true GEMM on the file's tensors as they are */
+    weights_source kn_src = {.seed = 1, .weights = f};
+    float *want = test_reference(&gkn, &kn_src, &err);
+    float *y = test_reference(&g, &src, &err);
+    CHECK_MSG(want && y, "%s", err.msg);
+    CHECK(want && y && memcmp(want, y, sizeof *y * 8) == 0);
+    free(want);
+    free(y);
+    safetensors_close(f);
+
+    /* without a file the weight is seeded in its declared shape */
+    weights_source seeded = weights_source_seeded(3);
+    float a[12];
+    weights_fill(&g.tensors[c], 3, a);
+    CHECK_EQ_INT(weights_source_values(&seeded, &g, c, got[0], &err), STOF_OK);
+    CHECK(memcmp(a, got[0], sizeof a) == 0);
+
+    /* the file's tensor in the weight's own shape, or of 3 dims: refused by
+     * name, with the shape expected and the one found */
+    e[0].shape[0] = 4;
+    e[0].shape[1] = 3;
+    e[1].ndim = 3;
+    e[1].shape[0] = 1;
+    e[1].shape[1] = 3;
+    e[1].shape[2] = 4;
+    CHECK_EQ_INT(safetensors_write(path, e, 3, &err), STOF_OK);
+    f = open_ok(path);
+    src.weights = f;
+    CHECK_EQ_INT(weights_source_check(&src, &g, &err), STOF_ERR_MISMATCH);
+    printf("transposed: %s\n", err.msg);
+    CHECK_CONTAINS(err.msg, path);
+    CHECK_CONTAINS(err.msg, "2 problems");
+    CHECK_CONTAINS(err.msg, "tensor 'c.weight' is [4, 3], expected [3, 4] (weight 'c.weight' "
+                            "[4, 3] is its transpose)");
+    CHECK_CONTAINS(err.msg, "tensor 'd.conv' is [1, 3, 4], expected [3, 4] (weight 'd.weight' "
+                            "[4, 3] is its transpose)");
+    char want_msg[512];
+    snprintf(want_msg, sizeof want_msg, "%s: tensor 'c.weight' is [4, 3], expected [3, 4] "
+             "(weight 'c.weight' [4, 3] is its transpose)", path);
+    CHECK_EQ_INT(weights_source_values(&src, &g, c, got[0], &err), STOF_ERR_MISMATCH);
+    CHECK_MSG(strcmp(err.msg, want_msg) == 0, "%s", err.msg);
+    CHECK_EQ_INT(weights_source_values_many(&src, &g, list, 2, WEIGHTS_STORED, out, NULL, &err),
+                 STOF_ERR_MISMATCH);
+    CHECK_MSG(strcmp(err.msg, want_msg) == 0, "%s", err.msg);
+    safetensors_close(f);
+
+    /* a bad value is named at its element in the file's layout: [1][2] of the
+     * file is (2, 1) of the weight */
+    e[0].shape[0] = 3;
+    e[0].shape[1] = 4;
+    e[1] = (safetensors_entry){"d.conv", SAFETENSORS_F32, 2, {3, 4}, dv};
+    cv[6] = NAN;
+    CHECK_EQ_INT(safetensors_write(path, e, 3, &err), STOF_OK);
+    f = open_ok(path);
+    src.weights = f;
+    CHECK_EQ_INT(weights_source_values(&src, &g, c, got[0], &err), STOF_ERR_FORMAT);
+    CHECK_CONTAINS(err.msg, "tensor 'c.weight' holds NaN at element 6");
+    safetensors_close(f);
+    graph_free(&gkn);
+    graph_free(&g);
+}
+
 /* What once loaded silently wrong: bytes no tensor owns (a header length one
  * short shifts every tensor by a byte), values that are not finite or do
  * not fit the model's dtype; and a FIFO given as the file. */
@@ -786,6 +932,7 @@ int main(void) {
     test_model_from_file();
     test_problems();
     test_sources();
+    test_transposed();
     test_silently_wrong();
     test_attention_mask_input();
     return check_summary("test_safetensors");

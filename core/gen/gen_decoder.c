@@ -62,6 +62,9 @@ static int derive_weight(derive *x, int t, stof_error *err) {
         return rc;
     if (s->row_offset)
         return graph_set_source_rows(x->out, x->map[t], s->row_offset, err);
+    if (s->transposed)
+        return graph_set_source_transposed(x->out, x->map[t], graph_source_part(x->src, s, 0),
+                                           err);
     const char *parts[GRAPH_MAX_SOURCE_PARTS];
     for (int k = 0; k < s->n; k++)
         parts[k] = graph_source_part(x->src, s, k);

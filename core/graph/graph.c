@@ -357,7 +357,8 @@ int graph_set_source(graph *g, int tensor, const char *const *parts, const int64
                   sizeof *g->source_names, err);
     if (rc)
         return rc;
-    g->sources[g->n_sources] = (graph_source){tensor, g->n_source_names, n, 0, {0}};
+    g->sources[g->n_sources] = (graph_source){.tensor = tensor, .first = g->n_source_names,
+                                              .n = n};
     memcpy(g->sources[g->n_sources].part_rows, part_rows, sizeof part_rows[0] * (size_t)n);
     for (int k = 0; k < n; k++)
         snprintf(g->source_names[g->n_source_names++], GRAPH_NAME_MAX, "%s", parts[k]);
@@ -373,6 +374,20 @@ int graph_set_source_rows(graph *g, int tensor, int64_t rows, stof_error *err) {
     int rc = graph_set_source(g, tensor, &self, NULL, 1, err);
     if (!rc)
         g->sources[g->n_sources - 1].row_offset = rows;
+    return rc;
+}
+
+int graph_set_source_transposed(graph *g, int tensor, const char *part, stof_error *err) {
+    const graph_tensor *t = tensor >= 0 && tensor < g->n_tensors ? &g->tensors[tensor] : NULL;
+    if (t && t->role == GRAPH_WEIGHT && t->ndim != 2) {
+        char shape[160];
+        return err_set(err, STOF_ERR_INVALID, "weight '%s' is %s: only a 2-D weight is read "
+                       "transposed", t->name, graph_shape_str(t, shape, sizeof shape));
+    }
+    const char *name = part ? part : t ? t->name : "";
+    int rc = graph_set_source(g, tensor, &name, NULL, 1, err);
+    if (!rc)
+        g->sources[g->n_sources - 1].transposed = 1;
     return rc;
 }
 

@@ -72,7 +72,10 @@ typedef struct graph_source {
     int first, n;     /* its parts' names: graph.source_names[first .. first + n - 1] */
     int64_t row_offset; /* > 0: the weight is rows row_offset.. of its one part (RoBERTa's
                            position table starts at padding_idx + 1) */
-    int64_t part_rows[GRAPH_MAX_SOURCE_PARTS]; /* rows (dim 0) of each part, in order */
+    int64_t part_rows[GRAPH_MAX_SOURCE_PARTS]; /* rows (dim 0) of each part, in order
+                                                  (transposed: the weight's rows) */
+    int transposed;   /* 1: the weight [N, K] is the transpose of its one part, [K, N] in
+                         the checkpoint (GPT-2's Conv1D stores [in, out]) */
 } graph_source;
 
 typedef enum op_kind {
@@ -240,6 +243,12 @@ int graph_set_source(graph *g, int tensor, const char *const *parts, const int64
 /* Weight `tensor` is rows `rows`.. (dim 0) of the checkpoint tensor of its
  * own name, its shape[0] of them (rows >= 1; no other source). */
 int graph_set_source_rows(graph *g, int tensor, int64_t rows, stof_error *err);
+/* Weight `tensor`, 2-D [N, K], is the transpose of the checkpoint tensor
+ * `part` ([K, N]; NULL: the one of its own name); no other source. A file
+ * that stores a projection [in, out] (GPT-2's Conv1D) is transposed once
+ * as it is read, so the model's GEMMs take [N, K] weights (nn.Linear) as
+ * every other model's do. */
+int graph_set_source_transposed(graph *g, int tensor, const char *part, stof_error *err);
 /* The source of tensor t, or NULL when it is read under its own name. */
 const graph_source *graph_source_of(const graph *g, int t);
 /* Part k of source s. */

@@ -83,6 +83,7 @@ typedef struct weights_origin {
     const char *asked[GRAPH_MAX_SOURCE_PARTS]; /* the names looked up */
     size_t prefix_len[GRAPH_MAX_SOURCE_PARTS]; /* of the checkpoint prefix they were under */
     int64_t row_offset; /* > 0: the tensor is rows row_offset.. of its one part */
+    int transposed;     /* the tensor [N, K] is the transpose of its one part [K, N] */
 } weights_origin;
 
 static const safetensors_file *weights_file_of(const weights_source *src, const graph_tensor *t) {
@@ -150,6 +151,19 @@ static int weights_check_rows(const safetensors_file *f, const weights_origin *o
                    graph_shape_str(x, want, sizeof want), (long long)o->row_offset);
 }
 
+/* The one part is x [N, K] transposed: [K, N]. */
+static int weights_check_transposed(const safetensors_file *f, const weights_origin *o,
+                                    const graph_tensor *x, stof_error *err) {
+    const safetensors_tensor *p = &f->tensors[o->index[0]];
+    if (p->ndim == 2 && p->shape[0] == x->shape[1] && p->shape[1] == x->shape[0])
+        return STOF_OK;
+    char want[160], got[160];
+    return err_set(err, STOF_ERR_MISMATCH, "%s: tensor '%s' is %s, expected [%lld, %lld] (weight "
+                   "'%s' %s is its transpose)", f->path, p->name,
+                   safetensors_shape_str(p, got, sizeof got), (long long)x->shape[1],
+                   (long long)x->shape[0], x->name, graph_shape_str(x, want, sizeof want));
+}
+
 /* s: the source x is assembled from, or NULL when it is read whole. */
 static int weights_check_shape(const safetensors_file *f, const weights_origin *o,
                                const graph_tensor *x, const graph_source *s, stof_error *err) {
@@ -208,7 +222,8 @@ static int weights_find(const safetensors_file *f, const char *name, size_t *pre
 /* Finds the file tensors of t (nothing when its values are seeded) and
  * checks their dtypes and shapes; errors start with the file's path. A
  * weight with a source is read under its own name when the file has it
- * (a checkpoint stored fused), else assembled from the source's parts. */
+ * (a checkpoint stored fused), else assembled from the source's parts; one
+ * read rows_from or transposed always from its one part. */
 static int weights_resolve(const weights_source *src, const graph *g, int t, weights_origin *o,
                            stof_error *err) {
     const graph_tensor *x = &g->tensors[t];
@@ -218,9 +233,10 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         return STOF_OK;
     const graph_source *s = x->role == GRAPH_WEIGHT ? graph_source_of(g, t) : NULL;
     size_t unused;
-    if (s && !s->row_offset && weights_find(f, x->name, &unused, NULL) >= 0)
+    if (s && !s->row_offset && !s->transposed && weights_find(f, x->name, &unused, NULL) >= 0)
         s = NULL; /* the checkpoint stores the fused weight itself */
     o->row_offset = s ? s->row_offset : 0;
+    o->transposed = s ? s->transposed : 0;
     int n = s ? s->n : 1;
     for (int k = 0; k < n; k++) {
         const char *name = s ? graph_source_part(g, s, k) : x->name;
@@ -248,8 +264,9 @@ static int weights_resolve(const weights_source *src, const graph *g, int t, wei
         o->prefix_len[k] = prefix_len;
     }
     o->n = n;
-    int rc = o->row_offset ? weights_check_rows(f, o, x, err)
-                           : weights_check_shape(f, o, x, s, err);
+    int rc = o->row_offset   ? weights_check_rows(f, o, x, err)
+             : o->transposed ? weights_check_transposed(f, o, x, err)
+                             : weights_check_shape(f, o, x, s, err);
     if (!rc)
         o->file = f;
     return rc;
@@ -333,6 +350,8 @@ static int weights_not_finite(const weights_origin *o, const graph_tensor *x, in
         const safetensors_tensor *p = &o->file->tensors[o->index[0]];
         at += o->row_offset * (p->numel / p->shape[0]);
     }
+    if (o->transposed) /* x's element (r, c) is the file's (c, r) */
+        at = i % x->shape[1] * x->shape[0] + i / x->shape[1];
     const char *name = o->file->tensors[o->index[k]].name;
     if (!isfinite(raw))
         return err_set(err, STOF_ERR_FORMAT, "%s: tensor '%s' holds %s at element %lld",
@@ -358,16 +377,33 @@ static int weights_read_rows(const weights_origin *o, const graph_tensor *x, flo
     return rc;
 }
 
+/* x [N, K] from o's one part [K, N]: the part read whole, then transposed. */
+static int weights_read_transposed(const weights_origin *o, const graph_tensor *x, float *out,
+                                   stof_error *err) {
+    const int64_t n = x->shape[0], k = x->shape[1];
+    float *all = err_malloc(sizeof *all * (size_t)(n * k), err);
+    if (!all)
+        return STOF_ERR_NOMEM;
+    int rc = safetensors_read_f32(o->file, o->index[0], all, err);
+    for (int64_t r = 0; r < n && !rc; r++)
+        for (int64_t c = 0; c < k; c++)
+            out[r * k + c] = all[c * n + r];
+    free(all);
+    return rc;
+}
+
 static int weights_read_floats(const weights_origin *o, const graph_tensor *x, float *out,
                                stof_error *err) {
     int64_t at = 0;
-    if (o->row_offset) {
-        int rc = weights_read_rows(o, x, out, err);
+    const int whole = o->row_offset || o->transposed; /* one part, reshaped */
+    if (whole) {
+        int rc = o->row_offset ? weights_read_rows(o, x, out, err)
+                               : weights_read_transposed(o, x, out, err);
         if (rc)
             return rc;
         at = graph_tensor_numel(x);
     }
-    for (int k = 0; k < o->n && !o->row_offset; k++) {
+    for (int k = 0; k < o->n && !whole; k++) {
         int rc = safetensors_read_f32(o->file, o->index[k], out + at, err);
         if (rc)
             return rc;
@@ -728,7 +764,7 @@ static void weights_conversion(unsigned from, unsigned to, char *buf, size_t n) 
 /* The line on the tensors of role `role` and their file f. */
 static void weights_describe_role(const weights_source *src, const graph *g, graph_role role,
                                   const safetensors_file *f, char *buf, size_t n) {
-    int read = 0, assembled = 0, from_file = 0, seeded = 0, constant = 0;
+    int read = 0, assembled = 0, transposed = 0, from_file = 0, seeded = 0, constant = 0;
     unsigned file_dtypes = 0, graph_dtypes = 0;
     char prefix[GRAPH_NAME_MAX * 2] = "";
     for (int t = 0; t < g->n_tensors; t++) {
@@ -746,6 +782,7 @@ static void weights_describe_role(const weights_source *src, const graph *g, gra
         from_file++;
         read += o.n;
         assembled += graph_source_of(g, t) && o.n > 1;
+        transposed += o.transposed;
         graph_dtypes |= 1u << g->tensors[t].dtype;
         for (int k = 0; k < o.n; k++) {
             file_dtypes |= 1u << f->tensors[o.index[k]].dtype;
@@ -763,6 +800,8 @@ static void weights_describe_role(const weights_source *src, const graph *g, gra
                                          conv);
     if (assembled && used < n)
         used += (size_t)snprintf(buf + used, n - used, ", %d assembled", assembled);
+    if (transposed && used < n)
+        used += (size_t)snprintf(buf + used, n - used, ", %d transposed", transposed);
     if (prefix[0] && used < n)
         used += (size_t)snprintf(buf + used, n - used, ", under prefix '%s'", prefix);
     if (constant && used < n)

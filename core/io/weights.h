@@ -57,7 +57,8 @@ weights_source weights_source_seeded(uint64_t seed);
 /* Checks, before anything is allocated, that the files fit g: with a
  * weights file every weight is in it (under its name, after a checkpoint
  * prefix such as "bert.", or assembled from its source's parts) with its
- * shape and a float dtype (F32, F16, BF16), all under one prefix; every
+ * shape (a weight read transposed: the reversed shape) and a float dtype
+ * (F32, F16, BF16), all under one prefix; every
  * input the inputs file holds has its shape and, for int32 inputs, I32 or
  * I64 ids in [0, high), for float inputs a float dtype. Reports every
  * problem at once, each by name (STOF_ERR_MISMATCH; a malformed file's
@@ -65,8 +66,9 @@ weights_source weights_source_seeded(uint64_t seed);
 int weights_source_check(const weights_source *src, const graph *g, stof_error *err);
 
 /* The values of weight or input `tensor` of g: from its file (converted to
- * float, then rounded to the tensor's dtype with weights_round), else
- * weights_fill with the seed. out holds graph_tensor_numel floats. */
+ * float, then rounded to the tensor's dtype with weights_round; a weight
+ * read transposed in the tensor's own layout), else weights_fill with the
+ * seed, in the tensor's declared shape. out holds graph_tensor_numel floats. */
 int weights_source_values(const weights_source *src, const graph *g, int tensor, float *out,
                           stof_error *err);
 
@@ -102,6 +104,7 @@ task_pool *weights_pool(const graph *g);
 
 /* One line per file on where the values come from, for people:
  *   "weights: 199 tensors from w.safetensors (fp32 -> fp16), 12 assembled"
+ *   (", 48 transposed" where weights are read transposed)
  *   "inputs: 1 from in.safetensors (int64 -> int32), 1 seeded"
  * or "weights and inputs: seeded (seed 1)". */
 void weights_source_describe(const weights_source *src, const graph *g, char *buf, size_t n);

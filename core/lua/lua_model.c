@@ -326,10 +326,29 @@ static int luaapi_weight_from(lua_State *L, int opts, const char *weight,
     return (int)n;
 }
 
-/* m:weight(name, shape, {init =, scale =, dtype =, from =, rows_from =, constant =}) */
+/* opts.transposed: the weight [N, K] is the transpose of one checkpoint tensor [K, N], the
+ * one of its own name or from's one name (GPT-2's Conv1D stores [in, out]). */
+static int luaapi_weight_transposed(lua_State *L, int opts, const graph_tensor *t, int n_parts,
+                                    int has_rows, double rows) {
+    if (!luaapi_opt_bool(L, opts, "transposed", 0, "weight"))
+        return 0;
+    if (t->ndim != 2)
+        luaL_error(L, "weight '%s': transposed takes a 2-D weight [N, K] (read from a [K, N] "
+                   "checkpoint tensor), got %d dimensions", t->name, t->ndim);
+    if (rows != 0)
+        luaL_error(L, "weight '%s': transposed does not go with rows_from", t->name);
+    if (n_parts > 1 || has_rows)
+        luaL_error(L, "weight '%s': transposed reads one checkpoint tensor: from names at most "
+                   "one (got %d), and from_rows does not go with it", t->name, n_parts);
+    return 1;
+}
+
+/* m:weight(name, shape, {init =, scale =, dtype =, from =, from_rows =, rows_from =,
+ *                        constant =, transposed =}) */
 static int luaapi_weight(lua_State *L) {
-    static const char *const allowed[] = {"init",      "scale",    "dtype",    "from",
-                                          "from_rows", "rows_from", "constant", NULL};
+    static const char *const allowed[] = {"init",      "scale",     "dtype",    "from",
+                                          "from_rows", "rows_from", "constant", "transposed",
+                                          NULL};
     static const char *const inits[] = {"uniform", "ones", "zeros", NULL};
     static const graph_init_kind init_of[] = {GRAPH_INIT_UNIFORM, GRAPH_INIT_ONES, GRAPH_INIT_ZEROS};
     luaapi_model *m = luaapi_self(L);
@@ -367,13 +386,22 @@ static int luaapi_weight(lua_State *L) {
     int64_t part_rows[GRAPH_MAX_SOURCE_PARTS];
     int has_rows = luaapi_weight_from_rows(L, opts, t.name, n_parts, part_rows);
     double rows = luaapi_opt_number(L, opts, "rows_from", 0, "weight");
-    if (t.constant && (n_parts > 0 || rows != 0))
-        return luaL_error(L, "weight '%s': a constant is read from no file (no from, rows_from)",
-                          t.name);
+    int transposed = luaapi_weight_transposed(L, opts, &t, n_parts, has_rows, rows);
+    if (t.constant && (n_parts > 0 || rows != 0 || transposed))
+        return luaL_error(L, "weight '%s': a constant is read from no file (no from, rows_from, "
+                          "transposed)", t.name);
     if (rows != 0 && (n_parts > 0 || rows < 1 || rows != (double)(int64_t)rows))
         return luaL_error(L, "weight '%s': rows_from must be a row index >= 1, and does not go "
                              "with from", t.name);
     luaapi_declare(L, &t);
+    if (transposed) {
+        stof_error e;
+        const luaapi_tensor *w = lua_touserdata(L, -1);
+        if (graph_set_source_transposed(luaapi_graph(L), w->id, n_parts ? parts[0] : NULL,
+                                        &e) != STOF_OK)
+            return luaL_error(L, "%s", e.msg);
+        return 1;
+    }
     if (rows > 0) {
         stof_error e;
         const luaapi_tensor *w = lua_touserdata(L, -1);

@@ -17,7 +17,8 @@
  *
  * Then the timing (informational; "notime" skips it): gemv's default against cuBLASLt's first
  * heuristic choice and gemm_epilogue's default on a decode step's GEMMs (a Mistral-shaped 1B
- * model's and GPT-2's, their heads included), fp16, M = 1 and 8: the median of 15 launches, each
+ * model's and GPT-2's, their heads included; GPT-2's Conv1D weights are read transposed, so
+ * [N, K] too, and two of its shapes [K, N] for that path), fp16, M = 1 and 8: the median of 15 launches, each
  * after 256 MiB written (the weights come from memory, as in a model many times L2's size),
  * with the weights' read rate. Exit 77 with "SKIPPED: <reason>" when
  * there is no GPU. */
@@ -385,10 +386,11 @@ static void timing(gpu *g, util_rng *rng) {
     static const time_shape shapes[] = {
         {"1B qkv", 3072, 2048, 0},        {"1B o", 2048, 2048, 0},
         {"1B gate+up", 11264, 2048, 0},   {"1B down", 2048, 5632, 0},
-        {"1B head", 32000, 2048, 0},      {"gpt2 qkv", 2304, 768, 1},
-        {"gpt2 o", 768, 768, 1},          {"gpt2 fc", 3072, 768, 1},
-        {"gpt2 proj", 768, 3072, 1},      {"gpt2 head", 50257, 768, 0},
-        {"gpt2-large fc", 5120, 1280, 1},
+        {"1B head", 32000, 2048, 0},      {"gpt2 qkv", 2304, 768, 0},
+        {"gpt2 o", 768, 768, 0},          {"gpt2 fc", 3072, 768, 0},
+        {"gpt2 proj", 768, 3072, 0},      {"gpt2 head", 50257, 768, 0},
+        {"gpt2-large fc", 5120, 1280, 0}, {"[K, N] 2304x768", 2304, 768, 1},
+        {"[K, N] 768x3072", 768, 3072, 1},
     };
     static const int Ms[] = {1, 8};
     cublaslt_exec_ctx *lt = NULL;

@@ -317,6 +317,25 @@ static void check_longformer_masks(void) {
 
 /* The public API opens the directory as the CLI does: the same output from
  * the same inputs (the ones seed 5 gives) and the directory's weights. */
+/* Every tensor of f read into memory of its own (NULL when f is), for stof_weight or
+ * safetensors_entry arrays over them; free_tensors frees them. */
+static void **read_tensors(const safetensors_file *f) {
+    void **data = f ? calloc((size_t)f->n, sizeof *data) : NULL;
+    stof_error err = {0};
+    for (int i = 0; data && i < f->n; i++) {
+        const safetensors_tensor *t = &f->tensors[i];
+        data[i] = malloc((size_t)(t->end - t->begin));
+        CHECK_MSG(safetensors_read(f, i, data[i], &err) == STOF_OK, "%s", err.msg);
+    }
+    return data;
+}
+
+static void free_tensors(const safetensors_file *f, void **data) {
+    for (int i = 0; data && f && i < f->n; i++)
+        free(data[i]);
+    free(data);
+}
+
 static void check_api_open(const char *dir, const char *const *params, int n_params,
                            const graph *g, const float *want) {
     stof_model *m = NULL;
@@ -357,11 +376,9 @@ static void check_api_open(const char *dir, const char *const *params, int n_par
     stof_error err = {0};
     CHECK_MSG(model_dir_weights_at(dir, &f, &err) == STOF_OK, "%s", err.msg);
     stof_weight *w = f ? calloc((size_t)f->n, sizeof *w) : NULL;
-    void **data = f ? calloc((size_t)f->n, sizeof *data) : NULL;
+    void **data = read_tensors(f);
     for (int i = 0; w && data && i < f->n; i++) {
         const safetensors_tensor *t = &f->tensors[i];
-        data[i] = malloc((size_t)(t->end - t->begin));
-        CHECK_EQ_INT(safetensors_read(f, i, data[i], &err), STOF_OK);
         w[i] = (stof_weight){t->name, t->dtype_name, t->ndim, {0}, data[i]};
         memcpy(w[i].shape, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
     }
@@ -379,9 +396,7 @@ static void check_api_open(const char *dir, const char *const *params, int n_par
         CHECK_EQ_INT(stof_model_set_weights_memory(m, w, f->n), STOF_ERR_INVALID);
         CHECK_CONTAINS(stof_last_error(), "dtype 'F64'");
     }
-    for (int i = 0; data && f && i < f->n; i++)
-        free(data[i]);
-    free(data);
+    free_tensors(f, data);
     free(w);
     safetensors_close(f);
     free(got);
@@ -482,11 +497,9 @@ static void check_gpt2_layout(void) {
     CHECK_CONTAINS(line, ", 8 transposed");
     /* the same tensors, h.1.attn.c_attn.weight [192, 64] */
     safetensors_entry *e = f ? calloc((size_t)f->n, sizeof *e) : NULL;
-    void **data = f ? calloc((size_t)f->n, sizeof *data) : NULL;
+    void **data = read_tensors(f);
     for (int i = 0; e && data && i < f->n; i++) {
         const safetensors_tensor *t = &f->tensors[i];
-        data[i] = malloc((size_t)(t->end - t->begin));
-        CHECK_EQ_INT(safetensors_read(f, i, data[i], &err), STOF_OK);
         e[i] = (safetensors_entry){t->name, t->dtype, t->ndim, {0}, data[i]};
         memcpy(e[i].shape, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
         if (strcmp(t->name, "transformer.h.1.attn.c_attn.weight") == 0) {
@@ -504,9 +517,7 @@ static void check_gpt2_layout(void) {
                  "its transpose)", path);
         CHECK_MSG(strcmp(stof_last_error(), want) == 0, "%s", stof_last_error());
     }
-    for (int i = 0; data && f && i < f->n; i++)
-        free(data[i]);
-    free(data);
+    free_tensors(f, data);
     free(e);
     safetensors_close(f);
     stof_model_free(m);

@@ -78,8 +78,8 @@ static int check_ci_count(const graph *g, const int *ops, int n, stof_error *err
     return STOF_OK;
 }
 
-/* Op k reads op k-1's output, through a GEMM's activation operand, and
- * nothing else made inside the segment. */
+/* Op k reads op k-1's output and nothing else made inside the segment (a GEMM's
+ * weight operand is never made by an op: ops_gemm_infer refuses it). */
 static int check_chain_link(const graph *g, const int *ops, int n, int k, stof_error *err) {
     const graph_op *op = &g->ops[ops[k]];
     int prev = ops[k - 1];
@@ -88,10 +88,6 @@ static int check_chain_link(const graph *g, const int *ops, int n, int k, stof_e
         return seg_fail(g, ops, n, err,
                         "#%d (%s) does not read the output of #%d (%s): the ops of a segment "
                         "must form a chain", ops[k], kind_of(g, ops[k]), prev, kind_of(g, prev));
-    for (int i = 1; op->kind == OP_GEMM && i < op->n_inputs; i++)
-        if (op->inputs[i] == g->ops[prev].output)
-            return seg_fail(g, ops, n, err, "#%d (gemm) reads #%d's output as its weight "
-                            "operand", ops[k], prev);
     for (int i = 0; i < op->n_inputs; i++) {
         int p = seg_position(ops, n, g->tensors[op->inputs[i]].producer);
         if (p >= 0 && p != k - 1)

@@ -30,7 +30,7 @@ typedef int64_t stof_i64;
 
 /* gemm_epilogue.cu: y[m, n] = epilogue(sum_k x[m, k] w[n, k]).
  *   w is [N, K] (row n at w + n * w_row_stride), or with -DWEIGHT_KN=1
- *   [K, N] (row k at w + k * w_row_stride; GPT-2's Conv1D).
+ *   [K, N] (row k at w + k * w_row_stride; a script's kn = true).
  *   The epilogue, in this order: + bias[n] (HAS_BIAS), the activation (ACT:
  *   0 none, 1 GELU erf, 2 GELU tanh, 3 ReLU), + residual[m, n]
  *   (HAS_RESIDUAL). residual must not overlap x or w; it may be y itself
@@ -99,7 +99,7 @@ STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemm_ln_args) == STOF_GEMM_LN_ARGS_BYTES
  *                                                       (HAS_BIAS2, HAS_RESIDUAL)
  * h is rounded to the model dtype, as the unfused pair would store it.
  * w1 is [F, K] and w2 [N, F], or with WEIGHT_KN=1 both transposed ([K, F],
- * [F, N]: GPT-2's Conv1D). n is the output width the kernel was compiled
+ * [F, N]: kn = true). n is the output width the kernel was compiled
  * for (OUT_N; the host checks). y may be residual itself; neither may
  * overlap x, w1 or w2. Rows m >= M are neither read nor written. */
 typedef struct stof_gemm_chain_args {

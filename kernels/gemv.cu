@@ -18,7 +18,7 @@
 //   group are staged once in dynamic shared memory (ROWS x K elements), normalized there where a
 //   norm comes first. So a block's norm statistics and normalization are paid once, not once a
 //   tile, and the loop reads x from shared memory without conversions of gains a weight.
-// [K, N] weights (WEIGHT_KN, N contiguous: GPT-2's Conv1D): the block owns BLOCK_N columns,
+// [K, N] weights (WEIGHT_KN, N contiguous: a script's kn = true): the block owns BLOCK_N columns,
 //   eight a lane; its threads are kColLanes = BLOCK_N / 8 column lanes times kKLanes lanes
 //   over K; partial sums meet by shuffles within a warp, then across warps in shared memory.
 //

@@ -1,5 +1,5 @@
 /* The linear family: GEMM (y = x W^T for nn.Linear weights [N, K], y = x W for
- * GPT-2 Conv1D weights [K, N]) and the bias add that follows it. */
+ * weights stored [K, N], kn = true) and the bias add that follows it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +22,14 @@ int ops_gemm_infer(OPS_INFER_ARGS) {
         (rc = ops_require_same_dtype(op, x, "x", w, "W", err)) ||
         (rc = ops_require_rank(op, w, "W", 2, 2, err)))
         return rc;
+    /* The GPU's GEMM kernels load W before they wait for the kernel before them (a
+     * programmatic dependent launch), which holds only for what no kernel of the run writes. */
+    if (w->role != GRAPH_WEIGHT && w->role != GRAPH_INPUT) {
+        char ws[OPS_TENSOR_STR_MAX];
+        return ops_fail(op, err, STOF_ERR_UNSUPPORTED,
+                        "W %s is computed by the model; W must be a weight (m:weight) or a "
+                        "model input", ops_tensor_str(w, ws, sizeof ws));
+    }
     int64_t k, n;
     gemm_weight_dims(op, w, &k, &n);
     if (ops_last_dim(x) != k) {

@@ -406,7 +406,7 @@ static void run_config(gpu *gp, const model_case *mc, const graph *g, const conf
             attn_block += t == FUSION_T_ATTENTION_BLOCK;
             expected += (int)t == cf->expect;
         }
-        if (cf->choice == CHOICE_GEMM_NORM) /* [K, N] weights (GPT-2) stay on gemm_ln */
+        if (cf->choice == CHOICE_GEMM_NORM) /* [K, N] weights (kn = true) stay on gemm_ln */
             need = norm_eligible(p);
         if (cf->expect >= 0) {
             CHECK_MSG(expected >= need, "%s / %s: %d segments on %s, %d expected", mc->label,

@@ -938,7 +938,7 @@ static void test_request_wgmma(void) {
         gemm_exec_request_init(&r, &g, no[i], "sm_90");
         CHECK(strcmp(r.req.arch, "sm_90") == 0 && !has_option(&r, "-DWGMMA=1"));
     }
-    /* GPT-2's [K, N] weight keeps mma.sync */
+    /* a [K, N] weight (kn = true) keeps mma.sync */
     gemm_exec_problem kn = gemm_problem(STOF_F16, 1, 1, FUSION_ACT_GELU, 0);
     CHECK(!gemm_exec_wgmma(&kn, yes[0], "sm_90"));
     /* the other templates never */

@@ -940,7 +940,7 @@ static void test_messages(void) {
     EXPECT_ERROR("local m = stof.model{name = 't'}\n"
                  "local w = m:weight('w', {8}, {transposed = true})\n",
                  "model.lua:2:", "weight 'w': transposed takes a 2-D weight [N, K] (read from a "
-                 "[K, N] checkpoint tensor), got 1 dimensions");
+                 "[K, N] checkpoint tensor), got 1-D");
     EXPECT_ERROR("local m = stof.model{name = 't'}\n"
                  "local w = m:weight('w', {2, 4, 8}, {transposed = true})\n",
                  "model.lua:2:", "transposed takes a 2-D weight [N, K]");

@@ -315,8 +315,6 @@ static void check_longformer_masks(void) {
     CHECK_CONTAINS(err.msg, "attention_window for layer 1 must be an even integer");
 }
 
-/* The public API opens the directory as the CLI does: the same output from
- * the same inputs (the ones seed 5 gives) and the directory's weights. */
 /* Every tensor of f read into memory of its own (NULL when f is), for stof_weight or
  * safetensors_entry arrays over them; free_tensors frees them. */
 static void **read_tensors(const safetensors_file *f) {
@@ -336,6 +334,8 @@ static void free_tensors(const safetensors_file *f, void **data) {
     free(data);
 }
 
+/* The public API opens the directory as the CLI does: the same output from
+ * the same inputs (the ones seed 5 gives) and the directory's weights. */
 static void check_api_open(const char *dir, const char *const *params, int n_params,
                            const graph *g, const float *want) {
     stof_model *m = NULL;

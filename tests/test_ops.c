@@ -225,6 +225,16 @@ static void test_gemm_shapes(void) {
     op = OP(OP_GEMM, x);
     REJECT(&g, &op, STOF_ERR_INVALID, "gemm takes 2 to 2 inputs, got 1");
 
+    /* W computed by the model (here x's product): refused, a weight or an input only */
+    int x2 = TENSOR(&g, "x2", STOF_F32, 4, 8);
+    op = OP(OP_GEMM, x2, w_nk);
+    int made = add_op(&g, &op, &err); /* [4, 16] */
+    CHECK_MSG(made >= 0, "%s", err.msg);
+    int x16w = TENSOR(&g, "x16w", STOF_F32, 3, 16);
+    op = OP(OP_GEMM, x16w, made);
+    REJECT(&g, &op, STOF_ERR_UNSUPPORTED, "is computed by the model",
+           "a weight (m:weight) or a model input");
+
     /* half precision flows through */
     int x16 = TENSOR(&g, "x16", STOF_F16, 5, 8);
     op = OP(OP_GEMM, x16, w16);

@@ -163,7 +163,7 @@ typedef struct graph_op {
     int layer; /* index of the layer (block) it belongs to, -1 outside layers */
     int line;  /* script line that made it, 0 when unknown */
     union {
-        struct { int weight_kn; } gemm; /* 1: W stored [K, N] (GPT-2 Conv1D) */
+        struct { int weight_kn; } gemm; /* 1: W stored [K, N] (kn = true) */
         /* has_dtype: the sum is stored as dtype (a residual stream kept in fp32 while the
          * model runs in f16 or bf16), a and b any float dtypes; else all three alike */
         struct { int has_dtype; stof_dtype dtype; } add;

@@ -334,7 +334,7 @@ static int luaapi_weight_transposed(lua_State *L, int opts, const graph_tensor *
         return 0;
     if (t->ndim != 2)
         luaL_error(L, "weight '%s': transposed takes a 2-D weight [N, K] (read from a [K, N] "
-                   "checkpoint tensor), got %d dimensions", t->name, t->ndim);
+                   "checkpoint tensor), got %d-D", t->name, t->ndim);
     if (rows != 0)
         luaL_error(L, "weight '%s': transposed does not go with rows_from", t->name);
     if (n_parts > 1 || has_rows)

@@ -361,30 +361,32 @@ static int weights_not_finite(const weights_origin *o, const graph_tensor *x, in
                    (long long)at, stof_dtype_name(x->dtype), x->name, stof_dtype_name(x->dtype));
 }
 
-/* Rows row_offset.. of o's one part into out (x's elements): the part read
- * whole, then the rows kept. */
+/* o's one part read whole into *all (freed by the caller, also on failure). */
+static int weights_read_part(const weights_origin *o, float **all, stof_error *err) {
+    const safetensors_tensor *p = &o->file->tensors[o->index[0]];
+    *all = err_malloc(sizeof **all * (size_t)p->numel, err);
+    return *all ? safetensors_read_f32(o->file, o->index[0], *all, err) : STOF_ERR_NOMEM;
+}
+
+/* Rows row_offset.. of o's one part into out (x's elements). */
 static int weights_read_rows(const weights_origin *o, const graph_tensor *x, float *out,
                              stof_error *err) {
+    float *all = NULL;
+    int rc = weights_read_part(o, &all, err);
     const safetensors_tensor *p = &o->file->tensors[o->index[0]];
-    float *all = err_malloc(sizeof *all * (size_t)p->numel, err);
-    if (!all)
-        return STOF_ERR_NOMEM;
-    int rc = safetensors_read_f32(o->file, o->index[0], all, err);
-    int64_t row = p->numel / p->shape[0];
     if (!rc)
-        memcpy(out, all + o->row_offset * row, sizeof *out * (size_t)graph_tensor_numel(x));
+        memcpy(out, all + o->row_offset * (p->numel / p->shape[0]),
+               sizeof *out * (size_t)graph_tensor_numel(x));
     free(all);
     return rc;
 }
 
-/* x [N, K] from o's one part [K, N]: the part read whole, then transposed. */
+/* x [N, K] from o's one part [K, N], transposed. */
 static int weights_read_transposed(const weights_origin *o, const graph_tensor *x, float *out,
                                    stof_error *err) {
     const int64_t n = x->shape[0], k = x->shape[1];
-    float *all = err_malloc(sizeof *all * (size_t)(n * k), err);
-    if (!all)
-        return STOF_ERR_NOMEM;
-    int rc = safetensors_read_f32(o->file, o->index[0], all, err);
+    float *all = NULL;
+    int rc = weights_read_part(o, &all, err);
     for (int64_t r = 0; r < n && !rc; r++)
         for (int64_t c = 0; c < k; c++)
             out[r * k + c] = all[c * n + r];
@@ -395,20 +397,19 @@ static int weights_read_transposed(const weights_origin *o, const graph_tensor *
 static int weights_read_floats(const weights_origin *o, const graph_tensor *x, float *out,
                                stof_error *err) {
     int64_t at = 0;
-    const int whole = o->row_offset || o->transposed; /* one part, reshaped */
-    if (whole) {
-        int rc = o->row_offset ? weights_read_rows(o, x, out, err)
-                               : weights_read_transposed(o, x, out, err);
-        if (rc)
-            return rc;
+    int rc = STOF_OK;
+    if (o->row_offset || o->transposed) { /* one part, reshaped into x */
+        rc = o->row_offset ? weights_read_rows(o, x, out, err)
+                           : weights_read_transposed(o, x, out, err);
         at = graph_tensor_numel(x);
+    } else {
+        for (int k = 0; k < o->n && !rc; k++) {
+            rc = safetensors_read_f32(o->file, o->index[k], out + at, err);
+            at += o->file->tensors[o->index[k]].numel;
+        }
     }
-    for (int k = 0; k < o->n && !whole; k++) {
-        int rc = safetensors_read_f32(o->file, o->index[k], out + at, err);
-        if (rc)
-            return rc;
-        at += o->file->tensors[o->index[k]].numel;
-    }
+    if (rc)
+        return rc;
     for (int64_t i = 0; i < at; i++) {
         float v = weights_round(x->dtype, out[i]);
         if (!isfinite(v))

@@ -169,22 +169,26 @@ static int rotary_check(const fusion_dims *d, const int *v, int limit, stof_erro
     return STOF_OK;
 }
 
-/* ROWS, BLOCK_N, WARPS, UNROLL (kernels/gemv.cu): at most STOF_GEMV_MAX_M rows (beyond, the
- * tensor-core templates read the weights as well and compute faster), ROWS below twice M
- * (more would only idle accumulators), BLOCK_N the warps' whole outputs ([N, K]: 1 to 8 a
- * warp) or whole 16-byte column lanes dividing a warp ([K, N]: BLOCK_N / 8 of them), the
+/* ROWS, BLOCK_N, WARPS, UNROLL, STAGES (kernels/gemv.cu): at most STOF_GEMV_MAX_M rows
+ * (beyond, the tensor-core templates read the weights as well and compute faster), ROWS below
+ * twice M (more would only idle accumulators), BLOCK_N the warps' whole outputs ([N, K]: 1 to 8
+ * a warp) or whole 16-byte column lanes dividing a warp ([K, N]: BLOCK_N / 8 of them), the
  * accumulators and the loads in flight within about 160 registers (100 at 16 warps, whose
  * 512 threads get at most 128 registers each), [K, N]'s partial sums
  * within 48 KiB of static shared memory, [N, K]'s staged rows of x (normalized where a norm
- * comes first) within the block's shared memory. */
+ * comes first) and its stages of weights (STAGES > 0: [N, K] only, a producer lane a row of a
+ * tile, so BLOCK_N up to 32) within the block's shared memory. */
 static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error *err) {
-    const int rows = v[0], block_n = v[1], warps = v[2], unroll = v[3];
+    const int rows = v[0], block_n = v[1], warps = v[2], unroll = v[3], stages = v[4];
     const int regs = warps > 8 ? 100 : 160; /* the model's count; the kernel takes about 24 more */
     if (d->m > STOF_GEMV_MAX_M)
         return err_set(err, STOF_ERR_UNSUPPORTED, "%lld rows (it runs up to %d)",
                        (long long)d->m, STOF_GEMV_MAX_M);
     if (rows >= 2 * d->m)
         return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d for %lld rows", rows, (long long)d->m);
+    if (stages && (d->weight_kn || block_n > 32))
+        return err_set(err, STOF_ERR_UNSUPPORTED, "STAGES %d: [N, K] weights and BLOCK_N up to "
+                       "32 (BLOCK_N %d%s)", stages, block_n, d->weight_kn ? ", [K, N]" : "");
     if (d->weight_kn) {
         const int lanes = block_n / 8;
         if (block_n % 8 || 32 % lanes)
@@ -206,9 +210,14 @@ static int gemv_check(const fusion_dims *d, const int *v, int limit, stof_error 
     if (rows * outs + unroll * outs * 4 + outs * 8 > regs)
         return err_set(err, STOF_ERR_UNSUPPORTED, "ROWS %d x %d outputs, UNROLL %d: over %d "
                        "registers (%d warps)", rows, outs, unroll, regs, warps);
-    /* beside the staged rows, the kernel's static statistics: two floats a row */
-    return check_smem("gemv's staged rows of x",
-                      stof_gemv_smem(rows, d->m, d->k, d->elem_bytes) + 8LL * rows, limit, err);
+    /* beside the staged rows and weights, the kernel's static statistics (two floats a row)
+     * and its stages' two barriers each */
+    return check_smem(stages ? "gemv's staged rows of x and stages of weights"
+                             : "gemv's staged rows of x",
+                      stof_gemv_smem(rows, d->m, d->k, d->elem_bytes) +
+                          stof_gemv_stages_smem(stages, block_n, unroll, d->k, d->elem_bytes) +
+                          8LL * rows + 16LL * stages,
+                      limit, err);
 }
 
 /* SPLITS, WARPS (kernels/attention_decode.cu): a CTA's shared memory holds every warp's O of
@@ -301,9 +310,9 @@ static const fusion_template template_table[FUSION_T_COUNT] = {
     [FUSION_T_GEMV] = {FUSION_T_GEMV, "gemv", "gemv.cu", 0,
         2, {PATTERN(OPT(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), OPT(ACT), OPT(TOK(ADD))),
             PATTERN(OPT(NORM), ONE(TOK(GEMM)), OPT(TOK(BIAS)), ONE(TOK(GLU)))},
-        4, {PARAM("ROWS", 1, 2, 4, 8, 16), PARAM("BLOCK_N", 4, 8, 16, 32, 64, 128),
-            PARAM("WARPS", 4, 8, 16), PARAM("UNROLL", 2, 4, 8, 16)},
-        gemv_check},
+        5, {PARAM("ROWS", 1, 2, 4, 8, 16), PARAM("BLOCK_N", 4, 8, 16, 32, 64, 128),
+            PARAM("WARPS", 4, 8, 16), PARAM("UNROLL", 2, 4, 8, 16), PARAM("STAGES", 0, 8)},
+        gemv_check, 4},
     [FUSION_T_MASK_ROWS] = {FUSION_T_MASK_ROWS, "mask_rows", "mask_rows.cu", 0,
         1, {PATTERN(ONE(TOK(MASK_ROWS)))},
         2, {PARAM("THREADS", 64, 128, 256), PARAM("VEC", 1, 2, 4, 8)},

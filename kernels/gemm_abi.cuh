@@ -349,6 +349,13 @@ typedef struct stof_gemv_args {
 STOF_GEMM_ABI_FN long long stof_gemv_smem(int rows, long long m, long long k, int elem_bytes) {
     return (rows < m ? rows : m) * k * elem_bytes;
 }
+/* gemv.cu's stages of weights after them (STAGES > 0, [N, K]): STAGES buffers of BLOCK_N rows'
+ * chunks of UNROLL * 256 elements (K's, if shorter). */
+STOF_GEMM_ABI_FN long long stof_gemv_stages_smem(int stages, int block_n, int unroll, long long k,
+                                                 int elem_bytes) {
+    const long long chunk = 256LL * unroll < k ? 256LL * unroll : k;
+    return (long long)stages * block_n * chunk * elem_bytes;
+}
 STOF_GEMM_ABI_STATIC_ASSERT(sizeof(stof_gemv_args) == STOF_GEMV_ARGS_BYTES,
                             "stof_gemv_args layout changed: host and kernels must agree");
 

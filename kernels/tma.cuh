@@ -54,6 +54,16 @@ __device__ __forceinline__ void wait(unsigned bar, unsigned parity) {
         : "memory");
 }
 
+// bytes (a multiple of 16) from global memory at src into shared memory at dst (both 16-byte
+// aligned), counted on bar: a plain bulk copy, no tensor map.
+__device__ __forceinline__ void copy_1d(unsigned dst, const void *src, unsigned bytes,
+                                        unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // The box of a 3-D tensor map at (c0, c1, c2) into shared memory at dst,
 // counted on bar. The map lives in kernel parameter space (a
 // __grid_constant__ argument): its generic address is what the copy takes.

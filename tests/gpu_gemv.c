@@ -36,12 +36,15 @@
 #define GPU_CTX_TYPE gemm_exec_ctx
 #include "gpu_gemm_common.h"
 
-/* ROWS (0: every row in one block), BLOCK_N, WARPS, UNROLL; [N, K] and [K, N] each. */
-static const int nk_settings[][4] = {{0, 4, 4, 8}, {2, 8, 8, 2}, {0, 16, 4, 2}, {4, 64, 8, 2},
-                                     {1, 16, 4, 4}};
-static const int kn_settings[][4] = {{0, 16, 8, 8}, {2, 8, 4, 2}, {0, 128, 4, 4},
-                                     {4, 64, 8, 2}, {1, 32, 8, 8}};
-#define N_SETTINGS 5
+/* ROWS (0: every row in one block), BLOCK_N, WARPS, UNROLL, STAGES; [N, K] and [K, N] each
+ * ([N, K] with stages: chunks of 512 and 1024 elements, one or several rows a block). */
+static const int nk_settings[][5] = {{0, 4, 4, 8, 0},  {2, 8, 8, 2, 0}, {0, 16, 4, 2, 0},
+                                     {4, 64, 8, 2, 0}, {1, 16, 4, 4, 0}, {1, 8, 4, 2, 8},
+                                     {0, 16, 8, 4, 8}};
+static const int kn_settings[][5] = {{0, 16, 8, 8, 0}, {2, 8, 4, 2, 0},  {0, 128, 4, 4, 0},
+                                     {4, 64, 8, 2, 0}, {1, 32, 8, 8, 0}, {1, 16, 8, 4, 0},
+                                     {0, 32, 4, 8, 0}};
+#define N_SETTINGS 7
 
 static fusion_epilogue epilogue_of(int i) {
     fusion_epilogue e = {0};
@@ -199,14 +202,14 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
             v[1] /= 2;
     }
     char label[200];
-    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s%s r%d n%d w%d u%d%s",
+    snprintf(label, sizeof label, "gemv %s M=%d N=%d K=%d %s%s %s%s%s%s r%d n%d w%d u%d s%d%s",
              stof_dtype_name(wt->dt), M, N, wt->K,
              !pr ? "" : pr->kind == FUSION_NORM_LAYERNORM ? "layernorm> " : "rmsnorm> ",
              weight_kn ? "W[K,N]" : "W[N,K]",
              !glu ? "" : glu == STOF_ACT_SILU ? "swiglu " : "geglu ",
              epi.has_bias ? "bias" : "-", act_label(epi.act),
              epi.has_residual ? (in_place ? "+add(in place)" : "+add") : "", v[0], v[1], v[2],
-             v[3], setting < 0 ? " default" : "");
+             v[3], v[4], setting < 0 ? " default" : "");
     stof_error err = {0};
     gemm_exec_plan *plan = NULL;
     int rc = gemm_exec_plan_create(g->ctx, &p, v, &plan, &err);
@@ -243,12 +246,14 @@ static void run_case(gpu *g, gset *s, int weight_kn, fusion_epilogue epi, int se
 
 static void test_shapes(gpu *g, util_rng *rng) {
     static const int Ms[] = {1, 2, 3, 5, 8, 13, 16};
-    static const int shapes[][2] = {{768, 768}, {2304, 768}, {776, 1032}, {3072, 2048},
-                                    {50257, 768}};
+    /* 1000 x 4104: at one row the default reads the weights through stages, K's last chunk
+     * of 8 elements, N not a whole count of tiles */
+    static const int shapes[][2] = {{768, 768},   {2304, 768},  {776, 1032},
+                                    {3072, 2048}, {50257, 768}, {1000, 4104}};
     static const stof_dtype dts[] = {STOF_F16, STOF_BF16};
     int turn = 0;
     for (int d = 0; d < 2 && !g->dead; d++)
-        for (int sh = 0; sh < 5 && !g->dead; sh++) {
+        for (int sh = 0; sh < 6 && !g->dead; sh++) {
             gweights wt;
             const int N = shapes[sh][0], K = shapes[sh][1];
             /* weights of about 1 / sqrt(K): outputs of the size of the bias and residual */
@@ -385,7 +390,7 @@ typedef struct time_shape {
 static void timing(gpu *g, util_rng *rng) {
     static const time_shape shapes[] = {
         {"1B qkv", 3072, 2048, 0},        {"1B o", 2048, 2048, 0},
-        {"1B gate+up", 11264, 2048, 0},   {"1B down", 2048, 5632, 0},
+        {"1B gate+up", 16384, 2048, 0},   {"1B down", 2048, 8192, 0},
         {"1B head", 32000, 2048, 0},      {"gpt2 qkv", 2304, 768, 0},
         {"gpt2 o", 768, 768, 0},          {"gpt2 fc", 3072, 768, 0},
         {"gpt2 proj", 768, 3072, 0},      {"gpt2 head", 50257, 768, 0},

@@ -656,9 +656,9 @@ static void test_glu_rotary(void) {
     CHECK(m.templates == 1u << FUSION_T_GEMV && m.dims.gated && m.dims.n == 64);
     m.dims.m = 16;
     const fusion_template *gv = fusion_template_get(FUSION_T_GEMV);
-    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 8, 4, 4}, H100_SMEM, &err),
+    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 8, 4, 4, 0}, H100_SMEM, &err),
                  STOF_OK);
-    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 4, 4, 4}, H100_SMEM, &err),
+    CHECK_EQ_INT(fusion_template_check(gv, &m.dims, (int[]){16, 4, 4, 4, 0}, H100_SMEM, &err),
                  STOF_ERR_UNSUPPORTED);
     CHECK_CONTAINS(err.msg, "an even count of features a warp");
     CHECK_EQ_INT(fusion_match_segment(&g, s23, 2, &m, &err), STOF_ERR_INVALID);
@@ -758,8 +758,8 @@ static void test_templates(void) {
      * lanes dividing a warp, partial sums within 48 KiB; registers */
     fusion_dims few = d;
     few.m = 8;
-    int gv_ok[] = {8, 8, 4, 8}, gv_rows[] = {16, 8, 4, 8}, gv_outs[] = {8, 64, 4, 8},
-        gv_regs[] = {16, 32, 4, 8}, gv_kn[] = {8, 64, 8, 8}, gv_kn_lanes[] = {8, 4, 4, 8};
+    int gv_ok[] = {8, 8, 4, 8, 0}, gv_rows[] = {16, 8, 4, 8, 0}, gv_outs[] = {8, 64, 4, 8, 0},
+        gv_regs[] = {16, 32, 4, 8, 0}, gv_kn[] = {8, 64, 8, 8, 0}, gv_kn_lanes[] = {8, 4, 4, 8, 0};
     expect_setting(FUSION_T_GEMV, &d, gv_ok, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "rows (it runs up to 16)");
     expect_setting(FUSION_T_GEMV, &few, gv_ok, H100_SMEM, STOF_OK, NULL);
@@ -776,10 +776,27 @@ static void test_templates(void) {
                    "column lanes dividing a warp");
     few.m = 8;
     expect_setting(FUSION_T_GEMV, &few, gv_kn, H100_SMEM, STOF_OK, NULL);
-    int gv_kn_big[] = {16, 128, 8, 2};
+    int gv_kn_big[] = {16, 128, 8, 2, 0};
     few.m = 16;
     expect_setting(FUSION_T_GEMV, &few, gv_kn_big, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "gemv's partial sums needs 65536 bytes");
+    /* STAGES: [N, K] weights, BLOCK_N up to 32 (a producer lane a row), the stages in shared
+     * memory beside x's rows: 8 x 8 rows x 512 of 8192 (fp16) = 64 KiB and 16 KiB of x fit;
+     * 8 x 32 rows x 2048 = 1 MiB do not */
+    fusion_dims one = d;
+    one.m = 1;
+    one.k = 8192;
+    int gv_st[] = {1, 8, 4, 2, 8}, gv_st_wide[] = {1, 64, 8, 2, 8}, gv_st_big[] = {1, 32, 16, 8, 8};
+    expect_setting(FUSION_T_GEMV, &one, gv_st, H100_SMEM, STOF_OK, NULL);
+    expect_setting(FUSION_T_GEMV, &one, gv_st, 65536, STOF_ERR_UNSUPPORTED,
+                   "gemv's staged rows of x and stages of weights needs 82056 bytes");
+    expect_setting(FUSION_T_GEMV, &one, gv_st_wide, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "STAGES 8: [N, K] weights and BLOCK_N up to 32 (BLOCK_N 64)");
+    expect_setting(FUSION_T_GEMV, &one, gv_st_big, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "stages of weights needs");
+    one.weight_kn = 1;
+    expect_setting(FUSION_T_GEMV, &one, gv_st, H100_SMEM, STOF_ERR_UNSUPPORTED,
+                   "(BLOCK_N 8, [K, N])");
     /* attention_decode: every warp's O of each query head of a K/V head in shared memory */
     fusion_dims dec = {.heads = 32, .kv_heads = 2, .head_dim = 128};
     expect_setting(FUSION_T_ATTENTION_DECODE, &dec, (int[]){1, 4}, H100_SMEM, STOF_OK, NULL);

@@ -1059,14 +1059,15 @@ static void test_gemv(void) {
 
     static const struct {
         int64_t m, n, k;
-        int weight_kn, want[4];
+        int weight_kn, want[5];
     } cases[] = {
-        {1, 2048, 2048, 0, {1, 8, 8, 8}},   {1, 2048, 8192, 0, {1, 8, 8, 16}},
-        {2, 2048, 2048, 0, {2, 4, 4, 8}},   {8, 3072, 2048, 0, {8, 8, 4, 8}},
-        {16, 2048, 8192, 0, {4, 8, 4, 8}},  {16, 2048, 3072, 0, {16, 8, 4, 4}},
-        {16, 768, 768, 0, {16, 8, 4, 4}},   {3, 50257, 768, 0, {4, 4, 4, 8}},
-        {1, 768, 768, 1, {1, 16, 8, 8}},    {8, 5120, 1280, 1, {8, 32, 8, 8}},
-        {16, 12288, 768, 1, {16, 64, 8, 4}},
+        {1, 2048, 2048, 0, {1, 8, 8, 8, 0}},   {1, 2048, 8192, 0, {1, 8, 4, 2, 8}},
+        {1, 4096, 4096, 0, {1, 8, 4, 2, 8}},   {1, 768, 3072, 0, {1, 8, 8, 8, 0}},
+        {2, 2048, 2048, 0, {2, 4, 4, 8, 0}},   {8, 3072, 2048, 0, {8, 8, 4, 8, 0}},
+        {16, 2048, 8192, 0, {4, 8, 4, 8, 0}},  {16, 2048, 3072, 0, {16, 8, 4, 4, 0}},
+        {16, 768, 768, 0, {16, 8, 4, 4, 0}},   {3, 50257, 768, 0, {4, 4, 4, 8, 0}},
+        {1, 768, 768, 1, {1, 16, 8, 8, 0}},    {1, 768, 8192, 1, {1, 16, 8, 8, 0}},
+        {8, 5120, 1280, 1, {8, 32, 8, 8, 0}},  {16, 12288, 768, 1, {16, 64, 8, 4, 0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         gemm_exec_problem q = {.tmpl = FUSION_T_GEMV, .dtype = STOF_BF16, .m = cases[i].m,
@@ -1075,8 +1076,37 @@ static void test_gemv(void) {
         int vals[FUSION_MAX_PARAMS] = {0};
         gemm_exec_default_values(&q, "sm_90", vals);
         CHECK_MSG(memcmp(vals, cases[i].want, sizeof cases[i].want) == 0,
-                  "gemv case %zu: default %d %d %d %d", i, vals[0], vals[1], vals[2], vals[3]);
+                  "gemv case %zu: default %d %d %d %d %d", i, vals[0], vals[1], vals[2], vals[3],
+                  vals[4]);
         CHECK_EQ_INT(gemm_exec_check(&q, vals, SMEM_H100, &err), STOF_OK);
+    }
+    {
+        /* the stages' build: one more warp (the producer), and the stages in shared memory
+         * after x's row: 8 stages x 8 rows x 512 elements of 8192 */
+        gemm_exec_problem q = {.tmpl = FUSION_T_GEMV, .dtype = STOF_F16, .m = 1, .n = 2048,
+                               .k = 8192};
+        int sv[FUSION_MAX_PARAMS] = {0};
+        gemm_exec_default_values(&q, "sm_90", sv);
+        gemm_exec_request sr;
+        gemm_exec_request_init(&sr, &q, sv, "sm_90");
+        CHECK(has_option(&sr, "-DSTAGES=8") && has_option(&sr, "-DWARPS=4") &&
+              has_option(&sr, "-DUNROLL=2"));
+        const gemm_template *gt = gemm_template_get(FUSION_T_GEMV);
+        CHECK_EQ_INT((long long)gt->smem(&q, sv), 8192LL * 2 + 8LL * 8 * 512 * 2);
+        gemm_exec_plan sp;
+        memset(&sp, 0, sizeof sp);
+        sp.problem = q;
+        memcpy(sp.values, sv, sizeof sv);
+        gt->launch_shape(NULL, &sp);
+        CHECK_EQ_INT(sp.block[0], 5 * 32);
+        CHECK_EQ_INT(sp.grid[0], 2048 / 8);
+        sv[4] = 0; /* the same without stages: the registers' build, no producer, x alone */
+        gemm_exec_request_init(&sr, &q, sv, "sm_90");
+        CHECK(has_option(&sr, "-DSTAGES=0"));
+        CHECK_EQ_INT((long long)gt->smem(&q, sv), 8192LL * 2);
+        memcpy(sp.values, sv, sizeof sv);
+        gt->launch_shape(NULL, &sp);
+        CHECK_EQ_INT(sp.block[0], 4 * 32);
     }
 
     int vals[FUSION_MAX_PARAMS] = {4, 64, 8, 2};

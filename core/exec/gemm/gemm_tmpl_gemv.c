@@ -52,12 +52,15 @@ static int smallest_rows(int64_t m) {
  * x in one pass (ROWS >= M) where [N, K]'s staged rows of x stay within GEMV_STAGED_BYTES, and
  * the loads of a whole K in flight where registers allow. [N, K]: one output a warp (two from
  * five rows on, which halves the conversions of x a weight takes; two with a GLU, an output's
- * pair); at one row eight warps a block and sixteen loads a lane for a K of 4096 or more (a
- * down projection's 8192 in two rounds, not four), else four warps and eight loads. [K, N]:
- * the widest column slice of 64, 32 or 16 leaving at least 128 blocks, eight warps. */
+ * pair); at one row eight warps a block and eight loads a lane, or for a K of 4096 or more the
+ * weights through shared memory: eight stages of 512 elements of eight rows, four warps of two
+ * rows each (a down projection's 8192: 12.9 -> 9.7 us on an H200, 16.1 -> 12.9 on an H100; at
+ * a K of 2048 the stages were slower, bench/RESULTS.md). At more rows four warps. [K, N]: the
+ * widest column slice of 64, 32 or 16 leaving at least 128 blocks, eight warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     (void)arch;
     v[0] = smallest_rows(p->m);
+    v[4] = 0;
     /* fewer rows a pass where they are long (16 rows of a down projection's 8192: 256 KiB) */
     while (!p->weight_kn && v[0] > 1 &&
            stof_gemv_smem(v[0], p->m, p->k, (int)stof_dtype_size(p->dtype)) > GEMV_STAGED_BYTES)
@@ -73,15 +76,21 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
         v[3] = v[0] >= 16 ? 4 : 8;
         return;
     }
+    if (p->m == 1 && p->k >= 4096) {
+        v[1] = 8;
+        v[2] = 4;
+        v[3] = 2;
+        v[4] = 8;
+        return;
+    }
     const int outs = p->m <= 4 && !p->glu_act ? 1 : 2; /* with a GLU two features a warp */
     v[2] = p->m == 1 ? 8 : 4;
     v[1] = v[2] * outs;
-    v[3] = v[0] >= 16 ? 4 : p->m == 1 && outs == 1 && p->k >= 4096 ? 16 : 8;
+    v[3] = v[0] >= 16 ? 4 : 8;
 }
 
 static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
                          const char *arch) {
-    (void)v;
     (void)arch;
     gemm_request_define(r, "WEIGHT_KN", p->weight_kn != 0);
     gemm_request_define(r, "HAS_BIAS", p->epi.has_bias != 0);
@@ -89,6 +98,7 @@ static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const
     gemm_request_define(r, "HAS_RESIDUAL", p->epi.has_residual != 0);
     gemm_request_define(r, "PROLOGUE_NORM", (int)p->prologue);
     gemm_request_define(r, "GLU", p->glu_act);
+    gemm_request_define(r, "STAGES", v[4]);
 }
 
 /* What a description adds: the gated unit after the GEMM, named as glu's. */
@@ -114,12 +124,17 @@ static void gemv_launch_shape(const gemm_exec_ctx *c, gemm_exec_plan *plan) {
     } else {
         plan->grid[0] = (unsigned)(slices * groups);
     }
-    plan->block[0] = (unsigned)plan->values[2] * 32;
+    /* with stages, one more warp issues the weights' copies */
+    plan->block[0] = (unsigned)(plan->values[2] + (plan->values[4] ? 1 : 0)) * 32;
 }
 
-/* [N, K]: x's rows of a row group staged in shared memory, ROWS (or M, if fewer) rows of K. */
+/* [N, K]: x's rows of a row group staged in shared memory, ROWS (or M, if fewer) rows of K,
+ * then the stages of weights (STAGES > 0). */
 static size_t gemv_smem(const gemm_exec_problem *p, const int *v) {
-    return p->weight_kn ? 0 : stof_gemv_smem(v[0], p->m, p->k, stof_dtype_size(p->dtype));
+    const int elem = (int)stof_dtype_size(p->dtype);
+    return p->weight_kn ? 0
+                        : (size_t)(stof_gemv_smem(v[0], p->m, p->k, elem) +
+                                   stof_gemv_stages_smem(v[4], v[1], v[3], p->k, elem));
 }
 
 static int gemv_persistent(const gemm_exec_problem *p, const int *v, const char *arch) {

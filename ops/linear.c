@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/base/error.h"
+#include "core/base/util.h"
 #include "ops/ops_impl.h"
 
 /* ---- gemm ---------------------------------------------------------------- */
@@ -82,13 +83,6 @@ static void gemm_rows_kn(const float *x, const float *w, float *y, int64_t m, in
     }
 }
 
-/* w [n, k] -> t [k, n] */
-static void transpose(const float *w, float *t, int64_t n, int64_t k) {
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t c = 0; c < k; c++)
-            t[c * n + r] = w[r * k + c];
-}
-
 int ops_gemm_ref(OPS_REF_ARGS) {
     const graph_tensor *x = ops_input(g, op, 0), *w = ops_input(g, op, 1);
     int64_t m = ops_rows(x), k, n;
@@ -102,7 +96,7 @@ int ops_gemm_ref(OPS_REF_ARGS) {
     float *w_kn = err_malloc((size_t)(n * k) * sizeof *w_kn, err);
     if (!w_kn)
         return STOF_ERR_NOMEM;
-    transpose(in[1], w_kn, n, k);
+    util_transpose_f32(in[1], w_kn, n, k);
     gemm_rows_kn(in[0], w_kn, out, m, n, k);
     free(w_kn);
     return STOF_OK;

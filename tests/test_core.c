@@ -49,6 +49,36 @@ static graph_tensor tensor(const char *name, graph_role role, int ndim, const in
     return t;
 }
 
+/* util_transpose_f32 against the element-by-element transpose: shapes around its tile of 64
+ * (one row, one column, partial tiles both ways), every element placed once. */
+static void test_transpose(void) {
+    static const int64_t shapes[][2] = {{1, 1}, {1, 77}, {77, 1}, {63, 65}, {64, 64},
+                                        {129, 193}, {256, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+        float *src = malloc(sizeof *src * (size_t)n), *dst = malloc(sizeof *dst * (size_t)n);
+        if (!src || !dst) {
+            CHECK_MSG(0, "out of memory");
+            free(src);
+            free(dst);
+            return;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            src[i] = (float)i;
+            dst[i] = -1.0f;
+        }
+        util_transpose_f32(src, dst, rows, cols);
+        int64_t wrong = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                wrong += dst[c * rows + r] != src[r * cols + c];
+        CHECK_MSG(wrong == 0, "transpose %lld x %lld: %lld elements wrong", (long long)rows,
+                  (long long)cols, (long long)wrong);
+        free(src);
+        free(dst);
+    }
+}
+
 static void test_weights(void) {
     int64_t shape[2] = {3, 5};
     graph_tensor w = tensor("layer.0.w", GRAPH_WEIGHT, 2, shape);
@@ -407,6 +437,7 @@ static void test_device(void) {
 }
 
 int main(void) {
+    test_transpose();
     test_half();
     test_weights();
     test_weights_parallel();

@@ -85,6 +85,20 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+#define TRANSPOSE_TILE 64
+
+void util_transpose_f32(const float *src, float *dst, int64_t rows, int64_t cols) {
+    for (int64_t r0 = 0; r0 < rows; r0 += TRANSPOSE_TILE) {
+        const int64_t r1 = r0 + TRANSPOSE_TILE < rows ? r0 + TRANSPOSE_TILE : rows;
+        for (int64_t c0 = 0; c0 < cols; c0 += TRANSPOSE_TILE) {
+            const int64_t c1 = c0 + TRANSPOSE_TILE < cols ? c0 + TRANSPOSE_TILE : cols;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++)
+                    dst[c * rows + r] = src[r * cols + c];
+        }
+    }
+}
+
 double util_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);

@@ -387,9 +387,8 @@ static int weights_read_transposed(const weights_origin *o, const graph_tensor *
     const int64_t n = x->shape[0], k = x->shape[1];
     float *all = NULL;
     int rc = weights_read_part(o, &all, err);
-    for (int64_t r = 0; r < n && !rc; r++)
-        for (int64_t c = 0; c < k; c++)
-            out[r * k + c] = all[c * n + r];
+    if (!rc)
+        util_transpose_f32(all, out, k, n);
     free(all);
     return rc;
 }

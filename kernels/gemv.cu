@@ -33,11 +33,12 @@
 // (HAS_RESIDUAL), rounded once. Sums are fp32. With PROLOGUE_NORM the block first finds its
 // rows' statistics (a warp a row; two passes over x, as mi_chain.cu: the mean, then the squared
 // deviations; RMSNorm the mean square), and every x value is normalized (gamma and beta applied,
-// the result rounded to the dtype, as the norm op would have stored it): [N, K] once x is staged
-// (the statistics from the staged copy, then normalized in place), [K, N] as it is read. [K, N] reads x through L1 (each block reads it whole); the weights
-// bypass L1. With [N, K] weights N may be any width (a vocabulary), and y, the bias and the
-// residual are accessed an element at a time; with [K, N] weights N is a multiple of 8. K is a
-// multiple of 8; rows m >= M are neither read nor written.
+// the result rounded to the dtype, as the norm op would have stored it): [N, K] once x is
+// staged (the statistics from the staged copy, then normalized in place), [K, N] as it is read.
+// [K, N] reads x through L1 (each block reads it whole); the weights bypass L1. With [N, K]
+// weights N may be any width (a vocabulary), and y, the bias and the residual are accessed an
+// element at a time; with [K, N] weights N is a multiple of 8. K is a multiple of 8; rows
+// m >= M are neither read nor written.
 #include "common.cuh"
 #include "gemm_abi.cuh"
 #include "tma.cuh"

@@ -23,6 +23,17 @@
 #include "core/gpu/cuda_driver.h"
 #include "core/plan/plan.h"
 
+/* A step's inputs, on the host and the device alike, for a batch of B: three rows of B int32
+ * (each sequence's token, its position, its attention's position: -1 for an ended sequence),
+ * then from byte 16 B (8-byte aligned) B doubles, each sequence's uniform number for its draw.
+ * step_at: where a row starts, in bytes. */
+typedef enum { STEP_IDS, STEP_POSITIONS, STEP_ATTN_POSITIONS, STEP_U, STEP_END } step_input;
+
+static size_t step_at(step_input what, size_t B) {
+    static const size_t bytes_before[] = {0, 4, 8, 16, 24}; /* a sequence's, times B */
+    return bytes_before[what] * B;
+}
+
 typedef struct gpu_run {
     const gen_model *m;
     const gen_prompts *p;
@@ -42,10 +53,8 @@ typedef struct gpu_run {
     CUgraphExec step_exec;
     int keep_logits;        /* the logits come back too (gen_result.logits) */
     int32_t *tok;           /* [batch] the tokens the step chose */
-    int32_t *in;            /* a step's inputs, in_bytes of them: [3][batch] int32 (ids,
-                               positions, the attentions' positions, -1 for an ended
-                               sequence), then at byte 16 batch `u`: */
-    double *u;              /* [batch] each sequence's uniform number for this step's draw */
+    int32_t *in;            /* a step's inputs (step_at), in_bytes of them copied a step: */
+    double *u;              /* their uniform numbers (STEP_U): none copied for greedy steps */
     size_t in_bytes;
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them (kept) */
@@ -58,9 +67,9 @@ static int sampled(const gpu_run *g) {
 
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    g->in_bytes = sampled(g) ? 24 * B : 12 * B;
-    g->in = err_calloc(24, B, err); /* 16-byte rows: the doubles after three int32 rows */
-    g->u = g->in ? (double *)(void *)((char *)g->in + 16 * B) : NULL;
+    g->in_bytes = sampled(g) ? step_at(STEP_END, B) : step_at(STEP_ATTN_POSITIONS, B) + 4 * B;
+    g->in = err_calloc(1, step_at(STEP_END, B), err);
+    g->u = g->in ? (double *)(void *)((char *)g->in + step_at(STEP_U, B)) : NULL;
     g->fed = err_calloc(B, sizeof *g->fed, err);
     g->tok = err_malloc(sizeof *g->tok * B, err);
     if (g->keep_logits) {
@@ -74,8 +83,8 @@ static int alloc_host(gpu_run *g, stof_error *err) {
 
 static int alloc_device(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, 24 * B), "cuMemAlloc(ids, positions)",
-                        err);
+    int rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_in, step_at(STEP_END, B)),
+                        "cuMemAlloc(ids, positions)", err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
                         err);
@@ -99,8 +108,8 @@ static int choose_tokens(gpu_run *g, stof_error *err) {
                                 g->stream, err);
     exec_sampling how = {g->o->temperature, g->o->top_k, g->o->top_p};
     return exec_sample_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, &how,
-                            g->d_in + 16 * B, g->d_in + 8 * B, g->d_prob, g->d_tok, g->stream,
-                            err);
+                            g->d_in + step_at(STEP_U, B), g->d_in + step_at(STEP_ATTN_POSITIONS, B),
+                            g->d_prob, g->d_tok, g->stream, err);
 }
 
 /* The whole step as one CUDA graph of its own, made once: the model's pass and the tokens
@@ -109,14 +118,15 @@ static int choose_tokens(gpu_run *g, stof_error *err) {
 static int capture_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch;
-    exec_io in[3] = {{g->dec.ids, g->d_in}, {g->dec.positions, g->d_in + 4 * B},
-                     {g->dec.attn_positions, g->d_in + 8 * B}};
+    exec_io in[3] = {{g->dec.ids, g->d_in + step_at(STEP_IDS, B)},
+                     {g->dec.positions, g->d_in + step_at(STEP_POSITIONS, B)},
+                     {g->dec.attn_positions, g->d_in + step_at(STEP_ATTN_POSITIONS, B)}};
     /* the choosing kernel loaded (compiled or read) before the capture, not inside it: run
      * once on logits and inputs of zeros */
     int rc = cuda_check(drv, drv->MemsetD8Async(g->d_out, 0, 2 * B * (size_t)g->r->vocab,
                                                 g->stream), "cuMemsetD8Async(logits)", err);
     if (!rc)
-        rc = cuda_check(drv, drv->MemsetD8Async(g->d_in, 0, 24 * B, g->stream),
+        rc = cuda_check(drv, drv->MemsetD8Async(g->d_in, 0, step_at(STEP_END, B), g->stream),
                         "cuMemsetD8Async(inputs)", err);
     if (!rc)
         rc = choose_tokens(g, err);
@@ -227,16 +237,23 @@ static int prepare(gpu_run *g, stof_error *err) {
     return rc;
 }
 
+/* One of the host's rows of a step's int32 inputs. */
+static int32_t *step_row(gpu_run *g, step_input what) {
+    return (int32_t *)(void *)((char *)g->in + step_at(what, (size_t)g->p->batch));
+}
+
 /* The step's inputs: each sequence's next token at its position; an ended one repeats its
  * last through the projections, and its attention is skipped (position -1: no key read, its
  * cache untouched, no draw). A sampled run's uniform numbers: for its next new token. */
 static void step_inputs(gpu_run *g) {
-    const int B = g->p->batch;
-    for (int b = 0; b < B; b++) {
+    const size_t B = (size_t)g->p->batch;
+    int32_t *ids = step_row(g, STEP_IDS), *pos = step_row(g, STEP_POSITIONS),
+            *attn = step_row(g, STEP_ATTN_POSITIONS);
+    for (int b = 0; b < (int)B; b++) {
         int64_t at = g->st.done[b] ? g->fed[b] - 1 : g->fed[b];
-        g->in[b] = gen_state_token(&g->st, b, at);
-        g->in[B + b] = (int32_t)at;
-        g->in[2 * B + b] = g->st.done[b] ? -1 : (int32_t)at;
+        ids[b] = gen_state_token(&g->st, b, at);
+        pos[b] = (int32_t)at;
+        attn[b] = g->st.done[b] ? -1 : (int32_t)at;
         if (sampled(g)) /* a greedy step copies no numbers */
             g->u[b] = gen_uniform(g->o->seed, b, g->r->n_new[b]);
     }

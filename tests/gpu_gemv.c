@@ -37,14 +37,15 @@
 #include "gpu_gemm_common.h"
 
 /* ROWS (0: every row in one block), BLOCK_N, WARPS, UNROLL, STAGES; [N, K] and [K, N] each
- * ([N, K] with stages: chunks of 512 and 1024 elements, one or several rows a block). */
+ * ([N, K] with stages: chunks of 512 and 1024 elements, one or several rows a block; and two
+ * outputs a warp over eight warps, a candidate default at one row). */
 static const int nk_settings[][5] = {{0, 4, 4, 8, 0},  {2, 8, 8, 2, 0}, {0, 16, 4, 2, 0},
                                      {4, 64, 8, 2, 0}, {1, 16, 4, 4, 0}, {1, 8, 4, 2, 8},
-                                     {0, 16, 8, 4, 8}};
+                                     {0, 16, 8, 4, 8}, {1, 16, 8, 8, 0}};
 static const int kn_settings[][5] = {{0, 16, 8, 8, 0}, {2, 8, 4, 2, 0},  {0, 128, 4, 4, 0},
                                      {4, 64, 8, 2, 0}, {1, 32, 8, 8, 0}, {1, 16, 8, 4, 0},
-                                     {0, 32, 4, 8, 0}};
-#define N_SETTINGS 7
+                                     {0, 32, 4, 8, 0}, {2, 16, 4, 4, 0}};
+#define N_SETTINGS 8
 
 static fusion_epilogue epilogue_of(int i) {
     fusion_epilogue e = {0};

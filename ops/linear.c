@@ -83,6 +83,31 @@ static void gemm_rows_kn(const float *x, const float *w, float *y, int64_t m, in
     }
 }
 
+/* Outputs a tile of gemm_rows_nk_tiled, and the rows of x up to which it runs: there W [N, K]
+ * is transposed a tile of outputs at a time into a buffer that stays in cache, instead of whole
+ * into memory first, which pays for itself only over many rows (gcc -O2, 2-core x86-64: one row
+ * of a 50257 x 768 head 58 against 165 ms, 8 rows of 3072 x 768 6.1 against 11.4, 64 rows of
+ * 768 x 3072 23.0 against 24.1; 1024 rows of it 480 against 403). */
+#define GEMM_N_TILE 64
+#define GEMM_TILED_ROWS 64
+
+/* y[m, n] = sum_k x[m, k] w[n, k] for W stored [N, K], GEMM_N_TILE outputs at a time: their
+ * rows of w transposed into buf [k, GEMM_N_TILE], then each row of x as gemm_rows_kn takes it
+ * (each output's sum over k in the same order, so the same bits as a [K, N] weight gives). */
+static void gemm_rows_nk_tiled(const float *x, const float *w, float *y, int64_t m, int64_t n,
+                               int64_t k, float *buf) {
+    for (int64_t n0 = 0; n0 < n; n0 += GEMM_N_TILE) {
+        const int64_t nt = n - n0 < GEMM_N_TILE ? n - n0 : GEMM_N_TILE;
+        util_transpose_f32(w + n0 * k, buf, nt, k);
+        for (int64_t i = 0; i < m; i++) {
+            float *yi = y + i * n + n0;
+            memset(yi, 0, sizeof *yi * (size_t)nt);
+            for (int64_t kk = 0; kk < k; kk++)
+                axpy(x[i * k + kk], buf + kk * nt, yi, nt);
+        }
+    }
+}
+
 int ops_gemm_ref(OPS_REF_ARGS) {
     const graph_tensor *x = ops_input(g, op, 0), *w = ops_input(g, op, 1);
     int64_t m = ops_rows(x), k, n;
@@ -91,13 +116,18 @@ int ops_gemm_ref(OPS_REF_ARGS) {
         gemm_rows_kn(in[0], in[1], out, m, n, k);
         return STOF_OK;
     }
-    /* nn.Linear stores W [N, K]; one transpose up front keeps the hot loop
-     * on contiguous memory. */
-    float *w_kn = err_malloc((size_t)(n * k) * sizeof *w_kn, err);
+    /* nn.Linear stores W [N, K]: transposed, a tile of outputs at a time for a few rows, else
+     * whole up front, so that the hot loop runs on contiguous memory. */
+    const int tiled = m <= GEMM_TILED_ROWS;
+    float *w_kn = err_malloc((size_t)((tiled ? GEMM_N_TILE : n) * k) * sizeof *w_kn, err);
     if (!w_kn)
         return STOF_ERR_NOMEM;
-    util_transpose_f32(in[1], w_kn, n, k);
-    gemm_rows_kn(in[0], w_kn, out, m, n, k);
+    if (tiled) {
+        gemm_rows_nk_tiled(in[0], in[1], out, m, n, k, w_kn);
+    } else {
+        util_transpose_f32(in[1], w_kn, n, k);
+        gemm_rows_kn(in[0], w_kn, out, m, n, k);
+    }
     free(w_kn);
     return STOF_OK;
 }

@@ -253,8 +253,9 @@ static void test_gemm_shapes(void) {
     graph_free(&g);
 }
 
-static void test_gemm_ref(void) {
-    enum { B = 2, S = 5, K = 37, N = 19 }; /* M = 10 rows: one full block of 8 and a tail */
+/* x [B, S, K] times W stored [N, K] and [K, N] against an fp64 reference; the two layouts'
+ * outputs bit for bit the same (each output's sum runs over k in order either way). */
+static void check_gemm_ref(int B, int S, int K, int N) {
     graph g;
     graph_init(&g);
     stof_error err = {0};
@@ -282,16 +283,25 @@ static void test_gemm_ref(void) {
                 want[m * N + n] += (double)xs[m * K + k] * ws[n * K + k];
 
     float *got = run_ref(&g, y_nk, (const float *const[]){xs, ws}, STOF_OK, &err);
+    float *got_kn = run_ref(&g, y_kn, (const float *const[]){xs, ws_kn}, STOF_OK, &err);
     CHECK_NEAR(max_rel_err(got, want, B * S * N), 0, TOL);
+    CHECK_NEAR(max_rel_err(got_kn, want, B * S * N), 0, TOL);
+    CHECK_MSG(got && got_kn && memcmp(got, got_kn, sizeof *got * (size_t)(B * S * N)) == 0,
+              "gemm [%d, %d] x [%d, %d]: the [N, K] and [K, N] outputs differ", B * S, K, K, N);
     free(got);
-    got = run_ref(&g, y_kn, (const float *const[]){xs, ws_kn}, STOF_OK, &err);
-    CHECK_NEAR(max_rel_err(got, want, B * S * N), 0, TOL);
-    free(got);
+    free(got_kn);
     free(want);
     free(ws_kn);
     free(ws);
     free(xs);
     graph_free(&g);
+}
+
+static void test_gemm_ref(void) {
+    check_gemm_ref(2, 5, 37, 19);  /* 10 rows: one full block of 8 and a tail */
+    check_gemm_ref(1, 3, 40, 150); /* [N, K] a tile of outputs at a time: two and a tail */
+    check_gemm_ref(1, 1, 8, 1);    /* a decode step's one row, one output */
+    check_gemm_ref(5, 14, 20, 70); /* 70 rows: [N, K] transposed whole first */
 }
 
 static void test_gemm_cost(void) {

@@ -1100,6 +1100,14 @@ static void test_gemv(void) {
         gt->launch_shape(NULL, &sp);
         CHECK_EQ_INT(sp.block[0], 5 * 32);
         CHECK_EQ_INT(sp.grid[0], 2048 / 8);
+        expect(gemm_exec_check_arch(&q, sv, "sm_90", &err), STOF_OK, &err, NULL);
+        expect(gemm_exec_check_arch(&q, sv, "sm_89", &err), STOF_ERR_UNSUPPORTED, &err,
+               "gemv: STAGES 8 copies the weights by bulk copies, which need sm_90 or later "
+               "(this is sm_89)");
+        int pre[FUSION_MAX_PARAMS] = {0}; /* before sm_90 the default keeps the registers */
+        gemm_exec_default_values(&q, "sm_89", pre);
+        CHECK(pre[4] == 0 && pre[1] == 8 && pre[2] == 8 && pre[3] == 16);
+        expect(gemm_exec_check_arch(&q, pre, "sm_89", &err), STOF_OK, &err, NULL);
         sv[4] = 0; /* the same without stages: the registers' build, no producer, x alone */
         gemm_exec_request_init(&sr, &q, sv, "sm_90");
         CHECK(has_option(&sr, "-DSTAGES=0"));

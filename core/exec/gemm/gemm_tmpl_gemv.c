@@ -6,6 +6,7 @@
 
 #include "core/base/error.h"
 #include "core/exec/gemm/gemm_template.h"
+#include "core/gpu/device.h"
 
 static int validate_gemv(const gemm_exec_problem *p, stof_error *err) {
     if (p->m < 1 || p->m > STOF_GEMV_MAX_M || p->n < 1 || p->n > INT32_MAX || p->k < 8 ||
@@ -55,10 +56,10 @@ static int smallest_rows(int64_t m) {
  * pair); at one row eight warps a block and eight loads a lane, or for a K of 4096 or more the
  * weights through shared memory: eight stages of 512 elements of eight rows, four warps of two
  * rows each (a down projection's 8192: 12.9 -> 9.7 us on an H200, 16.1 -> 12.9 on an H100; at
- * a K of 2048 the stages were slower, bench/RESULTS.md). At more rows four warps. [K, N]: the
- * widest column slice of 64, 32 or 16 leaving at least 128 blocks, eight warps. */
+ * a K of 2048 the stages were slower, bench/RESULTS.md), or before sm_90 (no bulk copies)
+ * sixteen loads a lane. At more rows four warps. [K, N]: the widest column slice of 64, 32 or
+ * 16 leaving at least 128 blocks, eight warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
-    (void)arch;
     v[0] = smallest_rows(p->m);
     v[4] = 0;
     /* fewer rows a pass where they are long (16 rows of a down projection's 8192: 256 KiB) */
@@ -76,7 +77,7 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
         v[3] = v[0] >= 16 ? 4 : 8;
         return;
     }
-    if (p->m == 1 && p->k >= 4096) {
+    if (p->m == 1 && p->k >= 4096 && device_tma_arch(arch)) {
         v[1] = 8;
         v[2] = 4;
         v[3] = 2;
@@ -86,7 +87,17 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
     const int outs = p->m <= 4 && !p->glu_act ? 1 : 2; /* with a GLU two features a warp */
     v[2] = p->m == 1 ? 8 : 4;
     v[1] = v[2] * outs;
-    v[3] = v[0] >= 16 ? 4 : 8;
+    v[3] = v[0] >= 16 ? 4 : p->m == 1 && outs == 1 && p->k >= 4096 ? 16 : 8;
+}
+
+/* The stages' bulk copies and the barriers counting their bytes are sm_90's. */
+static int gemv_check_arch(const gemm_exec_problem *p, const int *v, const char *arch,
+                           stof_error *err) {
+    (void)p;
+    if (!v[4] || device_tma_arch(arch))
+        return STOF_OK;
+    return err_set(err, STOF_ERR_UNSUPPORTED, "gemv: STAGES %d copies the weights by bulk copies, "
+                   "which need sm_90 or later (this is %s)", v[4], arch ? arch : "no GPU");
 }
 
 static void gemv_defines(gemm_exec_request *r, const gemm_exec_problem *p, const int *v,
@@ -148,6 +159,7 @@ const gemm_template gemm_template_gemv = {
     .kernel = STOF_GEMV_KERNEL,
     .n_name = "N",
     .validate = validate_gemv,
+    .check_arch = gemv_check_arch,
     .row_reduce = no_row_reduce,
     .defaults = gemv_defaults,
     .defines = gemv_defines,

@@ -797,6 +797,11 @@ static void test_templates(void) {
     one.weight_kn = 1;
     expect_setting(FUSION_T_GEMV, &one, gv_st, H100_SMEM, STOF_ERR_UNSUPPORTED,
                    "(BLOCK_N 8, [K, N])");
+    /* STAGES came after plans with gemv were written: one without it reads as its first
+     * value, which must be the registers' build */
+    const fusion_template *gvt = fusion_template_get(FUSION_T_GEMV);
+    CHECK(gvt->n_params == 5 && gvt->plan_optional_from == 4 &&
+          strcmp(gvt->params[4].name, "STAGES") == 0 && gvt->params[4].values[0] == 0);
     /* attention_decode: every warp's O of each query head of a K/V head in shared memory */
     fusion_dims dec = {.heads = 32, .kv_heads = 2, .head_dim = 128};
     expect_setting(FUSION_T_ATTENTION_DECODE, &dec, (int[]){1, 4}, H100_SMEM, STOF_OK, NULL);

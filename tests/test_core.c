@@ -37,6 +37,36 @@ static void test_half(void) {
     CHECK_NEAR(util_bf16_to_f32(util_f32_to_bf16(3.14159f)), 3.140625, 1e-6);
 }
 
+/* util_round_f16 is the round trip through util_f32_to_f16, bit for bit: every fp32 exponent
+ * with mantissas around each rounding boundary (ties, carries into the exponent, the edges of
+ * the normal range, overflow) and a million random bit patterns. */
+static int round_f16_differs(uint32_t bits) {
+    float f, want, got;
+    memcpy(&f, &bits, sizeof f);
+    want = util_f16_to_f32(util_f32_to_f16(f));
+    got = util_round_f16(f);
+    if (isnan(want))
+        return !isnan(got);
+    return memcmp(&want, &got, sizeof got) != 0;
+}
+
+static void test_round_f16(void) {
+    static const uint32_t mantissas[] = {0, 1, 0xfff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000,
+                                         0x7fefff, 0x7ff000, 0x7fffff, 0x400000, 0x401000};
+    int bad = 0;
+    for (uint32_t e = 0; e < 256; e++)
+        for (size_t m = 0; m < sizeof mantissas / sizeof mantissas[0]; m++)
+            for (uint32_t sign = 0; sign < 2; sign++)
+                bad += round_f16_differs(sign << 31 | e << 23 | mantissas[m]);
+    for (uint32_t d = 0; d < 0x4000; d++) /* below and above the range's two ends */
+        bad += round_f16_differs(0x38800000u - d) + round_f16_differs(0x38800000u + d) +
+               round_f16_differs(0x477ff000u - d) + round_f16_differs(0x477ff000u + d);
+    util_rng rng = {2026};
+    for (int i = 0; i < 1000000; i++)
+        bad += round_f16_differs((uint32_t)(util_rng_next(&rng) >> 32));
+    CHECK_MSG(bad == 0, "util_round_f16: %d values differ from the round trip", bad);
+}
+
 static graph_tensor tensor(const char *name, graph_role role, int ndim, const int64_t *shape) {
     graph_tensor t;
     memset(&t, 0, sizeof t);
@@ -439,6 +469,7 @@ static void test_device(void) {
 int main(void) {
     test_transpose();
     test_half();
+    test_round_f16();
     test_weights();
     test_weights_parallel();
     test_weights_parallel_files();

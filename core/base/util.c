@@ -68,6 +68,16 @@ float util_f16_to_f32(uint16_t h) {
     return bits_float(sign | ((e + 112) << 23) | (m << 13));
 }
 
+float util_round_f16(float f) {
+    uint32_t x = float_bits(f);
+    uint32_t mag = x & 0x7fffffffu;
+    /* a normal fp16 result (from 2^-14 up to below the overflow at 65520): keep the top 10 of
+     * the 23 mantissa bits, rounded to nearest even; a carry moves into the exponent */
+    if (mag >= 0x38800000u && mag < 0x477ff000u)
+        return bits_float((x + 0xfffu + ((x >> 13) & 1u)) & ~0x1fffu);
+    return util_f16_to_f32(util_f32_to_f16(f)); /* subnormal, zero, overflow, inf, nan */
+}
+
 uint16_t util_f32_to_bf16(float f) {
     uint32_t x = float_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u)

@@ -37,6 +37,9 @@ static inline double util_rng_double(util_rng *r) {
 
 uint16_t util_f32_to_f16(float f);
 float util_f16_to_f32(uint16_t h);
+/* f rounded to the nearest fp16 value (ties to even), as a float: util_f16_to_f32 of
+ * util_f32_to_f16, computed on the bits where the result is a normal fp16 number. */
+float util_round_f16(float f);
 uint16_t util_f32_to_bf16(float f);
 float util_bf16_to_f32(uint16_t h);
 

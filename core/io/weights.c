@@ -11,7 +11,7 @@
 
 float weights_round(stof_dtype dtype, float x) {
     switch (dtype) {
-    case STOF_F16: return util_f16_to_f32(util_f32_to_f16(x));
+    case STOF_F16: return util_round_f16(x);
     case STOF_BF16: return util_bf16_to_f32(util_f32_to_bf16(x));
     default: return x;
     }

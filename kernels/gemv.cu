@@ -271,16 +271,31 @@ __device__ __forceinline__ void finish(const stof_gemv_args &a, int m, int n, fl
 }
 
 #if !WEIGHT_KN
+// [N, K]: the first of warp w's outputs in column tile tn (with a GLU, of its kOuts / 2 outputs,
+// each of two features).
+__device__ __forceinline__ int first_output(int tn, int w) {
+    return GLU ? tn * (BLOCK_N / 2) + w * (kOuts / 2) : tn * BLOCK_N + w * kOuts;
+}
+
+// The sums of a warp's outputs for x's rows, zeroed.
+__device__ __forceinline__ void zero_sums(float (&acc)[ROWS][kOuts]) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int o = 0; o < kOuts; ++o)
+            acc[r][o] = 0.0f;
+}
+
 // [N, K]: the weight row that output o of warp w reads in column tile tn (output n0 + o, or with
 // a GLU feature j0 + o % kHalf of the first or the second half); rows past the last read it,
 // and are not stored.
 __device__ __forceinline__ const elem_t *tile_row(const stof_gemv_args &a, int tn, int w, int o) {
+    const int n0 = first_output(tn, w);
 #if GLU
     constexpr int kHalf = kOuts / 2;
-    const int f = a.n / 2, j0 = tn * (BLOCK_N / 2) + w * kHalf;
-    return row_of(a.w, a.w_row_stride, min(j0 + o % kHalf, f - 1) + (o < kHalf ? 0 : f));
+    const int f = a.n / 2;
+    return row_of(a.w, a.w_row_stride, min(n0 + o % kHalf, f - 1) + (o < kHalf ? 0 : f));
 #else
-    const int n0 = tn * BLOCK_N + w * kOuts;
     return row_of(a.w, a.w_row_stride, min(n0 + o, a.n - 1));
 #endif
 }
@@ -340,7 +355,7 @@ __device__ __forceinline__ void store_tile(const stof_gemv_args &a, int tn, int 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #if GLU
     constexpr int kHalf = kOuts / 2;
-    const int f = a.n / 2, j0 = tn * (BLOCK_N / 2) + warp * kHalf;
+    const int f = a.n / 2, j0 = first_output(tn, warp);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -350,7 +365,7 @@ __device__ __forceinline__ void store_tile(const stof_gemv_args &a, int tn, int 
                 finish_glu(a, m0 + r, j0 + o, g, u);
         }
 #else
-    const int n0 = tn * BLOCK_N + warp * kOuts;
+    const int n0 = first_output(tn, warp);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -374,11 +389,7 @@ __device__ __forceinline__ void gemv_nk(const stof_gemv_args &a, int tn, int m0,
     const elem_t *w[kOuts];
     tile_rows(a, tn, w);
     float acc[ROWS][kOuts];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int o = 0; o < kOuts; ++o)
-            acc[r][o] = 0.0f;
+    zero_sums(acc);
     int k0 = lane * 8;
     for (;;) {
         fma_round(a, wv, k0, rows, xs, acc);
@@ -443,11 +454,7 @@ __device__ __forceinline__ void gemv_nk_staged(const stof_gemv_args &a, int tn, 
                                                const elem_t *xs, const stages &st, unsigned &u) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float acc[ROWS][kOuts];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int o = 0; o < kOuts; ++o)
-            acc[r][o] = 0.0f;
+    zero_sums(acc);
     for (int c = 0; c * kChunk < a.k; ++c, ++u) {
         const int s = u % STAGES, k0 = c * kChunk + lane * 8;
         stof::tma::wait(st.full + 8 * s, (u / STAGES) & 1);

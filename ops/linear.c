@@ -70,16 +70,17 @@ static void axpy(float a, const float *restrict w, float *restrict y, int64_t n)
         y[j] += a * w[j];
 }
 
-/* y[m, n] = sum_k x[m, k] w[k, n], in i-k-j order: the inner loop runs over
- * contiguous rows of w and y. */
-static void gemm_rows_kn(const float *x, const float *w, float *y, int64_t m, int64_t n,
-                         int64_t k) {
-    memset(y, 0, (size_t)(m * n) * sizeof *y);
+/* y[m, n] = sum_k x[m, k] w[k, n] (y's rows ldy apart), in i-k-j order: the inner loop runs
+ * over contiguous rows of w and y. */
+static void gemm_rows_kn(const float *x, const float *w, float *y, int64_t ldy, int64_t m,
+                         int64_t n, int64_t k) {
+    for (int64_t i = 0; i < m; i++)
+        memset(y + i * ldy, 0, (size_t)n * sizeof *y);
     for (int64_t m0 = 0; m0 < m; m0 += GEMM_ROW_BLOCK) {
         int64_t m1 = m0 + GEMM_ROW_BLOCK < m ? m0 + GEMM_ROW_BLOCK : m;
         for (int64_t kk = 0; kk < k; kk++)
             for (int64_t i = m0; i < m1; i++)
-                axpy(x[i * k + kk], w + kk * n, y + i * n, n);
+                axpy(x[i * k + kk], w + kk * n, y + i * ldy, n);
     }
 }
 
@@ -92,19 +93,14 @@ static void gemm_rows_kn(const float *x, const float *w, float *y, int64_t m, in
 #define GEMM_TILED_ROWS 64
 
 /* y[m, n] = sum_k x[m, k] w[n, k] for W stored [N, K], GEMM_N_TILE outputs at a time: their
- * rows of w transposed into buf [k, GEMM_N_TILE], then each row of x as gemm_rows_kn takes it
- * (each output's sum over k in the same order, so the same bits as a [K, N] weight gives). */
+ * rows of w transposed into buf [k, GEMM_N_TILE], then gemm_rows_kn on that slice of y (each
+ * output's sum over k in the same order, so the same bits as a [K, N] weight gives). */
 static void gemm_rows_nk_tiled(const float *x, const float *w, float *y, int64_t m, int64_t n,
                                int64_t k, float *buf) {
     for (int64_t n0 = 0; n0 < n; n0 += GEMM_N_TILE) {
         const int64_t nt = n - n0 < GEMM_N_TILE ? n - n0 : GEMM_N_TILE;
         util_transpose_f32(w + n0 * k, buf, nt, k);
-        for (int64_t i = 0; i < m; i++) {
-            float *yi = y + i * n + n0;
-            memset(yi, 0, sizeof *yi * (size_t)nt);
-            for (int64_t kk = 0; kk < k; kk++)
-                axpy(x[i * k + kk], buf + kk * nt, yi, nt);
-        }
+        gemm_rows_kn(x, buf, y + n0, n, m, nt, k);
     }
 }
 
@@ -113,7 +109,7 @@ int ops_gemm_ref(OPS_REF_ARGS) {
     int64_t m = ops_rows(x), k, n;
     gemm_weight_dims(op, w, &k, &n);
     if (op->attr.gemm.weight_kn) {
-        gemm_rows_kn(in[0], in[1], out, m, n, k);
+        gemm_rows_kn(in[0], in[1], out, n, m, n, k);
         return STOF_OK;
     }
     /* nn.Linear stores W [N, K]: transposed, a tile of outputs at a time for a few rows, else
@@ -126,7 +122,7 @@ int ops_gemm_ref(OPS_REF_ARGS) {
         gemm_rows_nk_tiled(in[0], in[1], out, m, n, k, w_kn);
     } else {
         util_transpose_f32(in[1], w_kn, n, k);
-        gemm_rows_kn(in[0], w_kn, out, m, n, k);
+        gemm_rows_kn(in[0], w_kn, out, n, m, n, k);
     }
     free(w_kn);
     return STOF_OK;

@@ -246,10 +246,9 @@ static int32_t *step_row(gpu_run *g, step_input what) {
  * last through the projections, and its attention is skipped (position -1: no key read, its
  * cache untouched, no draw). A sampled run's uniform numbers: for its next new token. */
 static void step_inputs(gpu_run *g) {
-    const size_t B = (size_t)g->p->batch;
     int32_t *ids = step_row(g, STEP_IDS), *pos = step_row(g, STEP_POSITIONS),
             *attn = step_row(g, STEP_ATTN_POSITIONS);
-    for (int b = 0; b < (int)B; b++) {
+    for (int b = 0; b < g->p->batch; b++) {
         int64_t at = g->st.done[b] ? g->fed[b] - 1 : g->fed[b];
         ids[b] = gen_state_token(&g->st, b, at);
         pos[b] = (int32_t)at;

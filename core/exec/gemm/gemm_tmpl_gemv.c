@@ -52,12 +52,12 @@ static int smallest_rows(int64_t m) {
 /* Enough blocks to keep the memory busy on an H100 / H200 (132 SMs): every row of the block's
  * x in one pass (ROWS >= M) where [N, K]'s staged rows of x stay within GEMV_STAGED_BYTES, and
  * the loads of a whole K in flight where registers allow. [N, K]: one output a warp (two from
- * five rows on, which halves the conversions of x a weight takes; two with a GLU, an output's
- * pair); at one row eight warps a block and eight loads a lane, or for a K of 4096 or more the
- * weights through shared memory: eight stages of 512 elements of eight rows, four warps of two
- * rows each (a down projection's 8192: 12.9 -> 9.7 us on an H200, 16.1 -> 12.9 on an H100; at
- * a K of 2048 the stages were slower, bench/RESULTS.md), or before sm_90 (no bulk copies)
- * sixteen loads a lane. At more rows four warps. [K, N]: the widest column slice of 64, 32 or
+ * five rows on, which halves the conversions of x a weight takes, and at one row below a K of
+ * 4096; two with a GLU, an output's pair); at one row eight warps a block and eight loads a
+ * lane, or for a K of 4096 or more the weights through shared memory: eight stages of 512
+ * elements of eight rows, four warps of two rows each (a down projection's 8192: 12.9 -> 9.7 us
+ * on an H200, 16.1 -> 12.9 on an H100; at a K of 2048 the stages were slower,
+ * bench/RESULTS.md), or before sm_90 (no bulk copies) sixteen loads a lane. At more rows four warps. [K, N]: the widest column slice of 64, 32 or
  * 16 leaving at least 128 blocks, eight warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     v[0] = smallest_rows(p->m);
@@ -84,7 +84,11 @@ static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) 
         v[4] = 8;
         return;
     }
-    const int outs = p->m <= 4 && !p->glu_act ? 1 : 2; /* with a GLU two features a warp */
+    /* with a GLU two features a warp; at one row below a K of 4096 two outputs a warp too
+     * (half the warps' reductions and x's conversions a weight: gpt2-124M's step 0.29 -> 0.27
+     * ms on an H200, bench/RESULTS.md) */
+    const int one_row_pairs = p->m == 1 && p->k < 4096;
+    const int outs = p->glu_act || p->m > 4 || one_row_pairs ? 2 : 1;
     v[2] = p->m == 1 ? 8 : 4;
     v[1] = v[2] * outs;
     v[3] = v[0] >= 16 ? 4 : p->m == 1 && outs == 1 && p->k >= 4096 ? 16 : 8;

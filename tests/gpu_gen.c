@@ -215,6 +215,51 @@ static void run_sampled(exec_ctx *ctx, const tiny *t, const gen_model *m, const 
         gen_result_free(&two);
 }
 
+/* Greedy tokens up to and with the first of the stop tokens, as run sees them. */
+static int until_stop(const gen_result *run, int b, const gen_options *o) {
+    for (int k = 0; k < run->n_new[b]; k++)
+        for (int s = 0; s < o->n_stop; s++)
+            if (run->tokens[b * NEW + k] == o->stop[s])
+                return k + 1;
+    return run->n_new[b];
+}
+
+/* Stop tokens: each sequence ends after its first (one while the others go on, then all of
+ * them within a few steps: the steps launched before the host sees a stop token are dropped),
+ * its tokens those of the run without stops up to there, the rest of its row untouched. */
+static void run_stops(exec_ctx *ctx, const tiny *t, const gen_model *m, const gen_prompts *p,
+                      const gen_options *o, const gen_result *full) {
+    for (int all = 0; all < 2; all++) {
+        gen_options so = *o;
+        so.n_stop = all ? BATCH : 1;
+        for (int b = 0; b < so.n_stop; b++) /* a token each sequence makes early on */
+            so.stop[b] = full->tokens[b * NEW + (all ? 1 + b : 2)];
+        gen_result r;
+        stof_error err = {0};
+        int rc = gen_run_gpu(m, ctx, p, &so, 0, &r, &err);
+        CHECK_MSG(rc == STOF_OK, "%s GPU, stop tokens: %s", t->name, err.msg);
+        if (rc)
+            continue;
+        int ended = 0;
+        for (int b = 0; b < BATCH; b++) {
+            const int want = until_stop(full, b, &so);
+            ended += want < NEW;
+            CHECK_MSG(r.n_new[b] == want &&
+                          memcmp(r.tokens + b * NEW, full->tokens + b * NEW,
+                                 sizeof *r.tokens * (size_t)want) == 0,
+                      "%s: sequence %d with %d stop tokens: %d new tokens, want %d as the run "
+                      "without them", t->name, b, so.n_stop, r.n_new[b], want);
+            for (int k = want; k < NEW; k++)
+                CHECK_MSG(r.tokens[b * NEW + k] == -1, "%s: sequence %d has token %d after its "
+                          "stop token", t->name, b, k);
+        }
+        CHECK_MSG(ended >= 1, "%s: no sequence ended on a stop token", t->name);
+        printf("%-8s stop tokens (%d): %d of %d sequences ended early as without them, %d GPU "
+               "steps\n", t->name, so.n_stop, ended, BATCH, r.steps);
+        gen_result_free(&r);
+    }
+}
+
 /* The ragged batch's other ways (cpu, gpu: the default way's results, NULL where it failed). */
 static void run_variants(exec_ctx *ctx, const tiny *t, const gen_model *m, const gen_prompts *p,
                          const gen_options *o, const gen_result *cpu, const gen_result *gpu) {
@@ -256,6 +301,8 @@ static void run_variants(exec_ctx *ctx, const tiny *t, const gen_model *m, const
         gen_result_free(&tuned);
     run_plan_step(ctx, t, m, p, o, cpu);
     run_sampled(ctx, t, m, p);
+    if (gpu)
+        run_stops(ctx, t, m, p, o, gpu);
 }
 
 /* The model's ragged batch of BATCH prompts (lens LENS) through every way to generate, or one

@@ -10,7 +10,15 @@
  * token -- at its position; a sequence whose prompt is all in draws its next token from that
  * step's logits on the GPU, so that one token a sequence comes back: greedy ones by an argmax,
  * sampled ones drawn as the CPU reference's gen_sample draws them, from the same uniform
- * number of (seed, sequence, step), which the step's inputs carry (exec_sample_rows). */
+ * number of (seed, sequence, step), which the step's inputs carry (exec_sample_rows).
+ *
+ * The chosen tokens are written over the step's own row of ids, so that they are the next
+ * step's ids already. Where every sequence takes the token it just drew (or has ended), the
+ * next step is launched before this one's tokens come back -- its positions and uniform
+ * numbers follow from the host's state alone, assuming no sequence draws a stop token -- so
+ * that the host's work between steps (the tokens read back, the next inputs) runs while the
+ * GPU works. A sequence that did draw a stop token goes through that one step more; its
+ * output is dropped and its cache past its end is never read. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +42,10 @@ static size_t step_at(step_input what, size_t B) {
     return bytes_before[what] * B;
 }
 
+/* Two of everything the host and a step in flight share, so that the host reads one step's
+ * tokens while the next step's copies use the other. */
+#define STEP_SLOTS 2
+
 typedef struct gpu_run {
     const gen_model *m;
     const gen_prompts *p;
@@ -46,19 +58,22 @@ typedef struct gpu_run {
     exec_model *xm;
     stof_dtype dtype;
     const cuda_driver *drv;
-    /* d_in: the step's inputs (as `in`); d_prob: the sampling kernel's scratch */
-    CUdeviceptr d_in, d_out, d_tok, d_prob;
+    /* d_in: the step's inputs (as `in`), its ids row overwritten by the tokens chosen;
+     * d_prob: the sampling kernel's scratch */
+    CUdeviceptr d_in, d_out, d_prob;
     CUstream stream;
     CUgraph step_graph;     /* the model's pass, then the tokens chosen */
     CUgraphExec step_exec;
+    CUevent landed[STEP_SLOTS]; /* a slot's step and its copies out are done */
     int keep_logits;        /* the logits come back too (gen_result.logits) */
-    int32_t *tok;           /* [batch] the tokens the step chose */
-    int32_t *in;            /* a step's inputs (step_at), in_bytes of them copied a step: */
-    double *u;              /* their uniform numbers (STEP_U): none copied for greedy steps */
+    void *pinned;           /* page-locked host memory of the slots (cuMemAllocHost) */
+    int32_t *in[STEP_SLOTS];  /* a step's inputs (step_at), in_bytes of them copied a step
+                               * (their uniform numbers only for sampled steps) */
+    int32_t *tok[STEP_SLOTS]; /* [batch] the tokens the step chose */
+    uint16_t *raw[STEP_SLOTS]; /* [batch][vocab] its logits as the model stores them (kept) */
     size_t in_bytes;
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
-    uint16_t *raw;          /* [batch][vocab] a step's logits as the model stores them (kept) */
-    float *row;             /* [vocab] one of them as floats */
+    float *row;             /* [vocab] one of a step's rows of logits as floats */
 } gpu_run;
 
 static int sampled(const gpu_run *g) {
@@ -68,17 +83,31 @@ static int sampled(const gpu_run *g) {
 static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
     g->in_bytes = sampled(g) ? step_at(STEP_END, B) : step_at(STEP_ATTN_POSITIONS, B) + 4 * B;
-    g->in = err_calloc(1, step_at(STEP_END, B), err);
-    g->u = g->in ? (double *)(void *)((char *)g->in + step_at(STEP_U, B)) : NULL;
     g->fed = err_calloc(B, sizeof *g->fed, err);
-    g->tok = err_malloc(sizeof *g->tok * B, err);
-    if (g->keep_logits) {
-        g->raw = err_malloc(sizeof *g->raw * B * V, err);
-        g->row = err_malloc(sizeof *g->row * V, err);
-        if (!g->raw || !g->row)
-            return STOF_ERR_NOMEM;
+    if (g->keep_logits && !(g->row = err_malloc(sizeof *g->row * V, err)))
+        return STOF_ERR_NOMEM;
+    return g->fed ? STOF_OK : STOF_ERR_NOMEM;
+}
+
+/* The slots' host memory, page-locked so that the copies in and out run without the host
+ * (from pageable memory a copy out would hold the host until the step ends): each slot's
+ * inputs, tokens and kept logits, 16-byte aligned. */
+static int alloc_pinned(gpu_run *g, stof_error *err) {
+    size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
+    size_t in_b = step_at(STEP_END, B), tok_b = (4 * B + 15) / 16 * 16;
+    size_t raw_b = g->keep_logits ? sizeof **g->raw * B * V : 0, slot_b = in_b + tok_b + raw_b;
+    int rc = cuda_check(g->drv, g->drv->MemAllocHost(&g->pinned, STEP_SLOTS * slot_b),
+                        "cuMemAllocHost(the steps' inputs and tokens)", err);
+    for (int k = 0; !rc && k < STEP_SLOTS; k++) {
+        char *at = (char *)g->pinned + k * slot_b;
+        memset(at, 0, in_b);
+        g->in[k] = (int32_t *)(void *)at;
+        g->tok[k] = (int32_t *)(void *)(at + in_b);
+        g->raw[k] = raw_b ? (uint16_t *)(void *)(at + in_b + tok_b) : NULL;
+        rc = cuda_check(g->drv, g->drv->EventCreate(&g->landed[k], CU_EVENT_DISABLE_TIMING),
+                        "cuEventCreate(step)", err);
     }
-    return g->in && g->fed && g->tok ? STOF_OK : STOF_ERR_NOMEM;
+    return rc;
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
@@ -88,28 +117,28 @@ static int alloc_device(gpu_run *g, stof_error *err) {
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
                         err);
-    if (!rc)
-        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_tok, 4 * B), "cuMemAlloc(tokens)", err);
     if (!rc && sampled(g))
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_prob, 4 * B * V),
                         "cuMemAlloc(sampling scratch)", err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->StreamCreate(&g->stream, CU_STREAM_NON_BLOCKING),
                         "cuStreamCreate", err);
-    return rc;
+    return rc ? rc : alloc_pinned(g, err);
 }
 
-/* The tokens of the step's logits: greedy (argmax) or drawn with each sequence's uniform
- * number; an ended sequence (attention position -1) draws none. */
+/* The tokens of the step's logits, over its ids row: greedy (argmax) or drawn with each
+ * sequence's uniform number; an ended sequence (attention position -1) draws none, and its
+ * id stays. */
 static int choose_tokens(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch;
+    CUdeviceptr ids = g->d_in + step_at(STEP_IDS, B);
     if (!sampled(g))
-        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_tok,
-                                g->stream, err);
+        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, ids, g->stream,
+                                err);
     exec_sampling how = {g->o->temperature, g->o->top_k, g->o->top_p};
     return exec_sample_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, &how,
                             g->d_in + step_at(STEP_U, B), g->d_in + step_at(STEP_ATTN_POSITIONS, B),
-                            g->d_prob, g->d_tok, g->stream, err);
+                            g->d_prob, ids, g->stream, err);
 }
 
 /* The whole step as one CUDA graph of its own, made once: the model's pass and the tokens
@@ -237,71 +266,153 @@ static int prepare(gpu_run *g, stof_error *err) {
     return rc;
 }
 
-/* One of the host's rows of a step's int32 inputs. */
-static int32_t *step_row(gpu_run *g, step_input what) {
-    return (int32_t *)(void *)((char *)g->in + step_at(what, (size_t)g->p->batch));
+/* One of slot k's host rows of a step's inputs. */
+static void *step_row(gpu_run *g, int k, step_input what) {
+    return (char *)g->in[k] + step_at(what, (size_t)g->p->batch);
 }
 
-/* The step's inputs: each sequence's next token at its position; an ended one repeats its
- * last through the projections, and its attention is skipped (position -1: no key read, its
- * cache untouched, no draw). A sampled run's uniform numbers: for its next new token. */
-static void step_inputs(gpu_run *g) {
-    int32_t *ids = step_row(g, STEP_IDS), *pos = step_row(g, STEP_POSITIONS),
-            *attn = step_row(g, STEP_ATTN_POSITIONS);
+/* Where sequence b stands before a step: the tokens in its cache, whether it ended, its new
+ * tokens. ahead: as it will after the step in flight, which feeds its next token and, once
+ * its prompt is in, gives it a new one -- unless that is a stop token, which nothing here can
+ * know. */
+typedef struct {
+    int64_t fed;
+    int done, n_new;
+} seq_view;
+
+static seq_view view_of(const gpu_run *g, int b, int ahead) {
+    seq_view v = {g->fed[b], g->st.done[b], g->r->n_new[b]};
+    if (ahead && !v.done && ++v.fed >= g->st.len[b])
+        v.done = ++v.n_new == g->o->max_new_tokens;
+    return v;
+}
+
+/* Whether the step after the one in flight can be launched now: every sequence still going
+ * then takes the token the step in flight draws (its prompt is in), which its ids row holds
+ * on the device by then; and one sequence at least is still going. */
+static int can_run_ahead(const gpu_run *g) {
+    int going = 0;
     for (int b = 0; b < g->p->batch; b++) {
-        int64_t at = g->st.done[b] ? g->fed[b] - 1 : g->fed[b];
-        ids[b] = gen_state_token(&g->st, b, at);
+        if (g->st.done[b])
+            continue;
+        if (g->fed[b] + 1 < g->st.len[b])
+            return 0; /* its next id is a prompt's: the host's */
+        going |= !view_of(g, b, 1).done;
+    }
+    return going;
+}
+
+/* Slot k's step inputs: each sequence's position, its attention's (-1 once it ended: no key
+ * read, its cache untouched, no draw) and, sampled, its uniform number for its next new
+ * token; ahead, as it will stand after the step in flight. Not ahead, its id too: its next
+ * token, or an ended one's last again, through the projections. */
+static void step_inputs(gpu_run *g, int k, int ahead) {
+    int32_t *ids = step_row(g, k, STEP_IDS), *pos = step_row(g, k, STEP_POSITIONS),
+            *attn = step_row(g, k, STEP_ATTN_POSITIONS);
+    double *u = step_row(g, k, STEP_U);
+    for (int b = 0; b < g->p->batch; b++) {
+        seq_view v = view_of(g, b, ahead);
+        int64_t at = v.done ? v.fed - 1 : v.fed;
+        if (!ahead)
+            ids[b] = gen_state_token(&g->st, b, at);
         pos[b] = (int32_t)at;
-        attn[b] = g->st.done[b] ? -1 : (int32_t)at;
+        attn[b] = v.done ? -1 : (int32_t)at;
         if (sampled(g)) /* a greedy step copies no numbers */
-            g->u[b] = gen_uniform(g->o->seed, b, g->r->n_new[b]);
+            u[b] = gen_uniform(g->o->seed, b, v.n_new);
     }
 }
 
-static int run_step(gpu_run *g, stof_error *err) {
+/* Slot k's step onto the stream: its inputs in (the ids too unless the device's row holds
+ * them: the tokens of the step before), the graph, its tokens (and kept logits) out, then
+ * its event. */
+static int launch_step(gpu_run *g, int k, int with_ids, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in, g->in, g->in_bytes, g->stream),
+    size_t from = with_ids ? 0 : step_at(STEP_POSITIONS, B);
+    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in + from, (char *)g->in[k] + from,
+                                                  g->in_bytes - from, g->stream),
                         "cuMemcpyHtoDAsync(ids, positions)", err);
     if (!rc)
         rc = cuda_check(drv, drv->GraphLaunch(g->step_exec, g->stream), "cuGraphLaunch(decode "
                         "step)", err);
     if (!rc)
-        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->tok, g->d_tok, 4 * B, g->stream),
+        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->tok[k], g->d_in + step_at(STEP_IDS, B),
+                                                  4 * B, g->stream),
                         "cuMemcpyDtoHAsync(tokens)", err);
     if (!rc && g->keep_logits)
-        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->raw, g->d_out, 2 * B * V, g->stream),
+        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->raw[k], g->d_out, 2 * B * V, g->stream),
                         "cuMemcpyDtoHAsync(logits)", err);
-    if (!rc)
-        rc = cuda_check(drv, drv->StreamSynchronize(g->stream),
-                        "cuStreamSynchronize (a kernel of the decode step failed)", err);
-    g->r->steps++;
-    return rc;
+    return rc ? rc : cuda_check(drv, drv->EventRecord(g->landed[k], g->stream),
+                                "cuEventRecord(step)", err);
 }
 
-/* Sequence b's row of the step's logits as floats (kept logits). */
-static const float *logits_row(gpu_run *g, int b) {
+static int wait_step(gpu_run *g, int k, stof_error *err) {
+    g->r->steps++;
+    return cuda_check(g->drv, g->drv->EventSynchronize(g->landed[k]),
+                      "cuEventSynchronize (a kernel of the decode step failed)", err);
+}
+
+/* Sequence b's row of slot k's logits as floats (kept logits). */
+static const float *logits_row(gpu_run *g, int k, int b) {
     size_t V = (size_t)g->r->vocab;
-    const uint16_t *raw = g->raw + (size_t)b * V;
+    const uint16_t *raw = g->raw[k] + (size_t)b * V;
     for (size_t v = 0; v < V; v++)
         g->row[v] = g->dtype == STOF_BF16 ? util_bf16_to_f32(raw[v]) : util_f16_to_f32(raw[v]);
     return g->row;
 }
 
-/* After a step: a sequence whose fed token was its last known one takes the step's token. */
-static void take_step(gpu_run *g) {
+/* After slot k's step: a sequence whose fed token was its last known one takes the step's
+ * token. */
+static void take_step(gpu_run *g, int k) {
     for (int b = 0; b < g->p->batch; b++) {
         if (g->st.done[b])
             continue;
         if (++g->fed[b] < g->st.len[b])
             continue; /* still feeding its prompt */
-        gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[b],
-                             g->keep_logits ? logits_row(g, b) : NULL);
+        gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[k][b],
+                             g->keep_logits ? logits_row(g, k, b) : NULL);
     }
+}
+
+/* The steps until every sequence has ended: while one is in flight the next is launched when
+ * can_run_ahead allows, else after it. */
+static int run_steps(gpu_run *g, stof_error *err) {
+    if (gen_state_all_done(&g->st))
+        return STOF_OK;
+    int k = 0;
+    step_inputs(g, k, 0);
+    int rc = launch_step(g, k, 1, err);
+    while (!rc) {
+        int ahead = can_run_ahead(g);
+        if (ahead) {
+            step_inputs(g, !k, 1);
+            rc = launch_step(g, !k, 0, err);
+        }
+        if (!rc)
+            rc = wait_step(g, k, err);
+        if (rc)
+            break;
+        take_step(g, k);
+        k = !k;
+        if (ahead)
+            continue;
+        if (gen_state_all_done(&g->st))
+            break;
+        step_inputs(g, k, 0);
+        rc = launch_step(g, k, 1, err);
+    }
+    return rc;
 }
 
 static void run_free(gpu_run *g) {
     if (g->drv) {
+        if (g->stream) /* a step may be in flight after an error */
+            g->drv->StreamSynchronize(g->stream);
+        for (int k = 0; k < STEP_SLOTS; k++)
+            if (g->landed[k])
+                g->drv->EventDestroy(g->landed[k]);
+        if (g->pinned)
+            g->drv->MemFreeHost(g->pinned);
         if (g->step_exec)
             g->drv->GraphExecDestroy(g->step_exec);
         if (g->step_graph)
@@ -312,8 +423,6 @@ static void run_free(gpu_run *g) {
             g->drv->MemFree(g->d_in);
         if (g->d_out)
             g->drv->MemFree(g->d_out);
-        if (g->d_tok)
-            g->drv->MemFree(g->d_tok);
         if (g->d_prob)
             g->drv->MemFree(g->d_prob);
     }
@@ -321,11 +430,8 @@ static void run_free(gpu_run *g) {
     exec_plan_free(g->plan);
     gen_decoder_free(&g->dec);
     gen_state_free(&g->st);
-    free(g->in);
     free(g->fed);
-    free(g->raw);
     free(g->row);
-    free(g->tok);
 }
 
 int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const gen_options *o,
@@ -360,12 +466,8 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
         g.fed[b] = p->len[b] - 1; /* its last token goes through the step: the first logits */
     r->setup_s = util_now() - t_setup - r->prefill_s;
     double t0 = util_now();
-    while (!rc && !gen_state_all_done(&g.st)) {
-        step_inputs(&g);
-        rc = run_step(&g, err);
-        if (!rc)
-            take_step(&g);
-    }
+    if (!rc)
+        rc = run_steps(&g, err);
     r->steps_s = util_now() - t0;
     if (!rc)
         rc = exec_model_status(g.xm, err);

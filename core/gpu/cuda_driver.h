@@ -35,6 +35,8 @@
     X(MemGetInfo, "cuMemGetInfo", cuMemGetInfo)                           \
     X(MemAlloc, "cuMemAlloc", cuMemAlloc)                                 \
     X(MemFree, "cuMemFree", cuMemFree)                                    \
+    X(MemAllocHost, "cuMemAllocHost", cuMemAllocHost)                     \
+    X(MemFreeHost, "cuMemFreeHost", cuMemFreeHost)                        \
     X(MemcpyHtoD, "cuMemcpyHtoD", cuMemcpyHtoD)                           \
     X(MemcpyDtoH, "cuMemcpyDtoH", cuMemcpyDtoH)                           \
     X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync", cuMemcpyHtoDAsync)            \

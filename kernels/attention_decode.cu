@@ -19,6 +19,12 @@
 // partial (O, m, l) to the workspace that stof_attention_decode_combine merges. One CTA of
 // split 0 also writes the new token's K and V into its slot; every CTA makes the new key
 // itself, so no CTA waits for another.
+//
+// Before it waits for the kernel ahead (which makes qkv), a CTA asks L2 for its chunk's cache
+// rows and finds its rotary angles: both follow from the positions alone, which are the
+// step's inputs (copied in before the step, never a kernel's output), and the cache rows are
+// earlier steps' (no kernel of this step writes them but this one, into the new token's
+// slot, which no query of this step reads from the cache).
 #include "attention_common.cuh"
 #include "attention_decode_abi.cuh"
 #include "rotary_angle.cuh"
@@ -121,33 +127,49 @@ __device__ __forceinline__ void scores_new(const decode_smem &sm, int lane, bool
     }
 }
 
-// Pair j of a head (dims j and j + kPairs) from row x, rotated by position rpos under ROTARY
-// and then rounded to elem_t, as the rotary op writes it.
-__device__ __forceinline__ void head_pair(const elem_t *x, int j, int rpos, double log2_theta,
-                                          float &x0, float &x1) {
+// The rotary's turn of pair j at the sequence's position (ROTARY builds; else none).
+struct pair_turn {
+    float c, sn;
+};
+
+__device__ __forceinline__ pair_turn turn_of(const stof_decode_args &a, int b, int j) {
+    pair_turn t = {1.0f, 0.0f};
+#if ROTARY
+    stof::rotary_angle(a.rotary_positions[b], j, HEAD_DIM, log2(a.theta), &t.c, &t.sn);
+#else
+    (void)a;
+    (void)b;
+    (void)j;
+#endif
+    return t;
+}
+
+// A thread's pairs j of the new token's heads are all threadIdx.x % kPairs when the block's
+// threads are a multiple of kPairs: its one turn is then found before the wait.
+constexpr bool kOneTurn = (kWarps * 32) % kPairs == 0;
+
+// Pair j of a head (dims j and j + kPairs) from row x, turned by t under ROTARY and then
+// rounded to elem_t, as the rotary op writes it.
+__device__ __forceinline__ void head_pair(const elem_t *x, int j, pair_turn t, float &x0,
+                                          float &x1) {
     x0 = stof::to_float(x[j]);
     x1 = stof::to_float(x[j + kPairs]);
 #if ROTARY
-    float c, sn;
-    stof::rotary_angle(rpos, j, HEAD_DIM, log2_theta, &c, &sn);
-    stof::rotate_pair(x0, x1, c, sn);
+    stof::rotate_pair(x0, x1, t.c, t.sn);
     x0 = stof::to_float(stof::from_float<elem_t>(x0));
     x1 = stof::to_float(stof::from_float<elem_t>(x1));
 #else
-    (void)rpos;
-    (void)log2_theta;
+    (void)t;
 #endif
 }
 
 // The queries of heads q0 .. q0 + GROUP - 1, scaled, and the new token's key into shared
 // memory; one CTA of the K/V head (write: split 0, its first query heads) also puts that key
 // and its value into slot pos % cap, whose old key (pos - cap) no query of this step can see.
-// The loads come before the stores.
+// The loads come before the stores. mine: the turn of the thread's pairs (kOneTurn).
 __device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode_smem &sm,
                                                const elem_t *row, int b, int kvh, int q0, int pos,
-                                               bool write) {
-    const double log2_theta = ROTARY ? log2(a.theta) : 0.0;
-    const int rpos = ROTARY ? a.rotary_positions[b] : 0;
+                                               bool write, pair_turn mine) {
     const elem_t *knew = row + (a.heads + kvh) * HEAD_DIM;
     const unsigned *vnew =
         reinterpret_cast<const unsigned *>(row + (a.heads + a.kv_heads + kvh) * HEAD_DIM);
@@ -160,7 +182,8 @@ __device__ __forceinline__ void load_new_token(const stof_decode_args &a, decode
     for (int i = threadIdx.x; i < (GROUP + 1) * kPairs; i += blockDim.x) {
         const int g = i / kPairs, j = i % kPairs;
         float x0, x1;
-        head_pair(g < GROUP ? row + (q0 + g) * HEAD_DIM : knew, j, rpos, log2_theta, x0, x1);
+        head_pair(g < GROUP ? row + (q0 + g) * HEAD_DIM : knew, j,
+                  kOneTurn ? mine : turn_of(a, b, j), x0, x1);
         if (g < GROUP) {
             sm.q[g][j] = x0 * a.scale_log2;
             sm.q[g][j + kPairs] = x1 * a.scale_log2;
@@ -343,19 +366,47 @@ __device__ __forceinline__ void store_warp_o(decode_smem &sm, warp_state &st, in
     }
 }
 
+// The K and V rows of keys first .. last - 1 of sequence b's head kvh asked of L2 (the ring's
+// slots from first % cap on, wrapping at most once; the new token's slot among them holds an
+// older key, asked for nothing).
+__device__ __forceinline__ void prefetch_chunk(const stof_decode_args &a, int b, int kvh,
+                                               int first, int last) {
+    const int n = last - first;
+    if (n <= 0)
+        return;
+    const long long stride = (long long)a.kv_heads * HEAD_DIM * sizeof(elem_t);
+    const int s0 = first % a.cap, before_wrap = min(n, a.cap - s0);
+    const int starts[2] = {s0, 0}, rows[2] = {before_wrap, n - before_wrap};
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        const long long at = ((long long)b * a.cap + starts[part]) * a.kv_heads + kvh;
+        stof::prefetch_l2(static_cast<const elem_t *>(a.k_cache) + at * HEAD_DIM, stride,
+                          rows[part], HEAD_DIM * sizeof(elem_t));
+        stof::prefetch_l2(static_cast<const elem_t *>(a.v_cache) + at * HEAD_DIM, stride,
+                          rows[part], HEAD_DIM * sizeof(elem_t));
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
 stof_attention_decode(const __grid_constant__ stof_decode_args a) {
-    stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
+    stof::grid_dependency_launch(); // a programmatic dependent launch (common.cuh)
     __shared__ decode_smem sm;
     const int q0 = blockIdx.x * GROUP, b = blockIdx.y, z = blockIdx.z; // q0: first query head
     const int per_kv = a.heads / a.kv_heads, kvh = q0 / per_kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int pos = a.positions[b];
-    const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
-    const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
     // pos -1: an ended sequence. Its cache stays, no key is read (the loop below is empty:
     // last = 0) and its output is zeros.
-    load_new_token(a, sm, row, b, kvh, q0, pos, z == 0 && q0 % per_kv == 0 && pos >= 0);
+    const int pos = a.positions[b];
+    const int lo = max(0, pos - a.cap + 1);
+    const int first = lo + z * a.chunk, last = min(pos + 1, first + a.chunk);
+    // before the wait: what the positions alone give (see the top)
+    prefetch_chunk(a, b, kvh, first, last);
+    const pair_turn mine = kOneTurn && pos >= 0 ? turn_of(a, b, threadIdx.x % kPairs)
+                                                : pair_turn{1.0f, 0.0f};
+    stof::grid_dependency_wait(); // qkv: the kernel ahead's
+    const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
+    const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
+    load_new_token(a, sm, row, b, kvh, q0, pos, z == 0 && q0 % per_kv == 0 && pos >= 0, mine);
     __syncthreads();
 
     warp_state st;
@@ -367,8 +418,6 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         for (int i = 0; i < kAcc; ++i)
             st.acc[g][i] = 0.0f;
     }
-    const int lo = max(0, pos - a.cap + 1);
-    const int first = lo + z * a.chunk, last = min(pos + 1, first + a.chunk);
     const elem_t *kc = static_cast<const elem_t *>(a.k_cache);
     const elem_t *vc = static_cast<const elem_t *>(a.v_cache);
     const long long seq_slots = (long long)b * a.cap;

@@ -1,7 +1,11 @@
 // The index of the largest value of each row of logits [rows, vocab] (the first of equal
-// ones, as the host's greedy choice): a decode step's greedy tokens without copying the logits
-// back. Grid (rows), THREADS threads: each takes a strided slice of its row, then the warps
-// and the block reduce (value, index) pairs.
+// ones, as the host's greedy choice; NaNs never chosen; a row without any other value: token
+// 0): a decode step's greedy tokens without copying the logits back. Grid (rows, parts),
+// THREADS threads: each block takes its part of the row (vocab / parts values, a strided slice
+// a thread), its warps and then the block reduce (value, index) pairs. With one part the block
+// writes the token; with more, each part's best goes to its row's 64-bit key by atomicMax
+// (argmax_key: larger value first, then the smaller index), and the part that arrives last
+// writes the token and sets the key and count back to zero for the next launch.
 #include "common.cuh"
 
 #ifndef STOF_DTYPE
@@ -12,21 +16,32 @@
 #endif
 
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
+using u64 = unsigned long long;
 
 // Whether (v, i) goes before (w, j): the larger value, then the smaller index.
 __device__ __forceinline__ bool better(float v, long long i, float w, long long j) {
     return v > w || (v == w && i < j);
 }
 
+// (v, i) as a key whose unsigned order is `better`'s: v's bits made monotonic (-0 as +0, so
+// that equal values tie), then the complement of i. 0, below every key: no value.
+__device__ __forceinline__ u64 argmax_key(float v, unsigned i) {
+    const unsigned b = __float_as_uint(v + 0.0f);
+    const unsigned ordered = b & 0x80000000u ? ~b : b | 0x80000000u;
+    return (u64)ordered << 32 | (u64)(0xffffffffu - i);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
-stof_argmax_rows(const elem_t *x, long long vocab, int *out) {
+stof_argmax_rows(const elem_t *x, long long vocab, int *out, u64 *keys) {
     stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
     __shared__ float s_val[THREADS / 32];
     __shared__ long long s_idx[THREADS / 32];
     const elem_t *row = x + (long long)blockIdx.x * vocab;
+    const long long per = (vocab + gridDim.y - 1) / gridDim.y;
+    const long long from = blockIdx.y * per, to = min(vocab, from + per);
     float best = __int_as_float(0xff800000u); // -inf
     long long idx = vocab;                     // none yet
-    for (long long v = threadIdx.x; v < vocab; v += THREADS) {
+    for (long long v = from + threadIdx.x; v < to; v += THREADS) {
         const float f = stof::to_float(row[v]);
         if (better(f, v, best, idx))
             best = f, idx = v;
@@ -44,12 +59,26 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out) {
         s_idx[warp] = idx;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < THREADS / 32; ++w)
-            if (better(s_val[w], s_idx[w], best, idx))
-                best = s_val[w], idx = s_idx[w];
+    if (threadIdx.x != 0)
+        return;
+    for (int w = 1; w < THREADS / 32; ++w)
+        if (better(s_val[w], s_idx[w], best, idx))
+            best = s_val[w], idx = s_idx[w];
+    if (gridDim.y == 1) {
         out[blockIdx.x] = idx < vocab ? (int)idx : 0; // no value above -inf: token 0
+        return;
     }
+    u64 *key = keys + blockIdx.x;
+    unsigned *arrived = reinterpret_cast<unsigned *>(keys + gridDim.x) + blockIdx.x;
+    if (idx < vocab)
+        atomicMax(key, argmax_key(best, (unsigned)idx));
+    __threadfence(); // the key before the count: the last part sees every part's
+    if (atomicAdd(arrived, 1u) != gridDim.y - 1)
+        return;
+    __threadfence();
+    const u64 k = atomicExch(key, 0ull);
+    *arrived = 0u;
+    out[blockIdx.x] = k ? (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)) : 0;
 }
 
 // ---- Sampled tokens ------------------------------------------------------------------------
@@ -83,7 +112,6 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out) {
 #define SAMPLE_BINS 2048 // 11 bits, 2 a thread in the scans
 #define SAMPLE_ILP 8     // loads a thread has in flight in a pass over the row
 
-typedef unsigned long long u64;
 static_assert(2 * SAMPLE_THREADS == SAMPLE_BINS, "the scans take two bins a thread");
 
 struct sample_smem {

@@ -13,6 +13,10 @@
  * A second launch gives the same tokens (integer sums: no order to depend on); rows marked
  * ended are skipped, their tokens left as poisoned.
  *
+ * The greedy argmax against the host's (the first of equal values, NaNs never, token 0 for a
+ * row of NaNs) over the same kinds of rows, one block a row and spread over blocks, two
+ * launches each, the blocks' scratch left as zeros.
+ *
  * Then the timing (informational; "notime" skips it): a step's draw at a 50257-token
  * vocabulary, 1, 8 and 64 rows of normal logits of standard deviation 2 and 6, beside the
  * greedy argmax, each replayed from a CUDA graph. Exit 77 without a GPU. */
@@ -32,6 +36,8 @@
 #include "gpu_common.h"
 
 #define ROWS 6
+
+enum { TIME_ROWS = 64, TIME_VOCAB = 50257, BIG_VOCAB = 128256 };
 #define POISON_TOKEN (-7)
 
 typedef enum row_kind {
@@ -69,7 +75,7 @@ static float logit_of(row_kind k, util_rng *r, int64_t v, int64_t vocab) {
 }
 
 typedef struct gpu_bufs {
-    CUdeviceptr logits, u, live, prob, out;
+    CUdeviceptr logits, u, live, prob, out, keys; /* keys: the argmax's scratch, zeros */
 } gpu_bufs;
 
 typedef struct tally {
@@ -128,6 +134,88 @@ static int launch(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int rows, int6
              drv->MemcpyDtoH(out, d->out, sizeof *out * (size_t)rows) != CUDA_SUCCESS;
     CHECK_MSG(!rc, "the sampling kernel failed");
     return rc;
+}
+
+/* The host's greedy token: the first of the largest values, NaNs skipped, 0 if none. */
+static int32_t host_argmax(const float *row, int64_t vocab) {
+    int64_t best = -1;
+    for (int64_t v = 0; v < vocab; v++)
+        if (!isnan(row[v]) && (best < 0 || row[v] > row[best]))
+            best = v;
+    return best < 0 ? 0 : (int32_t)best;
+}
+
+/* The argmax of ROWS rows (spread: over blocks, with the scratch), poisoned before; 0 when it
+ * ran and the scratch is zeros again. */
+static int launch_argmax(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int64_t vocab,
+                         int spread, int32_t *out) {
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    stof_error err = {0};
+    int32_t poison[ROWS];
+    uint8_t keys[12 * ROWS];
+    for (int r = 0; r < ROWS; r++)
+        poison[r] = POISON_TOKEN;
+    int rc = drv->MemcpyHtoD(d->out, poison, sizeof poison) != CUDA_SUCCESS;
+    if (!rc)
+        rc = exec_argmax_rows(ctx, d->logits, t, ROWS, vocab, spread ? d->keys : 0, d->out, NULL,
+                              &err);
+    CHECK_MSG(rc == STOF_OK, "exec_argmax_rows: %s", err.msg);
+    if (!rc)
+        rc = drv->StreamSynchronize(NULL) != CUDA_SUCCESS ||
+             drv->MemcpyDtoH(out, d->out, sizeof *out * ROWS) != CUDA_SUCCESS ||
+             drv->MemcpyDtoH(keys, d->keys, exec_argmax_scratch_bytes(ROWS)) != CUDA_SUCCESS;
+    CHECK_MSG(!rc, "the argmax kernel failed");
+    for (size_t i = 0; !rc && i < exec_argmax_scratch_bytes(ROWS); i++)
+        if (keys[i]) {
+            CHECK_MSG(0, "vocab %lld: the argmax left its scratch byte %zu at %d",
+                      (long long)vocab, i, keys[i]);
+            return 1;
+        }
+    return rc;
+}
+
+/* Greedy tokens of every kind of row (with NaNs among the signed zeros' rows, and a row of
+ * NaNs), fp16 and bf16, vocabularies around a block's part: the host's. */
+static void check_argmax(exec_ctx *ctx, const gpu_bufs *d) {
+    static const int64_t vocabs[] = {1, 7, 2048, 2049, 4099, 50257, BIG_VOCAB};
+    int checked = 0;
+    for (int t = 1; t <= 2; t++)
+        for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++)
+            for (int k = 0; k < N_KINDS; k++) {
+                const int64_t vocab = vocabs[vi];
+                const size_t n = (size_t)ROWS * (size_t)vocab;
+                uint16_t *bits = malloc(sizeof *bits * n);
+                float *rows = malloc(sizeof *rows * n);
+                util_rng rng = {1000 + 31 * vi + 7 * (size_t)k + (size_t)t};
+                for (size_t i = 0; bits && rows && i < n; i++) {
+                    const int64_t v = (int64_t)(i % (size_t)vocab), r = (int64_t)(i / (size_t)vocab);
+                    float x = logit_of((row_kind)k, &rng, v, vocab);
+                    if (k == K_ZEROS && (r == ROWS - 1 || (r == ROWS - 2 && v % 3 == 1)))
+                        x = NAN;
+                    bits[i] = to_bits((stof_dtype)t, x);
+                    rows[i] = from_bits((stof_dtype)t, bits[i]);
+                }
+                int rc = !bits || !rows ||
+                         exec_ctx_driver(ctx)->MemcpyHtoD(d->logits, bits, sizeof *bits * n) !=
+                             CUDA_SUCCESS;
+                CHECK_MSG(!rc, "argmax inputs");
+                for (int spread = 0; !rc && spread < 2; spread++)
+                    for (int again = 0; !rc && again < 2; again++) {
+                        int32_t got[ROWS];
+                        rc = launch_argmax(ctx, d, (stof_dtype)t, vocab, spread, got);
+                        for (int r = 0; !rc && r < ROWS; r++) {
+                            const int32_t want = host_argmax(rows + (size_t)r * (size_t)vocab, vocab);
+                            CHECK_MSG(got[r] == want, "argmax %s %s vocab %lld row %d (%s): token "
+                                      "%d, the host's %d", t == STOF_BF16 ? "bf16" : "fp16",
+                                      kind_name[k], (long long)vocab, r,
+                                      spread ? "over blocks" : "a block", got[r], want);
+                            checked++;
+                        }
+                    }
+                free(bits);
+                free(rows);
+            }
+    printf("greedy argmax: %d rows the host's (a block a row, and over blocks)\n", checked);
 }
 
 /* One vocabulary, dtype and kind of row: ROWS rows, a few sets of options over them. */
@@ -230,8 +318,8 @@ static double time_rows(exec_ctx *ctx, const gpu_bufs *d, int rows, int64_t voca
         rc = rc || (o->temperature > 0.0f
                         ? exec_sample_rows(ctx, d->logits, STOF_F16, rows, vocab, &how, d->u, 0,
                                            d->prob, d->out, st, &err)
-                        : exec_argmax_rows(ctx, d->logits, STOF_F16, rows, vocab, d->out, st,
-                                           &err));
+                        : exec_argmax_rows(ctx, d->logits, STOF_F16, rows, vocab, d->keys,
+                                           d->out, st, &err));
         if (pass)
             rc = drv->StreamEndCapture(st, &captured) != CUDA_SUCCESS || rc;
     }
@@ -280,7 +368,6 @@ static void timing(exec_ctx *ctx, const gpu_bufs *d) {
     }
 }
 
-enum { TIME_ROWS = 64, TIME_VOCAB = 50257, BIG_VOCAB = 128256 };
 
 static int alloc_bufs(exec_ctx *ctx, gpu_bufs *d) {
     const cuda_driver *drv = exec_ctx_driver(ctx);
@@ -292,12 +379,16 @@ static int alloc_bufs(exec_ctx *ctx, gpu_bufs *d) {
            drv->MemAlloc(&d->prob, 4 * most) != CUDA_SUCCESS ||
            drv->MemAlloc(&d->u, sizeof(double) * TIME_ROWS) != CUDA_SUCCESS ||
            drv->MemAlloc(&d->live, sizeof(int32_t) * TIME_ROWS) != CUDA_SUCCESS ||
-           drv->MemAlloc(&d->out, sizeof(int32_t) * TIME_ROWS) != CUDA_SUCCESS;
+           drv->MemAlloc(&d->out, sizeof(int32_t) * TIME_ROWS) != CUDA_SUCCESS ||
+           drv->MemAlloc(&d->keys, exec_argmax_scratch_bytes(TIME_ROWS)) != CUDA_SUCCESS ||
+           drv->MemsetD8Async(d->keys, 0, exec_argmax_scratch_bytes(TIME_ROWS), NULL) !=
+               CUDA_SUCCESS ||
+           drv->StreamSynchronize(NULL) != CUDA_SUCCESS;
 }
 
 static void free_bufs(exec_ctx *ctx, gpu_bufs *d) {
     const cuda_driver *drv = exec_ctx_driver(ctx);
-    CUdeviceptr *all[] = {&d->logits, &d->prob, &d->u, &d->live, &d->out};
+    CUdeviceptr *all[] = {&d->logits, &d->prob, &d->u, &d->live, &d->out, &d->keys};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (*all[i])
             drv->MemFree(*all[i]);
@@ -376,6 +467,8 @@ int main(int argc, char **argv) {
                           ks[c], (double)ps[c], got[r]);
         }
     }
+    if (!rc)
+        check_argmax(ctx, &d);
     /* bad requests: refused, saying what was expected */
     exec_sampling bad = {0.0f, 0, 1.0f};
     if (!rc) {

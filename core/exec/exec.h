@@ -379,9 +379,13 @@ int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows);
 const char *exec_model_pack_refused(const exec_model *m);
 
 /* Greedy tokens: out[r] (int32) = the index of the largest of row r of logits [rows, vocab]
- * (the first of equal ones), launched on stream st (captured when st is capturing). */
+ * (the first of equal ones; NaNs never; 0 for a row of NaNs), launched on stream st (captured
+ * when st is capturing). scratch: exec_argmax_scratch_bytes(rows) bytes of zeros on the
+ * device, which each launch leaves as zeros, to spread a row over several blocks (0: a block
+ * a row); launches sharing it must not overlap. */
+size_t exec_argmax_scratch_bytes(int rows);
 int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     CUdeviceptr out, CUstream st, stof_error *err);
+                     CUdeviceptr scratch, CUdeviceptr out, CUstream st, stof_error *err);
 
 /* What a sampled token is drawn from (gen_options' fields of the same names): logits /
  * temperature (> 0), the top_k first in rank order (0: every token), of those the fewest whose

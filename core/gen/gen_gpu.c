@@ -59,8 +59,8 @@ typedef struct gpu_run {
     stof_dtype dtype;
     const cuda_driver *drv;
     /* d_in: the step's inputs (as `in`), its ids row overwritten by the tokens chosen;
-     * d_prob: the sampling kernel's scratch */
-    CUdeviceptr d_in, d_out, d_prob;
+     * d_choice: the token choice's scratch (the sampling kernel's, or the argmax's keys) */
+    CUdeviceptr d_in, d_out, d_choice;
     CUstream stream;
     CUgraph step_graph;     /* the model's pass, then the tokens chosen */
     CUgraphExec step_exec;
@@ -117,12 +117,16 @@ static int alloc_device(gpu_run *g, stof_error *err) {
     if (!rc)
         rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_out, 2 * B * V), "cuMemAlloc(logits)",
                         err);
-    if (!rc && sampled(g))
-        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_prob, 4 * B * V),
-                        "cuMemAlloc(sampling scratch)", err);
+    size_t choice = sampled(g) ? 4 * B * V : exec_argmax_scratch_bytes((int)B);
+    if (!rc)
+        rc = cuda_check(g->drv, g->drv->MemAlloc(&g->d_choice, choice),
+                        "cuMemAlloc(the token choice's scratch)", err);
     if (!rc)
         rc = cuda_check(g->drv, g->drv->StreamCreate(&g->stream, CU_STREAM_NON_BLOCKING),
                         "cuStreamCreate", err);
+    if (!rc) /* the argmax's keys start as zeros, and each launch leaves them so */
+        rc = cuda_check(g->drv, g->drv->MemsetD8Async(g->d_choice, 0, choice, g->stream),
+                        "cuMemsetD8Async(the token choice's scratch)", err);
     return rc ? rc : alloc_pinned(g, err);
 }
 
@@ -133,12 +137,12 @@ static int choose_tokens(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch;
     CUdeviceptr ids = g->d_in + step_at(STEP_IDS, B);
     if (!sampled(g))
-        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, ids, g->stream,
-                                err);
+        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_choice, ids,
+                                g->stream, err);
     exec_sampling how = {g->o->temperature, g->o->top_k, g->o->top_p};
     return exec_sample_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, &how,
                             g->d_in + step_at(STEP_U, B), g->d_in + step_at(STEP_ATTN_POSITIONS, B),
-                            g->d_prob, ids, g->stream, err);
+                            g->d_choice, ids, g->stream, err);
 }
 
 /* The whole step as one CUDA graph of its own, made once: the model's pass and the tokens
@@ -423,8 +427,8 @@ static void run_free(gpu_run *g) {
             g->drv->MemFree(g->d_in);
         if (g->d_out)
             g->drv->MemFree(g->d_out);
-        if (g->d_prob)
-            g->drv->MemFree(g->d_prob);
+        if (g->d_choice)
+            g->drv->MemFree(g->d_choice);
     }
     exec_model_free(g->xm);
     exec_plan_free(g->plan);

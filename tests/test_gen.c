@@ -279,23 +279,30 @@ static void check_prefill_plan(const tiny *t) {
     graph_free(&fwd);
 }
 
-/* The segments of g's default schemes, as (first op, ops) pairs; returns how many (at most
- * cap). */
+/* The segments of g's default plan (exec_default_schemes: a scheme a class of layers, and
+ * outside the layers one where they run one row, else an op a segment), as (first op, ops)
+ * pairs; returns how many (at most cap). */
 static int default_segments(const graph *g, int (*spans)[2], int cap) {
     fusion_seq *seqs = NULL;
     int n = 0, found = 0;
     stof_error err = {0};
     CHECK_EQ_INT(fusion_sequences(g, &seqs, &n, &err), STOF_OK);
-    for (int i = 0; i < n; i++) {
-        fusion_scheme sc;
+    fusion_scheme *schemes = calloc((size_t)n + 1, sizeof *schemes);
+    CHECK(schemes != NULL);
+    if (schemes)
+        CHECK_EQ_INT(exec_default_schemes(g, seqs, n, schemes, &err), STOF_OK);
+    for (int i = 0; schemes && i < n; i++) {
+        const fusion_scheme *sc = &schemes[seqs[i].cls];
         fusion_segment segs[FUSION_MAX_OPS];
-        CHECK_EQ_INT(exec_default_scheme(g, &seqs[i], &sc, &err), STOF_OK);
-        const int n_segs = fusion_scheme_segments(&sc, segs, FUSION_MAX_OPS);
+        int n_segs = sc->n ? fusion_scheme_segments(sc, segs, FUSION_MAX_OPS) : seqs[i].n;
+        for (int k = 0; !sc->n && k < n_segs; k++)
+            segs[k] = (fusion_segment){k, k};
         for (int k = 0; k < n_segs && found < cap; k++, found++) {
             spans[found][0] = seqs[i].first + segs[k].first;
             spans[found][1] = segs[k].last - segs[k].first + 1;
         }
     }
+    free(schemes);
     free(seqs);
     return found;
 }

@@ -72,7 +72,9 @@ int exec_scheme_check(const graph *g, const exec_seq *seq, const fusion_scheme *
  * runs on an implemented template. Canonical form. */
 int exec_default_scheme(const graph *g, const exec_seq *seq, fusion_scheme *s, stof_error *err);
 /* schemes[cls] for each class of layers among seqs[0..n-1] that has none yet (n == 0): its
- * default scheme. Ops outside the layers keep none (they run unfused). */
+ * default scheme. Ops outside the layers keep none (they run unfused), but where they run one
+ * row (a decode step at batch 1: the final norm joins the head's gemv as its prologue, 3 us a
+ * step on an H200). */
 int exec_default_schemes(const graph *g, const exec_seq *seqs, int n, fusion_scheme *schemes,
                          stof_error *err);
 

@@ -619,11 +619,21 @@ void exec_arena_assign(exec_buffer *b, int n, size_t *arena, size_t *bound) {
     free(off);
 }
 
+/* Whether sequence seq's first GEMM runs one row (a decode step at batch 1). */
+static int one_row_seq(const graph *g, const exec_seq *seq) {
+    for (int i = seq->first; i < seq->first + seq->n; i++) {
+        fusion_match m;
+        if (g->ops[i].kind == OP_GEMM)
+            return match_span(g, i, 1, &m) && m.dims.m == 1;
+    }
+    return 0;
+}
+
 int exec_default_schemes(const graph *g, const exec_seq *seqs, int n, fusion_scheme *schemes,
                          stof_error *err) {
     int rc = STOF_OK;
     for (int i = 0; !rc && i < n; i++)
-        if (seqs[i].layer >= 0 && schemes[seqs[i].cls].n == 0)
+        if ((seqs[i].layer >= 0 || one_row_seq(g, &seqs[i])) && schemes[seqs[i].cls].n == 0)
             rc = exec_default_scheme(g, &seqs[i], &schemes[seqs[i].cls], err);
     return rc;
 }

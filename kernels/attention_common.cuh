@@ -137,24 +137,48 @@ template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned u)
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u));
 }
 
-// s[g] += q_g . k for G query rows (D floats each, consecutive from q: shared memory, read as
-// broadcasts) and one key row k of D elements (16-byte loads; D a multiple of 8).
+// s[g] += q_g . k over dims 8 vi .. 8 vi + 7 for G query rows (D floats each, consecutive from
+// q: shared memory, read as broadcasts), u those dims of a key row.
+template <typename T, int D, int G>
+__device__ __forceinline__ void dot_key_vec(const float *q, int vi, uint4 u, float (&s)[G]) {
+    const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float2 x = unpack2<T>(words[e]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            s[g] = fmaf(q[g * D + vi * 8 + 2 * e], x.x, s[g]);
+            s[g] = fmaf(q[g * D + vi * 8 + 2 * e + 1], x.y, s[g]);
+        }
+    }
+}
+
+// s[g] += q_g . k for one key row k of D elements (16-byte loads; D a multiple of 8).
 template <typename T, int D, int G>
 __device__ __forceinline__ void dot_key(const float *q, const T *krow, float (&s)[G]) {
 #pragma unroll
-    for (int vi = 0; vi < D / 8; ++vi) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
-        const unsigned words[4] = {u.x, u.y, u.z, u.w};
+    for (int vi = 0; vi < D / 8; ++vi)
+        dot_key_vec<T, D, G>(q, vi, __ldg(reinterpret_cast<const uint4 *>(krow) + vi), s);
+}
+
+// A key row held in registers, loaded apart from its scoring where the loads go ahead (the
+// decode step's, before its wait), and scored by dot_key_row.
+template <int D> struct key_row {
+    uint4 v[D / 8];
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void load_key_row(key_row<D> &k, const T *krow) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 x = unpack2<T>(words[e]);
+    for (int vi = 0; vi < D / 8; ++vi)
+        k.v[vi] = __ldg(reinterpret_cast<const uint4 *>(krow) + vi);
+}
+
+template <typename T, int D, int G>
+__device__ __forceinline__ void dot_key_row(const float *q, const key_row<D> &k, float (&s)[G]) {
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                s[g] = fmaf(q[g * D + vi * 8 + 2 * e], x.x, s[g]);
-                s[g] = fmaf(q[g * D + vi * 8 + 2 * e + 1], x.y, s[g]);
-            }
-        }
-    }
+    for (int vi = 0; vi < D / 8; ++vi)
+        dot_key_vec<T, D, G>(q, vi, k.v[vi], s);
 }
 
 // ---- T5 relative position bias -------------------------------------------------

@@ -101,13 +101,21 @@ struct warp_state {
     float acc[GROUP][kAcc];
 };
 
-// s_g = q_g . k for the lane's key row.
+// s_g = q_g . k for the lane's key row, from memory or (early) from registers.
 __device__ __forceinline__ void scores(const decode_smem &sm, const elem_t *krow,
                                        float (&s)[GROUP]) {
 #pragma unroll
     for (int g = 0; g < GROUP; ++g)
         s[g] = 0.0f;
     dot_key<elem_t, HEAD_DIM, GROUP>(&sm.q[0][0], krow, s);
+}
+
+__device__ __forceinline__ void scores(const decode_smem &sm, const key_row<HEAD_DIM> &k,
+                                       float (&s)[GROUP]) {
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g)
+        s[g] = 0.0f;
+    dot_key_row<elem_t, HEAD_DIM, GROUP>(&sm.q[0][0], k, s);
 }
 
 // The tile that holds the new token's key (tile <= pos < tile + 32, the same for the whole
@@ -341,6 +349,60 @@ __device__ __forceinline__ void accumulate_v_wide(warp_state &st, const float (&
     }
 }
 
+// What a warp loads of its tile of keys ahead of their scores: the tile's V rows where they
+// come before the scores (wide, or the whole tile: kPrefetchV), and with kEarlyTile the lane's
+// key's K row too (else scores reads it from memory).
+struct tile_rows {
+    key_row<HEAD_DIM> k;
+    v_chunk whole;
+    v_wide wide;
+};
+
+// Wide builds with heads of up to 64 dims (a small grid, where a CTA's chain of latencies is
+// the step's time): each warp loads its first tile before the wait (the cache's rows are
+// earlier steps'; see the top), all but the new token's V, which patch_new_v adds after it.
+// (Pairs' builds run grids of many CTAs, where the K rows' registers would cost occupancy.)
+constexpr bool kEarlyTile = kWideV && HEAD_DIM <= 64;
+
+// Tile `tile` (n keys, last the chunk's end) of the sequence's head: kseq and vseq its slot 0
+// in the K and V caches; vnew the new token's V row, or before the wait any row of the cache;
+// with_k: the K row too.
+__device__ __forceinline__ void load_tile(tile_rows &t, int tile, int n, int last, int pos,
+                                          int cap, int kv_heads, const elem_t *kseq,
+                                          const elem_t *vseq, const elem_t *vnew, bool with_k) {
+    const int lane = threadIdx.x % 32, j = tile + lane;
+    const int my_slot = ring_slot(tile % cap, lane, tile, cap);
+    if (kWideV)
+        load_v_wide(t.wide, n, tile, tile % cap, pos, vnew, vseq, kv_heads, cap);
+    else if (kPrefetchV)
+        load_v_chunk(t.whole, 0, n, tile, my_slot, pos, vnew, vseq, kv_heads);
+    if (with_k && j < last && j != pos)
+        load_key_row<elem_t, HEAD_DIM>(t.k, kseq + (long long)my_slot * kv_heads * HEAD_DIM);
+}
+
+// The new token's V into a tile loaded before the wait (where the tile holds it): the lanes'
+// registers that load_tile filled from the cache instead.
+__device__ __forceinline__ void patch_new_v(tile_rows &t, int tile, int pos, const elem_t *vnew) {
+    if (pos < tile || pos >= tile + 32)
+        return;
+    const int lane = threadIdx.x % 32;
+    if (kWideV) {
+#pragma unroll
+        for (int i = 0; i < kRowLanes; ++i)
+            if (tile + i * kKeysAtOnce + lane / kRowLanes == pos)
+                t.wide.raw[i] = *reinterpret_cast<const uint4 *>(vnew + 8 * (lane % kRowLanes));
+    } else if (kPrefetchV) {
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u)
+#pragma unroll
+            for (int r = 0; r < kRounds; ++r) {
+                const int p = lane + 32 * r;
+                if (tile + u == pos && p < kPairs)
+                    t.whole.raw[u][r] = reinterpret_cast<const unsigned *>(vnew)[p];
+            }
+    }
+}
+
 // The warp's O of head g into shared memory: wide, the sums of the lanes holding the same
 // dims added up first (lanes l, l + kRowLanes, ...).
 __device__ __forceinline__ void store_warp_o(decode_smem &sm, warp_state &st, int warp, int lane,
@@ -403,6 +465,14 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
     prefetch_chunk(a, b, kvh, first, last);
     const pair_turn mine = kOneTurn && pos >= 0 ? turn_of(a, b, threadIdx.x % kPairs)
                                                 : pair_turn{1.0f, 0.0f};
+    const long long seq_head = ((long long)b * a.cap * a.kv_heads + kvh) * HEAD_DIM;
+    const elem_t *kseq = static_cast<const elem_t *>(a.k_cache) + seq_head;
+    const elem_t *vseq = static_cast<const elem_t *>(a.v_cache) + seq_head;
+    const int tile0 = first + warp * 32;
+    tile_rows rows;
+    if (kEarlyTile && tile0 < last)
+        load_tile(rows, tile0, min(32, last - tile0), last, pos, a.cap, a.kv_heads, kseq, vseq,
+                  vseq, true);
     stof::grid_dependency_wait(); // qkv: the kernel ahead's
     const elem_t *row = static_cast<const elem_t *>(a.qkv) + (long long)b * a.qkv_row_stride;
     const elem_t *vnew = row + (a.heads + a.kv_heads + kvh) * HEAD_DIM;
@@ -418,26 +488,23 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         for (int i = 0; i < kAcc; ++i)
             st.acc[g][i] = 0.0f;
     }
-    const elem_t *kc = static_cast<const elem_t *>(a.k_cache);
-    const elem_t *vc = static_cast<const elem_t *>(a.v_cache);
-    const long long seq_slots = (long long)b * a.cap;
-    for (int tile = first + warp * 32; tile < last; tile += kWarps * 32) {
+    for (int tile = tile0; tile < last; tile += kWarps * 32) {
         const int j = tile + lane, n = min(32, last - tile);
+        const bool early = kEarlyTile && tile == tile0;
         const int my_slot = ring_slot(tile % a.cap, lane, tile, a.cap);
-        const elem_t *vseq = vc + (seq_slots * a.kv_heads + kvh) * HEAD_DIM;
-        v_chunk whole; // the tile's V rows, when they come before its scores
-        v_wide wide;
-        if (kWideV)
-            load_v_wide(wide, n, tile, tile % a.cap, pos, vnew, vseq, a.kv_heads, a.cap);
-        else if (kPrefetchV)
-            load_v_chunk(whole, 0, n, tile, my_slot, pos, vnew, vseq, a.kv_heads);
+        if (early)
+            patch_new_v(rows, tile, pos, vnew);
+        else
+            load_tile(rows, tile, n, last, pos, a.cap, a.kv_heads, kseq, vseq, vnew, kEarlyTile);
         // the key's scores and its mask bit are loaded side by side: neither waits for the other
         float s[GROUP];
 #pragma unroll
         for (int g = 0; g < GROUP; ++g)
             s[g] = STOF_NEG_INF;
-        if (j < last && j != pos)
-            scores(sm, kc + ((seq_slots + my_slot) * a.kv_heads + kvh) * HEAD_DIM, s);
+        if (j < last && j != pos && kEarlyTile)
+            scores(sm, rows.k, s);
+        else if (j < last && j != pos)
+            scores(sm, kseq + (long long)my_slot * a.kv_heads * HEAD_DIM, s);
         if (tile <= pos && pos < tile + 32 && pos < last)
             scores_new(sm, lane, j == pos, s);
         const bool valid = j < last && allowed(a, b, pos, j);
@@ -447,9 +514,9 @@ stof_attention_decode(const __grid_constant__ stof_decode_args a) {
         softmax_tile(st, s, valid);
         const unsigned ok_keys = __ballot_sync(0xffffffffu, valid);
         if (kWideV) {
-            accumulate_v_wide(st, s, ok_keys, n, wide);
+            accumulate_v_wide(st, s, ok_keys, n, rows.wide);
         } else if (kPrefetchV) {
-            accumulate_v_chunk(st, s, ok_keys, 0, n, whole);
+            accumulate_v_chunk(st, s, ok_keys, 0, n, rows.whole);
         } else {
             for (int t0 = 0; t0 < n; t0 += kChunk) {
                 v_chunk part;

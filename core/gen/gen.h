@@ -81,7 +81,8 @@ typedef struct gen_result {
     int64_t vocab;
     size_t cache_bytes;   /* the KV cache's (0 when recomputing) */
     int steps;            /* forward passes run: the CPU's prefill and each decode step (the
-                             GPU's prefill pass is not counted: prefilled says it ran) */
+                             GPU's prefill pass is not counted: prefilled says it ran; a step
+                             launched ahead of a stop token the host had not seen yet is) */
     double setup_s;       /* GPU: the step's plan, kernels and weights made ready (and the
                              prefill's) */
     int prefilled;        /* GPU: 1 when the prompts went through the prefill pass, 0 when
@@ -96,7 +97,7 @@ typedef struct gen_result {
     int step_from_plan;   /* GPU: the step ran gen_options.step_plan */
     double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
     double tuned_step_ms; /* graph replay as the tuner measured it */
-    double steps_s;       /* GPU: the steps, inputs to tokens (the first captures its graph) */
+    double steps_s;       /* GPU: the steps, the first inputs to the last tokens */
     /* GPU with profile_reps: the decode step's CUDA graph replayed alone (no host work), and
      * its segments timed in place, one row per kind (the ops and the template they run on),
      * summed over the layers, slowest first. */

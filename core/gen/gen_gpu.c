@@ -89,13 +89,18 @@ static int alloc_host(gpu_run *g, stof_error *err) {
     return g->fed ? STOF_OK : STOF_ERR_NOMEM;
 }
 
+static size_t up16(size_t bytes) {
+    return (bytes + 15) / 16 * 16;
+}
+
 /* The slots' host memory, page-locked so that the copies in and out run without the host
  * (from pageable memory a copy out would hold the host until the step ends): each slot's
  * inputs, tokens and kept logits, 16-byte aligned. */
 static int alloc_pinned(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    size_t in_b = step_at(STEP_END, B), tok_b = (4 * B + 15) / 16 * 16;
-    size_t raw_b = g->keep_logits ? sizeof **g->raw * B * V : 0, slot_b = in_b + tok_b + raw_b;
+    size_t in_b = up16(step_at(STEP_END, B)), tok_b = up16(4 * B);
+    size_t raw_b = g->keep_logits ? up16(sizeof **g->raw * B * V) : 0;
+    size_t slot_b = in_b + tok_b + raw_b;
     int rc = cuda_check(g->drv, g->drv->MemAllocHost(&g->pinned, STEP_SLOTS * slot_b),
                         "cuMemAllocHost(the steps' inputs and tokens)", err);
     for (int k = 0; !rc && k < STEP_SLOTS; k++) {
@@ -130,9 +135,9 @@ static int alloc_device(gpu_run *g, stof_error *err) {
     return rc ? rc : alloc_pinned(g, err);
 }
 
-/* The tokens of the step's logits, over its ids row: greedy (argmax) or drawn with each
- * sequence's uniform number; an ended sequence (attention position -1) draws none, and its
- * id stays. */
+/* The tokens of the step's logits, over its ids row: greedy (argmax, every row) or drawn with
+ * each sequence's uniform number (an ended sequence, attention position -1, draws none: its
+ * id stays). An ended sequence's id only feeds the projections, whose row is dropped. */
 static int choose_tokens(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch;
     CUdeviceptr ids = g->d_in + step_at(STEP_IDS, B);
@@ -459,12 +464,13 @@ int gen_run_gpu(const gen_model *m, exec_ctx *ctx, const gen_prompts *p, const g
         rc = alloc_device(&g, err);
     if (!rc)
         rc = capture_step(&g, err);
-    if (!rc && !o->feed_prompts)
+    if (!rc && !o->feed_prompts) {
         rc = gen_gpu_prefill(ctx, m, &g.dec, g.xm, p, o->forward_plan, g.stream, r, err);
-    if (rc == STOF_ERR_DEVICE_OOM) { /* the step alone fits: the prompts go through it */
-        snprintf(r->prefill_skipped, sizeof r->prefill_skipped, "%.199s",
-                 err ? err->msg : "out of device memory");
-        rc = STOF_OK;
+        if (rc == STOF_ERR_DEVICE_OOM) { /* the step alone fits: the prompts go through it */
+            snprintf(r->prefill_skipped, sizeof r->prefill_skipped, "%.199s",
+                     err ? err->msg : "out of device memory");
+            rc = STOF_OK;
+        }
     }
     for (int b = 0; !rc && r->prefilled && b < p->batch; b++)
         g.fed[b] = p->len[b] - 1; /* its last token goes through the step: the first logits */

@@ -381,26 +381,16 @@ __device__ __forceinline__ void load_tile(tile_rows &t, int tile, int n, int las
 }
 
 // The new token's V into a tile loaded before the wait (where the tile holds it): the lanes'
-// registers that load_tile filled from the cache instead.
+// registers that load_tile filled from the cache instead (wide V: kEarlyTile's builds).
 __device__ __forceinline__ void patch_new_v(tile_rows &t, int tile, int pos, const elem_t *vnew) {
+    static_assert(!kEarlyTile || kWideV, "a tile loaded early holds its V wide");
     if (pos < tile || pos >= tile + 32)
         return;
     const int lane = threadIdx.x % 32;
-    if (kWideV) {
 #pragma unroll
-        for (int i = 0; i < kRowLanes; ++i)
-            if (tile + i * kKeysAtOnce + lane / kRowLanes == pos)
-                t.wide.raw[i] = *reinterpret_cast<const uint4 *>(vnew + 8 * (lane % kRowLanes));
-    } else if (kPrefetchV) {
-#pragma unroll
-        for (int u = 0; u < kChunk; ++u)
-#pragma unroll
-            for (int r = 0; r < kRounds; ++r) {
-                const int p = lane + 32 * r;
-                if (tile + u == pos && p < kPairs)
-                    t.whole.raw[u][r] = reinterpret_cast<const unsigned *>(vnew)[p];
-            }
-    }
+    for (int i = 0; i < kRowLanes; ++i)
+        if (tile + i * kKeysAtOnce + lane / kRowLanes == pos)
+            t.wide.raw[i] = *reinterpret_cast<const uint4 *>(vnew + 8 * (lane % kRowLanes));
 }
 
 // The warp's O of head g into shared memory: wide, the sums of the lanes holding the same

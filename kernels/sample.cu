@@ -18,6 +18,34 @@
 using elem_t = typename stof::dtype_of<STOF_DTYPE>::type;
 using u64 = unsigned long long;
 
+// Where a row's chosen token goes: exec.h's exec_tokens, field for field. out[row] the token;
+// live (may be null): a row whose entry is negative is not chosen for. positions (with live):
+// a decode step's bookkeeping, so that the next step needs no copy in and its tokens none
+// out: a chosen row's live entry p becomes p + 1 in live and positions alike, and host (may be
+// null: host memory mapped for the device, [rows, host_stride]) gets the token at [row, p].
+struct tokens_out {
+    int *out;
+    int *live;
+    int *positions;
+    int *host;
+    long long host_stride;
+};
+
+__device__ __forceinline__ bool chosen_for(const tokens_out &to, int row) {
+    return !to.live || to.live[row] >= 0;
+}
+
+__device__ __forceinline__ void put_token(const tokens_out &to, int row, int token) {
+    to.out[row] = token;
+    if (!to.positions)
+        return;
+    const int p = to.live[row];
+    if (to.host && p < to.host_stride)
+        to.host[(long long)row * to.host_stride + p] = token;
+    to.positions[row] = p + 1;
+    to.live[row] = p + 1;
+}
+
 // Whether (v, i) goes before (w, j): the larger value, then the smaller index.
 __device__ __forceinline__ bool better(float v, long long i, float w, long long j) {
     return v > w || (v == w && i < j);
@@ -32,8 +60,10 @@ __device__ __forceinline__ u64 argmax_key(float v, unsigned i) {
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-stof_argmax_rows(const elem_t *x, long long vocab, int *out, u64 *keys) {
+stof_argmax_rows(const elem_t *x, long long vocab, tokens_out sink, u64 *keys) {
     stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
+    if (!chosen_for(sink, blockIdx.x)) // no part of the row touches its key
+        return;
     __shared__ float s_val[THREADS / 32];
     __shared__ long long s_idx[THREADS / 32];
     const elem_t *row = x + (long long)blockIdx.x * vocab;
@@ -65,7 +95,7 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out, u64 *keys) {
         if (better(s_val[w], s_idx[w], best, idx))
             best = s_val[w], idx = s_idx[w];
     if (gridDim.y == 1) {
-        out[blockIdx.x] = idx < vocab ? (int)idx : 0; // no value above -inf: token 0
+        put_token(sink, blockIdx.x, idx < vocab ? (int)idx : 0); // no value above -inf: token 0
         return;
     }
     u64 *key = keys + blockIdx.x;
@@ -78,7 +108,7 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out, u64 *keys) {
     __threadfence();
     const u64 k = atomicExch(key, 0ull);
     *arrived = 0u;
-    out[blockIdx.x] = k ? (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)) : 0;
+    put_token(sink, blockIdx.x, k ? (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)) : 0);
 }
 
 // ---- Sampled tokens ------------------------------------------------------------------------
@@ -102,8 +132,8 @@ stof_argmax_rows(const elem_t *x, long long vocab, int *out, u64 *keys) {
 // the same bin), then three over the bits of the rank keys of the tokens left in the bin (11,
 // 11 and 10 bits), then the tie at the selected value found in index order (rank_select).
 // Without top-k and top-p the draw walks every token in vocabulary order (walk_in_order). A
-// row without a finite largest logit draws token 0. prob: [rows, vocab] fp32 scratch. live
-// (may be NULL): a row whose live entry is negative (an ended sequence) is skipped.
+// row without a finite largest logit draws token 0. prob: [rows, vocab] fp32 scratch. The
+// token goes where `sink` says (put_token); a row it does not choose for is skipped.
 
 #ifndef SAMPLE_THREADS
 #define SAMPLE_THREADS 1024
@@ -557,11 +587,11 @@ __device__ int sample_sorted(sample_smem &s, const sample_row &r, const kept_set
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 stof_sample_rows(const elem_t *x, long long vocab, float temperature, int top_k, float top_p,
-                 float unit, const double *u, const int *live, float *prob_rows, int *out) {
+                 float unit, const double *u, float *prob_rows, tokens_out sink) {
     stof::grid_dependency_begin(); // a programmatic dependent launch: before any read
     __shared__ sample_smem s;
     const int row = blockIdx.x;
-    if (live && live[row] < 0)
+    if (!chosen_for(sink, row))
         return;
     const sample_row r = {x + (long long)row * vocab, prob_rows + (long long)row * vocab, vocab,
                           temperature, unit};
@@ -574,13 +604,13 @@ stof_sample_rows(const elem_t *x, long long vocab, float temperature, int top_k,
                                                : -1;
     if (token >= 0) {
         if (threadIdx.x == 0)
-            out[row] = token;
+            put_token(sink, row, token);
         return;
     }
     const u64 total = row_probabilities(s, r, kept.hi);
     if (total == 0) { // no finite largest logit (all -inf, a +inf or a NaN): token 0
         if (threadIdx.x == 0)
-            out[row] = 0;
+            put_token(sink, row, 0);
         return;
     }
     if (!with_k && top_p < 1.0f)
@@ -604,5 +634,5 @@ stof_sample_rows(const elem_t *x, long long vocab, float temperature, int top_k,
         token = rank_select(s, r, kept, true, w < (double)(mass - 1) ? (u64)w : mass - 1, true).idx;
     }
     if (threadIdx.x == 0)
-        out[row] = token;
+        put_token(sink, row, token);
 }

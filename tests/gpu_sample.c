@@ -15,7 +15,9 @@
  *
  * The greedy argmax against the host's (the first of equal values, NaNs never, token 0 for a
  * row of NaNs) over the same kinds of rows, one block a row and spread over blocks, two
- * launches each, the blocks' scratch left as zeros.
+ * launches each, the blocks' scratch left as zeros. A decode step's bookkeeping, for both:
+ * tokens into host memory at each live row's position, positions moved on, ended rows left
+ * alone.
  *
  * Then the timing (informational; "notime" skips it): a step's draw at a 50257-token
  * vocabulary, 1, 8 and 64 rows of normal logits of standard deviation 2 and 6, beside the
@@ -125,9 +127,10 @@ static int launch(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int rows, int6
     int rc = drv->MemcpyHtoD(d->out, poison, sizeof poison) != CUDA_SUCCESS ||
              drv->MemsetD8Async(d->prob, 0xff, 4 * (size_t)rows * (size_t)vocab, NULL) != CUDA_SUCCESS;
     CHECK_MSG(!rc, "poisoning the outputs");
+    const exec_tokens to = {.out = d->out, .live = with_live ? d->live : 0};
     if (!rc)
-        rc = exec_sample_rows(ctx, d->logits, t, rows, vocab, &how, d->u,
-                              with_live ? d->live : 0, d->prob, d->out, NULL, &err);
+        rc = exec_sample_rows(ctx, d->logits, t, rows, vocab, &how, d->u, d->prob, &to, NULL,
+                              &err);
     CHECK_MSG(rc == STOF_OK, "exec_sample_rows: %s", err.msg);
     if (!rc)
         rc = drv->StreamSynchronize(NULL) != CUDA_SUCCESS ||
@@ -157,8 +160,8 @@ static int launch_argmax(exec_ctx *ctx, const gpu_bufs *d, stof_dtype t, int64_t
         poison[r] = POISON_TOKEN;
     int rc = drv->MemcpyHtoD(d->out, poison, sizeof poison) != CUDA_SUCCESS;
     if (!rc)
-        rc = exec_argmax_rows(ctx, d->logits, t, ROWS, vocab, spread ? d->keys : 0, d->out, NULL,
-                              &err);
+        rc = exec_argmax_rows(ctx, d->logits, t, ROWS, vocab, spread ? d->keys : 0,
+                              &(exec_tokens){.out = d->out}, NULL, &err);
     CHECK_MSG(rc == STOF_OK, "exec_argmax_rows: %s", err.msg);
     if (!rc)
         rc = drv->StreamSynchronize(NULL) != CUDA_SUCCESS ||
@@ -216,6 +219,97 @@ static void check_argmax(exec_ctx *ctx, const gpu_bufs *d) {
                 free(rows);
             }
     printf("greedy argmax: %d rows the host's (a block a row, and over blocks)\n", checked);
+}
+
+/* A decode step's bookkeeping (exec_tokens): the argmax (a block a row and over blocks) and
+ * the draw, each with rows ended (live -1), a row whose position is past the host memory's
+ * stride, and host memory the device writes. A live row's token goes to out and to host at
+ * its position, its position and live entry move on by one; an ended row is left alone; no
+ * other entry of host memory changes. Two launches in a row: the second's tokens go one
+ * position further. */
+static void check_moved_on(exec_ctx *ctx, const gpu_bufs *d) {
+    enum { STRIDE = 5, VOCAB = 4099 };
+    const cuda_driver *drv = exec_ctx_driver(ctx);
+    const int32_t live0[ROWS] = {0, 3, -1, 2, 4, -1}, pos0[ROWS] = {0, 3, 9, 2, 4, 11};
+    uint16_t *bits = malloc(sizeof *bits * ROWS * VOCAB);
+    float *rows = malloc(sizeof *rows * ROWS * VOCAB);
+    int32_t *host = NULL;
+    CUdeviceptr positions = 0, host_d = 0;
+    int rc = !bits || !rows || drv->MemAlloc(&positions, sizeof pos0) != CUDA_SUCCESS ||
+             drv->MemAllocHost((void **)&host, sizeof *host * ROWS * STRIDE) != CUDA_SUCCESS ||
+             drv->MemHostGetDevicePointer(&host_d, host, 0) != CUDA_SUCCESS;
+    CHECK_MSG(!rc, "buffers for the positions moved on");
+    util_rng rng = {4242};
+    for (size_t i = 0; !rc && i < (size_t)ROWS * VOCAB; i++) {
+        bits[i] = to_bits(STOF_F16, (float)(3.0 * normal(&rng)));
+        rows[i] = from_bits(STOF_F16, bits[i]);
+    }
+    double u[ROWS];
+    for (int r = 0; r < ROWS; r++)
+        u[r] = gen_uniform(17, r, 0);
+    rc = rc || drv->MemcpyHtoD(d->logits, bits, sizeof *bits * ROWS * VOCAB) != CUDA_SUCCESS ||
+         drv->MemcpyHtoD(d->u, u, sizeof u) != CUDA_SUCCESS;
+    gen_options o = gen_options_default(1);
+    o.temperature = 0.9f, o.top_k = 40, o.top_p = 0.9f;
+    exec_sampling how = {o.temperature, o.top_k, o.top_p};
+    float *scratch = malloc(sizeof *scratch * 2 * VOCAB);
+    int32_t *order = malloc(sizeof *order * 2 * VOCAB);
+    int checked = 0;
+    for (int way = 0; way < 3 && !rc && scratch && order; way++) { /* argmax, spread, drawn */
+        int32_t poison[ROWS];
+        for (int r = 0; r < ROWS; r++)
+            poison[r] = POISON_TOKEN;
+        for (int i = 0; i < ROWS * STRIDE; i++)
+            host[i] = POISON_TOKEN;
+        rc = drv->MemcpyHtoD(d->out, poison, sizeof poison) != CUDA_SUCCESS ||
+             drv->MemcpyHtoD(d->live, live0, sizeof live0) != CUDA_SUCCESS ||
+             drv->MemcpyHtoD(positions, pos0, sizeof pos0) != CUDA_SUCCESS;
+        const exec_tokens to = {.out = d->out, .live = d->live, .positions = positions,
+                                .host = host_d, .host_stride = STRIDE};
+        stof_error err = {0};
+        for (int again = 0; again < 2 && !rc; again++)
+            rc = way < 2 ? exec_argmax_rows(ctx, d->logits, STOF_F16, ROWS, VOCAB,
+                                            way ? d->keys : 0, &to, NULL, &err)
+                         : exec_sample_rows(ctx, d->logits, STOF_F16, ROWS, VOCAB, &how, d->u,
+                                            d->prob, &to, NULL, &err);
+        CHECK_MSG(!rc, "moved on (%d): %s", way, err.msg);
+        int32_t out[ROWS], live[ROWS], pos[ROWS];
+        rc = rc || drv->StreamSynchronize(NULL) != CUDA_SUCCESS ||
+             drv->MemcpyDtoH(out, d->out, sizeof out) != CUDA_SUCCESS ||
+             drv->MemcpyDtoH(live, d->live, sizeof live) != CUDA_SUCCESS ||
+             drv->MemcpyDtoH(pos, positions, sizeof pos) != CUDA_SUCCESS;
+        CHECK_MSG(!rc, "the moved-on launches failed");
+        int32_t want_host[ROWS * STRIDE];
+        for (int i = 0; i < ROWS * STRIDE; i++)
+            want_host[i] = POISON_TOKEN;
+        for (int r = 0; r < ROWS && !rc; r++) {
+            const float *row = rows + (size_t)r * VOCAB;
+            const int ended = live0[r] < 0;
+            const int32_t want = ended ? POISON_TOKEN
+                                 : way < 2 ? host_argmax(row, VOCAB)
+                                           : host_draw(&o, row, VOCAB, u[r], scratch, order);
+            CHECK_MSG(out[r] == want, "way %d row %d: token %d, want %d", way, r, out[r], want);
+            CHECK_MSG(live[r] == (ended ? -1 : live0[r] + 2) && pos[r] == (ended ? pos0[r]
+                                                                             : live0[r] + 2),
+                      "way %d row %d: live %d position %d after two launches from %d, %d", way,
+                      r, live[r], pos[r], live0[r], pos0[r]);
+            for (int p = live0[r]; !ended && p < live0[r] + 2 && p < STRIDE; p++)
+                want_host[r * STRIDE + p] = want;
+            checked++;
+        }
+        for (int i = 0; i < ROWS * STRIDE && !rc; i++)
+            CHECK_MSG(host[i] == want_host[i], "way %d: host memory [%d, %d] %d, want %d", way,
+                      i / STRIDE, i % STRIDE, host[i], want_host[i]);
+    }
+    printf("tokens with positions moved on: %d rows (argmax, over blocks, drawn)\n", checked);
+    free(bits);
+    free(rows);
+    free(scratch);
+    free(order);
+    if (host)
+        drv->MemFreeHost(host);
+    if (positions)
+        drv->MemFree(positions);
 }
 
 /* One vocabulary, dtype and kind of row: ROWS rows, a few sets of options over them. */
@@ -311,15 +405,16 @@ static double time_rows(exec_ctx *ctx, const gpu_bufs *d, int rows, int64_t voca
     CUevent e0 = NULL, e1 = NULL;
     stof_error err = {0};
     exec_sampling how = {o->temperature, o->top_k, o->top_p};
+    const exec_tokens to = {.out = d->out};
     float ms[20];
     int rc = drv->StreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
     for (int pass = 0; !rc && pass < 2; pass++) { /* once to load the kernel, once captured */
         rc = pass && drv->StreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
         rc = rc || (o->temperature > 0.0f
-                        ? exec_sample_rows(ctx, d->logits, STOF_F16, rows, vocab, &how, d->u, 0,
-                                           d->prob, d->out, st, &err)
-                        : exec_argmax_rows(ctx, d->logits, STOF_F16, rows, vocab, d->keys,
-                                           d->out, st, &err));
+                        ? exec_sample_rows(ctx, d->logits, STOF_F16, rows, vocab, &how, d->u,
+                                           d->prob, &to, st, &err)
+                        : exec_argmax_rows(ctx, d->logits, STOF_F16, rows, vocab, d->keys, &to,
+                                           st, &err));
         if (pass)
             rc = drv->StreamEndCapture(st, &captured) != CUDA_SUCCESS || rc;
     }
@@ -470,17 +565,20 @@ int main(int argc, char **argv) {
     if (!rc)
         check_argmax(ctx, &d);
     /* bad requests: refused, saying what was expected */
+    if (!rc)
+        check_moved_on(ctx, &d);
     exec_sampling bad = {0.0f, 0, 1.0f};
+    const exec_tokens to = {.out = d.out};
     if (!rc) {
-        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F16, 1, 10, &bad, d.u, 0, d.prob, d.out,
-                                      NULL, &err), STOF_ERR_INVALID);
+        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F16, 1, 10, &bad, d.u, d.prob, &to, NULL,
+                                      &err), STOF_ERR_INVALID);
         CHECK_CONTAINS(err.msg, "temperature 0 (> 0)");
         bad.temperature = 1.0f;
-        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F32, 1, 10, &bad, d.u, 0, d.prob, d.out,
-                                      NULL, &err), STOF_ERR_UNSUPPORTED);
+        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F32, 1, 10, &bad, d.u, d.prob, &to, NULL,
+                                      &err), STOF_ERR_UNSUPPORTED);
         CHECK_CONTAINS(err.msg, "logits in fp16 or bf16, not fp32");
-        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F16, 1, (int64_t)1 << 31, &bad, d.u, 0,
-                                      d.prob, d.out, NULL, &err), STOF_ERR_INVALID);
+        CHECK_EQ_INT(exec_sample_rows(ctx, d.logits, STOF_F16, 1, (int64_t)1 << 31, &bad, d.u,
+                                      d.prob, &to, NULL, &err), STOF_ERR_INVALID);
         CHECK_CONTAINS(err.msg, "sampling: 1 rows of 2147483648 logits");
     }
     int notime = argc > 1 && strcmp(argv[1], "notime") == 0;

@@ -842,23 +842,45 @@ static void test_sampling_checks(void) {
     stof_error err = {0};
     exec_sampling how = {0.8f, 0, 1.0f};
     const CUdeviceptr d = 256; /* never read: the checks come first */
-    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 0, 10, &how, d, 0, d, d, NULL, &err),
+    const exec_tokens to = {.out = d};
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 0, 10, &how, d, d, &to, NULL, &err),
                  STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "sampling: 0 rows of 10 logits");
-    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, 0, 0, d, d, NULL, &err),
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, 0, d, &to, NULL, &err),
                  STOF_ERR_INVALID);
     how.temperature = -1.0f;
-    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, 0, d, d, NULL, &err),
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, d, &to, NULL, &err),
                  STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "temperature -1 (> 0)");
     how = (exec_sampling){0.8f, -2, 1.0f};
-    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, 0, d, d, NULL, &err),
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, d, &to, NULL, &err),
                  STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "top_k -2 (>= 0)");
     how = (exec_sampling){0.8f, 0, 1.5f};
-    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, 0, d, d, NULL, &err),
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, d, &to, NULL, &err),
                  STOF_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "top_p 1.5 (in (0, 1])");
+    /* where the tokens go: somewhere; positions moved on along live ones; host memory with
+     * positions and a stride */
+    how = (exec_sampling){0.8f, 0, 1.0f};
+    const exec_tokens bad[] = {{0}, {.out = d, .positions = d},
+                               {.out = d, .live = d, .host = d, .host_stride = 4},
+                               {.out = d, .live = d, .positions = d, .host = d}};
+    const char *why[] = {"no output for the tokens", "positions advanced without live",
+                         "need positions and a stride of at least 1 (4)",
+                         "need positions and a stride of at least 1 (0)"};
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, d, &bad[i], NULL, &err),
+                     STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, why[i]);
+        CHECK_EQ_INT(exec_argmax_rows(NULL, d, STOF_F16, 2, 10, 0, &bad[i], NULL, &err),
+                     STOF_ERR_INVALID);
+        CHECK_CONTAINS(err.msg, "argmax: ");
+        CHECK_CONTAINS(err.msg, why[i]);
+    }
+    CHECK_EQ_INT(exec_sample_rows(NULL, d, STOF_F16, 2, 10, &how, d, d, NULL, NULL, &err),
+                 STOF_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "sampling: no output for the tokens");
     CHECK(exec_sample_mass_unit(1) == ldexpf(1.0f, 62));
     CHECK(exec_sample_mass_unit(2) == ldexpf(1.0f, 61));
     CHECK(exec_sample_mass_unit(50257) == ldexpf(1.0f, 46));

@@ -380,14 +380,26 @@ int exec_model_packing(const exec_model *m, int64_t *tokens, int64_t *rows);
  * be made (out of GPU memory: that batch ran padded). */
 const char *exec_model_pack_refused(const exec_model *m);
 
-/* Greedy tokens: out[r] (int32) = the index of the largest of row r of logits [rows, vocab]
- * (the first of equal ones; NaNs never; 0 for a row of NaNs), launched on stream st (captured
- * when st is capturing). scratch: exec_argmax_scratch_bytes(rows) bytes of zeros on the
- * device, which each launch leaves as zeros, to spread a row over several blocks (0: a block
- * a row); launches sharing it must not overlap. */
+/* Where the tokens chosen for rows of logits go (exec_argmax_rows, exec_sample_rows): row r's
+ * to out[r] (int32 [rows]). live (int32 [rows], may be 0): a row whose entry is negative (an
+ * ended sequence) is not chosen for, its out left as it was. positions (int32 [rows], may be
+ * 0; needs live): a decode step's bookkeeping, so that the next step needs no inputs copied in
+ * and its tokens no copy out. A chosen row's live entry p (its position) becomes p + 1 in live
+ * and positions alike, and host (may be 0: int32 [rows, host_stride] of page-locked host
+ * memory the device can write) gets the token at [r, p] where p < host_stride. */
+typedef struct exec_tokens {
+    CUdeviceptr out, live, positions, host;
+    int64_t host_stride;
+} exec_tokens;
+
+/* Greedy tokens: row r's (int32) is the index of the largest of row r of logits [rows, vocab]
+ * (the first of equal ones; NaNs never; 0 for a row of NaNs), gone where `to` says, launched
+ * on stream st (captured when st is capturing). scratch: exec_argmax_scratch_bytes(rows)
+ * bytes of zeros on the device, which each launch leaves as zeros, to spread a row over
+ * several blocks (0: a block a row); launches sharing it must not overlap. */
 size_t exec_argmax_scratch_bytes(int rows);
 int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     CUdeviceptr scratch, CUdeviceptr out, CUstream st, stof_error *err);
+                     CUdeviceptr scratch, const exec_tokens *to, CUstream st, stof_error *err);
 
 /* What a sampled token is drawn from (gen_options' fields of the same names): logits /
  * temperature (> 0), the top_k first in rank order (0: every token), of those the fewest whose
@@ -398,16 +410,15 @@ typedef struct exec_sampling {
     float top_p;
 } exec_sampling;
 
-/* Sampled tokens: out[r] (int32) drawn from row r of logits [rows, vocab] with the uniform
+/* Sampled tokens: row r's (int32) drawn from row r of logits [rows, vocab] with the uniform
  * number u[r] (fp64, in [0, 1)) as the host's gen_sample draws it, up to masses in fixed point
  * (a probability relative to the row's largest, times exec_sample_mass_unit(vocab), rounded: a token
- * below half a unit has none). The kept tokens are walked in rank order, larger logits first
- * and the smaller index among equal ones. live (int32 [rows], may be 0): rows whose entry is
- * negative are skipped, out left as it was. prob: [rows, vocab] fp32 scratch. Launched on st
- * (captured when st is capturing). */
+ * below half a unit has none), gone where `to` says. The kept tokens are walked in rank order,
+ * larger logits first and the smaller index among equal ones. prob: [rows, vocab] fp32
+ * scratch. Launched on st (captured when st is capturing). */
 int exec_sample_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     const exec_sampling *how, CUdeviceptr u, CUdeviceptr live, CUdeviceptr prob,
-                     CUdeviceptr out, CUstream st, stof_error *err);
+                     const exec_sampling *how, CUdeviceptr u, CUdeviceptr prob,
+                     const exec_tokens *to, CUstream st, stof_error *err);
 /* The fixed-point unit of a probability in exec_sample_rows: the largest power of two that
  * keeps vocab of them within 62 bits (2^46 at 50257 tokens). */
 float exec_sample_mass_unit(int64_t vocab);

@@ -42,22 +42,38 @@ static int argmax_parts(int rows, int64_t vocab) {
     return parts > 1 ? (int)parts : 1;
 }
 
+/* What the kernels' tokens_out needs (sample.cu), checked once for both. */
+static int check_tokens(const exec_tokens *to, const char *who, stof_error *err) {
+    if (!to || !to->out)
+        return err_set(err, STOF_ERR_INVALID, "%s: no output for the tokens", who);
+    if (to->positions && !to->live)
+        return err_set(err, STOF_ERR_INVALID, "%s: positions advanced without live positions",
+                       who);
+    if (to->host && (!to->positions || to->host_stride < 1))
+        return err_set(err, STOF_ERR_INVALID, "%s: tokens into host memory need positions and a "
+                       "stride of at least 1 (%lld)", who, (long long)to->host_stride);
+    return STOF_OK;
+}
+
 size_t exec_argmax_scratch_bytes(int rows) {
     return rows > 0 ? 12 * (size_t)rows : 0;
 }
 
 int exec_argmax_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     CUdeviceptr scratch, CUdeviceptr out, CUstream st, stof_error *err) {
-    if (rows < 1 || vocab < 1 || vocab > INT32_MAX || !logits || !out)
+                     CUdeviceptr scratch, const exec_tokens *to, CUstream st, stof_error *err) {
+    if (rows < 1 || vocab < 1 || vocab > INT32_MAX || !logits)
         return err_set(err, STOF_ERR_INVALID, "argmax: %d rows of %lld logits", rows,
                        (long long)vocab);
     CUfunction f;
-    int rc = sample_function(c, dtype, "stof_argmax_rows", &f, err);
+    int rc = check_tokens(to, "argmax", err);
+    if (!rc)
+        rc = sample_function(c, dtype, "stof_argmax_rows", &f, err);
     if (rc)
         return rc;
     long long n = (long long)vocab;
     const unsigned parts = scratch ? (unsigned)argmax_parts(rows, vocab) : 1;
-    void *params[] = {&logits, &n, &out, &scratch};
+    exec_tokens sink = *to; /* the kernel's tokens_out, by value */
+    void *params[] = {&logits, &n, &sink, &scratch};
     const unsigned grid[3] = {(unsigned)rows, parts, 1}, block[3] = {256, 1, 1};
     return cuda_launch(c->drv, f, grid, block, 0, st, params, c->gemm->pdl,
                        "cuLaunchKernel(argmax)", err);
@@ -71,9 +87,9 @@ float exec_sample_mass_unit(int64_t vocab) {
 }
 
 int exec_sample_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows, int64_t vocab,
-                     const exec_sampling *how, CUdeviceptr u, CUdeviceptr live, CUdeviceptr prob,
-                     CUdeviceptr out, CUstream st, stof_error *err) {
-    if (rows < 1 || vocab < 1 || vocab > INT32_MAX || !logits || !u || !prob || !out)
+                     const exec_sampling *how, CUdeviceptr u, CUdeviceptr prob,
+                     const exec_tokens *to, CUstream st, stof_error *err) {
+    if (rows < 1 || vocab < 1 || vocab > INT32_MAX || !logits || !u || !prob)
         return err_set(err, STOF_ERR_INVALID, "sampling: %d rows of %lld logits", rows,
                        (long long)vocab);
     if (!(how->temperature > 0.0f) || how->top_k < 0 || !(how->top_p > 0.0f && how->top_p <= 1.0f))
@@ -81,14 +97,17 @@ int exec_sample_rows(exec_ctx *c, CUdeviceptr logits, stof_dtype dtype, int rows
                        "top_p %g (in (0, 1])", (double)how->temperature, how->top_k,
                        (double)how->top_p);
     CUfunction f;
-    int rc = sample_function(c, dtype, "stof_sample_rows", &f, err);
+    int rc = check_tokens(to, "sampling", err);
+    if (!rc)
+        rc = sample_function(c, dtype, "stof_sample_rows", &f, err);
     if (rc)
         return rc;
     long long n = (long long)vocab;
     float temperature = how->temperature, top_p = how->top_p;
     int top_k = how->top_k;
     float unit = exec_sample_mass_unit(vocab);
-    void *params[] = {&logits, &n, &temperature, &top_k, &top_p, &unit, &u, &live, &prob, &out};
+    exec_tokens sink = *to; /* the kernel's tokens_out, by value */
+    void *params[] = {&logits, &n, &temperature, &top_k, &top_p, &unit, &u, &prob, &sink};
     const unsigned grid[3] = {(unsigned)rows, 1, 1}, block[3] = {1024, 1, 1};
     return cuda_launch(c->drv, f, grid, block, 0, st, params, c->gemm->pdl,
                        "cuLaunchKernel(sample)", err);

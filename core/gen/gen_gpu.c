@@ -13,12 +13,16 @@
  * number of (seed, sequence, step), which the step's inputs carry (exec_sample_rows).
  *
  * The chosen tokens are written over the step's own row of ids, so that they are the next
- * step's ids already. Where every sequence takes the token it just drew (or has ended), the
- * next step is launched before this one's tokens come back -- its positions and uniform
+ * step's ids already, and each live sequence's positions are moved on by one on the device
+ * (exec_tokens). Each token also goes straight into page-locked host memory, at its sequence's
+ * position, so that nothing is copied out after a step: between two greedy steps the stream
+ * holds the graphs alone. Where every sequence takes the token it just drew (or has ended),
+ * the next step is launched before this one's tokens come back -- its positions and uniform
  * numbers follow from the host's state alone, assuming no sequence draws a stop token -- so
- * that the host's work between steps (the tokens read back, the next inputs) runs while the
- * GPU works. A sequence that did draw a stop token goes through that one step more; its
- * output is dropped and its cache past its end is never read. */
+ * that the host's work between steps (the tokens read, the next inputs) runs while the GPU
+ * works; its positions are copied in only where they are not those the device moved on to
+ * (a sequence ended). A sequence that did draw a stop token goes through that one step more;
+ * its output is dropped and its cache past its end is never read. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,13 +68,17 @@ typedef struct gpu_run {
     CUstream stream;
     CUgraph step_graph;     /* the model's pass, then the tokens chosen */
     CUgraphExec step_exec;
-    CUevent landed[STEP_SLOTS]; /* a slot's step and its copies out are done */
+    CUevent landed[STEP_SLOTS]; /* a slot's step (and its logits' copy out) is done */
     int keep_logits;        /* the logits come back too (gen_result.logits) */
     void *pinned;           /* page-locked host memory of the slots (cuMemAllocHost) */
-    int32_t *in[STEP_SLOTS];  /* a step's inputs (step_at), in_bytes of them copied a step
-                               * (their uniform numbers only for sampled steps) */
-    int32_t *tok[STEP_SLOTS]; /* [batch] the tokens the step chose */
+    int32_t *in[STEP_SLOTS];  /* a step's inputs (step_at), up to in_bytes of them copied a
+                               * step (their uniform numbers only for sampled steps) */
     uint16_t *raw[STEP_SLOTS]; /* [batch][vocab] its logits as the model stores them (kept) */
+    int32_t *chosen;        /* [batch][chosen_stride] (pinned) the token each step chose for a
+                             * sequence, at the position it fed, written by the device */
+    int64_t chosen_stride;  /* positions a sequence can feed: its prompt and new tokens */
+    int32_t *moved_on;      /* [2][batch] the positions and attention positions the device
+                             * holds after the steps launched (exec_tokens moves them on) */
     size_t in_bytes;
     int64_t *fed;           /* [batch] tokens each sequence has in its cache */
     float *row;             /* [vocab] one of a step's rows of logits as floats */
@@ -84,34 +92,46 @@ static int alloc_host(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
     g->in_bytes = sampled(g) ? step_at(STEP_END, B) : step_at(STEP_ATTN_POSITIONS, B) + 4 * B;
     g->fed = err_calloc(B, sizeof *g->fed, err);
+    g->moved_on = err_calloc(2 * B, sizeof *g->moved_on, err);
     if (g->keep_logits && !(g->row = err_malloc(sizeof *g->row * V, err)))
         return STOF_ERR_NOMEM;
-    return g->fed ? STOF_OK : STOF_ERR_NOMEM;
+    return g->fed && g->moved_on ? STOF_OK : STOF_ERR_NOMEM;
 }
 
 static size_t up16(size_t bytes) {
     return (bytes + 15) / 16 * 16;
 }
 
-/* The slots' host memory, page-locked so that the copies in and out run without the host
- * (from pageable memory a copy out would hold the host until the step ends): each slot's
- * inputs, tokens and kept logits, 16-byte aligned. */
+/* The most positions a sequence can feed: the longest prompt's and the new tokens'. */
+static int64_t positions_fed(const gpu_run *g) {
+    int64_t most = 0;
+    for (int b = 0; b < g->p->batch; b++)
+        most = g->p->len[b] > most ? g->p->len[b] : most;
+    return most + g->o->max_new_tokens;
+}
+
+/* The host memory the steps share with the device, page-locked so that copies run without
+ * the host (from pageable memory a copy out would hold the host until the step ends) and the
+ * device writes the chosen tokens itself: each slot's inputs and kept logits, then the
+ * chosen tokens, 16-byte aligned. */
 static int alloc_pinned(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    size_t in_b = up16(step_at(STEP_END, B)), tok_b = up16(4 * B);
+    g->chosen_stride = positions_fed(g);
+    size_t in_b = up16(step_at(STEP_END, B));
     size_t raw_b = g->keep_logits ? up16(sizeof **g->raw * B * V) : 0;
-    size_t slot_b = in_b + tok_b + raw_b;
-    int rc = cuda_check(g->drv, g->drv->MemAllocHost(&g->pinned, STEP_SLOTS * slot_b),
+    size_t slot_b = in_b + raw_b, chosen_b = sizeof *g->chosen * B * (size_t)g->chosen_stride;
+    int rc = cuda_check(g->drv, g->drv->MemAllocHost(&g->pinned, STEP_SLOTS * slot_b + chosen_b),
                         "cuMemAllocHost(the steps' inputs and tokens)", err);
     for (int k = 0; !rc && k < STEP_SLOTS; k++) {
         char *at = (char *)g->pinned + k * slot_b;
         memset(at, 0, in_b);
         g->in[k] = (int32_t *)(void *)at;
-        g->tok[k] = (int32_t *)(void *)(at + in_b);
-        g->raw[k] = raw_b ? (uint16_t *)(void *)(at + in_b + tok_b) : NULL;
+        g->raw[k] = raw_b ? (uint16_t *)(void *)(at + in_b) : NULL;
         rc = cuda_check(g->drv, g->drv->EventCreate(&g->landed[k], CU_EVENT_DISABLE_TIMING),
                         "cuEventCreate(step)", err);
     }
+    if (!rc)
+        g->chosen = (int32_t *)(void *)((char *)g->pinned + STEP_SLOTS * slot_b);
     return rc;
 }
 
@@ -135,24 +155,31 @@ static int alloc_device(gpu_run *g, stof_error *err) {
     return rc ? rc : alloc_pinned(g, err);
 }
 
-/* The tokens of the step's logits, over its ids row: greedy (argmax, every row) or drawn with
- * each sequence's uniform number (an ended sequence, attention position -1, draws none: its
- * id stays). An ended sequence's id only feeds the projections, whose row is dropped. */
+/* The tokens of the step's logits, over its ids row and into `chosen` at the position each
+ * sequence fed, its positions moved on: greedy (argmax) or drawn with each sequence's uniform
+ * number. An ended sequence (attention position -1) gets none: its id stays, and only feeds
+ * the projections, whose row is dropped. */
 static int choose_tokens(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch;
-    CUdeviceptr ids = g->d_in + step_at(STEP_IDS, B);
+    exec_tokens to = {.out = g->d_in + step_at(STEP_IDS, B),
+                      .live = g->d_in + step_at(STEP_ATTN_POSITIONS, B),
+                      .positions = g->d_in + step_at(STEP_POSITIONS, B),
+                      .host_stride = g->chosen_stride};
+    int rc = cuda_check(g->drv, g->drv->MemHostGetDevicePointer(&to.host, g->chosen, 0),
+                        "cuMemHostGetDevicePointer(the chosen tokens)", err);
+    if (rc)
+        return rc;
     if (!sampled(g))
-        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_choice, ids,
+        return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_choice, &to,
                                 g->stream, err);
     exec_sampling how = {g->o->temperature, g->o->top_k, g->o->top_p};
     return exec_sample_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, &how,
-                            g->d_in + step_at(STEP_U, B), g->d_in + step_at(STEP_ATTN_POSITIONS, B),
-                            g->d_choice, ids, g->stream, err);
+                            g->d_in + step_at(STEP_U, B), g->d_choice, &to, g->stream, err);
 }
 
 /* The whole step as one CUDA graph of its own, made once: the model's pass and the tokens
- * chosen, so that a step is one copy in, one launch and one copy out (the model's bad-id
- * flags are read once, after the last step). */
+ * chosen, so that a step is one launch and at most one copy in (the model's bad-id flags are
+ * read once, after the last step). */
 static int capture_step(gpu_run *g, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch;
@@ -331,23 +358,38 @@ static void step_inputs(gpu_run *g, int k, int ahead) {
     }
 }
 
-/* Slot k's step onto the stream: its inputs in (the ids too unless the device's row holds
- * them: the tokens of the step before), the graph, its tokens (and kept logits) out, then
- * its event. */
+/* Where slot k's inputs start to be copied in: at the ids when the device's row does not hold
+ * them (the tokens of the step before), else at the positions unless they are those the
+ * device moved on to, else at the uniform numbers of a sampled step; in_bytes: nothing. Then
+ * the positions the device holds after slot k's step. */
+static size_t copied_from(gpu_run *g, int k, int with_ids) {
+    size_t B = (size_t)g->p->batch;
+    const int32_t *rows = step_row(g, k, STEP_POSITIONS); /* positions, attention positions */
+    size_t from = with_ids ? step_at(STEP_IDS, B)
+                  : memcmp(rows, g->moved_on, 8 * B) ? step_at(STEP_POSITIONS, B)
+                  : sampled(g) ? step_at(STEP_U, B)
+                               : g->in_bytes;
+    for (size_t b = 0; b < B; b++) { /* as the chosen tokens' kernel moves them (exec_tokens) */
+        int32_t attn = rows[B + b];
+        g->moved_on[b] = attn < 0 ? rows[b] : attn + 1;
+        g->moved_on[B + b] = attn < 0 ? attn : attn + 1;
+    }
+    return from;
+}
+
+/* Slot k's step onto the stream: what of its inputs the device does not hold yet
+ * (copied_from), the graph, its kept logits out, then its event. */
 static int launch_step(gpu_run *g, int k, int with_ids, stof_error *err) {
     const cuda_driver *drv = g->drv;
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    size_t from = with_ids ? 0 : step_at(STEP_POSITIONS, B);
-    int rc = cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in + from, (char *)g->in[k] + from,
-                                                  g->in_bytes - from, g->stream),
-                        "cuMemcpyHtoDAsync(ids, positions)", err);
+    size_t from = copied_from(g, k, with_ids);
+    int rc = from == g->in_bytes ? STOF_OK
+             : cuda_check(drv, drv->MemcpyHtoDAsync(g->d_in + from, (char *)g->in[k] + from,
+                                                    g->in_bytes - from, g->stream),
+                          "cuMemcpyHtoDAsync(ids, positions)", err);
     if (!rc)
         rc = cuda_check(drv, drv->GraphLaunch(g->step_exec, g->stream), "cuGraphLaunch(decode "
                         "step)", err);
-    if (!rc)
-        rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->tok[k], g->d_in + step_at(STEP_IDS, B),
-                                                  4 * B, g->stream),
-                        "cuMemcpyDtoHAsync(tokens)", err);
     if (!rc && g->keep_logits)
         rc = cuda_check(drv, drv->MemcpyDtoHAsync(g->raw[k], g->d_out, 2 * B * V, g->stream),
                         "cuMemcpyDtoHAsync(logits)", err);
@@ -370,15 +412,16 @@ static const float *logits_row(gpu_run *g, int k, int b) {
     return g->row;
 }
 
-/* After slot k's step: a sequence whose fed token was its last known one takes the step's
- * token. */
+/* After slot k's step: a sequence whose fed token was its last known one takes the token the
+ * step chose at the position it fed. */
 static void take_step(gpu_run *g, int k) {
     for (int b = 0; b < g->p->batch; b++) {
         if (g->st.done[b])
             continue;
-        if (++g->fed[b] < g->st.len[b])
+        int64_t at = g->fed[b]++;
+        if (g->fed[b] < g->st.len[b])
             continue; /* still feeding its prompt */
-        gen_state_emit_token(&g->st, b, g->r->n_new[b], g->tok[k][b],
+        gen_state_emit_token(&g->st, b, g->r->n_new[b], g->chosen[b * g->chosen_stride + at],
                              g->keep_logits ? logits_row(g, k, b) : NULL);
     }
 }
@@ -440,6 +483,7 @@ static void run_free(gpu_run *g) {
     gen_decoder_free(&g->dec);
     gen_state_free(&g->st);
     free(g->fed);
+    free(g->moved_on);
     free(g->row);
 }
 

@@ -37,6 +37,7 @@
     X(MemFree, "cuMemFree", cuMemFree)                                    \
     X(MemAllocHost, "cuMemAllocHost", cuMemAllocHost)                     \
     X(MemFreeHost, "cuMemFreeHost", cuMemFreeHost)                        \
+    X(MemHostGetDevicePointer, "cuMemHostGetDevicePointer", cuMemHostGetDevicePointer) \
     X(MemcpyHtoD, "cuMemcpyHtoD", cuMemcpyHtoD)                           \
     X(MemcpyDtoH, "cuMemcpyDtoH", cuMemcpyDtoH)                           \
     X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync", cuMemcpyHtoDAsync)            \

@@ -166,6 +166,9 @@ static void run_plan_step(exec_ctx *ctx, const tiny *t, const gen_model *m,
  * logits. The same seed gives the same tokens run after run, and each token is what
  * gen_sample draws from the logits kept for its step (or, counted, one it draws when its
  * uniform number moves by a rounding: tests/gpu_sample checks those). */
+static void run_stops(exec_ctx *ctx, const tiny *t, const gen_model *m, const gen_prompts *p,
+                      const gen_options *o, const gen_result *full);
+
 static void run_sampled(exec_ctx *ctx, const tiny *t, const gen_model *m, const gen_prompts *p) {
     gen_options o = gen_options_default(NEW);
     o.temperature = 0.8f;
@@ -209,6 +212,8 @@ static void run_sampled(exec_ctx *ctx, const tiny *t, const gen_model *m, const 
         free(scratch);
         free(order);
     }
+    if (!r2) /* drawn with stop tokens: the uniform numbers still copied in after one ends */
+        run_stops(ctx, t, m, p, &o, &two);
     if (!r1)
         gen_result_free(&one);
     if (!r2)
@@ -254,8 +259,9 @@ static void run_stops(exec_ctx *ctx, const tiny *t, const gen_model *m, const ge
                           "stop token", t->name, b, k);
         }
         CHECK_MSG(ended >= 1, "%s: no sequence ended on a stop token", t->name);
-        printf("%-8s stop tokens (%d): %d of %d sequences ended early as without them, %d GPU "
-               "steps\n", t->name, so.n_stop, ended, BATCH, r.steps);
+        printf("%-8s %s stop tokens (%d): %d of %d sequences ended early as without them, %d "
+               "GPU steps\n", t->name, o->temperature > 0.0f ? "drawn," : "greedy,", so.n_stop,
+               ended, BATCH, r.steps);
         gen_result_free(&r);
     }
 }

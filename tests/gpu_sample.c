@@ -230,7 +230,8 @@ static void check_argmax(exec_ctx *ctx, const gpu_bufs *d) {
 static void check_moved_on(exec_ctx *ctx, const gpu_bufs *d) {
     enum { STRIDE = 5, VOCAB = 4099 };
     const cuda_driver *drv = exec_ctx_driver(ctx);
-    const int32_t live0[ROWS] = {0, 3, -1, 2, 4, -1}, pos0[ROWS] = {0, 3, 9, 2, 4, 11};
+    /* row 1's position is not its attention's: both move on from the attention's */
+    const int32_t live0[ROWS] = {0, 3, -1, 2, 4, -1}, pos0[ROWS] = {0, 7, 9, 2, 4, 11};
     uint16_t *bits = malloc(sizeof *bits * ROWS * VOCAB);
     float *rows = malloc(sizeof *rows * ROWS * VOCAB);
     int32_t *host = NULL;
@@ -300,7 +301,14 @@ static void check_moved_on(exec_ctx *ctx, const gpu_bufs *d) {
         for (int i = 0; i < ROWS * STRIDE && !rc; i++)
             CHECK_MSG(host[i] == want_host[i], "way %d: host memory [%d, %d] %d, want %d", way,
                       i / STRIDE, i % STRIDE, host[i], want_host[i]);
+        uint8_t keys[12 * ROWS]; /* ended rows never touch theirs: all zeros again */
+        rc = rc || drv->MemcpyDtoH(keys, d->keys, exec_argmax_scratch_bytes(ROWS)) != CUDA_SUCCESS;
+        for (size_t i = 0; !rc && i < exec_argmax_scratch_bytes(ROWS); i++)
+            CHECK_MSG(keys[i] == 0, "way %d: the argmax left its scratch byte %zu at %d", way, i,
+                      keys[i]);
     }
+    CHECK_MSG(checked == 3 * ROWS, "tokens with positions moved on: %d rows of %d checked",
+              checked, 3 * ROWS);
     printf("tokens with positions moved on: %d rows (argmax, over blocks, drawn)\n", checked);
     free(bits);
     free(rows);
@@ -564,9 +572,9 @@ int main(int argc, char **argv) {
     }
     if (!rc)
         check_argmax(ctx, &d);
-    /* bad requests: refused, saying what was expected */
     if (!rc)
         check_moved_on(ctx, &d);
+    /* bad requests: refused, saying what was expected */
     exec_sampling bad = {0.0f, 0, 1.0f};
     const exec_tokens to = {.out = d.out};
     if (!rc) {

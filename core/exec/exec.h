@@ -385,8 +385,9 @@ const char *exec_model_pack_refused(const exec_model *m);
  * ended sequence) is not chosen for, its out left as it was. positions (int32 [rows], may be
  * 0; needs live): a decode step's bookkeeping, so that the next step needs no inputs copied in
  * and its tokens no copy out. A chosen row's live entry p (its position) becomes p + 1 in live
- * and positions alike, and host (may be 0: int32 [rows, host_stride] of page-locked host
- * memory the device can write) gets the token at [r, p] where p < host_stride. */
+ * and positions alike, and host (may be 0; needs positions and a host_stride of at least 1:
+ * int32 [rows, host_stride] of page-locked host memory the device can write) gets the token
+ * at [r, p] where p < host_stride. */
 typedef struct exec_tokens {
     CUdeviceptr out, live, positions, host;
     int64_t host_stride;

@@ -1,7 +1,8 @@
 /* Generation on the GPU (gen.h): the decode step's graph on the executor (the default
  * scheme's kernels), each attention against its KV cache, which lives on the device as a
  * weight of the step that its kernel writes. A step is one CUDA graph of its own: the model's
- * pass and the kernel that chooses the tokens, after a copy of the inputs in.
+ * pass and the kernel that chooses the tokens, after a copy of whatever inputs the device does
+ * not hold already.
  *
  * The prompts go through the prefill pass (gen_gpu_prefill.c), which fills the caches up to
  * each prompt's last token; that token then goes through the first step, whose logits give the
@@ -46,8 +47,8 @@ static size_t step_at(step_input what, size_t B) {
     return bytes_before[what] * B;
 }
 
-/* Two of everything the host and a step in flight share, so that the host reads one step's
- * tokens while the next step's copies use the other. */
+/* Two of each step's inputs and kept logits on the host, so that the host reads one step's
+ * results while the next step's copies use the other slot. */
 #define STEP_SLOTS 2
 
 typedef struct gpu_run {
@@ -62,7 +63,8 @@ typedef struct gpu_run {
     exec_model *xm;
     stof_dtype dtype;
     const cuda_driver *drv;
-    /* d_in: the step's inputs (as `in`), its ids row overwritten by the tokens chosen;
+    /* d_in: the step's inputs (as `in`), its ids row overwritten by the tokens chosen and its
+     * positions moved on (exec_tokens);
      * d_choice: the token choice's scratch (the sampling kernel's, or the argmax's keys) */
     CUdeviceptr d_in, d_out, d_choice;
     CUstream stream;
@@ -70,12 +72,13 @@ typedef struct gpu_run {
     CUgraphExec step_exec;
     CUevent landed[STEP_SLOTS]; /* a slot's step (and its logits' copy out) is done */
     int keep_logits;        /* the logits come back too (gen_result.logits) */
-    void *pinned;           /* page-locked host memory of the slots (cuMemAllocHost) */
+    void *pinned;           /* page-locked host memory of the slots and `chosen` (cuMemAllocHost) */
     int32_t *in[STEP_SLOTS];  /* a step's inputs (step_at), up to in_bytes of them copied a
                                * step (their uniform numbers only for sampled steps) */
     uint16_t *raw[STEP_SLOTS]; /* [batch][vocab] its logits as the model stores them (kept) */
     int32_t *chosen;        /* [batch][chosen_stride] (pinned) the token each step chose for a
                              * sequence, at the position it fed, written by the device */
+    CUdeviceptr d_chosen;   /* `chosen` as the device sees it */
     int64_t chosen_stride;  /* positions a sequence can feed: its prompt and new tokens */
     int32_t *moved_on;      /* [2][batch] the positions and attention positions the device
                              * holds after the steps launched (exec_tokens moves them on) */
@@ -102,21 +105,13 @@ static size_t up16(size_t bytes) {
     return (bytes + 15) / 16 * 16;
 }
 
-/* The most positions a sequence can feed: the longest prompt's and the new tokens'. */
-static int64_t positions_fed(const gpu_run *g) {
-    int64_t most = 0;
-    for (int b = 0; b < g->p->batch; b++)
-        most = g->p->len[b] > most ? g->p->len[b] : most;
-    return most + g->o->max_new_tokens;
-}
-
 /* The host memory the steps share with the device, page-locked so that copies run without
  * the host (from pageable memory a copy out would hold the host until the step ends) and the
  * device writes the chosen tokens itself: each slot's inputs and kept logits, then the
  * chosen tokens, 16-byte aligned. */
 static int alloc_pinned(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
-    g->chosen_stride = positions_fed(g);
+    g->chosen_stride = (int64_t)gen_longest(g->p) + g->o->max_new_tokens; /* positions fed */
     size_t in_b = up16(step_at(STEP_END, B));
     size_t raw_b = g->keep_logits ? up16(sizeof **g->raw * B * V) : 0;
     size_t slot_b = in_b + raw_b, chosen_b = sizeof *g->chosen * B * (size_t)g->chosen_stride;
@@ -130,9 +125,11 @@ static int alloc_pinned(gpu_run *g, stof_error *err) {
         rc = cuda_check(g->drv, g->drv->EventCreate(&g->landed[k], CU_EVENT_DISABLE_TIMING),
                         "cuEventCreate(step)", err);
     }
-    if (!rc)
-        g->chosen = (int32_t *)(void *)((char *)g->pinned + STEP_SLOTS * slot_b);
-    return rc;
+    if (rc)
+        return rc;
+    g->chosen = (int32_t *)(void *)((char *)g->pinned + STEP_SLOTS * slot_b);
+    return cuda_check(g->drv, g->drv->MemHostGetDevicePointer(&g->d_chosen, g->chosen, 0),
+                      "cuMemHostGetDevicePointer(the chosen tokens)", err);
 }
 
 static int alloc_device(gpu_run *g, stof_error *err) {
@@ -164,11 +161,7 @@ static int choose_tokens(gpu_run *g, stof_error *err) {
     exec_tokens to = {.out = g->d_in + step_at(STEP_IDS, B),
                       .live = g->d_in + step_at(STEP_ATTN_POSITIONS, B),
                       .positions = g->d_in + step_at(STEP_POSITIONS, B),
-                      .host_stride = g->chosen_stride};
-    int rc = cuda_check(g->drv, g->drv->MemHostGetDevicePointer(&to.host, g->chosen, 0),
-                        "cuMemHostGetDevicePointer(the chosen tokens)", err);
-    if (rc)
-        return rc;
+                      .host = g->d_chosen, .host_stride = g->chosen_stride};
     if (!sampled(g))
         return exec_argmax_rows(g->ctx, g->d_out, g->dtype, (int)B, g->r->vocab, g->d_choice, &to,
                                 g->stream, err);
@@ -187,7 +180,8 @@ static int capture_step(gpu_run *g, stof_error *err) {
                      {g->dec.positions, g->d_in + step_at(STEP_POSITIONS, B)},
                      {g->dec.attn_positions, g->d_in + step_at(STEP_ATTN_POSITIONS, B)}};
     /* the choosing kernel loaded (compiled or read) before the capture, not inside it: run
-     * once on logits and inputs of zeros */
+     * once on logits and inputs of zeros (it writes chosen[b][0] and moves the positions on
+     * to 1: the first step copies every input in) */
     int rc = cuda_check(drv, drv->MemsetD8Async(g->d_out, 0, 2 * B * (size_t)g->r->vocab,
                                                 g->stream), "cuMemsetD8Async(logits)", err);
     if (!rc)

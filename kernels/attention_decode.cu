@@ -22,9 +22,10 @@
 //
 // Before it waits for the kernel ahead (which makes qkv), a CTA asks L2 for its chunk's cache
 // rows and finds its rotary angles: both follow from the positions alone, which are the
-// step's inputs (copied in before the step, never a kernel's output), and the cache rows are
-// earlier steps' (no kernel of this step writes them but this one, into the new token's
-// slot, which no query of this step reads from the cache).
+// step's inputs (copied in before the step's graph, or moved on by the graph before it; no
+// kernel of the step writes them), and the cache rows are earlier steps' (no kernel of this
+// step writes them but this one, into the new token's slot, which no query of this step reads
+// from the cache).
 #include "attention_common.cuh"
 #include "attention_decode_abi.cuh"
 #include "rotary_angle.cuh"

@@ -18,7 +18,8 @@
  * The decode kernel reads positions, rotary_positions and the cache's older keys before it
  * waits for the kernel ahead of it (a programmatic dependent launch): no kernel of the same
  * chain may write them, as holds for a decode step, whose positions are copied in before its
- * graph and whose cache only this kernel writes, one launch (graph) a step.
+ * graph or moved on by the step before (its token kernel, a graph earlier) and whose cache
+ * only this kernel writes, one launch (graph) a step.
  *
  * A CTA serves GROUP query heads (the build's) of one K/V head: grid x is heads / GROUP, CTA x
  * the heads GROUP x .. GROUP x + GROUP - 1, and GROUP divides heads / kv_heads. With all of a

@@ -81,6 +81,16 @@ static graph_tensor tensor(const char *name, graph_role role, int ndim, const in
 
 /* util_transpose_f32 against the element-by-element transpose: shapes around its tile of 64
  * (one row, one column, partial tiles both ways), every element placed once. */
+/* Sizes rounded up to an alignment: already aligned ones (0 among them) stay. */
+static void test_align_up(void) {
+    CHECK(util_align_up(0, 16) == 0);
+    CHECK(util_align_up(1, 16) == 16);
+    CHECK(util_align_up(16, 16) == 16);
+    CHECK(util_align_up(17, 16) == 32);
+    CHECK(util_align_up(257, 256) == 512);
+    CHECK(util_align_up(5, 1) == 5);
+}
+
 static void test_transpose(void) {
     static const int64_t shapes[][2] = {{1, 1}, {1, 77}, {77, 1}, {63, 65}, {64, 64},
                                         {129, 193}, {256, 40}};
@@ -467,6 +477,7 @@ static void test_device(void) {
 }
 
 int main(void) {
+    test_align_up();
     test_transpose();
     test_half();
     test_round_f16();

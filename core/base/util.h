@@ -50,6 +50,11 @@ float util_bf16_to_f32(uint16_t h);
  * -O2 on a 2-core x86-64 machine). */
 void util_transpose_f32(const float *src, float *dst, int64_t rows, int64_t cols);
 
+/* bytes rounded up to a multiple of align (> 0). */
+static inline size_t util_align_up(size_t bytes, size_t align) {
+    return (bytes + align - 1) / align * align;
+}
+
 /* The median of v[0..n-1] (n >= 1; the mean of the middle two when n is
  * even); sorts v. */
 double util_median(double *v, int n);

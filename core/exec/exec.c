@@ -94,10 +94,6 @@ const char *exec_ctx_cache_warning(const exec_ctx *c, int *count) {
  * filled, so that a big model is never held on the host whole. */
 #define EXEC_UPLOAD_GROUP_BYTES ((size_t)64 << 20)
 
-static size_t exec_aligned(size_t bytes) {
-    return (bytes + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
-}
-
 /* The bytes the weights and inputs take in consts: all of them but those
  * bound in place (bound may be NULL), aligned as const_tensors lays them. */
 static size_t const_bytes(const exec_plan *p, const CUdeviceptr *bound) {
@@ -106,7 +102,7 @@ static size_t const_bytes(const exec_plan *p, const CUdeviceptr *bound) {
     for (int t = 0; t < g->n_tensors; t++) {
         const graph_tensor *x = &g->tensors[t];
         if ((x->role == GRAPH_WEIGHT || x->role == GRAPH_INPUT) && !(bound && bound[t]))
-            span += exec_aligned(graph_tensor_bytes(x));
+            span += exec_tensor_span(x);
     }
     return span;
 }
@@ -135,7 +131,7 @@ static int const_tensors(exec_model *m, int **list, int *n, size_t *span, size_t
             m->ptr[t] = m->bound[t];
             continue;
         }
-        size_t bytes = exec_aligned(graph_tensor_bytes(x));
+        size_t bytes = exec_tensor_span(x);
         m->ptr[t] = m->consts + *span;
         *span += bytes;
         if (is_zeros(x))
@@ -199,9 +195,8 @@ static int upload_consts(exec_model *m, const weights_source *src, stof_error *e
     for (int i = 0, next; !rc && i < n; i = next) {
         CUdeviceptr start = m->ptr[list[i]];
         next = i + 1;
-        while (next < n && m->ptr[list[next]] - start +
-                                   exec_aligned(graph_tensor_bytes(&g->tensors[list[next]])) <=
-                               room)
+        while (next < n &&
+               m->ptr[list[next]] - start + exec_tensor_span(&g->tensors[list[next]]) <= room)
             next++;
         rc = upload_group(m, src, list + i, next - i, staged, outs, pool, err);
     }

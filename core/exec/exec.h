@@ -27,6 +27,7 @@
 
 #include "core/exec/attention/mha_exec.h"
 #include "core/exec/gemm/gemm_exec.h"
+#include "core/base/util.h"
 #include "core/gpu/cuda_driver.h"
 #include "core/gpu/gpu_timer.h"
 #include "core/graph/graph.h"
@@ -87,6 +88,11 @@ int exec_model_dtype(const graph *g, stof_dtype *dtype, stof_error *err);
 
 /* Activation buffers start at multiples of this many bytes. */
 #define EXEC_ALIGN 256
+
+/* The bytes tensor t takes in device memory: its own, up to a multiple of EXEC_ALIGN. */
+static inline size_t exec_tensor_span(const graph_tensor *t) {
+    return util_align_up(graph_tensor_bytes(t), EXEC_ALIGN);
+}
 
 typedef struct exec_segment {
     int seq;        /* index into the plan's sequences */

@@ -354,10 +354,6 @@ static int plan_segments(exec_plan *p, stof_error *err) {
     return STOF_OK;
 }
 
-static size_t align_up(size_t x) {
-    return (x + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
-}
-
 /* A buffer for each segment's result (and stored pre-norm input), live from
  * that segment to the last one reading it; the model output to the end. */
 static int plan_buffers(exec_plan *p, stof_error *err) {
@@ -375,7 +371,7 @@ static int plan_buffers(exec_plan *p, stof_error *err) {
                 continue;
             p->buf_of[made[k]] = p->n_bufs;
             p->bufs[p->n_bufs++] = (exec_buffer){made[k], s, s,
-                                                 align_up(graph_tensor_bytes(&g->tensors[made[k]])),
+                                                 exec_tensor_span(&g->tensors[made[k]]),
                                                  0};
         }
     }
@@ -406,9 +402,9 @@ static int plan_buffers(exec_plan *p, stof_error *err) {
     for (int t = 0; t < g->n_tensors; t++) {
         const graph_tensor *x = &g->tensors[t];
         if (x->role == GRAPH_WEIGHT)
-            p->weight_bytes += align_up(graph_tensor_bytes(x));
+            p->weight_bytes += exec_tensor_span(x);
         else if (x->role == GRAPH_INPUT)
-            p->input_bytes += align_up(graph_tensor_bytes(x));
+            p->input_bytes += exec_tensor_span(x);
     }
     return STOF_OK;
 }

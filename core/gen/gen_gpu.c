@@ -101,10 +101,6 @@ static int alloc_host(gpu_run *g, stof_error *err) {
     return g->fed && g->moved_on ? STOF_OK : STOF_ERR_NOMEM;
 }
 
-static size_t up16(size_t bytes) {
-    return (bytes + 15) / 16 * 16;
-}
-
 /* The host memory the steps share with the device, page-locked so that copies run without
  * the host (from pageable memory a copy out would hold the host until the step ends) and the
  * device writes the chosen tokens itself: each slot's inputs and kept logits, then the
@@ -112,8 +108,8 @@ static size_t up16(size_t bytes) {
 static int alloc_pinned(gpu_run *g, stof_error *err) {
     size_t B = (size_t)g->p->batch, V = (size_t)g->r->vocab;
     g->chosen_stride = (int64_t)gen_longest(g->p) + g->o->max_new_tokens; /* positions fed */
-    size_t in_b = up16(step_at(STEP_END, B));
-    size_t raw_b = g->keep_logits ? up16(sizeof **g->raw * B * V) : 0;
+    size_t in_b = util_align_up(step_at(STEP_END, B), 16);
+    size_t raw_b = g->keep_logits ? util_align_up(sizeof **g->raw * B * V, 16) : 0;
     size_t slot_b = in_b + raw_b, chosen_b = sizeof *g->chosen * B * (size_t)g->chosen_stride;
     int rc = cuda_check(g->drv, g->drv->MemAllocHost(&g->pinned, STEP_SLOTS * slot_b + chosen_b),
                         "cuMemAllocHost(the steps' inputs and tokens)", err);
@@ -360,7 +356,7 @@ static size_t copied_from(gpu_run *g, int k, int with_ids) {
     size_t B = (size_t)g->p->batch;
     const int32_t *rows = step_row(g, k, STEP_POSITIONS); /* positions, attention positions */
     size_t from = with_ids ? step_at(STEP_IDS, B)
-                  : memcmp(rows, g->moved_on, 8 * B) ? step_at(STEP_POSITIONS, B)
+                  : memcmp(rows, g->moved_on, sizeof *g->moved_on * 2 * B) ? step_at(STEP_POSITIONS, B)
                   : sampled(g) ? step_at(STEP_U, B)
                                : g->in_bytes;
     for (size_t b = 0; b < B; b++) { /* as the chosen tokens' kernel moves them (exec_tokens) */

@@ -10,10 +10,6 @@
 #include "core/io/weights.h"
 #include "core/tune/tune_impl.h"
 
-static size_t align_up(size_t x) {
-    return (x + EXEC_ALIGN - 1) / EXEC_ALIGN * EXEC_ALIGN;
-}
-
 static void scratch_free_one(tune_backend *b, tune_scratch *sc) {
     if (sc->mem)
         b->drv->MemFree(sc->mem);
@@ -75,7 +71,7 @@ void tune_span_layout(const tune_backend *b, const graph *g, const exec_segment 
     for (int i = 0; i < l->n; i++) {
         const graph_tensor *x = &g->tensors[l->list[i]];
         uint64_t id = tune_tensor_identity(x);
-        l->copy_bytes += align_up(graph_tensor_bytes(x));
+        l->copy_bytes += exec_tensor_span(x);
         l->inputs = util_hash(l->inputs, &id, sizeof id);
     }
     l->copies = copies_for(l->copy_bytes, exec_ctx_device(b->ctx)->l2_bytes);
@@ -134,7 +130,7 @@ static int scratch_fill(tune_backend *b, const graph *g, const exec_segment *s,
             sc->ptr[(size_t)c * (size_t)g->n_tensors + (size_t)l->list[i]] = d;
             if (!tune_is_output_of(s, l->list[i]))
                 rc = upload_tensor(b, g, l->list[i], c, d, staged, err);
-            at += align_up(graph_tensor_bytes(&g->tensors[l->list[i]]));
+            at += exec_tensor_span(&g->tensors[l->list[i]]);
         }
     }
     free(staged);

@@ -57,8 +57,9 @@ static int smallest_rows(int64_t m) {
  * lane, or for a K of 4096 or more the weights through shared memory: eight stages of 512
  * elements of eight rows, four warps of two rows each (a down projection's 8192: 12.9 -> 9.7 us
  * on an H200, 16.1 -> 12.9 on an H100; at a K of 2048 the stages were slower,
- * bench/RESULTS.md), or before sm_90 (no bulk copies) sixteen loads a lane. At more rows four warps. [K, N]: the widest column slice of 64, 32 or
- * 16 leaving at least 128 blocks, eight warps. */
+ * bench/RESULTS.md), or before sm_90 (no bulk copies) sixteen loads a lane. At more rows four
+ * warps. [K, N]: the widest column slice of 64, 32 or 16 leaving at least 128 blocks, eight
+ * warps. */
 static void gemv_defaults(const gemm_exec_problem *p, const char *arch, int *v) {
     v[0] = smallest_rows(p->m);
     v[4] = 0;

@@ -259,6 +259,14 @@ static void test_tune(exec_ctx *ctx, const graph *g, const graph_script *script,
     CHECK(res.checked && res.check_ok && res.diff.rel_error < TOL);
     CHECK_MSG(res.graph_ms <= res.unfused_ms * 1.05, "tuned %.4f ms, all-unfused %.4f ms",
               res.graph_ms, res.unfused_ms);
+    /* the executor's default plan timed too, and the faster of it and the search's kept */
+    printf("  the search's plan %.4f ms, the executor's default %.4f ms%s%s\n",
+           res.search_graph_ms, res.default_ms, res.kept_default ? ": the default kept" : "",
+           res.default_skipped);
+    CHECK_MSG(res.default_ms > 0, "the default plan not timed: %s", res.default_skipped);
+    CHECK(res.graph_ms == (res.kept_default ? res.default_ms : res.search_graph_ms));
+    CHECK(res.graph_ms <= res.search_graph_ms && res.graph_ms <= res.default_ms);
+    CHECK(p.end_to_end.graph_ms == res.graph_ms);
 
     /* written, read back, run again */
     char plan_path[] = "/tmp/stof-gpu-plan-XXXXXX";

@@ -27,6 +27,7 @@
 #include "check.h"
 #include "core/base/error.h"
 #include "core/exec/exec.h"
+#include "core/gen/gen.h"
 #include "core/lua/lua_api.h"
 #include "core/tune/tune_backend.h"
 #include "ops/ops.h"
@@ -495,6 +496,102 @@ static void test_offline_fp32(void) {
 
 /* ==== plan additions round-trip ===================================================================== */
 
+/* The executor's default plan as a search result (what a tuned plan is timed against end to
+ * end): each sequence's default scheme, each segment's template and default setting, times 0;
+ * its plan runs exactly that, the segments of exec_plan_default. Returns the segments that run
+ * on gemv with a norm ahead (a decode step's joins). */
+static int expect_default_result(const graph *g, const graph_script *script, const char *what) {
+    search_sequence *seqs = NULL;
+    int n_seqs = 0, joined = 0;
+    stof_error err = {0};
+    mha_device_limits lim;
+    search_result r;
+    memset(&r, 0, sizeof r);
+    exec_plan *dflt = NULL;
+    int rc = search_sequences_from_graph(g, &seqs, &n_seqs, &err);
+    if (!rc)
+        rc = mha_limits_for_arch("sm_90", &lim, &err);
+    if (!rc)
+        rc = tune_default_result(g, seqs, n_seqs, &lim, &r, &err);
+    if (!rc)
+        rc = exec_plan_default(g, &dflt, &err);
+    CHECK_MSG(rc == STOF_OK, "%s: %s", what, err.msg);
+    for (int q = 0; !rc && q < n_seqs; q++) {
+        exec_seq es = {seqs[q].layer, seqs[q].firsts[0], seqs[q].n, 0};
+        fusion_scheme want;
+        CHECK_EQ_INT(exec_default_scheme(g, &es, &want, &err), STOF_OK);
+        CHECK_MSG(fusion_scheme_equal(&r.seqs[q].scheme, &want), "%s: sequence %d", what, q);
+        for (int k = 0; k < r.seqs[q].n_segs; k++) {
+            const search_seg_result *sg = &r.seqs[q].segs[k];
+            exec_segment s;
+            exec_choice c;
+            int got = 0;
+            CHECK_EQ_INT(exec_segment_at(g, seqs[q].firsts[0] + sg->first,
+                                         sg->last - sg->first + 1, &s, &err), STOF_OK);
+            CHECK_EQ_INT(exec_segment_template(g, s.first, s.n, &s.match, &s.tmpl, &err),
+                         STOF_OK);
+            s.auto_attention =
+                s.tmpl == FUSION_T_ATTENTION_ROW || s.tmpl == FUSION_T_ATTENTION_BLOCK;
+            CHECK_EQ_INT(exec_segment_candidates(g, &s, &lim, 0, &c, 1, &got, &err), STOF_OK);
+            CHECK(got == 1 && sg->tmpl == c.tmpl && sg->ms == 0.0 &&
+                  sg->n_values == fusion_template_get(c.tmpl)->n_params &&
+                  memcmp(sg->values, c.values, sizeof *c.values * (size_t)sg->n_values) == 0);
+            joined += sg->tmpl == FUSION_T_GEMV && (g->ops[s.first].kind == OP_LAYERNORM ||
+                                                    g->ops[s.first].kind == OP_RMSNORM);
+        }
+    }
+    stof_device_info dev = device_of(9, 0);
+    plan p;
+    if (!rc && (rc = plan_from_search(&r, g, seqs, script, &dev, NULL, &p, &err)) == STOF_OK) {
+        check_exec_plan(&p, g);
+        exec_plan *xp = NULL;
+        CHECK_EQ_INT(exec_plan_from_plan(&p, g, &xp, &err), STOF_OK);
+        CHECK(xp && xp->n_segs == dflt->n_segs);
+        for (int i = 0; xp && i < xp->n_segs && i < dflt->n_segs; i++)
+            CHECK_MSG(xp->segs[i].first == dflt->segs[i].first &&
+                          xp->segs[i].n == dflt->segs[i].n &&
+                          (dflt->segs[i].auto_attention || xp->segs[i].tmpl == dflt->segs[i].tmpl),
+                      "%s: segment %d: ops #%d+%d on %d, the default's #%d+%d on %d", what, i,
+                      xp->segs[i].first, xp->segs[i].n, (int)xp->segs[i].tmpl,
+                      dflt->segs[i].first, dflt->segs[i].n, (int)dflt->segs[i].tmpl);
+        exec_plan_free(xp);
+        plan_free(&p);
+    }
+    CHECK_MSG(rc == STOF_OK, "%s: %s", what, err.msg);
+    exec_plan_free(dflt);
+    search_result_free(&r);
+    search_sequences_free(seqs, n_seqs);
+    return joined;
+}
+
+static void test_default_result(void) {
+    static const char *const bert[] = {"preset=small", "batch=1", "seq=64"};
+    static const char *const gpt2[] = {"layers=2", "batch=1", "seq=32", "head=true"};
+    model m;
+    if (!model_load(&m, SCRIPTS "bert.lua", bert, 3)) {
+        expect_default_result(&m.g, &m.script, "bert");
+        model_free(&m);
+    }
+    if (model_load(&m, SCRIPTS "gpt2.lua", gpt2, 4))
+        return;
+    graph step;
+    gen_decoder dec;
+    memset(&dec, 0, sizeof dec);
+    graph_init(&step);
+    stof_error err = {0};
+    int rc = lua_api_rebuild_at(&m.script, 1, 32, &step, &err);
+    if (!rc)
+        rc = gen_decoder_build(&step, &dec, &err);
+    CHECK_MSG(rc == STOF_OK, "gpt2's decode step: %s", err.msg);
+    /* a step of one row: the norms join gemv, two in the layers' class and the final norm
+     * the head's */
+    if (!rc)
+        CHECK_EQ_INT(expect_default_result(&dec.g, &m.script, "gpt2's decode step"), 3);
+    gen_decoder_free(&dec);
+    graph_free(&step);
+    model_free(&m);
+}
+
 static void test_plan_end_to_end(void) {
     static const char *const params[] = {"preset=small", "batch=1", "seq=64"};
     model m;
@@ -745,6 +842,7 @@ int main(void) {
     test_offline_fp32();
     test_builds();
     test_plan_end_to_end();
+    test_default_result();
     test_cache_key();
     return check_summary("test_tune");
 }

@@ -229,8 +229,10 @@ static void print_result(const prompts *p, const gen_options *o, const gen_resul
                "a step, %.1f new tokens/s\n", r->setup_s, prefill_text, r->steps_s,
                1e3 * r->steps_s / r->steps, total / r->steps_s);
     if (r->tune_s > 0)
-        printf("decode step tuned in %.1f s: %.3f ms as a CUDA graph when the tuner measured it\n",
-               r->tune_s, r->tuned_step_ms);
+        printf("decode step tuned in %.1f s: %.3f ms as a CUDA graph when the tuner measured it"
+               "%s\n", r->tune_s, r->tuned_step_ms,
+               r->tuned_kept_default ? " (the default step: the search's was slower as a whole)"
+                                     : "");
     if (r->step_from_plan)
         printf("decode step: the plan's for a batch of %d (%s)\n", p->batch,
                o->step_plan->device.measured ? "tuned" : "planned offline, unmeasured");

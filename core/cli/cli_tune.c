@@ -79,6 +79,19 @@ static int decode_context(const cli_args *a, const graph *g) {
     return a->decode_context ? a->decode_context : model_seq(g);
 }
 
+/* The tuned plan against the executor's default plan, end to end. */
+static void print_default_race(const tune_outcome *o, const char *indent) {
+    if (o->kept_default)
+        printf("%sthe executor's default plan kept: %.4f ms as a CUDA graph, the search's plan "
+               "%.4f ms (its segments won one by one, not as a whole)\n", indent, o->default_ms,
+               o->search_graph_ms);
+    else if (o->default_ms > 0)
+        printf("%sthe executor's default plan: %.4f ms as a CUDA graph, the search's plan %.4f "
+               "ms\n", indent, o->default_ms, o->search_graph_ms);
+    else if (o->default_skipped[0])
+        printf("%sthe executor's default plan not timed: %s\n", indent, o->default_skipped);
+}
+
 /* Each --decode-batch's step tuned on ctx (NULL: planned offline for arch) and added to p, up
  * to the first that fails (said; 1 returned: the plan keeps the steps made before it). */
 static int tune_decode_steps(const cli_args *a, exec_ctx *ctx, const char *arch,
@@ -95,8 +108,8 @@ static int tune_decode_steps(const cli_args *a, exec_ctx *ctx, const char *arch,
         memset(&step, 0, sizeof step);
         stof_error err = {0};
         double seconds = 0, graph_ms = 0;
+        tune_outcome res = {0};
         if (!rc && ctx) {
-            tune_outcome res = {0};
             printf("tuning the decode step for batch %d, caches of %d positions\n", batch,
                    context);
             rc = tune_gpu(ctx, &dec.g, info, o, &step, &res, &err);
@@ -111,9 +124,11 @@ static int tune_decode_steps(const cli_args *a, exec_ctx *ctx, const char *arch,
             rc = plan_add_decode(p, batch, context, &step, &err);
         if (rc && err.msg[0])
             fprintf(stderr, "stof: the decode step for batch %d: %s\n", batch, err.msg);
-        else if (!rc && ctx)
+        else if (!rc && ctx) {
             printf("decode step, batch %d: %.4f ms a step as a CUDA graph (tuned in %.1f s)\n",
                    batch, graph_ms, seconds);
+            print_default_race(&res, "  ");
+        }
         else if (!rc)
             printf("decode step, batch %d: planned offline for %s, unmeasured (%.1f s)\n", batch,
                    arch, seconds);
@@ -177,6 +192,7 @@ static void print_outcome(const tune_outcome *o, const plan *p) {
            "%ld CPU references\n", b->measured, b->rejected, b->failed, b->references);
     printf("after the search: %ld default and selector settings timed, %d segment%s improved\n",
            o->extra_measured, o->improved, o->improved == 1 ? "" : "s");
+    print_default_race(o, "");
     cli_plan_print(p);
     if (o->checked)
         printf("reference: relative error %.3e, max abs error %.3e, %lld non-finite: %s\n",

@@ -97,6 +97,9 @@ typedef struct gen_result {
     int step_from_plan;   /* GPU: the step ran gen_options.step_plan */
     double tune_s;        /* GPU with tune_step: the tuning's time, and the tuned step's */
     double tuned_step_ms; /* graph replay as the tuner measured it */
+    double default_step_ms; /* the same of the executor's default step (0: not timed) */
+    int tuned_kept_default; /* the default was faster as a whole than the search's step, and
+                               is the step run */
     double steps_s;       /* GPU: the steps, the first inputs to the last tokens */
     /* GPU with profile_reps: the decode step's CUDA graph replayed alone (no host work), and
      * its segments timed in place, one row per kind (the ops and the template they run on),

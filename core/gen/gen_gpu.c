@@ -250,6 +250,8 @@ static int tuned_plan(gpu_run *g, stof_error *err) {
     rc = plan_of_tuned(g, &p, err);
     g->r->tune_s = res.seconds;
     g->r->tuned_step_ms = res.graph_ms;
+    g->r->default_step_ms = res.default_ms;
+    g->r->tuned_kept_default = res.kept_default;
     plan_free(&p);
     return rc;
 }

@@ -190,6 +190,13 @@ int tune_backend_threads(const tune_backend *b);
 int tune_initial_schemes(const graph *g, const search_sequence *seqs, int n_seqs,
                          int smem_limit, fusion_scheme *out, stof_error *err);
 
+/* The executor's default plan (exec_default_scheme, each segment's default
+ * setting for lim) as a search result over seqs, its times 0: what runs
+ * without a plan, which a tuned plan must beat end to end. On failure *r
+ * holds nothing to free. */
+int tune_default_result(const graph *g, const search_sequence *seqs, int n_seqs,
+                        const mha_device_limits *lim, search_result *r, stof_error *err);
+
 /* ---- tuning on the GPU ----------------------------------------------------------------------- */
 
 /* The device field of the measurement cache's lines: the GPU's name, the
@@ -247,7 +254,11 @@ typedef struct tune_outcome {
     long extra_measured;     /* defaults and selector candidates timed after the search */
     int improved;            /* segments where one of them beat the search's choice */
     double segments_ms;      /* the plan's forward latency from its segments' times */
-    double graph_ms, eager_ms, unfused_ms; /* end to end */
+    double graph_ms, eager_ms, unfused_ms; /* end to end: the plan kept */
+    double search_graph_ms;  /* the search's plan, CUDA graph */
+    double default_ms;       /* the executor's default plan, CUDA graph (0: not timed) */
+    int kept_default;        /* it was faster than the search's plan, and is the plan */
+    char default_skipped[1024]; /* why it was not timed ("" when it was): stof_error.msg */
     int checked;             /* the end-to-end output was compared with the CPU reference */
     exec_diff diff;
     int check_ok;

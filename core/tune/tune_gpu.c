@@ -1,7 +1,8 @@
 /* Tuning on the GPU (tune_backend.h, tune_gpu): the search measuring
  * through the backend, the refinement, then the plan timed end to end
- * against the all-unfused scheme and checked against the CPU reference;
- * and the measurement cache's device key. */
+ * against the executor's default plan (the faster kept) and the all-unfused
+ * scheme, and checked against the CPU reference; and the measurement
+ * cache's device key. */
 #include "core/tune/tune_backend.h"
 
 #include <stdio.h>
@@ -25,41 +26,6 @@ static double graph_flops(const graph *g) {
     return sum;
 }
 
-/* The tuned plan and the all-unfused scheme (planned before, its kernels
- * prepared) end to end; the plan's output against the CPU reference. */
-static int end_to_end(exec_ctx *ctx, tune_backend *b, const graph *g, const tune_options *o,
-                      const exec_plan *unfused, plan *p, tune_outcome *res, stof_error *err) {
-    int reps = o->reps > 0 ? o->reps : 20;
-    int64_t n = graph_tensor_numel(&g->tensors[g->output]);
-    exec_plan *tuned = NULL;
-    float *y = err_malloc(sizeof *y * (size_t)n, err), *ref = NULL;
-    int rc = y ? exec_plan_from_plan(p, g, &tuned, err) : STOF_ERR_NOMEM;
-    if (!rc)
-        rc = tune_backend_prepare_plan(b, tuned, err);
-    if (!rc)
-        rc = exec_model_measure(ctx, tuned, o->seed, reps, &res->eager_ms, &res->graph_ms, y,
-                                err);
-    if (!rc)
-        rc = exec_model_measure(ctx, unfused, o->seed, reps, NULL, &res->unfused_ms, NULL,
-                                err);
-    int check = o->check > 0 || (o->check == 0 && graph_flops(g) <= TUNE_CHECK_MAX_FLOPS);
-    weights_source src = weights_source_seeded(o->seed);
-    if (!rc && check && (rc = exec_reference(g, &src, &ref, err)) == STOF_OK) {
-        exec_compare(y, ref, n, &res->diff);
-        res->checked = 1;
-        res->check_ok = res->diff.n_nonfinite == 0 &&
-                        res->diff.rel_error < tune_tolerance(tuned->dtype);
-    }
-    if (!rc) {
-        p->has_end_to_end = 1;
-        p->end_to_end = (plan_end_to_end){res->graph_ms, res->eager_ms, res->unfused_ms};
-    }
-    exec_plan_free(tuned);
-    free(y);
-    free(ref);
-    return rc;
-}
-
 typedef struct tune_state {
     search_sequence *seqs;
     int n_seqs;
@@ -77,6 +43,119 @@ static void tune_state_free(tune_state *t) {
     exec_plan_free(t->unfused);
     free(t->initial);
     search_sequences_free(t->seqs, t->n_seqs);
+}
+
+/* Replays of an end-to-end timing. */
+static int reps_of(const tune_options *o) {
+    return o->reps > 0 ? o->reps : 20;
+}
+
+/* Plan p on the executor, its kernels prepared, timed by CUDA graph (and
+ * eagerly where eager_ms is given), its output into y. */
+static int time_plan(exec_ctx *ctx, tune_backend *b, const graph *g, const tune_options *o,
+                     const plan *p, double *eager_ms, double *graph_ms, float *y,
+                     stof_error *err) {
+    exec_plan *xp = NULL;
+    int rc = exec_plan_from_plan(p, g, &xp, err);
+    if (!rc)
+        rc = tune_backend_prepare_plan(b, xp, err);
+    if (!rc)
+        rc = exec_model_measure(ctx, xp, o->seed, reps_of(o), eager_ms, graph_ms, y, err);
+    exec_plan_free(xp);
+    return rc;
+}
+
+/* The executor's default plan (what runs untuned), its segments timed alone, as a plan in
+ * *dp (no search statistics). STOF_ERR_UNSUPPORTED: a segment of it would not run
+ * alone. */
+static int default_plan(exec_ctx *ctx, const graph *g, const graph_script *script,
+                        tune_state *t, tune_outcome *res, plan *dp, stof_error *err) {
+    search_result r;
+    int rc = tune_default_result(g, t->seqs, t->n_seqs, &t->backend->lim, &r, err);
+    if (rc)
+        return rc;
+    rc = tune_time_result(t->backend, t->cache, g, t->seqs, &r, res, err);
+    if (!rc)
+        rc = plan_from_search(&r, g, t->seqs, script, exec_ctx_device(ctx), NULL, dp, err);
+    search_result_free(&r);
+    return rc;
+}
+
+/* The executor's default plan timed by CUDA graph against the tuned plan *p (timed already:
+ * res->graph_ms, its output in y); where the default is faster it replaces *p and its output
+ * y's (res->kept_default). A default plan with a segment that does not run alone is not
+ * timed (res->default_skipped says why). */
+static int keep_faster_default(exec_ctx *ctx, const graph *g, const graph_script *script,
+                               const tune_options *o, tune_state *t, plan *p, float *y,
+                               int64_t n, tune_outcome *res, stof_error *err) {
+    plan dp;
+    memset(&dp, 0, sizeof dp);
+    stof_error why = {0};
+    const long measured = res->extra_measured;
+    int rc = default_plan(ctx, g, script, t, res, &dp, &why);
+    if (rc == STOF_ERR_UNSUPPORTED) {
+        snprintf(res->default_skipped, sizeof res->default_skipped, "%s", why.msg);
+        return STOF_OK;
+    }
+    if (rc)
+        return err_set(err, rc, "%s", why.msg);
+    float *y_default = err_malloc(sizeof *y_default * (size_t)n, err);
+    double eager_ms = 0;
+    rc = y_default ? time_plan(ctx, t->backend, g, o, &dp, &eager_ms, &res->default_ms,
+                               y_default, err)
+                   : STOF_ERR_NOMEM;
+    if (!rc && res->default_ms < res->graph_ms) {
+        res->kept_default = 1;
+        res->graph_ms = res->default_ms;
+        res->eager_ms = eager_ms;
+        res->segments_ms = dp.latency_ms;
+        dp.stats = p->stats; /* the tuning's, and the default's segments it timed */
+        dp.stats.settings_measured += res->extra_measured - measured;
+        plan_free(p);
+        *p = dp;
+        memset(&dp, 0, sizeof dp);
+        memcpy(y, y_default, sizeof *y * (size_t)n);
+    }
+    plan_free(&dp);
+    free(y_default);
+    return rc;
+}
+
+/* The tuned plan *p timed end to end against the executor's default plan and the all-unfused
+ * scheme (planned before, its kernels prepared). The search times segments one by one, apart:
+ * a plan of more segments can win there and lose as a whole, where a kernel's start overlaps
+ * the end of the one before (a decode step's). So the default plan is timed too, and kept
+ * where its graph is faster. The plan kept is checked against the CPU reference. */
+static int end_to_end(exec_ctx *ctx, const graph *g, const graph_script *script,
+                      const tune_options *o, tune_state *t, plan *p, tune_outcome *res,
+                      stof_error *err) {
+    int64_t n = graph_tensor_numel(&g->tensors[g->output]);
+    float *y = err_malloc(sizeof *y * (size_t)n, err), *ref = NULL;
+    stof_dtype dtype = STOF_F16;
+    int rc = y ? exec_model_dtype(g, &dtype, err) : STOF_ERR_NOMEM;
+    if (!rc)
+        rc = time_plan(ctx, t->backend, g, o, p, &res->eager_ms, &res->graph_ms, y, err);
+    res->search_graph_ms = res->graph_ms;
+    if (!rc)
+        rc = keep_faster_default(ctx, g, script, o, t, p, y, n, res, err);
+    if (!rc)
+        rc = exec_model_measure(ctx, t->unfused, o->seed, reps_of(o), NULL, &res->unfused_ms,
+                                NULL, err);
+    int check = o->check > 0 || (o->check == 0 && graph_flops(g) <= TUNE_CHECK_MAX_FLOPS);
+    weights_source src = weights_source_seeded(o->seed);
+    if (!rc && check && (rc = exec_reference(g, &src, &ref, err)) == STOF_OK) {
+        exec_compare(y, ref, n, &res->diff);
+        res->checked = 1;
+        res->check_ok = res->diff.n_nonfinite == 0 &&
+                        res->diff.rel_error < tune_tolerance(dtype);
+    }
+    if (!rc) {
+        p->has_end_to_end = 1;
+        p->end_to_end = (plan_end_to_end){res->graph_ms, res->eager_ms, res->unfused_ms};
+    }
+    free(y);
+    free(ref);
+    return rc;
 }
 
 /* Adds n compiles of source taking s seconds to t's line for it. */
@@ -271,7 +350,7 @@ int tune_gpu(exec_ctx *ctx, const graph *g, const graph_script *script,
         res->segments_ms = t.result.total_ms;
         out->stats.settings_measured += res->extra_measured;
         double t1 = util_now();
-        rc = end_to_end(ctx, t.backend, g, &o, t.unfused, out, res, err);
+        rc = end_to_end(ctx, g, script, &o, &t, out, res, err);
         res->timing.end_to_end_s = util_now() - t1;
     }
     if (t.backend)

@@ -10,7 +10,8 @@
  *                     the executor's segment bench (exec_bench);
  *   tune_ahead.c      work ahead of the measurements on the pool;
  *   tune_refine.c     after the search: defaults and the selector's
- *                     choices timed against what it found;
+ *                     choices timed against what it found; another
+ *                     result's segments timed;
  *   tune_gpu.c        tune_gpu: search, refine, end to end;
  *   tune_offline.c    the initial schemes, plans without a GPU. */
 #ifndef STOF_CORE_TUNE_IMPL_H
@@ -160,5 +161,11 @@ void tune_scratch_drop_all(tune_backend *b);
 int tune_refine_result(tune_backend *b, search_cache *cache, const graph *g,
                        const search_sequence *seqs, int n_attention, search_result *r,
                        tune_outcome *res, stof_error *err);
+/* Every segment of r timed with its own setting, through cache on b, and
+ * r's sums made of them. STOF_ERR_UNSUPPORTED when a segment did not run
+ * alone or gave a wrong output. */
+int tune_time_result(tune_backend *b, search_cache *cache, const graph *g,
+                     const search_sequence *seqs, search_result *r, tune_outcome *res,
+                     stof_error *err);
 
 #endif

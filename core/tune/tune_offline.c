@@ -1,7 +1,8 @@
 /* The starting schemes of a tuning (tune_initial_schemes) and plans made
  * without a GPU (tune_offline): those schemes with every segment's default
  * setting for an architecture, their kernels compiled into the NVRTC
- * cache. */
+ * cache; and the executor's own default plan as a search result
+ * (tune_default_result), which a tuned plan is timed against. */
 #include "core/tune/tune_backend.h"
 
 #include <stdio.h>
@@ -82,6 +83,23 @@ static int offline_segment(const graph *g, const search_sequence *seqs, const se
     s->tmpl = sg->tmpl;
     s->has_values = 1;
     memcpy(s->values, sg->values, sizeof s->values);
+    return rc;
+}
+
+int tune_default_result(const graph *g, const search_sequence *seqs, int n_seqs,
+                        const mha_device_limits *lim, search_result *r, stof_error *err) {
+    memset(r, 0, sizeof *r);
+    fusion_scheme *schemes = err_calloc((size_t)n_seqs + 1, sizeof *schemes, err);
+    int rc = schemes ? STOF_OK : STOF_ERR_NOMEM;
+    for (int q = 0; !rc && q < n_seqs; q++) {
+        exec_seq es = exec_seq_of(&seqs[q]);
+        rc = exec_default_scheme(g, &es, &schemes[q], err);
+    }
+    if (!rc)
+        rc = offline_result(g, seqs, n_seqs, schemes, lim, r, err);
+    free(schemes);
+    if (rc)
+        search_result_free(r);
     return rc;
 }
 

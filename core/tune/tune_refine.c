@@ -1,6 +1,9 @@
 /* After the search (tune_impl.h, tune_refine_result): each segment's
  * executor defaults and, for attention, the selector's best candidates
- * timed through the measurement cache against the search's choice. */
+ * timed through the measurement cache against the search's choice; and
+ * every segment of another result timed with its own setting
+ * (tune_time_result: the executor's default plan, before it is timed end
+ * to end against the tuned one). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +84,19 @@ static search_segment refine_view(const refine_ctx *c, const refine_item *it) {
                             it->s.match.dims};
 }
 
+static int list_add(refine_list *l, const refine_item *it, stof_error *err) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        refine_item *grown = err_realloc(l->items, sizeof *grown * (size_t)cap, err);
+        if (!grown)
+            return STOF_ERR_NOMEM;
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = *it;
+    return STOF_OK;
+}
+
 /* The candidates of one segment result that differ from it. */
 static int refine_collect(refine_ctx *c, int q, search_seg_result *sg, refine_list *l,
                           stof_error *err) {
@@ -99,15 +115,7 @@ static int refine_collect(refine_ctx *c, int q, search_seg_result *sg, refine_li
             (cand[k].tmpl == sg->tmpl &&
              memcmp(cand[k].values, sg->values, sizeof *sg->values * (size_t)t->n_params) == 0))
             continue;
-        if (l->n == l->cap) {
-            int cap = l->cap ? 2 * l->cap : 32;
-            refine_item *grown = err_realloc(l->items, sizeof *grown * (size_t)cap, err);
-            if (!grown)
-                return STOF_ERR_NOMEM;
-            l->items = grown;
-            l->cap = cap;
-        }
-        l->items[l->n++] = (refine_item){sg, q, s, cand[k]};
+        rc = list_add(l, &(refine_item){sg, q, s, cand[k]}, err);
     }
     return rc;
 }
@@ -153,6 +161,18 @@ static int refine_measure(refine_ctx *c, refine_item *it, stof_error *err) {
     return rc;
 }
 
+/* Each sequence's time from its segments', and the forward pass's. */
+static void add_up(search_result *r, const search_sequence *seqs) {
+    r->total_ms = 0;
+    for (int q = 0; q < r->n_seqs; q++) {
+        search_seq_result *sr = &r->seqs[q];
+        sr->ms = 0;
+        for (int k = 0; k < sr->n_segs; k++)
+            sr->ms += sr->segs[k].ms;
+        r->total_ms += sr->ms * seqs[q].count;
+    }
+}
+
 /* Every segment's defaults and the selector's choices compete with what
  * the search found, so a plan never loses to the executor's untuned
  * choices for its own scheme. All of them are collected and prepared first
@@ -168,17 +188,9 @@ static int refine(refine_ctx *c, search_result *r, stof_error *err) {
     for (int i = 0; !rc && i < l.n; i++)
         rc = refine_measure(c, &l.items[i], err);
     free(l.items);
-    if (rc)
-        return rc;
-    r->total_ms = 0;
-    for (int q = 0; q < r->n_seqs; q++) {
-        search_seq_result *sr = &r->seqs[q];
-        sr->ms = 0;
-        for (int k = 0; k < sr->n_segs; k++)
-            sr->ms += sr->segs[k].ms;
-        r->total_ms += sr->ms * c->seqs[q].count;
-    }
-    return STOF_OK;
+    if (!rc)
+        add_up(r, c->seqs);
+    return rc;
 }
 
 int tune_refine_result(tune_backend *b, search_cache *cache, const graph *g,
@@ -186,4 +198,45 @@ int tune_refine_result(tune_backend *b, search_cache *cache, const graph *g,
                        tune_outcome *res, stof_error *err) {
     refine_ctx c = {g, seqs, b, cache, b->lim, n_attention, res};
     return refine(&c, r, err);
+}
+
+/* Segment sg's own setting, as an item to time. */
+static int own_item(refine_ctx *c, int q, search_seg_result *sg, refine_list *l,
+                    stof_error *err) {
+    refine_item it;
+    memset(&it, 0, sizeof it);
+    it.sg = sg;
+    it.q = q;
+    int rc = exec_segment_at(c->g, c->seqs[q].firsts[0] + sg->first, sg->last - sg->first + 1,
+                             &it.s, err);
+    it.choice.tmpl = sg->tmpl;
+    memcpy(it.choice.values, sg->values, sizeof it.choice.values);
+    return rc ? rc : list_add(l, &it, err);
+}
+
+int tune_time_result(tune_backend *b, search_cache *cache, const graph *g,
+                     const search_sequence *seqs, search_result *r, tune_outcome *res,
+                     stof_error *err) {
+    refine_ctx c = {g, seqs, b, cache, b->lim, 0, res};
+    refine_list l = {NULL, 0, 0};
+    int rc = STOF_OK;
+    for (int q = 0; !rc && q < r->n_seqs; q++)
+        for (int k = 0; !rc && k < r->seqs[q].n_segs; k++)
+            rc = own_item(&c, q, &r->seqs[q].segs[k], &l, err);
+    if (!rc)
+        rc = refine_prepare(&c, &l, err);
+    for (int i = 0; !rc && i < l.n; i++) {
+        refine_item *it = &l.items[i];
+        search_segment view = refine_view(&c, it);
+        rc = measure_cached(b, cache, &view, it->choice.values, &it->sg->ms,
+                            &res->extra_measured, err);
+        if (!rc && !isfinite(it->sg->ms))
+            rc = err_set(err, STOF_ERR_UNSUPPORTED, "ops #%d-#%d with their default %s setting "
+                         "did not run alone, or gave a wrong output", it->s.first,
+                         it->s.first + it->s.n - 1, fusion_template_get(it->choice.tmpl)->name);
+    }
+    free(l.items);
+    if (!rc)
+        add_up(r, seqs);
+    return rc;
 }

@@ -88,6 +88,21 @@ void search_result_free(search_result *r) {
     memset(r, 0, sizeof *r);
 }
 
+int search_result_same_choices(const search_result *a, const search_result *b) {
+    if (a->n_seqs != b->n_seqs)
+        return 0;
+    for (int q = 0; q < a->n_seqs; q++) {
+        const search_seq_result *x = &a->seqs[q], *y = &b->seqs[q];
+        if (!fusion_scheme_equal(&x->scheme, &y->scheme) || x->n_segs != y->n_segs)
+            return 0;
+        for (int k = 0; k < x->n_segs; k++)
+            if (x->segs[k].tmpl != y->segs[k].tmpl ||
+                memcmp(x->segs[k].values, y->segs[k].values, sizeof x->segs[k].values) != 0)
+                return 0;
+    }
+    return 1;
+}
+
 static int seg_result(const search_ctx *c, int q, const search_seg *s, search_seg_result *out,
                       stof_error *err) {
     if (s->best < 0)

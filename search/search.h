@@ -164,6 +164,8 @@ typedef struct search_result {
 } search_result;
 
 void search_result_free(search_result *r);
+/* Whether a and b choose the same schemes, templates and values (their times aside). */
+int search_result_same_choices(const search_result *a, const search_result *b);
 
 /* ---- running ------------------------------------------------------------------------ */
 

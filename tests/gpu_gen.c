@@ -301,10 +301,13 @@ static void run_variants(exec_ctx *ctx, const tiny *t, const gen_model *m, const
     if (!rt && cpu) {
         CHECK_MSG(tuned.tune_s > 0 && tuned.tuned_step_ms > 0, "%s: no tuning recorded",
                   t->name);
-        /* the step kept is the faster of the search's and the executor's default */
-        CHECK_MSG(tuned.default_step_ms > 0 && tuned.tuned_step_ms <= tuned.default_step_ms,
+        /* where the executor's default step was timed beside the search's, the step kept is
+         * not slower than it (a tie within 1% keeps the search's) */
+        CHECK_MSG(tuned.default_step_ms == 0 ||
+                      0.99 * tuned.tuned_step_ms <= tuned.default_step_ms,
                   "%s: tuned step %.4f ms, the default %.4f ms", t->name, tuned.tuned_step_ms,
                   tuned.default_step_ms);
+        CHECK(!tuned.tuned_kept_default || tuned.tuned_step_ms == tuned.default_step_ms);
         compare(t, BATCH, cpu, &tuned);
     }
     if (!rt)

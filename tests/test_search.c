@@ -982,17 +982,12 @@ static void rules_initial(const model *m, fusion_scheme *init) {
 }
 
 static int results_equal(const search_result *a, const search_result *b) {
-    if (a->n_seqs != b->n_seqs || a->total_ms != b->total_ms)
+    if (!search_result_same_choices(a, b) || a->total_ms != b->total_ms)
         return 0;
-    for (int q = 0; q < a->n_seqs; q++) {
-        const search_seq_result *x = &a->seqs[q], *y = &b->seqs[q];
-        if (!fusion_scheme_equal(&x->scheme, &y->scheme) || x->n_segs != y->n_segs)
-            return 0;
-        for (int k = 0; k < x->n_segs; k++)
-            if (x->segs[k].tmpl != y->segs[k].tmpl || x->segs[k].ms != y->segs[k].ms ||
-                memcmp(x->segs[k].values, y->segs[k].values, sizeof x->segs[k].values) != 0)
+    for (int q = 0; q < a->n_seqs; q++)
+        for (int k = 0; k < a->seqs[q].n_segs; k++)
+            if (a->seqs[q].segs[k].ms != b->seqs[q].segs[k].ms)
                 return 0;
-    }
     return 1;
 }
 

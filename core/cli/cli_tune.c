@@ -82,9 +82,8 @@ static int decode_context(const cli_args *a, const graph *g) {
 /* The tuned plan against the executor's default plan, end to end. */
 static void print_default_race(const tune_outcome *o, const char *indent) {
     if (o->kept_default)
-        printf("%sthe executor's default plan kept: %.4f ms as a CUDA graph, the search's plan "
-               "%.4f ms (its segments won one by one, not as a whole)\n", indent, o->default_ms,
-               o->search_graph_ms);
+        printf("%sthe executor's default plan kept: %.4f ms as a CUDA graph against the "
+               "search's plan's %.4f ms\n", indent, o->default_ms, o->search_graph_ms);
     else if (o->default_ms > 0)
         printf("%sthe executor's default plan: %.4f ms as a CUDA graph, the search's plan %.4f "
                "ms\n", indent, o->default_ms, o->search_graph_ms);

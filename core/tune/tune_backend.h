@@ -190,7 +190,7 @@ int tune_backend_threads(const tune_backend *b);
 int tune_initial_schemes(const graph *g, const search_sequence *seqs, int n_seqs,
                          int smem_limit, fusion_scheme *out, stof_error *err);
 
-/* The executor's default plan (exec_default_scheme, each segment's default
+/* The executor's default plan (exec_default_schemes, each segment's default
  * setting for lim) as a search result over seqs, its times 0: what runs
  * without a plan, which a tuned plan must beat end to end. On failure *r
  * holds nothing to free. */

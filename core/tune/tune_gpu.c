@@ -66,35 +66,53 @@ static int time_plan(exec_ctx *ctx, tune_backend *b, const graph *g, const tune_
 }
 
 /* The executor's default plan (what runs untuned), its segments timed alone, as a plan in
- * *dp (no search statistics). STOF_ERR_UNSUPPORTED: a segment of it would not run
- * alone. */
+ * *dp (no search statistics); the backend's memory trimmed again after. STOF_ERR_UNSUPPORTED:
+ * a segment of it would not run alone; *same: it is the search's plan (nothing made). */
 static int default_plan(exec_ctx *ctx, const graph *g, const graph_script *script,
-                        tune_state *t, tune_outcome *res, plan *dp, stof_error *err) {
+                        tune_state *t, tune_outcome *res, plan *dp, int *same,
+                        stof_error *err) {
     search_result r;
     int rc = tune_default_result(g, t->seqs, t->n_seqs, &t->backend->lim, &r, err);
     if (rc)
         return rc;
-    rc = tune_time_result(t->backend, t->cache, g, t->seqs, &r, res, err);
-    if (!rc)
+    *same = search_result_same_choices(&r, &t->result);
+    if (!*same) {
+        rc = tune_time_result(t->backend, t->cache, g, t->seqs, &r, res, err);
+        tune_backend_trim(t->backend); /* its scratch, again, before the models */
+    }
+    if (!rc && !*same)
         rc = plan_from_search(&r, g, t->seqs, script, exec_ctx_device(ctx), NULL, dp, err);
     search_result_free(&r);
     return rc;
 }
 
+/* The default plan replaces the search's where its graph is at least this much faster: two
+ * replays of one plan differ by about 1%, and a tie keeps what the search measured. */
+#define TUNE_DEFAULT_MARGIN 0.99
+
 /* The executor's default plan timed by CUDA graph against the tuned plan *p (timed already:
  * res->graph_ms, its output in y); where the default is faster it replaces *p and its output
- * y's (res->kept_default). A default plan with a segment that does not run alone is not
- * timed (res->default_skipped says why). */
+ * y's (res->kept_default). Not timed (res->default_skipped says why) when the search ran past
+ * its time limit, when the search's plan is the default, or when a segment of the default
+ * does not run alone. The default's segments timed count in the plan's statistics either way. */
 static int keep_faster_default(exec_ctx *ctx, const graph *g, const graph_script *script,
                                const tune_options *o, tune_state *t, plan *p, float *y,
                                int64_t n, tune_outcome *res, stof_error *err) {
+    if (t->result.stats.measured_past_limit > 0) {
+        snprintf(res->default_skipped, sizeof res->default_skipped, "the time limit ran out "
+                 "before the initial scheme was measured");
+        return STOF_OK;
+    }
     plan dp;
     memset(&dp, 0, sizeof dp);
     stof_error why = {0};
     const long measured = res->extra_measured;
-    int rc = default_plan(ctx, g, script, t, res, &dp, &why);
-    if (rc == STOF_ERR_UNSUPPORTED) {
-        snprintf(res->default_skipped, sizeof res->default_skipped, "%s", why.msg);
+    int same = 0;
+    int rc = default_plan(ctx, g, script, t, res, &dp, &same, &why);
+    p->stats.settings_measured += res->extra_measured - measured;
+    if (rc == STOF_ERR_UNSUPPORTED || (!rc && same)) {
+        snprintf(res->default_skipped, sizeof res->default_skipped, "%s",
+                 rc ? why.msg : "the search's plan is the default");
         return STOF_OK;
     }
     if (rc)
@@ -104,13 +122,12 @@ static int keep_faster_default(exec_ctx *ctx, const graph *g, const graph_script
     rc = y_default ? time_plan(ctx, t->backend, g, o, &dp, &eager_ms, &res->default_ms,
                                y_default, err)
                    : STOF_ERR_NOMEM;
-    if (!rc && res->default_ms < res->graph_ms) {
+    if (!rc && res->default_ms < TUNE_DEFAULT_MARGIN * res->graph_ms) {
         res->kept_default = 1;
         res->graph_ms = res->default_ms;
         res->eager_ms = eager_ms;
         res->segments_ms = dp.latency_ms;
-        dp.stats = p->stats; /* the tuning's, and the default's segments it timed */
-        dp.stats.settings_measured += res->extra_measured - measured;
+        dp.stats = p->stats;
         plan_free(p);
         *p = dp;
         memset(&dp, 0, sizeof dp);

@@ -90,11 +90,20 @@ int tune_default_result(const graph *g, const search_sequence *seqs, int n_seqs,
                         const mha_device_limits *lim, search_result *r, stof_error *err) {
     memset(r, 0, sizeof *r);
     fusion_scheme *schemes = err_calloc((size_t)n_seqs + 1, sizeof *schemes, err);
-    int rc = schemes ? STOF_OK : STOF_ERR_NOMEM;
+    exec_seq *es = err_calloc((size_t)n_seqs + 1, sizeof *es, err);
+    int rc = schemes && es ? STOF_OK : STOF_ERR_NOMEM;
     for (int q = 0; !rc && q < n_seqs; q++) {
-        exec_seq es = exec_seq_of(&seqs[q]);
-        rc = exec_default_scheme(g, &es, &schemes[q], err);
+        es[q] = exec_seq_of(&seqs[q]);
+        es[q].cls = q;
     }
+    /* the executor's rule, ops outside the layers included (unfused unless they run one row),
+     * where a scheme left empty runs unfused */
+    if (!rc)
+        rc = exec_default_schemes(g, es, n_seqs, schemes, err);
+    for (int q = 0; !rc && q < n_seqs; q++)
+        if (schemes[q].n == 0)
+            rc = fusion_scheme_all_unfused(&schemes[q], seqs[q].n, err);
+    free(es);
     if (!rc)
         rc = offline_result(g, seqs, n_seqs, schemes, lim, r, err);
     free(schemes);
